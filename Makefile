@@ -1,0 +1,228 @@
+# idalloc build. `make help` lists the targets; README.md explains them.
+#
+# Sources are found by convention, so a module never edits this file:
+#   src/common/ src/pool/ raft/ fsm/ storage/ src/node/ src/client/
+#       *.c (except *_main.c) go into $(BUILD)/libida.a
+#   src/node/idallocd_main.c  -> bin/idallocd        (issue 7)
+#   src/client/idalloc_main.c -> bin/idalloc          (issue 8)
+#   src/client/*.c + common   -> lib/libidalloc.a/.so (issue 8)
+#   tests/DIR/test_*.c  -> $(BUILD)/tests/DIR/test_*  Criterion binaries (make test)
+#   tests/DIR/bench_*.c -> $(BUILD)/bench/bench_*     benchmarks (make bench)
+#   tests/DIR/*_main.c  -> $(BUILD)/prog/*            helper programs (sim, chaos)
+#   tests/DIR/other .c  -> support code linked into every binary of DIR
+# mk/*.mk fragments may add targets and append to CHAOS_EXTRA / TEST_EXTRA.
+
+.DEFAULT_GOAL := all
+SHELL := /bin/bash
+.SUFFIXES:
+.DELETE_ON_ERROR:
+.SECONDARY:
+
+BUILD ?= build
+DEBUG ?= 0
+SAN ?=
+CC ?= cc
+PROTOC_C ?= protoc-c
+
+# Outputs users run: bin/ and lib/ for the default build, inside $(BUILD)
+# for sanitizer builds so they never overwrite each other.
+ifeq ($(BUILD),build)
+BINDIR := bin
+LIBDIR := lib
+else
+BINDIR := $(BUILD)/bin
+LIBDIR := $(BUILD)/lib
+endif
+
+ifeq ($(DEBUG),1)
+OPT := -O0 -g3
+else
+OPT := -O2 -g
+endif
+
+CPPFLAGS := -D_POSIX_C_SOURCE=200809L -I. -Iinclude -I$(BUILD)/gen -MMD -MP
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+CFLAGS := -std=c11 $(OPT) $(WARN) -pthread -fPIC $(EXTRA_CFLAGS)
+LDFLAGS := -pthread $(EXTRA_LDFLAGS)
+LDLIBS := -luv -lprotobuf-c -llmdb -lm
+ifneq ($(SAN),)
+CFLAGS += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SAN)
+endif
+
+# --- sources ---------------------------------------------------------------
+PROTO_C := $(BUILD)/gen/proto/idalloc.pb-c.c
+PROTO_H := $(BUILD)/gen/proto/idalloc.pb-c.h
+PROTO_O := $(BUILD)/obj/gen/proto/idalloc.pb-c.o
+
+COMMON_SRC := $(wildcard src/common/*.c)
+LIB_SRC := $(filter-out %_main.c,$(COMMON_SRC) $(wildcard src/pool/*.c) \
+    $(wildcard raft/*.c) $(wildcard fsm/*.c) $(wildcard storage/*.c) \
+    $(wildcard src/node/*.c) $(wildcard src/client/*.c))
+CLIENT_SRC := $(filter-out %_main.c,$(COMMON_SRC) $(wildcard src/client/*.c))
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+LIBIDA := $(BUILD)/libida.a
+
+TEST_SRC := $(wildcard tests/*/test_*.c)
+BENCH_SRC := $(wildcard tests/*/bench_*.c)
+PROG_SRC := $(wildcard tests/*/*_main.c)
+TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+BENCH_BINS := $(addprefix $(BUILD)/bench/,$(notdir $(BENCH_SRC:.c=)))
+PROG_BINS := $(addprefix $(BUILD)/prog/,$(patsubst %_main.c,%,$(notdir $(PROG_SRC))))
+# Support objects of a tests/ directory (argument: "tests/DIR/").
+support_of = $(call obj,$(filter-out $(1)test_%.c $(1)bench_%.c $(1)%_main.c,$(wildcard $(1)*.c)))
+
+PROGRAMS :=
+ifneq ($(wildcard src/node/idallocd_main.c),)
+PROGRAMS += $(BINDIR)/idallocd
+endif
+ifneq ($(wildcard src/client/idalloc_main.c),)
+PROGRAMS += $(BINDIR)/idalloc $(LIBDIR)/libidalloc.a $(LIBDIR)/libidalloc.so
+endif
+
+ALL_OBJ := $(call obj,$(LIB_SRC) $(TEST_SRC) $(BENCH_SRC) $(PROG_SRC) \
+    $(filter-out $(TEST_SRC) $(BENCH_SRC) $(PROG_SRC),$(wildcard tests/*/*.c)) \
+    $(wildcard src/*/*_main.c)) $(PROTO_O)
+
+# --- public targets ---------------------------------------------------------
+.PHONY: all build deps test asan tsan valgrind sim chaos bench run format \
+    format-check check-layers clean help test-run
+
+all: deps
+	@$(MAKE) --no-print-directory build
+
+deps:
+	@scripts/deps.sh
+
+build: $(LIBIDA) $(PROGRAMS) $(TEST_BINS) $(BENCH_BINS) $(PROG_BINS)
+
+test: deps
+	@$(MAKE) --no-print-directory build
+	@$(MAKE) --no-print-directory test-run
+
+TEST_EXTRA ?=
+test-run: $(TEST_EXTRA)
+	@IDA_BUILD=$(BUILD) IDA_BINDIR=$(BINDIR) scripts/run-tests.sh $(TEST_BINS)
+
+asan:
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	 $(MAKE) --no-print-directory test BUILD=build/asan SAN=address,undefined DEBUG=1
+
+# ThreadSanitizer on the pool's tests (src/pool, tests/pool).
+TSAN_TESTS = $(patsubst tests/%.c,build/tsan/tests/%,$(wildcard tests/pool/test_*.c))
+tsan: deps
+	@if [ -z "$(TSAN_TESTS)" ]; then \
+	  echo "make tsan: no pool tests yet (tests/pool/test_*.c, issue 3: message-passing pool)" >&2; exit 1; fi
+	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread $(TSAN_TESTS)
+	@TSAN_OPTIONS=halt_on_error=1 IDA_BUILD=build/tsan scripts/run-tests.sh $(TSAN_TESTS)
+
+# valgrind on the unit tests (Criterion forks, hence --trace-children).
+valgrind: all
+	@set -e; for t in $(wildcard $(BUILD)/tests/unit/test_*); do \
+	  echo "valgrind $$t"; \
+	  valgrind -q --trace-children=yes --error-exitcode=99 --leak-check=full \
+	    --errors-for-leak-kinds=definite $$t --jobs 1 >/dev/null; done; \
+	  echo "valgrind: clean"
+
+# make sim SEEDS=N START=S [MODE=safety|liveness] [NODES=3|5]
+SEEDS ?= 1000
+START ?= 1
+MODE ?= safety
+NODES ?= 3
+sim: all
+	@if [ ! -x $(BUILD)/prog/sim ]; then \
+	  echo "make sim: the simulator is missing (tests/sim/sim_main.c, issue 4: Raft core and simulator)" >&2; exit 1; fi
+	@$(BUILD)/prog/sim --seeds $(SEEDS) --start $(START) --mode $(MODE) --nodes $(NODES)
+
+# make chaos [DURATION=seconds] [NODES=3|5] [SEED=n]
+DURATION ?= 60
+SEED ?= 1
+CHAOS_EXTRA ?=
+chaos: all $(CHAOS_EXTRA)
+	@if [ ! -x $(BUILD)/prog/chaos ]; then \
+	  echo "make chaos: the cluster chaos suite is missing (tests/chaos/chaos_main.c, issue 9)" >&2; exit 1; fi
+	@IDA_BINDIR=$(BINDIR) $(BUILD)/prog/chaos --duration $(DURATION) --nodes $(NODES) --seed $(SEED)
+
+bench: all
+	@if [ -z "$(BENCH_BINS)" ]; then \
+	  echo "make bench: no benchmarks yet (tests/*/bench_*.c)" >&2; exit 1; fi
+	@set -e; for b in $(BENCH_BINS); do echo "== $$b"; IDA_BINDIR=$(BINDIR) $$b; done
+
+run: all
+	@if [ ! -x $(BINDIR)/idallocd ]; then \
+	  echo "make run: bin/idallocd is missing (src/node/idallocd_main.c, issue 7: node daemon)" >&2; exit 1; fi
+	@scripts/run-cluster.sh cluster-configs/local-3.conf
+
+FORMAT_SRC = $(shell find src raft fsm storage tests include -name '*.[ch]' 2>/dev/null)
+format:
+	@clang-format -i $(FORMAT_SRC)
+format-check:
+	@clang-format --dry-run -Werror $(FORMAT_SRC)
+
+# The pure cores include nothing of the I/O world (DESIGN.md rules).
+check-layers:
+	@if grep -nE '#include *[<"](uv\.h|lmdb\.h|protobuf-c/|src/|storage/|proto/|pthread\.h|unistd\.h|time\.h|sys/)' \
+	    raft/*.[ch] fsm/*.[ch] 2>/dev/null; then \
+	  echo "check-layers: raft/ and fsm/ must stay pure (see above)" >&2; exit 1; fi
+	@echo "check-layers: ok"
+
+clean:
+	rm -rf build bin lib
+
+help:
+	@echo "targets: all test run sim chaos bench asan tsan valgrind format format-check check-layers clean"
+
+# --- rules ------------------------------------------------------------------
+$(PROTO_C) $(PROTO_H) &: proto/idalloc.proto
+	@mkdir -p $(BUILD)/gen
+	$(PROTOC_C) --c_out=$(BUILD)/gen $<
+
+# Generated code: compiled without -Wmissing-prototypes/-Wshadow (not ours).
+$(PROTO_O): $(PROTO_C)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -std=c11 $(OPT) -Wall -Werror -pthread -fPIC \
+	    $(if $(SAN),-fsanitize=$(SAN) -fno-omit-frame-pointer) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c | $(PROTO_H)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(LIBIDA): $(call obj,$(LIB_SRC)) $(PROTO_O)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+.SECONDEXPANSION:
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $$(call support_of,tests/$$(dir $$*)) $(LIBIDA)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS)
+
+$(BUILD)/bench/%: $$(call obj,$$(filter %/$$*.c,$$(BENCH_SRC))) \
+    $$(call support_of,$$(dir $$(filter %/$$*.c,$$(BENCH_SRC)))) $(LIBIDA)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/prog/%: $$(call obj,$$(filter %/$$*_main.c,$$(PROG_SRC))) \
+    $$(call support_of,$$(dir $$(filter %/$$*_main.c,$$(PROG_SRC)))) $(LIBIDA)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BINDIR)/idallocd: $(BUILD)/obj/src/node/idallocd_main.o $(LIBIDA)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BINDIR)/idalloc: $(BUILD)/obj/src/client/idalloc_main.o $(LIBDIR)/libidalloc.a
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(LIBDIR)/libidalloc.a: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(LIBDIR)/libidalloc.so: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
+	@mkdir -p $(@D)
+	$(CC) -shared $(LDFLAGS) $^ -o $@ -luv -lprotobuf-c -lm
+
+-include mk/*.mk
+-include $(ALL_OBJ:.o=.d)

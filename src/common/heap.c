@@ -1,0 +1,63 @@
+#include "ida/heap.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Fault injection state: calls left before failing, failures left. */
+static atomic_int fault_delay;
+static atomic_int fault_repeat;
+
+void ida_heap_fault_set(int delay, int repeat)
+{
+    atomic_store(&fault_delay, delay);
+    atomic_store(&fault_repeat, repeat);
+}
+
+/* True when this allocation must fail. */
+static int should_fail(void)
+{
+    if (atomic_load_explicit(&fault_repeat, memory_order_relaxed) == 0) {
+        return 0;
+    }
+    if (atomic_fetch_sub(&fault_delay, 1) > 0) {
+        return 0;
+    }
+    atomic_store(&fault_delay, 0);
+    int r = atomic_load(&fault_repeat);
+    if (r > 0) {
+        atomic_fetch_sub(&fault_repeat, 1);
+    }
+    return r != 0;
+}
+
+void *ida_malloc(size_t size)
+{
+    return should_fail() ? NULL : malloc(size);
+}
+
+void *ida_calloc(size_t count, size_t size)
+{
+    return should_fail() ? NULL : calloc(count, size);
+}
+
+void *ida_realloc(void *ptr, size_t size)
+{
+    return should_fail() ? NULL : realloc(ptr, size);
+}
+
+void ida_free(void *ptr)
+{
+    free(ptr);
+}
+
+char *ida_strndup(const char *src, size_t len)
+{
+    char *s = ida_malloc(len + 1);
+    if (s == NULL) {
+        return NULL;
+    }
+    memcpy(s, src, len);
+    s[len] = '\0';
+    return s;
+}

@@ -1,0 +1,229 @@
+/* Cluster file parser: the DESIGN.md example, defaults, and every kind of
+ * bad line with its file:line message. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "idalloc_errors.h"
+#include "src/common/config.h"
+
+static struct ida_config cfg;
+static char err[IDA_ERRMSG_MAX];
+
+static int parse(const char *text)
+{
+    return ida_config_parse(text, strlen(text), "t.conf", &cfg, err);
+}
+
+/* Parse @text, expect IDA_ECONFIG and a message starting with @prefix and
+ * containing @needle. */
+static void expect_error(const char *text,
+                         const char *prefix,
+                         const char *needle)
+{
+    cr_assert_eq(parse(text), IDA_ECONFIG, "accepted:\n%s", text);
+    cr_assert_eq(strncmp(err, prefix, strlen(prefix)), 0,
+                 "message \"%s\" should start with \"%s\"", err, prefix);
+    cr_assert(strstr(err, needle) != NULL, "message \"%s\" lacks \"%s\"", err,
+              needle);
+    cr_assert_null(strchr(err, '\n'), "one line: %s", err);
+    cr_assert_eq(cfg.node_count, 0, "nothing half-parsed is returned");
+}
+
+#define GOOD                                       \
+    "cluster  local-3\n"                           \
+    "node 1 127.0.0.1:7101 127.0.0.1:7201   # c\n" \
+    "node 2 127.0.0.1:7102 127.0.0.1:7202\n"       \
+    "node 3 127.0.0.1:7103 127.0.0.1:7203\n"
+
+Test(config, design_example)
+{
+    const char *text =
+        "# comment line\n"
+        "cluster  local-3\n"
+        "node 1 127.0.0.1:7101 127.0.0.1:7201     # node ID, peer, client\n"
+        "node 2 127.0.0.1:7102 127.0.0.1:7202\n"
+        "node 3 127.0.0.1:7103 127.0.0.1:7203\n"
+        "data_dir data                            # node N: data_dir/nodeN\n"
+        "\n"
+        "election_timeout_ms 300                  # optional tunables\n"
+        "heartbeat_ms 50\n";
+    cr_assert_eq(parse(text), 0, "%s", err);
+    cr_assert_str_eq(cfg.cluster, "local-3");
+    cr_assert_eq(cfg.node_count, 3);
+    cr_assert_eq(cfg.nodes[1].id, 2);
+    cr_assert_str_eq(cfg.nodes[1].peer.text, "127.0.0.1:7102");
+    cr_assert_str_eq(cfg.nodes[1].peer.host, "127.0.0.1");
+    cr_assert_eq(cfg.nodes[1].peer.port, 7102);
+    cr_assert_eq(cfg.nodes[2].client.port, 7203);
+    cr_assert_str_eq(cfg.data_dir, "data");
+    cr_assert_eq(cfg.election_timeout_ms, 300);
+    cr_assert_eq(cfg.heartbeat_ms, 50);
+    cr_assert_not_null(ida_config_node(&cfg, 3));
+    cr_assert_null(ida_config_node(&cfg, 4));
+}
+
+Test(config, defaults_and_optional_keys)
+{
+    cr_assert_eq(parse(GOOD), 0, "%s", err);
+    cr_assert_str_eq(cfg.data_dir, "data");
+    cr_assert_eq(cfg.election_timeout_ms, 300);
+    cr_assert_eq(cfg.heartbeat_ms, 50);
+    cr_assert_eq(cfg.snapshot_interval_entries, 10000);
+    cr_assert_eq(cfg.log_level, IDA_LOG_INFO);
+    cr_assert_eq(parse(GOOD "snapshot_interval_entries 500\nlog_level debug\n"
+                            "data_dir /tmp/x\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg.snapshot_interval_entries, 500);
+    cr_assert_eq(cfg.log_level, IDA_LOG_DEBUG);
+    cr_assert_str_eq(cfg.data_dir, "/tmp/x");
+}
+
+Test(config, ipv6_and_no_trailing_newline)
+{
+    cr_assert_eq(parse("cluster c\nnode 7 [::1]:9000 [::1]:9001"), 0, "%s",
+                 err);
+    cr_assert_eq(cfg.nodes[0].id, 7);
+    cr_assert_str_eq(cfg.nodes[0].peer.host, "::1");
+    cr_assert_eq(cfg.nodes[0].client.port, 9001);
+}
+
+Test(config, unknown_key)
+{
+    expect_error(GOOD "heartbeat 50\n",
+                 "t.conf:5: ", "unknown key \"heartbeat\"");
+}
+
+Test(config, duplicate_node_id)
+{
+    expect_error(GOOD "node 2 127.0.0.1:7104 127.0.0.1:7204\n",
+                 "t.conf:5: ", "duplicate node id 2");
+}
+
+Test(config, bad_addresses)
+{
+    expect_error("cluster c\nnode 1 127.0.0.1 127.0.0.1:2\n",
+                 "t.conf:2: ", "bad peer address \"127.0.0.1\"");
+    expect_error("cluster c\nnode 1 127.0.0.1:1 127.0.0.1:70000\n",
+                 "t.conf:2: ", "bad client address");
+    expect_error("cluster c\nnode 1 localhost:1 127.0.0.1:2\n",
+                 "t.conf:2: ", "bad peer address");
+    expect_error("cluster c\nnode 1 300.0.0.1:1 127.0.0.1:2\n",
+                 "t.conf:2: ", "bad peer address");
+    expect_error("cluster c\nnode 1 127.0.0.1:0 127.0.0.1:2\n",
+                 "t.conf:2: ", "bad peer address");
+    expect_error("cluster c\nnode 1 ::1:5 127.0.0.1:2\n",
+                 "t.conf:2: ", "bad peer address");
+    expect_error("cluster c\nnode 1 127.0.0.1:1x 127.0.0.1:2\n",
+                 "t.conf:2: ", "bad peer address");
+}
+
+Test(config, address_used_twice)
+{
+    expect_error(GOOD "node 4 127.0.0.1:7201 127.0.0.1:7999\n",
+                 "t.conf:5: ", "already used");
+    expect_error("cluster c\nnode 1 127.0.0.1:5 127.0.0.1:5\n",
+                 "t.conf:2: ", "already used");
+}
+
+Test(config, missing_fields)
+{
+    expect_error("cluster c\nnode 1 127.0.0.1:7101\n",
+                 "t.conf:2: ", "missing field");
+    expect_error("cluster\nnode 1 127.0.0.1:1 127.0.0.1:2\n",
+                 "t.conf:1: ", "missing field");
+    expect_error(GOOD "election_timeout_ms\n", "t.conf:5: ", "missing field");
+    expect_error("node 1 127.0.0.1:1 127.0.0.1:2\n",
+                 "t.conf:", "missing required line \"cluster NAME\"");
+    expect_error("cluster c\n# no nodes\n", "t.conf:",
+                 "missing required line "
+                 "\"node");
+}
+
+Test(config, too_many_fields)
+{
+    expect_error("cluster c d\n", "t.conf:1: ", "too many fields");
+    expect_error("cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 x\n",
+                 "t.conf:2: ", "too many fields");
+}
+
+Test(config, bad_numbers)
+{
+    expect_error("cluster c\nnode 0 127.0.0.1:1 127.0.0.1:2\n",
+                 "t.conf:2: ", "bad node id");
+    expect_error("cluster c\nnode -1 127.0.0.1:1 127.0.0.1:2\n",
+                 "t.conf:2: ", "bad node id");
+    expect_error(GOOD "heartbeat_ms 5x\n", "t.conf:5: ", "bad value");
+    expect_error(GOOD "election_timeout_ms 99999999999999999999999\n",
+                 "t.conf:5: ", "bad value");
+    expect_error(GOOD "election_timeout_ms 5\n", "t.conf:5: ", "bad value");
+    expect_error(GOOD "heartbeat_ms 400\n",
+                 "t.conf:5: ", "must be less than election_timeout_ms");
+    expect_error(GOOD "log_level loud\n", "t.conf:5: ", "bad log_level");
+}
+
+Test(config, duplicate_single_keys)
+{
+    expect_error(GOOD "cluster other\n", "t.conf:5: ", "duplicate \"cluster\"");
+    expect_error(GOOD "data_dir a\ndata_dir b\n",
+                 "t.conf:6: ", "duplicate \"data_dir\" line (first on line 5)");
+}
+
+Test(config, bad_cluster_name)
+{
+    expect_error("cluster a/b\n", "t.conf:1: ", "bad cluster name");
+}
+
+Test(config, long_line_and_nul)
+{
+    char text[3000];
+    memset(text, 'x', sizeof(text));
+    text[sizeof(text) - 1] = '\0';
+    expect_error(text, "t.conf:1: ", "line longer");
+    static const char nul[] = "cluster c\nno\0de\n";
+    cr_assert_eq(ida_config_parse(nul, sizeof(nul) - 1, "t.conf", &cfg, err),
+                 IDA_ECONFIG);
+    cr_assert(strstr(err, "t.conf:2: ") != NULL, "%s", err);
+}
+
+Test(config, too_many_nodes)
+{
+    char text[4096] = "cluster c\n";
+    for (int i = 1; i <= IDA_CONFIG_NODES_MAX + 1; i++) {
+        char line[128];
+        snprintf(line, sizeof(line), "node %d 127.0.0.1:%d 127.0.0.1:%d\n", i,
+                 1000 + i, 2000 + i);
+        strcat(text, line);
+    }
+    expect_error(text, "t.conf:18: ", "too many nodes");
+}
+
+Test(config, load_file_and_missing_file)
+{
+    char path[] = "/tmp/ida-config-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, GOOD "bogus 1\n", strlen(GOOD "bogus 1\n")),
+                 (ssize_t)strlen(GOOD "bogus 1\n"));
+    close(fd);
+    cr_assert_eq(ida_config_load(path, &cfg, err), IDA_ECONFIG);
+    char want[128];
+    snprintf(want, sizeof(want), "%s:5: unknown key \"bogus\"", path);
+    cr_assert_str_eq(err, want);
+    unlink(path);
+    cr_assert_eq(ida_config_load(path, &cfg, err), IDA_EIO);
+    cr_assert(strstr(err, path) != NULL && strstr(err, "cannot open") != NULL,
+              "%s", err);
+}
+
+Test(config, shipped_cluster_files_parse)
+{
+    const char *files[] = {"cluster-configs/local-3.conf",
+                           "cluster-configs/local-5.conf"};
+    unsigned want[] = {3, 5};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(ida_config_load(files[i], &cfg, err), 0, "%s", err);
+        cr_assert_eq(cfg.node_count, want[i]);
+    }
+}

@@ -1,0 +1,294 @@
+/* Framing: split, merged, truncated, oversized and garbage input. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "src/common/frame.h"
+
+/* --- fixture ------------------------------------------------------------ */
+
+#define FRAMES_MAX 64
+struct got
+{
+    int count;
+    enum ida_frame_type type[FRAMES_MAX];
+    uint32_t len[FRAMES_MAX];
+    uint8_t data[FRAMES_MAX][256];
+    int stop_at; /* return an error on this frame number, -1: never */
+};
+
+static struct ida_frame_decoder dec;
+static struct got got;
+
+static void setup(void)
+{
+    cr_assert_eq(ida_frame_decoder_init(&dec, 200), 0);
+    memset(&got, 0, sizeof(got));
+    got.stop_at = -1;
+}
+
+static void teardown(void)
+{
+    ida_frame_decoder_close(&dec);
+    ida_heap_fault_set(0, 0);
+}
+
+static int on_frame(void *arg,
+                    enum ida_frame_type type,
+                    const uint8_t *p,
+                    uint32_t len)
+{
+    struct got *g = arg;
+    cr_assert_lt(g->count, FRAMES_MAX);
+    if (g->count == g->stop_at) {
+        return IDA_EINTERNAL;
+    }
+    g->type[g->count] = type;
+    g->len[g->count] = len;
+    cr_assert_leq(len, sizeof(g->data[0]));
+    memcpy(g->data[g->count], p, len);
+    g->count++;
+    return 0;
+}
+
+/* --- helpers ------------------------------------------------------------ */
+
+/* Append one frame with payload bytes 0,1,2.. (+seed) to @buf. */
+static size_t put_frame(uint8_t *buf,
+                        enum ida_frame_type t,
+                        uint32_t len,
+                        uint8_t seed)
+{
+    cr_assert_eq(ida_frame_header_encode(buf, t, len), 0);
+    for (uint32_t i = 0; i < len; i++) {
+        buf[IDA_FRAME_HEADER_BYTES + i] = (uint8_t)(i + seed);
+    }
+    return IDA_FRAME_HEADER_BYTES + len;
+}
+
+static void assert_frame(int k,
+                         enum ida_frame_type t,
+                         uint32_t len,
+                         uint8_t seed)
+{
+    cr_assert_eq(got.type[k], t, "frame %d type", k);
+    cr_assert_eq(got.len[k], len, "frame %d len", k);
+    for (uint32_t i = 0; i < len; i++) {
+        cr_assert_eq(got.data[k][i], (uint8_t)(i + seed), "frame %d byte %u", k,
+                     i);
+    }
+}
+
+/* --- tests -------------------------------------------------------------- */
+
+Test(frame, whole_frame_in_one_feed, .init = setup, .fini = teardown)
+{
+    uint8_t buf[512];
+    size_t n = put_frame(buf, IDA_FRAME_CLIENT_REQUEST, 10, 7);
+    cr_assert_eq(ida_frame_decoder_feed(&dec, buf, n, on_frame, &got), 0);
+    cr_assert_eq(got.count, 1);
+    assert_frame(0, IDA_FRAME_CLIENT_REQUEST, 10, 7);
+    cr_assert(ida_frame_decoder_idle(&dec));
+}
+
+Test(frame, empty_payload, .init = setup, .fini = teardown)
+{
+    uint8_t buf[16];
+    size_t n = put_frame(buf, IDA_FRAME_PEER, 0, 0);
+    cr_assert_eq(ida_frame_decoder_feed(&dec, buf, n, on_frame, &got), 0);
+    cr_assert_eq(got.count, 1);
+    cr_assert_eq(got.len[0], 0);
+}
+
+Test(frame, split_one_byte_at_a_time, .init = setup, .fini = teardown)
+{
+    uint8_t buf[1024];
+    size_t n = put_frame(buf, IDA_FRAME_PEER, 150, 1);
+    n += put_frame(buf + n, IDA_FRAME_CLIENT_RESPONSE, 3, 9);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(ida_frame_decoder_feed(&dec, buf + i, 1, on_frame, &got),
+                     0);
+        if (i + 1 < IDA_FRAME_HEADER_BYTES + 150) {
+            cr_assert_eq(got.count, 0, "no frame before its last byte");
+            cr_assert_not(ida_frame_decoder_idle(&dec));
+        }
+    }
+    cr_assert_eq(got.count, 2);
+    assert_frame(0, IDA_FRAME_PEER, 150, 1);
+    assert_frame(1, IDA_FRAME_CLIENT_RESPONSE, 3, 9);
+}
+
+Test(frame,
+     many_frames_merged_and_split_at_every_point,
+     .init = setup,
+     .fini = teardown)
+{
+    uint8_t buf[2048];
+    size_t n = 0;
+    for (int k = 0; k < 8; k++) {
+        n += put_frame(buf + n, IDA_FRAME_CLIENT_REQUEST, (uint32_t)(k * 13),
+                       (uint8_t)k);
+    }
+    /* Every split point: the result must not depend on chunking. */
+    for (size_t cut = 0; cut <= n; cut++) {
+        ida_frame_decoder_close(&dec);
+        setup();
+        cr_assert_eq(ida_frame_decoder_feed(&dec, buf, cut, on_frame, &got), 0);
+        cr_assert_eq(
+            ida_frame_decoder_feed(&dec, buf + cut, n - cut, on_frame, &got),
+            0);
+        cr_assert_eq(got.count, 8, "cut at %zu", cut);
+        for (int k = 0; k < 8; k++) {
+            assert_frame(k, IDA_FRAME_CLIENT_REQUEST, (uint32_t)(k * 13),
+                         (uint8_t)k);
+        }
+    }
+}
+
+Test(frame,
+     truncated_frame_is_held_not_delivered,
+     .init = setup,
+     .fini = teardown)
+{
+    uint8_t buf[256];
+    size_t n = put_frame(buf, IDA_FRAME_PEER, 100, 0);
+    cr_assert_eq(ida_frame_decoder_feed(&dec, buf, n - 1, on_frame, &got), 0);
+    cr_assert_eq(got.count, 0);
+    cr_assert_not(ida_frame_decoder_idle(&dec), "a partial frame is pending");
+    /* A truncated header alone is also pending, never delivered. */
+    ida_frame_decoder_close(&dec);
+    setup();
+    cr_assert_eq(ida_frame_decoder_feed(&dec, buf, 3, on_frame, &got), 0);
+    cr_assert_eq(got.count, 0);
+    cr_assert_not(ida_frame_decoder_idle(&dec));
+}
+
+Test(frame,
+     oversized_rejected_before_allocation,
+     .init = setup,
+     .fini = teardown)
+{
+    uint8_t hdr[IDA_FRAME_HEADER_BYTES];
+    cr_assert_eq(ida_frame_header_encode(hdr, IDA_FRAME_PEER, 201), 0);
+    /* Make every allocation fail: rejection must not even try one. */
+    ida_heap_fault_set(0, -1);
+    cr_assert_eq(ida_frame_decoder_feed(&dec, hdr, sizeof(hdr), on_frame, &got),
+                 IDA_ETOOBIG);
+    ida_heap_fault_set(0, 0);
+    cr_assert_eq(got.count, 0);
+    cr_assert_null(dec.buf, "nothing allocated for a rejected frame");
+    cr_assert(strstr(dec.errmsg, "201") != NULL, "errmsg: %s", dec.errmsg);
+    /* Sticky: even a valid frame is refused now. */
+    uint8_t buf[64];
+    size_t n = put_frame(buf, IDA_FRAME_PEER, 4, 0);
+    cr_assert_eq(ida_frame_decoder_feed(&dec, buf, n, on_frame, &got),
+                 IDA_ETOOBIG);
+    cr_assert_eq(got.count, 0);
+}
+
+Test(frame, huge_length_rejected, .init = setup, .fini = teardown)
+{
+    const uint8_t hdr[] = {
+        IDA_FRAME_MAGIC, IDA_FRAME_PEER, 0xff, 0xff, 0xff, 0xff};
+    cr_assert_eq(ida_frame_decoder_feed(&dec, hdr, sizeof(hdr), on_frame, &got),
+                 IDA_ETOOBIG);
+    cr_assert_null(dec.buf);
+}
+
+Test(frame, exactly_max_is_accepted, .init = setup, .fini = teardown)
+{
+    static uint8_t buf[512];
+    size_t n = put_frame(buf, IDA_FRAME_PEER, 200, 0);
+    cr_assert_eq(ida_frame_decoder_feed(&dec, buf, n, on_frame, &got), 0);
+    cr_assert_eq(got.count, 1);
+    assert_frame(0, IDA_FRAME_PEER, 200, 0);
+}
+
+Test(frame, garbage_is_rejected, .init = setup, .fini = teardown)
+{
+    const char *http = "GET / HTTP/1.1\r\n\r\n";
+    cr_assert_eq(ida_frame_decoder_feed(&dec, (const uint8_t *)http,
+                                        strlen(http), on_frame, &got),
+                 IDA_EPROTO);
+    cr_assert_eq(got.count, 0);
+    cr_assert(strstr(dec.errmsg, "magic") != NULL);
+}
+
+Test(frame, unknown_type_is_rejected, .init = setup, .fini = teardown)
+{
+    const uint8_t hdr[] = {IDA_FRAME_MAGIC, 99, 0, 0, 0, 1, 0};
+    cr_assert_eq(ida_frame_decoder_feed(&dec, hdr, sizeof(hdr), on_frame, &got),
+                 IDA_EPROTO);
+    cr_assert_eq(got.count, 0);
+    cr_assert_null(dec.buf);
+}
+
+Test(frame, random_garbage_never_crashes, .init = setup, .fini = teardown)
+{
+    /* Random bytes (seeded): the decoder must fail cleanly or wait, and
+     * never deliver a frame larger than the maximum. */
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int round = 0; round < 2000; round++) {
+        ida_frame_decoder_close(&dec);
+        setup();
+        uint8_t buf[64];
+        for (size_t i = 0; i < sizeof(buf); i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf[i] = (uint8_t)x;
+        }
+        if (round % 2 == 0) {
+            buf[0] = IDA_FRAME_MAGIC; /* get past the magic half the time */
+            buf[1] = (uint8_t)(1 + round % 4);
+        }
+        int rv = ida_frame_decoder_feed(&dec, buf, sizeof(buf), on_frame, &got);
+        cr_assert(rv == 0 || rv == IDA_EPROTO || rv == IDA_ETOOBIG);
+        for (int k = 0; k < got.count; k++) {
+            cr_assert_leq(got.len[k], 200);
+        }
+    }
+}
+
+Test(frame, callback_error_stops_and_sticks, .init = setup, .fini = teardown)
+{
+    uint8_t buf[256];
+    size_t n = put_frame(buf, IDA_FRAME_PEER, 5, 0);
+    n += put_frame(buf + n, IDA_FRAME_PEER, 5, 1);
+    n += put_frame(buf + n, IDA_FRAME_PEER, 5, 2);
+    got.stop_at = 1;
+    cr_assert_eq(ida_frame_decoder_feed(&dec, buf, n, on_frame, &got),
+                 IDA_EINTERNAL);
+    cr_assert_eq(got.count, 1, "frames after the failing one not delivered");
+}
+
+Test(frame, out_of_memory_is_an_error, .init = setup, .fini = teardown)
+{
+    uint8_t buf[64];
+    size_t n = put_frame(buf, IDA_FRAME_PEER, 20, 0);
+    ida_heap_fault_set(0, 1);
+    cr_assert_eq(ida_frame_decoder_feed(&dec, buf, n, on_frame, &got),
+                 IDA_ENOMEM);
+    cr_assert_eq(got.count, 0);
+}
+
+Test(frame, bad_init_and_encode_arguments)
+{
+    struct ida_frame_decoder d;
+    cr_assert_eq(ida_frame_decoder_init(&d, 0), IDA_EINVAL);
+    cr_assert_eq(ida_frame_decoder_init(&d, IDA_FRAME_PAYLOAD_BYTES_MAX + 1),
+                 IDA_EINVAL);
+    uint8_t hdr[IDA_FRAME_HEADER_BYTES];
+    cr_assert_eq(ida_frame_header_encode(hdr, (enum ida_frame_type)7, 1),
+                 IDA_EINVAL);
+    cr_assert_eq(
+        ida_frame_header_encode(hdr, IDA_FRAME_PEER,
+                                (size_t)IDA_FRAME_PAYLOAD_BYTES_MAX + 1),
+        IDA_ETOOBIG);
+    cr_assert_eq(ida_frame_header_encode(hdr, IDA_FRAME_PEER, 0x01020304), 0);
+    cr_assert_eq(hdr[0], IDA_FRAME_MAGIC);
+    cr_assert_eq(hdr[2], 1);
+    cr_assert_eq(hdr[5], 4);
+}
