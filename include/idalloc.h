@@ -1,0 +1,197 @@
+/* libidalloc: the client library of idalloc.
+ *
+ * Link lib/libidalloc.a (or -lidalloc with lib/libidalloc.so) and include
+ * this header. One client object talks to one cluster; it is safe to use
+ * from many threads at once (calls are pipelined on one connection per node
+ * and matched by request sequence number).
+ *
+ * Every call returns 0 or an IDA_E* code (idalloc_errors.h). Use
+ * idalloc_errclass() to tell a definite "no" (IDA_ERR_CLASS_DEFINITE:
+ * nothing happened) from "outcome unknown" (IDA_ERR_CLASS_UNKNOWN: the
+ * operation may or may not have taken effect). The library already retried
+ * an unknown outcome against other nodes with the SAME (client_id,
+ * request_seq) until the call deadline, so a retry can never allocate twice.
+ */
+#ifndef IDALLOC_H
+#define IDALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idalloc_errors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define IDALLOC_ERRMSG_MAX 512
+
+enum idalloc_pool_kind {
+    IDALLOC_POOL_SEQUENCE = 1,
+    IDALLOC_POOL_BOUNDED = 2,
+    IDALLOC_POOL_PREFIX = 3,
+};
+
+struct idalloc_options
+{
+    /* Where the cluster is: a comma-separated list of client addresses
+     * ("127.0.0.1:7201,127.0.0.1:7202"), or a cluster file whose `node`
+     * lines give them. Exactly one must be set. */
+    const char *addresses;
+    const char *config_path;
+    /* One attempt against one node; on expiry the call moves on to another
+     * node with the same request id. Default 1000. */
+    unsigned attempt_timeout_ms;
+    /* The whole call, retries included: no call takes longer. Default 5000. */
+    unsigned call_timeout_ms;
+    /* idalloc_next(): block size bounds; the size adapts to the rate of use
+     * between them. Defaults 16 and 65536. */
+    uint64_t next_block_min;
+    uint64_t next_block_max;
+};
+
+/* Fill @o with the defaults (addresses and config_path NULL). */
+void idalloc_options_init(struct idalloc_options *o);
+
+struct idalloc_client;
+
+/* Create a client. Connects lazily (no I/O here besides reading a cluster
+ * file). Returns 0, IDA_EINVAL or IDA_ECONFIG (bad options or file: a
+ * one-line message in @errmsg, IDALLOC_ERRMSG_MAX bytes, may be NULL),
+ * IDA_EIO or IDA_ENOMEM. */
+int idalloc_client_new(const struct idalloc_options *o,
+                       struct idalloc_client **out,
+                       char *errmsg);
+
+/* Close connections, stop background work, free. Ids left in idalloc_next()
+ * blocks are never handed out (they are skipped, not reused). */
+void idalloc_client_free(struct idalloc_client *c);
+
+/* The last error's one-line detail for the calling thread ("" if none). */
+const char *idalloc_last_error(void);
+
+/* --- operations ---------------------------------------------------------- */
+
+/* Create pool @name of @kind (@size: ids [0, size) for bounded pools,
+ * ignored otherwise). *created is 0 when an identical pool already existed
+ * (may be NULL). IDA_EPOOLEXISTS: a pool with that name and other
+ * parameters exists. */
+int idalloc_pool_create(struct idalloc_client *c,
+                        const char *name,
+                        enum idalloc_pool_kind kind,
+                        uint64_t size,
+                        int *created);
+
+/* Bounded pool: the lowest free id for @tag, or the id @tag already holds
+ * (*existed = 1, may be NULL). IDA_EEXHAUSTED when the pool is full. */
+int idalloc_alloc(struct idalloc_client *c,
+                  const char *pool,
+                  const char *tag,
+                  uint64_t *id,
+                  int *existed);
+
+/* Bounded pool: free @id held by @tag. *freed is 0 when it was already free
+ * (may be NULL). IDA_ETAGMISMATCH: another tag holds it. */
+int idalloc_free(struct idalloc_client *c,
+                 const char *pool,
+                 uint64_t id,
+                 const char *tag,
+                 int *freed);
+
+/* Bounded pool: the id @tag holds; IDA_ENOTFOUND if none. Linearizable. */
+int idalloc_lookup(struct idalloc_client *c,
+                   const char *pool,
+                   const char *tag,
+                   uint64_t *id);
+
+struct idalloc_holding
+{
+    uint64_t id;
+    char *tag;
+};
+
+/* Bounded pool: holdings in id order, starting after @after_id (or from 0
+ * when @has_after is 0), at most @limit (0: server default). *out is an
+ * array of *count holdings the caller frees with idalloc_holdings_free();
+ * *more is 1 when another page follows. Linearizable. */
+int idalloc_list(struct idalloc_client *c,
+                 const char *pool,
+                 int has_after,
+                 uint64_t after_id,
+                 uint32_t limit,
+                 struct idalloc_holding **out,
+                 size_t *count,
+                 int *more);
+void idalloc_holdings_free(struct idalloc_holding *h, size_t count);
+
+/* Sequence pool: reserve @count ids [*first, *first + @count). */
+int idalloc_reserve(struct idalloc_client *c,
+                    const char *pool,
+                    uint64_t count,
+                    uint64_t *first);
+
+/* Sequence pool: one id, handed out locally from a reserved block. Blocks
+ * are refilled in the background with exactly one refill in flight per
+ * pool, started before the block runs dry, so callers almost never wait. */
+int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id);
+
+/* Prefix pool: the prefix for @tag (a new one, or the one it already holds:
+ * *existed = 1, may be NULL). @out receives *len bytes (at most 9). */
+int idalloc_prefix(struct idalloc_client *c,
+                   const char *pool,
+                   const char *tag,
+                   uint8_t out[9],
+                   size_t *len,
+                   int *existed);
+
+struct idalloc_node_status
+{
+    unsigned node_id;
+    char address[64]; /* the client address asked */
+    char role[16];
+    uint64_t term;
+    unsigned leader_id;
+    uint64_t commit_index;
+    uint64_t applied_index;
+    uint64_t log_first_index, log_last_index;
+    uint64_t snapshot_index;
+};
+
+/* Number of nodes the client knows, and the status of node number @i
+ * (0-based, in the order of the options' addresses) asked directly. */
+size_t idalloc_node_count(const struct idalloc_client *c);
+int idalloc_node_status(struct idalloc_client *c,
+                        size_t i,
+                        struct idalloc_node_status *out);
+
+/* --- next() statistics, for tests and benchmarks ------------------------- */
+
+struct idalloc_next_stats
+{
+    uint64_t handed_out;            /* ids returned by idalloc_next() */
+    uint64_t refills;               /* refills started */
+    uint64_t refills_max_in_flight; /* never above 1 per pool */
+    uint64_t waits;                 /* calls that had to wait for a refill */
+    uint64_t block_size;            /* current block size */
+};
+int idalloc_next_stats(struct idalloc_client *c,
+                       const char *pool,
+                       struct idalloc_next_stats *out);
+
+/* --- formatting ---------------------------------------------------------- */
+
+#define IDALLOC_HEX_ID_LEN 19 /* "0000-0000-0000-0001" */
+
+/* Format @id as four dash-separated groups of four lowercase hex digits;
+ * lexicographic order of the strings equals numeric order of the ids.
+ * @buf must hold IDALLOC_HEX_ID_LEN + 1 bytes. */
+void idalloc_format_hex(uint64_t id, char *buf);
+
+/* Parse what idalloc_format_hex() wrote. Returns 0 or IDA_EINVAL. */
+int idalloc_parse_hex(const char *s, uint64_t *id);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IDALLOC_H */

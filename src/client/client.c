@@ -1,0 +1,618 @@
+/* libidalloc: connections, pipelined calls, leader following, retries.
+ *
+ * DESIGN: one TCP connection per node, opened lazily. A call encodes its
+ * ClientRequest, registers a waiter keyed by request_seq on the connection,
+ * writes the frame and sleeps on the waiter's condition variable. A reader
+ * thread per connection decodes frames and hands each response to the
+ * waiter with the same request_seq, so many calls from many threads are in
+ * flight on one connection at once (pipelining). A response whose waiter
+ * gave up is dropped.
+ *
+ * Retries: a call has a request_seq fixed for its whole life. On a timeout,
+ * a dead connection or an answer that does not settle it (not leader, busy,
+ * leadership lost) it moves on to another node with the SAME client_id and
+ * request_seq, following the NOT_LEADER hint when there is one, until the
+ * call deadline; the cluster's session table turns a retry of a request that
+ * already took effect into its first answer.
+ */
+#include "src/client/client.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ida/assert.h"
+#include "ida/heap.h"
+#include "src/common/config.h"
+#include "src/common/frame.h"
+
+static _Thread_local char last_error[IDALLOC_ERRMSG_MAX];
+
+const char *idalloc_last_error(void)
+{
+    return last_error;
+}
+
+void ida__client_set_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+}
+
+uint64_t ida__client_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(uint64_t ms)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ms / 1000),
+                          .tv_nsec = (long)(ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* --- waiters ------------------------------------------------------------- */
+
+struct waiter
+{
+    uint64_t seq;
+    pthread_cond_t cond;
+    int done;
+    int err; /* 0: resp set; else IDA_ECLOSED */
+    Idalloc__ClientResponse *resp;
+    struct waiter *next;
+};
+
+static void remove_waiter(struct ida_client_conn *k, struct waiter *w)
+{
+    for (struct waiter **p = &k->waiters; *p != NULL; p = &(*p)->next) {
+        if (*p == w) {
+            *p = w->next;
+            return;
+        }
+    }
+}
+
+/* Fail every waiter of a connection that just died. Holds k->mu. */
+static void fail_waiters(struct ida_client_conn *k)
+{
+    for (struct waiter *w = k->waiters; w != NULL; w = w->next) {
+        w->done = 1;
+        w->err = IDA_ECLOSED;
+        pthread_cond_signal(&w->cond);
+    }
+    k->waiters = NULL;
+}
+
+/* --- reader thread ------------------------------------------------------- */
+
+static int on_frame(void *arg,
+                    enum ida_frame_type type,
+                    const uint8_t *payload,
+                    uint32_t len)
+{
+    struct ida_client_conn *k = arg;
+    if (type != IDA_FRAME_CLIENT_RESPONSE) {
+        return IDA_EPROTO;
+    }
+    Idalloc__ClientResponse *r =
+        idalloc__client_response__unpack(NULL, len, payload);
+    if (r == NULL) {
+        return IDA_EPROTO;
+    }
+    pthread_mutex_lock(&k->mu);
+    struct waiter *w = k->waiters;
+    while (w != NULL && w->seq != r->request_seq) {
+        w = w->next;
+    }
+    if (w != NULL) {
+        remove_waiter(k, w);
+        w->resp = r;
+        w->done = 1;
+        pthread_cond_signal(&w->cond);
+        r = NULL;
+    }
+    pthread_mutex_unlock(&k->mu);
+    if (r != NULL) { /* its caller gave up: drop it */
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    return 0;
+}
+
+static void *reader_main(void *arg)
+{
+    struct ida_client_conn *k = arg;
+    struct ida_frame_decoder dec;
+    int rv = ida_frame_decoder_init(&dec, IDA_FRAME_PAYLOAD_BYTES_DEFAULT);
+    IDA_ASSERT(rv == 0);
+    uint8_t buf[16384];
+    for (;;) {
+        ssize_t n = read(k->fd, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0 ||
+            ida_frame_decoder_feed(&dec, buf, (size_t)n, on_frame, k) != 0) {
+            break;
+        }
+    }
+    ida_frame_decoder_close(&dec);
+    pthread_mutex_lock(&k->mu);
+    k->dead = 1;
+    fail_waiters(k);
+    pthread_mutex_unlock(&k->mu);
+    return NULL;
+}
+
+/* --- connections -----------------------------------------------------------
+ */
+
+static int connect_with_timeout(const struct ida_addr *a,
+                                uint64_t timeout_ms,
+                                int *out)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    memset(&ss, 0, sizeof(ss));
+    if (a->family == AF_INET6) {
+        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+        s6->sin6_family = AF_INET6;
+        s6->sin6_port = htons(a->port);
+        inet_pton(AF_INET6, a->host, &s6->sin6_addr);
+        sl = sizeof(*s6);
+    } else {
+        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons(a->port);
+        inet_pton(AF_INET, a->host, &s4->sin_addr);
+        sl = sizeof(*s4);
+    }
+    int fd = socket(a->family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        return IDA_EIO;
+    }
+    int rv = connect(fd, (struct sockaddr *)&ss, sl);
+    if (rv != 0 && errno == EINPROGRESS) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (poll(&p, 1, (int)timeout_ms) == 1 &&
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0) {
+            rv = 0;
+        }
+    }
+    if (rv != 0) {
+        close(fd);
+        return IDA_EUNAVAIL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    /* A write never blocks a caller forever on a stuck peer. */
+    struct timeval tv = {.tv_sec = 2, .tv_usec = 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    *out = fd;
+    return 0;
+}
+
+/* Make sure @k has a live connection. Holds k->mu (released while joining
+ * a dead reader: the dead connection is detached first, so two callers
+ * never join the same thread). */
+static int ensure_connected(struct ida_client_conn *k, uint64_t timeout_ms)
+{
+    while (k->fd >= 0 && k->dead) {
+        int old = k->fd;
+        pthread_t t = k->reader;
+        k->fd = -1;
+        pthread_mutex_unlock(&k->mu);
+        pthread_join(t, NULL);
+        close(old);
+        pthread_mutex_lock(&k->mu);
+    }
+    if (k->fd >= 0) {
+        return 0;
+    }
+    int fd;
+    int rv = connect_with_timeout(&k->addr, timeout_ms, &fd);
+    if (rv != 0) {
+        return rv;
+    }
+    k->fd = fd;
+    k->dead = 0;
+    if (pthread_create(&k->reader, NULL, reader_main, k) != 0) {
+        close(fd);
+        k->fd = -1;
+        return IDA_ENOMEM;
+    }
+    return 0;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            return IDA_ECLOSED;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void deadline_ts(uint64_t timeout_ms, struct timespec *ts)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)(timeout_ms / 1000);
+    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+    if (ts->tv_nsec >= 1000000000) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000;
+    }
+}
+
+/* One attempt on one node. *sent tells whether the request may have reached
+ * it (so the outcome is unknown on failure). */
+static int attempt(struct ida_client_conn *k,
+                   uint64_t seq,
+                   const uint8_t *frame,
+                   size_t len,
+                   uint64_t timeout_ms,
+                   Idalloc__ClientResponse **resp,
+                   int *sent)
+{
+    struct waiter w = {.seq = seq};
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cond, &ca);
+    pthread_condattr_destroy(&ca);
+    *sent = 0;
+    pthread_mutex_lock(&k->mu);
+    int rv = ensure_connected(k, timeout_ms);
+    if (rv == 0) {
+        w.next = k->waiters;
+        k->waiters = &w;
+        *sent = 1;
+        rv = write_all(k->fd, frame, len);
+        if (rv != 0) {
+            remove_waiter(k, &w);
+            shutdown(k->fd, SHUT_RDWR); /* the reader reaps it */
+        }
+    }
+    if (rv == 0) {
+        struct timespec ts;
+        deadline_ts(timeout_ms, &ts);
+        while (!w.done && rv == 0) {
+            if (pthread_cond_timedwait(&w.cond, &k->mu, &ts) == ETIMEDOUT) {
+                rv = IDA_ETIMEDOUT;
+            }
+        }
+        if (w.done) {
+            rv = w.err;
+        } else {
+            remove_waiter(k, &w);
+        }
+    }
+    pthread_mutex_unlock(&k->mu);
+    pthread_cond_destroy(&w.cond);
+    if (rv == 0) {
+        *resp = w.resp;
+    }
+    return rv;
+}
+
+/* --- calls -----------------------------------------------------------------
+ */
+
+static size_t conn_by_client_addr(const struct idalloc_client *c,
+                                  const char *addr)
+{
+    for (size_t i = 0; i < c->nconns; i++) {
+        if (strcmp(c->conns[i].addr.text, addr) == 0) {
+            return i;
+        }
+    }
+    return SIZE_MAX;
+}
+
+/* Answers that do not settle a request: try elsewhere with the same id. */
+static int retryable(uint32_t err)
+{
+    return err == IDA_ENOTLEADER || err == IDA_EBUSY || err == IDA_ESTOPPED ||
+           err == IDA_ELEADERLOST || err == IDA_EUNAVAIL;
+}
+
+static int encode_frame(Idalloc__ClientRequest *req, uint8_t **out, size_t *len)
+{
+    size_t n = idalloc__client_request__get_packed_size(req);
+    if (n > IDA_FRAME_PAYLOAD_BYTES_DEFAULT) {
+        return IDA_ETOOBIG;
+    }
+    uint8_t *buf = ida_malloc(IDA_FRAME_HEADER_BYTES + n);
+    if (buf == NULL) {
+        return IDA_ENOMEM;
+    }
+    ida_frame_header_encode(buf, IDA_FRAME_CLIENT_REQUEST, n);
+    idalloc__client_request__pack(req, buf + IDA_FRAME_HEADER_BYTES);
+    *out = buf;
+    *len = IDA_FRAME_HEADER_BYTES + n;
+    return 0;
+}
+
+int ida__client_call_node(struct idalloc_client *c,
+                          size_t node,
+                          Idalloc__ClientRequest *req,
+                          Idalloc__ClientResponse **resp)
+{
+    uint8_t *frame;
+    size_t len;
+    req->version = IDA_WIRE_VERSION;
+    req->client_id.data = c->client_id;
+    req->client_id.len = sizeof(c->client_id);
+    req->request_seq = atomic_fetch_add(&c->next_seq, 1);
+    int rv = encode_frame(req, &frame, &len);
+    if (rv != 0) {
+        return rv;
+    }
+    int sent;
+    rv = attempt(&c->conns[node], req->request_seq, frame, len,
+                 c->opts.call_timeout_ms, resp, &sent);
+    ida_free(frame);
+    return rv;
+}
+
+int ida__client_call(struct idalloc_client *c,
+                     Idalloc__ClientRequest *req,
+                     Idalloc__ClientResponse **resp)
+{
+    req->version = IDA_WIRE_VERSION;
+    req->client_id.data = c->client_id;
+    req->client_id.len = sizeof(c->client_id);
+    if (req->request_seq == 0) {
+        req->request_seq = atomic_fetch_add(&c->next_seq, 1);
+    }
+    uint8_t *frame;
+    size_t len;
+    int rv = encode_frame(req, &frame, &len);
+    if (rv != 0) {
+        ida__client_set_error("request too large or out of memory");
+        return rv;
+    }
+    uint64_t deadline = ida__client_now_ms() + c->opts.call_timeout_ms;
+    size_t target = atomic_load(&c->leader) % c->nconns;
+    uint64_t backoff = 10;
+    int maybe_sent = 0;
+    char why[160] = "no attempt made";
+    for (;;) {
+        uint64_t now = ida__client_now_ms();
+        if (now >= deadline) {
+            break;
+        }
+        uint64_t budget = deadline - now;
+        if (budget > c->opts.attempt_timeout_ms) {
+            budget = c->opts.attempt_timeout_ms;
+        }
+        struct ida_client_conn *k = &c->conns[target];
+        int sent;
+        Idalloc__ClientResponse *r = NULL;
+        rv = attempt(k, req->request_seq, frame, len, budget, &r, &sent);
+        maybe_sent |= sent;
+        size_t next = (target + 1) % c->nconns;
+        if (rv == 0 && r->result != NULL && retryable(r->result->error)) {
+            size_t hint = r->leader_addr[0] != '\0'
+                              ? conn_by_client_addr(c, r->leader_addr)
+                              : SIZE_MAX;
+            snprintf(why, sizeof(why), "%s: %s", k->addr.text,
+                     idalloc_strerror((int)r->result->error));
+            idalloc__client_response__free_unpacked(r, NULL);
+            if (hint != SIZE_MAX && hint != target) {
+                target = hint; /* follow the hint at once */
+                continue;
+            }
+            target = next;
+        } else if (rv == 0 && r->result == NULL) {
+            idalloc__client_response__free_unpacked(r, NULL);
+            snprintf(why, sizeof(why), "%s: response without a result",
+                     k->addr.text);
+            target = next;
+        } else if (rv == 0) {
+            atomic_store(&c->leader, target);
+            ida_free(frame);
+            *resp = r;
+            return 0;
+        } else {
+            snprintf(why, sizeof(why), "%s: %s", k->addr.text,
+                     idalloc_strerror(rv));
+            target = next;
+        }
+        uint64_t left = deadline - ida__client_now_ms();
+        if ((int64_t)left > 0) {
+            sleep_ms(backoff < left ? backoff : left);
+        }
+        backoff = backoff * 2 > 200 ? 200 : backoff * 2;
+    }
+    ida_free(frame);
+    ida__client_set_error("no answer within %u ms (last: %s)%s",
+                          c->opts.call_timeout_ms, why,
+                          maybe_sent ? "; outcome unknown" : "");
+    return maybe_sent ? IDA_ETIMEDOUT : IDA_EUNAVAIL;
+}
+
+/* --- lifecycle --------------------------------------------------------------
+ */
+
+void idalloc_options_init(struct idalloc_options *o)
+{
+    *o = (struct idalloc_options){
+        .attempt_timeout_ms = 1000,
+        .call_timeout_ms = 5000,
+        .next_block_min = 16,
+        .next_block_max = 65536,
+    };
+}
+
+static int add_conn(struct idalloc_client *c, const char *addr, char *errmsg)
+{
+    if (c->nconns == IDA_CONFIG_NODES_MAX) {
+        snprintf(errmsg, IDALLOC_ERRMSG_MAX, "more than %d addresses",
+                 IDA_CONFIG_NODES_MAX);
+        return IDA_EINVAL;
+    }
+    struct ida_client_conn *k = &c->conns[c->nconns];
+    if (ida_addr_parse(addr, &k->addr) != 0) {
+        snprintf(errmsg, IDALLOC_ERRMSG_MAX,
+                 "bad address \"%s\": expected IPv4:PORT or [IPv6]:PORT", addr);
+        return IDA_EINVAL;
+    }
+    k->fd = -1;
+    pthread_mutex_init(&k->mu, NULL);
+    c->nconns++;
+    return 0;
+}
+
+static int parse_addresses(struct idalloc_client *c,
+                           const char *list,
+                           char *errmsg)
+{
+    char buf[1024];
+    if (strlen(list) >= sizeof(buf)) {
+        snprintf(errmsg, IDALLOC_ERRMSG_MAX, "address list too long");
+        return IDA_EINVAL;
+    }
+    strcpy(buf, list);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t != NULL;
+         t = strtok_r(NULL, ",", &save)) {
+        int rv = add_conn(c, t, errmsg);
+        if (rv != 0) {
+            return rv;
+        }
+    }
+    if (c->nconns == 0) {
+        snprintf(errmsg, IDALLOC_ERRMSG_MAX, "no address given");
+        return IDA_EINVAL;
+    }
+    return 0;
+}
+
+static int load_config(struct idalloc_client *c, const char *path, char *errmsg)
+{
+    struct ida_config *cfg = ida_malloc(sizeof(*cfg));
+    char msg[IDA_ERRMSG_MAX];
+    if (cfg == NULL) {
+        return IDA_ENOMEM;
+    }
+    int rv = ida_config_load(path, cfg, msg);
+    if (rv != 0) {
+        snprintf(errmsg, IDALLOC_ERRMSG_MAX, "%s", msg);
+    }
+    for (unsigned i = 0; rv == 0 && i < cfg->node_count; i++) {
+        rv = add_conn(c, cfg->nodes[i].client.text, errmsg);
+    }
+    ida_free(cfg);
+    return rv;
+}
+
+static int random_bytes(uint8_t *p, size_t n)
+{
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return IDA_EIO;
+    }
+    ssize_t r = read(fd, p, n);
+    close(fd);
+    return r == (ssize_t)n ? 0 : IDA_EIO;
+}
+
+int idalloc_client_new(const struct idalloc_options *o,
+                       struct idalloc_client **out,
+                       char *errmsg)
+{
+    char scratch[IDALLOC_ERRMSG_MAX];
+    if (errmsg == NULL) {
+        errmsg = scratch;
+    }
+    errmsg[0] = '\0';
+    if (o == NULL || (o->addresses == NULL) == (o->config_path == NULL)) {
+        snprintf(errmsg, IDALLOC_ERRMSG_MAX,
+                 "give exactly one of addresses and config_path");
+        return IDA_EINVAL;
+    }
+    if (o->attempt_timeout_ms == 0 || o->call_timeout_ms == 0 ||
+        o->next_block_min == 0 || o->next_block_min > o->next_block_max) {
+        snprintf(errmsg, IDALLOC_ERRMSG_MAX,
+                 "timeouts must be > 0 and 0 < next_block_min <= "
+                 "next_block_max");
+        return IDA_EINVAL;
+    }
+    struct idalloc_client *c = ida_calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return IDA_ENOMEM;
+    }
+    c->opts = *o;
+    c->opts.addresses = NULL;
+    c->opts.config_path = NULL;
+    atomic_init(&c->next_seq, 1);
+    atomic_init(&c->leader, 0);
+    pthread_mutex_init(&c->mu, NULL);
+    int rv = o->addresses != NULL ? parse_addresses(c, o->addresses, errmsg)
+                                  : load_config(c, o->config_path, errmsg);
+    if (rv == 0 && random_bytes(c->client_id, sizeof(c->client_id)) != 0) {
+        snprintf(errmsg, IDALLOC_ERRMSG_MAX, "cannot read /dev/urandom");
+        rv = IDA_EIO;
+    }
+    if (rv == 0) {
+        rv = ida__client_next_start(c);
+    }
+    if (rv != 0) {
+        idalloc_client_free(c);
+        return rv;
+    }
+    *out = c;
+    return 0;
+}
+
+void idalloc_client_free(struct idalloc_client *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    ida__client_next_stop(c);
+    for (size_t i = 0; i < c->nconns; i++) {
+        struct ida_client_conn *k = &c->conns[i];
+        if (k->fd >= 0) {
+            shutdown(k->fd, SHUT_RDWR);
+            pthread_join(k->reader, NULL);
+            close(k->fd);
+        }
+        pthread_mutex_destroy(&k->mu);
+    }
+    pthread_mutex_destroy(&c->mu);
+    ida_free(c);
+}
+
+size_t idalloc_node_count(const struct idalloc_client *c)
+{
+    return c->nconns;
+}

@@ -1,0 +1,65 @@
+/* libidalloc internals shared by the client's files (not installed). */
+#ifndef IDA_CLIENT_H
+#define IDA_CLIENT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "idalloc.h"
+#include "proto/idalloc.pb-c.h"
+#include "src/common/config.h"
+
+struct ida_client_conn
+{
+    struct ida_addr addr;
+    pthread_mutex_t mu; /* guards everything below */
+    int fd;             /* -1: not connected */
+    int dead;           /* the reader saw EOF or an error */
+    pthread_t reader;
+    struct waiter *waiters;
+};
+
+struct ida_next_pool; /* next.c */
+
+struct idalloc_client
+{
+    struct idalloc_options opts;
+    uint8_t client_id[16];
+    atomic_uint_fast64_t next_seq;
+    atomic_size_t leader; /* index of the node that last answered */
+    struct ida_client_conn conns[IDA_CONFIG_NODES_MAX];
+    size_t nconns;
+    pthread_mutex_t mu; /* guards the next() pool list and refill queue */
+    struct ida_next_pool *next_pools;
+    pthread_cond_t refill_cond; /* wakes the refiller */
+    pthread_t refiller;
+    int refiller_running;
+    int stopping;
+};
+
+/* Send @req (client_id, version and, when 0, request_seq are filled in) to
+ * the leader, following hints and retrying other nodes with the same
+ * request id until the call deadline. On 0, *resp is the decoded answer
+ * (free with idalloc__client_response__free_unpacked); its result may still
+ * carry a definite error. Else IDA_ETIMEDOUT (the request may have taken
+ * effect), IDA_EUNAVAIL (no node reachable), IDA_ETOOBIG or IDA_ENOMEM. */
+int ida__client_call(struct idalloc_client *c,
+                     Idalloc__ClientRequest *req,
+                     Idalloc__ClientResponse **resp);
+
+/* One attempt at node @node only, no retries (status). */
+int ida__client_call_node(struct idalloc_client *c,
+                          size_t node,
+                          Idalloc__ClientRequest *req,
+                          Idalloc__ClientResponse **resp);
+
+void ida__client_set_error(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+uint64_t ida__client_now_ms(void);
+
+/* next.c: start and stop the refiller thread. */
+int ida__client_next_start(struct idalloc_client *c);
+void ida__client_next_stop(struct idalloc_client *c);
+
+#endif /* IDA_CLIENT_H */

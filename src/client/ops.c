@@ -1,0 +1,363 @@
+/* libidalloc: one function per operation, and id formatting. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ida/heap.h"
+#include "src/client/client.h"
+
+/* Run @req and check its answer: 0 with *out set to the response (caller
+ * frees), or the error; a result of another kind than @want is IDA_EPROTO. */
+static int run(struct idalloc_client *c,
+               Idalloc__ClientRequest *req,
+               Idalloc__CommandResult__ResultCase want,
+               Idalloc__ClientResponse **out)
+{
+    Idalloc__ClientResponse *r;
+    int rv = ida__client_call(c, req, &r);
+    if (rv != 0) {
+        return rv;
+    }
+    Idalloc__CommandResult *res = r->result;
+    if (res->error != 0) {
+        rv = (int)res->error;
+        ida__client_set_error("%s", res->error_msg[0] != '\0'
+                                        ? res->error_msg
+                                        : idalloc_strerror(rv));
+    } else if (res->result_case != want) {
+        rv = IDA_EPROTO;
+        ida__client_set_error("the server answered with another result kind");
+    }
+    if (rv != 0) {
+        idalloc__client_response__free_unpacked(r, NULL);
+        return rv;
+    }
+    *out = r;
+    return 0;
+}
+
+static int bad_args(const char *what)
+{
+    ida__client_set_error("%s", what);
+    return IDA_EINVAL;
+}
+
+#define REQUEST(var) Idalloc__ClientRequest var = IDALLOC__CLIENT_REQUEST__INIT
+
+int idalloc_pool_create(struct idalloc_client *c,
+                        const char *name,
+                        enum idalloc_pool_kind kind,
+                        uint64_t size,
+                        int *created)
+{
+    if (name == NULL || kind < IDALLOC_POOL_SEQUENCE ||
+        kind > IDALLOC_POOL_PREFIX) {
+        return bad_args("pool create: a name and a known kind are needed");
+    }
+    REQUEST(req);
+    Idalloc__PoolCreate op = IDALLOC__POOL_CREATE__INIT;
+    op.name = (char *)name;
+    op.kind = (Idalloc__PoolKind)kind;
+    op.size = size;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE;
+    req.pool_create = &op;
+    Idalloc__ClientResponse *r;
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_POOL_CREATE, &r);
+    if (rv == 0) {
+        if (created != NULL) {
+            *created = r->result->pool_create->created;
+        }
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    return rv;
+}
+
+int idalloc_alloc(struct idalloc_client *c,
+                  const char *pool,
+                  const char *tag,
+                  uint64_t *id,
+                  int *existed)
+{
+    if (pool == NULL || tag == NULL || id == NULL) {
+        return bad_args("alloc: pool, tag and id are needed");
+    }
+    REQUEST(req);
+    Idalloc__Alloc op = IDALLOC__ALLOC__INIT;
+    op.pool = (char *)pool;
+    op.tag = (char *)tag;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_ALLOC;
+    req.alloc = &op;
+    Idalloc__ClientResponse *r;
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_ALLOC, &r);
+    if (rv == 0) {
+        *id = r->result->alloc->id;
+        if (existed != NULL) {
+            *existed = r->result->alloc->existed;
+        }
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    return rv;
+}
+
+int idalloc_free(struct idalloc_client *c,
+                 const char *pool,
+                 uint64_t id,
+                 const char *tag,
+                 int *freed)
+{
+    if (pool == NULL || tag == NULL) {
+        return bad_args("free: pool and tag are needed");
+    }
+    REQUEST(req);
+    Idalloc__Free op = IDALLOC__FREE__INIT;
+    op.pool = (char *)pool;
+    op.id = id;
+    op.tag = (char *)tag;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_FREE;
+    req.free = &op;
+    Idalloc__ClientResponse *r;
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_FREE, &r);
+    if (rv == 0) {
+        if (freed != NULL) {
+            *freed = r->result->free->freed;
+        }
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    return rv;
+}
+
+int idalloc_lookup(struct idalloc_client *c,
+                   const char *pool,
+                   const char *tag,
+                   uint64_t *id)
+{
+    if (pool == NULL || tag == NULL || id == NULL) {
+        return bad_args("lookup: pool, tag and id are needed");
+    }
+    REQUEST(req);
+    Idalloc__Lookup op = IDALLOC__LOOKUP__INIT;
+    op.pool = (char *)pool;
+    op.tag = (char *)tag;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_LOOKUP;
+    req.lookup = &op;
+    Idalloc__ClientResponse *r;
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LOOKUP, &r);
+    if (rv == 0) {
+        *id = r->result->lookup->id;
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    return rv;
+}
+
+void idalloc_holdings_free(struct idalloc_holding *h, size_t count)
+{
+    for (size_t i = 0; h != NULL && i < count; i++) {
+        ida_free(h[i].tag);
+    }
+    ida_free(h);
+}
+
+static int copy_holdings(const Idalloc__ListResult *l,
+                         struct idalloc_holding **out,
+                         size_t *count)
+{
+    struct idalloc_holding *h =
+        ida_calloc(l->n_holdings > 0 ? l->n_holdings : 1, sizeof(*h));
+    if (h == NULL) {
+        return IDA_ENOMEM;
+    }
+    for (size_t i = 0; i < l->n_holdings; i++) {
+        h[i].id = l->holdings[i]->id;
+        h[i].tag =
+            ida_strndup(l->holdings[i]->tag, strlen(l->holdings[i]->tag));
+        if (h[i].tag == NULL) {
+            idalloc_holdings_free(h, i);
+            return IDA_ENOMEM;
+        }
+    }
+    *out = h;
+    *count = l->n_holdings;
+    return 0;
+}
+
+int idalloc_list(struct idalloc_client *c,
+                 const char *pool,
+                 int has_after,
+                 uint64_t after_id,
+                 uint32_t limit,
+                 struct idalloc_holding **out,
+                 size_t *count,
+                 int *more)
+{
+    if (pool == NULL || out == NULL || count == NULL) {
+        return bad_args("list: pool, out and count are needed");
+    }
+    REQUEST(req);
+    Idalloc__List op = IDALLOC__LIST__INIT;
+    op.pool = (char *)pool;
+    op.has_after = has_after != 0;
+    op.after_id = after_id;
+    op.limit = limit;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_LIST;
+    req.list = &op;
+    Idalloc__ClientResponse *r;
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LIST, &r);
+    if (rv == 0) {
+        rv = copy_holdings(r->result->list, out, count);
+        if (more != NULL) {
+            *more = r->result->list->more;
+        }
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    return rv;
+}
+
+int idalloc_reserve(struct idalloc_client *c,
+                    const char *pool,
+                    uint64_t count,
+                    uint64_t *first)
+{
+    if (pool == NULL || first == NULL || count == 0) {
+        return bad_args("reserve: a pool and a count > 0 are needed");
+    }
+    REQUEST(req);
+    Idalloc__Reserve op = IDALLOC__RESERVE__INIT;
+    op.pool = (char *)pool;
+    op.count = count;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_RESERVE;
+    req.reserve = &op;
+    Idalloc__ClientResponse *r;
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_RESERVE, &r);
+    if (rv == 0) {
+        const Idalloc__ReserveResult *rr = r->result->reserve;
+        if (rr->count != count) {
+            rv = IDA_EPROTO;
+            ida__client_set_error("reserve: asked %llu ids, got %llu",
+                                  (unsigned long long)count,
+                                  (unsigned long long)rr->count);
+        }
+        *first = rr->first;
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    return rv;
+}
+
+int idalloc_prefix(struct idalloc_client *c,
+                   const char *pool,
+                   const char *tag,
+                   uint8_t out[9],
+                   size_t *len,
+                   int *existed)
+{
+    if (pool == NULL || tag == NULL || out == NULL || len == NULL) {
+        return bad_args("prefix: pool, tag, out and len are needed");
+    }
+    REQUEST(req);
+    Idalloc__PrefixAlloc op = IDALLOC__PREFIX_ALLOC__INIT;
+    op.pool = (char *)pool;
+    op.tag = (char *)tag;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
+    req.prefix_alloc = &op;
+    Idalloc__ClientResponse *r;
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC, &r);
+    if (rv == 0) {
+        const ProtobufCBinaryData *p = &r->result->prefix_alloc->prefix;
+        if (p->len == 0 || p->len > 9) {
+            rv = IDA_EPROTO;
+            ida__client_set_error("prefix of %zu bytes", p->len);
+        } else {
+            memcpy(out, p->data, p->len);
+            *len = p->len;
+            if (existed != NULL) {
+                *existed = r->result->prefix_alloc->existed;
+            }
+        }
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    return rv;
+}
+
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    snprintf(dst, cap, "%s", src != NULL ? src : "");
+}
+
+int idalloc_node_status(struct idalloc_client *c,
+                        size_t i,
+                        struct idalloc_node_status *out)
+{
+    if (i >= c->nconns || out == NULL) {
+        return bad_args("status: no such node");
+    }
+    memset(out, 0, sizeof(*out));
+    copy_str(out->address, sizeof(out->address), c->conns[i].addr.text);
+    REQUEST(req);
+    Idalloc__Status op = IDALLOC__STATUS__INIT;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_STATUS;
+    req.status = &op;
+    Idalloc__ClientResponse *r;
+    int rv = ida__client_call_node(c, i, &req, &r);
+    if (rv != 0) {
+        ida__client_set_error("%s: %s", c->conns[i].addr.text,
+                              idalloc_strerror(rv));
+        return rv;
+    }
+    const Idalloc__CommandResult *res = r->result;
+    if (res == NULL || res->error != 0 ||
+        res->result_case != IDALLOC__COMMAND_RESULT__RESULT_STATUS) {
+        rv = res != NULL && res->error != 0 ? (int)res->error : IDA_EPROTO;
+    } else {
+        const Idalloc__NodeStatus *s = res->status;
+        out->node_id = s->node_id;
+        copy_str(out->role, sizeof(out->role), s->role);
+        out->term = s->term;
+        out->leader_id = s->leader_id;
+        out->commit_index = s->commit_index;
+        out->applied_index = s->applied_index;
+        out->log_first_index = s->log_first_index;
+        out->log_last_index = s->log_last_index;
+        out->snapshot_index = s->snapshot_index;
+    }
+    idalloc__client_response__free_unpacked(r, NULL);
+    return rv;
+}
+
+void idalloc_format_hex(uint64_t id, char *buf)
+{
+    static const char digits[] = "0123456789abcdef";
+    int pos = 0;
+    for (int group = 3; group >= 0; group--) {
+        for (int d = 3; d >= 0; d--) {
+            buf[pos++] = digits[(id >> (group * 16 + d * 4)) & 0xf];
+        }
+        if (group > 0) {
+            buf[pos++] = '-';
+        }
+    }
+    buf[pos] = '\0';
+}
+
+int idalloc_parse_hex(const char *s, uint64_t *id)
+{
+    if (s == NULL || strlen(s) != IDALLOC_HEX_ID_LEN) {
+        return IDA_EINVAL;
+    }
+    uint64_t v = 0;
+    for (int i = 0; i < IDALLOC_HEX_ID_LEN; i++) {
+        char ch = s[i];
+        if (i % 5 == 4) {
+            if (ch != '-') {
+                return IDA_EINVAL;
+            }
+            continue;
+        }
+        int d = ch >= '0' && ch <= '9'   ? ch - '0'
+                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                                         : -1;
+        if (d < 0) {
+            return IDA_EINVAL;
+        }
+        v = (v << 4) | (uint64_t)d;
+    }
+    *id = v;
+    return 0;
+}

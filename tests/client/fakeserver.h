@@ -1,0 +1,46 @@
+/* A scripted idalloc server for the client library's tests: real sockets on
+ * 127.0.0.1 (port chosen by the kernel), real framing and protobuf, with a
+ * behaviour chosen per test (answer, redirect, stay silent, send garbage).
+ * It stands in for the node daemon only to provoke the failure cases the
+ * client must survive; end-to-end tests run against the real idallocd. */
+#ifndef IDA_TEST_FAKESERVER_H
+#define IDA_TEST_FAKESERVER_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+enum fake_mode {
+    FAKE_ANSWER,     /* answer every request */
+    FAKE_NOT_LEADER, /* IDA_ENOTLEADER with hint_addr as the leader */
+    FAKE_SILENT,     /* read requests, never answer */
+    FAKE_GARBAGE,    /* answer with bytes that are not a frame */
+    FAKE_ERROR,      /* answer with error `error` */
+};
+
+#define FAKE_SEEN_MAX  4096
+#define FAKE_CONNS_MAX 64
+
+struct fake_server
+{
+    int listen_fd;
+    char addr[64]; /* "127.0.0.1:PORT" */
+    enum fake_mode mode;
+    char hint_addr[64];
+    uint32_t error;
+    pthread_t acceptor;
+    pthread_mutex_t mu;
+    uint64_t seen_seq[FAKE_SEEN_MAX]; /* request_seq of each request */
+    uint8_t seen_client[FAKE_SEEN_MAX][16];
+    int nseen;
+    int violations;      /* malformed requests, too many connections */
+    uint64_t next_block; /* reserve: next first id */
+    int conns[FAKE_CONNS_MAX];
+    pthread_t readers[FAKE_CONNS_MAX];
+    int nconns;
+};
+
+void fake_start(struct fake_server *s, enum fake_mode mode);
+void fake_stop(struct fake_server *s);
+int fake_seen(struct fake_server *s); /* requests received so far */
+
+#endif

@@ -1,0 +1,306 @@
+/* libidalloc against scripted servers on real loopback sockets: leader
+ * hints, retries with the same request id, timeouts, dead nodes, garbage,
+ * pipelining from many threads, and next() with one refill in flight. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "idalloc.h"
+#include "tests/client/fakeserver.h"
+
+/* --- fixture ------------------------------------------------------------ */
+
+static struct fake_server srv[3];
+static int nsrv;
+static struct idalloc_client *cli;
+
+static void start(int n,
+                  enum fake_mode m0,
+                  enum fake_mode m1,
+                  enum fake_mode m2)
+{
+    enum fake_mode modes[3] = {m0, m1, m2};
+    nsrv = n;
+    for (int i = 0; i < n; i++) {
+        fake_start(&srv[i], modes[i]);
+    }
+}
+
+static void connect_client(unsigned attempt_ms, unsigned call_ms)
+{
+    char addrs[256] = "";
+    for (int i = 0; i < nsrv; i++) {
+        strcat(addrs, i > 0 ? "," : "");
+        strcat(addrs, srv[i].addr);
+    }
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = addrs;
+    o.attempt_timeout_ms = attempt_ms;
+    o.call_timeout_ms = call_ms;
+    char err[IDALLOC_ERRMSG_MAX];
+    cr_assert_eq(idalloc_client_new(&o, &cli, err), 0, "%s", err);
+}
+
+static void teardown(void)
+{
+    idalloc_client_free(cli);
+    cli = NULL;
+    for (int i = 0; i < nsrv; i++) {
+        fake_stop(&srv[i]);
+        cr_assert_eq(srv[i].violations, 0, "server %d saw bad requests", i);
+    }
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* --- tests -------------------------------------------------------------- */
+
+Test(client, alloc_round_trip, .fini = teardown)
+{
+    start(1, FAKE_ANSWER, 0, 0);
+    connect_client(1000, 5000);
+    uint64_t id1, id2;
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id1, NULL), 0, "%s",
+                 idalloc_last_error());
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id2, NULL), 0);
+    /* The fake answers 1000 + request_seq: distinct seqs, matched answers. */
+    cr_assert_eq(id1, 1000 + srv[0].seen_seq[0]);
+    cr_assert_eq(id2, 1000 + srv[0].seen_seq[1]);
+    cr_assert_neq(srv[0].seen_seq[0], srv[0].seen_seq[1]);
+}
+
+Test(client, follows_not_leader_hint_with_same_request_id, .fini = teardown)
+{
+    start(2, FAKE_NOT_LEADER, FAKE_ANSWER, 0);
+    strcpy(srv[0].hint_addr, srv[1].addr);
+    connect_client(1000, 5000);
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0, "%s",
+                 idalloc_last_error());
+    cr_assert_eq(fake_seen(&srv[0]), 1);
+    cr_assert_eq(fake_seen(&srv[1]), 1);
+    cr_assert_eq(srv[0].seen_seq[0], srv[1].seen_seq[0], "same request_seq");
+    cr_assert_eq(memcmp(srv[0].seen_client[0], srv[1].seen_client[0], 16), 0,
+                 "same client_id");
+    /* The leader is remembered: the next call goes straight to it. */
+    cr_assert_eq(idalloc_alloc(cli, "p", "t2", &id, NULL), 0);
+    cr_assert_eq(fake_seen(&srv[0]), 1);
+    cr_assert_eq(fake_seen(&srv[1]), 2);
+}
+
+Test(client, silent_node_is_retried_elsewhere_with_same_id, .fini = teardown)
+{
+    start(2, FAKE_SILENT, FAKE_ANSWER, 0);
+    connect_client(100, 5000);
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0, "%s",
+                 idalloc_last_error());
+    cr_assert_eq(fake_seen(&srv[0]), 1);
+    cr_assert_eq(srv[0].seen_seq[0], srv[1].seen_seq[0]);
+    cr_assert_eq(id, 1000 + srv[0].seen_seq[0]);
+}
+
+Test(client, dead_address_is_skipped, .fini = teardown)
+{
+    /* Server 0 is started and stopped at once: its port refuses. */
+    start(2, FAKE_ANSWER, FAKE_ANSWER, 0);
+    fake_stop(&srv[0]);
+    char dead[64];
+    strcpy(dead, srv[0].addr);
+    fake_start(&srv[0], FAKE_ANSWER); /* keep the fixture symmetrical */
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    char addrs[160];
+    snprintf(addrs, sizeof(addrs), "%s,%s", dead, srv[1].addr);
+    o.addresses = addrs;
+    cr_assert_eq(idalloc_client_new(&o, &cli, NULL), 0);
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0, "%s",
+                 idalloc_last_error());
+    cr_assert_eq(fake_seen(&srv[1]), 1);
+}
+
+Test(client, all_silent_times_out_as_unknown, .fini = teardown)
+{
+    start(2, FAKE_SILENT, FAKE_SILENT, 0);
+    connect_client(50, 400);
+    uint64_t t0 = now_ms(), id;
+    int rv = idalloc_alloc(cli, "p", "t", &id, NULL);
+    uint64_t took = now_ms() - t0;
+    cr_assert_eq(rv, IDA_ETIMEDOUT);
+    cr_assert_eq(idalloc_errclass(rv), IDA_ERR_CLASS_UNKNOWN);
+    cr_assert_geq(took, 400, "gave up before the deadline");
+    cr_assert_lt(took, 5000, "a call must not hang (took %llu ms)",
+                 (unsigned long long)took);
+    cr_assert(strstr(idalloc_last_error(), "outcome unknown") != NULL, "%s",
+              idalloc_last_error());
+    /* Every attempt carried the same request id. */
+    cr_assert_geq(fake_seen(&srv[0]) + fake_seen(&srv[1]), 2);
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < fake_seen(&srv[i]); k++) {
+            cr_assert_eq(srv[i].seen_seq[k], srv[0].seen_seq[0]);
+        }
+    }
+}
+
+Test(client, nothing_reachable_is_unavailable)
+{
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    /* Port 1 on loopback: nothing listens there. */
+    o.addresses = "127.0.0.1:1";
+    o.call_timeout_ms = 200;
+    o.attempt_timeout_ms = 50;
+    cr_assert_eq(idalloc_client_new(&o, &cli, NULL), 0);
+    uint64_t id;
+    int rv = idalloc_alloc(cli, "p", "t", &id, NULL);
+    cr_assert_eq(rv, IDA_EUNAVAIL, "got %s", idalloc_errname(rv));
+    cr_assert_eq(idalloc_exit_code(rv), 3);
+    idalloc_client_free(cli);
+    cli = NULL;
+}
+
+Test(client, definite_error_is_passed_through, .fini = teardown)
+{
+    start(1, FAKE_ERROR, 0, 0);
+    srv[0].error = IDA_EEXHAUSTED;
+    connect_client(1000, 5000);
+    uint64_t id;
+    int rv = idalloc_alloc(cli, "p", "t", &id, NULL);
+    cr_assert_eq(rv, IDA_EEXHAUSTED);
+    cr_assert_eq(idalloc_errclass(rv), IDA_ERR_CLASS_DEFINITE);
+    cr_assert_str_eq(idalloc_last_error(), "scripted failure");
+    cr_assert_eq(fake_seen(&srv[0]), 1, "a definite answer is not retried");
+}
+
+Test(client, garbage_answer_drops_the_connection_and_retries, .fini = teardown)
+{
+    start(2, FAKE_GARBAGE, FAKE_ANSWER, 0);
+    connect_client(1000, 5000);
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0, "%s",
+                 idalloc_last_error());
+    cr_assert_eq(srv[0].seen_seq[0], srv[1].seen_seq[0]);
+}
+
+Test(client, bad_options_are_rejected)
+{
+    struct idalloc_options o;
+    char err[IDALLOC_ERRMSG_MAX];
+    idalloc_options_init(&o);
+    cr_assert_eq(idalloc_client_new(&o, &cli, err), IDA_EINVAL);
+    o.addresses = "localhost:7";
+    cr_assert_eq(idalloc_client_new(&o, &cli, err), IDA_EINVAL);
+    cr_assert(strstr(err, "bad address") != NULL, "%s", err);
+    o.addresses = "127.0.0.1:7";
+    o.config_path = "x.conf";
+    cr_assert_eq(idalloc_client_new(&o, &cli, err), IDA_EINVAL);
+    o.addresses = NULL;
+    o.config_path = "/nonexistent/x.conf";
+    cr_assert_neq(idalloc_client_new(&o, &cli, err), 0);
+    cr_assert(strstr(err, "/nonexistent/x.conf") != NULL, "%s", err);
+    o.config_path = "cluster-configs/local-3.conf";
+    cr_assert_eq(idalloc_client_new(&o, &cli, err), 0, "%s", err);
+    cr_assert_eq(idalloc_node_count(cli), 3);
+    idalloc_client_free(cli);
+    cli = NULL;
+}
+
+/* --- many threads ----------------------------------------------------------
+ */
+
+#define THREADS 8
+#define CALLS   300
+
+static void *alloc_worker(void *arg)
+{
+    long bad = 0;
+    (void)arg;
+    for (int i = 0; i < CALLS; i++) {
+        uint64_t id;
+        if (idalloc_alloc(cli, "p", "t", &id, NULL) != 0 || id < 1000) {
+            bad++;
+        }
+    }
+    return (void *)bad;
+}
+
+Test(client, pipelined_calls_from_many_threads, .fini = teardown)
+{
+    start(1, FAKE_ANSWER, 0, 0);
+    connect_client(2000, 10000);
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        pthread_create(&t[i], NULL, alloc_worker, NULL);
+    }
+    long bad = 0;
+    for (int i = 0; i < THREADS; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        bad += (long)r;
+    }
+    cr_assert_eq(bad, 0);
+    cr_assert_eq(fake_seen(&srv[0]), THREADS * CALLS);
+    cr_assert_eq(srv[0].nconns, 1, "one connection shared by all threads");
+}
+
+#define NEXT_PER_THREAD 20000
+static uint64_t next_ids[4][NEXT_PER_THREAD];
+
+static void *next_worker(void *arg)
+{
+    uint64_t *out = arg;
+    for (int i = 0; i < NEXT_PER_THREAD; i++) {
+        if (idalloc_next(cli, "seq", &out[i]) != 0) {
+            return (void *)1;
+        }
+    }
+    return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+Test(client,
+     next_from_threads_is_unique_with_one_refill_in_flight,
+     .fini = teardown)
+{
+    start(1, FAKE_ANSWER, 0, 0);
+    connect_client(2000, 10000);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) {
+        pthread_create(&t[i], NULL, next_worker, next_ids[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        cr_assert_null(r, "next failed: %s", idalloc_last_error());
+    }
+    static uint64_t all[4 * NEXT_PER_THREAD];
+    memcpy(all, next_ids, sizeof(all));
+    qsort(all, 4 * NEXT_PER_THREAD, sizeof(all[0]), cmp_u64);
+    for (size_t i = 1; i < 4 * NEXT_PER_THREAD; i++) {
+        cr_assert_neq(all[i], all[i - 1], "id %llu twice",
+                      (unsigned long long)all[i]);
+    }
+    struct idalloc_next_stats st;
+    cr_assert_eq(idalloc_next_stats(cli, "seq", &st), 0);
+    cr_assert_eq(st.handed_out, 4 * NEXT_PER_THREAD);
+    cr_assert_eq(st.refills_max_in_flight, 1);
+    cr_assert_eq(fake_seen(&srv[0]), (int)st.refills,
+                 "every refill is one reserve request");
+    /* Blocks grew: far fewer refills than ids. */
+    cr_assert_lt(st.refills, 200, "refills: %llu",
+                 (unsigned long long)st.refills);
+}
