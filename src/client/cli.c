@@ -1,0 +1,535 @@
+#include "src/client/cli.h"
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char usage_all[] =
+    "usage: idalloc [--cluster ADDR,ADDR,...|--config FILE] [--timeout MS] "
+    "COMMAND [ARGS]\n"
+    "\n"
+    "commands:\n"
+    "  pool create NAME --kind sequence|bounded|prefix [--size N]\n"
+    "  alloc POOL --tag TAG          print the id TAG holds (new or old)\n"
+    "  free POOL ID --tag TAG        free ID held by TAG\n"
+    "  lookup POOL --tag TAG         print the id TAG holds\n"
+    "  list POOL                     print \"ID TAG\" per holding, in id "
+    "order\n"
+    "  reserve POOL --count N        print \"FIRST LAST\" (inclusive)\n"
+    "  next POOL [--count K] [--format dec|hex]   print K ids, one a line\n"
+    "  prefix POOL --tag TAG         print the prefix as hex\n"
+    "  status                        one line per node\n"
+    "  bench --op alloc|reserve|next|prefix --pool POOL --clients C\n"
+    "        --duration SECONDS [--count N] [--json]\n"
+    "\n"
+    "options:\n"
+    "  --cluster ADDR,...  client addresses of the nodes (default: "
+    "$IDALLOC_CLUSTER,\n"
+    "                      else " IDA_CLI_DEFAULT_CLUSTER
+    ")\n"
+    "  --config FILE       take the client addresses from a cluster file\n"
+    "  --timeout MS        give up a call after MS milliseconds, retries "
+    "included\n"
+    "                      (default 5000)\n"
+    "  --help              this text; `idalloc COMMAND --help` for one "
+    "command\n"
+    "\n"
+    "exit codes: 0 success; 1 a definite no (not found, pool exhausted, tag\n"
+    "mismatch, no such pool); 2 bad usage or input; 3 outcome unknown (no "
+    "leader\n"
+    "reachable, timeout): retrying is safe.\n";
+
+static const char *const usage_cmd[] = {
+    [IDA_CLI_HELP] = usage_all,
+    [IDA_CLI_POOL_CREATE] =
+        "usage: idalloc pool create NAME --kind sequence|bounded|prefix "
+        "[--size N]\n"
+        "Create a pool. bounded pools need --size N: ids are [0, N).\n"
+        "Prints \"created\" or \"exists\" (an identical pool was there).\n",
+    [IDA_CLI_ALLOC] =
+        "usage: idalloc alloc POOL --tag TAG\n"
+        "Allocate the lowest free id of bounded pool POOL to TAG and print "
+        "it.\nA TAG that already holds an id gets the same id back.\n",
+    [IDA_CLI_FREE] =
+        "usage: idalloc free POOL ID --tag TAG\n"
+        "Free ID if TAG holds it. Prints \"freed\" or "
+        "\"already free\".\n",
+    [IDA_CLI_LOOKUP] =
+        "usage: idalloc lookup POOL --tag TAG\n"
+        "Print the id TAG holds in bounded pool POOL (exit "
+        "1 if none).\n",
+    [IDA_CLI_LIST] =
+        "usage: idalloc list POOL\n"
+        "Print every holding of bounded pool POOL as \"ID "
+        "TAG\", in id order.\n",
+    [IDA_CLI_RESERVE] =
+        "usage: idalloc reserve POOL --count N\n"
+        "Reserve N consecutive ids of sequence pool POOL; print \"FIRST "
+        "LAST\".\n",
+    [IDA_CLI_NEXT] =
+        "usage: idalloc next POOL [--count K] [--format dec|hex]\n"
+        "Print K (default 1) ids of sequence pool POOL, one a line, from "
+        "blocks\nreserved by the client library. hex prints "
+        "0000-0000-0000-0001 style ids\nwhose string order is their numeric "
+        "order.\n",
+    [IDA_CLI_PREFIX] =
+        "usage: idalloc prefix POOL --tag TAG\n"
+        "Allocate a short prefix of prefix pool POOL to TAG "
+        "(or return the one\nit holds) and print it as "
+        "hex.\n",
+    [IDA_CLI_STATUS] =
+        "usage: idalloc status\n"
+        "Ask every node; print one line per node: id, address, role, term,\n"
+        "commit index, applied index (or the error for a node that did not "
+        "answer).\n",
+    [IDA_CLI_BENCH] =
+        "usage: idalloc bench --op alloc|reserve|next|prefix --pool POOL "
+        "--clients C\n"
+        "                     --duration SECONDS [--count N] [--json]\n"
+        "Drive load for SECONDS with C requests in flight (C threads sharing "
+        "one\nclient object, so requests are pipelined on one connection per "
+        "node),\ncreating POOL if it does not exist. --count is the reserve "
+        "block size\n(default 1). Progress goes to stderr each second; the "
+        "summary line\n(or a JSON object with --json) to stdout. Only ids the "
+        "cluster\nacknowledged are counted.\n",
+};
+
+const char *ida_cli_usage(enum ida_cli_cmd cmd)
+{
+    if ((unsigned)cmd >= sizeof(usage_cmd) / sizeof(usage_cmd[0])) {
+        return usage_all;
+    }
+    return usage_cmd[cmd];
+}
+
+static int fail(char *errmsg, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int fail(char *errmsg, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errmsg, IDALLOC_ERRMSG_MAX, fmt, ap);
+    va_end(ap);
+    return IDA_EINVAL;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    if (s == NULL || *s == '\0' || strlen(s) > 20) {
+        return -1;
+    }
+    uint64_t v = 0;
+    for (; *s != '\0'; s++) {
+        if (!isdigit((unsigned char)*s)) {
+            return -1;
+        }
+        uint64_t d = (uint64_t)(*s - '0');
+        if (v > (UINT64_MAX - d) / 10) {
+            return -1;
+        }
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+struct cmd_name
+{
+    const char *name;
+    enum ida_cli_cmd cmd;
+};
+
+static const struct cmd_name commands[] = {
+    {"alloc", IDA_CLI_ALLOC},     {"free", IDA_CLI_FREE},
+    {"lookup", IDA_CLI_LOOKUP},   {"list", IDA_CLI_LIST},
+    {"reserve", IDA_CLI_RESERVE}, {"next", IDA_CLI_NEXT},
+    {"prefix", IDA_CLI_PREFIX},   {"status", IDA_CLI_STATUS},
+    {"bench", IDA_CLI_BENCH},
+};
+
+/* The parse state: positional arguments and flags after the command. */
+struct args
+{
+    const char *pos[4];
+    int npos;
+    const char *kind, *size, *tag, *count, *format, *op, *pool, *clients,
+        *duration;
+    int json;
+};
+
+/* Flags that take a value, and where it goes. */
+static const char **flag_slot(struct args *a, const char *flag)
+{
+    static const char *const names[] = {"--kind",  "--size",    "--tag",
+                                        "--count", "--format",  "--op",
+                                        "--pool",  "--clients", "--duration"};
+    const char **slots[] = {&a->kind,  &a->size,    &a->tag,
+                            &a->count, &a->format,  &a->op,
+                            &a->pool,  &a->clients, &a->duration};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(flag, names[i]) == 0) {
+            return slots[i];
+        }
+    }
+    return NULL;
+}
+
+static int collect(int argc, char **argv, int i, struct args *a, char *errmsg)
+{
+    for (; i < argc; i++) {
+        const char *s = argv[i];
+        if (strcmp(s, "--json") == 0) {
+            a->json = 1;
+            continue;
+        }
+        if (strncmp(s, "--", 2) == 0) {
+            const char **slot = flag_slot(a, s);
+            if (slot == NULL) {
+                return fail(errmsg, "unknown option %s", s);
+            }
+            if (i + 1 >= argc) {
+                return fail(errmsg, "%s needs a value", s);
+            }
+            if (*slot != NULL) {
+                return fail(errmsg, "%s given twice", s);
+            }
+            *slot = argv[++i];
+            continue;
+        }
+        if (a->npos == 4) {
+            return fail(errmsg, "unexpected argument \"%s\"", s);
+        }
+        a->pos[a->npos++] = s;
+    }
+    return 0;
+}
+
+/* Every flag given must be one that @cmd accepts (a bitmask below). */
+enum {
+    F_KIND = 1,
+    F_SIZE = 2,
+    F_TAG = 4,
+    F_COUNT = 8,
+    F_FORMAT = 16,
+    F_BENCH = 32,
+};
+
+static int check_flags(const struct args *a,
+                       unsigned allowed,
+                       const char *cmd,
+                       char *errmsg)
+{
+    struct
+    {
+        const char *v;
+        unsigned bit;
+        const char *name;
+    } f[] = {{a->kind, F_KIND, "--kind"},
+             {a->size, F_SIZE, "--size"},
+             {a->tag, F_TAG, "--tag"},
+             {a->count, F_COUNT, "--count"},
+             {a->format, F_FORMAT, "--format"},
+             {a->op, F_BENCH, "--op"},
+             {a->pool, F_BENCH, "--pool"},
+             {a->clients, F_BENCH, "--clients"},
+             {a->duration, F_BENCH, "--duration"}};
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
+        if (f[i].v != NULL && (allowed & f[i].bit) == 0) {
+            return fail(errmsg, "%s: %s does not apply", cmd, f[i].name);
+        }
+    }
+    if (a->json && (allowed & F_BENCH) == 0) {
+        return fail(errmsg, "%s: --json does not apply", cmd);
+    }
+    return 0;
+}
+
+static int want_pos(const struct args *a, int n, const char *cmd, char *errmsg)
+{
+    if (a->npos != n) {
+        return fail(errmsg,
+                    "%s: expected %d argument%s, got %d (see "
+                    "idalloc %s --help)",
+                    cmd, n, n == 1 ? "" : "s", a->npos, cmd);
+    }
+    return 0;
+}
+
+static int need(const char *v, const char *flag, const char *cmd, char *errmsg)
+{
+    return v == NULL ? fail(errmsg, "%s: %s is required", cmd, flag) : 0;
+}
+
+static int parse_pool_create(struct args *a, struct ida_cli *c, char *errmsg)
+{
+    int rv = check_flags(a, F_KIND | F_SIZE, "pool create", errmsg);
+    if (rv == 0 && (a->npos != 2 || strcmp(a->pos[0], "create") != 0)) {
+        rv = fail(errmsg, "pool: expected \"pool create NAME --kind KIND\"");
+    }
+    if (rv == 0) {
+        rv = need(a->kind, "--kind", "pool create", errmsg);
+    }
+    if (rv != 0) {
+        return rv;
+    }
+    c->pool = a->pos[1];
+    if (strcmp(a->kind, "sequence") == 0) {
+        c->kind = IDALLOC_POOL_SEQUENCE;
+    } else if (strcmp(a->kind, "bounded") == 0) {
+        c->kind = IDALLOC_POOL_BOUNDED;
+    } else if (strcmp(a->kind, "prefix") == 0) {
+        c->kind = IDALLOC_POOL_PREFIX;
+    } else {
+        return fail(errmsg,
+                    "pool create: unknown kind \"%s\" (sequence, "
+                    "bounded or prefix)",
+                    a->kind);
+    }
+    if (a->size != NULL) {
+        if (parse_u64(a->size, &c->size) != 0 || c->size == 0) {
+            return fail(errmsg, "pool create: bad --size \"%s\"", a->size);
+        }
+        c->has_size = 1;
+    }
+    if (c->kind == IDALLOC_POOL_BOUNDED && !c->has_size) {
+        return fail(errmsg, "pool create: a bounded pool needs --size N");
+    }
+    if (c->kind != IDALLOC_POOL_BOUNDED && c->has_size) {
+        return fail(errmsg,
+                    "pool create: --size applies to bounded pools "
+                    "only");
+    }
+    return 0;
+}
+
+static int parse_count(const char *s,
+                       uint64_t max,
+                       const char *cmd,
+                       uint64_t *out,
+                       char *errmsg)
+{
+    if (parse_u64(s, out) != 0 || *out == 0 || *out > max) {
+        return fail(errmsg, "%s: bad --count \"%s\" (1 to %llu)", cmd, s,
+                    (unsigned long long)max);
+    }
+    return 0;
+}
+
+static int parse_bench(struct args *a, struct ida_cli *c, char *errmsg)
+{
+    int rv = check_flags(a, F_BENCH | F_COUNT, "bench", errmsg);
+    if (rv == 0) {
+        rv = want_pos(a, 0, "bench", errmsg);
+    }
+    const char *req[] = {a->op, a->pool, a->clients, a->duration};
+    const char *names[] = {"--op", "--pool", "--clients", "--duration"};
+    for (int i = 0; rv == 0 && i < 4; i++) {
+        rv = need(req[i], names[i], "bench", errmsg);
+    }
+    if (rv != 0) {
+        return rv;
+    }
+    static const char *const ops[] = {"alloc", "reserve", "next", "prefix"};
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(a->op, ops[i]) == 0) {
+            c->bench_op = (enum ida_cli_bench_op)(i + 1);
+        }
+    }
+    if (c->bench_op == 0) {
+        return fail(errmsg,
+                    "bench: unknown --op \"%s\" (alloc, reserve, "
+                    "next or prefix)",
+                    a->op);
+    }
+    c->pool = a->pool;
+    uint64_t v;
+    if (parse_u64(a->clients, &v) != 0 || v == 0 ||
+        v > IDA_CLI_BENCH_CLIENTS_MAX) {
+        return fail(errmsg, "bench: bad --clients \"%s\" (1 to %d)", a->clients,
+                    IDA_CLI_BENCH_CLIENTS_MAX);
+    }
+    c->clients = (unsigned)v;
+    if (parse_u64(a->duration, &v) != 0 || v == 0 || v > 86400) {
+        return fail(errmsg,
+                    "bench: bad --duration \"%s\" (1 to 86400 "
+                    "seconds)",
+                    a->duration);
+    }
+    c->duration_s = (unsigned)v;
+    c->count = 1;
+    if (a->count != NULL) {
+        rv = parse_count(a->count, UINT32_MAX, "bench", &c->count, errmsg);
+    }
+    c->json = a->json;
+    return rv;
+}
+
+/* Commands of the form `CMD POOL [ID] --tag TAG`. */
+static int parse_tagged(struct args *a,
+                        struct ida_cli *c,
+                        const char *name,
+                        int with_id,
+                        char *errmsg)
+{
+    int rv = check_flags(a, F_TAG, name, errmsg);
+    if (rv == 0) {
+        rv = want_pos(a, with_id ? 2 : 1, name, errmsg);
+    }
+    if (rv == 0) {
+        rv = need(a->tag, "--tag", name, errmsg);
+    }
+    if (rv != 0) {
+        return rv;
+    }
+    c->pool = a->pos[0];
+    c->tag = a->tag;
+    if (with_id && parse_u64(a->pos[1], &c->id) != 0) {
+        return fail(errmsg, "%s: bad id \"%s\"", name, a->pos[1]);
+    }
+    return 0;
+}
+
+static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
+{
+    int rv;
+    switch (c->cmd) {
+        case IDA_CLI_POOL_CREATE:
+            return parse_pool_create(a, c, errmsg);
+        case IDA_CLI_ALLOC:
+            return parse_tagged(a, c, "alloc", 0, errmsg);
+        case IDA_CLI_LOOKUP:
+            return parse_tagged(a, c, "lookup", 0, errmsg);
+        case IDA_CLI_PREFIX:
+            return parse_tagged(a, c, "prefix", 0, errmsg);
+        case IDA_CLI_FREE:
+            return parse_tagged(a, c, "free", 1, errmsg);
+        case IDA_CLI_LIST:
+            rv = check_flags(a, 0, "list", errmsg);
+            rv = rv != 0 ? rv : want_pos(a, 1, "list", errmsg);
+            c->pool = a->pos[0];
+            return rv;
+        case IDA_CLI_STATUS:
+            rv = check_flags(a, 0, "status", errmsg);
+            return rv != 0 ? rv : want_pos(a, 0, "status", errmsg);
+        case IDA_CLI_RESERVE:
+            rv = check_flags(a, F_COUNT, "reserve", errmsg);
+            rv = rv != 0 ? rv : want_pos(a, 1, "reserve", errmsg);
+            rv = rv != 0 ? rv : need(a->count, "--count", "reserve", errmsg);
+            c->pool = a->pos[0];
+            return rv != 0 ? rv
+                           : parse_count(a->count, UINT64_MAX, "reserve",
+                                         &c->count, errmsg);
+        case IDA_CLI_NEXT:
+            rv = check_flags(a, F_COUNT | F_FORMAT, "next", errmsg);
+            rv = rv != 0 ? rv : want_pos(a, 1, "next", errmsg);
+            c->pool = a->pos[0];
+            c->count = 1;
+            if (rv == 0 && a->count != NULL) {
+                rv = parse_count(a->count, IDA_CLI_NEXT_COUNT_MAX, "next",
+                                 &c->count, errmsg);
+            }
+            if (rv == 0 && a->format != NULL) {
+                if (strcmp(a->format, "hex") == 0) {
+                    c->hex = 1;
+                } else if (strcmp(a->format, "dec") != 0) {
+                    rv = fail(errmsg,
+                              "next: bad --format \"%s\" (dec or "
+                              "hex)",
+                              a->format);
+                }
+            }
+            return rv;
+        case IDA_CLI_BENCH:
+            return parse_bench(a, c, errmsg);
+        case IDA_CLI_HELP:
+            break;
+    }
+    return 0;
+}
+
+/* Global options before the command; *at is the index of the command,
+ * *help is set by --help. */
+static int parse_globals(int argc,
+                         char **argv,
+                         struct ida_cli *c,
+                         char *errmsg,
+                         int *at,
+                         int *help)
+{
+    int i = 1;
+    while (i < argc && strncmp(argv[i], "--", 2) == 0) {
+        const char *s = argv[i];
+        if (strcmp(s, "--help") == 0) {
+            *help = 1;
+            *at = argc;
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            return fail(errmsg, "%s needs a value", s);
+        }
+        const char *v = argv[i + 1];
+        uint64_t t;
+        if (strcmp(s, "--cluster") == 0 && c->cluster == NULL) {
+            c->cluster = v;
+        } else if (strcmp(s, "--config") == 0 && c->config == NULL) {
+            c->config = v;
+        } else if (strcmp(s, "--timeout") == 0) {
+            if (parse_u64(v, &t) != 0 || t == 0 || t > 3600000) {
+                return fail(errmsg, "bad --timeout \"%s\" (1 to 3600000 ms)",
+                            v);
+            }
+            c->timeout_ms = (unsigned)t;
+        } else {
+            return fail(errmsg, "unknown or repeated option %s", s);
+        }
+        i += 2;
+    }
+    if (c->cluster != NULL && c->config != NULL) {
+        return fail(errmsg, "give --cluster or --config, not both");
+    }
+    *at = i;
+    return 0;
+}
+
+int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
+{
+    memset(out, 0, sizeof(*out));
+    errmsg[0] = '\0';
+    int i = argc, help = 0;
+    int rv = parse_globals(argc, argv, out, errmsg, &i, &help);
+    if (rv != 0 || help) {
+        return rv; /* out->cmd is IDA_CLI_HELP */
+    }
+    if (i >= argc) {
+        return fail(errmsg, "no command (see idalloc --help)");
+    }
+    const char *name = argv[i++];
+    if (strcmp(name, "pool") == 0) {
+        out->cmd = IDA_CLI_POOL_CREATE;
+    } else if (strcmp(name, "help") == 0) {
+        out->cmd = IDA_CLI_HELP;
+        return 0;
+    } else {
+        for (size_t k = 0; k < sizeof(commands) / sizeof(commands[0]); k++) {
+            if (strcmp(name, commands[k].name) == 0) {
+                out->cmd = commands[k].cmd;
+            }
+        }
+        if (out->cmd == IDA_CLI_HELP) {
+            return fail(errmsg, "unknown command \"%s\" (see idalloc --help)",
+                        name);
+        }
+    }
+    for (int k = i; k < argc; k++) {
+        if (strcmp(argv[k], "--help") == 0) {
+            out->help_for = out->cmd;
+            out->cmd = IDA_CLI_HELP;
+            return 0;
+        }
+    }
+    struct args a = {0};
+    rv = collect(argc, argv, i, &a, errmsg);
+    return rv != 0 ? rv : parse_command(&a, out, errmsg);
+}

@@ -1,0 +1,71 @@
+/* The idalloc command line: parsing only (no I/O), so it is unit-tested.
+ *
+ *   idalloc [--cluster ADDR,ADDR,...|--config FILE] [--timeout MS] COMMAND ...
+ *
+ * See ida_cli_usage() for every command. Without --cluster or --config the
+ * CLI uses $IDALLOC_CLUSTER, else the client addresses of the local 3-node
+ * cluster (127.0.0.1:7201,127.0.0.1:7202,127.0.0.1:7203).
+ */
+#ifndef IDA_CLI_H
+#define IDA_CLI_H
+
+#include <stdint.h>
+
+#include "idalloc.h"
+
+#define IDA_CLI_DEFAULT_CLUSTER   "127.0.0.1:7201,127.0.0.1:7202,127.0.0.1:7203"
+#define IDA_CLI_NEXT_COUNT_MAX    10000000
+#define IDA_CLI_BENCH_CLIENTS_MAX 4096
+
+enum ida_cli_cmd {
+    IDA_CLI_HELP = 0,
+    IDA_CLI_POOL_CREATE,
+    IDA_CLI_ALLOC,
+    IDA_CLI_FREE,
+    IDA_CLI_LOOKUP,
+    IDA_CLI_LIST,
+    IDA_CLI_RESERVE,
+    IDA_CLI_NEXT,
+    IDA_CLI_PREFIX,
+    IDA_CLI_STATUS,
+    IDA_CLI_BENCH,
+};
+
+enum ida_cli_bench_op {
+    IDA_BENCH_ALLOC = 1,
+    IDA_BENCH_RESERVE,
+    IDA_BENCH_NEXT,
+    IDA_BENCH_PREFIX,
+};
+
+struct ida_cli
+{
+    const char *cluster; /* addresses, or NULL */
+    const char *config;  /* cluster file, or NULL */
+    unsigned timeout_ms; /* per call, retries included; 0: library default */
+    enum ida_cli_cmd cmd;
+    enum ida_cli_cmd help_for; /* with IDA_CLI_HELP: the command, or HELP */
+    const char *pool;          /* pool create: the name */
+    const char *tag;
+    uint64_t id;
+    enum idalloc_pool_kind kind;
+    uint64_t size; /* bounded pool size */
+    int has_size;
+    uint64_t count; /* reserve/next/bench --count */
+    int hex;        /* next --format hex */
+    enum ida_cli_bench_op bench_op;
+    unsigned clients;
+    unsigned duration_s;
+    int json;
+};
+
+/* Parse argv (argv[0] is the program). Returns 0 or IDA_EINVAL with a
+ * one-line message in @errmsg (IDALLOC_ERRMSG_MAX bytes). `--help` anywhere
+ * gives cmd = IDA_CLI_HELP with help_for set. Pointers in @out borrow
+ * argv. */
+int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg);
+
+/* The usage text of @cmd (IDA_CLI_HELP: the overview). */
+const char *ida_cli_usage(enum ida_cli_cmd cmd);
+
+#endif /* IDA_CLI_H */

@@ -1,0 +1,195 @@
+/* bin/idalloc: the command line client (DESIGN.md, "CLI"). Results on
+ * stdout, one-line errors on stderr, exit codes 0/1/2/3 as documented in
+ * `idalloc --help`. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ida/heap.h"
+#include "idalloc.h"
+#include "src/client/bench.h"
+#include "src/client/cli.h"
+
+static int report_error(const char *what, int rv)
+{
+    const char *detail = idalloc_last_error();
+    if (detail[0] != '\0' && strcmp(detail, idalloc_strerror(rv)) != 0) {
+        fprintf(stderr, "idalloc: %s: %s (%s)\n", what, idalloc_strerror(rv),
+                detail);
+    } else {
+        fprintf(stderr, "idalloc: %s: %s\n", what, idalloc_strerror(rv));
+    }
+    return idalloc_exit_code(rv);
+}
+
+static int cmd_list(struct idalloc_client *c, const char *pool)
+{
+    int has_after = 0, more = 1;
+    uint64_t after = 0;
+    while (more) {
+        struct idalloc_holding *h;
+        size_t n;
+        int rv = idalloc_list(c, pool, has_after, after, 0, &h, &n, &more);
+        if (rv != 0) {
+            return report_error("list", rv);
+        }
+        for (size_t i = 0; i < n; i++) {
+            printf("%llu %s\n", (unsigned long long)h[i].id, h[i].tag);
+        }
+        if (n > 0) {
+            after = h[n - 1].id;
+            has_after = 1;
+        } else {
+            more = 0; /* an empty page ends the walk whatever it says */
+        }
+        idalloc_holdings_free(h, n);
+    }
+    return 0;
+}
+
+static int cmd_next(struct idalloc_client *c, const struct ida_cli *cli)
+{
+    for (uint64_t i = 0; i < cli->count; i++) {
+        uint64_t id;
+        int rv = idalloc_next(c, cli->pool, &id);
+        if (rv != 0) {
+            return report_error("next", rv);
+        }
+        if (cli->hex) {
+            char buf[IDALLOC_HEX_ID_LEN + 1];
+            idalloc_format_hex(id, buf);
+            puts(buf);
+        } else {
+            printf("%llu\n", (unsigned long long)id);
+        }
+    }
+    return 0;
+}
+
+static int cmd_status(struct idalloc_client *c)
+{
+    int answered = 0, last = 0;
+    for (size_t i = 0; i < idalloc_node_count(c); i++) {
+        struct idalloc_node_status s;
+        int rv = idalloc_node_status(c, i, &s);
+        if (rv != 0) {
+            printf("node=? addr=%s error=\"%s\"\n", s.address,
+                   rv == IDA_EUNAVAIL || rv == IDA_ECLOSED
+                       ? "unreachable"
+                       : idalloc_strerror(rv));
+            last = rv;
+            continue;
+        }
+        answered++;
+        printf(
+            "node=%u addr=%s role=%s term=%llu commit=%llu applied=%llu "
+            "leader=%u\n",
+            s.node_id, s.address, s.role, (unsigned long long)s.term,
+            (unsigned long long)s.commit_index,
+            (unsigned long long)s.applied_index, s.leader_id);
+    }
+    return answered > 0 ? 0 : report_error("status", last);
+}
+
+static int run(struct idalloc_client *c, const struct ida_cli *cli)
+{
+    uint64_t id, first;
+    int flag = 0, rv = 0;
+    uint8_t prefix[9];
+    size_t plen;
+    switch (cli->cmd) {
+        case IDA_CLI_POOL_CREATE:
+            rv = idalloc_pool_create(c, cli->pool, cli->kind, cli->size, &flag);
+            if (rv == 0) {
+                puts(flag ? "created" : "exists");
+            }
+            return rv != 0 ? report_error("pool create", rv) : 0;
+        case IDA_CLI_ALLOC:
+        case IDA_CLI_LOOKUP:
+            rv = cli->cmd == IDA_CLI_ALLOC
+                     ? idalloc_alloc(c, cli->pool, cli->tag, &id, NULL)
+                     : idalloc_lookup(c, cli->pool, cli->tag, &id);
+            if (rv == 0) {
+                printf("%llu\n", (unsigned long long)id);
+            }
+            return rv != 0
+                       ? report_error(
+                             cli->cmd == IDA_CLI_ALLOC ? "alloc" : "lookup", rv)
+                       : 0;
+        case IDA_CLI_FREE:
+            rv = idalloc_free(c, cli->pool, cli->id, cli->tag, &flag);
+            if (rv == 0) {
+                puts(flag ? "freed" : "already free");
+            }
+            return rv != 0 ? report_error("free", rv) : 0;
+        case IDA_CLI_LIST:
+            return cmd_list(c, cli->pool);
+        case IDA_CLI_RESERVE:
+            rv = idalloc_reserve(c, cli->pool, cli->count, &first);
+            if (rv == 0) {
+                printf("%llu %llu\n", (unsigned long long)first,
+                       (unsigned long long)(first + cli->count - 1));
+            }
+            return rv != 0 ? report_error("reserve", rv) : 0;
+        case IDA_CLI_NEXT:
+            return cmd_next(c, cli);
+        case IDA_CLI_PREFIX:
+            rv = idalloc_prefix(c, cli->pool, cli->tag, prefix, &plen, NULL);
+            if (rv == 0) {
+                for (size_t i = 0; i < plen; i++) {
+                    printf("%02x", prefix[i]);
+                }
+                putchar('\n');
+            }
+            return rv != 0 ? report_error("prefix", rv) : 0;
+        case IDA_CLI_STATUS:
+            return cmd_status(c);
+        case IDA_CLI_BENCH:
+            rv = ida_bench_run(c, cli);
+            return rv != 0 ? idalloc_exit_code(rv) : 0;
+        case IDA_CLI_HELP:
+            break;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct ida_cli cli;
+    char err[IDALLOC_ERRMSG_MAX];
+    if (ida_cli_parse(argc, argv, &cli, err) != 0) {
+        fprintf(stderr, "idalloc: %s\n", err);
+        return 2;
+    }
+    if (cli.cmd == IDA_CLI_HELP) {
+        fputs(ida_cli_usage(cli.help_for), stdout);
+        return 0;
+    }
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.config_path = cli.config;
+    o.addresses = cli.cluster;
+    if (o.addresses == NULL && o.config_path == NULL) {
+        o.addresses = getenv("IDALLOC_CLUSTER");
+        if (o.addresses == NULL || o.addresses[0] == '\0') {
+            o.addresses = IDA_CLI_DEFAULT_CLUSTER;
+        }
+    }
+    if (cli.timeout_ms != 0) {
+        o.call_timeout_ms = cli.timeout_ms;
+        if (o.attempt_timeout_ms > cli.timeout_ms) {
+            o.attempt_timeout_ms = cli.timeout_ms;
+        }
+    }
+    struct idalloc_client *c;
+    int rv = idalloc_client_new(&o, &c, err);
+    if (rv != 0) {
+        fprintf(stderr, "idalloc: %s\n",
+                err[0] != '\0' ? err : idalloc_strerror(rv));
+        return rv == IDA_EINVAL || rv == IDA_ECONFIG || rv == IDA_EIO ? 2 : 3;
+    }
+    int code = run(c, &cli);
+    fflush(stdout);
+    idalloc_client_free(c);
+    return code;
+}

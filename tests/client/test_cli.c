@@ -1,0 +1,145 @@
+/* The idalloc command line parser: every command, and bad usage. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "src/client/cli.h"
+
+static struct ida_cli cli;
+static char err[IDALLOC_ERRMSG_MAX];
+
+/* Parse a space-separated command line (no quoting needed in tests). */
+static int parse(const char *line)
+{
+    static char buf[512];
+    static char *argv[32];
+    int argc = 0;
+    strcpy(buf, line);
+    argv[argc++] = "idalloc";
+    for (char *t = strtok(buf, " "); t != NULL; t = strtok(NULL, " ")) {
+        argv[argc++] = t;
+    }
+    return ida_cli_parse(argc, argv, &cli, err);
+}
+
+static void bad(const char *line, const char *needle)
+{
+    cr_assert_eq(parse(line), IDA_EINVAL, "accepted: %s", line);
+    cr_assert(strstr(err, needle) != NULL,
+              "\"%s\": message \"%s\" lacks \"%s\"", line, err, needle);
+}
+
+Test(cli, pool_create)
+{
+    cr_assert_eq(parse("pool create users --kind bounded --size 1000"), 0, "%s",
+                 err);
+    cr_assert_eq(cli.cmd, IDA_CLI_POOL_CREATE);
+    cr_assert_str_eq(cli.pool, "users");
+    cr_assert_eq(cli.kind, IDALLOC_POOL_BOUNDED);
+    cr_assert_eq(cli.size, 1000);
+    cr_assert_eq(parse("pool create s --kind sequence"), 0, "%s", err);
+    cr_assert_eq(cli.kind, IDALLOC_POOL_SEQUENCE);
+    cr_assert_eq(parse("pool create p --kind prefix"), 0, "%s", err);
+    bad("pool create u --kind bounded", "needs --size");
+    bad("pool create s --kind sequence --size 5", "bounded pools only");
+    bad("pool create u --kind tree", "unknown kind");
+    bad("pool create u", "--kind is required");
+    bad("pool delete u --kind prefix", "pool create NAME");
+    bad("pool create u --kind bounded --size 0", "bad --size");
+    bad("pool create u --kind bounded --size 99999999999999999999999",
+        "bad --size");
+}
+
+Test(cli, tagged_commands)
+{
+    cr_assert_eq(parse("alloc users --tag alice"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_ALLOC);
+    cr_assert_str_eq(cli.pool, "users");
+    cr_assert_str_eq(cli.tag, "alice");
+    cr_assert_eq(parse("free users 17 --tag alice"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_FREE);
+    cr_assert_eq(cli.id, 17);
+    cr_assert_eq(parse("lookup users --tag bob"), 0);
+    cr_assert_eq(cli.cmd, IDA_CLI_LOOKUP);
+    cr_assert_eq(parse("prefix dirs --tag d1"), 0);
+    cr_assert_eq(cli.cmd, IDA_CLI_PREFIX);
+    bad("alloc users", "--tag is required");
+    bad("alloc --tag x", "expected 1 argument");
+    bad("free users --tag a", "expected 2 arguments");
+    bad("free users x1 --tag a", "bad id");
+    bad("alloc users --tag a --tag b", "given twice");
+    bad("alloc users --tag a --count 3", "--count does not apply");
+    bad("alloc users --tag", "--tag needs a value");
+}
+
+Test(cli, sequence_commands)
+{
+    cr_assert_eq(parse("reserve s --count 100"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_RESERVE);
+    cr_assert_eq(cli.count, 100);
+    cr_assert_eq(parse("next s"), 0);
+    cr_assert_eq(cli.count, 1);
+    cr_assert_eq(cli.hex, 0);
+    cr_assert_eq(parse("next s --count 5 --format hex"), 0);
+    cr_assert_eq(cli.count, 5);
+    cr_assert_eq(cli.hex, 1);
+    bad("reserve s", "--count is required");
+    bad("reserve s --count 0", "bad --count");
+    bad("next s --format oct", "bad --format");
+    bad("next s --count 10000001", "bad --count");
+}
+
+Test(cli, list_status_and_globals)
+{
+    cr_assert_eq(parse("--cluster 127.0.0.1:1,127.0.0.1:2 --timeout 250 "
+                       "list users"),
+                 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_LIST);
+    cr_assert_str_eq(cli.cluster, "127.0.0.1:1,127.0.0.1:2");
+    cr_assert_eq(cli.timeout_ms, 250);
+    cr_assert_eq(parse("--config c.conf status"), 0);
+    cr_assert_eq(cli.cmd, IDA_CLI_STATUS);
+    cr_assert_str_eq(cli.config, "c.conf");
+    bad("--cluster a --config b status", "not both");
+    bad("--timeout 0 status", "bad --timeout");
+    bad("--bogus 1 status", "unknown or repeated option");
+    bad("status extra", "expected 0 arguments");
+    bad("", "no command");
+    bad("frobnicate", "unknown command");
+}
+
+Test(cli, help_everywhere)
+{
+    cr_assert_eq(parse("--help"), 0);
+    cr_assert_eq(cli.cmd, IDA_CLI_HELP);
+    cr_assert_eq(cli.help_for, IDA_CLI_HELP);
+    cr_assert_eq(parse("alloc --help"), 0);
+    cr_assert_eq(cli.cmd, IDA_CLI_HELP);
+    cr_assert_eq(cli.help_for, IDA_CLI_ALLOC);
+    cr_assert(strstr(ida_cli_usage(IDA_CLI_ALLOC), "--tag TAG") != NULL);
+    for (int c = IDA_CLI_HELP; c <= IDA_CLI_BENCH; c++) {
+        cr_assert(
+            strncmp(ida_cli_usage((enum ida_cli_cmd)c), "usage: ", 7) == 0,
+            "command %d has no usage", c);
+    }
+}
+
+Test(cli, bench)
+{
+    cr_assert_eq(parse("bench --op reserve --pool s --clients 64 --duration "
+                       "10 --count 100 --json"),
+                 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_BENCH);
+    cr_assert_eq(cli.bench_op, IDA_BENCH_RESERVE);
+    cr_assert_eq(cli.clients, 64);
+    cr_assert_eq(cli.duration_s, 10);
+    cr_assert_eq(cli.count, 100);
+    cr_assert_eq(cli.json, 1);
+    cr_assert_eq(parse("bench --op alloc --pool b --clients 1 --duration 1"),
+                 0);
+    cr_assert_eq(cli.count, 1);
+    bad("bench --op alloc --pool b --clients 1", "--duration is required");
+    bad("bench --op fly --pool b --clients 1 --duration 1", "unknown --op");
+    bad("bench --op alloc --pool b --clients 0 --duration 1", "bad --clients");
+    bad("bench --op alloc --pool b --clients 1 --duration 0", "bad --duration");
+    bad("status --json", "--json does not apply");
+}
