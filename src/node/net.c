@@ -1,0 +1,769 @@
+#include "src/node/net.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <uv.h>
+
+#include "ida/assert.h"
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "src/common/frame.h"
+#include "src/common/log.h"
+
+#define BUCKETS        1024
+#define READ_BUF_BYTES 16384
+
+/* An encoded frame on its way to a peer or a client connection. */
+struct outmsg
+{
+    struct outmsg *next;
+    int to_peer;
+    unsigned peer;
+    uint64_t conn_id;
+    size_t len;
+    uv_write_t req;
+    uint8_t data[];
+};
+
+enum peer_state { PEER_DOWN, PEER_CONNECTING, PEER_UP };
+
+struct peer
+{
+    struct ida_net *net;
+    const struct ida_config_node *node;
+    uv_tcp_t *tcp; /* NULL when there is no connection or attempt */
+    enum peer_state state;
+    uv_connect_t connect_req;
+    uv_timer_t timer; /* reconnect backoff */
+    unsigned backoff_ms;
+    char *rbuf; /* outbound connections read only to notice EOF */
+};
+
+/* An accepted connection: a client, or a peer that dialled us. */
+struct conn
+{
+    uv_tcp_t tcp;
+    struct ida_net *net;
+    int is_client;
+    int closing;
+    uint64_t id;
+    struct ida_frame_decoder dec;
+    struct conn *hnext;       /* client id hash chain */
+    struct conn *prev, *next; /* all connections */
+    char rbuf[READ_BUF_BYTES];
+};
+
+struct ida_net
+{
+    struct ida_net_config cfg;
+    const struct ida_config_node *self;
+    struct ida_net_handler h;
+    uv_loop_t loop;
+    uv_tcp_t peer_listener, client_listener;
+    uv_async_t wake;
+    uv_thread_t thread;
+    pthread_mutex_t mu; /* guards the outbox and stopping */
+    struct outmsg *out_head, **out_tail;
+    int stopping;
+    int loop_stopping; /* the loop thread's own copy of stopping */
+    struct peer peers[IDA_CONFIG_NODES_MAX];
+    unsigned npeers;
+    struct conn *buckets[BUCKETS];
+    struct conn *all;
+    uint64_t next_conn_id;
+    atomic_int peer_up[IDA_CONFIG_NODES_MAX];
+    atomic_uint_fast64_t st_peer_sent, st_peer_dropped, st_peer_received,
+        st_peer_rejected, st_client_requests, st_client_replies,
+        st_client_rejected, st_clients_open;
+};
+
+/* --- helpers ----------------------------------------------------------------
+ */
+
+static int to_sockaddr(const struct ida_addr *a, struct sockaddr_storage *ss)
+{
+    memset(ss, 0, sizeof(*ss));
+    if (a->family == AF_INET6) {
+        return uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)ss);
+    }
+    return uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)ss);
+}
+
+static struct peer *peer_by_id(struct ida_net *n, unsigned id)
+{
+    for (unsigned i = 0; i < n->npeers; i++) {
+        if (n->peers[i].node->id == id) {
+            return &n->peers[i];
+        }
+    }
+    return NULL;
+}
+
+static void alloc_peer_rbuf(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    struct peer *p = h->data;
+    (void)hint;
+    *buf = uv_buf_init(p->rbuf, READ_BUF_BYTES);
+}
+
+static void alloc_conn_rbuf(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    struct conn *k = h->data;
+    (void)hint;
+    *buf = uv_buf_init(k->rbuf, READ_BUF_BYTES);
+}
+
+/* --- writes -----------------------------------------------------------------
+ */
+
+static void write_cb(uv_write_t *req, int status)
+{
+    struct outmsg *m = req->data;
+    (void)status; /* a failed write shows up as a read error/EOF too */
+    ida_free(m);
+}
+
+/* Write @m on @stream; takes ownership of @m. */
+static int write_msg(uv_stream_t *stream, struct outmsg *m)
+{
+    uv_buf_t b = uv_buf_init((char *)m->data, (unsigned)m->len);
+    m->req.data = m;
+    int rv = uv_write(&m->req, stream, &b, 1, write_cb);
+    if (rv != 0) {
+        ida_free(m);
+    }
+    return rv;
+}
+
+/* --- peers (outbound) ----------------------------------------------------- */
+
+static void peer_connect(struct peer *p);
+
+static void peer_timer_cb(uv_timer_t *t)
+{
+    peer_connect(t->data);
+}
+
+static void peer_tcp_closed(uv_handle_t *h)
+{
+    ida_free(h);
+}
+
+/* Drop the connection (if any) and schedule the next attempt. */
+static void peer_down(struct peer *p)
+{
+    struct ida_net *n = p->net;
+    int was_up = p->state == PEER_UP;
+    if (p->tcp != NULL) {
+        uv_close((uv_handle_t *)p->tcp, peer_tcp_closed);
+        p->tcp = NULL;
+    }
+    p->state = PEER_DOWN;
+    atomic_store(&n->peer_up[p - n->peers], 0);
+    if (was_up) {
+        IDA_INFO("net: peer %u down", p->node->id);
+        if (n->h.peer_state != NULL) {
+            n->h.peer_state(n->h.arg, p->node->id, 0);
+        }
+    }
+    if (!n->loop_stopping) {
+        uv_timer_start(&p->timer, peer_timer_cb, p->backoff_ms, 0);
+        p->backoff_ms *= 2;
+        if (p->backoff_ms > n->cfg.reconnect_max_ms) {
+            p->backoff_ms = n->cfg.reconnect_max_ms;
+        }
+    }
+}
+
+static void peer_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct peer *p = s->data;
+    (void)buf;
+    if (nread < 0) { /* EOF or error: the peer went away */
+        peer_down(p);
+    }
+    /* Data on an outbound connection is not expected; it is ignored. */
+}
+
+static void peer_connect_cb(uv_connect_t *req, int status)
+{
+    struct peer *p = req->data;
+    struct ida_net *n = p->net;
+    if (status == UV_ECANCELED) {
+        return; /* closed while connecting (stop or peer_down) */
+    }
+    if (status != 0) {
+        peer_down(p);
+        return;
+    }
+    p->state = PEER_UP;
+    p->backoff_ms = n->cfg.reconnect_min_ms;
+    uv_tcp_nodelay(p->tcp, 1);
+    uv_read_start((uv_stream_t *)p->tcp, alloc_peer_rbuf, peer_read_cb);
+    atomic_store(&n->peer_up[p - n->peers], 1);
+    IDA_INFO("net: peer %u up (%s)", p->node->id, p->node->peer.text);
+    if (n->h.peer_state != NULL) {
+        n->h.peer_state(n->h.arg, p->node->id, 1);
+    }
+}
+
+static void peer_connect(struct peer *p)
+{
+    struct ida_net *n = p->net;
+    if (n->loop_stopping || p->state != PEER_DOWN) {
+        return;
+    }
+    struct sockaddr_storage ss;
+    to_sockaddr(&p->node->peer, &ss);
+    p->tcp = ida_malloc(sizeof(*p->tcp));
+    if (p->tcp == NULL) {
+        uv_timer_start(&p->timer, peer_timer_cb, p->backoff_ms, 0);
+        return;
+    }
+    uv_tcp_init(&n->loop, p->tcp);
+    p->tcp->data = p;
+    p->connect_req.data = p;
+    p->state = PEER_CONNECTING;
+    int rv = uv_tcp_connect(&p->connect_req, p->tcp, (struct sockaddr *)&ss,
+                            peer_connect_cb);
+    if (rv != 0) {
+        peer_down(p);
+    }
+}
+
+static void send_to_peer(struct ida_net *n, struct outmsg *m)
+{
+    struct peer *p = peer_by_id(n, m->peer);
+    if (p == NULL || p->state != PEER_UP ||
+        uv_stream_get_write_queue_size((uv_stream_t *)p->tcp) + m->len >
+            n->cfg.peer_queue_bytes_max) {
+        atomic_fetch_add(&n->st_peer_dropped, 1);
+        ida_free(m);
+        return;
+    }
+    if (write_msg((uv_stream_t *)p->tcp, m) != 0) {
+        atomic_fetch_add(&n->st_peer_dropped, 1);
+        peer_down(p);
+        return;
+    }
+    atomic_fetch_add(&n->st_peer_sent, 1);
+}
+
+/* --- accepted connections ---------------------------------------------------
+ */
+
+static void conn_closed(uv_handle_t *h)
+{
+    struct conn *k = h->data;
+    ida_frame_decoder_close(&k->dec);
+    ida_free(k);
+}
+
+static void conn_close(struct conn *k)
+{
+    struct ida_net *n = k->net;
+    if (k->closing) {
+        return;
+    }
+    k->closing = 1;
+    if (k->is_client) {
+        struct conn **pp = &n->buckets[k->id % BUCKETS];
+        while (*pp != k) {
+            pp = &(*pp)->hnext;
+        }
+        *pp = k->hnext;
+        atomic_fetch_sub(&n->st_clients_open, 1);
+    }
+    if (k->prev != NULL) {
+        k->prev->next = k->next;
+    } else {
+        n->all = k->next;
+    }
+    if (k->next != NULL) {
+        k->next->prev = k->prev;
+    }
+    uv_close((uv_handle_t *)&k->tcp, conn_closed);
+}
+
+static struct conn *client_by_id(struct ida_net *n, uint64_t id)
+{
+    for (struct conn *k = n->buckets[id % BUCKETS]; k != NULL; k = k->hnext) {
+        if (k->id == id) {
+            return k;
+        }
+    }
+    return NULL;
+}
+
+static struct outmsg *new_outmsg(size_t payload_len, enum ida_frame_type t)
+{
+    struct outmsg *m =
+        ida_malloc(sizeof(*m) + IDA_FRAME_HEADER_BYTES + payload_len);
+    if (m != NULL) {
+        memset(m, 0, sizeof(*m)); /* routing fields: set by the caller */
+        ida_frame_header_encode(m->data, t, payload_len);
+        m->len = IDA_FRAME_HEADER_BYTES + payload_len;
+    }
+    return m;
+}
+
+/* Answer a request that could not be read, then hang up. */
+static void reject_client(struct conn *k,
+                          uint64_t seq,
+                          int err,
+                          const char *why)
+{
+    struct ida_net *n = k->net;
+    Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
+    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    res.error = (uint32_t)err;
+    res.error_msg = (char *)why;
+    r.version = IDA_WIRE_VERSION;
+    r.request_seq = seq;
+    r.result = &res;
+    size_t len = idalloc__client_response__get_packed_size(&r);
+    struct outmsg *m = new_outmsg(len, IDA_FRAME_CLIENT_RESPONSE);
+    atomic_fetch_add(&n->st_client_rejected, 1);
+    IDA_WARN("net: client connection %llu: %s", (unsigned long long)k->id, why);
+    if (m != NULL) {
+        idalloc__client_response__pack(&r, m->data + IDA_FRAME_HEADER_BYTES);
+        write_msg((uv_stream_t *)&k->tcp, m);
+    }
+    conn_close(k); /* uv_close lets queued writes finish or cancel */
+}
+
+static int on_client_frame(void *arg,
+                           enum ida_frame_type type,
+                           const uint8_t *p,
+                           uint32_t len)
+{
+    struct conn *k = arg;
+    struct ida_net *n = k->net;
+    if (type != IDA_FRAME_CLIENT_REQUEST) {
+        reject_client(k, 0, IDA_EPROTO, "frame is not a client request");
+        return IDA_EPROTO;
+    }
+    Idalloc__ClientRequest *req = idalloc__client_request__unpack(NULL, len, p);
+    if (req == NULL) {
+        reject_client(k, 0, IDA_EPROTO, "undecodable client request");
+        return IDA_EPROTO;
+    }
+    if (req->version != IDA_WIRE_VERSION) {
+        uint64_t seq = req->request_seq;
+        idalloc__client_request__free_unpacked(req, NULL);
+        reject_client(k, seq, IDA_EVERSION, "unsupported wire version");
+        return IDA_EVERSION;
+    }
+    atomic_fetch_add(&n->st_client_requests, 1);
+    n->h.client_request(n->h.arg, k->id, req);
+    return 0;
+}
+
+static int on_peer_frame(void *arg,
+                         enum ida_frame_type type,
+                         const uint8_t *p,
+                         uint32_t len)
+{
+    struct conn *k = arg;
+    struct ida_net *n = k->net;
+    Idalloc__PeerMessage *m = type == IDA_FRAME_PEER
+                                  ? idalloc__peer_message__unpack(NULL, len, p)
+                                  : NULL;
+    const char *why =
+        m == NULL                        ? "undecodable or not a peer message"
+        : m->version != IDA_WIRE_VERSION ? "unsupported version"
+        : strcmp(m->cluster, n->cfg.cluster->cluster) != 0
+            ? "message of another cluster"
+        : m->to != n->cfg.self_id ? "message for another node"
+        : m->from == n->cfg.self_id || peer_by_id(n, m->from) == NULL
+            ? "message from an unknown node"
+            : NULL;
+    if (why != NULL) {
+        IDA_WARN("net: dropping peer connection: %s", why);
+        atomic_fetch_add(&n->st_peer_rejected, 1);
+        if (m != NULL) {
+            idalloc__peer_message__free_unpacked(m, NULL);
+        }
+        conn_close(k);
+        return IDA_EPROTO;
+    }
+    atomic_fetch_add(&n->st_peer_received, 1);
+    n->h.peer_message(n->h.arg, m);
+    return 0;
+}
+
+static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct conn *k = s->data;
+    if (nread < 0) {
+        conn_close(k);
+        return;
+    }
+    int rv = ida_frame_decoder_feed(
+        &k->dec, (const uint8_t *)buf->base, (size_t)nread,
+        k->is_client ? on_client_frame : on_peer_frame, k);
+    if (rv != 0 && !k->closing) {
+        /* Framing error (garbage, oversized): nothing to answer to. */
+        if (k->is_client) {
+            atomic_fetch_add(&k->net->st_client_rejected, 1);
+        } else {
+            atomic_fetch_add(&k->net->st_peer_rejected, 1);
+        }
+        IDA_WARN("net: closing %s connection: %s",
+                 k->is_client ? "client" : "peer", k->dec.errmsg);
+        conn_close(k);
+    }
+}
+
+static void on_accept(uv_stream_t *listener, int status, int is_client)
+{
+    struct ida_net *n = listener->data;
+    if (status != 0) {
+        return;
+    }
+    struct conn *k = ida_calloc(1, sizeof(*k));
+    if (k == NULL) {
+        return; /* the pending connection stays in the backlog */
+    }
+    k->net = n;
+    k->is_client = is_client;
+    ida_frame_decoder_init(&k->dec, n->cfg.max_frame_bytes);
+    uv_tcp_init(&n->loop, &k->tcp);
+    k->tcp.data = k;
+    if (uv_accept(listener, (uv_stream_t *)&k->tcp) != 0) {
+        k->closing = 1;
+        uv_close((uv_handle_t *)&k->tcp, conn_closed);
+        return;
+    }
+    uv_tcp_nodelay(&k->tcp, 1);
+    k->next = n->all;
+    if (n->all != NULL) {
+        n->all->prev = k;
+    }
+    n->all = k;
+    if (is_client) {
+        k->id = ++n->next_conn_id;
+        k->hnext = n->buckets[k->id % BUCKETS];
+        n->buckets[k->id % BUCKETS] = k;
+        atomic_fetch_add(&n->st_clients_open, 1);
+    }
+    uv_read_start((uv_stream_t *)&k->tcp, alloc_conn_rbuf, conn_read_cb);
+}
+
+static void on_client_accept(uv_stream_t *l, int status)
+{
+    on_accept(l, status, 1);
+}
+
+static void on_peer_accept(uv_stream_t *l, int status)
+{
+    on_accept(l, status, 0);
+}
+
+static void send_to_client(struct ida_net *n, struct outmsg *m)
+{
+    struct conn *k = client_by_id(n, m->conn_id);
+    if (k == NULL || k->closing) {
+        ida_free(m); /* the client went away */
+        return;
+    }
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&k->tcp) + m->len >
+        n->cfg.client_queue_bytes_max) {
+        IDA_WARN(
+            "net: client connection %llu does not read its replies; "
+            "closing it",
+            (unsigned long long)k->id);
+        ida_free(m);
+        conn_close(k);
+        return;
+    }
+    if (write_msg((uv_stream_t *)&k->tcp, m) != 0) {
+        conn_close(k);
+        return;
+    }
+    atomic_fetch_add(&n->st_client_replies, 1);
+}
+
+/* --- the loop thread --------------------------------------------------------
+ */
+
+static void close_all(struct ida_net *n)
+{
+    uv_close((uv_handle_t *)&n->peer_listener, NULL);
+    uv_close((uv_handle_t *)&n->client_listener, NULL);
+    uv_close((uv_handle_t *)&n->wake, NULL);
+    for (unsigned i = 0; i < n->npeers; i++) {
+        struct peer *p = &n->peers[i];
+        uv_close((uv_handle_t *)&p->timer, NULL);
+        if (p->tcp != NULL) {
+            uv_close((uv_handle_t *)p->tcp, peer_tcp_closed);
+            p->tcp = NULL;
+        }
+    }
+    while (n->all != NULL) {
+        conn_close(n->all);
+    }
+}
+
+static void wake_cb(uv_async_t *a)
+{
+    struct ida_net *n = a->data;
+    pthread_mutex_lock(&n->mu);
+    struct outmsg *m = n->out_head;
+    n->out_head = NULL;
+    n->out_tail = &n->out_head;
+    int stopping = n->stopping;
+    pthread_mutex_unlock(&n->mu);
+    while (m != NULL) {
+        struct outmsg *next = m->next;
+        if (stopping) {
+            ida_free(m);
+        } else if (m->to_peer) {
+            send_to_peer(n, m);
+        } else {
+            send_to_client(n, m);
+        }
+        m = next;
+    }
+    if (stopping && !n->loop_stopping) {
+        n->loop_stopping = 1;
+        close_all(n);
+    }
+}
+
+static void loop_main(void *arg)
+{
+    struct ida_net *n = arg;
+    for (unsigned i = 0; i < n->npeers; i++) {
+        peer_connect(&n->peers[i]);
+    }
+    uv_run(&n->loop, UV_RUN_DEFAULT);
+}
+
+/* --- public -----------------------------------------------------------------
+ */
+
+static int listen_on(struct ida_net *n,
+                     uv_tcp_t *t,
+                     const struct ida_addr *a,
+                     uv_connection_cb cb,
+                     const char *what,
+                     char *errmsg)
+{
+    struct sockaddr_storage ss;
+    uv_tcp_init(&n->loop, t);
+    t->data = n;
+    int rv = to_sockaddr(a, &ss);
+    if (rv == 0) {
+        rv = uv_tcp_bind(t, (struct sockaddr *)&ss, 0);
+    }
+    if (rv == 0) {
+        rv = uv_listen((uv_stream_t *)t, 511, cb);
+    }
+    if (rv != 0) {
+        snprintf(errmsg, IDA_ERRMSG_MAX, "cannot listen on %s address %s: %s",
+                 what, a->text, uv_strerror(rv));
+        return IDA_EIO;
+    }
+    return 0;
+}
+
+static void set_defaults(struct ida_net_config *c)
+{
+    if (c->max_frame_bytes == 0) {
+        c->max_frame_bytes = IDA_FRAME_PAYLOAD_BYTES_DEFAULT;
+    }
+    if (c->peer_queue_bytes_max == 0) {
+        c->peer_queue_bytes_max = 64u << 20;
+    }
+    if (c->client_queue_bytes_max == 0) {
+        c->client_queue_bytes_max = 16u << 20;
+    }
+    if (c->reconnect_min_ms == 0) {
+        c->reconnect_min_ms = 50;
+    }
+    if (c->reconnect_max_ms < c->reconnect_min_ms) {
+        c->reconnect_max_ms =
+            c->reconnect_min_ms > 2000 ? c->reconnect_min_ms : 2000;
+    }
+}
+
+static void close_walk_cb(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h)) {
+        uv_close(h, NULL);
+    }
+}
+
+/* A failed start: close the handles opened so far and free. */
+static void abort_start(struct ida_net *n)
+{
+    uv_walk(&n->loop, close_walk_cb, NULL);
+    uv_run(&n->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&n->loop);
+    pthread_mutex_destroy(&n->mu);
+    ida_free(n);
+}
+
+int ida_net_start(const struct ida_net_config *cfg,
+                  const struct ida_net_handler *h,
+                  struct ida_net **out,
+                  char *errmsg)
+{
+    const struct ida_config_node *self =
+        ida_config_node(cfg->cluster, cfg->self_id);
+    if (self == NULL || h->client_request == NULL || h->peer_message == NULL) {
+        snprintf(errmsg, IDA_ERRMSG_MAX, "node %u is not in cluster %s",
+                 cfg->self_id, cfg->cluster->cluster);
+        return IDA_EINVAL;
+    }
+    struct ida_net *n = ida_calloc(1, sizeof(*n));
+    if (n == NULL) {
+        return IDA_ENOMEM;
+    }
+    n->cfg = *cfg;
+    set_defaults(&n->cfg);
+    n->self = self;
+    n->h = *h;
+    n->out_tail = &n->out_head;
+    pthread_mutex_init(&n->mu, NULL);
+    uv_loop_init(&n->loop);
+    int rv = listen_on(n, &n->peer_listener, &self->peer, on_peer_accept,
+                       "peer", errmsg);
+    if (rv == 0) {
+        rv = listen_on(n, &n->client_listener, &self->client, on_client_accept,
+                       "client", errmsg);
+    }
+    if (rv != 0) {
+        abort_start(n);
+        return rv;
+    }
+    uv_async_init(&n->loop, &n->wake, wake_cb);
+    n->wake.data = n;
+    for (unsigned i = 0; i < cfg->cluster->node_count; i++) {
+        const struct ida_config_node *node = &cfg->cluster->nodes[i];
+        if (node->id == cfg->self_id) {
+            continue;
+        }
+        struct peer *p = &n->peers[n->npeers++];
+        p->net = n;
+        p->node = node;
+        p->backoff_ms = n->cfg.reconnect_min_ms;
+        p->rbuf = ida_malloc(READ_BUF_BYTES);
+        uv_timer_init(&n->loop, &p->timer);
+        p->timer.data = p;
+        if (p->rbuf == NULL) {
+            rv = IDA_ENOMEM;
+        }
+    }
+    if (rv == 0 && uv_thread_create(&n->thread, loop_main, n) != 0) {
+        rv = IDA_ENOMEM;
+    }
+    if (rv != 0) {
+        for (unsigned i = 0; i < n->npeers; i++) {
+            ida_free(n->peers[i].rbuf);
+        }
+        abort_start(n);
+        return rv;
+    }
+    *out = n;
+    return 0;
+}
+
+void ida_net_stop(struct ida_net *n)
+{
+    pthread_mutex_lock(&n->mu);
+    n->stopping = 1;
+    pthread_mutex_unlock(&n->mu);
+    uv_async_send(&n->wake);
+    uv_thread_join(&n->thread);
+    uv_loop_close(&n->loop);
+    for (unsigned i = 0; i < n->npeers; i++) {
+        ida_free(n->peers[i].rbuf);
+    }
+    pthread_mutex_destroy(&n->mu);
+    ida_free(n);
+}
+
+/* Queue @m for the loop thread; frees it when stopping. */
+static int enqueue(struct ida_net *n, struct outmsg *m)
+{
+    pthread_mutex_lock(&n->mu);
+    int stopping = n->stopping;
+    if (!stopping) {
+        m->next = NULL;
+        *n->out_tail = m;
+        n->out_tail = &m->next;
+    }
+    pthread_mutex_unlock(&n->mu);
+    if (stopping) {
+        ida_free(m);
+        return IDA_ESTOPPED;
+    }
+    uv_async_send(&n->wake);
+    return 0;
+}
+
+int ida_net_send_peer(struct ida_net *n, unsigned to, Idalloc__PeerMessage *pm)
+{
+    if (peer_by_id(n, to) == NULL) {
+        return IDA_EINVAL;
+    }
+    pm->version = IDA_WIRE_VERSION;
+    pm->from = n->cfg.self_id;
+    pm->to = to;
+    pm->cluster = (char *)n->cfg.cluster->cluster;
+    size_t len = idalloc__peer_message__get_packed_size(pm);
+    if (len > n->cfg.max_frame_bytes) {
+        return IDA_ETOOBIG;
+    }
+    struct outmsg *m = new_outmsg(len, IDA_FRAME_PEER);
+    if (m == NULL) {
+        return IDA_ENOMEM;
+    }
+    idalloc__peer_message__pack(pm, m->data + IDA_FRAME_HEADER_BYTES);
+    m->to_peer = 1;
+    m->peer = to;
+    return enqueue(n, m);
+}
+
+int ida_net_reply(struct ida_net *n,
+                  uint64_t conn_id,
+                  Idalloc__ClientResponse *r)
+{
+    r->version = IDA_WIRE_VERSION;
+    size_t len = idalloc__client_response__get_packed_size(r);
+    if (len > n->cfg.max_frame_bytes) {
+        return IDA_ETOOBIG;
+    }
+    struct outmsg *m = new_outmsg(len, IDA_FRAME_CLIENT_RESPONSE);
+    if (m == NULL) {
+        return IDA_ENOMEM;
+    }
+    idalloc__client_response__pack(r, m->data + IDA_FRAME_HEADER_BYTES);
+    m->conn_id = conn_id;
+    return enqueue(n, m);
+}
+
+void ida_net_get_stats(struct ida_net *n, struct ida_net_stats *out)
+{
+    *out = (struct ida_net_stats){
+        .peer_sent = atomic_load(&n->st_peer_sent),
+        .peer_dropped = atomic_load(&n->st_peer_dropped),
+        .peer_received = atomic_load(&n->st_peer_received),
+        .peer_rejected = atomic_load(&n->st_peer_rejected),
+        .client_requests = atomic_load(&n->st_client_requests),
+        .client_replies = atomic_load(&n->st_client_replies),
+        .client_rejected = atomic_load(&n->st_client_rejected),
+        .clients_open = atomic_load(&n->st_clients_open),
+    };
+}
+
+int ida_net_peer_up(struct ida_net *n, unsigned node_id)
+{
+    struct peer *p = peer_by_id(n, node_id);
+    return p != NULL && atomic_load(&n->peer_up[p - n->peers]);
+}

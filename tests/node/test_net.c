@@ -1,0 +1,436 @@
+/* The node's network layer on real loopback sockets: peer messages both
+ * ways, reconnect after a restart, client requests and replies, and bad
+ * input (garbage, oversized frames, foreign cluster) closing only the
+ * offending connection. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+/* nanosleep-based, as usleep is not POSIX 2008. */
+static void sleep_us(long us)
+{
+    struct timespec ts = {.tv_sec = us / 1000000,
+                          .tv_nsec = (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+#include "idalloc_errors.h"
+#include "src/common/frame.h"
+#include "src/common/log.h"
+#include "src/node/net.h"
+
+/* --- fixture: up to 3 nets, each recording what it receives ----------------
+ */
+
+#define GOT_MAX 256
+struct inbox
+{
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct ida_net *net;
+    int npeer, nclient, ups, downs;
+    uint64_t peer_term[GOT_MAX];
+    unsigned peer_from[GOT_MAX];
+    uint64_t client_seq[GOT_MAX];
+    uint64_t client_conn[GOT_MAX];
+    int echo; /* answer each client request with its seq * 10 */
+};
+
+static struct ida_config cfg;
+static struct inbox box[3];
+static struct ida_net *nets[3];
+
+static void on_client(void *arg, uint64_t conn, Idalloc__ClientRequest *req)
+{
+    struct inbox *b = arg;
+    pthread_mutex_lock(&b->mu);
+    if (b->nclient < GOT_MAX) {
+        b->client_seq[b->nclient] = req->request_seq;
+        b->client_conn[b->nclient] = conn;
+        b->nclient++;
+    }
+    pthread_cond_broadcast(&b->cv);
+    int echo = b->echo;
+    pthread_mutex_unlock(&b->mu);
+    if (echo) {
+        Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
+        Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+        Idalloc__ReserveResult rr = IDALLOC__RESERVE_RESULT__INIT;
+        rr.first = req->request_seq * 10;
+        rr.count = 1;
+        res.result_case = IDALLOC__COMMAND_RESULT__RESULT_RESERVE;
+        res.reserve = &rr;
+        r.request_seq = req->request_seq;
+        r.result = &res;
+        int rr_rv = ida_net_reply(b->net, conn, &r);
+        if (rr_rv != 0) {
+            fprintf(stderr, "reply failed: %d\n", rr_rv);
+        }
+    }
+    idalloc__client_request__free_unpacked(req, NULL);
+}
+
+static void on_peer(void *arg, Idalloc__PeerMessage *m)
+{
+    struct inbox *b = arg;
+    pthread_mutex_lock(&b->mu);
+    if (b->npeer < GOT_MAX) {
+        b->peer_term[b->npeer] = m->term;
+        b->peer_from[b->npeer] = m->from;
+        b->npeer++;
+    }
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    idalloc__peer_message__free_unpacked(m, NULL);
+}
+
+static void on_state(void *arg, unsigned node, int up)
+{
+    struct inbox *b = arg;
+    (void)node;
+    pthread_mutex_lock(&b->mu);
+    if (up) {
+        b->ups++;
+    } else {
+        b->downs++;
+    }
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* A free loopback port: bind port 0, read it back, release it. */
+static unsigned free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    socklen_t l = sizeof(a);
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void make_config(int nodes, const char *cluster)
+{
+    char text[1024];
+    int off = snprintf(text, sizeof(text), "cluster %s\n", cluster);
+    for (int i = 1; i <= nodes; i++) {
+        off += snprintf(text + off, sizeof(text) - (size_t)off,
+                        "node %d 127.0.0.1:%u 127.0.0.1:%u\n", i, free_port(),
+                        free_port());
+    }
+    char err[IDA_ERRMSG_MAX];
+    cr_assert_eq(ida_config_parse(text, strlen(text), "t", &cfg, err), 0, "%s",
+                 err);
+}
+
+static void start_net(int i)
+{
+    struct ida_net_config nc = {.cluster = &cfg,
+                                .self_id = (unsigned)i + 1,
+                                .max_frame_bytes = 1024,
+                                .reconnect_min_ms = 10,
+                                .reconnect_max_ms = 50};
+    struct ida_net_handler h = {on_client, on_peer, on_state, &box[i]};
+    char err[IDA_ERRMSG_MAX];
+    cr_assert_eq(ida_net_start(&nc, &h, &nets[i], err), 0, "%s", err);
+    box[i].net = nets[i];
+}
+
+static void setup(void)
+{
+    ida_log_set_level(IDA_LOG_ERROR);
+    make_config(2, "test");
+    for (int i = 0; i < 3; i++) {
+        memset(&box[i], 0, sizeof(box[i]));
+        pthread_mutex_init(&box[i].mu, NULL);
+        pthread_cond_init(&box[i].cv, NULL);
+    }
+    start_net(0);
+    start_net(1);
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < 3; i++) {
+        if (nets[i] != NULL) {
+            ida_net_stop(nets[i]);
+            nets[i] = NULL;
+        }
+    }
+}
+
+/* Wait (at most 5 s) until *counter reaches @want. */
+static int wait_for(struct inbox *b, int *counter, int want)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 5;
+    pthread_mutex_lock(&b->mu);
+    while (*counter < want) {
+        if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) != 0) {
+            break;
+        }
+    }
+    int got = *counter;
+    pthread_mutex_unlock(&b->mu);
+    return got >= want;
+}
+
+/* Send peer messages until one arrives (the connection may still be coming
+ * up; dropped messages are expected then). */
+static void send_until_received(int from, int to, uint64_t term)
+{
+    int before = box[to].npeer;
+    for (int i = 0; i < 500 && box[to].npeer == before; i++) {
+        Idalloc__PeerMessage m = IDALLOC__PEER_MESSAGE__INIT;
+        Idalloc__TimeoutNow tn = IDALLOC__TIMEOUT_NOW__INIT;
+        m.term = term;
+        m.msg_case = IDALLOC__PEER_MESSAGE__MSG_TIMEOUT_NOW;
+        m.timeout_now = &tn;
+        cr_assert_eq(ida_net_send_peer(nets[from], (unsigned)to + 1, &m), 0);
+        sleep_us(10000);
+    }
+    cr_assert(wait_for(&box[to], &box[to].npeer, before + 1),
+              "no peer message %d -> %d", from + 1, to + 1);
+}
+
+/* --- raw client helpers
+ * ------------------------------------------------------- */
+
+static int raw_connect(int node)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(cfg.nodes[node].client.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+static void raw_send_request(int fd, uint64_t seq)
+{
+    Idalloc__ClientRequest q = IDALLOC__CLIENT_REQUEST__INIT;
+    Idalloc__Status st = IDALLOC__STATUS__INIT;
+    uint8_t cid[16] = {1};
+    q.version = IDA_WIRE_VERSION;
+    q.client_id.data = cid;
+    q.client_id.len = 16;
+    q.request_seq = seq;
+    q.op_case = IDALLOC__CLIENT_REQUEST__OP_STATUS;
+    q.status = &st;
+    uint8_t buf[256];
+    size_t n = idalloc__client_request__get_packed_size(&q);
+    ida_frame_header_encode(buf, IDA_FRAME_CLIENT_REQUEST, n);
+    idalloc__client_request__pack(&q, buf + IDA_FRAME_HEADER_BYTES);
+    cr_assert_eq(write(fd, buf, n + IDA_FRAME_HEADER_BYTES),
+                 (ssize_t)(n + IDA_FRAME_HEADER_BYTES));
+}
+
+/* Read one response frame; returns NULL on EOF. */
+static Idalloc__ClientResponse *raw_read_response(int fd)
+{
+    uint8_t hdr[IDA_FRAME_HEADER_BYTES], body[2048];
+    if (recv(fd, hdr, sizeof(hdr), MSG_WAITALL) != (ssize_t)sizeof(hdr)) {
+        return NULL;
+    }
+    cr_assert_eq(hdr[0], IDA_FRAME_MAGIC);
+    cr_assert_eq(hdr[1], IDA_FRAME_CLIENT_RESPONSE);
+    uint32_t len = ((uint32_t)hdr[4] << 8) | hdr[5];
+    cr_assert_lt(len, sizeof(body));
+    cr_assert_eq(recv(fd, body, len, MSG_WAITALL), (ssize_t)len);
+    return idalloc__client_response__unpack(NULL, len, body);
+}
+
+/* True when the server closed @fd (EOF within 5 s). */
+static int closed_by_server(int fd)
+{
+    char c;
+    for (;;) {
+        ssize_t r = recv(fd, &c, 1, 0);
+        if (r == 0) {
+            return 1;
+        }
+        if (r < 0) {
+            return 0;
+        }
+    }
+}
+
+/* --- tests ------------------------------------------------------------------
+ */
+
+Test(net, peers_talk_both_ways, .init = setup, .fini = teardown)
+{
+    send_until_received(0, 1, 7);
+    send_until_received(1, 0, 9);
+    cr_assert_eq(box[1].peer_from[box[1].npeer - 1], 1);
+    cr_assert_eq(box[1].peer_term[box[1].npeer - 1], 7);
+    cr_assert_eq(box[0].peer_from[box[0].npeer - 1], 2);
+    cr_assert(ida_net_peer_up(nets[0], 2));
+    cr_assert_eq(
+        ida_net_send_peer(nets[0], 1,
+                          &(Idalloc__PeerMessage)IDALLOC__PEER_MESSAGE__INIT),
+        IDA_EINVAL, "sending to oneself is refused");
+    cr_assert_eq(
+        ida_net_send_peer(nets[0], 9,
+                          &(Idalloc__PeerMessage)IDALLOC__PEER_MESSAGE__INIT),
+        IDA_EINVAL, "unknown peer");
+}
+
+Test(net, peer_reconnects_after_restart, .init = setup, .fini = teardown)
+{
+    send_until_received(0, 1, 1);
+    ida_net_stop(nets[1]);
+    nets[1] = NULL;
+    cr_assert(wait_for(&box[0], &box[0].downs, 1), "peer down not noticed");
+    /* Messages to a dead peer are dropped, never block. */
+    for (int i = 0; i < 100; i++) {
+        Idalloc__PeerMessage m = IDALLOC__PEER_MESSAGE__INIT;
+        cr_assert_eq(ida_net_send_peer(nets[0], 2, &m), 0);
+    }
+    box[1].npeer = 0;
+    start_net(1);
+    send_until_received(0, 1, 2);
+    cr_assert_geq(box[0].ups, 2, "came up twice");
+    struct ida_net_stats st;
+    ida_net_get_stats(nets[0], &st);
+    cr_assert_geq(st.peer_dropped, 100);
+}
+
+Test(net,
+     client_requests_and_pipelined_replies,
+     .init = setup,
+     .fini = teardown)
+{
+    box[0].echo = 1;
+    int fd = raw_connect(0);
+    for (uint64_t s = 1; s <= 50; s++) {
+        raw_send_request(fd, s);
+    }
+    for (uint64_t s = 1; s <= 50; s++) {
+        Idalloc__ClientResponse *r = raw_read_response(fd);
+        cr_assert_not_null(r);
+        cr_assert_eq(r->request_seq, s, "replies in order on one connection");
+        cr_assert_eq(r->result->reserve->first, s * 10);
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    close(fd);
+    cr_assert_eq(box[0].nclient, 50);
+}
+
+Test(net,
+     reply_to_closed_connection_is_dropped,
+     .init = setup,
+     .fini = teardown)
+{
+    int fd = raw_connect(0);
+    raw_send_request(fd, 1);
+    cr_assert(wait_for(&box[0], &box[0].nclient, 1));
+    close(fd);
+    sleep_us(50000);
+    Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
+    cr_assert_eq(ida_net_reply(nets[0], box[0].client_conn[0], &r), 0);
+    cr_assert_eq(ida_net_reply(nets[0], 999999, &r), 0,
+                 "an unknown connection id is not an error for the caller");
+    /* Still serving. */
+    box[0].echo = 1;
+    int fd2 = raw_connect(0);
+    raw_send_request(fd2, 5);
+    Idalloc__ClientResponse *got = raw_read_response(fd2);
+    cr_assert_not_null(got);
+    idalloc__client_response__free_unpacked(got, NULL);
+    close(fd2);
+}
+
+Test(net, garbage_closes_only_that_connection, .init = setup, .fini = teardown)
+{
+    box[0].echo = 1;
+    int good = raw_connect(0);
+    int bad = raw_connect(0);
+    cr_assert_eq(write(bad, "GET / HTTP/1.1\r\n\r\n", 18), 18);
+    cr_assert(closed_by_server(bad), "garbage must close the connection");
+    close(bad);
+    raw_send_request(good, 3);
+    Idalloc__ClientResponse *r = raw_read_response(good);
+    cr_assert_not_null(r,
+                       "the other connection still works (requests seen: %d)",
+                       box[0].nclient);
+    idalloc__client_response__free_unpacked(r, NULL);
+    close(good);
+    struct ida_net_stats st;
+    ida_net_get_stats(nets[0], &st);
+    cr_assert_geq(st.client_rejected, 1);
+}
+
+Test(net, oversized_and_undecodable_frames, .init = setup, .fini = teardown)
+{
+    int fd = raw_connect(0);
+    uint8_t hdr[IDA_FRAME_HEADER_BYTES];
+    ida_frame_header_encode(hdr, IDA_FRAME_CLIENT_REQUEST, 1025);
+    cr_assert_eq(write(fd, hdr, sizeof(hdr)), (ssize_t)sizeof(hdr));
+    cr_assert(closed_by_server(fd), "oversized frame must close");
+    close(fd);
+    /* A well-framed payload that is not a protobuf message. */
+    fd = raw_connect(0);
+    uint8_t buf[IDA_FRAME_HEADER_BYTES + 4] = {0};
+    ida_frame_header_encode(buf, IDA_FRAME_CLIENT_REQUEST, 4);
+    memcpy(buf + IDA_FRAME_HEADER_BYTES, "\xff\xff\xff\xff", 4);
+    cr_assert_eq(write(fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+    Idalloc__ClientResponse *r = raw_read_response(fd);
+    cr_assert_not_null(r, "an undecodable request gets an error answer");
+    cr_assert_eq(r->result->error, IDA_EPROTO);
+    idalloc__client_response__free_unpacked(r, NULL);
+    cr_assert(closed_by_server(fd));
+    close(fd);
+    cr_assert_eq(box[0].nclient, 0, "nothing reached the handler");
+}
+
+Test(net, foreign_cluster_peer_is_rejected, .init = setup, .fini = teardown)
+{
+    /* A node of cluster "other" that shares node 1's addresses table. */
+    struct ida_config mine = cfg;
+    strcpy(cfg.cluster, "other");
+    cfg.nodes[2] = cfg.nodes[1];
+    cfg.nodes[2].id = 3;
+    cfg.nodes[2].peer.port = (uint16_t)free_port();
+    cfg.nodes[2].client.port = (uint16_t)free_port();
+    snprintf(cfg.nodes[2].peer.text, sizeof(cfg.nodes[2].peer.text),
+             "127.0.0.1:%u", cfg.nodes[2].peer.port);
+    snprintf(cfg.nodes[2].client.text, sizeof(cfg.nodes[2].client.text),
+             "127.0.0.1:%u", cfg.nodes[2].client.port);
+    cfg.node_count = 3;
+    start_net(2);
+    for (int i = 0; i < 50; i++) {
+        Idalloc__PeerMessage m = IDALLOC__PEER_MESSAGE__INIT;
+        ida_net_send_peer(nets[2], 1, &m);
+        sleep_us(5000);
+    }
+    struct ida_net_stats st;
+    ida_net_get_stats(nets[0], &st);
+    cr_assert_geq(st.peer_rejected, 1, "foreign cluster not rejected");
+    cr_assert_eq(box[0].npeer, 0, "nothing foreign reached the handler");
+    (void)mine;
+}
+
+Test(net, address_in_use_is_a_clear_error, .init = setup, .fini = teardown)
+{
+    struct ida_net_config nc = {.cluster = &cfg, .self_id = 1};
+    struct ida_net_handler h = {on_client, on_peer, NULL, &box[2]};
+    char err[IDA_ERRMSG_MAX];
+    struct ida_net *dup;
+    cr_assert_eq(ida_net_start(&nc, &h, &dup, err), IDA_EIO);
+    cr_assert(strstr(err, cfg.nodes[0].peer.text) != NULL, "%s", err);
+    nc.self_id = 42;
+    cr_assert_eq(ida_net_start(&nc, &h, &dup, err), IDA_EINVAL);
+}
