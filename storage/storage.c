@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -17,6 +18,9 @@
 #include "storage/record.h"
 
 #define ENV(s) ((MDB_env *)(s)->env)
+
+/* Below this much free space a failed write is reported as a full disk. */
+#define DISK_FULL_BYTES (1u << 20)
 
 /* Keys of the meta database. */
 #define KEY_FORMAT     "format"
@@ -203,6 +207,12 @@ static int get_meta(struct ida_storage *s,
 static void index_key(uint8_t out[8], ida_index index)
 {
     ida__put_be64(out, index);
+}
+
+static void chunk_key(uint8_t out[16], uint64_t id, uint64_t chunk)
+{
+    ida__put_be64(out, id);
+    ida__put_be64(out + 8, chunk);
 }
 
 /* Read the log_prev record. MDB rc or RC_CORRUPT. */
@@ -419,6 +429,18 @@ static int run_write(struct ida_storage *s,
         if (s->failed == IDA_ENOTFOUND || s->failed == IDA_EFOREIGN) {
             s->failed = IDA_EIO;
         }
+        /* LMDB reports a short write - what a full disk usually gives - as
+         * EIO: say so when the file system is (nearly) out of space. */
+        struct statvfs vfs;
+        if (rc == EIO && statvfs(s->dir, &vfs) == 0 &&
+            (uint64_t)vfs.f_bavail * vfs.f_frsize < DISK_FULL_BYTES) {
+            s->failed = IDA_ENOSPC;
+            return fail(s, s->dir, s->failed,
+                        "%s failed: %s (the file system is full: %llu bytes "
+                        "free); storage stopped",
+                        what, rc_text(rc),
+                        (unsigned long long)vfs.f_bavail * vfs.f_frsize);
+        }
         return fail(s, s->dir, s->failed, "%s failed: %s; storage stopped",
                     what, rc_text(rc));
     }
@@ -587,10 +609,15 @@ static int collect_chunks(struct ida_storage *s,
     if (rc != 0) {
         return rc;
     }
-    MDB_val k, v;
-    unsigned long long dropped = 0;
-    rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
-    while (rc == 0) {
+    uint64_t dropped = 0;
+    uint8_t kb[16];
+    chunk_key(kb, 0, 0);
+    for (;;) {
+        MDB_val k = mkval(kb, 16), v;
+        rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+        if (rc != 0) {
+            break;
+        }
         if (k.mv_size != 16) {
             rc = RC_CORRUPT;
             break;
@@ -599,21 +626,25 @@ static int collect_chunks(struct ida_storage *s,
         if (id > *max_id) {
             *max_id = id;
         }
-        if (id != keep) {
-            rc = mdb_cursor_del(cur, 0);
-            if (rc != 0) {
+        if (id == keep) {
+            chunk_key(kb, id + 1, 0); /* skip past the kept snapshot */
+            if (id == UINT64_MAX) {
                 break;
             }
-            dropped++;
-            rc = mdb_cursor_get(cur, &k, &v, MDB_GET_CURRENT);
             continue;
         }
-        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+        uint64_t chunk = ida__get_be64((const uint8_t *)k.mv_data + 8);
+        rc = mdb_cursor_del(cur, 0);
+        if (rc != 0) {
+            break;
+        }
+        dropped++;
+        chunk_key(kb, id, chunk);
     }
     mdb_cursor_close(cur);
     if (dropped > 0) {
         IDA_INFO("storage %s: dropped %llu chunks of unfinished snapshots",
-                 s->dir, dropped);
+                 s->dir, (unsigned long long)dropped);
     }
     return rc == MDB_NOTFOUND ? 0 : rc;
 }
@@ -730,8 +761,10 @@ static int check_opts(struct ida_storage *s,
     return 0;
 }
 
-/* Create the environment handle and open it. */
-static int env_open(struct ida_storage *s, const char *dir)
+/* Create the environment handle and open it. An existing environment
+ * opens with the map size it last had (LMDB adopts the size recorded in the
+ * file when none is set), so a grown map stays grown across restarts. */
+static int env_open(struct ida_storage *s, const char *dir, int fresh)
 {
     MDB_env *env;
     int rc = mdb_env_create(&env);
@@ -740,9 +773,19 @@ static int env_open(struct ida_storage *s, const char *dir)
                     mdb_strerror(rc));
     }
     mdb_env_set_maxdbs(env, 4);
-    rc = mdb_env_set_mapsize(env, (size_t)s->map_size_bytes);
+    if (fresh) {
+        rc = mdb_env_set_mapsize(env, (size_t)s->map_size_bytes);
+    }
     if (rc == 0) {
         rc = mdb_env_open(env, dir, MDB_NOTLS, 0644);
+    }
+    MDB_envinfo info;
+    if (rc == 0) {
+        rc = mdb_env_info(env, &info);
+    }
+    if (rc == 0 && info.me_mapsize < s->map_size_bytes) {
+        rc = mdb_env_set_mapsize(env, (size_t)s->map_size_bytes);
+        info.me_mapsize = s->map_size_bytes;
     }
     if (rc != 0) {
         mdb_env_close(env);
@@ -757,17 +800,13 @@ static int env_open(struct ida_storage *s, const char *dir)
                     "cannot open the LMDB environment: %s", mdb_strerror(rc));
     }
     s->env = env;
+    s->map_size_bytes = info.me_mapsize;
+    if (s->map_size_max_bytes < s->map_size_bytes) {
+        s->map_size_max_bytes = s->map_size_bytes;
+    }
     int dead = 0;
     if (mdb_reader_check(env, &dead) == 0 && dead > 0) {
         IDA_INFO("storage %s: cleared %d stale reader slots", dir, dead);
-    }
-    /* The file remembers the largest map it was used with: start there. */
-    MDB_envinfo info;
-    if (mdb_env_info(env, &info) == 0 && info.me_mapsize > s->map_size_bytes) {
-        s->map_size_bytes = info.me_mapsize;
-        if (s->map_size_max_bytes < s->map_size_bytes) {
-            s->map_size_max_bytes = s->map_size_bytes;
-        }
     }
     return 0;
 }
@@ -806,7 +845,8 @@ int ida_storage_open(struct ida_storage *s,
     struct open_args a = {.o = o};
     char path[4096 + 16];
     snprintf(path, sizeof(path), "%s/data.mdb", dir);
-    if (access(path, F_OK) != 0) {
+    int fresh = access(path, F_OK) != 0;
+    if (fresh) {
         rv = check_empty_dir(s, dir);
         if (rv != 0) {
             goto err_after_claim;
@@ -821,7 +861,7 @@ int ida_storage_open(struct ida_storage *s,
         rv = fail(s, dir, IDA_ENOMEM, "cannot create a lock");
         goto err_after_dir;
     }
-    rv = env_open(s, dir);
+    rv = env_open(s, dir, fresh);
     if (rv != 0) {
         goto err_after_lock;
     }
@@ -1406,12 +1446,6 @@ static int read_snapshot_rec(struct ida_storage *s,
     return 0;
 }
 
-static void chunk_key(uint8_t out[16], uint64_t id, uint64_t chunk)
-{
-    ida__put_be64(out, id);
-    ida__put_be64(out + 8, chunk);
-}
-
 /* Fetch and check chunk @c of snapshot @r; @data and @len point into LMDB. */
 static int read_chunk(struct ida_storage *s,
                       MDB_txn *txn,
@@ -1739,7 +1773,9 @@ int ida_storage_snapshot_write(struct ida_storage *s,
     return 0;
 }
 
-/* Delete every chunk of snapshot @id. */
+/* Delete every chunk of snapshot @id. The cursor is re-positioned with
+ * MDB_SET_RANGE after each delete: its position after deleting the last
+ * record is not one MDB_GET_CURRENT can use. */
 static int delete_chunks(struct ida_storage *s, MDB_txn *txn, uint64_t id)
 {
     MDB_cursor *cur;
@@ -1749,12 +1785,15 @@ static int delete_chunks(struct ida_storage *s, MDB_txn *txn, uint64_t id)
     }
     uint8_t kb[16];
     chunk_key(kb, id, 0);
-    MDB_val k = mkval(kb, 16), v;
-    rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
-    while (rc == 0 && k.mv_size == 16 && ida__get_be64(k.mv_data) == id) {
+    for (;;) {
+        MDB_val k = mkval(kb, 16), v;
+        rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+        if (rc != 0 || k.mv_size != 16 || ida__get_be64(k.mv_data) != id) {
+            break;
+        }
         rc = mdb_cursor_del(cur, 0);
-        if (rc == 0) {
-            rc = mdb_cursor_get(cur, &k, &v, MDB_GET_CURRENT);
+        if (rc != 0) {
+            break;
         }
     }
     mdb_cursor_close(cur);
