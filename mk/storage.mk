@@ -21,3 +21,7 @@ ROUNDS ?= 2000
 chaos-storage: all
 	@$(BUILD)/prog/storage_crash --rounds $(ROUNDS) --seed $(SEED)
 CHAOS_EXTRA += chaos-storage
+# CHAOS_EXTRA is expanded when the Makefile reads the chaos rule, before
+# mk/*.mk is included, so the line above alone does not reach it: add the
+# prerequisite to the chaos target directly as well.
+chaos: chaos-storage
