@@ -22,15 +22,26 @@
 #define KILL_REPORTS    24  /* kill after 0..KILL_REPORTS-1 reports */
 #define KILL_DELAY_US   3000
 
-/* The log and hard state as they must be. terms[i] is the term of entry i. */
+#define SNAPSHOT_MAX   (200 * 1024) /* snapshot state 0..200 KiB */
+#define SNAPSHOT_PIECE 10000        /* written in pieces of this size */
+
+/* The log, hard state and snapshot as they must be. terms[i] is the term of
+ * entry i (kept below prev_index too, for the model's own use). */
 struct model
 {
     ida_term *terms;
     size_t cap;
     ida_index last;
+    ida_index prev_index; /* compacted up to here */
+    ida_term prev_term;
     struct ida_hard_state hs;
+    ida_index snap_index; /* 0: no snapshot */
+    ida_term snap_term;
+    size_t snap_size;
 };
 
+/* One step: a batch, or (snapshot set) a snapshot of the committed state
+ * followed by a compaction. */
 struct plan
 {
     ida_index truncate_from; /* 0: none */
@@ -38,6 +49,11 @@ struct plan
     size_t count;
     ida_term term;
     struct ida_hard_state hs;
+    int snapshot;
+    ida_index snap_index;
+    ida_term snap_term;
+    size_t snap_size;
+    ida_index compact_to;
 };
 
 static int model_reserve(struct model *m, ida_index last)
@@ -69,10 +85,22 @@ static int model_copy(struct model *dst, const struct model *src)
     return 0;
 }
 
-/* Draw the next batch from @rng for model @m (deterministic). */
+/* Draw the next step from @rng for model @m (deterministic). */
 static void plan_next(uint64_t *rng, const struct model *m, struct plan *p)
 {
     memset(p, 0, sizeof(*p));
+    if (m->hs.commit > m->snap_index && ida_test_rand(rng) % 12 == 0) {
+        p->snapshot = 1;
+        p->snap_index = m->hs.commit;
+        p->snap_term = m->terms[m->hs.commit];
+        p->snap_size = (size_t)(ida_test_rand(rng) % SNAPSHOT_MAX);
+        /* Keep a few entries behind the snapshot, as a leader would. */
+        ida_index keep = ida_test_rand(rng) % 8;
+        p->compact_to = p->snap_index > m->prev_index + keep
+                            ? p->snap_index - keep
+                            : m->prev_index;
+        return;
+    }
     p->hs = m->hs;
     if (p->hs.term == 0 || ida_test_rand(rng) % 10 == 0) {
         p->hs.term++;
@@ -97,8 +125,20 @@ static void plan_next(uint64_t *rng, const struct model *m, struct plan *p)
         m->hs.commit + ida_test_rand(rng) % (new_last - m->hs.commit + 1);
 }
 
-static int model_apply(struct model *m, const struct plan *p)
+/* Apply step @p to @m. A snapshot step has two durable stages: 1 the
+ * snapshot is finished, 2 the log is compacted too. */
+static int model_apply_stage(struct model *m, const struct plan *p, int stage)
 {
+    if (p->snapshot) {
+        m->snap_index = p->snap_index;
+        m->snap_term = p->snap_term;
+        m->snap_size = p->snap_size;
+        if (stage == 2 && p->compact_to > m->prev_index) {
+            m->prev_index = p->compact_to;
+            m->prev_term = m->terms[p->compact_to];
+        }
+        return 0;
+    }
     ida_index new_last = p->first + p->count - 1;
     if (model_reserve(m, new_last) != 0) {
         return -1;
@@ -109,6 +149,46 @@ static int model_apply(struct model *m, const struct plan *p)
     m->last = new_last;
     m->hs = p->hs;
     return 0;
+}
+
+static int model_apply(struct model *m, const struct plan *p)
+{
+    return model_apply_stage(m, p, 2);
+}
+
+static void snapshot_fill(uint8_t *buf, size_t len, const struct plan *p)
+{
+    ida_test_fill(buf, len, p->snap_index, p->snap_term + 1000);
+}
+
+/* Child side of a snapshot step. 0 or an IDA code. */
+static int child_snapshot(struct ida_storage *s, const struct plan *p)
+{
+    static const uint8_t config[] = {1, 2, 3};
+    uint8_t *state = ida_malloc(p->snap_size + 1);
+    if (state == NULL) {
+        return IDA_ENOMEM;
+    }
+    snapshot_fill(state, p->snap_size, p);
+    struct ida_snapshot_writer w;
+    int rv = ida_storage_snapshot_begin(s, &w, p->snap_index, p->snap_term,
+                                        config, sizeof(config));
+    for (size_t off = 0; rv == 0 && off < p->snap_size; off += SNAPSHOT_PIECE) {
+        size_t n = p->snap_size - off < SNAPSHOT_PIECE ? p->snap_size - off
+                                                       : SNAPSHOT_PIECE;
+        rv = ida_storage_snapshot_write(s, &w, state + off, n);
+        if (rv != 0) {
+            ida_storage_snapshot_abort(s, &w);
+        }
+    }
+    if (rv == 0) {
+        rv = ida_storage_snapshot_finish(s, &w);
+    }
+    if (rv == 0) {
+        rv = ida_storage_compact(s, p->compact_to);
+    }
+    ida_free(state);
+    return rv;
 }
 
 /* Child: run batches, report each after its commit returned. Never returns. */
@@ -127,6 +207,17 @@ static _Noreturn void child_run(const char *dir,
     for (int b = 0; b < ROUND_BATCH_MAX; b++) {
         struct plan p;
         plan_next(&rng, m, &p);
+        if (p.snapshot) {
+            if (child_snapshot(&s, &p) != 0 || model_apply(m, &p) != 0) {
+                fprintf(stderr, "crash child: snapshot %d: %s\n", b, s.errmsg);
+                _exit(4);
+            }
+            char c = 's';
+            if (write(fd, &c, 1) != 1) {
+                _exit(5);
+            }
+            continue;
+        }
         uint8_t *block =
             ida_test_make_entries(entries, p.count, p.first, p.term, DATA_MAX);
         struct ida_storage_batch batch;
@@ -158,6 +249,46 @@ static _Noreturn void child_run(const char *dir,
     _exit(0);
 }
 
+/* Does the storage hold model @m's snapshot, bytes included? 1 yes, 0 no,
+ * -1 error (@err). */
+static int snapshot_matches(struct ida_storage *s,
+                            const struct model *m,
+                            char *err,
+                            size_t errcap)
+{
+    struct ida_snapshot_meta meta;
+    uint8_t *data;
+    int rv = ida_storage_snapshot_load(s, &meta, &data);
+    if (m->snap_index == 0) {
+        if (rv == 0) {
+            ida_free(data);
+            ida_snapshot_meta_release(&meta);
+        }
+        return rv == IDA_ENOTFOUND ? 1 : 0;
+    }
+    if (rv == IDA_ENOTFOUND) {
+        return 0;
+    }
+    if (rv != 0) {
+        snprintf(err, errcap, "loading the snapshot: %s", idalloc_strerror(rv));
+        return -1;
+    }
+    int ok = meta.index == m->snap_index && meta.term == m->snap_term &&
+             meta.data_size == m->snap_size && meta.config_len == 3;
+    if (ok) {
+        struct plan p = {.snap_index = m->snap_index,
+                         .snap_term = m->snap_term};
+        uint8_t *want = ida_malloc(m->snap_size + 1);
+        snapshot_fill(want, m->snap_size, &p);
+        ok = want != NULL &&
+             (m->snap_size == 0 || memcmp(want, data, m->snap_size) == 0);
+        ida_free(want);
+    }
+    ida_free(data);
+    ida_snapshot_meta_release(&meta);
+    return ok;
+}
+
 /* Does the storage hold exactly model @m (bounds, hard state, and entries
  * from @from on)? 1 yes, 0 no, -1 error (@err). */
 static int matches(struct ida_storage *s,
@@ -174,9 +305,18 @@ static int matches(struct ida_storage *s,
         snprintf(err, errcap, "cannot read log state or hard state");
         return -1;
     }
-    if (ls.last != m->last || ls.first != 1 || hs.term != m->hs.term ||
-        hs.vote != m->hs.vote || hs.commit != m->hs.commit) {
+    if (ls.last != m->last || ls.prev_index != m->prev_index ||
+        ls.prev_term != m->prev_term || ls.first != m->prev_index + 1 ||
+        hs.term != m->hs.term || hs.vote != m->hs.vote ||
+        hs.commit != m->hs.commit) {
         return 0;
+    }
+    int same = snapshot_matches(s, m, err, errcap);
+    if (same != 1) {
+        return same;
+    }
+    if (from <= m->prev_index) {
+        from = m->prev_index + 1;
     }
     for (ida_index lo = from; lo <= m->last;) {
         struct ida_entry *es;
@@ -247,10 +387,9 @@ static int round_run(const char *dir,
         child_run(dir, rng, m, fds[1]);
     }
     close(fds[1]);
-    /* Mirror the child: the model after each report, plus one ahead. */
     unsigned long reported = 0;
-    char c;
-    while (reported < kill_after && read(fds[0], &c, 1) == 1) {
+    char report;
+    while (reported < kill_after && read(fds[0], &report, 1) == 1) {
         reported++;
     }
     struct timespec ts = {0, delay_us * 1000};
@@ -274,50 +413,71 @@ static int round_run(const char *dir,
     struct plan p;
     for (unsigned long b = 0; b < reported; b++) {
         plan_next(&rng, m, &p);
+        st->snapshots_reported += (unsigned long)p.snapshot;
         if (model_apply(m, &p) != 0) {
             snprintf(err, errcap, "out of memory");
             return -1;
         }
     }
     st->batches_reported += reported;
-    struct model next;
-    if (model_copy(&next, m) != 0) {
-        snprintf(err, errcap, "out of memory");
-        return -1;
-    }
+    /* The step in flight may have reached the disk: as a whole for a batch,
+     * or in either of its two durable stages for a snapshot step. */
     plan_next(&rng, m, &p);
-    int rv = model_apply(&next, &p);
-    struct ida_storage s;
-    struct ida_storage_opts o = {.cluster = CLUSTER, .node_id = 1};
-    if (rv == 0 && ida_storage_open(&s, dir, &o) != 0) {
-        snprintf(err, errcap, "reopen: %s", s.errmsg);
-        rv = -1;
-    } else if (rv == 0) {
-        int a = matches(&s, m, from, &st->entries_checked, err, errcap);
-        int b =
-            a == 0 && reported < ROUND_BATCH_MAX
-                ? matches(&s, &next, from, &st->entries_checked, err, errcap)
-                : 0;
-        ida_storage_close(&s);
-        if (a < 0 || b < 0) {
-            rv = -1;
-        } else if (a == 0 && b == 0) {
-            snprintf(err, errcap,
-                     "after %lu reported batches the storage is neither the "
-                     "state after them nor after the one in flight "
-                     "(model last %llu term %llu commit %llu)",
-                     reported, (unsigned long long)m->last,
-                     (unsigned long long)m->hs.term,
-                     (unsigned long long)m->hs.commit);
-            rv = -1;
-        } else if (b == 1) {
-            st->in_flight_found++;
-            ida_term *t = m->terms;
-            *m = next; /* the next round continues from what is on disk */
-            next.terms = t;
+    struct model cand[2];
+    int ncand = p.snapshot ? 2 : 1;
+    int rv = 0;
+    for (int c = 0; c < ncand; c++) {
+        if (model_copy(&cand[c], m) != 0 ||
+            model_apply_stage(&cand[c], &p, p.snapshot ? c + 1 : 2) != 0) {
+            snprintf(err, errcap, "out of memory");
+            return -1; /* a test process: leaks on OOM do not matter */
         }
     }
-    ida_free(next.terms);
+    struct ida_storage s;
+    struct ida_storage_opts o = {.cluster = CLUSTER, .node_id = 1};
+    if (ida_storage_open(&s, dir, &o) != 0) {
+        snprintf(err, errcap, "reopen: %s", s.errmsg);
+        rv = -1;
+    } else {
+        int found = -2;
+        int a = matches(&s, m, from, &st->entries_checked, err, errcap);
+        if (a == 1) {
+            found = -1;
+        }
+        for (int c = 0; a == 0 && reported < ROUND_BATCH_MAX && c < ncand;
+             c++) {
+            int b =
+                matches(&s, &cand[c], from, &st->entries_checked, err, errcap);
+            if (b != 0) {
+                found = b == 1 ? c : -3;
+                break;
+            }
+        }
+        ida_storage_close(&s);
+        if (a < 0 || found == -3) {
+            rv = -1;
+        } else if (found == -2) {
+            snprintf(err, errcap,
+                     "after %lu reported steps the storage is neither the "
+                     "state after them nor after the one in flight "
+                     "(model last %llu term %llu commit %llu prev %llu "
+                     "snapshot %llu)",
+                     reported, (unsigned long long)m->last,
+                     (unsigned long long)m->hs.term,
+                     (unsigned long long)m->hs.commit,
+                     (unsigned long long)m->prev_index,
+                     (unsigned long long)m->snap_index);
+            rv = -1;
+        } else if (found >= 0) {
+            st->in_flight_found++;
+            ida_term *t = m->terms;
+            *m = cand[found]; /* the next round continues from the disk */
+            cand[found].terms = t;
+        }
+    }
+    for (int c = 0; c < ncand; c++) {
+        ida_free(cand[c].terms);
+    }
     return rv;
 }
 

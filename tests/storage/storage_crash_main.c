@@ -36,12 +36,12 @@ int main(int argc, char **argv)
     char err[512] = "";
     int rv = ida_crash_run(dir, rounds, seed, &st, err, sizeof(err));
     printf(
-        "storage crash: seed=%llu rounds=%u batches_reported=%lu "
+        "storage crash: seed=%llu rounds=%u steps_reported=%lu "
         "in_flight_found=%u killed_before_first_report=%u "
-        "child_finished=%u entries_checked=%lu: %s\n",
+        "child_finished=%u entries_checked=%lu snapshot_steps=%lu: %s\n",
         (unsigned long long)seed, st.rounds, st.batches_reported,
         st.in_flight_found, st.killed_before_first_report, st.child_finished,
-        st.entries_checked, rv == 0 ? "ok" : "FAILED");
+        st.entries_checked, st.snapshots_reported, rv == 0 ? "ok" : "FAILED");
     if (rv != 0) {
         fprintf(stderr, "storage crash: %s (dir %s kept)\n", err, dir);
         return 1;
