@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1120,16 +1121,84 @@ Test(storage, snapshot_write_grows_the_map)
     expect_snapshot(1, 1, 2 << 20);
 }
 
+Test(storage, snapshot_and_compaction_fail_cleanly_at_every_put)
+{
+    open_ok();
+    append(1, 30, 1);
+    save_snapshot(10, 1, 100);
+    size_t size = 2 * IDA_STORAGE_CHUNK_BYTES + 5;
+    uint8_t *state = make_state(size);
+    const uint8_t config[] = {0x0a, 0x03, 0x08, 0x01, 0x20};
+    int failures = 0;
+    for (int n = 0;; n++) {
+        struct ida_snapshot_writer w;
+        cr_assert_eq(ida_storage_snapshot_begin(&st, &w, 20, 1, config, 5), 0);
+        /* ENOMEM from the (n+1)-th put: transient, nothing written. */
+        ida__storage_fault_set(&st, n, -1, ENOMEM);
+        int rv = ida_storage_snapshot_write(&st, &w, state, size);
+        if (rv == 0) {
+            rv = ida_storage_snapshot_finish(&st, &w);
+        } else {
+            ida_storage_snapshot_abort(&st, &w);
+        }
+        ida__storage_fault_set(&st, -1, -1, 0);
+        if (rv == 0) {
+            break;
+        }
+        failures++;
+        cr_assert_eq(rv, IDA_ENOMEM, "put %d: %s", n, st.errmsg);
+        expect_snapshot(10, 1, 100); /* the old one, intact */
+    }
+    free(state);
+    cr_assert_eq(failures, 4, "3 chunks and the meta record");
+    struct ida_snapshot_meta m;
+    cr_assert_eq(ida_storage_snapshot_meta(&st, &m), 0);
+    cr_assert_eq(m.index, 20);
+    ida_snapshot_meta_release(&m);
+    close_st();
+    cr_assert_eq(count_records(dir, "snap"), 3, "no chunk of a failed try");
+    open_ok();
+    /* Compaction: one put (log_prev) besides the deletes. */
+    ida__storage_fault_set(&st, 0, -1, ENOMEM);
+    cr_assert_eq(ida_storage_compact(&st, 15), IDA_ENOMEM);
+    cr_assert_eq(log_state().first, 1, "nothing compacted");
+    expect_entries(1, 30, 1);
+    /* A failed commit of a compaction is sticky and compacts nothing. */
+    ida__storage_fault_set(&st, -1, 0, EIO);
+    cr_assert_eq(ida_storage_compact(&st, 15), IDA_EIO);
+    reopen();
+    cr_assert_eq(log_state().first, 1);
+    expect_entries(1, 30, 1);
+    cr_assert_eq(ida_storage_compact(&st, 15), 0);
+    cr_assert_eq(log_state().first, 16);
+}
+
+Test(storage, two_nodes_in_one_process)
+{
+    open_ok();
+    char dir2[320];
+    snprintf(dir2, sizeof(dir2), "%s/data/node2", tmp);
+    struct ida_storage two;
+    struct ida_storage_opts o2 = {.cluster = "test", .node_id = 2};
+    cr_assert_eq(ida_storage_open(&two, dir2, &o2), 0, "%s", two.errmsg);
+    append(1, 3, 1);
+    struct ida_log_state ls;
+    cr_assert_eq(ida_storage_log_state(&two, &ls), 0);
+    cr_assert_eq(ls.last, 0, "separate environments");
+    ida_storage_close(&two);
+}
+
 /* --- concurrent readers ------------------------------------------------------
  */
 
-static volatile int readers_stop;
+/* Readers run until told to stop AND have completed at least one read. */
+static atomic_int readers_stop;
 
 static void *reader_main(void *arg)
 {
     (void)arg;
     long reads = 0;
-    while (!readers_stop) {
+    while (!atomic_load(&readers_stop) || reads == 0) {
         struct ida_log_state ls;
         if (ida_storage_log_state(&st, &ls) != 0) {
             return (void *)-1;
@@ -1160,21 +1229,85 @@ Test(storage, readers_on_other_threads_while_the_map_grows, .timeout = 120)
     opts.map_size_bytes = 64 * 1024;
     open_ok();
     pthread_t th[2];
-    readers_stop = 0;
+    atomic_store(&readers_stop, 0);
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(pthread_create(&th[i], NULL, reader_main, NULL), 0);
     }
     for (ida_index i = 1; i <= 3000; i += 100) {
         append(i, 100, 1);
     }
-    readers_stop = 1;
+    atomic_store(&readers_stop, 1);
     for (int i = 0; i < 2; i++) {
         void *r;
         pthread_join(th[i], &r);
-        cr_assert_geq((long)r, 0, "reader %d failed with %ld", i, (long)r);
+        cr_assert_gt((long)r, 0, "reader %d failed with %ld", i, (long)r);
     }
     cr_assert_gt(ida_storage_map_size(&st), 64 * 1024, "resized under load");
     expect_entries(1, 3000, 1);
+}
+
+static void *snapshot_reader_main(void *arg)
+{
+    (void)arg;
+    long complete = 0;
+    uint8_t *buf = malloc(4 << 20);
+    while (!atomic_load(&readers_stop) || complete == 0) {
+        struct ida_snapshot_meta m;
+        int rv = ida_storage_snapshot_meta(&st, &m);
+        if (rv == IDA_ENOTFOUND) {
+            continue;
+        }
+        if (rv != 0) {
+            free(buf);
+            return (void *)-1;
+        }
+        uint64_t off = 0;
+        size_t n = 1;
+        while (rv == 0 && n > 0) {
+            rv = ida_storage_snapshot_read(&st, m.id, off, buf + off, 7000, &n);
+            off += n;
+        }
+        size_t size = (size_t)m.data_size;
+        ida_snapshot_meta_release(&m);
+        if (rv == IDA_ENOTFOUND) {
+            continue; /* replaced while we read it: start again */
+        }
+        uint8_t *want = make_state(size);
+        int ok = rv == 0 && off == size && memcmp(buf, want, size) == 0;
+        free(want);
+        if (!ok) {
+            free(buf);
+            return (void *)-2;
+        }
+        complete++;
+    }
+    free(buf);
+    return (void *)complete;
+}
+
+Test(storage,
+     snapshot_readers_on_other_threads_see_whole_snapshots,
+     .timeout = 120)
+{
+    opts.map_size_bytes = 256 * 1024;
+    open_ok();
+    save_snapshot(1, 1, 100000);
+    pthread_t th[2];
+    atomic_store(&readers_stop, 0);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(pthread_create(&th[i], NULL, snapshot_reader_main, NULL),
+                     0);
+    }
+    for (ida_index i = 2; i < 40; i++) {
+        save_snapshot(i, 1, (size_t)(i * 37111) % (3 << 20));
+    }
+    atomic_store(&readers_stop, 1);
+    for (int i = 0; i < 2; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        cr_assert_gt((long)r, 0, "snapshot reader %d failed with %ld", i,
+                     (long)r);
+    }
 }
 
 /* --- records
