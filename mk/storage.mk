@@ -25,3 +25,18 @@ CHAOS_EXTRA += chaos-storage
 # mk/*.mk is included, so the line above alone does not reach it: add the
 # prerequisite to the chaos target directly as well.
 chaos: chaos-storage
+
+# make tsan-storage: the storage threading contract (owner thread writing and
+# growing the map, reader threads on entries and snapshot chunks) under
+# ThreadSanitizer. A plain program, not Criterion: Criterion aborts at start
+# under TSan on this machine ("Could not initialize inheritable arena").
+.PHONY: tsan-storage
+tsan-storage: deps
+	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread \
+	    build/tsan/prog/storage_threads
+	@TSAN_OPTIONS=halt_on_error=1 build/tsan/prog/storage_threads
+$(BUILD)/prog/storage_threads: \
+    $(BUILD)/obj/tests/storage/storage_threads_main.o $(STORAGE_SUPPORT) \
+    $(LIBIDA)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
