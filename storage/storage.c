@@ -33,7 +33,7 @@
  * LMDB environment must never be used across fork(). */
 #define CHECK_PROCESS(s) IDA_ASSERT((long)getpid() == (s)->pid)
 
-/* --- one open per process ------------------------------------------------- */
+/* --- one open per process --- */
 
 #define REGISTRY_MAX 64
 static struct
@@ -84,8 +84,7 @@ static void registry_release(dev_t dev, ino_t ino)
     pthread_mutex_unlock(&registry_lock);
 }
 
-/* --- errors ----------------------------------------------------------------
- */
+/* --- errors --- */
 
 /* Format "DIR: what" into s->errmsg and return @code. */
 __attribute__((format(printf, 4, 5))) static int fail(struct ida_storage *s,
@@ -157,8 +156,7 @@ static const char *rc_text(int rc)
     return mdb_strerror(rc);
 }
 
-/* --- small LMDB helpers ------------------------------------------------------
- */
+/* --- small LMDB helpers --- */
 
 static MDB_val mkval(const void *p, size_t len)
 {
@@ -297,8 +295,7 @@ static int read_log_state(struct ida_storage *s,
     return rc;
 }
 
-/* --- read transactions (any thread) ------------------------------------------
- */
+/* --- read transactions (any thread) --- */
 
 static int read_begin(struct ida_storage *s, MDB_txn **txn)
 {
@@ -319,8 +316,7 @@ static void read_end(struct ida_storage *s, MDB_txn *txn)
     pthread_rwlock_unlock(&s->resize_lock);
 }
 
-/* --- write transactions (owner) ----------------------------------------------
- */
+/* --- write transactions (owner) --- */
 
 typedef int (*txn_fn)(struct ida_storage *s, MDB_txn *txn, void *arg);
 
@@ -446,8 +442,7 @@ static int run_write(struct ida_storage *s,
     }
 }
 
-/* --- open ------------------------------------------------------------------
- */
+/* --- open --- */
 
 /* mkdir -p @dir. 0 or an errno. */
 static int make_dirs(const char *dir)
@@ -550,8 +545,7 @@ static int check_identity(struct ida_storage *s,
     uint32_t version;
     if (rc == MDB_NOTFOUND) {
         refuse(s, s->dir, IDA_EFOREIGN,
-               "no format record: not idalloc "
-               "storage");
+               "no format record: not idalloc storage");
         return RC_REFUSED;
     }
     if (rc != 0) {
@@ -920,8 +914,7 @@ void ida__storage_fault_set(struct ida_storage *s,
     s->fault_code = code;
 }
 
-/* --- group commit ------------------------------------------------------------
- */
+/* --- group commit --- */
 
 void ida_storage_batch_init(struct ida_storage *s, struct ida_storage_batch *b)
 {
@@ -1155,8 +1148,7 @@ int ida_storage_batch_commit(struct ida_storage *s, struct ida_storage_batch *b)
     return 0;
 }
 
-/* --- compaction --------------------------------------------------------------
- */
+/* --- compaction --- */
 
 struct compact_args
 {
@@ -1258,8 +1250,7 @@ int ida_storage_compact(struct ida_storage *s, ida_index upto)
     return 0;
 }
 
-/* --- reads -------------------------------------------------------------------
- */
+/* --- reads --- */
 
 int ida_storage_log_state(struct ida_storage *s, struct ida_log_state *out)
 {
@@ -1426,8 +1417,7 @@ int ida_storage_entries(struct ida_storage *s,
     return 0;
 }
 
-/* --- snapshots: reads
- * ---------------------------------------------------------- */
+/* --- snapshots: reads --- */
 
 /* The current snapshot record. MDB_NOTFOUND when there is none. */
 static int read_snapshot_rec(struct ida_storage *s,
@@ -1634,8 +1624,7 @@ int ida_storage_snapshot_load(struct ida_storage *s,
     return 0;
 }
 
-/* --- snapshots: writing
- * -------------------------------------------------------- */
+/* --- snapshots: writing --- */
 
 int ida_storage_snapshot_begin(struct ida_storage *s,
                                struct ida_snapshot_writer *w,

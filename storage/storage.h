@@ -185,7 +185,7 @@ struct ida_storage
     char errmsg[IDA_STORAGE_ERRMSG_MAX];
 };
 
-/* --- open and close (owner) ----------------------------------------------- */
+/* --- open and close (owner) --- */
 
 /* Open (creating on first start) the storage in directory @dir. A missing
  * @dir is created (with its parents). A new environment is created only in
@@ -221,7 +221,7 @@ int ida_storage_failed(const struct ida_storage *s);
 /* Current map size in bytes (owner). */
 uint64_t ida_storage_map_size(const struct ida_storage *s);
 
-/* --- group commit (owner) ------------------------------------------------- */
+/* --- group commit (owner) --- */
 
 /* Start an empty batch against the durable state of @s. */
 void ida_storage_batch_init(struct ida_storage *s, struct ida_storage_batch *b);
@@ -266,7 +266,7 @@ int ida_storage_batch_set_hard_state(struct ida_storage *s,
 int ida_storage_batch_commit(struct ida_storage *s,
                              struct ida_storage_batch *b);
 
-/* --- compaction (owner) --------------------------------------------------- */
+/* --- compaction (owner) --- */
 
 /* Delete the entries with index <= @upto, keeping the term of @upto as
  * prev_term. Only a prefix covered by the durable snapshot may go: @upto
@@ -278,7 +278,7 @@ int ida_storage_batch_commit(struct ida_storage *s,
  * error as ida_storage_batch_commit(). */
 int ida_storage_compact(struct ida_storage *s, ida_index upto);
 
-/* --- reads (any thread) --------------------------------------------------- */
+/* --- reads (any thread) --- */
 
 /* The log's bounds, as of one consistent read. Returns 0 or IDA_EIO. */
 int ida_storage_log_state(struct ida_storage *s, struct ida_log_state *out);
@@ -333,7 +333,7 @@ int ida_storage_snapshot_load(struct ida_storage *s,
                               struct ida_snapshot_meta *out,
                               uint8_t **data);
 
-/* --- snapshot writing (owner) --------------------------------------------- */
+/* --- snapshot writing (owner) --- */
 
 /* Start writing a snapshot of the state at (@index, @term) with the cluster
  * configuration @config (@config_len bytes, copied). At most one writer at a
@@ -369,8 +369,7 @@ int ida_storage_snapshot_finish(struct ida_storage *s,
 void ida_storage_snapshot_abort(struct ida_storage *s,
                                 struct ida_snapshot_writer *w);
 
-/* --- test hooks ------------------------------------------------------------
- */
+/* --- test hooks --- */
 
 /* Make the (@put_after+1)-th LMDB put and/or the (@commit_after+1)-th commit
  * from now fail with @code as if LMDB had returned it (-1: never). A failed

@@ -29,7 +29,7 @@
 
 #define DATA_MAX 200
 
-/* --- fixture ------------------------------------------------------------ */
+/* --- fixture --- */
 
 static char tmp[256];
 static char dir[300];
@@ -53,7 +53,7 @@ static void teardown(void)
     ida_test_rmrf(tmp);
 }
 
-/* --- helpers ------------------------------------------------------------ */
+/* --- helpers --- */
 
 static void open_ok(void)
 {
@@ -203,7 +203,7 @@ static size_t count_records(const char *path, const char *db)
     return ms.ms_entries;
 }
 
-/* --- open, identity, format --------------------------------------------- */
+/* --- open, identity, format --- */
 
 TestSuite(storage, .init = setup, .fini = teardown);
 
@@ -378,7 +378,7 @@ Test(storage, open_fails_cleanly_on_every_allocation_failure)
     cr_assert_gt(failures, 0, "the walk must hit at least one allocation");
 }
 
-/* --- log and hard state --------------------------------------------------- */
+/* --- log and hard state --- */
 
 Test(storage, append_read_and_reopen_round_trip)
 {
@@ -667,7 +667,7 @@ Test(storage, full_map_at_its_maximum_fails_cleanly)
     expect_entries(1, next - 1, 1);
 }
 
-/* --- read-only directory and full disk (private mount namespace) -------- */
+/* --- read-only directory and full disk (private mount namespace) --- */
 
 /* End a forked child: send @result (one byte) to the parent, then die by
  * SIGKILL. Dying by signal keeps the child's exit out of valgrind's leak
@@ -829,7 +829,7 @@ Test(storage, full_disk_stops_writes_and_keeps_what_was_acknowledged)
     cr_assert_eq(rv, 0, "disk-full child failed (see its stderr)");
 }
 
-/* --- fork ----------------------------------------------------------------- */
+/* --- fork --- */
 
 Test(storage, using_the_environment_after_fork_aborts)
 {
@@ -850,8 +850,7 @@ Test(storage, using_the_environment_after_fork_aborts)
               "the child must abort");
 }
 
-/* --- corruption ------------------------------------------------------------
- */
+/* --- corruption --- */
 
 Test(storage, a_corrupt_entry_is_reported_not_returned)
 {
@@ -882,8 +881,7 @@ Test(storage, a_corrupt_entry_is_reported_not_returned)
     expect_msg("fails its checksum");
 }
 
-/* --- snapshots and compaction ------------------------------------------------
- */
+/* --- snapshots and compaction --- */
 
 static uint8_t *make_state(size_t size)
 {
@@ -1188,8 +1186,7 @@ Test(storage, two_nodes_in_one_process)
     ida_storage_close(&two);
 }
 
-/* --- concurrent readers ------------------------------------------------------
- */
+/* --- concurrent readers --- */
 
 /* Readers run until told to stop AND have completed at least one read. */
 static atomic_int readers_stop;
@@ -1310,8 +1307,7 @@ Test(storage,
     }
 }
 
-/* --- records
- * ------------------------------------------------------------------ */
+/* --- records --- */
 
 Test(storage_record, crc32c_known_answer)
 {
