@@ -832,7 +832,10 @@ int ida_storage_open(struct ida_storage *s,
     }
     rv = registry_claim(st.st_dev, st.st_ino);
     if (rv != 0) {
-        return fail(s, dir, rv, "already open in this process");
+        return fail(s, dir, rv,
+                    rv == IDA_EEXIST ? "already open in this process"
+                                     : "too many storages open in this "
+                                       "process");
     }
     s->dir_dev = (uint64_t)st.st_dev;
     s->dir_ino = (uint64_t)st.st_ino;
@@ -1124,8 +1127,12 @@ int ida_storage_batch_commit(struct ida_storage *s, struct ida_storage_batch *b)
     if (s->failed != 0) {
         return s->failed;
     }
-    if (!b->has_truncate && b->span_count == 0 && !b->has_hard_state) {
-        return 0;
+    const struct ida_hard_state *hs = &b->hard_state;
+    int same_hs = !b->has_hard_state || (hs->term == s->hard_state.term &&
+                                         hs->vote == s->hard_state.vote &&
+                                         hs->commit == s->hard_state.commit);
+    if (!b->has_truncate && b->span_count == 0 && same_hs) {
+        return 0; /* nothing would change: no transaction, no fsync */
     }
     if (b->has_hard_state && b->hard_state.commit > b->last) {
         return fail(s, s->dir, IDA_EINVAL,

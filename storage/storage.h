@@ -197,14 +197,16 @@ struct ida_storage
  * Returns 0 or, with a one-line message naming @dir and the problem in
  * s->errmsg (the only field valid after a failure; nothing to release):
  *   IDA_EINVAL   bad options
- *   IDA_EFOREIGN another cluster or node id, or a non-empty directory that
- *                holds no idalloc storage (nothing is written to it)
+ *   IDA_EFOREIGN another cluster or node id, a non-empty directory that
+ *                holds no idalloc storage, a data.mdb that is not LMDB, or
+ *                an LMDB environment of another program (nothing is
+ *                written to any of them)
  *   IDA_EVERSION a newer or unknown format version
  *   IDA_ECORRUPT an identity or meta record that fails its checksum
  *   IDA_EEXIST   @dir is already open in this process
  *   IDA_EIO      the directory or environment cannot be created or opened
- *                (read-only file system, permissions, not an LMDB file...),
- *                with the system's or LMDB's message
+ *                (read-only file system, permissions...), with the
+ *                system's or LMDB's message
  *   IDA_ENOSPC   no space to create it
  *   IDA_ENOMEM */
 int ida_storage_open(struct ida_storage *s,
@@ -259,10 +261,13 @@ int ida_storage_batch_set_hard_state(struct ida_storage *s,
  *   IDA_ENOSPC   the map is full at map_size_max_bytes (not sticky), or the
  *                disk is full (sticky)
  *   IDA_ETOOBIG  the batch does not fit one transaction (not sticky)
+ *   IDA_ENOMEM   LMDB ran out of memory (not sticky)
  *   IDA_ECORRUPT a record read during the batch failed its check (sticky)
  *   IDA_EIO      an I/O error or failed fsync (sticky)
  *   the sticky code, once failed.
- * An empty batch commits nothing and returns 0 (or the sticky code). */
+ * A batch that would change nothing (no truncate, no entries, no hard state
+ * or the durable one) costs no transaction and returns 0 (or the sticky
+ * code). */
 int ida_storage_batch_commit(struct ida_storage *s,
                              struct ida_storage_batch *b);
 
@@ -279,6 +284,9 @@ int ida_storage_batch_commit(struct ida_storage *s,
 int ida_storage_compact(struct ida_storage *s, ida_index upto);
 
 /* --- reads (any thread) --- */
+
+/* These never write s->errmsg (other threads use it): a corrupt record is
+ * reported with a log line naming it, and the code says what kind. */
 
 /* The log's bounds, as of one consistent read. Returns 0 or IDA_EIO. */
 int ida_storage_log_state(struct ida_storage *s, struct ida_log_state *out);

@@ -494,6 +494,12 @@ Test(storage, hard_state_rules_are_enforced)
     cr_assert_eq(now.vote, 2);
     cr_assert_eq(now.commit, 4);
     set_hs(4, 1, 5); /* a new term may vote again */
+    /* An unchanged hard state alone needs no commit: prove it with a
+     * commit fault that must not fire. */
+    ida__storage_fault_set(&st, -1, 0, EIO);
+    set_hs(4, 1, 5);
+    cr_assert_eq(ida_storage_failed(&st), 0);
+    ida__storage_fault_set(&st, -1, -1, 0);
 }
 
 Test(storage, truncate_then_append_in_one_batch)
