@@ -736,10 +736,10 @@ static int in_namespace(int (*fn)(void))
 static int read_only_child(void)
 {
     /* Bind the node directory onto itself, then make the bind read-only. */
-    CHILD_CHECK(mount(dir, dir, NULL, MS_BIND, NULL) == 0, "bind: %s",
+    CHILD_CHECK(mount(dir, dir, "none", MS_BIND, NULL) == 0, "bind: %s",
                 strerror(errno));
     CHILD_CHECK(
-        mount(NULL, dir, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) == 0,
+        mount("none", dir, "none", MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) == 0,
         "remount ro: %s", strerror(errno));
     struct ida_storage s;
     int rv = ida_storage_open(&s, dir, &opts);
