@@ -856,6 +856,73 @@ Test(storage, using_the_environment_after_fork_aborts)
               "the child must abort");
 }
 
+/* mdb_reader_list callback: count the lines naming @ctx's pid. */
+static int count_pid_lines(const char *msg, void *ctx)
+{
+    char pid[32];
+    snprintf(pid, sizeof(pid), " %d ", *(int *)ctx);
+    if (strstr(msg, pid) != NULL) {
+        (*(int *)((char *)ctx + sizeof(int)))++;
+    }
+    return 0;
+}
+
+Test(storage, stale_reader_of_a_dead_process_is_cleared_at_open)
+{
+    open_ok();
+    append(1, 3, 1);
+    close_st();
+    /* Child A keeps the environment open, so the lock file is not reset
+     * when the next process opens it; child B dies holding a read
+     * transaction, leaving its reader slot behind. */
+    int hold[2], done[2];
+    cr_assert_eq(pipe(hold), 0);
+    cr_assert_eq(pipe(done), 0);
+    fflush(NULL);
+    pid_t a = fork();
+    cr_assert_geq(a, 0);
+    if (a == 0) {
+        close(hold[1]);
+        close(done[0]);
+        struct ida_storage s;
+        int ok = ida_storage_open(&s, dir, &opts) == 0;
+        unsigned char c = (unsigned char)ok;
+        if (write(done[1], &c, 1) != 1 || read(hold[0], &c, 1) < 0) {
+            raise(SIGKILL);
+        }
+        raise(SIGKILL); /* still holding the environment */
+    }
+    close(hold[0]);
+    close(done[1]);
+    unsigned char c = 0;
+    cr_assert_eq(read(done[0], &c, 1), 1);
+    cr_assert_eq(c, 1, "child A opened the storage");
+    pid_t b = fork();
+    cr_assert_geq(b, 0);
+    if (b == 0) {
+        MDB_env *env;
+        MDB_txn *txn;
+        mdb_env_create(&env);
+        mdb_env_set_maxdbs(env, 4);
+        if (mdb_env_open(env, dir, MDB_NOTLS, 0644) == 0 &&
+            mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) == 0) {
+            raise(SIGKILL); /* dies inside the read transaction */
+        }
+        _exit(1);
+    }
+    int status;
+    cr_assert_eq(waitpid(b, &status, 0), b);
+    cr_assert(WIFSIGNALED(status), "child B died holding its reader slot");
+    open_ok();
+    int ctx[2] = {(int)b, 0};
+    mdb_reader_list((MDB_env *)st.env, count_pid_lines, ctx);
+    cr_assert_eq(ctx[1], 0, "the dead reader's slot is gone");
+    close(hold[1]); /* let A go */
+    close(done[0]);
+    cr_assert_eq(waitpid(a, &status, 0), a);
+    expect_entries(1, 3, 1);
+}
+
 /* --- corruption --- */
 
 Test(storage, a_corrupt_entry_is_reported_not_returned)
