@@ -1,0 +1,292 @@
+#include "storage/record.h"
+
+#include <string.h>
+
+#include "ida/assert.h"
+#include "idalloc_errors.h"
+
+/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), byte-wise table. */
+static uint32_t crc_table[256];
+static int crc_table_ready;
+
+static void crc_table_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) {
+            c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        }
+        crc_table[i] = c;
+    }
+    crc_table_ready = 1;
+}
+
+uint32_t ida__crc32c(uint32_t crc, const void *data, size_t len)
+{
+    /* Filling the table twice from two threads writes identical values, but
+     * C11 calls that a race: build it eagerly at load time instead. */
+    IDA_ASSERT(crc_table_ready);
+    const uint8_t *p = data;
+    crc = ~crc;
+    for (size_t i = 0; i < len; i++) {
+        crc = crc_table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+    }
+    return ~crc;
+}
+
+__attribute__((constructor)) static void crc_init_at_load(void)
+{
+    crc_table_init();
+}
+
+void ida__put_be64(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--) {
+        p[i] = (uint8_t)v;
+        v >>= 8;
+    }
+}
+
+void ida__put_be32(uint8_t *p, uint32_t v)
+{
+    for (int i = 3; i >= 0; i--) {
+        p[i] = (uint8_t)v;
+        v >>= 8;
+    }
+}
+
+uint64_t ida__get_be64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+uint32_t ida__get_be32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+/* Seal a record: the last 4 bytes get the CRC of everything before them. */
+static void seal(uint8_t *p, size_t len)
+{
+    ida__put_be32(p + len - 4, ida__crc32c(0, p, len - 4));
+}
+
+/* Check magic and trailing CRC of a sealed record. */
+static int check_sealed(const uint8_t *p, size_t len, const char magic[4])
+{
+    if (len < 8 || memcmp(p, magic, 4) != 0) {
+        return IDA_ECORRUPT;
+    }
+    if (ida__get_be32(p + len - 4) != ida__crc32c(0, p, len - 4)) {
+        return IDA_ECORRUPT;
+    }
+    return 0;
+}
+
+void ida__rec_format_encode(uint8_t out[IDA__REC_FORMAT_BYTES],
+                            uint32_t version)
+{
+    memcpy(out, "IDAF", 4);
+    ida__put_be32(out + 4, version);
+    seal(out, IDA__REC_FORMAT_BYTES);
+}
+
+int ida__rec_format_decode(const uint8_t *p, size_t len, uint32_t *version)
+{
+    if (len != IDA__REC_FORMAT_BYTES || check_sealed(p, len, "IDAF") != 0) {
+        return IDA_ECORRUPT;
+    }
+    *version = ida__get_be32(p + 4);
+    return 0;
+}
+
+size_t ida__rec_identity_encode(uint8_t *out,
+                                ida_node_id node_id,
+                                const char *name,
+                                size_t name_len)
+{
+    IDA_ASSERT(name_len <= UINT16_MAX);
+    memcpy(out, "IDAI", 4);
+    ida__put_be32(out + 4, node_id);
+    out[8] = (uint8_t)(name_len >> 8);
+    out[9] = (uint8_t)name_len;
+    memcpy(out + 10, name, name_len);
+    size_t len = IDA__REC_IDENTITY_FIXED + name_len;
+    seal(out, len);
+    return len;
+}
+
+int ida__rec_identity_decode(const uint8_t *p,
+                             size_t len,
+                             ida_node_id *node_id,
+                             const char **name,
+                             size_t *name_len)
+{
+    if (len < IDA__REC_IDENTITY_FIXED || check_sealed(p, len, "IDAI") != 0) {
+        return IDA_ECORRUPT;
+    }
+    size_t n = ((size_t)p[8] << 8) | p[9];
+    if (len != IDA__REC_IDENTITY_FIXED + n) {
+        return IDA_ECORRUPT;
+    }
+    *node_id = ida__get_be32(p + 4);
+    *name = (const char *)p + 10;
+    *name_len = n;
+    return 0;
+}
+
+void ida__rec_hard_state_encode(uint8_t out[IDA__REC_HARD_STATE_BYTES],
+                                const struct ida_hard_state *hs)
+{
+    memcpy(out, "IDAH", 4);
+    ida__put_be64(out + 4, hs->term);
+    ida__put_be32(out + 12, hs->vote);
+    ida__put_be64(out + 16, hs->commit);
+    seal(out, IDA__REC_HARD_STATE_BYTES);
+}
+
+int ida__rec_hard_state_decode(const uint8_t *p,
+                               size_t len,
+                               struct ida_hard_state *hs)
+{
+    if (len != IDA__REC_HARD_STATE_BYTES || check_sealed(p, len, "IDAH") != 0) {
+        return IDA_ECORRUPT;
+    }
+    hs->term = ida__get_be64(p + 4);
+    hs->vote = ida__get_be32(p + 12);
+    hs->commit = ida__get_be64(p + 16);
+    return 0;
+}
+
+void ida__rec_log_prev_encode(uint8_t out[IDA__REC_LOG_PREV_BYTES],
+                              ida_index index,
+                              ida_term term)
+{
+    memcpy(out, "IDAP", 4);
+    ida__put_be64(out + 4, index);
+    ida__put_be64(out + 12, term);
+    seal(out, IDA__REC_LOG_PREV_BYTES);
+}
+
+int ida__rec_log_prev_decode(const uint8_t *p,
+                             size_t len,
+                             ida_index *index,
+                             ida_term *term)
+{
+    if (len != IDA__REC_LOG_PREV_BYTES || check_sealed(p, len, "IDAP") != 0) {
+        return IDA_ECORRUPT;
+    }
+    *index = ida__get_be64(p + 4);
+    *term = ida__get_be64(p + 12);
+    return 0;
+}
+
+size_t ida__rec_snapshot_encode(uint8_t *out, const struct ida__rec_snapshot *r)
+{
+    memcpy(out, "IDAS", 4);
+    ida__put_be64(out + 4, r->id);
+    ida__put_be64(out + 12, r->index);
+    ida__put_be64(out + 20, r->term);
+    ida__put_be64(out + 28, r->size);
+    ida__put_be32(out + 36, r->data_crc);
+    ida__put_be64(out + 40, r->chunks);
+    ida__put_be32(out + 48, r->config_len);
+    if (r->config_len > 0) {
+        memcpy(out + 52, r->config, r->config_len);
+    }
+    size_t len = IDA__REC_SNAPSHOT_FIXED + r->config_len;
+    seal(out, len);
+    return len;
+}
+
+int ida__rec_snapshot_decode(const uint8_t *p,
+                             size_t len,
+                             struct ida__rec_snapshot *r)
+{
+    if (len < IDA__REC_SNAPSHOT_FIXED || check_sealed(p, len, "IDAS") != 0) {
+        return IDA_ECORRUPT;
+    }
+    uint32_t config_len = ida__get_be32(p + 48);
+    if (len != IDA__REC_SNAPSHOT_FIXED + (size_t)config_len) {
+        return IDA_ECORRUPT;
+    }
+    r->id = ida__get_be64(p + 4);
+    r->index = ida__get_be64(p + 12);
+    r->term = ida__get_be64(p + 20);
+    r->size = ida__get_be64(p + 28);
+    r->data_crc = ida__get_be32(p + 36);
+    r->chunks = ida__get_be64(p + 40);
+    r->config_len = config_len;
+    r->config = p + 52;
+    return 0;
+}
+
+/* CRC of an entry: its index, the first 16 header bytes and the data. */
+static uint32_t entry_crc(ida_index index,
+                          const uint8_t *hdr,
+                          const uint8_t *data,
+                          size_t len)
+{
+    uint8_t key[8];
+    ida__put_be64(key, index);
+    uint32_t crc = ida__crc32c(0, key, 8);
+    crc = ida__crc32c(crc, hdr, 16);
+    return ida__crc32c(crc, data, len);
+}
+
+void ida__rec_entry_header(uint8_t out[IDA__REC_ENTRY_HDR_BYTES],
+                           const struct ida_entry *e)
+{
+    IDA_ASSERT(e->len <= UINT32_MAX);
+    memset(out, 0, IDA__REC_ENTRY_HDR_BYTES);
+    ida__put_be64(out, e->term);
+    out[8] = (uint8_t)e->type;
+    ida__put_be32(out + 12, (uint32_t)e->len);
+    ida__put_be32(out + 16, entry_crc(e->index, out, e->data, e->len));
+}
+
+int ida__rec_entry_decode(const uint8_t *p,
+                          size_t len,
+                          ida_index index,
+                          struct ida_entry *e)
+{
+    if (len < IDA__REC_ENTRY_HDR_BYTES) {
+        return IDA_ECORRUPT;
+    }
+    uint32_t data_len = ida__get_be32(p + 12);
+    if (len != IDA__REC_ENTRY_HDR_BYTES + (size_t)data_len) {
+        return IDA_ECORRUPT;
+    }
+    const uint8_t *data = p + IDA__REC_ENTRY_HDR_BYTES;
+    if (ida__get_be32(p + 16) != entry_crc(index, p, data, data_len)) {
+        return IDA_ECORRUPT;
+    }
+    if (p[8] > IDA_ENTRY_CONFIG) {
+        return IDA_ECORRUPT;
+    }
+    e->term = ida__get_be64(p);
+    e->index = index;
+    e->type = (enum ida_entry_type)p[8];
+    e->data = (uint8_t *)data;
+    e->len = data_len;
+    return 0;
+}
+
+uint32_t ida__rec_chunk_crc(uint64_t id,
+                            uint64_t chunk,
+                            const uint8_t *data,
+                            size_t len)
+{
+    uint8_t key[16];
+    ida__put_be64(key, id);
+    ida__put_be64(key + 8, chunk);
+    return ida__crc32c(ida__crc32c(0, key, 16), data, len);
+}

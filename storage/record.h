@@ -1,0 +1,111 @@
+/* Fixed binary records of storage/ (private to the module and its tests).
+ *
+ * Every integer is big-endian; every record ends (or, for entries and chunks,
+ * starts) with a CRC-32C (Castagnoli) so a torn, stale or foreign value is
+ * detected by its checksum and its exact length, never trusted.
+ *
+ *   format     "IDAF" | u32 version | u32 crc                       12 bytes
+ *   identity   "IDAI" | u32 node_id | u16 name_len | name | u32 crc
+ *   hard_state "IDAH" | u64 term | u32 vote | u64 commit | u32 crc  28 bytes
+ *   log_prev   "IDAP" | u64 index | u64 term | u32 crc              24 bytes
+ *   snapshot   "IDAS" | u64 id | u64 index | u64 term | u64 size
+ *              | u32 data_crc | u64 chunks | u32 config_len | config
+ *              | u32 crc
+ *   entry      u64 term | u8 type | 3 zero bytes | u32 len | u32 crc
+ *              | u32 zero | data                     24-byte header + len
+ *              crc covers the entry's index (the key), term, type, len, data
+ *   chunk      u32 crc | data   crc covers snapshot id, chunk number, data
+ *
+ * The format record is read first, on its own, so a future layout of the
+ * other records can never be misread by this version.
+ */
+#ifndef IDA_STORAGE_RECORD_H
+#define IDA_STORAGE_RECORD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ida/types.h"
+
+#define IDA__REC_FORMAT_BYTES     12
+#define IDA__REC_HARD_STATE_BYTES 28
+#define IDA__REC_LOG_PREV_BYTES   24
+#define IDA__REC_ENTRY_HDR_BYTES  24
+#define IDA__REC_CHUNK_HDR_BYTES  4
+#define IDA__REC_SNAPSHOT_FIXED   (4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 4)
+#define IDA__REC_IDENTITY_FIXED   (4 + 4 + 2 + 4)
+
+uint32_t ida__crc32c(uint32_t crc, const void *data, size_t len);
+
+void ida__put_be64(uint8_t *p, uint64_t v);
+void ida__put_be32(uint8_t *p, uint32_t v);
+uint64_t ida__get_be64(const uint8_t *p);
+uint32_t ida__get_be32(const uint8_t *p);
+
+/* Encoders write exactly the sizes above; decoders return 0 or
+ * IDA_ECORRUPT (wrong length, magic or checksum). */
+void ida__rec_format_encode(uint8_t out[IDA__REC_FORMAT_BYTES],
+                            uint32_t version);
+int ida__rec_format_decode(const uint8_t *p, size_t len, uint32_t *version);
+
+/* @out must hold IDA__REC_IDENTITY_FIXED + @name_len bytes. */
+size_t ida__rec_identity_encode(uint8_t *out,
+                                ida_node_id node_id,
+                                const char *name,
+                                size_t name_len);
+/* *name points into @p (not NUL-terminated). */
+int ida__rec_identity_decode(const uint8_t *p,
+                             size_t len,
+                             ida_node_id *node_id,
+                             const char **name,
+                             size_t *name_len);
+
+void ida__rec_hard_state_encode(uint8_t out[IDA__REC_HARD_STATE_BYTES],
+                                const struct ida_hard_state *hs);
+int ida__rec_hard_state_decode(const uint8_t *p,
+                               size_t len,
+                               struct ida_hard_state *hs);
+
+void ida__rec_log_prev_encode(uint8_t out[IDA__REC_LOG_PREV_BYTES],
+                              ida_index index,
+                              ida_term term);
+int ida__rec_log_prev_decode(const uint8_t *p,
+                             size_t len,
+                             ida_index *index,
+                             ida_term *term);
+
+struct ida__rec_snapshot
+{
+    uint64_t id;
+    ida_index index;
+    ida_term term;
+    uint64_t size;
+    uint32_t data_crc;
+    uint64_t chunks;
+    const uint8_t *config; /* borrowed */
+    uint32_t config_len;
+};
+/* @out must hold IDA__REC_SNAPSHOT_FIXED + config_len bytes. */
+size_t ida__rec_snapshot_encode(uint8_t *out,
+                                const struct ida__rec_snapshot *r);
+/* r->config points into @p. */
+int ida__rec_snapshot_decode(const uint8_t *p,
+                             size_t len,
+                             struct ida__rec_snapshot *r);
+
+/* Entry: header only (data follows it in the same value). */
+void ida__rec_entry_header(uint8_t out[IDA__REC_ENTRY_HDR_BYTES],
+                           const struct ida_entry *e);
+/* Check a stored value for entry @index; fills @e with data pointing into
+ * @p. */
+int ida__rec_entry_decode(const uint8_t *p,
+                          size_t len,
+                          ida_index index,
+                          struct ida_entry *e);
+
+uint32_t ida__rec_chunk_crc(uint64_t id,
+                            uint64_t chunk,
+                            const uint8_t *data,
+                            size_t len);
+
+#endif /* IDA_STORAGE_RECORD_H */

@@ -1,0 +1,391 @@
+/* Storage: everything a node must not forget, in one LMDB environment.
+ *
+ * DESIGN
+ *
+ * One environment per node, in its own directory (data_dir/nodeN), holding
+ * three named databases:
+ *
+ *   meta  "format"     format version of the directory
+ *         "identity"   cluster name and node id, written on first start
+ *         "hard_state" term, vote, commit (struct ida_hard_state)
+ *         "log_prev"   index and term of the entry just before the first one
+ *                      kept (both 0 until the log is first compacted)
+ *         "snapshot"   the latest durable snapshot's meta (absent: none)
+ *   log   key: index, 8 bytes big-endian (byte order = numeric order);
+ *         value: a 24-byte header (term, type, length, CRC-32C) + the data
+ *   snap  key: snapshot id and chunk number, 8 + 8 bytes big-endian;
+ *         value: CRC-32C + at most IDA_STORAGE_CHUNK_BYTES of state bytes
+ *
+ * Every record is a fixed binary layout with explicit big-endian integers and
+ * a CRC-32C (storage/record.h): the records are tiny, so a hand-written
+ * layout is simpler to check than protobuf and a torn or foreign value is
+ * caught by its checksum and exact length.
+ *
+ * Group commit: a batch (truncate a suffix, append entries, set the hard
+ * state) is recorded in a caller-owned struct ida_storage_batch and then
+ * executed by ida_storage_batch_commit() as ONE write transaction with ONE
+ * durable commit (LMDB's default: the data pages and the meta page are both
+ * fdatasync'ed before mdb_txn_commit() returns). The environment is opened
+ * without MDB_NOSYNC, MDB_NOMETASYNC or MDB_WRITEMAP. The only flag used is
+ * MDB_NOTLS, which ties a read transaction's reader slot to the transaction
+ * instead of the thread: our read transactions never outlive one call, and
+ * the node's worker threads may come and go, so slots are released at once.
+ * It does not touch durability.
+ *
+ * Because a batch is only executed at commit time, a commit that hits
+ * MDB_MAP_FULL is aborted (nothing written), the map is doubled (up to
+ * map_size_max_bytes) and the whole batch is replayed. At the maximum the
+ * commit fails with IDA_ENOSPC and nothing of the batch is stored; this is not
+ * sticky (compaction frees pages). Any other failure of a commit (I/O error,
+ * disk full while writing, failed fsync) makes the storage sticky-failed:
+ * every later write answers the same code, because after a failed fsync the
+ * state of the file is unknown and must not be acknowledged. The node must
+ * stop acknowledging writes and restart.
+ *
+ * THREADING
+ *
+ * The thread that opened the storage - or the one storage-processor thread
+ * that owns it afterwards - is the only one to call the "owner" functions
+ * below (batches, snapshot writing, compaction, close); they are never called
+ * concurrently. Write transactions live inside one owner call, so the owner
+ * may migrate between threads between calls. The "any thread" functions
+ * (reading entries, terms, log bounds, hard state, snapshot meta and chunks)
+ * may be called from any thread concurrently with the owner: each opens and
+ * closes its own read transaction within the call. A read-write lock inside
+ * guards map growth, which LMDB allows only with no transaction active in the
+ * process: readers hold it shared for the length of one read transaction, the
+ * owner takes it exclusive only while resizing.
+ *
+ * No transaction is ever held across a call, so none is held across network
+ * I/O. The environment must not cross fork(): every call asserts it runs in
+ * the process that opened it. A directory may be open only once per process
+ * (LMDB's locks are per process; a second open is refused).
+ */
+#ifndef IDA_STORAGE_H
+#define IDA_STORAGE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ida/types.h"
+
+/* The on-disk format this code writes and reads. */
+#define IDA_STORAGE_FORMAT_VERSION 1
+/* Snapshot state bytes are stored in values of at most this size. */
+#define IDA_STORAGE_CHUNK_BYTES (64u * 1024u)
+/* Largest entry data accepted (the peer frame maximum). */
+#define IDA_STORAGE_ENTRY_BYTES_MAX (64u << 20)
+/* Append calls one batch may hold. */
+#define IDA_STORAGE_BATCH_SPANS_MAX 16
+/* Largest opaque cluster configuration in a snapshot meta. */
+#define IDA_STORAGE_CONFIG_BYTES_MAX (1u << 20)
+#define IDA_STORAGE_ERRMSG_MAX       512
+#define IDA_STORAGE_CLUSTER_MAX      64
+
+#define IDA_STORAGE_MAP_SIZE_DEFAULT     (64ull << 20)
+#define IDA_STORAGE_MAP_SIZE_MAX_DEFAULT (64ull << 30)
+
+struct ida_storage_opts
+{
+    const char *cluster;         /* 1..IDA_STORAGE_CLUSTER_MAX bytes */
+    ida_node_id node_id;         /* nonzero */
+    uint64_t map_size_bytes;     /* initial map; 0: default (64 MiB) */
+    uint64_t map_size_max_bytes; /* growth limit; 0: default (64 GiB) */
+};
+
+/* Bounds of the log. The log holds entries [first, last]; it is empty when
+ * last == prev_index (then first == last + 1). prev_index/prev_term name the
+ * entry just before first (compacted into a snapshot), 0/0 before any
+ * compaction; last_term is the term of the last entry, or prev_term. */
+struct ida_log_state
+{
+    ida_index first;
+    ida_index last;
+    ida_term last_term;
+    ida_index prev_index;
+    ida_term prev_term;
+};
+
+/* A durable snapshot. @id names this snapshot's chunks (a new snapshot gets a
+ * new id), so chunk reads from other threads can tell when the snapshot they
+ * were reading has been replaced. */
+struct ida_snapshot_meta
+{
+    uint64_t id;
+    ida_index index;
+    ida_term term;
+    uint8_t *config; /* opaque (an encoded idalloc.ClusterConfig) */
+    size_t config_len;
+    uint64_t data_size;
+    uint32_t data_crc32c;
+};
+
+/* A group-commit batch: filled by the owner with the calls below, executed
+ * by ida_storage_batch_commit(). Caller-allocated; contents private. Entry
+ * arrays passed to ida_storage_batch_append() are borrowed until the commit
+ * (or ida_storage_batch_init()) returns. */
+struct ida_storage_batch
+{
+    int has_truncate;
+    ida_index truncate_from;
+    struct
+    {
+        const struct ida_entry *entries;
+        size_t count;
+    } spans[IDA_STORAGE_BATCH_SPANS_MAX];
+    size_t span_count;
+    int has_hard_state;
+    struct ida_hard_state hard_state;
+    /* The log as it will be once the batch is executed. */
+    ida_index last;
+    ida_term last_term;
+};
+
+/* Writes a snapshot's state in chunks (owner only). Private fields. */
+struct ida_snapshot_writer
+{
+    uint64_t id;
+    ida_index index;
+    ida_term term;
+    uint8_t *config;
+    size_t config_len;
+    uint8_t *buf; /* IDA_STORAGE_CHUNK_BYTES: the chunk being filled */
+    size_t buf_len;
+    uint64_t chunk_count; /* chunks stored so far */
+    uint64_t size;        /* bytes written so far */
+    uint32_t crc;         /* CRC-32C of those bytes */
+};
+
+struct ida_storage
+{
+    void *env; /* MDB_env */
+    unsigned dbi_meta, dbi_log, dbi_snap;
+    char *dir;
+    uint64_t dir_dev, dir_ino; /* identify the directory for the registry */
+    long pid;                  /* the process that opened it */
+    uint64_t map_size_bytes;
+    uint64_t map_size_max_bytes;
+    pthread_rwlock_t resize_lock;
+    /* Owner's cache of what is durable; readers use read transactions. */
+    struct ida_log_state log;
+    struct ida_hard_state hard_state;
+    int has_snapshot;
+    uint64_t snapshot_id;
+    ida_index snapshot_index;
+    ida_term snapshot_term;
+    uint64_t next_snapshot_id;
+    int writer_active;
+    int failed;  /* sticky error code, 0 while healthy */
+    int refused; /* code of a check that refused the current write */
+    /* Fault injection for tests (ida__storage_fault_set). */
+    int fault_put_after;
+    int fault_commit_after;
+    int fault_code;
+    char errmsg[IDA_STORAGE_ERRMSG_MAX];
+};
+
+/* --- open and close (owner) --- */
+
+/* Open (creating on first start) the storage in directory @dir. A missing
+ * @dir is created (with its parents). A new environment is created only in
+ * an empty directory; it records @o->cluster, @o->node_id and
+ * IDA_STORAGE_FORMAT_VERSION durably before returning. An existing one must
+ * carry the same cluster and node id and a known format. Stale reader slots
+ * of dead processes are cleared (mdb_reader_check). @o is copied.
+ *
+ * Returns 0 or, with a one-line message naming @dir and the problem in
+ * s->errmsg (the only field valid after a failure; nothing to release):
+ *   IDA_EINVAL   bad options
+ *   IDA_EFOREIGN another cluster or node id, a non-empty directory that
+ *                holds no idalloc storage, a data.mdb that is not LMDB, or
+ *                an LMDB environment of another program (nothing is
+ *                written to any of them)
+ *   IDA_EVERSION a newer or unknown format version
+ *   IDA_ECORRUPT an identity or meta record that fails its checksum
+ *   IDA_EEXIST   @dir is already open in this process
+ *   IDA_EIO      the directory or environment cannot be created or opened
+ *                (read-only file system, permissions...), with the
+ *                system's or LMDB's message
+ *   IDA_ENOSPC   no space to create it
+ *   IDA_ENOMEM */
+int ida_storage_open(struct ida_storage *s,
+                     const char *dir,
+                     const struct ida_storage_opts *o);
+
+/* Close @s (owner; no snapshot writer may be active, no reader may be
+ * running). Everything committed is already durable. */
+void ida_storage_close(struct ida_storage *s);
+
+/* The sticky error code (0 while healthy); s->errmsg says why. */
+int ida_storage_failed(const struct ida_storage *s);
+
+/* Current map size in bytes (owner). */
+uint64_t ida_storage_map_size(const struct ida_storage *s);
+
+/* --- group commit (owner) --- */
+
+/* Start an empty batch against the durable state of @s. */
+void ida_storage_batch_init(struct ida_storage *s, struct ida_storage_batch *b);
+
+/* Remove entries with index >= @from (a conflicting suffix). Must come before
+ * any append of the batch, at most once. @from must be in
+ * [first, last + 1] and above the durable commit index. Returns 0 or
+ * IDA_EINVAL (batch unchanged). */
+int ida_storage_batch_truncate(struct ida_storage *s,
+                               struct ida_storage_batch *b,
+                               ida_index from);
+
+/* Append @count entries. They must continue the log as the batch leaves it:
+ * indexes consecutive from its last + 1, terms nonzero and not below the
+ * last term, known types, data <= IDA_STORAGE_ENTRY_BYTES_MAX. @entries and
+ * their data are borrowed until the commit returns. Returns 0, IDA_EINVAL
+ * (nothing recorded) or IDA_ETOOBIG (more than IDA_STORAGE_BATCH_SPANS_MAX
+ * appends). */
+int ida_storage_batch_append(struct ida_storage *s,
+                             struct ida_storage_batch *b,
+                             const struct ida_entry *entries,
+                             size_t count);
+
+/* Set the hard state (copied). Term never decreases; within a term a vote,
+ * once cast, never changes; commit never decreases. Returns 0 or IDA_EINVAL
+ * (batch unchanged). The commit index is checked against the log at commit. */
+int ida_storage_batch_set_hard_state(struct ida_storage *s,
+                                     struct ida_storage_batch *b,
+                                     const struct ida_hard_state *hs);
+
+/* Execute @b as one write transaction and one durable commit. When it
+ * returns 0 every part of the batch is on disk; on error none is.
+ * Returns 0 or:
+ *   IDA_EINVAL   the hard state's commit is beyond the batch's last index
+ *   IDA_ENOSPC   the map is full at map_size_max_bytes (not sticky), or the
+ *                disk is full (sticky)
+ *   IDA_ETOOBIG  the batch does not fit one transaction (not sticky)
+ *   IDA_ENOMEM   LMDB ran out of memory (not sticky)
+ *   IDA_ECORRUPT a record read during the batch failed its check (sticky)
+ *   IDA_EIO      an I/O error or failed fsync (sticky)
+ *   the sticky code, once failed.
+ * A batch that would change nothing (no truncate, no entries, no hard state
+ * or the durable one) costs no transaction and returns 0 (or the sticky
+ * code). */
+int ida_storage_batch_commit(struct ida_storage *s,
+                             struct ida_storage_batch *b);
+
+/* --- compaction (owner) --- */
+
+/* Delete the entries with index <= @upto, keeping the term of @upto as
+ * prev_term. Only a prefix covered by the durable snapshot may go: @upto
+ * must be <= the snapshot's index. If @upto is the snapshot's index and the
+ * log holds no entry there with the snapshot's term, the whole log is
+ * discarded and prev becomes the snapshot's (index, term) (Raft Figure 13,
+ * InstallSnapshot step 7). @upto below first is a no-op. One durable commit.
+ * Returns 0, IDA_EINVAL (no snapshot, or @upto beyond it), or a commit
+ * error as ida_storage_batch_commit(). */
+int ida_storage_compact(struct ida_storage *s, ida_index upto);
+
+/* --- reads (any thread) --- */
+
+/* These never write s->errmsg (other threads use it): a corrupt record is
+ * reported with a log line naming it, and the code says what kind. */
+
+/* The log's bounds, as of one consistent read. Returns 0 or IDA_EIO. */
+int ida_storage_log_state(struct ida_storage *s, struct ida_log_state *out);
+
+/* The durable hard state ({0, 0, 0} on a new node). Returns 0, IDA_ECORRUPT
+ * or IDA_EIO. */
+int ida_storage_hard_state(struct ida_storage *s, struct ida_hard_state *out);
+
+/* The term of entry @index; for index == prev_index, prev_term (0 for 0).
+ * Returns 0, IDA_ENOTFOUND (compacted or beyond the last entry),
+ * IDA_ECORRUPT or IDA_EIO. */
+int ida_storage_term_at(struct ida_storage *s, ida_index index, ida_term *out);
+
+/* Read entries [@lo, @hi) (@lo < @hi), stopping early once their data adds
+ * up to more than @max_bytes (at least one entry is returned; 0: no limit).
+ * On success *out is one ida_malloc'd block holding the array and all data,
+ * owned by the caller (ida_free(*out)), and *count >= 1.
+ * Returns 0, IDA_EINVAL (@lo >= @hi or @lo == 0), IDA_ENOTFOUND (@lo below
+ * first: compacted; or @hi beyond last + 1), IDA_ECORRUPT (a record fails its
+ * checksum or has the wrong size; the message names the index), IDA_ENOMEM,
+ * IDA_EIO. */
+int ida_storage_entries(struct ida_storage *s,
+                        ida_index lo,
+                        ida_index hi,
+                        size_t max_bytes,
+                        struct ida_entry **out,
+                        size_t *count);
+
+/* The latest durable snapshot's meta. out->config is ida_malloc'd and owned
+ * by the caller (release with ida_snapshot_meta_release()). Returns 0,
+ * IDA_ENOTFOUND (no snapshot yet), IDA_ECORRUPT, IDA_ENOMEM, IDA_EIO. */
+int ida_storage_snapshot_meta(struct ida_storage *s,
+                              struct ida_snapshot_meta *out);
+void ida_snapshot_meta_release(struct ida_snapshot_meta *m);
+
+/* Copy up to @len bytes of snapshot @id's state from byte @offset into @buf;
+ * *n gets the count (0 at the end). Returns 0, IDA_ENOTFOUND (@id is no
+ * longer the current snapshot), IDA_EINVAL (@offset beyond the size),
+ * IDA_ECORRUPT (a chunk fails its checksum), IDA_EIO. */
+int ida_storage_snapshot_read(struct ida_storage *s,
+                              uint64_t id,
+                              uint64_t offset,
+                              uint8_t *buf,
+                              size_t len,
+                              size_t *n);
+
+/* Load the whole latest snapshot: meta and state bytes, the latter checked
+ * against the meta's size and CRC. *data (ida_malloc'd, may be NULL when
+ * the size is 0) and out->config are owned by the caller. Returns 0,
+ * IDA_ENOTFOUND, IDA_ECORRUPT, IDA_ENOMEM, IDA_EIO. */
+int ida_storage_snapshot_load(struct ida_storage *s,
+                              struct ida_snapshot_meta *out,
+                              uint8_t **data);
+
+/* --- snapshot writing (owner) --- */
+
+/* Start writing a snapshot of the state at (@index, @term) with the cluster
+ * configuration @config (@config_len bytes, copied). At most one writer at a
+ * time. @index must not be below the current snapshot's index. Returns 0,
+ * IDA_EINVAL, IDA_EBUSY (a writer is active), IDA_ETOOBIG (config too large),
+ * IDA_ENOMEM, or the sticky code. */
+int ida_storage_snapshot_begin(struct ida_storage *s,
+                               struct ida_snapshot_writer *w,
+                               ida_index index,
+                               ida_term term,
+                               const uint8_t *config,
+                               size_t config_len);
+
+/* Append @len bytes of state. Full chunks are stored as they fill (one write
+ * transaction per call that fills any); they stay invisible until
+ * ida_storage_snapshot_finish(). Returns 0 or a commit error (the writer
+ * must then be aborted). */
+int ida_storage_snapshot_write(struct ida_storage *s,
+                               struct ida_snapshot_writer *w,
+                               const uint8_t *data,
+                               size_t len);
+
+/* Store the last chunk and make the snapshot the current one, durably, in one
+ * commit that also deletes the previous snapshot's chunks. The log is not
+ * touched: call ida_storage_compact() afterwards (it can only remove what a
+ * durable snapshot covers). The writer is released on success and on error.
+ * Returns 0 or a commit error. */
+int ida_storage_snapshot_finish(struct ida_storage *s,
+                                struct ida_snapshot_writer *w);
+
+/* Drop an unfinished snapshot: its stored chunks are deleted (best effort;
+ * leftovers are collected at the next open) and the writer released. */
+void ida_storage_snapshot_abort(struct ida_storage *s,
+                                struct ida_snapshot_writer *w);
+
+/* --- test hooks --- */
+
+/* Make the (@put_after+1)-th LMDB put and/or the (@commit_after+1)-th commit
+ * from now fail with @code as if LMDB had returned it (-1: never). A failed
+ * put aborts the transaction; a failed commit aborts it too (nothing is
+ * written) and is treated like a real commit failure. Tests only. */
+void ida__storage_fault_set(struct ida_storage *s,
+                            int put_after,
+                            int commit_after,
+                            int code);
+
+#endif /* IDA_STORAGE_H */

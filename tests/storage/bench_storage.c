@@ -1,0 +1,229 @@
+/* bench_storage: entries persisted per second by storage/ at batch sizes 1,
+ * 16 and 256 (100-byte entries, each batch also sets the hard state, as a
+ * Raft Ready does), side by side with the raw fdatasync rate of the same
+ * directory measured in the same run.
+ *
+ * The physical limit of a durable batch is one fdatasync, so the ratio
+ * printed is commits/s divided by raw fdatasyncs/s (= entries/s divided by
+ * raw rate x batch size). LMDB's durable commit syncs twice (the data pages,
+ * then the meta page that makes them visible), so about 0.5 is expected.
+ *
+ * Environment: BENCH_SECONDS (default 3) of storage time per batch size,
+ * run as 0.5 s slices interleaved with 0.25 s raw slices; TMPDIR picks the
+ * file system (default /tmp). statfs() and its magic numbers are Linux
+ * specific, hence _GNU_SOURCE. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "storage/storage.h"
+#include "tests/storage/helpers.h"
+
+#define ENTRY_BYTES 100
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static const char *fs_name(const char *path)
+{
+    struct statfs sf;
+    if (statfs(path, &sf) != 0) {
+        return "unknown";
+    }
+    switch ((unsigned long)sf.f_type) {
+        case 0xEF53:
+            return "ext2/3/4";
+        case 0x01021994:
+            return "tmpfs (fdatasync is a no-op: figures are not disk figures)";
+        case 0x58465342:
+            return "xfs";
+        case 0x9123683E:
+            return "btrfs";
+        case 0x794C7630:
+            return "overlayfs";
+        default:
+            return "other";
+    }
+}
+
+/* Appends of 128 bytes, each followed by fdatasync, for @secs. */
+static double raw_fdatasync_rate(const char *dir, double secs)
+{
+    char path[400];
+    snprintf(path, sizeof(path), "%s/raw", dir);
+    int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (fd < 0) {
+        perror("open");
+        exit(1);
+    }
+    char buf[128];
+    memset(buf, 'x', sizeof(buf));
+    long n = 0;
+    double t0 = now_s(), t;
+    do {
+        if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf) ||
+            fdatasync(fd) != 0) {
+            perror("write/fdatasync");
+            exit(1);
+        }
+        n++;
+        t = now_s();
+    } while (t - t0 < secs);
+    close(fd);
+    unlink(path);
+    return (double)n / (t - t0);
+}
+
+struct run
+{
+    size_t batch;
+    struct ida_storage s;
+    struct ida_entry *es;
+    uint8_t *data;
+    ida_index next;
+    double entries, commits, seconds; /* summed over slices */
+    double ratios[64];                /* commits/s over raw/s, per slice */
+};
+
+static void run_open(struct run *r, const char *base, size_t batch)
+{
+    char dir[400];
+    snprintf(dir, sizeof(dir), "%s/node-b%zu", base, batch);
+    struct ida_storage_opts o = {.cluster = "bench", .node_id = 1};
+    memset(r, 0, sizeof(*r));
+    r->batch = batch;
+    r->next = 1;
+    if (ida_storage_open(&r->s, dir, &o) != 0) {
+        fprintf(stderr, "bench: %s\n", r->s.errmsg);
+        exit(1);
+    }
+    r->es = ida_malloc(batch * sizeof(*r->es));
+    r->data = ida_malloc(batch * ENTRY_BYTES);
+    memset(r->data, 0xab, batch * ENTRY_BYTES);
+}
+
+/* Batches of r->batch entries (plus a hard state) for @secs; returns the
+ * commits per second of this slice. */
+static double run_slice(struct run *r, double secs)
+{
+    long commits = 0;
+    ida_index first = r->next;
+    double t0 = now_s(), t;
+    do {
+        for (size_t i = 0; i < r->batch; i++) {
+            r->es[i] = (struct ida_entry){.term = 1,
+                                          .index = r->next + i,
+                                          .type = IDA_ENTRY_NORMAL,
+                                          .data = r->data + i * ENTRY_BYTES,
+                                          .len = ENTRY_BYTES};
+        }
+        struct ida_storage_batch b;
+        ida_storage_batch_init(&r->s, &b);
+        struct ida_hard_state hs = {1, 1, r->next};
+        int rv = ida_storage_batch_append(&r->s, &b, r->es, r->batch);
+        if (rv == 0) {
+            rv = ida_storage_batch_set_hard_state(&r->s, &b, &hs);
+        }
+        if (rv == 0) {
+            rv = ida_storage_batch_commit(&r->s, &b);
+        }
+        if (rv != 0) {
+            fprintf(stderr, "bench: %s\n", r->s.errmsg);
+            exit(1);
+        }
+        r->next += r->batch;
+        commits++;
+        t = now_s();
+    } while (t - t0 < secs);
+    r->entries += (double)(r->next - first);
+    r->commits += (double)commits;
+    r->seconds += t - t0;
+    return (double)commits / (t - t0);
+}
+
+static void run_close(struct run *r)
+{
+    ida_storage_close(&r->s);
+    ida_free(r->es);
+    ida_free(r->data);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(void)
+{
+    const char *env = getenv("BENCH_SECONDS");
+    double secs = env ? atof(env) : 3.0;
+    if (secs <= 0) {
+        secs = 3.0;
+    }
+    /* The disk is shared and its speed drifts: measure in short slices,
+     * each storage slice right after a raw slice, and compare each storage
+     * slice with the raw slice just before it. */
+    int slices = (int)(secs / 0.5);
+    if (slices < 1) {
+        slices = 1;
+    }
+    if (slices > 64) {
+        slices = 64;
+    }
+    char base[256];
+    if (ida_test_tmpdir(base, sizeof(base), "bench") != 0) {
+        perror("mkdtemp");
+        return 1;
+    }
+    printf(
+        "storage bench: %s (%s), %d-byte entries, %d slices of 0.5 s "
+        "per figure\n",
+        base, fs_name(base), ENTRY_BYTES, slices);
+    const size_t sizes[] = {1, 16, 256};
+    struct run *runs = ida_calloc(3, sizeof(*runs));
+    for (size_t i = 0; i < 3; i++) {
+        run_open(&runs[i], base, sizes[i]);
+    }
+    double raw_sum = 0, raw_rates[3 * 64];
+    int raw_count = 0;
+    for (int k = 0; k < slices; k++) {
+        for (size_t i = 0; i < 3; i++) {
+            double raw = raw_fdatasync_rate(base, 0.25);
+            raw_sum += raw;
+            raw_rates[raw_count++] = raw;
+            runs[i].ratios[k] = run_slice(&runs[i], 0.5) / raw;
+        }
+    }
+    qsort(raw_rates, (size_t)raw_count, sizeof(double), cmp_double);
+    printf(
+        "raw fdatasync (128-byte append + fdatasync): mean %.0f/s, median "
+        "%.0f/s, min %.0f/s, max %.0f/s\n",
+        raw_sum / raw_count, raw_rates[raw_count / 2], raw_rates[0],
+        raw_rates[raw_count - 1]);
+    for (size_t i = 0; i < 3; i++) {
+        struct run *r = &runs[i];
+        qsort(r->ratios, (size_t)slices, sizeof(double), cmp_double);
+        printf(
+            "batch=%-4zu entries/s=%-9.0f commits/s=%-7.0f "
+            "ratio(commits/s / raw fdatasync/s): median %.2f "
+            "[min %.2f, max %.2f]\n",
+            r->batch, r->entries / r->seconds, r->commits / r->seconds,
+            r->ratios[slices / 2], r->ratios[0], r->ratios[slices - 1]);
+        run_close(r);
+    }
+    ida_free(runs);
+    ida_test_rmrf(base);
+    return 0;
+}
