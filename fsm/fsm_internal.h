@@ -268,4 +268,9 @@ void ida__session_touch(struct ida_fsm *f, struct ida__session *s);
 /* The key callback for the sessions table. */
 const uint8_t *ida__session_key(const void *ctx, uint32_t ref, size_t *len);
 
+/* --- snapshots ---------------------------------------------------------- */
+
+/* The hash stored as FsmState.checksum over the @len bytes before it. */
+uint64_t ida__snapshot_checksum(const uint8_t *p, size_t len);
+
 #endif /* IDA_FSM_INTERNAL_H */

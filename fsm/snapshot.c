@@ -13,7 +13,13 @@
  * Writing is two passes: a counting pass sizes the buffer, the second
  * fills it; a nested message is counted before its length is written.
  * Reading validates everything into a fresh ida_fsm and only then swaps it
- * in, so a bad snapshot never leaves a half-loaded state. */
+ * in, so a bad snapshot never leaves a half-loaded state.
+ *
+ * Truncation at a field boundary still parses as protobuf (a shorter list
+ * of pools is a valid message), so the last field is always checksum
+ * (field 7, fixed64): a hash of all bytes before it. A reader requires it
+ * to be the final 9 bytes and to match. Fields are written in number order,
+ * so protobuf-c packing the decoded message gives the same bytes. */
 #include "fsm/fsm.h"
 
 #include <stdlib.h>
@@ -279,6 +285,33 @@ static void enc_state(struct wbuf *w, const void *arg)
     w_u64(w, 6, f->session_clock);
 }
 
+/* A 64-bit hash of @len bytes, the same on every platform (the words are
+ * assembled little-endian). Not cryptographic: it catches damage, not
+ * malice; the storage layer's crc32c guards the file as well. */
+uint64_t ida__snapshot_checksum(const uint8_t *p, size_t len)
+{
+    uint64_t h = UINT64_C(0x6a09e667f3bcc909) ^ (uint64_t)len;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w = 0;
+        for (int b = 7; b >= 0; b--) {
+            w = (w << 8) | p[i + (size_t)b];
+        }
+        h = (h ^ w) * UINT64_C(0x9e3779b97f4a7c15);
+        h ^= h >> 29;
+    }
+    for (; i < len; i++) {
+        h = (h ^ p[i]) * UINT64_C(0x100000001b3);
+    }
+    h ^= h >> 32;
+    h *= UINT64_C(0xd6e8feb86659fd93);
+    h ^= h >> 32;
+    return h;
+}
+
+#define CHECKSUM_KEY   ((7u << 3) | WT_I64)
+#define CHECKSUM_BYTES 9
+
 int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len)
 {
     int rv = IDA_ENOMEM;
@@ -313,13 +346,18 @@ int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len)
     struct state_arg a = {f, orders, sess};
     struct wbuf w = {NULL, 0};
     enc_state(&w, &a);
-    size_t total = w.len;
-    w.p = ida_malloc(total + 1);
+    size_t total = w.len + CHECKSUM_BYTES;
+    w.p = ida_malloc(total);
     if (w.p == NULL) {
         goto err_after_arrays;
     }
     w.len = 0;
     enc_state(&w, &a);
+    uint64_t sum = ida__snapshot_checksum(w.p, w.len);
+    w.p[w.len++] = CHECKSUM_KEY;
+    for (int b = 0; b < 8; b++) {
+        w.p[w.len++] = (uint8_t)(sum >> (8 * b));
+    }
     IDA_ASSERT(w.len == total);
     *data = w.p;
     *len = total;
@@ -949,8 +987,17 @@ int ida_fsm_restore(struct ida_fsm *f, const uint8_t *data, size_t len)
     if (rv != 0) {
         return rv;
     }
-    struct rbuf r = {data, data + len};
-    rv = dec_state(n, r);
+    rv = CORRUPT;
+    if (len >= CHECKSUM_BYTES && data[len - CHECKSUM_BYTES] == CHECKSUM_KEY) {
+        uint64_t sum = 0;
+        for (int b = 7; b >= 0; b--) {
+            sum = (sum << 8) | data[len - 8 + (size_t)b];
+        }
+        if (sum == ida__snapshot_checksum(data, len - CHECKSUM_BYTES)) {
+            struct rbuf r = {data, data + len - CHECKSUM_BYTES};
+            rv = dec_state(n, r);
+        }
+    }
     if (rv != 0) {
         ida_fsm_free(n);
         return rv;
