@@ -184,3 +184,13 @@ uint8_t *fx_forge(const Idalloc__FsmState *m, size_t *len)
     *len = n + 9;
     return buf;
 }
+
+bool fx_result_eq(const struct ida_fsm_result *a,
+                  const struct ida_fsm_result *b)
+{
+    return a->error == b->error && strcmp(a->error_msg, b->error_msg) == 0 &&
+           a->op == b->op && a->flag == b->flag &&
+           a->prefix_len == b->prefix_len &&
+           memcmp(a->prefix, b->prefix, a->prefix_len) == 0 &&
+           a->id == b->id && a->count == b->count;
+}

@@ -2,6 +2,7 @@
 #ifndef IDA_TEST_FSM_HELPERS_H
 #define IDA_TEST_FSM_HELPERS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -74,6 +75,10 @@ struct ida_fsm_result fx_one(struct ida_fsm *f, const struct fx_batch *b);
 
 /* Snapshot of @f (malloc'd via ida_malloc; release with ida_free). */
 uint8_t *fx_snapshot(const struct ida_fsm *f, size_t *len);
+
+/* Field by field (structs have padding): true when equal. */
+bool fx_result_eq(const struct ida_fsm_result *a,
+                  const struct ida_fsm_result *b);
 
 /* Pack @m (checksum field ignored) as a snapshot with a valid checksum, the
  * way a foreign but correct writer would. malloc'd; free with free(). */

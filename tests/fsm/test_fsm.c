@@ -503,8 +503,8 @@ Test(fsm, retry_returns_first_answer_and_does_not_act)
     for (int i = 0; i < 4; i++) {
         const struct ida_fsm_reply *r = &out.replies[3 - i];
         cr_assert(r->cached);
-        cr_assert_eq(memcmp(&r->result, &first[i].result, sizeof(r->result)),
-                     0, "command %d: same answer", i);
+        cr_assert(fx_result_eq(&r->result, &first[i].result),
+                  "command %d: same answer", i);
         cr_assert_eq(r->request_seq, first[i].request_seq);
     }
     /* Nothing acted twice: the tag is still free, the next block follows
@@ -537,7 +537,7 @@ Test(fsm, retry_after_snapshot_restore)
     ida_free(snap);
     fx_apply(g, &b, &out);
     cr_assert(out.replies[0].cached);
-    cr_assert_eq(memcmp(&out.replies[0].result, &first, sizeof(first)), 0);
+    cr_assert(fx_result_eq(&out.replies[0].result, &first));
     ida_fsm_free(g);
 }
 
