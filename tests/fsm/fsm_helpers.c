@@ -1,12 +1,23 @@
 /* Test support for fsm/ (linked into every binary of tests/fsm/). */
 #include "tests/fsm/fsm_helpers.h"
 
-#include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fsm/fsm_internal.h"
 #include "ida/heap.h"
+
+/* Support code is linked into the benchmark too, which has no Criterion:
+ * a failed check prints and aborts (a crash fails the Criterion test). */
+#define FX_CHECK(cond)                                                  \
+    do {                                                                \
+        if (!(cond)) {                                                  \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__,     \
+                    __LINE__, #cond);                                   \
+            abort();                                                    \
+        }                                                               \
+    } while (0)
 
 void fx_client_id(uint64_t client, uint8_t out[IDA_CLIENT_ID_BYTES])
 {
@@ -24,7 +35,7 @@ void fx_batch_init(struct fx_batch *b, uint64_t timestamp_ms)
 
 static Idalloc__Command *add(struct fx_batch *b, uint64_t client, uint64_t seq)
 {
-    cr_assert_lt(b->n, FX_BATCH_MAX);
+    FX_CHECK(b->n < FX_BATCH_MAX);
     size_t i = b->n++;
     Idalloc__Command *c = &b->cmd[i];
     idalloc__command__init(c);
@@ -38,7 +49,7 @@ static Idalloc__Command *add(struct fx_batch *b, uint64_t client, uint64_t seq)
 
 static char *keep(char (*dst)[FX_STR_MAX], size_t i, const char *s)
 {
-    cr_assert_lt(strlen(s), FX_STR_MAX);
+    FX_CHECK(strlen(s) < FX_STR_MAX);
     strcpy(dst[i], s);
     return dst[i];
 }
@@ -132,8 +143,8 @@ uint8_t *fx_batch_pack(const struct fx_batch *b, size_t *len)
     m.commands = (Idalloc__Command **)b->ptr;
     *len = idalloc__command_batch__get_packed_size(&m);
     uint8_t *buf = malloc(*len + 1);
-    cr_assert_not_null(buf);
-    cr_assert_eq(idalloc__command_batch__pack(&m, buf), *len);
+    FX_CHECK(buf != NULL);
+    FX_CHECK(idalloc__command_batch__pack(&m, buf) == *len);
     return buf;
 }
 
@@ -146,16 +157,16 @@ void fx_apply(struct ida_fsm *f,
     ida_index next = ida_fsm_applied_index(f) + 1;
     int rv = ida_fsm_apply(f, next, IDA_ENTRY_NORMAL, buf, len, out);
     free(buf);
-    cr_assert_eq(rv, 0, "apply: %d", rv);
-    cr_assert_eq(out->entry_error, 0);
-    cr_assert_eq(out->count, b->n);
-    cr_assert_eq(ida_fsm_applied_index(f), next);
+    FX_CHECK(rv == 0);
+    FX_CHECK(out->entry_error == 0);
+    FX_CHECK(out->count == b->n);
+    FX_CHECK(ida_fsm_applied_index(f) == next);
 }
 
 struct ida_fsm_result fx_one(struct ida_fsm *f, const struct fx_batch *b)
 {
     struct ida_fsm_applied out;
-    cr_assert_eq(b->n, 1);
+    FX_CHECK(b->n == 1);
     fx_apply(f, b, &out);
     return out.replies[0].result;
 }
@@ -163,8 +174,8 @@ struct ida_fsm_result fx_one(struct ida_fsm *f, const struct fx_batch *b)
 uint8_t *fx_snapshot(const struct ida_fsm *f, size_t *len)
 {
     uint8_t *data = NULL;
-    cr_assert_eq(ida_fsm_snapshot(f, &data, len), 0);
-    cr_assert_not_null(data);
+    FX_CHECK(ida_fsm_snapshot(f, &data, len) == 0);
+    FX_CHECK(data != NULL);
     return data;
 }
 
@@ -174,8 +185,8 @@ uint8_t *fx_forge(const Idalloc__FsmState *m, size_t *len)
     c.checksum = 0; /* proto3: a zero fixed64 is not written */
     size_t n = idalloc__fsm_state__get_packed_size(&c);
     uint8_t *buf = malloc(n + 9);
-    cr_assert_not_null(buf);
-    cr_assert_eq(idalloc__fsm_state__pack(&c, buf), n);
+    FX_CHECK(buf != NULL);
+    FX_CHECK(idalloc__fsm_state__pack(&c, buf) == n);
     uint64_t sum = ida__snapshot_checksum(buf, n);
     buf[n] = (7 << 3) | 1;
     for (int i = 0; i < 8; i++) {
