@@ -282,19 +282,22 @@ static const struct ida__cached *session_lookup(const struct ida__session *s,
     return NULL;
 }
 
-/* Keep @r for @seq (absent), dropping the lowest seq when full. */
+/* Keep @r for @seq (absent). When full, the lowest seq of the kept ones
+ * and @seq is dropped and remembered in evicted_below. Results are kept in
+ * no particular order (snapshots sort them): no shifting on the hot path. */
 static void session_keep(struct ida__session *s,
                          uint64_t seq,
                          const struct ida_fsm_result *r)
 {
+    uint32_t slot = s->n;
     if (s->n == IDA_SESSION_RESULTS_MAX) {
-        uint64_t lowest = s->results[0].seq;
-        if (lowest > s->evicted_below) {
-            s->evicted_below = lowest;
+        slot = 0;
+        for (uint32_t i = 1; i < s->n; i++) {
+            if (s->results[i].seq < s->results[slot].seq) {
+                slot = i;
+            }
         }
-        memmove(&s->results[0], &s->results[1],
-                (s->n - 1) * sizeof(s->results[0]));
-        s->n--;
+        uint64_t lowest = s->results[slot].seq;
         if (seq < lowest) {
             /* Older than everything kept: dropped at once. */
             if (seq > s->evicted_below) {
@@ -302,15 +305,14 @@ static void session_keep(struct ida__session *s,
             }
             return;
         }
+        if (lowest > s->evicted_below) {
+            s->evicted_below = lowest;
+        }
+    } else {
+        s->n++;
     }
-    uint32_t i = s->n;
-    while (i > 0 && s->results[i - 1].seq > seq) {
-        s->results[i] = s->results[i - 1];
-        i--;
-    }
-    s->results[i].seq = seq;
-    s->results[i].result = *r;
-    s->n++;
+    s->results[slot].seq = seq;
+    s->results[slot].result = *r;
 }
 
 /* --- lifetime ----------------------------------------------------------------- */

@@ -9,9 +9,10 @@
  *   - a counting tree over chunks (an implicit binary tree of uint32
  *     counts, seed 002's counting interval tree with its leaves compressed
  *     into the chunk bitmaps) finds the lowest free id in O(log n);
- *   - the tag -> id index is an open-addressing table of 32-bit ids (no
- *     pointers, no hash stored): the key is read back through id -> tag.
- * For a 12-byte tag that is ~8 (pointer) + 32 (malloc chunk) + 4..12
+ *   - the tag -> id index is an open-addressing table of 64-bit slots (32
+ *     bits of hash, 32-bit id; no pointers): the key is read back through
+ *     id -> tag only when the hash bits match.
+ * For a 12-byte tag that is ~8 (pointer) + 32 (malloc chunk) + 11..23
  * (table at load 0.35..0.7) bytes per held id. */
 #ifndef IDA_FSM_INTERNAL_H
 #define IDA_FSM_INTERNAL_H
@@ -74,7 +75,7 @@ typedef const uint8_t *(*ida__key_of_fn)(const void *ctx,
 
 struct ida__tagtab
 {
-    uint32_t *slots; /* ref + 1; 0 = empty */
+    uint64_t *slots; /* hash high 32 bits << 32 | ref + 1; 0 = empty */
     uint64_t cap;    /* power of two, or 0 */
     uint64_t used;
     ida__key_of_fn key_of;
@@ -225,7 +226,7 @@ struct ida__session
     struct ida__session *prev, *next; /* LRU list, oldest first */
     uint32_t ref;                     /* index in ida_fsm.sess_refs */
     uint32_t n;
-    struct ida__cached results[IDA_SESSION_RESULTS_MAX]; /* by seq */
+    struct ida__cached results[IDA_SESSION_RESULTS_MAX]; /* any order */
 };
 
 struct ida_fsm

@@ -95,9 +95,31 @@ static void w_msg(struct wbuf *w, uint32_t field, enc_fn fn, const void *arg)
     fn(&count, arg);
     w_key(w, field, WT_LEN);
     w_varint(w, count.len);
+    if (w->p == NULL) {
+        w->len += count.len; /* counting: no need to run @fn again */
+        return;
+    }
     size_t before = w->len;
     fn(w, arg);
     IDA_ASSERT(w->len - before == count.len);
+}
+
+/* A sub-message whose size is known already. */
+static void w_msg_sized(struct wbuf *w,
+                        uint32_t field,
+                        enc_fn fn,
+                        const void *arg,
+                        size_t size)
+{
+    w_key(w, field, WT_LEN);
+    w_varint(w, size);
+    if (w->p == NULL) {
+        w->len += size;
+        return;
+    }
+    size_t before = w->len;
+    fn(w, arg);
+    IDA_ASSERT(w->len - before == size);
 }
 
 /* --- encoders ----------------------------------------------------------------- */
@@ -196,7 +218,50 @@ struct pool_arg
 {
     const struct ida__pool *pool;
     const struct tag_order *order; /* prefix pools only */
+    size_t inner_size; /* size of the kind's sub-message, counted once */
 };
+
+/* The kind's sub-message of @a: field number, encoder and its argument. */
+static void pool_inner(const struct pool_arg *a,
+                       struct prefix_arg *pa,
+                       uint32_t *field,
+                       enc_fn *fn,
+                       const void **arg)
+{
+    const struct ida__pool *p = a->pool;
+    switch (p->kind) {
+        case IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE:
+            *field = 3;
+            *fn = enc_seq;
+            *arg = &p->u.seq_next;
+            break;
+        case IDALLOC__POOL_KIND__POOL_KIND_BOUNDED:
+            *field = 4;
+            *fn = enc_bounded;
+            *arg = &p->u.bounded;
+            break;
+        default:
+            pa->p = &p->u.prefix;
+            pa->order = a->order;
+            *field = 5;
+            *fn = enc_prefix;
+            *arg = pa;
+            break;
+    }
+}
+
+/* Count the kind's sub-message of @a (one pass over its holdings). */
+static size_t pool_inner_size(const struct pool_arg *a)
+{
+    struct prefix_arg pa;
+    uint32_t field;
+    enc_fn fn;
+    const void *arg;
+    pool_inner(a, &pa, &field, &fn, &arg);
+    struct wbuf count = {NULL, 0};
+    fn(&count, arg);
+    return count.len;
+}
 
 static void enc_pool(struct wbuf *w, const void *arg)
 {
@@ -204,19 +269,12 @@ static void enc_pool(struct wbuf *w, const void *arg)
     const struct ida__pool *p = a->pool;
     w_bytes(w, 1, p->name, strlen(p->name));
     w_u64(w, 2, (uint64_t)p->kind);
-    switch (p->kind) {
-        case IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE:
-            w_msg(w, 3, enc_seq, &p->u.seq_next);
-            break;
-        case IDALLOC__POOL_KIND__POOL_KIND_BOUNDED:
-            w_msg(w, 4, enc_bounded, &p->u.bounded);
-            break;
-        default: {
-            struct prefix_arg pa = {&p->u.prefix, a->order};
-            w_msg(w, 5, enc_prefix, &pa);
-            break;
-        }
-    }
+    struct prefix_arg pa;
+    uint32_t field;
+    enc_fn fn;
+    const void *inner;
+    pool_inner(a, &pa, &field, &fn, &inner);
+    w_msg_sized(w, field, fn, inner, a->inner_size);
 }
 
 struct result_arg
@@ -246,8 +304,19 @@ static void enc_session(struct wbuf *w, const void *arg)
     const struct ida__session *s = arg;
     w_bytes(w, 1, s->client_id, IDA_CLIENT_ID_BYTES);
     w_u64(w, 2, s->last_active_ms);
+    /* Kept results are unordered in memory; written by request_seq. */
+    uint32_t order[IDA_SESSION_RESULTS_MAX];
     for (uint32_t i = 0; i < s->n; i++) {
-        struct result_arg a = {s->results[i].seq, &s->results[i].result};
+        uint32_t j = i;
+        while (j > 0 && s->results[order[j - 1]].seq > s->results[i].seq) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    for (uint32_t i = 0; i < s->n; i++) {
+        const struct ida__cached *k = &s->results[order[i]];
+        struct result_arg a = {k->seq, &k->result};
         w_msg(w, 3, enc_result, &a);
     }
     w_u64(w, 4, s->rank);
@@ -264,6 +333,7 @@ static int cmp_session(const void *a, const void *b)
 struct state_arg
 {
     const struct ida_fsm *f;
+    const size_t *inner_sizes;             /* per pool */
     struct tag_order *const *orders;      /* per pool, prefix pools only */
     struct ida__session *const *sessions; /* by client_id */
 };
@@ -274,7 +344,7 @@ static void enc_state(struct wbuf *w, const void *arg)
     const struct ida_fsm *f = a->f;
     w_u64(w, 1, IDA_FSM_STATE_VERSION);
     for (size_t i = 0; i < f->pool_count; i++) {
-        struct pool_arg pa = {f->pools[i], a->orders[i]};
+        struct pool_arg pa = {f->pools[i], a->orders[i], a->inner_sizes[i]};
         w_msg(w, 2, enc_pool, &pa);
     }
     for (size_t i = 0; i < f->session_count; i++) {
@@ -318,7 +388,8 @@ int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len)
     struct tag_order **orders = ida_calloc(f->pool_count + 1, sizeof(*orders));
     struct ida__session **sess =
         ida_malloc((f->session_count + 1) * sizeof(*sess));
-    if (orders == NULL || sess == NULL) {
+    size_t *inner = ida_calloc(f->pool_count + 1, sizeof(*inner));
+    if (orders == NULL || sess == NULL || inner == NULL) {
         goto err_after_arrays;
     }
     for (size_t i = 0; i < f->pool_count; i++) {
@@ -343,7 +414,11 @@ int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len)
     IDA_ASSERT(n == f->session_count);
     qsort(sess, n, sizeof(*sess), cmp_session);
 
-    struct state_arg a = {f, orders, sess};
+    for (size_t i = 0; i < f->pool_count; i++) {
+        struct pool_arg pa = {f->pools[i], orders[i], 0};
+        inner[i] = pool_inner_size(&pa);
+    }
+    struct state_arg a = {f, inner, orders, sess};
     struct wbuf w = {NULL, 0};
     enc_state(&w, &a);
     size_t total = w.len + CHECKSUM_BYTES;
@@ -371,6 +446,7 @@ err_after_arrays:
     }
     ida_free(orders);
     ida_free(sess);
+    ida_free(inner);
     return rv;
 }
 

@@ -569,6 +569,28 @@ Test(fsm, evicted_results_get_esession)
     cr_assert_eq(r.id, total + 1, "no retry acted");
 }
 
+Test(fsm, a_late_lower_seq_is_executed_but_not_kept)
+{
+    assert_ok(create("s", SEQ, 0));
+    struct ida_fsm_applied out;
+    fx_batch_init(&b, now_ms);
+    for (uint64_t s = 100; s < 100 + IDA_SESSION_RESULTS_MAX; s++) {
+        fx_add_reserve(&b, 6, s, "s", 1);
+    }
+    fx_add_reserve(&b, 6, 5, "s", 1); /* lower than all kept, never seen */
+    fx_add_reserve(&b, 6, 5, "s", 1); /* its retry */
+    fx_add_reserve(&b, 6, 100, "s", 1);
+    fx_add_reserve(&b, 6, 4, "s", 1);
+    fx_apply(f, &b, &out);
+    size_t k = IDA_SESSION_RESULTS_MAX;
+    assert_ok(out.replies[k].result);
+    cr_assert_eq(out.replies[k].result.id, k + 1, "it acted");
+    assert_err(out.replies[k + 1].result, IDA_ESESSION);
+    cr_assert(out.replies[k + 2].cached, "seq 100 is still kept");
+    cr_assert_eq(out.replies[k + 2].result.id, 1);
+    assert_err(out.replies[k + 3].result, IDA_ESESSION);
+}
+
 Test(fsm, sessions_expire_by_log_time_only)
 {
     assert_ok(create("s", SEQ, 0)); /* client 1 at now_ms */
