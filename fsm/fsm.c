@@ -46,7 +46,8 @@ static void result_ok(struct ida_fsm_result *r, enum ida_fsm_op op)
     r->op = op;
 }
 
-/* --- validity -------------------------------------------------------------- */
+/* --- validity --------------------------------------------------------------
+ */
 
 static bool name_char_ok(char c)
 {
@@ -89,7 +90,8 @@ bool ida_fsm_tag_valid(const char *tag)
     return check_tag(tag, &len) == R_OK;
 }
 
-/* --- pools -------------------------------------------------------------------- */
+/* --- pools
+ * -------------------------------------------------------------------- */
 
 /* Index of the first pool whose name is >= @name. */
 static size_t pool_lower_bound(const struct ida_fsm *f, const char *name)
@@ -106,8 +108,7 @@ static size_t pool_lower_bound(const struct ida_fsm *f, const char *name)
     return lo;
 }
 
-struct ida__pool *ida__fsm_pool_find(const struct ida_fsm *f,
-                                     const char *name)
+struct ida__pool *ida__fsm_pool_find(const struct ida_fsm *f, const char *name)
 {
     size_t i = pool_lower_bound(f, name);
     if (i < f->pool_count && strcmp(f->pools[i]->name, name) == 0) {
@@ -149,7 +150,8 @@ void ida__pool_free(struct ida__pool *p)
     ida_free(p);
 }
 
-/* --- sessions ------------------------------------------------------------------ */
+/* --- sessions
+ * ------------------------------------------------------------------ */
 
 const uint8_t *ida__session_key(const void *ctx, uint32_t ref, size_t *len)
 {
@@ -209,8 +211,7 @@ static int session_ref_reserve(struct ida_fsm *f)
         return 0;
     }
     uint32_t ncap = f->sess_ref_cap == 0 ? 64 : f->sess_ref_cap * 2;
-    struct ida__session **nr =
-        ida_realloc(f->sess_refs, ncap * sizeof(*nr));
+    struct ida__session **nr = ida_realloc(f->sess_refs, ncap * sizeof(*nr));
     if (nr == NULL) {
         return IDA_ENOMEM;
     }
@@ -233,8 +234,7 @@ struct ida__session *ida__session_add(struct ida_fsm *f,
                                       const uint8_t *client_id)
 {
     IDA_ASSERT(f->session_count < IDA_SESSIONS_MAX);
-    if (session_ref_reserve(f) != 0 ||
-        ida__tagtab_reserve(&f->sessions) != 0) {
+    if (session_ref_reserve(f) != 0 || ida__tagtab_reserve(&f->sessions) != 0) {
         return NULL;
     }
     struct ida__session *s = ida_calloc(1, sizeof(*s));
@@ -315,7 +315,8 @@ static void session_keep(struct ida__session *s,
     s->results[slot].result = *r;
 }
 
-/* --- lifetime ----------------------------------------------------------------- */
+/* --- lifetime
+ * ----------------------------------------------------------------- */
 
 int ida_fsm_new(struct ida_fsm **out)
 {
@@ -369,7 +370,8 @@ size_t ida_fsm_session_count(const struct ida_fsm *f)
     return f->session_count;
 }
 
-/* --- operations ------------------------------------------------------------------- */
+/* --- operations
+ * ------------------------------------------------------------------- */
 
 /* The pool named @name of @kind, or a reason. */
 static int pool_of(struct ida_fsm *f,
@@ -668,8 +670,8 @@ static int apply_batch(struct ida_fsm *f,
     }
     sessions_expire(f);
     for (size_t i = 0; i < b->n_commands; i++) {
-        rv = apply_command(f, b->commands[i], seed_of(index, i),
-                           &f->replies[i]);
+        rv =
+            apply_command(f, b->commands[i], seed_of(index, i), &f->replies[i]);
         if (rv != 0) {
             return rv;
         }
@@ -722,7 +724,8 @@ int ida_fsm_apply(struct ida_fsm *f,
     return 0;
 }
 
-/* --- reads ------------------------------------------------------------------------- */
+/* --- reads
+ * ------------------------------------------------------------------------- */
 
 static int reason_code(int reason)
 {
@@ -793,7 +796,8 @@ int ida_fsm_list(const struct ida_fsm *f,
     return 0;
 }
 
-/* --- protobuf view ------------------------------------------------------------------- */
+/* --- protobuf view
+ * ------------------------------------------------------------------- */
 
 void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
                           struct ida_fsm_result_pb *pb)
@@ -838,8 +842,7 @@ void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
             pb->u.prefix.prefix.data = pb->prefix;
             pb->u.prefix.prefix.len = r->prefix_len;
             pb->u.prefix.existed = r->flag;
-            pb->msg.result_case =
-                IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC;
             pb->msg.prefix_alloc = &pb->u.prefix;
             break;
         default:

@@ -97,9 +97,9 @@
 /* A prefix pool hands out at most this many prefixes. */
 #define IDA_PREFIX_TAGS_MAX UINT64_C(0xFFFFFFFE)
 /* A prefix: length byte + up to 8 value bytes. */
-#define IDA_PREFIX_BYTES_MAX 9
-#define IDA_CLIENT_ID_BYTES  16
-#define IDA_SESSIONS_MAX     65536
+#define IDA_PREFIX_BYTES_MAX    9
+#define IDA_CLIENT_ID_BYTES     16
+#define IDA_SESSIONS_MAX        65536
 #define IDA_SESSION_RESULTS_MAX 16
 #define IDA_SESSION_TTL_MS      (UINT64_C(60) * 60 * 1000)
 /* Commands in one CommandBatch. */

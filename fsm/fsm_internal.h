@@ -25,32 +25,33 @@
 
 /* --- error reasons: one static message per failure ----------------------- */
 
-#define IDA__FSM_REASONS(X)                                                  \
-    X(R_OK, 0, "")                                                           \
-    X(R_NO_OP, IDA_EINVAL, "command has no operation")                      \
-    X(R_CLIENT_ID, IDA_EINVAL, "client_id must be 16 bytes")                \
-    X(R_SEQ_ZERO, IDA_EINVAL, "request_seq must be at least 1")             \
-    X(R_SESSION_GONE, IDA_ESESSION,                                          \
-      "request_seq is older than the results kept for this client")          \
-    X(R_POOL_NAME, IDA_EINVAL, "pool name must be 1-64 chars of A-Za-z0-9._:-") \
-    X(R_NO_POOL, IDA_ENOPOOL, "no pool with this name")                     \
-    X(R_POOL_EXISTS, IDA_EPOOLEXISTS,                                        \
-      "a pool with this name exists with another kind or size")              \
-    X(R_POOLS_MAX, IDA_EEXHAUSTED, "too many pools")                        \
-    X(R_KIND_UNKNOWN, IDA_EINVAL, "unknown pool kind")                      \
-    X(R_SIZE_BOUNDED, IDA_EINVAL, "bounded pool size must be at least 1")   \
-    X(R_SIZE_OTHER, IDA_EINVAL, "only bounded pools take a size")           \
-    X(R_NOT_BOUNDED, IDA_EKIND, "operation needs a bounded pool")           \
-    X(R_NOT_SEQUENCE, IDA_EKIND, "operation needs a sequence pool")         \
-    X(R_NOT_PREFIX, IDA_EKIND, "operation needs a prefix pool")             \
-    X(R_TAG_EMPTY, IDA_EINVAL, "tag must not be empty")                     \
-    X(R_TAG_LONG, IDA_ETOOBIG, "tag longer than 128 bytes")                 \
-    X(R_BOUNDED_FULL, IDA_EEXHAUSTED, "no free id left in the pool")        \
-    X(R_ID_RANGE, IDA_EINVAL, "id is outside the pool")                     \
-    X(R_TAG_MISMATCH, IDA_ETAGMISMATCH, "id is held by another tag")        \
-    X(R_COUNT_ZERO, IDA_EINVAL, "reserve count must be at least 1")         \
-    X(R_COUNT_BIG, IDA_ETOOBIG, "reserve count above 2^24")                 \
-    X(R_SEQ_END, IDA_EEXHAUSTED, "sequence would pass the end of 64 bits")  \
+#define IDA__FSM_REASONS(X)                                                \
+    X(R_OK, 0, "")                                                         \
+    X(R_NO_OP, IDA_EINVAL, "command has no operation")                     \
+    X(R_CLIENT_ID, IDA_EINVAL, "client_id must be 16 bytes")               \
+    X(R_SEQ_ZERO, IDA_EINVAL, "request_seq must be at least 1")            \
+    X(R_SESSION_GONE, IDA_ESESSION,                                        \
+      "request_seq is older than the results kept for this client")        \
+    X(R_POOL_NAME, IDA_EINVAL,                                             \
+      "pool name must be 1-64 chars of A-Za-z0-9._:-")                     \
+    X(R_NO_POOL, IDA_ENOPOOL, "no pool with this name")                    \
+    X(R_POOL_EXISTS, IDA_EPOOLEXISTS,                                      \
+      "a pool with this name exists with another kind or size")            \
+    X(R_POOLS_MAX, IDA_EEXHAUSTED, "too many pools")                       \
+    X(R_KIND_UNKNOWN, IDA_EINVAL, "unknown pool kind")                     \
+    X(R_SIZE_BOUNDED, IDA_EINVAL, "bounded pool size must be at least 1")  \
+    X(R_SIZE_OTHER, IDA_EINVAL, "only bounded pools take a size")          \
+    X(R_NOT_BOUNDED, IDA_EKIND, "operation needs a bounded pool")          \
+    X(R_NOT_SEQUENCE, IDA_EKIND, "operation needs a sequence pool")        \
+    X(R_NOT_PREFIX, IDA_EKIND, "operation needs a prefix pool")            \
+    X(R_TAG_EMPTY, IDA_EINVAL, "tag must not be empty")                    \
+    X(R_TAG_LONG, IDA_ETOOBIG, "tag longer than 128 bytes")                \
+    X(R_BOUNDED_FULL, IDA_EEXHAUSTED, "no free id left in the pool")       \
+    X(R_ID_RANGE, IDA_EINVAL, "id is outside the pool")                    \
+    X(R_TAG_MISMATCH, IDA_ETAGMISMATCH, "id is held by another tag")       \
+    X(R_COUNT_ZERO, IDA_EINVAL, "reserve count must be at least 1")        \
+    X(R_COUNT_BIG, IDA_ETOOBIG, "reserve count above 2^24")                \
+    X(R_SEQ_END, IDA_EEXHAUSTED, "sequence would pass the end of 64 bits") \
     X(R_PREFIX_END, IDA_EEXHAUSTED, "prefix space is exhausted")
 
 enum ida__fsm_reason {
@@ -114,7 +115,8 @@ static inline const char *ida__tagrec_str(const uint8_t *rec)
     return (const char *)rec + 1;
 }
 
-/* --- bounded pool ----------------------------------------------------------- */
+/* --- bounded pool -----------------------------------------------------------
+ */
 
 #define IDA__CHUNK_SHIFT 12
 #define IDA__CHUNK_IDS   (1u << IDA__CHUNK_SHIFT)
@@ -165,17 +167,18 @@ int ida__bounded_put(struct ida__bounded *b, uint64_t id, uint8_t *rec);
 /* The lowest free id (may be >= size). */
 uint64_t ida__bounded_lowest_free(const struct ida__bounded *b);
 
-/* --- prefix pool ------------------------------------------------------------ */
+/* --- prefix pool ------------------------------------------------------------
+ */
 
 #define IDA__WINDOW_MAX 8192
 
 struct ida__prefix
 {
-    uint64_t start;                               /* window start */
-    uint64_t count;                               /* reserved in window */
-    uint64_t reserved[IDA__WINDOW_MAX / 64];      /* bit: start + i taken */
-    uint64_t *values;                             /* ref -> candidate */
-    uint8_t **tags;                               /* ref -> record */
+    uint64_t start;                          /* window start */
+    uint64_t count;                          /* reserved in window */
+    uint64_t reserved[IDA__WINDOW_MAX / 64]; /* bit: start + i taken */
+    uint64_t *values;                        /* ref -> candidate */
+    uint8_t **tags;                          /* ref -> record */
     uint32_t n, cap;
     struct ida__tagtab tab; /* tag -> ref */
 };
@@ -198,7 +201,8 @@ int ida__prefix_alloc(struct ida__prefix *p,
 /* Append a (record, value) during restore: 0 or -IDA_ENOMEM. */
 int ida__prefix_put(struct ida__prefix *p, uint8_t *rec, uint64_t value);
 
-/* --- pools and sessions ------------------------------------------------------ */
+/* --- pools and sessions ------------------------------------------------------
+ */
 
 struct ida__pool
 {
@@ -251,8 +255,7 @@ struct ida_fsm
 };
 
 /* Pools. */
-struct ida__pool *ida__fsm_pool_find(const struct ida_fsm *f,
-                                     const char *name);
+struct ida__pool *ida__fsm_pool_find(const struct ida_fsm *f, const char *name);
 void ida__pool_free(struct ida__pool *p);
 /* Insert @p (name absent) keeping order: 0 or IDA_ENOMEM. */
 int ida__fsm_pool_insert(struct ida_fsm *f, struct ida__pool *p);

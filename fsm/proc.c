@@ -57,8 +57,8 @@ int ida_fsm_proc_add_updates(struct ida_fsm_proc *p,
     /* Copy everything first so a failure queues nothing. */
     size_t done = 0;
     for (; done < n; done++) {
-        struct ida_entry *e = &p->ring[(p->head + p->count + done) %
-                                       p->capacity];
+        struct ida_entry *e =
+            &p->ring[(p->head + p->count + done) % p->capacity];
         *e = entries[done];
         e->data = ida_malloc(entries[done].len + 1);
         if (e->data == NULL) {

@@ -122,7 +122,8 @@ static void w_msg_sized(struct wbuf *w,
     IDA_ASSERT(w->len - before == size);
 }
 
-/* --- encoders ----------------------------------------------------------------- */
+/* --- encoders
+ * ----------------------------------------------------------------- */
 
 struct holding_arg
 {
@@ -333,7 +334,7 @@ static int cmp_session(const void *a, const void *b)
 struct state_arg
 {
     const struct ida_fsm *f;
-    const size_t *inner_sizes;             /* per pool */
+    const size_t *inner_sizes;            /* per pool */
     struct tag_order *const *orders;      /* per pool, prefix pools only */
     struct ida__session *const *sessions; /* by client_id */
 };
@@ -450,7 +451,8 @@ err_after_arrays:
     return rv;
 }
 
-/* --- reader ----------------------------------------------------------------------- */
+/* --- reader
+ * ----------------------------------------------------------------------- */
 
 struct rbuf
 {
@@ -667,8 +669,8 @@ static int dec_tagprefix(struct ida__prefix *p,
     if (rv != 0) {
         return rv;
     }
-    if (*last_tag != NULL && strcmp(ida__tagrec_str(*last_tag),
-                                    ida__tagrec_str(rec)) >= 0) {
+    if (*last_tag != NULL &&
+        strcmp(ida__tagrec_str(*last_tag), ida__tagrec_str(rec)) >= 0) {
         ida_free(rec);
         return CORRUPT; /* tags sorted and unique */
     }
@@ -841,7 +843,8 @@ err_after_pool:
     return rv;
 }
 
-/* --- sessions ------------------------------------------------------------------------- */
+/* --- sessions
+ * ------------------------------------------------------------------------- */
 
 /* Convert a kept CommandResult back; CORRUPT if it is not one this state
  * machine could have produced. */
@@ -999,7 +1002,8 @@ static int relink_sessions(struct ida_fsm *f)
     return rv;
 }
 
-/* --- restore ------------------------------------------------------------------------ */
+/* --- restore
+ * ------------------------------------------------------------------------ */
 
 /* Decode @r into the empty @f. */
 static int dec_state(struct ida_fsm *f, struct rbuf r)

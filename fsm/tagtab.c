@@ -46,8 +46,8 @@ void ida__tagtab_close(struct ida__tagtab *t)
     t->used = 0;
 }
 
-#define SLOT_REF(s)  ((uint32_t)(s) - 1)
-#define SLOT_H32(s)  ((uint32_t)((s) >> 32))
+#define SLOT_REF(s)         ((uint32_t)(s)-1)
+#define SLOT_H32(s)         ((uint32_t)((s) >> 32))
 #define MAKE_SLOT(h32, ref) (((uint64_t)(h32) << 32) | ((uint64_t)(ref) + 1))
 
 /* Home slot of a stored 32-bit hash (multiplicative spread, so tables of

@@ -154,10 +154,11 @@ static void print_rate(const char *what, struct rate r)
 {
     double apply = (double)r.commands / r.apply_s;
     double decode = (double)r.commands / r.decode_s;
-    printf("%-28s %10llu cmds  %8.0f kcmd/s applied  (decode-only baseline "
-           "%8.0f kcmd/s, apply/decode time ratio %.2f)\n",
-           what, (unsigned long long)r.commands, apply / 1e3, decode / 1e3,
-           r.apply_s / r.decode_s);
+    printf(
+        "%-28s %10llu cmds  %8.0f kcmd/s applied  (decode-only baseline "
+        "%8.0f kcmd/s, apply/decode time ratio %.2f)\n",
+        what, (unsigned long long)r.commands, apply / 1e3, decode / 1e3,
+        r.apply_s / r.decode_s);
 }
 
 static void create(struct ida_fsm *f,
@@ -190,11 +191,11 @@ int main(int argc, char **argv)
     }
     create(f, "seq", IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE, 0);
     create(f, "pfx", IDALLOC__POOL_KIND__POOL_KIND_PREFIX, 0);
-    create(f, "bnd", IDALLOC__POOL_KIND__POOL_KIND_BOUNDED,
-           UINT64_C(1) << 40);
-    printf("bench_fsm: batches of %d commands from %d clients, tags "
-           "\"tag-%%08u\" (12 bytes)\n",
-           BATCH, CLIENTS);
+    create(f, "bnd", IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, UINT64_C(1) << 40);
+    printf(
+        "bench_fsm: batches of %d commands from %d clients, tags "
+        "\"tag-%%08u\" (12 bytes)\n",
+        BATCH, CLIENTS);
 
     print_rate("sequence reserve", run(f, K_RESERVE, 2000000, 0));
     print_rate("prefix alloc (new tags)", run(f, K_PREFIX, 1000000, 0));
@@ -207,12 +208,13 @@ int main(int argc, char **argv)
     size_t heap1 = heap_bytes();
     long rss1 = rss_kb();
     print_rate("bounded alloc (new tags)", ra);
-    printf("memory: %llu live tagged allocations: %.1f bytes/allocation "
-           "(mallinfo2 uordblks+hblkhd delta %.1f MB), RSS delta %.1f bytes/"
-           "allocation; target < 64\n",
-           (unsigned long long)live, (double)(heap1 - heap0) / (double)live,
-           (double)(heap1 - heap0) / 1e6,
-           (double)(rss1 - rss0) * 1024.0 / (double)live);
+    printf(
+        "memory: %llu live tagged allocations: %.1f bytes/allocation "
+        "(mallinfo2 uordblks+hblkhd delta %.1f MB), RSS delta %.1f bytes/"
+        "allocation; target < 64\n",
+        (unsigned long long)live, (double)(heap1 - heap0) / (double)live,
+        (double)(heap1 - heap0) / 1e6,
+        (double)(rss1 - rss0) * 1024.0 / (double)live);
 
     print_rate("bounded alloc (existing)", run(f, K_ALLOC, 1000000, 0));
     /* Free and re-take 1M ids in the full pool. */
@@ -245,10 +247,11 @@ int main(int argc, char **argv)
         die("snapshot", rv);
     }
     bool same = len == len2 && memcmp(snap, snap2, len) == 0;
-    printf("snapshot of the %llu-allocation state: %.1f MB in %.2f s; "
-           "restore %.2f s; restored state re-snapshots identical: %s\n",
-           (unsigned long long)live, (double)len / 1e6, t1 - t0, t3 - t2,
-           same ? "yes" : "NO");
+    printf(
+        "snapshot of the %llu-allocation state: %.1f MB in %.2f s; "
+        "restore %.2f s; restored state re-snapshots identical: %s\n",
+        (unsigned long long)live, (double)len / 1e6, t1 - t0, t3 - t2,
+        same ? "yes" : "NO");
     ida_free(snap);
     ida_free(snap2);
     ida_fsm_free(g);

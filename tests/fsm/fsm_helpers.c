@@ -10,13 +10,13 @@
 
 /* Support code is linked into the benchmark too, which has no Criterion:
  * a failed check prints and aborts (a crash fails the Criterion test). */
-#define FX_CHECK(cond)                                                  \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__,     \
-                    __LINE__, #cond);                                   \
-            abort();                                                    \
-        }                                                               \
+#define FX_CHECK(cond)                                                       \
+    do {                                                                     \
+        if (!(cond)) {                                                       \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, \
+                    #cond);                                                  \
+            abort();                                                         \
+        }                                                                    \
     } while (0)
 
 void fx_client_id(uint64_t client, uint8_t out[IDA_CLIENT_ID_BYTES])
@@ -202,6 +202,6 @@ bool fx_result_eq(const struct ida_fsm_result *a,
     return a->error == b->error && strcmp(a->error_msg, b->error_msg) == 0 &&
            a->op == b->op && a->flag == b->flag &&
            a->prefix_len == b->prefix_len &&
-           memcmp(a->prefix, b->prefix, a->prefix_len) == 0 &&
-           a->id == b->id && a->count == b->count;
+           memcmp(a->prefix, b->prefix, a->prefix_len) == 0 && a->id == b->id &&
+           a->count == b->count;
 }

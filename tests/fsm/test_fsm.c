@@ -32,9 +32,9 @@ TestSuite(fsm, .init = setup, .fini = teardown);
 
 /* --- helpers -------------------------------------------------------------- */
 
-#define SEQ   IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE
-#define BND   IDALLOC__POOL_KIND__POOL_KIND_BOUNDED
-#define PFX   IDALLOC__POOL_KIND__POOL_KIND_PREFIX
+#define SEQ IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE
+#define BND IDALLOC__POOL_KIND__POOL_KIND_BOUNDED
+#define PFX IDALLOC__POOL_KIND__POOL_KIND_PREFIX
 
 static struct ida_fsm_result create(const char *name,
                                     Idalloc__PoolKind kind,
@@ -80,12 +80,13 @@ static struct ida_fsm_result prefix(const char *pool, const char *tag)
 #define assert_err(r, code)                                             \
     do {                                                                \
         struct ida_fsm_result r_ = (r);                                 \
-        cr_assert_eq(r_.error, (code), "want %d got %d (%s)", (code), \
+        cr_assert_eq(r_.error, (code), "want %d got %d (%s)", (code),   \
                      r_.error, r_.error_msg);                           \
         cr_assert_neq(r_.error_msg[0], '\0', "an error has a message"); \
     } while (0)
 
-/* --- pools ------------------------------------------------------------------ */
+/* --- pools ------------------------------------------------------------------
+ */
 
 Test(fsm, create_is_idempotent_for_same_parameters)
 {
@@ -145,11 +146,11 @@ Test(fsm, unknown_pool_and_wrong_kind)
     size_t n;
     bool more;
     cr_assert_eq(ida_fsm_list(f, "x", false, 0, 0, h, &n, &more), IDA_EKIND);
-    cr_assert_eq(ida_fsm_list(f, "zz", false, 0, 0, h, &n, &more),
-                 IDA_ENOPOOL);
+    cr_assert_eq(ida_fsm_list(f, "zz", false, 0, 0, h, &n, &more), IDA_ENOPOOL);
 }
 
-/* --- bounded ----------------------------------------------------------------- */
+/* --- bounded -----------------------------------------------------------------
+ */
 
 Test(fsm, bounded_lowest_free_and_same_tag_same_id)
 {
@@ -296,7 +297,8 @@ Test(fsm, list_in_id_order_with_paging)
     cr_assert_not(more);
 }
 
-/* --- sequence ------------------------------------------------------------------- */
+/* --- sequence
+ * ------------------------------------------------------------------- */
 
 Test(fsm, sequence_blocks_never_overlap)
 {
@@ -355,7 +357,8 @@ Test(fsm, sequence_end_of_space_is_an_error)
     assert_err(reserve("s", 1), IDA_EEXHAUSTED);
 }
 
-/* --- prefix --------------------------------------------------------------------- */
+/* --- prefix
+ * --------------------------------------------------------------------- */
 
 Test(fsm, prefix_encoding_and_idempotence)
 {
@@ -461,8 +464,7 @@ Test(fsm, prefix_same_log_same_choice)
     cr_assert_eq(o1.count, o2.count);
     for (size_t i = 0; i < o1.count; i++) {
         cr_assert_eq(memcmp(&o1.replies[i].result.prefix,
-                            &o2.replies[i].result.prefix,
-                            IDA_PREFIX_BYTES_MAX),
+                            &o2.replies[i].result.prefix, IDA_PREFIX_BYTES_MAX),
                      0);
     }
     size_t l1, l2;
@@ -474,7 +476,8 @@ Test(fsm, prefix_same_log_same_choice)
     ida_fsm_free(g);
 }
 
-/* --- sessions ---------------------------------------------------------------------- */
+/* --- sessions
+ * ---------------------------------------------------------------------- */
 
 Test(fsm, retry_returns_first_answer_and_does_not_act)
 {
@@ -606,8 +609,8 @@ Test(fsm, sessions_expire_by_log_time_only)
     cr_assert_eq(ida_fsm_now_ms(f), now_ms);
     /* Just before the TTL: nothing expires. NOOPs do not move time. */
     struct ida_fsm_applied o;
-    cr_assert_eq(ida_fsm_apply(f, ida_fsm_applied_index(f) + 1,
-                               IDA_ENTRY_NOOP, NULL, 0, &o),
+    cr_assert_eq(ida_fsm_apply(f, ida_fsm_applied_index(f) + 1, IDA_ENTRY_NOOP,
+                               NULL, 0, &o),
                  0);
     fx_batch_init(&b, now_ms + IDA_SESSION_TTL_MS - 1);
     fx_add_reserve(&b, 4, 1, "s", 1);
@@ -640,8 +643,7 @@ Test(fsm, session_table_is_bounded_lru)
     while (ida_fsm_session_count(f) < IDA_SESSIONS_MAX) {
         fx_batch_init(&b, now_ms);
         for (int i = 0; i < FX_BATCH_MAX &&
-                        ida_fsm_session_count(f) + (size_t)i <
-                            IDA_SESSIONS_MAX;
+                        ida_fsm_session_count(f) + (size_t)i < IDA_SESSIONS_MAX;
              i++) {
             fx_add_reserve(&b, c++, 1, "s", 1);
         }
@@ -659,21 +661,22 @@ Test(fsm, session_table_is_bounded_lru)
     cr_assert_eq(ida_fsm_session_count(f), IDA_SESSIONS_MAX);
 }
 
-/* --- entries and malformed input ------------------------------------------------------ */
+/* --- entries and malformed input
+ * ------------------------------------------------------ */
 
 Test(fsm, noop_and_config_advance_index_only)
 {
     struct ida_fsm_applied out;
     cr_assert_eq(ida_fsm_apply(f, 1, IDA_ENTRY_NOOP, NULL, 0, &out), 0);
-    cr_assert_eq(ida_fsm_apply(f, 2, IDA_ENTRY_CONFIG, (const uint8_t *)"x",
-                               1, &out),
-                 0);
+    cr_assert_eq(
+        ida_fsm_apply(f, 2, IDA_ENTRY_CONFIG, (const uint8_t *)"x", 1, &out),
+        0);
     cr_assert_eq(out.count, 0);
     cr_assert_eq(ida_fsm_applied_index(f), 2);
-    cr_assert_eq(ida_fsm_apply(f, 2, IDA_ENTRY_NOOP, NULL, 0, &out),
-                 IDA_EINVAL, "an index twice");
-    cr_assert_eq(ida_fsm_apply(f, 4, IDA_ENTRY_NOOP, NULL, 0, &out),
-                 IDA_EINVAL, "a gap");
+    cr_assert_eq(ida_fsm_apply(f, 2, IDA_ENTRY_NOOP, NULL, 0, &out), IDA_EINVAL,
+                 "an index twice");
+    cr_assert_eq(ida_fsm_apply(f, 4, IDA_ENTRY_NOOP, NULL, 0, &out), IDA_EINVAL,
+                 "a gap");
     cr_assert_eq(ida_fsm_apply(f, 3, (enum ida_entry_type)7, NULL, 0, &out),
                  IDA_EINVAL);
     cr_assert_eq(ida_fsm_applied_index(f), 2);
@@ -687,9 +690,9 @@ Test(fsm, malformed_batches_are_deterministic_noops)
     struct ida_fsm_applied out;
     const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f, 0x12};
     ida_index i = ida_fsm_applied_index(f);
-    cr_assert_eq(ida_fsm_apply(f, ++i, IDA_ENTRY_NORMAL, garbage,
-                               sizeof(garbage), &out),
-                 0);
+    cr_assert_eq(
+        ida_fsm_apply(f, ++i, IDA_ENTRY_NORMAL, garbage, sizeof(garbage), &out),
+        0);
     cr_assert_eq(out.entry_error, IDA_EPROTO);
     cr_assert_eq(out.count, 0);
     /* A valid batch of an unknown version. */
@@ -734,7 +737,7 @@ Test(fsm, malformed_commands_get_einval)
     fx_add_reserve(&b, 3, 1, "s", 1);
     b.cmd[0].op_case = IDALLOC__COMMAND__OP__NOT_SET; /* no op */
     fx_add_reserve(&b, 3, 2, "s", 1);
-    b.cmd[1].client_id.len = 5; /* short client id */
+    b.cmd[1].client_id.len = 5;       /* short client id */
     fx_add_reserve(&b, 3, 0, "s", 1); /* seq 0 */
     fx_add_reserve(&b, 3, 3, "s", 1); /* fine */
     struct ida_fsm_applied out;
@@ -772,7 +775,8 @@ Test(fsm, result_to_pb_roundtrips_through_protobuf)
     idalloc__command_result__free_unpacked(m, NULL);
 }
 
-/* --- out of memory ----------------------------------------------------------------------- */
+/* --- out of memory
+ * ----------------------------------------------------------------------- */
 
 /* Fail the Nth allocation for N = 0, 1, ... until an alloc goes through:
  * each failure is IDA_ENOMEM with the applied index unmoved; no leaks
@@ -797,8 +801,8 @@ Test(fsm, enomem_on_every_allocation_path)
             ida_index idx = ida_fsm_applied_index(f);
             struct ida_fsm_applied out;
             ida_heap_fault_set(n, 1);
-            int rv = ida_fsm_apply(f, idx + 1, IDA_ENTRY_NORMAL, buf, len,
-                                   &out);
+            int rv =
+                ida_fsm_apply(f, idx + 1, IDA_ENTRY_NORMAL, buf, len, &out);
             ida_heap_fault_set(0, 0);
             free(buf);
             if (rv == 0) {
@@ -813,7 +817,8 @@ Test(fsm, enomem_on_every_allocation_path)
     }
 }
 
-/* --- processor protocol ------------------------------------------------------------------- */
+/* --- processor protocol
+ * ------------------------------------------------------------------- */
 
 Test(fsm, processor_applies_committed_entries_in_order)
 {

@@ -12,16 +12,17 @@
 #include "idalloc_errors.h"
 #include "tests/fsm/fsm_helpers.h"
 
-/* --- the reference model --------------------------------------------------- */
+/* --- the reference model ---------------------------------------------------
+ */
 
-#define CLIENTS   40
-#define NBOUNDED  6
-#define NSEQ      2
-#define NPREFIX   2
-#define TAGS_BIG  10000 /* tag universe of the big bounded pool */
-#define TAGS      600   /* of the other bounded and prefix pools */
-#define PTAGS     20000 /* of a prefix pool */
-#define RECENT    64
+#define CLIENTS  40
+#define NBOUNDED 6
+#define NSEQ     2
+#define NPREFIX  2
+#define TAGS_BIG 10000 /* tag universe of the big bounded pool */
+#define TAGS     600   /* of the other bounded and prefix pools */
+#define PTAGS    20000 /* of a prefix pool */
+#define RECENT   64
 
 struct mbounded
 {
@@ -189,7 +190,8 @@ static uint64_t model_lowest(const struct mbounded *b)
     return words * 64;
 }
 
-/* --- session model ------------------------------------------------------------ */
+/* --- session model
+ * ------------------------------------------------------------ */
 
 static const struct kept *client_kept(const struct mclient *c, uint64_t seq)
 {
@@ -216,7 +218,8 @@ static void client_keep(struct mclient *c,
     c->n++;
 }
 
-/* --- building a batch ---------------------------------------------------------- */
+/* --- building a batch
+ * ---------------------------------------------------------- */
 
 static void add_command(struct desc *d)
 {
@@ -270,12 +273,11 @@ static void add_command(struct desc *d)
         d->kind = 2;
         d->pool = (int)below(NSEQ);
         uint64_t how = below(100);
-        d->count = how == 0 ? 0
+        d->count = how == 0   ? 0
                    : how == 1 ? IDA_RESERVE_COUNT_MAX + 1
                    : how == 2 ? IDA_RESERVE_COUNT_MAX
                               : 1 + below(1000);
-        fx_add_reserve(&batch, d->client, d->seq, M.s[d->pool].name,
-                       d->count);
+        fx_add_reserve(&batch, d->client, d->seq, M.s[d->pool].name, d->count);
     } else {
         d->kind = 3;
         d->pool = (int)below(NPREFIX);
@@ -285,10 +287,10 @@ static void add_command(struct desc *d)
     }
 }
 
-/* --- checking a reply ------------------------------------------------------------ */
+/* --- checking a reply
+ * ------------------------------------------------------------ */
 
-static void expect_bounded(const struct desc *d,
-                           const struct ida_fsm_result *r)
+static void expect_bounded(const struct desc *d, const struct ida_fsm_result *r)
 {
     struct mbounded *b = &M.b[d->pool];
     if (d->kind == 0) {
@@ -335,8 +337,7 @@ static void expect_bounded(const struct desc *d,
     bit_put(b->bitmap, d->id, false);
 }
 
-static void expect_reserve(const struct desc *d,
-                           const struct ida_fsm_result *r)
+static void expect_reserve(const struct desc *d, const struct ida_fsm_result *r)
 {
     struct mseq *s = &M.s[d->pool];
     if (d->count == 0) {
@@ -351,8 +352,7 @@ static void expect_reserve(const struct desc *d,
     }
 }
 
-static void expect_prefix(const struct desc *d,
-                          const struct ida_fsm_result *r)
+static void expect_prefix(const struct desc *d, const struct ida_fsm_result *r)
 {
     struct mprefix *p = &M.p[d->pool];
     uint8_t *mine = p->pre[d->tag];
@@ -417,7 +417,8 @@ static void check_reply(const struct desc *d, const struct ida_fsm_reply *rp)
     client_keep(c, d->seq, r);
 }
 
-/* --- whole-state checks ------------------------------------------------------------ */
+/* --- whole-state checks
+ * ------------------------------------------------------------ */
 
 /* Every bounded pool: lookup of every tag and a full listing agree. */
 static void check_reads(void)
@@ -509,7 +510,9 @@ static void check_prefix_free(void)
     }
 }
 
-/* --- the run --------------------------------------------------------------------------- */
+/* --- the run
+ * ---------------------------------------------------------------------------
+ */
 
 static void create_pools(void)
 {
@@ -575,14 +578,13 @@ static void run(uint64_t seed, uint64_t commands)
     cr_assert_gt(M.esession, 10);
     cr_assert_gt(M.exhausted, 100);
     cr_assert_gt(M.mismatches, 100);
-    cr_log_info("seed %llu: %llu commands, %llu snapshots, %llu retries, "
-                "%llu esession, %llu exhausted, %llu tag mismatches",
-                (unsigned long long)seed, (unsigned long long)M.commands,
-                (unsigned long long)M.snapshots,
-                (unsigned long long)M.retries,
-                (unsigned long long)M.esession,
-                (unsigned long long)M.exhausted,
-                (unsigned long long)M.mismatches);
+    cr_log_info(
+        "seed %llu: %llu commands, %llu snapshots, %llu retries, "
+        "%llu esession, %llu exhausted, %llu tag mismatches",
+        (unsigned long long)seed, (unsigned long long)M.commands,
+        (unsigned long long)M.snapshots, (unsigned long long)M.retries,
+        (unsigned long long)M.esession, (unsigned long long)M.exhausted,
+        (unsigned long long)M.mismatches);
     ida_fsm_free(f);
     f = NULL;
     model_free();

@@ -93,7 +93,8 @@ static void assert_same_bytes(const struct ida_fsm *x, const struct ida_fsm *y)
     ida_free(s2);
 }
 
-/* --- tests ----------------------------------------------------------------- */
+/* --- tests -----------------------------------------------------------------
+ */
 
 Test(snap, same_log_same_bytes_and_round_trip)
 {
@@ -180,8 +181,8 @@ Test(snap, truncated_or_damaged_snapshots_are_refused)
     uint8_t *bad = malloc(len);
     for (size_t cut = 0; cut < len; cut++) {
         int rv = ida_fsm_restore(g, snap, cut);
-        cr_assert(rv == IDA_ECORRUPT || rv == IDA_EVERSION,
-                  "cut at %zu: %d", cut, rv);
+        cr_assert(rv == IDA_ECORRUPT || rv == IDA_EVERSION, "cut at %zu: %d",
+                  cut, rv);
     }
     for (size_t i = 0; i < len; i++) {
         for (int bit = 0; bit < 8; bit += 3) {
@@ -204,7 +205,8 @@ Test(snap, truncated_or_damaged_snapshots_are_refused)
     ida_fsm_free(g);
 }
 
-/* --- well-formed but inconsistent states (valid checksum) ------------------ */
+/* --- well-formed but inconsistent states (valid checksum) ------------------
+ */
 
 static Idalloc__FsmState st;
 static Idalloc__PoolState ps[2], *pps[2];
@@ -299,24 +301,24 @@ Test(snap, forged_valid_state_loads)
     cr_assert_eq(out.replies[2].result.prefix[1], 40);
 }
 
-#define EXPECT_CORRUPT(what)                                              \
-    do {                                                                  \
-        forge_base();                                                     \
-        what;                                                             \
+#define EXPECT_CORRUPT(what)                                             \
+    do {                                                                 \
+        forge_base();                                                    \
+        what;                                                            \
         cr_assert_eq(forge_restore(), IDA_ECORRUPT, "accepted: " #what); \
     } while (0)
 
 Test(snap, inconsistent_states_are_refused)
 {
-    EXPECT_CORRUPT(hs[1].id = 1);                /* ids not increasing */
-    EXPECT_CORRUPT(hs[1].id = 10);               /* id >= size */
-    EXPECT_CORRUPT(hs[1].tag = "x");             /* one tag, two ids */
-    EXPECT_CORRUPT(hs[1].tag = "");              /* empty tag */
-    EXPECT_CORRUPT(bs.size = 0);                 /* bad size */
-    EXPECT_CORRUPT(ps[0].name = "c");            /* pools not by name */
-    EXPECT_CORRUPT(ps[0].name = "b");            /* duplicate pool */
-    EXPECT_CORRUPT(ps[0].name = "bad name");     /* invalid name */
-    EXPECT_CORRUPT(ps[0].kind = SEQ);            /* kind vs sub-message */
+    EXPECT_CORRUPT(hs[1].id = 1);            /* ids not increasing */
+    EXPECT_CORRUPT(hs[1].id = 10);           /* id >= size */
+    EXPECT_CORRUPT(hs[1].tag = "x");         /* one tag, two ids */
+    EXPECT_CORRUPT(hs[1].tag = "");          /* empty tag */
+    EXPECT_CORRUPT(bs.size = 0);             /* bad size */
+    EXPECT_CORRUPT(ps[0].name = "c");        /* pools not by name */
+    EXPECT_CORRUPT(ps[0].name = "b");        /* duplicate pool */
+    EXPECT_CORRUPT(ps[0].name = "bad name"); /* invalid name */
+    EXPECT_CORRUPT(ps[0].kind = SEQ);        /* kind vs sub-message */
     static Idalloc__SequenceState seq_state;
     idalloc__sequence_state__init(&seq_state);
     seq_state.next = 5;
@@ -386,16 +388,16 @@ Test(snap, inconsistent_sessions_are_refused)
     SESS_CASE(0, (void)0);
     cr_assert_eq(ida_fsm_session_count(f), 2);
     SESS_CASE(IDA_ECORRUPT, ss[1].client_id.data = cid[0]); /* order */
-    SESS_CASE(IDA_ECORRUPT, ss[1].lru_rank = 1);             /* same rank */
-    SESS_CASE(IDA_ECORRUPT, ss[1].lru_rank = 3);             /* > clock */
-    SESS_CASE(IDA_ECORRUPT, ss[1].last_active_ms = 11);      /* > now */
+    SESS_CASE(IDA_ECORRUPT, ss[1].lru_rank = 1);            /* same rank */
+    SESS_CASE(IDA_ECORRUPT, ss[1].lru_rank = 3);            /* > clock */
+    SESS_CASE(IDA_ECORRUPT, ss[1].last_active_ms = 11);     /* > now */
     SESS_CASE(IDA_ECORRUPT, ss[0].client_id.len = 15);
-    SESS_CASE(IDA_ECORRUPT, sr[1].request_seq = 1);          /* seq order */
-    SESS_CASE(IDA_ECORRUPT, ss[0].evicted_below = 1);        /* kept <= */
-    SESS_CASE(IDA_ECORRUPT, cres[1].error_msg = "made up");    /* unknown */
-    SESS_CASE(IDA_ECORRUPT, cres[1].error = IDA_EINVAL);       /* code/text */
-    SESS_CASE(IDA_ECORRUPT, cres[0].result_case =
-                                IDALLOC__COMMAND_RESULT__RESULT__NOT_SET);
+    SESS_CASE(IDA_ECORRUPT, sr[1].request_seq = 1);         /* seq order */
+    SESS_CASE(IDA_ECORRUPT, ss[0].evicted_below = 1);       /* kept <= */
+    SESS_CASE(IDA_ECORRUPT, cres[1].error_msg = "made up"); /* unknown */
+    SESS_CASE(IDA_ECORRUPT, cres[1].error = IDA_EINVAL);    /* code/text */
+    SESS_CASE(IDA_ECORRUPT,
+              cres[0].result_case = IDALLOC__COMMAND_RESULT__RESULT__NOT_SET);
     /* A kept answer survives the forge and is returned for a retry. */
     SESS_CASE(0, (void)0);
     fx_batch_init(&b, 10);
