@@ -315,6 +315,76 @@ static void session_keep(struct ida__session *s,
     s->results[slot].result = *r;
 }
 
+/* --- decode arena ------------------------------------------------------- */
+
+#define ARENA_BLOCK_BYTES (64u * 1024)
+
+static void *arena_alloc(void *data, size_t size)
+{
+    struct ida_fsm *f = data;
+    size = (size + 15) & ~(size_t)15;
+    struct ida__arena_block *a = f->arena;
+    if (a == NULL || a->cap - a->used < size) {
+        size_t cap = size > ARENA_BLOCK_BYTES ? size : ARENA_BLOCK_BYTES;
+        if (a != NULL && a->cap > cap) {
+            cap = a->cap;
+        }
+        struct ida__arena_block *n = ida_malloc(sizeof(*n) + cap);
+        if (n == NULL) {
+            f->arena_failed = true;
+            return NULL;
+        }
+        n->next = a;
+        n->cap = cap;
+        n->used = 0;
+        f->arena = a = n;
+    }
+    void *p = a->data + a->used;
+    a->used += size;
+    return p;
+}
+
+static void arena_free(void *data, void *ptr)
+{
+    (void)data; /* everything goes at once in arena_reset() */
+    (void)ptr;
+}
+
+static void arena_release(struct ida_fsm *f)
+{
+    while (f->arena != NULL) {
+        struct ida__arena_block *next = f->arena->next;
+        ida_free(f->arena);
+        f->arena = next;
+    }
+}
+
+/* Empty the arena; several blocks become one of their total size, so the
+ * next entry of the same size needs no allocation. */
+static void arena_reset(struct ida_fsm *f)
+{
+    f->arena_failed = false;
+    if (f->arena == NULL) {
+        return;
+    }
+    if (f->arena->next == NULL) {
+        f->arena->used = 0;
+        return;
+    }
+    size_t total = 0;
+    for (struct ida__arena_block *a = f->arena; a != NULL; a = a->next) {
+        total += a->cap;
+    }
+    arena_release(f);
+    struct ida__arena_block *n = ida_malloc(sizeof(*n) + total);
+    if (n != NULL) { /* else the next entry allocates again */
+        n->next = NULL;
+        n->cap = total;
+        n->used = 0;
+        f->arena = n;
+    }
+}
+
 /* --- lifetime
  * ----------------------------------------------------------------- */
 
@@ -347,6 +417,7 @@ void ida_fsm_free(struct ida_fsm *f)
     ida_free(f->sess_free);
     ida__tagtab_close(&f->sessions);
     ida_free(f->replies);
+    arena_release(f);
     ida_free(f);
 }
 
@@ -699,8 +770,16 @@ int ida_fsm_apply(struct ida_fsm *f,
         return IDA_EINVAL;
     }
     if (type == IDA_ENTRY_NORMAL) {
+        /* Decoded into the arena: freed all at once by the next reset. */
+        ProtobufCAllocator alloc = {arena_alloc, arena_free, f};
+        arena_reset(f);
         Idalloc__CommandBatch *b =
-            idalloc__command_batch__unpack(NULL, len, data);
+            idalloc__command_batch__unpack(&alloc, len, data);
+        if (b == NULL && f->arena_failed) {
+            /* Out of memory is local, not a property of the entry: it must
+             * not be mistaken for a malformed batch (replicas would part). */
+            return IDA_ENOMEM;
+        }
         if (b == NULL) {
             out->entry_error = IDA_EPROTO;
         } else if (b->version != IDA_BATCH_VERSION) {
@@ -710,14 +789,10 @@ int ida_fsm_apply(struct ida_fsm *f,
         } else {
             int rv = apply_batch(f, index, b, out);
             if (rv != 0) {
-                idalloc__command_batch__free_unpacked(b, NULL);
                 memset(out, 0, sizeof(*out));
                 out->index = index;
                 return rv;
             }
-        }
-        if (b != NULL) {
-            idalloc__command_batch__free_unpacked(b, NULL);
         }
     }
     f->applied_index = index;

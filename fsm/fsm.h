@@ -189,7 +189,10 @@ void ida_fsm_free(struct ida_fsm *f);
  *                are applied, the failing one is not and the applied index
  *                did not move. The state no longer matches the other
  *                replicas': the node must stop using @f and rebuild it from
- *                a snapshot and the log. */
+ *                a snapshot and the log. (No memory to decode the entry is
+ *                also IDA_ENOMEM, never mistaken for a malformed entry.)
+ * Decoding uses an arena owned by @f that grows to the largest entry seen
+ * and is reused, so steady-state decoding allocates nothing. */
 int ida_fsm_apply(struct ida_fsm *f,
                   ida_index index,
                   enum ida_entry_type type,

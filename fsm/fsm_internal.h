@@ -233,6 +233,16 @@ struct ida__session
     struct ida__cached results[IDA_SESSION_RESULTS_MAX]; /* any order */
 };
 
+/* Bump-allocated memory for decoding one entry (protobuf-c allocator):
+ * reset per entry, coalesced into one block, so steady-state decoding does
+ * not call malloc at all. */
+struct ida__arena_block
+{
+    struct ida__arena_block *next;
+    size_t cap, used;
+    _Alignas(16) uint8_t data[];
+};
+
 struct ida_fsm
 {
     ida_index applied_index;
@@ -252,6 +262,9 @@ struct ida_fsm
 
     struct ida_fsm_reply *replies; /* last apply's answers */
     size_t replies_cap;
+
+    struct ida__arena_block *arena; /* decode memory of the current entry */
+    bool arena_failed;              /* an arena allocation failed */
 };
 
 /* Pools. */

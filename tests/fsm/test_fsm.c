@@ -817,6 +817,26 @@ Test(fsm, enomem_on_every_allocation_path)
     }
 }
 
+/* No memory to decode an entry is IDA_ENOMEM, never "malformed". */
+Test(fsm, enomem_while_decoding_is_not_a_malformed_entry)
+{
+    fx_batch_init(&b, now_ms);
+    fx_add_create(&b, 1, 1, "s", SEQ, 0);
+    size_t len;
+    uint8_t *buf = fx_batch_pack(&b, &len);
+    struct ida_fsm_applied out;
+    ida_heap_fault_set(0, 1); /* the first allocation: the decode arena */
+    int rv = ida_fsm_apply(f, 1, IDA_ENTRY_NORMAL, buf, len, &out);
+    ida_heap_fault_set(0, 0);
+    cr_assert_eq(rv, IDA_ENOMEM);
+    cr_assert_eq(ida_fsm_applied_index(f), 0);
+    cr_assert_eq(ida_fsm_pool_count(f), 0);
+    cr_assert_eq(ida_fsm_apply(f, 1, IDA_ENTRY_NORMAL, buf, len, &out), 0);
+    cr_assert_eq(out.entry_error, 0);
+    cr_assert(out.replies[0].result.flag);
+    free(buf);
+}
+
 /* --- processor protocol
  * ------------------------------------------------------------------- */
 
