@@ -35,15 +35,9 @@ void ida__bounded_init(struct ida__bounded *b, uint64_t size)
 void ida__bounded_close(struct ida__bounded *b)
 {
     for (uint64_t c = 0; c < b->leaves; c++) {
-        struct ida__chunk *ch = b->chunks[c];
-        if (ch == NULL) {
-            continue;
-        }
-        for (unsigned i = 0; i < IDA__CHUNK_IDS; i++) {
-            ida_free(ch->tags[i]);
-        }
-        ida_free(ch);
+        ida_free(b->chunks[c]); /* records go with the slab */
     }
+    ida__slab_close(&b->slab);
     ida_free(b->chunks);
     ida_free(b->tree);
     ida__tagtab_close(&b->tab);
@@ -188,7 +182,7 @@ int ida__bounded_alloc(struct ida__bounded *b,
         ida__tagtab_reserve(&b->tab) != 0) {
         return -IDA_ENOMEM;
     }
-    uint8_t *rec = ida__tagrec_new(tag, len);
+    uint8_t *rec = ida__tagrec_new(&b->slab, tag, len);
     if (rec == NULL) {
         return -IDA_ENOMEM;
     }
@@ -234,7 +228,7 @@ int ida__bounded_free(struct ida__bounded *b,
     unsigned bit = (unsigned)(id & (IDA__CHUNK_IDS - 1));
     ch->bits[bit / 64] &= ~(UINT64_C(1) << (bit % 64));
     ch->full_words &= ~(UINT64_C(1) << (bit / 64));
-    ida_free(ch->tags[bit]);
+    ida__tagrec_free(&b->slab, ch->tags[bit]);
     ch->tags[bit] = NULL;
     tree_add(b, c, -1);
     b->held--;

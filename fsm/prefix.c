@@ -74,9 +74,7 @@ void ida__prefix_init(struct ida__prefix *p)
 
 void ida__prefix_close(struct ida__prefix *p)
 {
-    for (uint32_t i = 0; i < p->n; i++) {
-        ida_free(p->tags[i]);
-    }
+    ida__slab_close(&p->slab);
     ida_free(p->tags);
     ida_free(p->values);
     ida__tagtab_close(&p->tab);
@@ -152,7 +150,7 @@ int ida__prefix_alloc(struct ida__prefix *p,
     if (grow(p) != 0 || ida__tagtab_reserve(&p->tab) != 0) {
         return -IDA_ENOMEM;
     }
-    uint8_t *rec = ida__tagrec_new(tag, len);
+    uint8_t *rec = ida__tagrec_new(&p->slab, tag, len);
     if (rec == NULL) {
         return -IDA_ENOMEM;
     }

@@ -528,14 +528,10 @@ static int r_field(struct rbuf *r, struct field *f)
 #define CORRUPT IDA_ECORRUPT
 
 /* A tag from the wire: 1..IDA_TAG_BYTES_MAX bytes, no NUL. */
-static int r_tag(const struct rbuf *b, uint8_t **rec)
+static bool tag_ok(const struct rbuf *b)
 {
     size_t n = (size_t)(b->end - b->p);
-    if (n == 0 || n > IDA_TAG_BYTES_MAX || memchr(b->p, 0, n) != NULL) {
-        return CORRUPT;
-    }
-    *rec = ida__tagrec_new((const char *)b->p, n);
-    return *rec == NULL ? IDA_ENOMEM : 0;
+    return n >= 1 && n <= IDA_TAG_BYTES_MAX && memchr(b->p, 0, n) == NULL;
 }
 
 static int dec_holding(struct ida__bounded *b,
@@ -561,18 +557,17 @@ static int dec_holding(struct ida__bounded *b,
         id >= IDA_BOUNDED_HELD_MAX) {
         return CORRUPT;
     }
-    uint8_t *rec;
-    int rv = r_tag(&tag, &rec);
-    if (rv != 0) {
-        return rv;
+    size_t n = (size_t)(tag.end - tag.p);
+    if (!tag_ok(&tag) ||
+        ida__bounded_find(b, (const char *)tag.p, n) != IDA__REF_NONE) {
+        return CORRUPT; /* bad tag, or one tag with two ids */
     }
-    if (ida__bounded_find(b, ida__tagrec_str(rec), ida__tagrec_len(rec)) !=
-        IDA__REF_NONE) {
-        ida_free(rec);
-        return CORRUPT; /* one tag, two ids */
+    uint8_t *rec = ida__tagrec_new(&b->slab, (const char *)tag.p, n);
+    if (rec == NULL) {
+        return IDA_ENOMEM;
     }
     if (ida__bounded_put(b, id, rec) != 0) {
-        ida_free(rec);
+        ida__tagrec_free(&b->slab, rec);
         return IDA_ENOMEM;
     }
     *last_id = id;
@@ -664,18 +659,21 @@ static int dec_tagprefix(struct ida__prefix *p,
         p->n >= IDA_PREFIX_TAGS_MAX) {
         return CORRUPT;
     }
-    uint8_t *rec;
-    int rv = r_tag(&tag, &rec);
-    if (rv != 0) {
-        return rv;
+    if (!tag_ok(&tag)) {
+        return CORRUPT;
+    }
+    uint8_t *rec =
+        ida__tagrec_new(&p->slab, (const char *)tag.p, (size_t)(tag.end - tag.p));
+    if (rec == NULL) {
+        return IDA_ENOMEM;
     }
     if (*last_tag != NULL &&
         strcmp(ida__tagrec_str(*last_tag), ida__tagrec_str(rec)) >= 0) {
-        ida_free(rec);
+        ida__tagrec_free(&p->slab, rec);
         return CORRUPT; /* tags sorted and unique */
     }
     if (ida__prefix_put(p, rec, v) != 0) {
-        ida_free(rec);
+        ida__tagrec_free(&p->slab, rec);
         return IDA_ENOMEM;
     }
     *last_tag = rec;

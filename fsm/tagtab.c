@@ -156,15 +156,60 @@ void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref)
     t->used--;
 }
 
-uint8_t *ida__tagrec_new(const char *tag, size_t len)
+#define SLAB_BLOCK_BYTES (256u * 1024)
+
+static size_t class_of(size_t len)
+{
+    return (len + 2 + 7) / 8; /* [len][bytes][NUL] rounded up to 8 */
+}
+
+uint8_t *ida__tagrec_new(struct ida__slab *s, const char *tag, size_t len)
 {
     IDA_ASSERT(len >= 1 && len <= IDA_TAG_BYTES_MAX);
-    uint8_t *rec = ida_malloc(len + 2);
-    if (rec == NULL) {
-        return NULL;
+    size_t c = class_of(len);
+    IDA_ASSERT(c < IDA__SLAB_CLASSES);
+    uint8_t *rec = s->free[c];
+    if (rec != NULL) {
+        memcpy(&s->free[c], rec, sizeof(uint8_t *));
+    } else {
+        size_t bytes = c * 8;
+        if (s->left < bytes) {
+            uint8_t *blk = ida_malloc(SLAB_BLOCK_BYTES);
+            if (blk == NULL) {
+                return NULL;
+            }
+            memcpy(blk, &s->blocks, sizeof(uint8_t *));
+            s->blocks = blk;
+            s->cur = blk + 8;
+            s->left = SLAB_BLOCK_BYTES - 8;
+        }
+        rec = s->cur;
+        s->cur += bytes;
+        s->left -= bytes;
     }
     rec[0] = (uint8_t)len;
     memcpy(rec + 1, tag, len);
     rec[len + 1] = 0;
     return rec;
+}
+
+void ida__tagrec_free(struct ida__slab *s, uint8_t *rec)
+{
+    if (rec == NULL) {
+        return;
+    }
+    size_t c = class_of(rec[0]);
+    memcpy(rec, &s->free[c], sizeof(uint8_t *));
+    s->free[c] = rec;
+}
+
+void ida__slab_close(struct ida__slab *s)
+{
+    while (s->blocks != NULL) {
+        uint8_t *next;
+        memcpy(&next, s->blocks, sizeof(next));
+        ida_free(s->blocks);
+        s->blocks = next;
+    }
+    memset(s, 0, sizeof(*s));
 }
