@@ -96,6 +96,8 @@ uint32_t ida__tagtab_find(const struct ida__tagtab *t,
                           size_t len);
 /* Make room for one more ref (0 or IDA_ENOMEM; nothing changes on error). */
 int ida__tagtab_reserve(struct ida__tagtab *t);
+/* Make room for @n more refs at once (restore knows the count). */
+int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n);
 /* Insert @ref (its key must be readable already and absent). Requires a
  * successful ida__tagtab_reserve() since the last insert. */
 void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref);

@@ -577,19 +577,25 @@ static int dec_holding(struct ida__bounded *b,
 static int dec_bounded(struct ida__pool *pool, struct rbuf r)
 {
     struct field f;
-    uint64_t size = 0;
+    uint64_t size = 0, holdings = 0;
     int k;
     struct rbuf r2 = r;
     while ((k = r_field(&r, &f)) == 1) {
         if (f.num == 1 && f.type == WT_VARINT) {
             size = f.v;
+        } else if (f.num == 2 && f.type == WT_LEN) {
+            holdings++;
         }
     }
-    if (k < 0 || size == 0) {
+    if (k < 0 || size == 0 || holdings > IDA_BOUNDED_HELD_MAX) {
         return CORRUPT;
     }
     ida__bounded_init(&pool->u.bounded, size);
     pool->kind = IDALLOC__POOL_KIND__POOL_KIND_BOUNDED; /* now closeable */
+    /* Size the tag index once instead of growing it 20 times. */
+    if (ida__tagtab_reserve_n(&pool->u.bounded.tab, holdings) != 0) {
+        return IDA_ENOMEM;
+    }
     uint64_t last = 0;
     bool first = true;
     while ((k = r_field(&r2, &f)) == 1) {
@@ -662,8 +668,8 @@ static int dec_tagprefix(struct ida__prefix *p,
     if (!tag_ok(&tag)) {
         return CORRUPT;
     }
-    uint8_t *rec =
-        ida__tagrec_new(&p->slab, (const char *)tag.p, (size_t)(tag.end - tag.p));
+    uint8_t *rec = ida__tagrec_new(&p->slab, (const char *)tag.p,
+                                   (size_t)(tag.end - tag.p));
     if (rec == NULL) {
         return IDA_ENOMEM;
     }

@@ -102,11 +102,19 @@ static void place(struct ida__tagtab *t, uint64_t slot)
 
 int ida__tagtab_reserve(struct ida__tagtab *t)
 {
+    return ida__tagtab_reserve_n(t, 1);
+}
+
+int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n)
+{
     /* Keep the load at most 0.7 so probes stay short. */
-    if ((t->used + 1) * 10 <= t->cap * 7) {
+    if ((t->used + n) * 10 <= t->cap * 7) {
         return 0;
     }
     uint64_t ncap = t->cap == 0 ? 16 : t->cap * 2;
+    while ((t->used + n) * 10 > ncap * 7) {
+        ncap *= 2;
+    }
     uint64_t *ns = ida_calloc(ncap, sizeof(*ns));
     if (ns == NULL) {
         return IDA_ENOMEM;
