@@ -170,11 +170,11 @@ int ida__bounded_alloc(struct ida__bounded *b,
     if (ref != IDA__REF_NONE) {
         *id = ref;
         *existed = true;
-        return R_OK;
+        return IDA__R_OK;
     }
     uint64_t cand = ida__bounded_lowest_free(b);
     if (cand >= b->size || b->held >= IDA_BOUNDED_HELD_MAX) {
-        return R_BOUNDED_FULL;
+        return IDA__R_BOUNDED_FULL;
     }
     /* Lowest-free-first: the candidate is at most the number held. */
     IDA_ASSERT(cand <= b->held);
@@ -189,7 +189,7 @@ int ida__bounded_alloc(struct ida__bounded *b,
     take(b, cand, rec);
     *id = cand;
     *existed = false;
-    return R_OK;
+    return IDA__R_OK;
 }
 
 int ida__bounded_put(struct ida__bounded *b, uint64_t id, uint8_t *rec)
@@ -211,15 +211,15 @@ int ida__bounded_free(struct ida__bounded *b,
                       bool *freed)
 {
     if (id >= b->size) {
-        return R_ID_RANGE;
+        return IDA__R_ID_RANGE;
     }
     if (!is_held(b, id)) {
         *freed = false; /* idempotent: a repeated free finds it free */
-        return R_OK;
+        return IDA__R_OK;
     }
     const uint8_t *rec = ida__bounded_tag(b, id);
     if (ida__tagrec_len(rec) != len || memcmp(rec + 1, tag, len) != 0) {
-        return R_TAG_MISMATCH;
+        return IDA__R_TAG_MISMATCH;
     }
     /* Remove from the index while the key is still readable. */
     ida__tagtab_remove(&b->tab, (uint32_t)id);
@@ -238,7 +238,7 @@ int ida__bounded_free(struct ida__bounded *b,
     }
     IDA_ASSERT(!is_held(b, id));
     *freed = true;
-    return R_OK;
+    return IDA__R_OK;
 }
 
 uint64_t ida__bounded_next_held(const struct ida__bounded *b, uint64_t from)

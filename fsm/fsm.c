@@ -23,7 +23,7 @@ static const struct
 void ida__fsm_result_error(struct ida_fsm_result *r,
                            enum ida__fsm_reason reason)
 {
-    IDA_ASSERT(reason > R_OK && reason < R_COUNT_);
+    IDA_ASSERT(reason > IDA__R_OK && reason < IDA__R_COUNT_);
     memset(r, 0, sizeof(*r));
     r->error = reasons[reason].code;
     r->error_msg = reasons[reason].text;
@@ -31,7 +31,7 @@ void ida__fsm_result_error(struct ida_fsm_result *r,
 
 int ida__fsm_reason_find(int code, const char *text)
 {
-    for (int i = 0; i < R_COUNT_; i++) {
+    for (int i = 0; i < IDA__R_COUNT_; i++) {
         if (reasons[i].code == code && strcmp(reasons[i].text, text) == 0) {
             return i;
         }
@@ -70,24 +70,24 @@ bool ida_fsm_pool_name_valid(const char *name)
     return n >= 1;
 }
 
-/* R_OK with *len set, or the reason the tag is bad. */
+/* IDA__R_OK with *len set, or the reason the tag is bad. */
 static int check_tag(const char *tag, size_t *len)
 {
     if (tag == NULL || tag[0] == '\0') {
-        return R_TAG_EMPTY;
+        return IDA__R_TAG_EMPTY;
     }
     size_t n = strnlen(tag, IDA_TAG_BYTES_MAX + 1);
     if (n > IDA_TAG_BYTES_MAX) {
-        return R_TAG_LONG;
+        return IDA__R_TAG_LONG;
     }
     *len = n;
-    return R_OK;
+    return IDA__R_OK;
 }
 
 bool ida_fsm_tag_valid(const char *tag)
 {
     size_t len;
-    return check_tag(tag, &len) == R_OK;
+    return check_tag(tag, &len) == IDA__R_OK;
 }
 
 /* --- pools
@@ -451,24 +451,24 @@ static int pool_of(struct ida_fsm *f,
                    struct ida__pool **out)
 {
     if (!ida_fsm_pool_name_valid(name)) {
-        return R_POOL_NAME;
+        return IDA__R_POOL_NAME;
     }
     struct ida__pool *p = ida__fsm_pool_find(f, name);
     if (p == NULL) {
-        return R_NO_POOL;
+        return IDA__R_NO_POOL;
     }
     if (p->kind != kind) {
         switch (kind) {
             case IDALLOC__POOL_KIND__POOL_KIND_BOUNDED:
-                return R_NOT_BOUNDED;
+                return IDA__R_NOT_BOUNDED;
             case IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE:
-                return R_NOT_SEQUENCE;
+                return IDA__R_NOT_SEQUENCE;
             default:
-                return R_NOT_PREFIX;
+                return IDA__R_NOT_PREFIX;
         }
     }
     *out = p;
-    return R_OK;
+    return IDA__R_OK;
 }
 
 static int op_pool_create(struct ida_fsm *f,
@@ -476,18 +476,18 @@ static int op_pool_create(struct ida_fsm *f,
                           struct ida_fsm_result *r)
 {
     if (!ida_fsm_pool_name_valid(m->name)) {
-        return R_POOL_NAME;
+        return IDA__R_POOL_NAME;
     }
     if (m->kind != IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE &&
         m->kind != IDALLOC__POOL_KIND__POOL_KIND_BOUNDED &&
         m->kind != IDALLOC__POOL_KIND__POOL_KIND_PREFIX) {
-        return R_KIND_UNKNOWN;
+        return IDA__R_KIND_UNKNOWN;
     }
     if (m->kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED && m->size == 0) {
-        return R_SIZE_BOUNDED;
+        return IDA__R_SIZE_BOUNDED;
     }
     if (m->kind != IDALLOC__POOL_KIND__POOL_KIND_BOUNDED && m->size != 0) {
-        return R_SIZE_OTHER;
+        return IDA__R_SIZE_OTHER;
     }
     struct ida__pool *old = ida__fsm_pool_find(f, m->name);
     if (old != NULL) {
@@ -495,14 +495,14 @@ static int op_pool_create(struct ida_fsm *f,
                     (old->kind != IDALLOC__POOL_KIND__POOL_KIND_BOUNDED ||
                      old->u.bounded.size == m->size);
         if (!same) {
-            return R_POOL_EXISTS;
+            return IDA__R_POOL_EXISTS;
         }
         result_ok(r, IDA_FSM_OP_POOL_CREATE);
         r->flag = false;
-        return R_OK;
+        return IDA__R_OK;
     }
     if (f->pool_count >= IDA_POOLS_MAX) {
-        return R_POOLS_MAX;
+        return IDA__R_POOLS_MAX;
     }
     struct ida__pool *p = ida_calloc(1, sizeof(*p));
     if (p == NULL) {
@@ -523,7 +523,7 @@ static int op_pool_create(struct ida_fsm *f,
     }
     result_ok(r, IDA_FSM_OP_POOL_CREATE);
     r->flag = true;
-    return R_OK;
+    return IDA__R_OK;
 }
 
 static int op_alloc(struct ida_fsm *f,
@@ -533,16 +533,16 @@ static int op_alloc(struct ida_fsm *f,
     struct ida__pool *p;
     size_t len;
     int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
-    if (rv == R_OK) {
+    if (rv == IDA__R_OK) {
         rv = check_tag(m->tag, &len);
     }
-    if (rv != R_OK) {
+    if (rv != IDA__R_OK) {
         return rv;
     }
     uint64_t id;
     bool existed;
     rv = ida__bounded_alloc(&p->u.bounded, m->tag, len, &id, &existed);
-    if (rv == R_OK) {
+    if (rv == IDA__R_OK) {
         result_ok(r, IDA_FSM_OP_ALLOC);
         r->id = id;
         r->flag = existed;
@@ -557,15 +557,15 @@ static int op_free(struct ida_fsm *f,
     struct ida__pool *p;
     size_t len;
     int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
-    if (rv == R_OK) {
+    if (rv == IDA__R_OK) {
         rv = check_tag(m->tag, &len);
     }
-    if (rv != R_OK) {
+    if (rv != IDA__R_OK) {
         return rv;
     }
     bool freed;
     rv = ida__bounded_free(&p->u.bounded, m->id, m->tag, len, &freed);
-    if (rv == R_OK) {
+    if (rv == IDA__R_OK) {
         result_ok(r, IDA_FSM_OP_FREE);
         r->flag = freed;
     }
@@ -578,25 +578,25 @@ static int op_reserve(struct ida_fsm *f,
 {
     struct ida__pool *p;
     int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE, &p);
-    if (rv != R_OK) {
+    if (rv != IDA__R_OK) {
         return rv;
     }
     if (m->count == 0) {
-        return R_COUNT_ZERO;
+        return IDA__R_COUNT_ZERO;
     }
     if (m->count > IDA_RESERVE_COUNT_MAX) {
-        return R_COUNT_BIG;
+        return IDA__R_COUNT_BIG;
     }
     /* [first, first + count) must end at or before UINT64_MAX. */
     if (p->u.seq_next > UINT64_MAX - m->count) {
-        return R_SEQ_END;
+        return IDA__R_SEQ_END;
     }
     result_ok(r, IDA_FSM_OP_RESERVE);
     r->id = p->u.seq_next;
     r->count = m->count;
     p->u.seq_next += m->count;
     IDA_ASSERT(p->u.seq_next > r->id); /* blocks never overlap */
-    return R_OK;
+    return IDA__R_OK;
 }
 
 static int op_prefix(struct ida_fsm *f,
@@ -607,16 +607,16 @@ static int op_prefix(struct ida_fsm *f,
     struct ida__pool *p;
     size_t len;
     int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_PREFIX, &p);
-    if (rv == R_OK) {
+    if (rv == IDA__R_OK) {
         rv = check_tag(m->tag, &len);
     }
-    if (rv != R_OK) {
+    if (rv != IDA__R_OK) {
         return rv;
     }
     uint64_t v;
     bool existed;
     rv = ida__prefix_alloc(&p->u.prefix, m->tag, len, seed, &v, &existed);
-    if (rv == R_OK) {
+    if (rv == IDA__R_OK) {
         result_ok(r, IDA_FSM_OP_PREFIX_ALLOC);
         r->prefix_len = (uint8_t)ida__prefix_encode(v, r->prefix);
         r->flag = existed;
@@ -633,7 +633,7 @@ static uint64_t seed_of(ida_index index, size_t pos)
     return z;
 }
 
-/* Run @c's operation: R_OK with @r filled, a reason, or -IDA_ENOMEM. */
+/* Run @c's operation: IDA__R_OK with @r filled, a reason, or -IDA_ENOMEM. */
 static int execute(struct ida_fsm *f,
                    const Idalloc__Command *c,
                    uint64_t seed,
@@ -651,7 +651,7 @@ static int execute(struct ida_fsm *f,
         case IDALLOC__COMMAND__OP_PREFIX_ALLOC:
             return op_prefix(f, c->prefix_alloc, seed, r);
         default:
-            return R_NO_OP;
+            return IDA__R_NO_OP;
     }
 }
 
@@ -665,12 +665,12 @@ static int apply_command(struct ida_fsm *f,
     memset(reply, 0, sizeof(*reply));
     reply->request_seq = c->request_seq;
     if (c->client_id.len != IDA_CLIENT_ID_BYTES) {
-        ida__fsm_result_error(&reply->result, R_CLIENT_ID);
+        ida__fsm_result_error(&reply->result, IDA__R_CLIENT_ID);
         return 0;
     }
     memcpy(reply->client_id, c->client_id.data, IDA_CLIENT_ID_BYTES);
     if (c->request_seq == 0) {
-        ida__fsm_result_error(&reply->result, R_SEQ_ZERO);
+        ida__fsm_result_error(&reply->result, IDA__R_SEQ_ZERO);
         return 0;
     }
     struct ida__session *s = ida__session_find(f, c->client_id.data);
@@ -681,7 +681,7 @@ static int apply_command(struct ida_fsm *f,
                 reply->result = k->result;
                 reply->cached = true;
             } else {
-                ida__fsm_result_error(&reply->result, R_SESSION_GONE);
+                ida__fsm_result_error(&reply->result, IDA__R_SESSION_GONE);
             }
             ida__session_touch(f, s);
             return 0;
@@ -701,7 +701,7 @@ static int apply_command(struct ida_fsm *f,
     if (rv < 0) {
         return -rv;
     }
-    if (rv != R_OK) {
+    if (rv != IDA__R_OK) {
         ida__fsm_result_error(&reply->result, rv);
     }
     session_keep(s, c->request_seq, &reply->result);
@@ -816,10 +816,10 @@ int ida_fsm_lookup(const struct ida_fsm *f,
     size_t len;
     int rv = pool_of((struct ida_fsm *)f, pool,
                      IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
-    if (rv == R_OK) {
+    if (rv == IDA__R_OK) {
         rv = check_tag(tag, &len);
     }
-    if (rv != R_OK) {
+    if (rv != IDA__R_OK) {
         return reason_code(rv);
     }
     uint32_t ref = ida__bounded_find(&p->u.bounded, tag, len);
@@ -842,7 +842,7 @@ int ida_fsm_list(const struct ida_fsm *f,
     struct ida__pool *p;
     int rv = pool_of((struct ida_fsm *)f, pool,
                      IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
-    if (rv != R_OK) {
+    if (rv != IDA__R_OK) {
         return reason_code(rv);
     }
     if (limit == 0) {

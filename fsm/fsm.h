@@ -240,7 +240,9 @@ bool ida_fsm_tag_valid(const char *tag);
  * owned by the caller, release with ida_free()). The same state always
  * gives the same bytes: pools by name, holdings by id, prefix tags by tag
  * bytes, sessions by client_id, each session's results by request_seq.
- * Returns 0 or IDA_ENOMEM. */
+ * The last field is always FsmState.checksum (a 64-bit hash of the bytes
+ * before it), so truncation and damage are detected even where the rest
+ * would still parse. Does not change @f. Returns 0 or IDA_ENOMEM. */
 int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len);
 
 /* Replace the state of @f with the FsmState in @data (@len bytes, borrowed).

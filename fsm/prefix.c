@@ -134,7 +134,7 @@ int ida__prefix_alloc(struct ida__prefix *p,
     if (ref != IDA__REF_NONE) {
         *value = p->values[ref];
         *existed = true;
-        return R_OK;
+        return IDA__R_OK;
     }
     uint64_t start = p->start;
     uint64_t window = ida__prefix_window(start);
@@ -145,7 +145,7 @@ int ida__prefix_alloc(struct ida__prefix *p,
     }
     /* The last window must end at or before UINT64_MAX. */
     if (start > UINT64_MAX - window || p->n >= IDA_PREFIX_TAGS_MAX) {
-        return R_PREFIX_END;
+        return IDA__R_PREFIX_END;
     }
     if (grow(p) != 0 || ida__tagtab_reserve(&p->tab) != 0) {
         return -IDA_ENOMEM;
@@ -176,7 +176,7 @@ int ida__prefix_alloc(struct ida__prefix *p,
     append(p, rec, start + off);
     *value = start + off;
     *existed = false;
-    return R_OK;
+    return IDA__R_OK;
 }
 
 int ida__prefix_put(struct ida__prefix *p, uint8_t *rec, uint64_t value)
