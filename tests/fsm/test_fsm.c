@@ -730,6 +730,37 @@ Test(fsm, malformed_batches_are_deterministic_noops)
     ida_free(after);
 }
 
+Test(fsm, oversized_batch_is_a_noop)
+{
+    assert_ok(create("s", SEQ, 0));
+    fx_batch_init(&b, now_ms);
+    fx_add_reserve(&b, 3, 1, "s", 1);
+    /* IDA_BATCH_COMMANDS_MAX + 1 copies of one command. */
+    size_t n = IDA_BATCH_COMMANDS_MAX + 1;
+    Idalloc__Command **many = malloc(n * sizeof(*many));
+    for (size_t i = 0; i < n; i++) {
+        many[i] = &b.cmd[0];
+    }
+    Idalloc__CommandBatch m;
+    idalloc__command_batch__init(&m);
+    m.version = IDA_BATCH_VERSION;
+    m.n_commands = n;
+    m.commands = many;
+    size_t len = idalloc__command_batch__get_packed_size(&m);
+    uint8_t *buf = malloc(len);
+    idalloc__command_batch__pack(&m, buf);
+    struct ida_fsm_applied out;
+    ida_index i = ida_fsm_applied_index(f) + 1;
+    cr_assert_eq(ida_fsm_apply(f, i, IDA_ENTRY_NORMAL, buf, len, &out), 0);
+    cr_assert_eq(out.entry_error, IDA_ETOOBIG);
+    cr_assert_eq(out.count, 0);
+    cr_assert_eq(ida_fsm_applied_index(f), i);
+    struct ida_fsm_result r = reserve("s", 1);
+    cr_assert_eq(r.id, 1, "none of the commands acted");
+    free(buf);
+    free(many);
+}
+
 Test(fsm, malformed_commands_get_einval)
 {
     assert_ok(create("s", SEQ, 0));
