@@ -408,3 +408,60 @@ Test(snap, inconsistent_sessions_are_refused)
     cr_assert_eq(out.replies[0].result.id, 1);
     cr_assert_eq(out.replies[0].result.count, 2);
 }
+
+/* --- out of memory ------------------------------------------------------------ */
+
+/* Fail the Nth allocation of snapshot and of restore for N = 0, 1, ...
+ * until the call succeeds: each failure is IDA_ENOMEM and the restore
+ * target keeps its previous state exactly. */
+Test(snap, enomem_on_every_snapshot_and_restore_path)
+{
+    populate(f, 0);
+    size_t len;
+    uint8_t *snap = fx_snapshot(f, &len);
+    int n;
+    for (n = 0;; n++) {
+        uint8_t *data = NULL;
+        size_t l;
+        ida_heap_fault_set(n, 1);
+        int rv = ida_fsm_snapshot(f, &data, &l);
+        ida_heap_fault_set(0, 0);
+        if (rv == 0) {
+            cr_assert_eq(l, len);
+            cr_assert_eq(memcmp(data, snap, len), 0);
+            ida_free(data);
+            break;
+        }
+        cr_assert_eq(rv, IDA_ENOMEM);
+        cr_assert_null(data);
+    }
+    cr_assert_gt(n, 0);
+
+    struct ida_fsm *g;
+    cr_assert_eq(ida_fsm_new(&g), 0);
+    fx_batch_init(&b, 1);
+    fx_add_create(&b, 1, 1, "other", SEQ, 0);
+    struct ida_fsm_applied out;
+    fx_apply(g, &b, &out);
+    size_t glen;
+    uint8_t *gsnap = fx_snapshot(g, &glen);
+    for (n = 0;; n++) {
+        ida_heap_fault_set(n, 1);
+        int rv = ida_fsm_restore(g, snap, len);
+        ida_heap_fault_set(0, 0);
+        if (rv == 0) {
+            break;
+        }
+        cr_assert_eq(rv, IDA_ENOMEM, "allocation %d: %d", n, rv);
+        size_t l;
+        uint8_t *now = fx_snapshot(g, &l);
+        cr_assert_eq(l, glen);
+        cr_assert_eq(memcmp(now, gsnap, glen), 0, "allocation %d", n);
+        ida_free(now);
+    }
+    cr_assert_gt(n, 10, "restore allocates per pool, table and session");
+    assert_same_bytes(f, g);
+    ida_free(gsnap);
+    ida_free(snap);
+    ida_fsm_free(g);
+}
