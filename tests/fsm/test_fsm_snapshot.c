@@ -409,7 +409,8 @@ Test(snap, inconsistent_sessions_are_refused)
     cr_assert_eq(out.replies[0].result.count, 2);
 }
 
-/* --- out of memory ------------------------------------------------------------ */
+/* --- out of memory
+ * ------------------------------------------------------------ */
 
 /* Fail the Nth allocation of snapshot and of restore for N = 0, 1, ...
  * until the call succeeds: each failure is IDA_ENOMEM and the restore
