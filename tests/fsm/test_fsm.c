@@ -916,3 +916,30 @@ Test(fsm, processor_applies_committed_entries_in_order)
     cr_assert_eq(ida_fsm_applied_index(f), 4);
     ida_fsm_proc_close(&p);
 }
+
+Test(fsm, processor_add_updates_enomem_queues_nothing)
+{
+    struct ida_fsm_proc p;
+    cr_assert_eq(ida_fsm_proc_init(&p, f, 4), 0);
+    uint8_t data[3] = {1, 2, 3};
+    struct ida_entry e[3] = {
+        {1, 1, IDA_ENTRY_NOOP, NULL, 0},
+        {1, 2, IDA_ENTRY_CONFIG, data, 3},
+        {1, 3, IDA_ENTRY_NOOP, NULL, 0},
+    };
+    for (int n = 0; n < 3; n++) {
+        ida_heap_fault_set(n, 1);
+        int rv = ida_fsm_proc_add_updates(&p, e, 3);
+        ida_heap_fault_set(0, 0);
+        cr_assert_eq(rv, IDA_ENOMEM);
+        ida_index first;
+        cr_assert_eq(ida_fsm_proc_upcoming(&p, &first), 0);
+    }
+    cr_assert_eq(ida_fsm_proc_add_updates(&p, e, 3), 0);
+    struct ida_fsm_applied out;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(ida_fsm_proc_comeup(&p, &out), 0);
+    }
+    cr_assert_eq(ida_fsm_applied_index(f), 3);
+    ida_fsm_proc_close(&p);
+}
