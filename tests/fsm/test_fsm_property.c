@@ -1,7 +1,8 @@
 /* fsm/ property tests: long random command sequences over every pool kind
  * against a plain reference model (bitmaps and arrays), with retries,
  * malformed commands, and snapshot/restore at random points. Four seeds of
- * 260,000 commands: 1,040,000 commands in all. A failure prints the seed. */
+ * 260,000 commands: 1,040,000 commands in all. The failing test's name is
+ * its seed (plus IDA_FSM_PROPERTY_SEED when set). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -590,24 +591,34 @@ static void run(uint64_t seed, uint64_t commands)
     model_free();
 }
 
-#define COMMANDS 260000
-
-Test(property, seed_1, .timeout = 120)
+/* 260,000 commands per seed; IDA_FSM_PROPERTY_COMMANDS and
+ * IDA_FSM_PROPERTY_SEED (added to each test's seed) lengthen and vary the
+ * run for soak testing (make fsm-soak). */
+static void run_env(uint64_t seed)
 {
-    run(1, COMMANDS);
+    const char *c = getenv("IDA_FSM_PROPERTY_COMMANDS");
+    const char *s = getenv("IDA_FSM_PROPERTY_SEED");
+    uint64_t commands = c != NULL ? strtoull(c, NULL, 10) : 260000;
+    uint64_t base = s != NULL ? strtoull(s, NULL, 10) : 0;
+    run(base + seed, commands);
 }
 
-Test(property, seed_2, .timeout = 120)
+Test(property, seed_1, .timeout = 100000)
 {
-    run(2, COMMANDS);
+    run_env(1);
 }
 
-Test(property, seed_3, .timeout = 120)
+Test(property, seed_2, .timeout = 100000)
 {
-    run(3, COMMANDS);
+    run_env(2);
 }
 
-Test(property, seed_4, .timeout = 120)
+Test(property, seed_3, .timeout = 100000)
 {
-    run(4, COMMANDS);
+    run_env(3);
+}
+
+Test(property, seed_4, .timeout = 100000)
+{
+    run_env(4);
 }
