@@ -50,11 +50,12 @@
  * used one (order: a counter bumped on every use, kept in snapshots).
  * A session takes 960 bytes, so the table stays under 64 MiB.
  * A too-late retry (its session expired or was dropped) is unknown to the
- * state machine and is executed as a new command: alloc/prefix by tag and
- * free are idempotent by tag so it gets the same id (existed = true) or
- * freed = false; pool create answers created = false; reserve hands out a
- * new block and the first one is simply never used. No id is ever handed
- * out twice in any of these cases.
+ * state machine and is executed as a new command: alloc and prefix alloc
+ * are idempotent by tag, so the tag gets the id it holds (existed = true);
+ * free answers freed = false, or IDA_ETAGMISMATCH if another tag took the
+ * id since (it never frees another tag's id); pool create answers
+ * created = false; reserve hands out a new block and the first one is
+ * simply never used. No id is ever handed out twice in any of these cases.
  *
  * Entries: ENTRY_NORMAL data is an encoded idalloc.CommandBatch; NOOP and
  * CONFIG entries only advance the applied index. A NORMAL entry whose data
@@ -63,7 +64,9 @@
  * applied as a no-op (applied index advances, nothing else changes, no
  * results) and reported in ida_fsm_applied.entry_error, so every replica,
  * seeing the same bytes, makes the same choice. A single malformed command
- * (no op, bad client_id) gets IDA_EINVAL as its result.
+ * gets IDA_EINVAL as its result: no op (kept in its session like any
+ * answer), or a client_id that is not 16 bytes or request_seq 0 (no
+ * session to keep it in).
  *
  * Processor protocol (seed 004 2.15: commit / add updates / get upcoming /
  * revert): see struct ida_fsm_proc below.
