@@ -1,0 +1,926 @@
+/* The allocator state machine: apply, pools, sessions, reads. */
+#include "fsm/fsm.h"
+
+#include <string.h>
+
+#include "fsm/fsm_internal.h"
+#include "ida/assert.h"
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+
+/* --- reasons ------------------------------------------------------------- */
+
+static const struct
+{
+    int code;
+    const char *text;
+} reasons[] = {
+#define IDA__R_ROW(name, c, t) {c, t},
+    IDA__FSM_REASONS(IDA__R_ROW)
+#undef IDA__R_ROW
+};
+
+void ida__fsm_result_error(struct ida_fsm_result *r,
+                           enum ida__fsm_reason reason)
+{
+    IDA_ASSERT(reason > IDA__R_OK && reason < IDA__R_COUNT_);
+    memset(r, 0, sizeof(*r));
+    r->error = reasons[reason].code;
+    r->error_msg = reasons[reason].text;
+}
+
+int ida__fsm_reason_find(int code, const char *text)
+{
+    for (int i = 0; i < IDA__R_COUNT_; i++) {
+        if (reasons[i].code == code && strcmp(reasons[i].text, text) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static void result_ok(struct ida_fsm_result *r, enum ida_fsm_op op)
+{
+    memset(r, 0, sizeof(*r));
+    r->error_msg = "";
+    r->op = op;
+}
+
+/* --- validity --------------------------------------------------------------
+ */
+
+static bool name_char_ok(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' ||
+           c == '-';
+}
+
+bool ida_fsm_pool_name_valid(const char *name)
+{
+    if (name == NULL) {
+        return false;
+    }
+    size_t n = 0;
+    for (; name[n] != '\0'; n++) {
+        if (n >= IDA_POOL_NAME_MAX || !name_char_ok(name[n])) {
+            return false;
+        }
+    }
+    return n >= 1;
+}
+
+/* IDA__R_OK with *len set, or the reason the tag is bad. */
+static int check_tag(const char *tag, size_t *len)
+{
+    if (tag == NULL || tag[0] == '\0') {
+        return IDA__R_TAG_EMPTY;
+    }
+    size_t n = strnlen(tag, IDA_TAG_BYTES_MAX + 1);
+    if (n > IDA_TAG_BYTES_MAX) {
+        return IDA__R_TAG_LONG;
+    }
+    *len = n;
+    return IDA__R_OK;
+}
+
+bool ida_fsm_tag_valid(const char *tag)
+{
+    size_t len;
+    return check_tag(tag, &len) == IDA__R_OK;
+}
+
+/* --- pools
+ * -------------------------------------------------------------------- */
+
+/* Index of the first pool whose name is >= @name. */
+static size_t pool_lower_bound(const struct ida_fsm *f, const char *name)
+{
+    size_t lo = 0, hi = f->pool_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(f->pools[mid]->name, name) < 0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+struct ida__pool *ida__fsm_pool_find(const struct ida_fsm *f, const char *name)
+{
+    size_t i = pool_lower_bound(f, name);
+    if (i < f->pool_count && strcmp(f->pools[i]->name, name) == 0) {
+        return f->pools[i];
+    }
+    return NULL;
+}
+
+int ida__fsm_pool_insert(struct ida_fsm *f, struct ida__pool *p)
+{
+    if (f->pool_count == f->pool_cap) {
+        size_t ncap = f->pool_cap == 0 ? 8 : f->pool_cap * 2;
+        struct ida__pool **np = ida_realloc(f->pools, ncap * sizeof(*np));
+        if (np == NULL) {
+            return IDA_ENOMEM;
+        }
+        f->pools = np;
+        f->pool_cap = ncap;
+    }
+    size_t i = pool_lower_bound(f, p->name);
+    IDA_ASSERT(i == f->pool_count || strcmp(f->pools[i]->name, p->name) > 0);
+    memmove(&f->pools[i + 1], &f->pools[i],
+            (f->pool_count - i) * sizeof(*f->pools));
+    f->pools[i] = p;
+    f->pool_count++;
+    return 0;
+}
+
+void ida__pool_free(struct ida__pool *p)
+{
+    if (p == NULL) {
+        return;
+    }
+    if (p->kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED) {
+        ida__bounded_close(&p->u.bounded);
+    } else if (p->kind == IDALLOC__POOL_KIND__POOL_KIND_PREFIX) {
+        ida__prefix_close(&p->u.prefix);
+    }
+    ida_free(p);
+}
+
+/* --- sessions
+ * ------------------------------------------------------------------ */
+
+const uint8_t *ida__session_key(const void *ctx, uint32_t ref, size_t *len)
+{
+    const struct ida_fsm *f = ctx;
+    IDA_ASSERT(ref < f->sess_ref_cap && f->sess_refs[ref] != NULL);
+    *len = IDA_CLIENT_ID_BYTES;
+    return f->sess_refs[ref]->client_id;
+}
+
+struct ida__session *ida__session_find(const struct ida_fsm *f,
+                                       const uint8_t *client_id)
+{
+    uint32_t ref =
+        ida__tagtab_find(&f->sessions, client_id, IDA_CLIENT_ID_BYTES);
+    return ref == IDA__REF_NONE ? NULL : f->sess_refs[ref];
+}
+
+static void lru_unlink(struct ida_fsm *f, struct ida__session *s)
+{
+    if (s->prev != NULL) {
+        s->prev->next = s->next;
+    } else {
+        f->lru_head = s->next;
+    }
+    if (s->next != NULL) {
+        s->next->prev = s->prev;
+    } else {
+        f->lru_tail = s->prev;
+    }
+    s->prev = s->next = NULL;
+}
+
+static void lru_append(struct ida_fsm *f, struct ida__session *s)
+{
+    s->prev = f->lru_tail;
+    s->next = NULL;
+    if (f->lru_tail != NULL) {
+        f->lru_tail->next = s;
+    } else {
+        f->lru_head = s;
+    }
+    f->lru_tail = s;
+}
+
+void ida__session_touch(struct ida_fsm *f, struct ida__session *s)
+{
+    s->rank = ++f->session_clock;
+    s->last_active_ms = f->now_ms;
+    lru_unlink(f, s);
+    lru_append(f, s);
+}
+
+/* Room for one more session ref: 0 or IDA_ENOMEM. */
+static int session_ref_reserve(struct ida_fsm *f)
+{
+    if (f->sess_free_count > 0 || f->session_count < f->sess_ref_cap) {
+        return 0;
+    }
+    uint32_t ncap = f->sess_ref_cap == 0 ? 64 : f->sess_ref_cap * 2;
+    struct ida__session **nr = ida_realloc(f->sess_refs, ncap * sizeof(*nr));
+    if (nr == NULL) {
+        return IDA_ENOMEM;
+    }
+    f->sess_refs = nr;
+    uint32_t *nf = ida_realloc(f->sess_free, ncap * sizeof(*nf));
+    if (nf == NULL) {
+        return IDA_ENOMEM; /* refs grew alone: harmless */
+    }
+    f->sess_free = nf;
+    /* New refs are free, pushed so the lowest is used first. */
+    for (uint32_t r = ncap; r > f->sess_ref_cap; r--) {
+        f->sess_refs[r - 1] = NULL;
+        f->sess_free[f->sess_free_count++] = r - 1;
+    }
+    f->sess_ref_cap = ncap;
+    return 0;
+}
+
+struct ida__session *ida__session_add(struct ida_fsm *f,
+                                      const uint8_t *client_id)
+{
+    IDA_ASSERT(f->session_count < IDA_SESSIONS_MAX);
+    if (session_ref_reserve(f) != 0 || ida__tagtab_reserve(&f->sessions) != 0) {
+        return NULL;
+    }
+    struct ida__session *s = ida_calloc(1, sizeof(*s));
+    if (s == NULL) {
+        return NULL;
+    }
+    memcpy(s->client_id, client_id, IDA_CLIENT_ID_BYTES);
+    IDA_ASSERT(f->sess_free_count > 0);
+    s->ref = f->sess_free[--f->sess_free_count];
+    f->sess_refs[s->ref] = s;
+    ida__tagtab_insert(&f->sessions, s->ref);
+    f->session_count++;
+    lru_append(f, s);
+    return s;
+}
+
+static void session_drop(struct ida_fsm *f, struct ida__session *s)
+{
+    ida__tagtab_remove(&f->sessions, s->ref);
+    f->sess_refs[s->ref] = NULL;
+    f->sess_free[f->sess_free_count++] = s->ref;
+    lru_unlink(f, s);
+    f->session_count--;
+    ida_free(s);
+}
+
+/* Drop sessions idle for IDA_SESSION_TTL_MS of now_ms. The LRU list is in
+ * rank order and last_active_ms never decreases along it. */
+static void sessions_expire(struct ida_fsm *f)
+{
+    while (f->lru_head != NULL &&
+           f->now_ms - f->lru_head->last_active_ms >= IDA_SESSION_TTL_MS) {
+        session_drop(f, f->lru_head);
+    }
+}
+
+static const struct ida__cached *session_lookup(const struct ida__session *s,
+                                                uint64_t seq)
+{
+    for (uint32_t i = 0; i < s->n; i++) {
+        if (s->results[i].seq == seq) {
+            return &s->results[i];
+        }
+    }
+    return NULL;
+}
+
+/* Keep @r for @seq (absent). When full, the lowest seq of the kept ones
+ * and @seq is dropped and remembered in evicted_below. Results are kept in
+ * no particular order (snapshots sort them): no shifting on the hot path. */
+static void session_keep(struct ida__session *s,
+                         uint64_t seq,
+                         const struct ida_fsm_result *r)
+{
+    uint32_t slot = s->n;
+    if (s->n == IDA_SESSION_RESULTS_MAX) {
+        slot = 0;
+        for (uint32_t i = 1; i < s->n; i++) {
+            if (s->results[i].seq < s->results[slot].seq) {
+                slot = i;
+            }
+        }
+        uint64_t lowest = s->results[slot].seq;
+        if (seq < lowest) {
+            /* Older than everything kept: dropped at once. */
+            if (seq > s->evicted_below) {
+                s->evicted_below = seq;
+            }
+            return;
+        }
+        if (lowest > s->evicted_below) {
+            s->evicted_below = lowest;
+        }
+    } else {
+        s->n++;
+    }
+    s->results[slot].seq = seq;
+    s->results[slot].result = *r;
+}
+
+/* --- decode arena ------------------------------------------------------- */
+
+#define ARENA_BLOCK_BYTES (64u * 1024)
+
+static void *arena_alloc(void *data, size_t size)
+{
+    struct ida_fsm *f = data;
+    size = (size + 15) & ~(size_t)15;
+    struct ida__arena_block *a = f->arena;
+    if (a == NULL || a->cap - a->used < size) {
+        size_t cap = size > ARENA_BLOCK_BYTES ? size : ARENA_BLOCK_BYTES;
+        if (a != NULL && a->cap > cap) {
+            cap = a->cap;
+        }
+        struct ida__arena_block *n = ida_malloc(sizeof(*n) + cap);
+        if (n == NULL) {
+            f->arena_failed = true;
+            return NULL;
+        }
+        n->next = a;
+        n->cap = cap;
+        n->used = 0;
+        f->arena = a = n;
+    }
+    void *p = a->data + a->used;
+    a->used += size;
+    return p;
+}
+
+static void arena_free(void *data, void *ptr)
+{
+    (void)data; /* everything goes at once in arena_reset() */
+    (void)ptr;
+}
+
+static void arena_release(struct ida_fsm *f)
+{
+    while (f->arena != NULL) {
+        struct ida__arena_block *next = f->arena->next;
+        ida_free(f->arena);
+        f->arena = next;
+    }
+}
+
+/* Empty the arena; several blocks become one of their total size, so the
+ * next entry of the same size needs no allocation. */
+static void arena_reset(struct ida_fsm *f)
+{
+    f->arena_failed = false;
+    if (f->arena == NULL) {
+        return;
+    }
+    if (f->arena->next == NULL) {
+        f->arena->used = 0;
+        return;
+    }
+    size_t total = 0;
+    for (struct ida__arena_block *a = f->arena; a != NULL; a = a->next) {
+        total += a->cap;
+    }
+    arena_release(f);
+    struct ida__arena_block *n = ida_malloc(sizeof(*n) + total);
+    if (n != NULL) { /* else the next entry allocates again */
+        n->next = NULL;
+        n->cap = total;
+        n->used = 0;
+        f->arena = n;
+    }
+}
+
+/* --- lifetime
+ * ----------------------------------------------------------------- */
+
+int ida_fsm_new(struct ida_fsm **out)
+{
+    struct ida_fsm *f = ida_calloc(1, sizeof(*f));
+    if (f == NULL) {
+        return IDA_ENOMEM;
+    }
+    ida__tagtab_init(&f->sessions, ida__session_key, f);
+    *out = f;
+    return 0;
+}
+
+void ida_fsm_free(struct ida_fsm *f)
+{
+    if (f == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < f->pool_count; i++) {
+        ida__pool_free(f->pools[i]);
+    }
+    ida_free(f->pools);
+    while (f->lru_head != NULL) {
+        struct ida__session *s = f->lru_head;
+        f->lru_head = s->next;
+        ida_free(s);
+    }
+    ida_free(f->sess_refs);
+    ida_free(f->sess_free);
+    ida__tagtab_close(&f->sessions);
+    ida_free(f->replies);
+    arena_release(f);
+    ida_free(f);
+}
+
+ida_index ida_fsm_applied_index(const struct ida_fsm *f)
+{
+    return f->applied_index;
+}
+
+uint64_t ida_fsm_now_ms(const struct ida_fsm *f)
+{
+    return f->now_ms;
+}
+
+size_t ida_fsm_pool_count(const struct ida_fsm *f)
+{
+    return f->pool_count;
+}
+
+size_t ida_fsm_session_count(const struct ida_fsm *f)
+{
+    return f->session_count;
+}
+
+/* --- operations
+ * ------------------------------------------------------------------- */
+
+/* The pool named @name of @kind, or a reason. */
+static int pool_of(struct ida_fsm *f,
+                   const char *name,
+                   Idalloc__PoolKind kind,
+                   struct ida__pool **out)
+{
+    if (!ida_fsm_pool_name_valid(name)) {
+        return IDA__R_POOL_NAME;
+    }
+    struct ida__pool *p = ida__fsm_pool_find(f, name);
+    if (p == NULL) {
+        return IDA__R_NO_POOL;
+    }
+    if (p->kind != kind) {
+        switch (kind) {
+            case IDALLOC__POOL_KIND__POOL_KIND_BOUNDED:
+                return IDA__R_NOT_BOUNDED;
+            case IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE:
+                return IDA__R_NOT_SEQUENCE;
+            default:
+                return IDA__R_NOT_PREFIX;
+        }
+    }
+    *out = p;
+    return IDA__R_OK;
+}
+
+static int op_pool_create(struct ida_fsm *f,
+                          const Idalloc__PoolCreate *m,
+                          struct ida_fsm_result *r)
+{
+    if (!ida_fsm_pool_name_valid(m->name)) {
+        return IDA__R_POOL_NAME;
+    }
+    if (m->kind != IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE &&
+        m->kind != IDALLOC__POOL_KIND__POOL_KIND_BOUNDED &&
+        m->kind != IDALLOC__POOL_KIND__POOL_KIND_PREFIX) {
+        return IDA__R_KIND_UNKNOWN;
+    }
+    if (m->kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED && m->size == 0) {
+        return IDA__R_SIZE_BOUNDED;
+    }
+    if (m->kind != IDALLOC__POOL_KIND__POOL_KIND_BOUNDED && m->size != 0) {
+        return IDA__R_SIZE_OTHER;
+    }
+    struct ida__pool *old = ida__fsm_pool_find(f, m->name);
+    if (old != NULL) {
+        bool same = old->kind == m->kind &&
+                    (old->kind != IDALLOC__POOL_KIND__POOL_KIND_BOUNDED ||
+                     old->u.bounded.size == m->size);
+        if (!same) {
+            return IDA__R_POOL_EXISTS;
+        }
+        result_ok(r, IDA_FSM_OP_POOL_CREATE);
+        r->flag = false;
+        return IDA__R_OK;
+    }
+    if (f->pool_count >= IDA_POOLS_MAX) {
+        return IDA__R_POOLS_MAX;
+    }
+    struct ida__pool *p = ida_calloc(1, sizeof(*p));
+    if (p == NULL) {
+        return -IDA_ENOMEM;
+    }
+    strcpy(p->name, m->name);
+    p->kind = m->kind;
+    if (p->kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED) {
+        ida__bounded_init(&p->u.bounded, m->size);
+    } else if (p->kind == IDALLOC__POOL_KIND__POOL_KIND_PREFIX) {
+        ida__prefix_init(&p->u.prefix);
+    } else {
+        p->u.seq_next = 1;
+    }
+    if (ida__fsm_pool_insert(f, p) != 0) {
+        ida_free(p); /* still empty: nothing else to release */
+        return -IDA_ENOMEM;
+    }
+    result_ok(r, IDA_FSM_OP_POOL_CREATE);
+    r->flag = true;
+    return IDA__R_OK;
+}
+
+static int op_alloc(struct ida_fsm *f,
+                    const Idalloc__Alloc *m,
+                    struct ida_fsm_result *r)
+{
+    struct ida__pool *p;
+    size_t len;
+    int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
+    if (rv == IDA__R_OK) {
+        rv = check_tag(m->tag, &len);
+    }
+    if (rv != IDA__R_OK) {
+        return rv;
+    }
+    uint64_t id;
+    bool existed;
+    rv = ida__bounded_alloc(&p->u.bounded, m->tag, len, &id, &existed);
+    if (rv == IDA__R_OK) {
+        result_ok(r, IDA_FSM_OP_ALLOC);
+        r->id = id;
+        r->flag = existed;
+    }
+    return rv;
+}
+
+static int op_free(struct ida_fsm *f,
+                   const Idalloc__Free *m,
+                   struct ida_fsm_result *r)
+{
+    struct ida__pool *p;
+    size_t len;
+    int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
+    if (rv == IDA__R_OK) {
+        rv = check_tag(m->tag, &len);
+    }
+    if (rv != IDA__R_OK) {
+        return rv;
+    }
+    bool freed;
+    rv = ida__bounded_free(&p->u.bounded, m->id, m->tag, len, &freed);
+    if (rv == IDA__R_OK) {
+        result_ok(r, IDA_FSM_OP_FREE);
+        r->flag = freed;
+    }
+    return rv;
+}
+
+static int op_reserve(struct ida_fsm *f,
+                      const Idalloc__Reserve *m,
+                      struct ida_fsm_result *r)
+{
+    struct ida__pool *p;
+    int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE, &p);
+    if (rv != IDA__R_OK) {
+        return rv;
+    }
+    if (m->count == 0) {
+        return IDA__R_COUNT_ZERO;
+    }
+    if (m->count > IDA_RESERVE_COUNT_MAX) {
+        return IDA__R_COUNT_BIG;
+    }
+    /* [first, first + count) must end at or before UINT64_MAX. */
+    if (p->u.seq_next > UINT64_MAX - m->count) {
+        return IDA__R_SEQ_END;
+    }
+    result_ok(r, IDA_FSM_OP_RESERVE);
+    r->id = p->u.seq_next;
+    r->count = m->count;
+    p->u.seq_next += m->count;
+    IDA_ASSERT(p->u.seq_next > r->id); /* blocks never overlap */
+    return IDA__R_OK;
+}
+
+static int op_prefix(struct ida_fsm *f,
+                     const Idalloc__PrefixAlloc *m,
+                     uint64_t seed,
+                     struct ida_fsm_result *r)
+{
+    struct ida__pool *p;
+    size_t len;
+    int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_PREFIX, &p);
+    if (rv == IDA__R_OK) {
+        rv = check_tag(m->tag, &len);
+    }
+    if (rv != IDA__R_OK) {
+        return rv;
+    }
+    uint64_t v;
+    bool existed;
+    rv = ida__prefix_alloc(&p->u.prefix, m->tag, len, seed, &v, &existed);
+    if (rv == IDA__R_OK) {
+        result_ok(r, IDA_FSM_OP_PREFIX_ALLOC);
+        r->prefix_len = (uint8_t)ida__prefix_encode(v, r->prefix);
+        r->flag = existed;
+    }
+    return rv;
+}
+
+/* The PRNG seed of command @pos of entry @index. */
+static uint64_t seed_of(ida_index index, size_t pos)
+{
+    uint64_t z = index * UINT64_C(0x9e3779b97f4a7c15) ^
+                 ((uint64_t)pos + 1) * UINT64_C(0xc2b2ae3d27d4eb4f);
+    z ^= z >> 29;
+    return z;
+}
+
+/* Run @c's operation: IDA__R_OK with @r filled, a reason, or -IDA_ENOMEM. */
+static int execute(struct ida_fsm *f,
+                   const Idalloc__Command *c,
+                   uint64_t seed,
+                   struct ida_fsm_result *r)
+{
+    switch (c->op_case) {
+        case IDALLOC__COMMAND__OP_POOL_CREATE:
+            return op_pool_create(f, c->pool_create, r);
+        case IDALLOC__COMMAND__OP_ALLOC:
+            return op_alloc(f, c->alloc, r);
+        case IDALLOC__COMMAND__OP_FREE:
+            return op_free(f, c->free, r);
+        case IDALLOC__COMMAND__OP_RESERVE:
+            return op_reserve(f, c->reserve, r);
+        case IDALLOC__COMMAND__OP_PREFIX_ALLOC:
+            return op_prefix(f, c->prefix_alloc, seed, r);
+        default:
+            return IDA__R_NO_OP;
+    }
+}
+
+/* Apply one command with its session rules. 0 or IDA_ENOMEM (nothing of
+ * this command applied). */
+static int apply_command(struct ida_fsm *f,
+                         const Idalloc__Command *c,
+                         uint64_t seed,
+                         struct ida_fsm_reply *reply)
+{
+    memset(reply, 0, sizeof(*reply));
+    reply->request_seq = c->request_seq;
+    if (c->client_id.len != IDA_CLIENT_ID_BYTES) {
+        ida__fsm_result_error(&reply->result, IDA__R_CLIENT_ID);
+        return 0;
+    }
+    memcpy(reply->client_id, c->client_id.data, IDA_CLIENT_ID_BYTES);
+    if (c->request_seq == 0) {
+        ida__fsm_result_error(&reply->result, IDA__R_SEQ_ZERO);
+        return 0;
+    }
+    struct ida__session *s = ida__session_find(f, c->client_id.data);
+    if (s != NULL) {
+        const struct ida__cached *k = session_lookup(s, c->request_seq);
+        if (k != NULL || c->request_seq <= s->evicted_below) {
+            if (k != NULL) {
+                reply->result = k->result;
+                reply->cached = true;
+            } else {
+                ida__fsm_result_error(&reply->result, IDA__R_SESSION_GONE);
+            }
+            ida__session_touch(f, s);
+            return 0;
+        }
+    } else {
+        /* Allocate the session before acting, so an ENOMEM here leaves the
+         * command undone rather than done but unrecorded. */
+        if (f->session_count >= IDA_SESSIONS_MAX) {
+            session_drop(f, f->lru_head); /* the least recently used */
+        }
+        s = ida__session_add(f, c->client_id.data);
+        if (s == NULL) {
+            return IDA_ENOMEM;
+        }
+    }
+    int rv = execute(f, c, seed, &reply->result);
+    if (rv < 0) {
+        return -rv;
+    }
+    if (rv != IDA__R_OK) {
+        ida__fsm_result_error(&reply->result, rv);
+    }
+    session_keep(s, c->request_seq, &reply->result);
+    ida__session_touch(f, s);
+    return 0;
+}
+
+static int reserve_replies(struct ida_fsm *f, size_t n)
+{
+    if (n <= f->replies_cap) {
+        return 0;
+    }
+    size_t ncap = f->replies_cap == 0 ? 64 : f->replies_cap;
+    while (ncap < n) {
+        ncap *= 2;
+    }
+    struct ida_fsm_reply *nr = ida_realloc(f->replies, ncap * sizeof(*nr));
+    if (nr == NULL) {
+        return IDA_ENOMEM;
+    }
+    f->replies = nr;
+    f->replies_cap = ncap;
+    return 0;
+}
+
+static int apply_batch(struct ida_fsm *f,
+                       ida_index index,
+                       const Idalloc__CommandBatch *b,
+                       struct ida_fsm_applied *out)
+{
+    int rv = reserve_replies(f, b->n_commands);
+    if (rv != 0) {
+        return rv;
+    }
+    if (b->timestamp_ms > f->now_ms) {
+        f->now_ms = b->timestamp_ms; /* "now" never goes back */
+    }
+    sessions_expire(f);
+    for (size_t i = 0; i < b->n_commands; i++) {
+        rv =
+            apply_command(f, b->commands[i], seed_of(index, i), &f->replies[i]);
+        if (rv != 0) {
+            return rv;
+        }
+    }
+    out->count = b->n_commands;
+    out->replies = f->replies;
+    return 0;
+}
+
+int ida_fsm_apply(struct ida_fsm *f,
+                  ida_index index,
+                  enum ida_entry_type type,
+                  const uint8_t *data,
+                  size_t len,
+                  struct ida_fsm_applied *out)
+{
+    IDA_ASSERT(f != NULL && out != NULL);
+    memset(out, 0, sizeof(*out));
+    out->index = index;
+    if (index != f->applied_index + 1) {
+        return IDA_EINVAL;
+    }
+    if (type != IDA_ENTRY_NORMAL && type != IDA_ENTRY_NOOP &&
+        type != IDA_ENTRY_CONFIG) {
+        return IDA_EINVAL;
+    }
+    if (type == IDA_ENTRY_NORMAL) {
+        /* Decoded into the arena: freed all at once by the next reset. */
+        ProtobufCAllocator alloc = {arena_alloc, arena_free, f};
+        arena_reset(f);
+        Idalloc__CommandBatch *b =
+            idalloc__command_batch__unpack(&alloc, len, data);
+        if (b == NULL && f->arena_failed) {
+            /* Out of memory is local, not a property of the entry: it must
+             * not be mistaken for a malformed batch (replicas would part). */
+            return IDA_ENOMEM;
+        }
+        if (b == NULL) {
+            out->entry_error = IDA_EPROTO;
+        } else if (b->version != IDA_BATCH_VERSION) {
+            out->entry_error = IDA_EVERSION;
+        } else if (b->n_commands > IDA_BATCH_COMMANDS_MAX) {
+            out->entry_error = IDA_ETOOBIG;
+        } else {
+            int rv = apply_batch(f, index, b, out);
+            if (rv != 0) {
+                memset(out, 0, sizeof(*out));
+                out->index = index;
+                return rv;
+            }
+        }
+    }
+    f->applied_index = index;
+    return 0;
+}
+
+/* --- reads
+ * ------------------------------------------------------------------------- */
+
+static int reason_code(int reason)
+{
+    return reasons[reason].code;
+}
+
+int ida_fsm_lookup(const struct ida_fsm *f,
+                   const char *pool,
+                   const char *tag,
+                   uint64_t *id)
+{
+    struct ida__pool *p;
+    size_t len;
+    int rv = pool_of((struct ida_fsm *)f, pool,
+                     IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
+    if (rv == IDA__R_OK) {
+        rv = check_tag(tag, &len);
+    }
+    if (rv != IDA__R_OK) {
+        return reason_code(rv);
+    }
+    uint32_t ref = ida__bounded_find(&p->u.bounded, tag, len);
+    if (ref == IDA__REF_NONE) {
+        return IDA_ENOTFOUND;
+    }
+    *id = ref;
+    return 0;
+}
+
+int ida_fsm_list(const struct ida_fsm *f,
+                 const char *pool,
+                 bool has_after,
+                 uint64_t after_id,
+                 uint32_t limit,
+                 struct ida_fsm_holding *out,
+                 size_t *count,
+                 bool *more)
+{
+    struct ida__pool *p;
+    int rv = pool_of((struct ida_fsm *)f, pool,
+                     IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
+    if (rv != IDA__R_OK) {
+        return reason_code(rv);
+    }
+    if (limit == 0) {
+        limit = IDA_LIST_LIMIT_DEFAULT;
+    }
+    if (limit > IDA_LIST_LIMIT_MAX) {
+        limit = IDA_LIST_LIMIT_MAX;
+    }
+    *count = 0;
+    *more = false;
+    if (has_after && after_id == UINT64_MAX) {
+        return 0;
+    }
+    const struct ida__bounded *b = &p->u.bounded;
+    uint64_t id = ida__bounded_next_held(b, has_after ? after_id + 1 : 0);
+    while (id != UINT64_MAX) {
+        if (*count == limit) {
+            *more = true;
+            break;
+        }
+        out[*count].id = id;
+        out[*count].tag = ida__tagrec_str(ida__bounded_tag(b, id));
+        (*count)++;
+        id = ida__bounded_next_held(b, id + 1);
+    }
+    return 0;
+}
+
+/* --- protobuf view
+ * ------------------------------------------------------------------- */
+
+void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
+                          struct ida_fsm_result_pb *pb)
+{
+    memset(pb, 0, sizeof(*pb));
+    idalloc__command_result__init(&pb->msg);
+    pb->msg.error = (uint32_t)r->error;
+    pb->msg.error_msg = (char *)(r->error_msg != NULL ? r->error_msg : "");
+    if (r->error != 0) {
+        return;
+    }
+    switch (r->op) {
+        case IDA_FSM_OP_POOL_CREATE:
+            idalloc__pool_create_result__init(&pb->u.pool_create);
+            pb->u.pool_create.created = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_POOL_CREATE;
+            pb->msg.pool_create = &pb->u.pool_create;
+            break;
+        case IDA_FSM_OP_ALLOC:
+            idalloc__alloc_result__init(&pb->u.alloc);
+            pb->u.alloc.id = r->id;
+            pb->u.alloc.existed = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_ALLOC;
+            pb->msg.alloc = &pb->u.alloc;
+            break;
+        case IDA_FSM_OP_FREE:
+            idalloc__free_result__init(&pb->u.free);
+            pb->u.free.freed = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_FREE;
+            pb->msg.free = &pb->u.free;
+            break;
+        case IDA_FSM_OP_RESERVE:
+            idalloc__reserve_result__init(&pb->u.reserve);
+            pb->u.reserve.first = r->id;
+            pb->u.reserve.count = r->count;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_RESERVE;
+            pb->msg.reserve = &pb->u.reserve;
+            break;
+        case IDA_FSM_OP_PREFIX_ALLOC:
+            idalloc__prefix_result__init(&pb->u.prefix);
+            memcpy(pb->prefix, r->prefix, r->prefix_len);
+            pb->u.prefix.prefix.data = pb->prefix;
+            pb->u.prefix.prefix.len = r->prefix_len;
+            pb->u.prefix.existed = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC;
+            pb->msg.prefix_alloc = &pb->u.prefix;
+            break;
+        default:
+            IDA_UNREACHABLE();
+    }
+}

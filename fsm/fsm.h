@@ -1,0 +1,330 @@
+/* The allocator state machine: pools, sessions, snapshots.
+ *
+ * DESIGN
+ *
+ * struct ida_fsm is what the cluster replicates. It is pure and
+ * deterministic: no clock, no randomness, no I/O, no threads, no global
+ * state. The same committed log gives the same state and the same answers
+ * on every replica. It is driven by exactly three kinds of call:
+ *
+ *   ida_fsm_apply()      one committed log entry (index, type, data);
+ *                        answers one result per command of the entry
+ *   ida_fsm_lookup/list  reads of committed state (the node calls them after
+ *                        a ReadIndex round confirmed the applied index)
+ *   ida_fsm_snapshot/restore
+ *
+ * Pools (by name, at most IDA_POOLS_MAX):
+ *   sequence  reserve(n) -> [first, first + n); first block starts at 1 so
+ *             0 is never handed out; n in [1, IDA_RESERVE_COUNT_MAX]; a block
+ *             that would pass UINT64_MAX is IDA_EEXHAUSTED.
+ *   bounded   ids of [0, size), size in [1, UINT64_MAX]. alloc(tag) gives
+ *             the lowest free id; a tag that holds an id gets it back
+ *             (existed). Lowest-free-first means every held id is below the
+ *             number of ids held at once, so ids are stored in 32 bits and a
+ *             pool holds at most IDA_BOUNDED_HELD_MAX ids at a time (beyond
+ *             that IDA_EEXHAUSTED, whatever the size). Sparse: memory grows
+ *             with the highest held id, never with size.
+ *   prefix    FoundationDB's high contention allocator (seeds 000/001):
+ *             window start and count, candidates reserved in the window,
+ *             windows of 64 / 1024 / 8192 (start < 255 / < 65535 / beyond),
+ *             the window advances when half full and the old window's
+ *             reservations are dropped. The "random" candidate comes from a
+ *             PRNG seeded with (log index, command position in the entry),
+ *             so every replica picks the same one. Output: one length byte,
+ *             then the minimal big-endian bytes of the candidate (0 is one
+ *             byte 0x00). Equal lengths with different bytes and different
+ *             length bytes both rule out one prefix being a prefix of
+ *             another. alloc(tag) is idempotent per tag.
+ *
+ * Sessions (Raft dissertation 6.3): every command carries (client_id,
+ * request_seq). Per client the state machine keeps the results of the
+ * IDA_SESSION_RESULTS_MAX highest request_seqs it executed. A command whose
+ * request_seq is kept gets the kept result again (reply.cached) and does not
+ * act. A request_seq at or below one whose result was dropped (evicted by
+ * newer ones) gets IDA_ESESSION: it may or may not have acted, the answer is
+ * gone. Expiry is driven by the log only: "now" is the largest
+ * CommandBatch.timestamp_ms applied so far (the leader's clock; it never
+ * goes back inside the state machine). Before the commands of a batch run, a
+ * session idle for at least IDA_SESSION_TTL_MS of that "now" is dropped; when
+ * IDA_SESSIONS_MAX sessions exist, a new client drops the least recently
+ * used one (order: a counter bumped on every use, kept in snapshots).
+ * A session takes 960 bytes, so the table stays under 64 MiB.
+ * A too-late retry (its session expired or was dropped) is unknown to the
+ * state machine and is executed as a new command: alloc and prefix alloc
+ * are idempotent by tag, so the tag gets the id it holds (existed = true);
+ * free answers freed = false, or IDA_ETAGMISMATCH if another tag took the
+ * id since (it never frees another tag's id); pool create answers
+ * created = false; reserve hands out a new block and the first one is
+ * simply never used. No id is ever handed out twice in any of these cases.
+ *
+ * Entries: ENTRY_NORMAL data is an encoded idalloc.CommandBatch; NOOP and
+ * CONFIG entries only advance the applied index. A NORMAL entry whose data
+ * does not decode, has an unknown version, or exceeds IDA_BATCH_COMMANDS_MAX
+ * commands is a bug or corruption (only the leader writes batches): it is
+ * applied as a no-op (applied index advances, nothing else changes, no
+ * results) and reported in ida_fsm_applied.entry_error, so every replica,
+ * seeing the same bytes, makes the same choice. A single malformed command
+ * gets IDA_EINVAL as its result: no op (kept in its session like any
+ * answer), or a client_id that is not 16 bytes or request_seq 0 (no
+ * session to keep it in).
+ *
+ * Processor protocol (seed 004 2.15: commit / add updates / get upcoming /
+ * revert): see struct ida_fsm_proc below.
+ *
+ * Not thread-safe: one owner (the node's FSM processor) calls everything.
+ */
+#ifndef IDA_FSM_H
+#define IDA_FSM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ida/types.h"
+#include "proto/idalloc.pb-c.h"
+
+/* --- limits (the client library checks the same ones) ------------------ */
+
+/* Pool names: 1..IDA_POOL_NAME_MAX bytes of [A-Za-z0-9._:-]. */
+#define IDA_POOL_NAME_MAX 64
+/* Tags: 1..IDA_TAG_BYTES_MAX bytes, any byte but NUL. */
+#define IDA_TAG_BYTES_MAX 128
+/* reserve(n): n in [1, IDA_RESERVE_COUNT_MAX]. */
+#define IDA_RESERVE_COUNT_MAX (UINT64_C(1) << 24)
+/* list: a limit of 0 means IDA_LIST_LIMIT_DEFAULT; larger than
+ * IDA_LIST_LIMIT_MAX is clamped to it. */
+#define IDA_LIST_LIMIT_DEFAULT 100
+#define IDA_LIST_LIMIT_MAX     1000
+#define IDA_POOLS_MAX          4096
+/* A bounded pool holds at most this many ids at once (ids fit 32 bits). */
+#define IDA_BOUNDED_HELD_MAX UINT64_C(0xFFFFFFFE)
+/* A prefix pool hands out at most this many prefixes. */
+#define IDA_PREFIX_TAGS_MAX UINT64_C(0xFFFFFFFE)
+/* A prefix: length byte + up to 8 value bytes. */
+#define IDA_PREFIX_BYTES_MAX    9
+#define IDA_CLIENT_ID_BYTES     16
+#define IDA_SESSIONS_MAX        65536
+#define IDA_SESSION_RESULTS_MAX 16
+#define IDA_SESSION_TTL_MS      (UINT64_C(60) * 60 * 1000)
+/* Commands in one CommandBatch. */
+#define IDA_BATCH_COMMANDS_MAX 65536
+/* FsmState.version and CommandBatch.version understood here. */
+#define IDA_FSM_STATE_VERSION 1
+#define IDA_BATCH_VERSION     1
+
+/* --- results ------------------------------------------------------------ */
+
+enum ida_fsm_op {
+    IDA_FSM_OP_NONE = 0, /* the command had no op (then error != 0) */
+    IDA_FSM_OP_POOL_CREATE,
+    IDA_FSM_OP_ALLOC,
+    IDA_FSM_OP_FREE,
+    IDA_FSM_OP_RESERVE,
+    IDA_FSM_OP_PREFIX_ALLOC,
+};
+
+/* The answer to one command. Fields beyond error/error_msg are meaningful
+ * only when error == 0, for the op named:
+ *   POOL_CREATE  flag = created (false: an identical pool existed)
+ *   ALLOC        id, flag = existed
+ *   FREE         flag = freed (false: the id was already free)
+ *   RESERVE      id = first, count
+ *   PREFIX_ALLOC prefix[0..prefix_len), flag = existed */
+struct ida_fsm_result
+{
+    int error;             /* 0 or an IDA_E* code */
+    const char *error_msg; /* static text; "" when error == 0 */
+    enum ida_fsm_op op;
+    bool flag;
+    uint8_t prefix_len;
+    uint8_t prefix[IDA_PREFIX_BYTES_MAX];
+    uint64_t id;
+    uint64_t count;
+};
+
+/* One command's answer, for the client that sent it. */
+struct ida_fsm_reply
+{
+    uint8_t client_id[IDA_CLIENT_ID_BYTES]; /* zeros if the id was bad */
+    uint64_t request_seq;
+    bool cached; /* a retry: this is the kept first answer */
+    struct ida_fsm_result result;
+};
+
+/* What ida_fsm_apply() did with one entry. */
+struct ida_fsm_applied
+{
+    ida_index index;
+    /* 0, or why a NORMAL entry was applied as a no-op: IDA_EPROTO (does not
+     * decode), IDA_EVERSION (unknown batch version), IDA_ETOOBIG (more than
+     * IDA_BATCH_COMMANDS_MAX commands). The node should log it loudly. */
+    int entry_error;
+    size_t count; /* replies, one per command in batch order */
+    const struct ida_fsm_reply *replies; /* borrowed: valid until the next
+                                            call that changes the fsm */
+};
+
+/* Holdings returned by ida_fsm_list(). */
+struct ida_fsm_holding
+{
+    uint64_t id;
+    const char *tag; /* NUL-terminated, borrowed like replies */
+};
+
+struct ida_fsm;
+
+/* --- lifetime ------------------------------------------------------------ */
+
+/* A new, empty state machine (applied index 0). Returns 0 or IDA_ENOMEM. */
+int ida_fsm_new(struct ida_fsm **out);
+/* Release @f and everything it holds. NULL is ignored. */
+void ida_fsm_free(struct ida_fsm *f);
+
+/* --- apply ----------------------------------------------------------------
+ *
+ * Apply the committed entry @index of @type with @data (@len bytes,
+ * borrowed for the call). @index must be ida_fsm_applied_index() + 1.
+ * Fills @out (see struct ida_fsm_applied).
+ * Returns:
+ *   0            applied; the applied index is now @index
+ *   IDA_EINVAL   @index is not the next one, or @type is unknown; nothing
+ *                changed (a bug in the caller)
+ *   IDA_ENOMEM   out of memory part-way: the commands before the failing one
+ *                are applied, the failing one is not and the applied index
+ *                did not move. The state no longer matches the other
+ *                replicas': the node must stop using @f and rebuild it from
+ *                a snapshot and the log. (No memory to decode the entry is
+ *                also IDA_ENOMEM, never mistaken for a malformed entry.)
+ * Decoding uses an arena owned by @f that grows to the largest entry seen
+ * and is reused, so steady-state decoding allocates nothing. */
+int ida_fsm_apply(struct ida_fsm *f,
+                  ida_index index,
+                  enum ida_entry_type type,
+                  const uint8_t *data,
+                  size_t len,
+                  struct ida_fsm_applied *out);
+
+ida_index ida_fsm_applied_index(const struct ida_fsm *f);
+/* The newest CommandBatch timestamp applied (session clock "now"). */
+uint64_t ida_fsm_now_ms(const struct ida_fsm *f);
+/* Number of pools / live sessions (for status and tests). */
+size_t ida_fsm_pool_count(const struct ida_fsm *f);
+size_t ida_fsm_session_count(const struct ida_fsm *f);
+
+/* --- reads of committed state ---------------------------------------------
+ *
+ * The id @tag holds in bounded pool @pool. Returns 0, IDA_EINVAL (bad name
+ * or tag), IDA_ENOPOOL, IDA_EKIND (not a bounded pool) or IDA_ENOTFOUND. */
+int ida_fsm_lookup(const struct ida_fsm *f,
+                   const char *pool,
+                   const char *tag,
+                   uint64_t *id);
+
+/* Holdings of bounded pool @pool in id order: the first ids greater than
+ * @after_id (or from 0 when !@has_after), at most @limit of them (0 means
+ * IDA_LIST_LIMIT_DEFAULT, clamped to IDA_LIST_LIMIT_MAX). @out must have
+ * room for IDA_LIST_LIMIT_MAX. *@more says whether holdings follow the last
+ * one returned. Returns 0, IDA_EINVAL, IDA_ENOPOOL or IDA_EKIND. */
+int ida_fsm_list(const struct ida_fsm *f,
+                 const char *pool,
+                 bool has_after,
+                 uint64_t after_id,
+                 uint32_t limit,
+                 struct ida_fsm_holding *out,
+                 size_t *count,
+                 bool *more);
+
+/* Validity checks shared with the client library. */
+bool ida_fsm_pool_name_valid(const char *name);
+bool ida_fsm_tag_valid(const char *tag);
+
+/* --- snapshots --------------------------------------------------------------
+ *
+ * Encode the whole state as an idalloc.FsmState into a new buffer (*@data,
+ * owned by the caller, release with ida_free()). The same state always
+ * gives the same bytes: pools by name, holdings by id, prefix tags by tag
+ * bytes, sessions by client_id, each session's results by request_seq.
+ * The last field is always FsmState.checksum (a 64-bit hash of the bytes
+ * before it), so truncation and damage are detected even where the rest
+ * would still parse. Does not change @f. Returns 0 or IDA_ENOMEM. */
+int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len);
+
+/* Replace the state of @f with the FsmState in @data (@len bytes, borrowed).
+ * Everything is validated (canonical order, ids within pools, tags, prefix
+ * encodings, session rules) before @f is touched. Returns 0,
+ * IDA_EVERSION (unknown FsmState version), IDA_ECORRUPT (does not decode or
+ * breaks an invariant), or IDA_ENOMEM; on error @f is unchanged. */
+int ida_fsm_restore(struct ida_fsm *f, const uint8_t *data, size_t len);
+
+/* --- protobuf view of a result ------------------------------------------- */
+
+/* A CommandResult that points into this struct only (no allocation). */
+struct ida_fsm_result_pb
+{
+    Idalloc__CommandResult msg;
+    union {
+        Idalloc__PoolCreateResult pool_create;
+        Idalloc__AllocResult alloc;
+        Idalloc__FreeResult free;
+        Idalloc__ReserveResult reserve;
+        Idalloc__PrefixResult prefix;
+    } u;
+    uint8_t prefix[IDA_PREFIX_BYTES_MAX];
+};
+
+/* Fill @pb (caller-owned, may live anywhere) from @r. pb->msg is then ready
+ * to pack or to place in a ClientResponse; it is valid while @pb lives. */
+void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
+                          struct ida_fsm_result_pb *pb);
+
+/* --- FSM processor protocol (seed 004 2.15) -------------------------------
+ *
+ * The seed's FSMMP keeps a write-ahead list of updates with a cleanup
+ * border and an applied border, and offers AddUpdates, Commit, Comeup
+ * (apply the next update), Cleanup, GetUpcoming and Revert (undo applied
+ * but uncommitted updates). Here the Raft core hands the processor only
+ * committed entries, so AddUpdates is always followed by Commit (as the
+ * seed's Receive(add_updates) does) and is one call. Nothing uncommitted is
+ * ever applied, so no answer can leak before commit and Revert is never
+ * needed: it is deliberately not offered (a speculative apply would need an
+ * undo log for every pool kind and session table, for no gain: answers may
+ * only go out after commit anyway).
+ *
+ * The processor owns a bounded ring of entries (copies of the data) between
+ * "added" and "applied"; Comeup applies the oldest and frees it at once
+ * (Cleanup). */
+struct ida_fsm_proc
+{
+    struct ida_fsm *fsm; /* borrowed; outlives the processor */
+    struct ida_entry *ring;
+    size_t capacity;
+    size_t head;  /* next to apply (the applied border) */
+    size_t count; /* entries added, not applied yet */
+};
+
+/* Initialise @p over @fsm with room for @capacity entries (>= 1). Returns 0,
+ * IDA_EINVAL or IDA_ENOMEM; a failed init leaves nothing to release. */
+int ida_fsm_proc_init(struct ida_fsm_proc *p,
+                      struct ida_fsm *fsm,
+                      size_t capacity);
+/* Release the entries still queued. */
+void ida_fsm_proc_close(struct ida_fsm_proc *p);
+
+/* AddUpdates + Commit: queue committed @entries[0..@n) (data copied; the
+ * caller keeps its own). Their indexes must follow on from the last queued
+ * or applied one. Returns 0; IDA_EBUSY when they do not all fit (nothing
+ * queued: back-pressure); IDA_EINVAL for a gap in indexes; IDA_ENOMEM. */
+int ida_fsm_proc_add_updates(struct ida_fsm_proc *p,
+                             const struct ida_entry *entries,
+                             size_t n);
+
+/* GetUpcoming: how many committed entries wait to be applied, and the
+ * index of the first (0 if none). */
+size_t ida_fsm_proc_upcoming(const struct ida_fsm_proc *p, ida_index *first);
+
+/* Comeup + Cleanup: apply the oldest queued entry and drop it. Returns
+ * IDA_ENOTFOUND if none is queued, else what ida_fsm_apply() returns (on
+ * IDA_ENOMEM the entry stays queued, see ida_fsm_apply). */
+int ida_fsm_proc_comeup(struct ida_fsm_proc *p, struct ida_fsm_applied *out);
+
+#endif /* IDA_FSM_H */

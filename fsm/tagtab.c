@@ -1,0 +1,223 @@
+/* Open-addressing table of 32-bit refs keyed by bytes read back through a
+ * callback (linear probing, backward-shift deletion: no tombstones).
+ *
+ * A slot is 64 bits: the high 32 bits of the key's hash and ref + 1. The
+ * stored hash picks the home slot, so growing and deleting never read keys
+ * back (each read is a cache miss or three at 10 million entries), and a
+ * probe only reads a key back when the 32 hash bits match. */
+#include "fsm/fsm_internal.h"
+
+#include <string.h>
+
+#include "ida/assert.h"
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+
+/* FNV-1a, then a final mix so linear probing sees well-spread low bits.
+ * Deterministic on purpose: the table's layout never shows in answers or
+ * snapshots, so any fixed function is fine. */
+uint64_t ida__hash(const uint8_t *key, size_t len)
+{
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    for (size_t i = 0; i < len; i++) {
+        h ^= key[i];
+        h *= UINT64_C(0x100000001b3);
+    }
+    h ^= h >> 33;
+    h *= UINT64_C(0xff51afd7ed558ccd);
+    h ^= h >> 33;
+    return h;
+}
+
+void ida__tagtab_init(struct ida__tagtab *t,
+                      ida__key_of_fn key_of,
+                      const void *ctx)
+{
+    memset(t, 0, sizeof(*t));
+    t->key_of = key_of;
+    t->ctx = ctx;
+}
+
+void ida__tagtab_close(struct ida__tagtab *t)
+{
+    ida_free(t->slots);
+    t->slots = NULL;
+    t->cap = 0;
+    t->used = 0;
+}
+
+#define SLOT_REF(s)         ((uint32_t)(s)-1)
+#define SLOT_H32(s)         ((uint32_t)((s) >> 32))
+#define MAKE_SLOT(h32, ref) (((uint64_t)(h32) << 32) | ((uint64_t)(ref) + 1))
+
+/* Home slot of a stored 32-bit hash (multiplicative spread, so tables of
+ * any size use all of it). */
+static uint64_t home(const struct ida__tagtab *t, uint32_t h32)
+{
+    return ((uint64_t)h32 * UINT64_C(0x9e3779b97f4a7c15)) >>
+           (64 - __builtin_ctzll(t->cap));
+}
+
+static uint32_t h32_of(const struct ida__tagtab *t, uint32_t ref)
+{
+    size_t len;
+    const uint8_t *k = t->key_of(t->ctx, ref, &len);
+    return (uint32_t)(ida__hash(k, len) >> 32);
+}
+
+uint32_t ida__tagtab_find(const struct ida__tagtab *t,
+                          const uint8_t *key,
+                          size_t len)
+{
+    if (t->cap == 0) {
+        return IDA__REF_NONE;
+    }
+    uint64_t mask = t->cap - 1;
+    uint32_t h32 = (uint32_t)(ida__hash(key, len) >> 32);
+    for (uint64_t i = home(t, h32);; i = (i + 1) & mask) {
+        uint64_t s = t->slots[i];
+        if (s == 0) {
+            return IDA__REF_NONE;
+        }
+        if (SLOT_H32(s) != h32) {
+            continue;
+        }
+        size_t klen;
+        const uint8_t *k = t->key_of(t->ctx, SLOT_REF(s), &klen);
+        if (klen == len && memcmp(k, key, len) == 0) {
+            return SLOT_REF(s);
+        }
+    }
+}
+
+static void place(struct ida__tagtab *t, uint64_t slot)
+{
+    uint64_t mask = t->cap - 1;
+    uint64_t i = home(t, SLOT_H32(slot));
+    while (t->slots[i] != 0) {
+        i = (i + 1) & mask;
+    }
+    t->slots[i] = slot;
+}
+
+int ida__tagtab_reserve(struct ida__tagtab *t)
+{
+    return ida__tagtab_reserve_n(t, 1);
+}
+
+int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n)
+{
+    /* Keep the load at most 0.7 so probes stay short. */
+    if ((t->used + n) * 10 <= t->cap * 7) {
+        return 0;
+    }
+    uint64_t ncap = t->cap == 0 ? 16 : t->cap * 2;
+    while ((t->used + n) * 10 > ncap * 7) {
+        ncap *= 2;
+    }
+    uint64_t *ns = ida_calloc(ncap, sizeof(*ns));
+    if (ns == NULL) {
+        return IDA_ENOMEM;
+    }
+    uint64_t *old = t->slots;
+    uint64_t ocap = t->cap;
+    t->slots = ns;
+    t->cap = ncap;
+    for (uint64_t i = 0; i < ocap; i++) {
+        if (old[i] != 0) {
+            place(t, old[i]);
+        }
+    }
+    ida_free(old);
+    return 0;
+}
+
+void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref)
+{
+    IDA_ASSERT(ref != IDA__REF_NONE);
+    IDA_ASSERT((t->used + 1) * 10 <= t->cap * 7);
+    place(t, MAKE_SLOT(h32_of(t, ref), ref));
+    t->used++;
+}
+
+void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref)
+{
+    IDA_ASSERT(t->used > 0);
+    uint64_t mask = t->cap - 1;
+    uint64_t want = MAKE_SLOT(h32_of(t, ref), ref);
+    uint64_t i = home(t, SLOT_H32(want));
+    while (t->slots[i] != want) {
+        IDA_ASSERT(t->slots[i] != 0); /* @ref must be present */
+        i = (i + 1) & mask;
+    }
+    /* Backward shift: pull later members of the probe run into the hole
+     * when the hole lies between their home and their slot. */
+    uint64_t hole = i;
+    for (uint64_t j = (i + 1) & mask; t->slots[j] != 0; j = (j + 1) & mask) {
+        uint64_t h = home(t, SLOT_H32(t->slots[j]));
+        if (((j - h) & mask) >= ((j - hole) & mask)) {
+            t->slots[hole] = t->slots[j];
+            hole = j;
+        }
+    }
+    t->slots[hole] = 0;
+    t->used--;
+}
+
+#define SLAB_BLOCK_BYTES (256u * 1024)
+
+static size_t class_of(size_t len)
+{
+    return (len + 2 + 7) / 8; /* [len][bytes][NUL] rounded up to 8 */
+}
+
+uint8_t *ida__tagrec_new(struct ida__slab *s, const char *tag, size_t len)
+{
+    IDA_ASSERT(len >= 1 && len <= IDA_TAG_BYTES_MAX);
+    size_t c = class_of(len);
+    IDA_ASSERT(c < IDA__SLAB_CLASSES);
+    uint8_t *rec = s->free[c];
+    if (rec != NULL) {
+        memcpy(&s->free[c], rec, sizeof(uint8_t *));
+    } else {
+        size_t bytes = c * 8;
+        if (s->left < bytes) {
+            uint8_t *blk = ida_malloc(SLAB_BLOCK_BYTES);
+            if (blk == NULL) {
+                return NULL;
+            }
+            memcpy(blk, &s->blocks, sizeof(uint8_t *));
+            s->blocks = blk;
+            s->cur = blk + 8;
+            s->left = SLAB_BLOCK_BYTES - 8;
+        }
+        rec = s->cur;
+        s->cur += bytes;
+        s->left -= bytes;
+    }
+    rec[0] = (uint8_t)len;
+    memcpy(rec + 1, tag, len);
+    rec[len + 1] = 0;
+    return rec;
+}
+
+void ida__tagrec_free(struct ida__slab *s, uint8_t *rec)
+{
+    if (rec == NULL) {
+        return;
+    }
+    size_t c = class_of(rec[0]);
+    memcpy(rec, &s->free[c], sizeof(uint8_t *));
+    s->free[c] = rec;
+}
+
+void ida__slab_close(struct ida__slab *s)
+{
+    while (s->blocks != NULL) {
+        uint8_t *next;
+        memcpy(&next, s->blocks, sizeof(next));
+        ida_free(s->blocks);
+        s->blocks = next;
+    }
+    memset(s, 0, sizeof(*s));
+}

@@ -1,0 +1,260 @@
+/* bench_fsm: apply throughput per pool kind, memory per tagged allocation
+ * at 10 million live allocations, snapshot and restore time of that state.
+ *
+ * Run with no arguments (make bench), or `bench_fsm N` for N live bounded
+ * allocations (default 10,000,000).
+ *
+ * Throughput counts only ida_fsm_apply() (each batch of 64 commands is
+ * encoded before its clock starts, as the node receives it from the log).
+ * The baseline, measured in the same run on the same bytes, is decoding
+ * alone (idalloc__command_batch__unpack + free): the ratio says how much
+ * the state machine costs on top of the unavoidable decode.
+ *
+ * Memory is the growth of glibc's allocated bytes (mallinfo2(): uordblks,
+ * live heap chunks with their malloc overhead, plus hblkhd, live mmapped
+ * blocks; freed memory malloc keeps is not counted) while the allocations
+ * are applied, divided by their number; RSS growth (/proc/self/statm) is
+ * printed next to it. */
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fsm/fsm.h"
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "tests/fsm/fsm_helpers.h"
+
+#define BATCH   64
+#define CLIENTS 64
+
+static struct fx_batch b;
+static uint64_t client_seq[CLIENTS];
+static uint64_t next_client;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static long rss_kb(void)
+{
+    FILE *fp = fopen("/proc/self/statm", "r");
+    long pages = 0, resident = 0;
+    if (fp != NULL) {
+        if (fscanf(fp, "%ld %ld", &pages, &resident) != 2) {
+            resident = 0;
+        }
+        fclose(fp);
+    }
+    return resident * 4;
+}
+
+/* Bytes in use: small chunks from the heap plus large mmapped ones (hash
+ * tables, chunk directories). */
+static size_t heap_bytes(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static void die(const char *what, int rv)
+{
+    fprintf(stderr, "bench_fsm: %s: %s\n", what, idalloc_strerror(rv));
+    exit(1);
+}
+
+/* Round-robin over CLIENTS sessions, each with increasing seqs. */
+static void next_cmd(uint64_t *client, uint64_t *seq)
+{
+    *client = 1 + next_client % CLIENTS;
+    *seq = ++client_seq[next_client % CLIENTS];
+    next_client++;
+}
+
+enum kind { K_RESERVE, K_ALLOC, K_FREE, K_PREFIX };
+
+/* Fill the batch with @n commands of @kind, numbering tags from *@tag. */
+static void fill(enum kind kind, size_t n, uint64_t *tag)
+{
+    fx_batch_init(&b, 1000);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t c, s;
+        char t[32];
+        next_cmd(&c, &s);
+        snprintf(t, sizeof(t), "tag-%08llu", (unsigned long long)*tag);
+        switch (kind) {
+            case K_RESERVE:
+                fx_add_reserve(&b, c, s, "seq", 1 + (*tag % 100));
+                break;
+            case K_ALLOC:
+                fx_add_alloc(&b, c, s, "bnd", t);
+                break;
+            case K_FREE:
+                fx_add_free(&b, c, s, "bnd", *tag, t);
+                break;
+            case K_PREFIX:
+                fx_add_prefix(&b, c, s, "pfx", t);
+                break;
+        }
+        (*tag)++;
+    }
+}
+
+struct rate
+{
+    double apply_s;
+    double decode_s;
+    uint64_t commands;
+};
+
+/* Apply @total commands of @kind to @f; tags from @tag0. */
+static struct rate run(struct ida_fsm *f,
+                       enum kind kind,
+                       uint64_t total,
+                       uint64_t tag0)
+{
+    struct rate r = {0, 0, 0};
+    uint64_t tag = tag0;
+    while (r.commands < total) {
+        size_t n = total - r.commands < BATCH ? total - r.commands : BATCH;
+        fill(kind, n, &tag);
+        size_t len;
+        uint8_t *buf = fx_batch_pack(&b, &len);
+        /* Baseline: decode only. */
+        double t0 = now_s();
+        Idalloc__CommandBatch *m =
+            idalloc__command_batch__unpack(NULL, len, buf);
+        idalloc__command_batch__free_unpacked(m, NULL);
+        double t1 = now_s();
+        struct ida_fsm_applied out;
+        int rv = ida_fsm_apply(f, ida_fsm_applied_index(f) + 1,
+                               IDA_ENTRY_NORMAL, buf, len, &out);
+        double t2 = now_s();
+        free(buf);
+        if (rv != 0) {
+            die("apply", rv);
+        }
+        for (size_t i = 0; i < out.count; i++) {
+            if (out.replies[i].result.error != 0) {
+                die("command", out.replies[i].result.error);
+            }
+        }
+        r.decode_s += t1 - t0;
+        r.apply_s += t2 - t1;
+        r.commands += n;
+    }
+    return r;
+}
+
+static void print_rate(const char *what, struct rate r)
+{
+    double apply = (double)r.commands / r.apply_s;
+    double decode = (double)r.commands / r.decode_s;
+    printf(
+        "%-28s %10llu cmds  %8.0f kcmd/s applied  (decode-only baseline "
+        "%8.0f kcmd/s, apply/decode time ratio %.2f)\n",
+        what, (unsigned long long)r.commands, apply / 1e3, decode / 1e3,
+        r.apply_s / r.decode_s);
+}
+
+static void create(struct ida_fsm *f,
+                   const char *name,
+                   Idalloc__PoolKind kind,
+                   uint64_t size)
+{
+    uint64_t c, s;
+    next_cmd(&c, &s);
+    fx_batch_init(&b, 1000);
+    fx_add_create(&b, c, s, name, kind, size);
+    size_t len;
+    uint8_t *buf = fx_batch_pack(&b, &len);
+    struct ida_fsm_applied out;
+    int rv = ida_fsm_apply(f, ida_fsm_applied_index(f) + 1, IDA_ENTRY_NORMAL,
+                           buf, len, &out);
+    free(buf);
+    if (rv != 0 || out.replies[0].result.error != 0) {
+        die("create", rv != 0 ? rv : out.replies[0].result.error);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t live = argc > 1 ? strtoull(argv[1], NULL, 10) : 10000000;
+    struct ida_fsm *f;
+    int rv = ida_fsm_new(&f);
+    if (rv != 0) {
+        die("new", rv);
+    }
+    create(f, "seq", IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE, 0);
+    create(f, "pfx", IDALLOC__POOL_KIND__POOL_KIND_PREFIX, 0);
+    create(f, "bnd", IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, UINT64_C(1) << 40);
+    printf(
+        "bench_fsm: batches of %d commands from %d clients, tags "
+        "\"tag-%%08u\" (12 bytes)\n",
+        BATCH, CLIENTS);
+
+    print_rate("sequence reserve", run(f, K_RESERVE, 2000000, 0));
+    print_rate("prefix alloc (new tags)", run(f, K_PREFIX, 1000000, 0));
+
+    /* The bounded pool: memory per live allocation. Everything but the
+     * pool's growth is already allocated (sessions, reply array). */
+    size_t heap0 = heap_bytes();
+    long rss0 = rss_kb();
+    struct rate ra = run(f, K_ALLOC, live, 0);
+    size_t heap1 = heap_bytes();
+    long rss1 = rss_kb();
+    print_rate("bounded alloc (new tags)", ra);
+    printf(
+        "memory: %llu live tagged allocations: %.1f bytes/allocation "
+        "(mallinfo2 uordblks+hblkhd delta %.1f MB), RSS delta %.1f bytes/"
+        "allocation; target < 64\n",
+        (unsigned long long)live, (double)(heap1 - heap0) / (double)live,
+        (double)(heap1 - heap0) / 1e6,
+        (double)(rss1 - rss0) * 1024.0 / (double)live);
+
+    print_rate("bounded alloc (existing)", run(f, K_ALLOC, 1000000, 0));
+    /* Free and re-take 1M ids in the full pool. */
+    print_rate("bounded free", run(f, K_FREE, 1000000, live / 2));
+    print_rate("bounded alloc (refill)", run(f, K_ALLOC, 1000000, live / 2));
+
+    double t0 = now_s();
+    uint8_t *snap;
+    size_t len;
+    rv = ida_fsm_snapshot(f, &snap, &len);
+    double t1 = now_s();
+    if (rv != 0) {
+        die("snapshot", rv);
+    }
+    struct ida_fsm *g;
+    rv = ida_fsm_new(&g);
+    if (rv != 0) {
+        die("new", rv);
+    }
+    double t2 = now_s();
+    rv = ida_fsm_restore(g, snap, len);
+    double t3 = now_s();
+    if (rv != 0) {
+        die("restore", rv);
+    }
+    uint8_t *snap2;
+    size_t len2;
+    rv = ida_fsm_snapshot(g, &snap2, &len2);
+    if (rv != 0) {
+        die("snapshot", rv);
+    }
+    bool same = len == len2 && memcmp(snap, snap2, len) == 0;
+    printf(
+        "snapshot of the %llu-allocation state: %.1f MB in %.2f s; "
+        "restore %.2f s; restored state re-snapshots identical: %s\n",
+        (unsigned long long)live, (double)len / 1e6, t1 - t0, t3 - t2,
+        same ? "yes" : "NO");
+    ida_free(snap);
+    ida_free(snap2);
+    ida_fsm_free(g);
+    ida_fsm_free(f);
+    return same ? 0 : 1;
+}

@@ -1,0 +1,945 @@
+/* fsm/: pools, bad input, sessions, entries, processor protocol. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsm/fsm.h"
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "tests/fsm/fsm_helpers.h"
+
+/* --- fixture ------------------------------------------------------------- */
+
+static struct ida_fsm *f;
+static struct fx_batch b;
+static uint64_t seq;
+static uint64_t now_ms = 1000000;
+
+static void setup(void)
+{
+    cr_assert_eq(ida_fsm_new(&f), 0);
+    seq = 0;
+}
+
+static void teardown(void)
+{
+    ida_heap_fault_set(0, 0);
+    ida_fsm_free(f);
+}
+
+TestSuite(fsm, .init = setup, .fini = teardown);
+
+/* --- helpers -------------------------------------------------------------- */
+
+#define SEQ IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE
+#define BND IDALLOC__POOL_KIND__POOL_KIND_BOUNDED
+#define PFX IDALLOC__POOL_KIND__POOL_KIND_PREFIX
+
+static struct ida_fsm_result create(const char *name,
+                                    Idalloc__PoolKind kind,
+                                    uint64_t size)
+{
+    fx_batch_init(&b, now_ms);
+    fx_add_create(&b, 1, ++seq, name, kind, size);
+    return fx_one(f, &b);
+}
+
+static struct ida_fsm_result alloc(const char *pool, const char *tag)
+{
+    fx_batch_init(&b, now_ms);
+    fx_add_alloc(&b, 1, ++seq, pool, tag);
+    return fx_one(f, &b);
+}
+
+static struct ida_fsm_result release(const char *pool,
+                                     uint64_t id,
+                                     const char *tag)
+{
+    fx_batch_init(&b, now_ms);
+    fx_add_free(&b, 1, ++seq, pool, id, tag);
+    return fx_one(f, &b);
+}
+
+static struct ida_fsm_result reserve(const char *pool, uint64_t count)
+{
+    fx_batch_init(&b, now_ms);
+    fx_add_reserve(&b, 1, ++seq, pool, count);
+    return fx_one(f, &b);
+}
+
+static struct ida_fsm_result prefix(const char *pool, const char *tag)
+{
+    fx_batch_init(&b, now_ms);
+    fx_add_prefix(&b, 1, ++seq, pool, tag);
+    return fx_one(f, &b);
+}
+
+#define assert_ok(r) \
+    cr_assert_eq((r).error, 0, "error %d: %s", (r).error, (r).error_msg)
+#define assert_err(r, code)                                             \
+    do {                                                                \
+        struct ida_fsm_result r_ = (r);                                 \
+        cr_assert_eq(r_.error, (code), "want %d got %d (%s)", (code),   \
+                     r_.error, r_.error_msg);                           \
+        cr_assert_neq(r_.error_msg[0], '\0', "an error has a message"); \
+    } while (0)
+
+/* --- pools ------------------------------------------------------------------
+ */
+
+Test(fsm, create_is_idempotent_for_same_parameters)
+{
+    struct ida_fsm_result r = create("p", BND, 10);
+    assert_ok(r);
+    cr_assert_eq(r.op, IDA_FSM_OP_POOL_CREATE);
+    cr_assert(r.flag, "first create creates");
+    r = create("p", BND, 10);
+    assert_ok(r);
+    cr_assert_not(r.flag, "same parameters: created = false");
+    assert_err(create("p", BND, 11), IDA_EPOOLEXISTS);
+    assert_err(create("p", SEQ, 0), IDA_EPOOLEXISTS);
+    cr_assert_eq(ida_fsm_pool_count(f), 1);
+}
+
+Test(fsm, create_rejects_bad_names_kinds_sizes)
+{
+    char longname[IDA_POOL_NAME_MAX + 2];
+    memset(longname, 'a', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = '\0';
+    assert_err(create(longname, SEQ, 0), IDA_EINVAL);
+    longname[IDA_POOL_NAME_MAX] = '\0'; /* exactly the maximum: fine */
+    assert_ok(create(longname, SEQ, 0));
+    assert_err(create("", SEQ, 0), IDA_EINVAL);
+    assert_err(create("has space", SEQ, 0), IDA_EINVAL);
+    assert_err(create("slash/no", SEQ, 0), IDA_EINVAL);
+    assert_err(create("k", IDALLOC__POOL_KIND__POOL_KIND_UNSPECIFIED, 0),
+               IDA_EINVAL);
+    assert_err(create("k", (Idalloc__PoolKind)9, 0), IDA_EINVAL);
+    assert_err(create("k", BND, 0), IDA_EINVAL);
+    assert_err(create("k", SEQ, 5), IDA_EINVAL);
+    assert_err(create("k", PFX, 5), IDA_EINVAL);
+    cr_assert_eq(ida_fsm_pool_count(f), 1, "rejected creates add nothing");
+}
+
+Test(fsm, unknown_pool_and_wrong_kind)
+{
+    assert_ok(create("s", SEQ, 0));
+    assert_ok(create("b", BND, 4));
+    assert_ok(create("x", PFX, 0));
+    assert_err(alloc("nope", "t"), IDA_ENOPOOL);
+    assert_err(release("nope", 0, "t"), IDA_ENOPOOL);
+    assert_err(reserve("nope", 1), IDA_ENOPOOL);
+    assert_err(prefix("nope", "t"), IDA_ENOPOOL);
+    assert_err(alloc("s", "t"), IDA_EKIND);
+    assert_err(alloc("x", "t"), IDA_EKIND);
+    assert_err(release("s", 0, "t"), IDA_EKIND);
+    assert_err(reserve("b", 1), IDA_EKIND);
+    assert_err(reserve("x", 1), IDA_EKIND);
+    assert_err(prefix("b", "t"), IDA_EKIND);
+    assert_err(prefix("s", "t"), IDA_EKIND);
+    uint64_t id;
+    cr_assert_eq(ida_fsm_lookup(f, "s", "t", &id), IDA_EKIND);
+    cr_assert_eq(ida_fsm_lookup(f, "nope", "t", &id), IDA_ENOPOOL);
+    cr_assert_eq(ida_fsm_lookup(f, "bad name", "t", &id), IDA_EINVAL);
+    struct ida_fsm_holding h[IDA_LIST_LIMIT_MAX];
+    size_t n;
+    bool more;
+    cr_assert_eq(ida_fsm_list(f, "x", false, 0, 0, h, &n, &more), IDA_EKIND);
+    cr_assert_eq(ida_fsm_list(f, "zz", false, 0, 0, h, &n, &more), IDA_ENOPOOL);
+}
+
+/* --- bounded -----------------------------------------------------------------
+ */
+
+Test(fsm, bounded_lowest_free_and_same_tag_same_id)
+{
+    assert_ok(create("b", BND, 100));
+    for (uint64_t i = 0; i < 10; i++) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "t%llu", (unsigned long long)i);
+        struct ida_fsm_result r = alloc("b", tag);
+        assert_ok(r);
+        cr_assert_eq(r.id, i);
+        cr_assert_not(r.flag);
+    }
+    struct ida_fsm_result r = alloc("b", "t3");
+    assert_ok(r);
+    cr_assert_eq(r.id, 3);
+    cr_assert(r.flag, "existed");
+    r = release("b", 3, "t3");
+    assert_ok(r);
+    cr_assert(r.flag, "freed");
+    r = release("b", 3, "t3");
+    assert_ok(r);
+    cr_assert_not(r.flag, "a second free finds it free");
+    r = release("b", 7, "t3");
+    assert_err(r, IDA_ETAGMISMATCH);
+    r = release("b", 50, "zzz");
+    assert_ok(r);
+    cr_assert_not(r.flag, "never-held id is already free");
+    r = release("b", 100, "t1");
+    assert_err(r, IDA_EINVAL);
+    r = alloc("b", "new");
+    cr_assert_eq(r.id, 3, "the freed id is the lowest free");
+    uint64_t id = 99;
+    cr_assert_eq(ida_fsm_lookup(f, "b", "new", &id), 0);
+    cr_assert_eq(id, 3);
+    cr_assert_eq(ida_fsm_lookup(f, "b", "t3", &id), IDA_ENOTFOUND);
+    cr_assert_eq(ida_fsm_lookup(f, "b", "t7", &id), 0);
+    cr_assert_eq(id, 7, "the mismatched free did not free 7");
+}
+
+Test(fsm, bounded_exhausted_is_an_error)
+{
+    assert_ok(create("b", BND, 3));
+    assert_ok(alloc("b", "a"));
+    assert_ok(alloc("b", "b"));
+    assert_ok(alloc("b", "c"));
+    assert_err(alloc("b", "d"), IDA_EEXHAUSTED);
+    struct ida_fsm_result r = alloc("b", "b");
+    assert_ok(r);
+    cr_assert(r.flag, "an existing tag still gets its id when full");
+    assert_ok(release("b", 1, "b"));
+    r = alloc("b", "d");
+    assert_ok(r);
+    cr_assert_eq(r.id, 1);
+}
+
+Test(fsm, bounded_tags_bounded_and_checked)
+{
+    assert_ok(create("b", BND, 10));
+    char tag[IDA_TAG_BYTES_MAX + 2];
+    memset(tag, 'x', sizeof(tag) - 1);
+    tag[sizeof(tag) - 1] = '\0';
+    assert_err(alloc("b", tag), IDA_ETOOBIG);
+    assert_err(release("b", 0, tag), IDA_ETOOBIG);
+    assert_err(alloc("b", ""), IDA_EINVAL);
+    tag[IDA_TAG_BYTES_MAX] = '\0';
+    struct ida_fsm_result r = alloc("b", tag);
+    assert_ok(r);
+    cr_assert_eq(r.id, 0, "the first rejected allocs took nothing");
+    cr_assert(ida_fsm_tag_valid(tag));
+    cr_assert_not(ida_fsm_tag_valid(""));
+}
+
+Test(fsm, bounded_huge_size_is_sparse)
+{
+    /* 2^40 and 2^64-1 ids: memory follows allocations, not the size. */
+    assert_ok(create("huge", BND, UINT64_C(1) << 40));
+    assert_ok(create("max", BND, UINT64_MAX));
+    for (int i = 0; i < 5000; i++) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "t%d", i);
+        struct ida_fsm_result r = alloc(i % 2 ? "huge" : "max", tag);
+        assert_ok(r);
+        cr_assert_eq(r.id, (uint64_t)i / 2);
+    }
+    struct ida_fsm_result r = release("max", UINT64_MAX - 1, "t0");
+    assert_ok(r);
+    cr_assert_not(r.flag);
+    r = release("huge", UINT64_C(1) << 40, "t1");
+    assert_err(r, IDA_EINVAL);
+    size_t len;
+    uint8_t *snap = fx_snapshot(f, &len);
+    cr_assert_lt(len, 200000, "snapshot grows with holdings: %zu", len);
+    ida_free(snap);
+}
+
+Test(fsm, list_in_id_order_with_paging)
+{
+    assert_ok(create("b", BND, 10000));
+    for (int i = 0; i < 5000; i++) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "tag-%d", i);
+        assert_ok(alloc("b", tag));
+    }
+    /* Free every third id so pages cross holes and chunk borders. */
+    for (int i = 0; i < 5000; i += 3) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "tag-%d", i);
+        assert_ok(release("b", (uint64_t)i, tag));
+    }
+    static struct ida_fsm_holding h[IDA_LIST_LIMIT_MAX];
+    size_t n;
+    bool more = true, has_after = false;
+    uint64_t after = 0, seen = 0, expect = 1;
+    while (more) {
+        cr_assert_eq(ida_fsm_list(f, "b", has_after, after, 7, h, &n, &more),
+                     0);
+        cr_assert(n <= 7);
+        for (size_t i = 0; i < n; i++) {
+            if (expect % 3 == 0) {
+                expect++;
+            }
+            cr_assert_eq(h[i].id, expect);
+            char tag[16];
+            snprintf(tag, sizeof(tag), "tag-%llu", (unsigned long long)expect);
+            cr_assert_str_eq(h[i].tag, tag);
+            expect++;
+            seen++;
+        }
+        if (n > 0) {
+            after = h[n - 1].id;
+            has_after = true;
+        }
+        cr_assert(n == 7 || !more);
+    }
+    cr_assert_eq(seen, 5000 - 1667);
+    /* Limits: 0 means the default, too large is clamped. */
+    cr_assert_eq(ida_fsm_list(f, "b", false, 0, 0, h, &n, &more), 0);
+    cr_assert_eq(n, IDA_LIST_LIMIT_DEFAULT);
+    cr_assert(more);
+    cr_assert_eq(ida_fsm_list(f, "b", false, 0, 100000, h, &n, &more), 0);
+    cr_assert_eq(n, IDA_LIST_LIMIT_MAX);
+    cr_assert_eq(ida_fsm_list(f, "b", true, UINT64_MAX, 5, h, &n, &more), 0);
+    cr_assert_eq(n, 0);
+    cr_assert_not(more);
+}
+
+/* --- sequence
+ * ------------------------------------------------------------------- */
+
+Test(fsm, sequence_blocks_never_overlap)
+{
+    assert_ok(create("s", SEQ, 0));
+    uint64_t next = 1;
+    for (uint64_t n = 1; n < 200; n += 7) {
+        struct ida_fsm_result r = reserve("s", n);
+        assert_ok(r);
+        cr_assert_eq(r.op, IDA_FSM_OP_RESERVE);
+        cr_assert_eq(r.id, next);
+        cr_assert_eq(r.count, n);
+        next += n;
+    }
+    assert_err(reserve("s", 0), IDA_EINVAL);
+    assert_err(reserve("s", IDA_RESERVE_COUNT_MAX + 1), IDA_ETOOBIG);
+    struct ida_fsm_result r = reserve("s", IDA_RESERVE_COUNT_MAX);
+    assert_ok(r);
+    cr_assert_eq(r.id, next, "rejected reserves took nothing");
+}
+
+/* Restore @f from a forged FsmState with one pool. */
+static void forge_one_pool(Idalloc__PoolState *pool)
+{
+    Idalloc__FsmState m;
+    idalloc__fsm_state__init(&m);
+    m.version = IDA_FSM_STATE_VERSION;
+    Idalloc__PoolState *pools[1] = {pool};
+    m.n_pools = 1;
+    m.pools = pools;
+    m.applied_index = 7;
+    size_t len;
+    uint8_t *buf = fx_forge(&m, &len);
+    cr_assert_eq(ida_fsm_restore(f, buf, len), 0);
+    free(buf);
+    cr_assert_eq(ida_fsm_applied_index(f), 7);
+}
+
+Test(fsm, sequence_end_of_space_is_an_error)
+{
+    /* Reaching 2^64 by reserves takes 2^40 commands: start near the end
+     * from a (valid, protobuf-c packed) snapshot instead. */
+    Idalloc__PoolState p;
+    Idalloc__SequenceState s;
+    idalloc__pool_state__init(&p);
+    idalloc__sequence_state__init(&s);
+    p.name = "s";
+    p.kind = SEQ;
+    s.next = UINT64_MAX - 10;
+    p.sequence = &s;
+    forge_one_pool(&p);
+    assert_err(reserve("s", 11), IDA_EEXHAUSTED);
+    struct ida_fsm_result r = reserve("s", 10);
+    assert_ok(r);
+    cr_assert_eq(r.id, UINT64_MAX - 10);
+    cr_assert_eq(r.count, 10, "the last block ends at UINT64_MAX");
+    assert_err(reserve("s", 1), IDA_EEXHAUSTED);
+}
+
+/* --- prefix
+ * --------------------------------------------------------------------- */
+
+Test(fsm, prefix_encoding_and_idempotence)
+{
+    assert_ok(create("x", PFX, 0));
+    struct ida_fsm_result a = prefix("x", "users");
+    assert_ok(a);
+    cr_assert_eq(a.op, IDA_FSM_OP_PREFIX_ALLOC);
+    cr_assert_not(a.flag);
+    /* First window is [0, 64): one length byte 1 and one value byte. */
+    cr_assert_eq(a.prefix_len, 2);
+    cr_assert_eq(a.prefix[0], 1);
+    cr_assert_lt(a.prefix[1], 64);
+    struct ida_fsm_result again = prefix("x", "users");
+    assert_ok(again);
+    cr_assert(again.flag);
+    cr_assert_eq(again.prefix_len, a.prefix_len);
+    cr_assert_eq(memcmp(again.prefix, a.prefix, a.prefix_len), 0);
+    char tag[IDA_TAG_BYTES_MAX + 2];
+    memset(tag, 'q', sizeof(tag) - 1);
+    tag[sizeof(tag) - 1] = '\0';
+    assert_err(prefix("x", tag), IDA_ETOOBIG);
+    assert_err(prefix("x", ""), IDA_EINVAL);
+}
+
+static int cmp_bytes(const void *x_, const void *y_)
+{
+    return memcmp(x_, y_, IDA_PREFIX_BYTES_MAX);
+}
+
+/* 40000 prefixes cross every window size (64, 1024, 8192): none repeats
+ * and none is a prefix of another. */
+Test(fsm, prefix_never_repeats_and_is_prefix_free)
+{
+    enum { N = 40000 };
+    assert_ok(create("x", PFX, 0));
+    static uint8_t all[N][IDA_PREFIX_BYTES_MAX];
+    static uint8_t lens[N];
+    int per_len[10] = {0};
+    for (int i = 0; i < N; i += FX_BATCH_MAX) {
+        fx_batch_init(&b, now_ms);
+        for (int j = i; j < i + FX_BATCH_MAX && j < N; j++) {
+            char tag[16];
+            snprintf(tag, sizeof(tag), "d%d", j);
+            fx_add_prefix(&b, 1, ++seq, "x", tag);
+        }
+        struct ida_fsm_applied out;
+        fx_apply(f, &b, &out);
+        for (size_t k = 0; k < out.count; k++) {
+            const struct ida_fsm_result *r = &out.replies[k].result;
+            assert_ok(*r);
+            cr_assert_not(r->flag);
+            memset(all[i + (int)k], 0, IDA_PREFIX_BYTES_MAX);
+            memcpy(all[i + (int)k], r->prefix, r->prefix_len);
+            lens[i + (int)k] = r->prefix_len;
+            cr_assert_eq(r->prefix[0] + 1, r->prefix_len);
+            cr_assert(r->prefix_len == 2 || r->prefix[1] != 0, "minimal");
+            per_len[r->prefix_len]++;
+        }
+    }
+    cr_assert_gt(per_len[2], 0);
+    cr_assert_gt(per_len[3], 0, "crossed into 2-byte values");
+    /* Sorted, a prefix of another would sit right before an extension of
+     * itself, so adjacent pairs suffice; zero padding cannot fake it since
+     * the length byte differs for different lengths. */
+    (void)lens;
+    qsort(all, N, IDA_PREFIX_BYTES_MAX, cmp_bytes);
+    for (int i = 1; i < N; i++) {
+        cr_assert_neq(memcmp(all[i - 1], all[i], IDA_PREFIX_BYTES_MAX), 0,
+                      "prefix repeated");
+        size_t l = (size_t)all[i - 1][0] + 1;
+        cr_assert_neq(memcmp(all[i - 1], all[i], l), 0,
+                      "a prefix is a prefix of another");
+    }
+    /* HCA density: windows advance at half full, so the values used are
+     * at most about twice the count. */
+    uint64_t maxv = 0;
+    for (int i = 0; i < N; i++) {
+        uint64_t v = 0;
+        for (int k = 1; k <= all[i][0]; k++) {
+            v = (v << 8) | all[i][k];
+        }
+        maxv = v > maxv ? v : maxv;
+    }
+    cr_assert_lt(maxv, 2 * N + 8192 + 1024, "max value %llu",
+                 (unsigned long long)maxv);
+}
+
+Test(fsm, prefix_same_log_same_choice)
+{
+    /* Two replicas fed the same entries pick the same candidates. */
+    struct ida_fsm *g;
+    cr_assert_eq(ida_fsm_new(&g), 0);
+    fx_batch_init(&b, now_ms);
+    fx_add_create(&b, 1, 1, "x", PFX, 0);
+    for (int i = 0; i < 100; i++) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "r%d", i);
+        fx_add_prefix(&b, 1, (uint64_t)i + 2, "x", tag);
+    }
+    struct ida_fsm_applied o1, o2;
+    fx_apply(f, &b, &o1);
+    fx_apply(g, &b, &o2);
+    cr_assert_eq(o1.count, o2.count);
+    for (size_t i = 0; i < o1.count; i++) {
+        cr_assert_eq(memcmp(&o1.replies[i].result.prefix,
+                            &o2.replies[i].result.prefix, IDA_PREFIX_BYTES_MAX),
+                     0);
+    }
+    size_t l1, l2;
+    uint8_t *s1 = fx_snapshot(f, &l1), *s2 = fx_snapshot(g, &l2);
+    cr_assert_eq(l1, l2);
+    cr_assert_eq(memcmp(s1, s2, l1), 0);
+    ida_free(s1);
+    ida_free(s2);
+    ida_fsm_free(g);
+}
+
+/* --- sessions
+ * ---------------------------------------------------------------------- */
+
+Test(fsm, retry_returns_first_answer_and_does_not_act)
+{
+    assert_ok(create("s", SEQ, 0));
+    assert_ok(create("b", BND, 10));
+    fx_batch_init(&b, now_ms);
+    fx_add_reserve(&b, 7, 1, "s", 5);
+    fx_add_alloc(&b, 7, 2, "b", "t");
+    fx_add_free(&b, 7, 3, "b", 0, "t");
+    fx_add_alloc(&b, 7, 4, "nope", "t"); /* an error is kept too */
+    struct ida_fsm_applied out;
+    fx_apply(f, &b, &out);
+    struct ida_fsm_reply first[4];
+    memcpy(first, out.replies, sizeof(first));
+    for (int i = 0; i < 4; i++) {
+        cr_assert_not(first[i].cached);
+    }
+    cr_assert(first[2].result.flag, "freed");
+    /* Retry all four, in another order, in a later entry. */
+    fx_batch_init(&b, now_ms + 10);
+    fx_add_alloc(&b, 7, 4, "nope", "t");
+    fx_add_free(&b, 7, 3, "b", 0, "t");
+    fx_add_alloc(&b, 7, 2, "b", "t");
+    fx_add_reserve(&b, 7, 1, "s", 5);
+    fx_apply(f, &b, &out);
+    for (int i = 0; i < 4; i++) {
+        const struct ida_fsm_reply *r = &out.replies[3 - i];
+        cr_assert(r->cached);
+        cr_assert(fx_result_eq(&r->result, &first[i].result),
+                  "command %d: same answer", i);
+        cr_assert_eq(r->request_seq, first[i].request_seq);
+    }
+    /* Nothing acted twice: the tag is still free, the next block follows
+     * the first one. */
+    uint64_t id;
+    cr_assert_eq(ida_fsm_lookup(f, "b", "t", &id), IDA_ENOTFOUND);
+    struct ida_fsm_result r = reserve("s", 1);
+    cr_assert_eq(r.id, 6);
+    /* Another client with the same seq is a different request. */
+    fx_batch_init(&b, now_ms);
+    fx_add_reserve(&b, 8, 1, "s", 5);
+    fx_apply(f, &b, &out);
+    cr_assert_not(out.replies[0].cached);
+    cr_assert_eq(out.replies[0].result.id, 7);
+}
+
+Test(fsm, retry_after_snapshot_restore)
+{
+    assert_ok(create("s", SEQ, 0));
+    fx_batch_init(&b, now_ms);
+    fx_add_reserve(&b, 9, 41, "s", 3);
+    struct ida_fsm_applied out;
+    fx_apply(f, &b, &out);
+    struct ida_fsm_result first = out.replies[0].result;
+    size_t len;
+    uint8_t *snap = fx_snapshot(f, &len);
+    struct ida_fsm *g;
+    cr_assert_eq(ida_fsm_new(&g), 0);
+    cr_assert_eq(ida_fsm_restore(g, snap, len), 0);
+    ida_free(snap);
+    fx_apply(g, &b, &out);
+    cr_assert(out.replies[0].cached);
+    cr_assert(fx_result_eq(&out.replies[0].result, &first));
+    ida_fsm_free(g);
+}
+
+Test(fsm, evicted_results_get_esession)
+{
+    assert_ok(create("s", SEQ, 0));
+    struct ida_fsm_applied out;
+    uint64_t total = IDA_SESSION_RESULTS_MAX + 5;
+    for (uint64_t s = 1; s <= total; s++) {
+        fx_batch_init(&b, now_ms);
+        fx_add_reserve(&b, 5, s, "s", 1);
+        fx_apply(f, &b, &out);
+        cr_assert_eq(out.replies[0].result.id, s);
+    }
+    /* The oldest five are gone; the rest are kept. */
+    for (uint64_t s = 1; s <= total; s++) {
+        fx_batch_init(&b, now_ms);
+        fx_add_reserve(&b, 5, s, "s", 1);
+        fx_apply(f, &b, &out);
+        if (s <= 5) {
+            assert_err(out.replies[0].result, IDA_ESESSION);
+            cr_assert_not(out.replies[0].cached);
+        } else {
+            cr_assert(out.replies[0].cached);
+            cr_assert_eq(out.replies[0].result.id, s);
+        }
+    }
+    struct ida_fsm_result r = reserve("s", 1);
+    cr_assert_eq(r.id, total + 1, "no retry acted");
+}
+
+Test(fsm, a_late_lower_seq_is_executed_but_not_kept)
+{
+    assert_ok(create("s", SEQ, 0));
+    struct ida_fsm_applied out;
+    fx_batch_init(&b, now_ms);
+    for (uint64_t s = 100; s < 100 + IDA_SESSION_RESULTS_MAX; s++) {
+        fx_add_reserve(&b, 6, s, "s", 1);
+    }
+    fx_add_reserve(&b, 6, 5, "s", 1); /* lower than all kept, never seen */
+    fx_add_reserve(&b, 6, 5, "s", 1); /* its retry */
+    fx_add_reserve(&b, 6, 100, "s", 1);
+    fx_add_reserve(&b, 6, 4, "s", 1);
+    fx_apply(f, &b, &out);
+    size_t k = IDA_SESSION_RESULTS_MAX;
+    assert_ok(out.replies[k].result);
+    cr_assert_eq(out.replies[k].result.id, k + 1, "it acted");
+    assert_err(out.replies[k + 1].result, IDA_ESESSION);
+    cr_assert(out.replies[k + 2].cached, "seq 100 is still kept");
+    cr_assert_eq(out.replies[k + 2].result.id, 1);
+    assert_err(out.replies[k + 3].result, IDA_ESESSION);
+}
+
+Test(fsm, sessions_expire_by_log_time_only)
+{
+    assert_ok(create("s", SEQ, 0)); /* client 1 at now_ms */
+    struct ida_fsm_applied out;
+    fx_batch_init(&b, now_ms);
+    fx_add_reserve(&b, 2, 1, "s", 1);
+    fx_apply(f, &b, &out);
+    cr_assert_eq(ida_fsm_session_count(f), 2);
+    /* A leader whose clock is behind does not move time back. */
+    fx_batch_init(&b, now_ms - 500000);
+    fx_add_reserve(&b, 3, 1, "s", 1);
+    fx_apply(f, &b, &out);
+    cr_assert_eq(ida_fsm_now_ms(f), now_ms);
+    /* Just before the TTL: nothing expires. NOOPs do not move time. */
+    struct ida_fsm_applied o;
+    cr_assert_eq(ida_fsm_apply(f, ida_fsm_applied_index(f) + 1, IDA_ENTRY_NOOP,
+                               NULL, 0, &o),
+                 0);
+    fx_batch_init(&b, now_ms + IDA_SESSION_TTL_MS - 1);
+    fx_add_reserve(&b, 4, 1, "s", 1);
+    fx_apply(f, &b, &out);
+    cr_assert_eq(ida_fsm_session_count(f), 4);
+    /* Client 2 retries late but in time: kept answer. */
+    fx_batch_init(&b, now_ms + IDA_SESSION_TTL_MS - 1);
+    fx_add_reserve(&b, 2, 1, "s", 1);
+    fx_apply(f, &b, &out);
+    cr_assert(out.replies[0].cached);
+    cr_assert_eq(out.replies[0].result.id, 1);
+    /* At the TTL, clients 1 and 3 (idle since now_ms) expire. */
+    fx_batch_init(&b, now_ms + IDA_SESSION_TTL_MS);
+    fx_add_reserve(&b, 4, 2, "s", 1);
+    fx_apply(f, &b, &out);
+    cr_assert_eq(ida_fsm_session_count(f), 2);
+    /* A too-late retry of client 3 acts as new: a fresh block. */
+    fx_batch_init(&b, now_ms + IDA_SESSION_TTL_MS);
+    fx_add_reserve(&b, 3, 1, "s", 1);
+    fx_apply(f, &b, &out);
+    cr_assert_not(out.replies[0].cached);
+    cr_assert_eq(out.replies[0].result.id, 5, "blocks 1-4 went to 2,3,4,4");
+}
+
+Test(fsm, session_table_is_bounded_lru)
+{
+    assert_ok(create("s", SEQ, 0)); /* client 1 */
+    struct ida_fsm_applied out;
+    uint64_t c = 2;
+    while (ida_fsm_session_count(f) < IDA_SESSIONS_MAX) {
+        fx_batch_init(&b, now_ms);
+        for (int i = 0; i < FX_BATCH_MAX &&
+                        ida_fsm_session_count(f) + (size_t)i < IDA_SESSIONS_MAX;
+             i++) {
+            fx_add_reserve(&b, c++, 1, "s", 1);
+        }
+        fx_apply(f, &b, &out);
+    }
+    /* Touch client 1, then a new client drops the LRU one (client 2). */
+    fx_batch_init(&b, now_ms);
+    fx_add_reserve(&b, 1, 1, "s", 1);
+    fx_add_reserve(&b, c, 1, "s", 1);
+    fx_add_reserve(&b, 2, 1, "s", 1);
+    fx_apply(f, &b, &out);
+    cr_assert(out.replies[0].cached, "client 1 kept (seq 1 = pool create)");
+    cr_assert_not(out.replies[1].cached);
+    cr_assert_not(out.replies[2].cached, "client 2 was dropped");
+    cr_assert_eq(ida_fsm_session_count(f), IDA_SESSIONS_MAX);
+}
+
+/* --- entries and malformed input
+ * ------------------------------------------------------ */
+
+Test(fsm, noop_and_config_advance_index_only)
+{
+    struct ida_fsm_applied out;
+    cr_assert_eq(ida_fsm_apply(f, 1, IDA_ENTRY_NOOP, NULL, 0, &out), 0);
+    cr_assert_eq(
+        ida_fsm_apply(f, 2, IDA_ENTRY_CONFIG, (const uint8_t *)"x", 1, &out),
+        0);
+    cr_assert_eq(out.count, 0);
+    cr_assert_eq(ida_fsm_applied_index(f), 2);
+    cr_assert_eq(ida_fsm_apply(f, 2, IDA_ENTRY_NOOP, NULL, 0, &out), IDA_EINVAL,
+                 "an index twice");
+    cr_assert_eq(ida_fsm_apply(f, 4, IDA_ENTRY_NOOP, NULL, 0, &out), IDA_EINVAL,
+                 "a gap");
+    cr_assert_eq(ida_fsm_apply(f, 3, (enum ida_entry_type)7, NULL, 0, &out),
+                 IDA_EINVAL);
+    cr_assert_eq(ida_fsm_applied_index(f), 2);
+}
+
+Test(fsm, malformed_batches_are_deterministic_noops)
+{
+    assert_ok(create("s", SEQ, 0));
+    size_t l0;
+    uint8_t *before = fx_snapshot(f, &l0);
+    struct ida_fsm_applied out;
+    const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f, 0x12};
+    ida_index i = ida_fsm_applied_index(f);
+    cr_assert_eq(
+        ida_fsm_apply(f, ++i, IDA_ENTRY_NORMAL, garbage, sizeof(garbage), &out),
+        0);
+    cr_assert_eq(out.entry_error, IDA_EPROTO);
+    cr_assert_eq(out.count, 0);
+    /* A valid batch of an unknown version. */
+    Idalloc__CommandBatch m;
+    idalloc__command_batch__init(&m);
+    m.version = 2;
+    uint8_t buf[16];
+    size_t n = idalloc__command_batch__pack(&m, buf);
+    cr_assert_eq(ida_fsm_apply(f, ++i, IDA_ENTRY_NORMAL, buf, n, &out), 0);
+    cr_assert_eq(out.entry_error, IDA_EVERSION);
+    /* Empty data: version 0. */
+    cr_assert_eq(ida_fsm_apply(f, ++i, IDA_ENTRY_NORMAL, NULL, 0, &out), 0);
+    cr_assert_eq(out.entry_error, IDA_EVERSION);
+    cr_assert_eq(ida_fsm_applied_index(f), i);
+    /* Only the applied index moved. */
+    size_t l1;
+    uint8_t *after = fx_snapshot(f, &l1);
+    Idalloc__FsmState *a = idalloc__fsm_state__unpack(NULL, l0, before);
+    Idalloc__FsmState *c = idalloc__fsm_state__unpack(NULL, l1, after);
+    cr_assert_not_null(a);
+    cr_assert_not_null(c);
+    cr_assert_eq(c->applied_index, a->applied_index + 3);
+    c->applied_index = a->applied_index;
+    c->checksum = a->checksum = 0;
+    uint8_t *pa = malloc(l0), *pc = malloc(l1);
+    size_t na = idalloc__fsm_state__pack(a, pa);
+    size_t nc = idalloc__fsm_state__pack(c, pc);
+    cr_assert_eq(na, nc);
+    cr_assert_eq(memcmp(pa, pc, na), 0);
+    free(pa);
+    free(pc);
+    idalloc__fsm_state__free_unpacked(a, NULL);
+    idalloc__fsm_state__free_unpacked(c, NULL);
+    ida_free(before);
+    ida_free(after);
+}
+
+Test(fsm, oversized_batch_is_a_noop)
+{
+    assert_ok(create("s", SEQ, 0));
+    fx_batch_init(&b, now_ms);
+    fx_add_reserve(&b, 3, 1, "s", 1);
+    /* IDA_BATCH_COMMANDS_MAX + 1 copies of one command. */
+    size_t n = IDA_BATCH_COMMANDS_MAX + 1;
+    Idalloc__Command **many = malloc(n * sizeof(*many));
+    for (size_t i = 0; i < n; i++) {
+        many[i] = &b.cmd[0];
+    }
+    Idalloc__CommandBatch m;
+    idalloc__command_batch__init(&m);
+    m.version = IDA_BATCH_VERSION;
+    m.n_commands = n;
+    m.commands = many;
+    size_t len = idalloc__command_batch__get_packed_size(&m);
+    uint8_t *buf = malloc(len);
+    idalloc__command_batch__pack(&m, buf);
+    struct ida_fsm_applied out;
+    ida_index i = ida_fsm_applied_index(f) + 1;
+    cr_assert_eq(ida_fsm_apply(f, i, IDA_ENTRY_NORMAL, buf, len, &out), 0);
+    cr_assert_eq(out.entry_error, IDA_ETOOBIG);
+    cr_assert_eq(out.count, 0);
+    cr_assert_eq(ida_fsm_applied_index(f), i);
+    struct ida_fsm_result r = reserve("s", 1);
+    cr_assert_eq(r.id, 1, "none of the commands acted");
+    free(buf);
+    free(many);
+}
+
+Test(fsm, malformed_commands_get_einval)
+{
+    assert_ok(create("s", SEQ, 0));
+    fx_batch_init(&b, now_ms);
+    fx_add_reserve(&b, 3, 1, "s", 1);
+    b.cmd[0].op_case = IDALLOC__COMMAND__OP__NOT_SET; /* no op */
+    fx_add_reserve(&b, 3, 2, "s", 1);
+    b.cmd[1].client_id.len = 5;       /* short client id */
+    fx_add_reserve(&b, 3, 0, "s", 1); /* seq 0 */
+    fx_add_reserve(&b, 3, 3, "s", 1); /* fine */
+    struct ida_fsm_applied out;
+    fx_apply(f, &b, &out);
+    assert_err(out.replies[0].result, IDA_EINVAL);
+    assert_err(out.replies[1].result, IDA_EINVAL);
+    assert_err(out.replies[2].result, IDA_EINVAL);
+    assert_ok(out.replies[3].result);
+    cr_assert_eq(out.replies[3].result.id, 1, "nothing else acted");
+}
+
+Test(fsm, result_to_pb_roundtrips_through_protobuf)
+{
+    assert_ok(create("x", PFX, 0));
+    struct ida_fsm_result r = prefix("x", "a");
+    struct ida_fsm_result_pb pb;
+    ida_fsm_result_to_pb(&r, &pb);
+    uint8_t buf[128];
+    size_t n = idalloc__command_result__pack(&pb.msg, buf);
+    Idalloc__CommandResult *m = idalloc__command_result__unpack(NULL, n, buf);
+    cr_assert_not_null(m);
+    cr_assert_eq(m->error, 0);
+    cr_assert_eq(m->result_case, IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC);
+    cr_assert_eq(m->prefix_alloc->prefix.len, r.prefix_len);
+    cr_assert_eq(memcmp(m->prefix_alloc->prefix.data, r.prefix, r.prefix_len),
+                 0);
+    idalloc__command_result__free_unpacked(m, NULL);
+    r = alloc("nope", "t");
+    ida_fsm_result_to_pb(&r, &pb);
+    n = idalloc__command_result__pack(&pb.msg, buf);
+    m = idalloc__command_result__unpack(NULL, n, buf);
+    cr_assert_eq(m->error, IDA_ENOPOOL);
+    cr_assert_str_eq(m->error_msg, r.error_msg);
+    cr_assert_eq(m->result_case, IDALLOC__COMMAND_RESULT__RESULT__NOT_SET);
+    idalloc__command_result__free_unpacked(m, NULL);
+}
+
+/* --- out of memory
+ * ----------------------------------------------------------------------- */
+
+/* Fail the Nth allocation for N = 0, 1, ... until an alloc goes through:
+ * each failure is IDA_ENOMEM with the applied index unmoved; no leaks
+ * (checked under ASan/valgrind). */
+Test(fsm, enomem_on_every_allocation_path)
+{
+    assert_ok(create("b", BND, 100000));
+    assert_ok(create("x", PFX, 0));
+    const char *pools[2] = {"b", "x"};
+    for (int k = 0; k < 2; k++) {
+        for (int n = 0;; n++) {
+            fx_batch_init(&b, now_ms);
+            char tag[16];
+            snprintf(tag, sizeof(tag), "m%d", n);
+            if (k == 0) {
+                fx_add_alloc(&b, 100 + (uint64_t)n, 1, pools[k], tag);
+            } else {
+                fx_add_prefix(&b, 100 + (uint64_t)n, 1, pools[k], tag);
+            }
+            size_t len;
+            uint8_t *buf = fx_batch_pack(&b, &len);
+            ida_index idx = ida_fsm_applied_index(f);
+            struct ida_fsm_applied out;
+            ida_heap_fault_set(n, 1);
+            int rv =
+                ida_fsm_apply(f, idx + 1, IDA_ENTRY_NORMAL, buf, len, &out);
+            ida_heap_fault_set(0, 0);
+            free(buf);
+            if (rv == 0) {
+                cr_assert_gt(n, 0, "the first allocation must matter");
+                assert_ok(out.replies[0].result);
+                break;
+            }
+            cr_assert_eq(rv, IDA_ENOMEM);
+            cr_assert_eq(ida_fsm_applied_index(f), idx);
+            cr_assert_lt(n, 100);
+        }
+    }
+}
+
+/* No memory to decode an entry is IDA_ENOMEM, never "malformed". */
+Test(fsm, enomem_while_decoding_is_not_a_malformed_entry)
+{
+    fx_batch_init(&b, now_ms);
+    fx_add_create(&b, 1, 1, "s", SEQ, 0);
+    size_t len;
+    uint8_t *buf = fx_batch_pack(&b, &len);
+    struct ida_fsm_applied out;
+    ida_heap_fault_set(0, 1); /* the first allocation: the decode arena */
+    int rv = ida_fsm_apply(f, 1, IDA_ENTRY_NORMAL, buf, len, &out);
+    ida_heap_fault_set(0, 0);
+    cr_assert_eq(rv, IDA_ENOMEM);
+    cr_assert_eq(ida_fsm_applied_index(f), 0);
+    cr_assert_eq(ida_fsm_pool_count(f), 0);
+    cr_assert_eq(ida_fsm_apply(f, 1, IDA_ENTRY_NORMAL, buf, len, &out), 0);
+    cr_assert_eq(out.entry_error, 0);
+    cr_assert(out.replies[0].result.flag);
+    free(buf);
+}
+
+/* --- processor protocol
+ * ------------------------------------------------------------------- */
+
+Test(fsm, processor_applies_committed_entries_in_order)
+{
+    struct ida_fsm_proc p;
+    cr_assert_eq(ida_fsm_proc_init(&p, f, 3), 0);
+    fx_batch_init(&b, now_ms);
+    fx_add_create(&b, 1, 1, "s", SEQ, 0);
+    size_t len1;
+    uint8_t *d1 = fx_batch_pack(&b, &len1);
+    fx_batch_init(&b, now_ms);
+    fx_add_reserve(&b, 1, 2, "s", 4);
+    size_t len2;
+    uint8_t *d2 = fx_batch_pack(&b, &len2);
+    struct ida_entry e[4] = {
+        {1, 1, IDA_ENTRY_NORMAL, d1, len1},
+        {1, 2, IDA_ENTRY_NOOP, NULL, 0},
+        {1, 3, IDA_ENTRY_NORMAL, d2, len2},
+        {1, 4, IDA_ENTRY_NOOP, NULL, 0},
+    };
+    cr_assert_eq(ida_fsm_proc_add_updates(&p, e, 4), IDA_EBUSY);
+    cr_assert_eq(ida_fsm_proc_add_updates(&p, e + 1, 1), IDA_EINVAL);
+    cr_assert_eq(ida_fsm_proc_add_updates(&p, e, 2), 0);
+    cr_assert_eq(ida_fsm_proc_add_updates(&p, e + 2, 1), 0);
+    free(d1);
+    free(d2); /* the processor keeps its own copies */
+    ida_index first;
+    cr_assert_eq(ida_fsm_proc_upcoming(&p, &first), 3);
+    cr_assert_eq(first, 1);
+    cr_assert_eq(ida_fsm_applied_index(f), 0, "nothing applied yet");
+    struct ida_fsm_applied out;
+    cr_assert_eq(ida_fsm_proc_comeup(&p, &out), 0);
+    cr_assert_eq(out.index, 1);
+    cr_assert(out.replies[0].result.flag, "created");
+    cr_assert_eq(ida_fsm_proc_comeup(&p, &out), 0);
+    cr_assert_eq(ida_fsm_proc_add_updates(&p, e + 3, 1), 0);
+    cr_assert_eq(ida_fsm_proc_comeup(&p, &out), 0);
+    cr_assert_eq(out.index, 3);
+    cr_assert_eq(out.replies[0].result.id, 1);
+    cr_assert_eq(out.replies[0].result.count, 4);
+    cr_assert_eq(ida_fsm_proc_upcoming(&p, &first), 1);
+    cr_assert_eq(first, 4);
+    cr_assert_eq(ida_fsm_proc_comeup(&p, &out), 0);
+    cr_assert_eq(ida_fsm_proc_comeup(&p, &out), IDA_ENOTFOUND);
+    cr_assert_eq(ida_fsm_applied_index(f), 4);
+    ida_fsm_proc_close(&p);
+}
+
+Test(fsm, processor_add_updates_enomem_queues_nothing)
+{
+    struct ida_fsm_proc p;
+    cr_assert_eq(ida_fsm_proc_init(&p, f, 4), 0);
+    uint8_t data[3] = {1, 2, 3};
+    struct ida_entry e[3] = {
+        {1, 1, IDA_ENTRY_NOOP, NULL, 0},
+        {1, 2, IDA_ENTRY_CONFIG, data, 3},
+        {1, 3, IDA_ENTRY_NOOP, NULL, 0},
+    };
+    for (int n = 0; n < 3; n++) {
+        ida_heap_fault_set(n, 1);
+        int rv = ida_fsm_proc_add_updates(&p, e, 3);
+        ida_heap_fault_set(0, 0);
+        cr_assert_eq(rv, IDA_ENOMEM);
+        ida_index first;
+        cr_assert_eq(ida_fsm_proc_upcoming(&p, &first), 0);
+    }
+    cr_assert_eq(ida_fsm_proc_add_updates(&p, e, 3), 0);
+    struct ida_fsm_applied out;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(ida_fsm_proc_comeup(&p, &out), 0);
+    }
+    cr_assert_eq(ida_fsm_applied_index(f), 3);
+    ida_fsm_proc_close(&p);
+}

@@ -1,0 +1,468 @@
+/* fsm/ snapshots: determinism, round trips, protobuf conformance, and
+ * rejection of truncated, damaged and inconsistent snapshots. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsm/fsm.h"
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "tests/fsm/fsm_helpers.h"
+
+/* --- fixture ------------------------------------------------------------- */
+
+static struct ida_fsm *f;
+static struct fx_batch b;
+
+static void setup(void)
+{
+    cr_assert_eq(ida_fsm_new(&f), 0);
+}
+
+static void teardown(void)
+{
+    ida_fsm_free(f);
+}
+
+TestSuite(snap, .init = setup, .fini = teardown);
+
+#define SEQ IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE
+#define BND IDALLOC__POOL_KIND__POOL_KIND_BOUNDED
+#define PFX IDALLOC__POOL_KIND__POOL_KIND_PREFIX
+
+/* --- helpers -------------------------------------------------------------- */
+
+/* A state with every kind of pool, holes, sessions with kept results and
+ * errors; @round varies it. */
+static void populate(struct ida_fsm *g, int round)
+{
+    struct ida_fsm_applied out;
+    fx_batch_init(&b, 5000 + (uint64_t)round);
+    fx_add_create(&b, 1, 1, "zeta-seq", SEQ, 0);
+    fx_add_create(&b, 1, 2, "alpha-bnd", BND, 5000);
+    fx_add_create(&b, 1, 3, "mid.prefix", PFX, 0);
+    fx_apply(g, &b, &out);
+    uint64_t s = 10;
+    for (int k = 0; k < 12; k++) {
+        fx_batch_init(&b, 6000 + (uint64_t)k * 1000);
+        for (int i = 0; i < 200; i++) {
+            char tag[32];
+            uint64_t client = 2 + (uint64_t)((i + k) % 7);
+            snprintf(tag, sizeof(tag), "t-%d-%d", k, i);
+            switch (i % 5) {
+                case 0:
+                case 1:
+                    fx_add_alloc(&b, client, ++s, "alpha-bnd", tag);
+                    break;
+                case 2:
+                    fx_add_free(&b, client, ++s, "alpha-bnd",
+                                (uint64_t)(i * 3 + k), "nobody");
+                    break;
+                case 3:
+                    fx_add_prefix(&b, client, ++s, "mid.prefix", tag);
+                    break;
+                default:
+                    fx_add_reserve(&b, client, ++s, "zeta-seq",
+                                   (uint64_t)i + 1);
+                    break;
+            }
+        }
+        fx_apply(g, &b, &out);
+        /* Free a few so the bounded pool has holes. */
+        fx_batch_init(&b, 6000 + (uint64_t)k * 1000);
+        for (int i = 0; i < 10; i++) {
+            char tag[32];
+            snprintf(tag, sizeof(tag), "t-%d-%d", k, i * 5);
+            uint64_t id;
+            if (ida_fsm_lookup(g, "alpha-bnd", tag, &id) == 0) {
+                fx_add_free(&b, 99, ++s, "alpha-bnd", id, tag);
+            }
+        }
+        fx_apply(g, &b, &out);
+    }
+}
+
+static void assert_same_bytes(const struct ida_fsm *x, const struct ida_fsm *y)
+{
+    size_t l1, l2;
+    uint8_t *s1 = fx_snapshot(x, &l1), *s2 = fx_snapshot(y, &l2);
+    cr_assert_eq(l1, l2);
+    cr_assert_eq(memcmp(s1, s2, l1), 0);
+    ida_free(s1);
+    ida_free(s2);
+}
+
+/* --- tests -----------------------------------------------------------------
+ */
+
+Test(snap, same_log_same_bytes_and_round_trip)
+{
+    struct ida_fsm *g, *h;
+    cr_assert_eq(ida_fsm_new(&g), 0);
+    cr_assert_eq(ida_fsm_new(&h), 0);
+    populate(f, 0);
+    populate(g, 0);
+    assert_same_bytes(f, g);
+    size_t len;
+    uint8_t *snap = fx_snapshot(f, &len);
+    cr_assert_gt(len, 1000);
+    cr_assert_eq(ida_fsm_restore(h, snap, len), 0);
+    assert_same_bytes(f, h);
+    cr_assert_eq(ida_fsm_applied_index(h), ida_fsm_applied_index(f));
+    /* The restored one behaves the same from here on. */
+    populate(f, 1);
+    populate(h, 1);
+    assert_same_bytes(f, h);
+    ida_free(snap);
+    ida_fsm_free(g);
+    ida_fsm_free(h);
+}
+
+Test(snap, bytes_are_what_protobuf_c_packs)
+{
+    populate(f, 0);
+    size_t len;
+    uint8_t *snap = fx_snapshot(f, &len);
+    Idalloc__FsmState *m = idalloc__fsm_state__unpack(NULL, len, snap);
+    cr_assert_not_null(m);
+    cr_assert_eq(m->version, IDA_FSM_STATE_VERSION);
+    cr_assert_eq(m->n_pools, 3);
+    cr_assert_str_eq(m->pools[0]->name, "alpha-bnd", "pools by name");
+    cr_assert_str_eq(m->pools[2]->name, "zeta-seq");
+    cr_assert_gt(m->pools[0]->bounded->n_holdings, 100);
+    cr_assert_gt(m->n_sessions, 5);
+    for (size_t i = 1; i < m->pools[0]->bounded->n_holdings; i++) {
+        cr_assert_lt(m->pools[0]->bounded->holdings[i - 1]->id,
+                     m->pools[0]->bounded->holdings[i]->id);
+    }
+    uint8_t *again = malloc(len);
+    cr_assert_eq(idalloc__fsm_state__get_packed_size(m), len);
+    cr_assert_eq(idalloc__fsm_state__pack(m, again), len);
+    cr_assert_eq(memcmp(again, snap, len), 0, "canonical protobuf bytes");
+    free(again);
+    idalloc__fsm_state__free_unpacked(m, NULL);
+    ida_free(snap);
+}
+
+Test(snap, empty_state_round_trips)
+{
+    size_t len;
+    uint8_t *snap = fx_snapshot(f, &len);
+    struct ida_fsm *g;
+    cr_assert_eq(ida_fsm_new(&g), 0);
+    cr_assert_eq(ida_fsm_restore(g, snap, len), 0);
+    assert_same_bytes(f, g);
+    ida_free(snap);
+    ida_fsm_free(g);
+}
+
+/* Every truncation and every single-byte change is refused, and the
+ * target keeps its previous state. */
+Test(snap, truncated_or_damaged_snapshots_are_refused)
+{
+    fx_batch_init(&b, 1);
+    fx_add_create(&b, 1, 1, "b", BND, 100);
+    fx_add_alloc(&b, 1, 2, "b", "one");
+    fx_add_create(&b, 1, 3, "x", PFX, 0);
+    fx_add_prefix(&b, 2, 1, "x", "two");
+    fx_add_create(&b, 1, 4, "s", SEQ, 0);
+    fx_add_reserve(&b, 2, 2, "s", 9);
+    struct ida_fsm_applied out;
+    fx_apply(f, &b, &out);
+    size_t len;
+    uint8_t *snap = fx_snapshot(f, &len);
+
+    struct ida_fsm *g;
+    cr_assert_eq(ida_fsm_new(&g), 0);
+    populate(g, 3);
+    size_t glen;
+    uint8_t *gsnap = fx_snapshot(g, &glen);
+    uint8_t *bad = malloc(len);
+    for (size_t cut = 0; cut < len; cut++) {
+        int rv = ida_fsm_restore(g, snap, cut);
+        cr_assert(rv == IDA_ECORRUPT || rv == IDA_EVERSION, "cut at %zu: %d",
+                  cut, rv);
+    }
+    for (size_t i = 0; i < len; i++) {
+        for (int bit = 0; bit < 8; bit += 3) {
+            memcpy(bad, snap, len);
+            bad[i] ^= (uint8_t)(1u << bit);
+            int rv = ida_fsm_restore(g, bad, len);
+            cr_assert(rv == IDA_ECORRUPT || rv == IDA_EVERSION,
+                      "flip byte %zu bit %d: %d", i, bit, rv);
+        }
+    }
+    size_t glen2;
+    uint8_t *gsnap2 = fx_snapshot(g, &glen2);
+    cr_assert_eq(glen, glen2);
+    cr_assert_eq(memcmp(gsnap, gsnap2, glen), 0, "never half-loaded");
+    cr_assert_eq(ida_fsm_restore(g, snap, len), 0, "the intact one loads");
+    free(bad);
+    ida_free(snap);
+    ida_free(gsnap);
+    ida_free(gsnap2);
+    ida_fsm_free(g);
+}
+
+/* --- well-formed but inconsistent states (valid checksum) ------------------
+ */
+
+static Idalloc__FsmState st;
+static Idalloc__PoolState ps[2], *pps[2];
+static Idalloc__BoundedState bs;
+static Idalloc__Holding hs[3], *phs[3];
+static Idalloc__PrefixState xs;
+static Idalloc__TagPrefix tp[2], *ptp[2];
+static uint64_t reserved[2];
+static uint8_t pre[2][3];
+
+/* A valid state: bounded "a" holding 1:"x", 4:"y"; prefix "b" with two
+ * tags in window [0, 64). */
+static void forge_base(void)
+{
+    idalloc__fsm_state__init(&st);
+    st.version = IDA_FSM_STATE_VERSION;
+    for (int i = 0; i < 2; i++) {
+        idalloc__pool_state__init(&ps[i]);
+        pps[i] = &ps[i];
+    }
+    st.n_pools = 2;
+    st.pools = pps;
+    ps[0].name = "a";
+    ps[0].kind = BND;
+    idalloc__bounded_state__init(&bs);
+    bs.size = 10;
+    for (int i = 0; i < 3; i++) {
+        idalloc__holding__init(&hs[i]);
+        phs[i] = &hs[i];
+    }
+    hs[0].id = 1;
+    hs[0].tag = "x";
+    hs[1].id = 4;
+    hs[1].tag = "y";
+    bs.n_holdings = 2;
+    bs.holdings = phs;
+    ps[0].bounded = &bs;
+    ps[1].name = "b";
+    ps[1].kind = PFX;
+    idalloc__prefix_state__init(&xs);
+    xs.window_start = 0;
+    xs.window_count = 2;
+    reserved[0] = 5;
+    reserved[1] = 40;
+    xs.n_window_reserved = 2;
+    xs.window_reserved = reserved;
+    for (int i = 0; i < 2; i++) {
+        idalloc__tag_prefix__init(&tp[i]);
+        ptp[i] = &tp[i];
+    }
+    pre[0][0] = 1;
+    pre[0][1] = 5;
+    pre[1][0] = 1;
+    pre[1][1] = 40;
+    tp[0].tag = "p";
+    tp[0].prefix.data = pre[0];
+    tp[0].prefix.len = 2;
+    tp[1].tag = "q";
+    tp[1].prefix.data = pre[1];
+    tp[1].prefix.len = 2;
+    xs.n_tags = 2;
+    xs.tags = ptp;
+    ps[1].prefix = &xs;
+}
+
+static int forge_restore(void)
+{
+    size_t len;
+    uint8_t *buf = fx_forge(&st, &len);
+    int rv = ida_fsm_restore(f, buf, len);
+    free(buf);
+    return rv;
+}
+
+Test(snap, forged_valid_state_loads)
+{
+    forge_base();
+    cr_assert_eq(forge_restore(), 0);
+    uint64_t id;
+    cr_assert_eq(ida_fsm_lookup(f, "a", "y", &id), 0);
+    cr_assert_eq(id, 4);
+    /* The next alloc gets the lowest free id, 0; then 2. */
+    fx_batch_init(&b, 1);
+    fx_add_alloc(&b, 1, 1, "a", "n1");
+    fx_add_alloc(&b, 1, 2, "a", "n2");
+    fx_add_prefix(&b, 1, 3, "b", "q");
+    struct ida_fsm_applied out;
+    fx_apply(f, &b, &out);
+    cr_assert_eq(out.replies[0].result.id, 0);
+    cr_assert_eq(out.replies[1].result.id, 2);
+    cr_assert(out.replies[2].result.flag, "q existed");
+    cr_assert_eq(out.replies[2].result.prefix[1], 40);
+}
+
+#define EXPECT_CORRUPT(what)                                             \
+    do {                                                                 \
+        forge_base();                                                    \
+        what;                                                            \
+        cr_assert_eq(forge_restore(), IDA_ECORRUPT, "accepted: " #what); \
+    } while (0)
+
+Test(snap, inconsistent_states_are_refused)
+{
+    EXPECT_CORRUPT(hs[1].id = 1);            /* ids not increasing */
+    EXPECT_CORRUPT(hs[1].id = 10);           /* id >= size */
+    EXPECT_CORRUPT(hs[1].tag = "x");         /* one tag, two ids */
+    EXPECT_CORRUPT(hs[1].tag = "");          /* empty tag */
+    EXPECT_CORRUPT(bs.size = 0);             /* bad size */
+    EXPECT_CORRUPT(ps[0].name = "c");        /* pools not by name */
+    EXPECT_CORRUPT(ps[0].name = "b");        /* duplicate pool */
+    EXPECT_CORRUPT(ps[0].name = "bad name"); /* invalid name */
+    EXPECT_CORRUPT(ps[0].kind = SEQ);        /* kind vs sub-message */
+    static Idalloc__SequenceState seq_state;
+    idalloc__sequence_state__init(&seq_state);
+    seq_state.next = 5;
+    EXPECT_CORRUPT(ps[0].sequence = &seq_state); /* two sub-messages */
+    EXPECT_CORRUPT(xs.window_count = 3);         /* count != reserved */
+    EXPECT_CORRUPT(reserved[1] = 64);            /* outside the window */
+    EXPECT_CORRUPT(xs.window_start = 10);        /* not a window start */
+    EXPECT_CORRUPT(pre[1][1] = 5);               /* a prefix twice */
+    EXPECT_CORRUPT(pre[1][0] = 2);               /* bad encoding */
+    EXPECT_CORRUPT(tp[1].prefix.len = 1);        /* bad encoding */
+    EXPECT_CORRUPT(tp[1].tag = "a");             /* tags not sorted */
+    forge_base();
+    st.version = 2;
+    cr_assert_eq(forge_restore(), IDA_EVERSION);
+}
+
+static uint8_t cid[2][IDA_CLIENT_ID_BYTES];
+static Idalloc__Session ss[2], *pss[2];
+static Idalloc__SessionResult sr[2], *psr[2];
+static Idalloc__CommandResult cres[2];
+static Idalloc__ReserveResult rr;
+
+/* forge_base() plus two valid sessions: client 1 with a kept reserve
+ * (seq 1) and a kept error (seq 2), client 2 with none. */
+static void forge_sessions(void)
+{
+    forge_base();
+    fx_client_id(1, cid[0]);
+    fx_client_id(2, cid[1]);
+    idalloc__reserve_result__init(&rr);
+    rr.first = 1;
+    rr.count = 2;
+    for (int i = 0; i < 2; i++) {
+        idalloc__session__init(&ss[i]);
+        pss[i] = &ss[i];
+        ss[i].client_id.data = cid[i];
+        ss[i].client_id.len = IDA_CLIENT_ID_BYTES;
+        ss[i].last_active_ms = 10;
+        ss[i].lru_rank = (uint64_t)i + 1;
+        idalloc__session_result__init(&sr[i]);
+        psr[i] = &sr[i];
+        idalloc__command_result__init(&cres[i]);
+        sr[i].result = &cres[i];
+        sr[i].request_seq = (uint64_t)i + 1;
+    }
+    cres[0].result_case = IDALLOC__COMMAND_RESULT__RESULT_RESERVE;
+    cres[0].reserve = &rr;
+    cres[1].error = IDA_ENOPOOL;
+    cres[1].error_msg = "no pool with this name";
+    ss[0].n_results = 2;
+    ss[0].results = psr;
+    st.n_sessions = 2;
+    st.sessions = pss;
+    st.last_timestamp_ms = 10;
+    st.session_clock = 2;
+}
+
+Test(snap, inconsistent_sessions_are_refused)
+{
+#define SESS_CASE(expect, what)                                  \
+    do {                                                         \
+        forge_sessions();                                        \
+        what;                                                    \
+        cr_assert_eq(forge_restore(), (expect), "case: " #what); \
+    } while (0)
+
+    SESS_CASE(0, (void)0);
+    cr_assert_eq(ida_fsm_session_count(f), 2);
+    SESS_CASE(IDA_ECORRUPT, ss[1].client_id.data = cid[0]); /* order */
+    SESS_CASE(IDA_ECORRUPT, ss[1].lru_rank = 1);            /* same rank */
+    SESS_CASE(IDA_ECORRUPT, ss[1].lru_rank = 3);            /* > clock */
+    SESS_CASE(IDA_ECORRUPT, ss[1].last_active_ms = 11);     /* > now */
+    SESS_CASE(IDA_ECORRUPT, ss[0].client_id.len = 15);
+    SESS_CASE(IDA_ECORRUPT, sr[1].request_seq = 1);         /* seq order */
+    SESS_CASE(IDA_ECORRUPT, ss[0].evicted_below = 1);       /* kept <= */
+    SESS_CASE(IDA_ECORRUPT, cres[1].error_msg = "made up"); /* unknown */
+    SESS_CASE(IDA_ECORRUPT, cres[1].error = IDA_EINVAL);    /* code/text */
+    SESS_CASE(IDA_ECORRUPT,
+              cres[0].result_case = IDALLOC__COMMAND_RESULT__RESULT__NOT_SET);
+    /* A kept answer survives the forge and is returned for a retry. */
+    SESS_CASE(0, (void)0);
+    fx_batch_init(&b, 10);
+    fx_add_reserve(&b, 1, 1, "s", 7);
+    struct ida_fsm_applied out;
+    fx_apply(f, &b, &out);
+    cr_assert(out.replies[0].cached);
+    cr_assert_eq(out.replies[0].result.id, 1);
+    cr_assert_eq(out.replies[0].result.count, 2);
+}
+
+/* --- out of memory
+ * ------------------------------------------------------------ */
+
+/* Fail the Nth allocation of snapshot and of restore for N = 0, 1, ...
+ * until the call succeeds: each failure is IDA_ENOMEM and the restore
+ * target keeps its previous state exactly. */
+Test(snap, enomem_on_every_snapshot_and_restore_path)
+{
+    populate(f, 0);
+    size_t len;
+    uint8_t *snap = fx_snapshot(f, &len);
+    int n;
+    for (n = 0;; n++) {
+        uint8_t *data = NULL;
+        size_t l;
+        ida_heap_fault_set(n, 1);
+        int rv = ida_fsm_snapshot(f, &data, &l);
+        ida_heap_fault_set(0, 0);
+        if (rv == 0) {
+            cr_assert_eq(l, len);
+            cr_assert_eq(memcmp(data, snap, len), 0);
+            ida_free(data);
+            break;
+        }
+        cr_assert_eq(rv, IDA_ENOMEM);
+        cr_assert_null(data);
+    }
+    cr_assert_gt(n, 0);
+
+    struct ida_fsm *g;
+    cr_assert_eq(ida_fsm_new(&g), 0);
+    fx_batch_init(&b, 1);
+    fx_add_create(&b, 1, 1, "other", SEQ, 0);
+    struct ida_fsm_applied out;
+    fx_apply(g, &b, &out);
+    size_t glen;
+    uint8_t *gsnap = fx_snapshot(g, &glen);
+    for (n = 0;; n++) {
+        ida_heap_fault_set(n, 1);
+        int rv = ida_fsm_restore(g, snap, len);
+        ida_heap_fault_set(0, 0);
+        if (rv == 0) {
+            break;
+        }
+        cr_assert_eq(rv, IDA_ENOMEM, "allocation %d: %d", n, rv);
+        size_t l;
+        uint8_t *now = fx_snapshot(g, &l);
+        cr_assert_eq(l, glen);
+        cr_assert_eq(memcmp(now, gsnap, glen), 0, "allocation %d", n);
+        ida_free(now);
+    }
+    cr_assert_gt(n, 10, "restore allocates per pool, table and session");
+    assert_same_bytes(f, g);
+    ida_free(gsnap);
+    ida_free(snap);
+    ida_fsm_free(g);
+}
