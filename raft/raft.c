@@ -867,20 +867,25 @@ static void install_snapshot(struct ida_raft *r)
         /* §5: "If existing log entry has same index and term as snapshot's
          * last included entry, retain log entries following it". */
         log_compact(r, s, t);
-        /* The snapshot batch rewrites the whole stored log (raft.h rule 1),
-         * so the retained suffix goes out again with it. */
-        r->unsent = s + 1;
     } else {
-        log_compact(r, s, t); /* drops the whole log */
-        IDA_ASSERT(r->n_log == 0);
-        if (r->stable > s) {
-            r->stable = s;
+        /* The whole log is older or conflicting: drop it. */
+        for (size_t i = 0; i < r->n_log; i++) {
+            ida_free(r->log[i].data);
         }
-        for (unsigned k = 0; k < r->pending_count; k++) {
-            unsigned p = (r->pending_head + k) % IDA_RAFT_PENDING_MAX;
-            if (r->pending[p].last > s) {
-                r->pending[p].last = s;
-            }
+        r->n_log = 0;
+        log_compact(r, s, t);
+    }
+    /* The snapshot batch rewrites the whole stored log (raft.h rule 1), so
+     * the retained suffix goes out again with it, and nothing after the
+     * snapshot counts as durable (or is applied) before that batch is. */
+    r->unsent = s + 1;
+    if (r->stable > s) {
+        r->stable = s;
+    }
+    for (unsigned k = 0; k < r->pending_count; k++) {
+        unsigned p = (r->pending_head + k) % IDA_RAFT_PENDING_MAX;
+        if (r->pending[p].last > s) {
+            r->pending[p].last = s;
         }
     }
     ida_free(r->snap_data);
