@@ -224,6 +224,9 @@ struct sim {
     uint64_t next_fault;
     uint64_t heal_at;
     uint64_t healed_at; /* NEVER until the faults healed */
+    bool faults_on;
+    bool pre_vote;     /* per seed: both settings must be safe */
+    bool check_quorum;
     /* global knowledge */
     ida_term *glob_term; /* committed entries by index */
     uint64_t *glob_hash;
@@ -1003,12 +1006,15 @@ static void node_step(struct sim *s, struct node *nd, const struct ida_raft_msg 
     drain(s, nd);
 }
 
+static void node_crash(struct sim *s, struct node *nd);
+
 static void node_sync(struct sim *s, struct node *nd)
 {
     nd->sync_at = NEVER;
     size_t n = nd->n_writes;
     uint64_t last_id = 0;
     ida_index snap = 0; /* the newest snapshot this sync made durable */
+    bool voted = false; /* this sync released a vote */
     for (size_t i = 0; i < n; i++) {
         struct write *w = &nd->writes[i];
         if (w->has_snap) {
@@ -1021,6 +1027,10 @@ static void node_sync(struct sim *s, struct node *nd)
     for (size_t i = 0; i < n; i++) {
         struct write *w = &nd->writes[i];
         for (size_t k = 0; k < w->n_msgs; k++) {
+            if (w->msgs[k].m.type == IDA_RAFT_MSG_RESPONSE_VOTE &&
+                w->msgs[k].m.u.response_vote.granted) {
+                voted = true;
+            }
             net_send(s, &w->msgs[k]);
             memset(&w->msgs[k], 0, sizeof(w->msgs[k]));
         }
@@ -1028,6 +1038,15 @@ static void node_sync(struct sim *s, struct node *nd)
     }
     if (snap != 0) {
         restore_fsm(s, nd, nd->disk.snap, nd->disk.snap_len, snap);
+    }
+    if (s->faults_on && chance(&s->rng, voted ? 25 : 2)) {
+        /* Crash point (FoundationDB's "buggify" style): right after an
+         * fsync whose votes and acks went out, most often after a vote,
+         * the moment a forgotten vote or an early ack would matter. */
+        tracef(s, "fault: node %u crashes right after a sync", nd->id);
+        node_crash(s, nd);
+        nd->restart_at = s->now + 1 + below(&s->rng, 50);
+        return;
     }
     nd->n_writes = 0;
     ida_raft_persisted(&nd->raft, last_id);
@@ -1043,8 +1062,8 @@ static int node_start(struct sim *s, struct node *nd)
         .election_ticks = ELECTION_TICKS,
         .heartbeat_ticks = HEARTBEAT_TICKS,
         .seed = rnd(&s->rng),
-        .pre_vote = true,
-        .check_quorum = true,
+        .pre_vote = s->pre_vote,
+        .check_quorum = s->check_quorum,
         .max_inflight = 4,
         .max_msg_entries = 8,
         .snapshot_chunk_bytes = 40,
@@ -1288,6 +1307,7 @@ static void heal(struct sim *s)
 {
     tracef(s, "heal: all faults end");
     s->healed_at = s->now;
+    s->faults_on = false;
     heal_links(s);
     s->loss_pct = 0;
     s->dup_pct = 0;
@@ -1475,6 +1495,9 @@ int sim_run(const struct sim_opts *opts, struct sim_result *res)
     s->next_fault = 100 + below(&s->rng, 300);
     s->heal_at = opts->mode == SIM_LIVENESS ? dur : NEVER;
     s->healed_at = NEVER;
+    s->faults_on = true;
+    s->pre_vote = chance(&s->rng, 70);
+    s->check_quorum = chance(&s->rng, 70);
     uint64_t end = opts->mode == SIM_LIVENESS ? dur + LIVENESS_BOUND_MS : dur;
     for (int k = 0; k < s->n; k++) {
         s->nodes[k].id = (ida_node_id)(k + 1);
