@@ -376,7 +376,8 @@ static void free_inflight(struct ida_raft_progress *pr, ida_index upto)
     }
 }
 
-static void send_snapshot_chunk(struct ida_raft *r, struct ida_raft_progress *pr)
+static void send_snapshot_chunk(struct ida_raft *r,
+                                struct ida_raft_progress *pr)
 {
     if (pr->snap_sent) {
         return;
@@ -438,8 +439,8 @@ static void send_append(struct ida_raft *r,
         return;
     }
     ida_index avail = last_index(r) - prev;
-    size_t n = avail < r->cfg.max_msg_entries ? (size_t)avail
-                                              : r->cfg.max_msg_entries;
+    size_t n =
+        avail < r->cfg.max_msg_entries ? (size_t)avail : r->cfg.max_msg_entries;
     if (n == 0 && !allow_empty) {
         return;
     }
@@ -456,11 +457,14 @@ static void send_append(struct ida_raft *r,
     if (pr->state == IDA_RAFT_PROBE) {
         pr->probe_sent = true;
     } else if (n > 0) {
-        unsigned slot = (pr->inflight_head + pr->inflight_count) %
-                        IDA_RAFT_INFLIGHT_MAX;
+        unsigned slot =
+            (pr->inflight_head + pr->inflight_count) % IDA_RAFT_INFLIGHT_MAX;
         pr->inflight[slot] = prev + n;
         pr->inflight_count++;
         pr->next = prev + n + 1;
+        /* Replicate mode pipelines: keep sending up to the in-flight
+         * bound. */
+        send_append(r, pr, false);
     }
 }
 
@@ -499,27 +503,28 @@ static void broadcast_append(struct ida_raft *r, bool allow_empty)
     }
 }
 
-static void tick_heartbeat_peer(struct ida_raft *r, struct ida_raft_progress *pr)
+static void tick_heartbeat_peer(struct ida_raft *r,
+                                struct ida_raft_progress *pr)
 {
     switch (pr->state) {
-    case IDA_RAFT_PROBE:
-        pr->probe_sent = false; /* the probe may be lost: probe again */
-        send_append(r, pr, true);
-        break;
-    case IDA_RAFT_REPLICATE:
-        if (pr->inflight_count > 0 && !pr->acked) {
-            /* No progress over a heartbeat interval: appends were lost. */
-            become_probe(pr);
+        case IDA_RAFT_PROBE:
+            pr->probe_sent = false; /* the probe may be lost: probe again */
             send_append(r, pr, true);
-        } else {
-            send_heartbeat(r, pr);
-        }
-        pr->acked = false;
-        break;
-    case IDA_RAFT_SNAPSHOT:
-        pr->snap_sent = false; /* resend the chunk, it may be lost */
-        send_snapshot_chunk(r, pr);
-        break;
+            break;
+        case IDA_RAFT_REPLICATE:
+            if (pr->inflight_count > 0 && !pr->acked) {
+                /* No progress over a heartbeat interval: appends were lost. */
+                become_probe(pr);
+                send_append(r, pr, true);
+            } else {
+                send_heartbeat(r, pr);
+            }
+            pr->acked = false;
+            break;
+        case IDA_RAFT_SNAPSHOT:
+            pr->snap_sent = false; /* resend the chunk, it may be lost */
+            send_snapshot_chunk(r, pr);
+            break;
     }
 }
 
@@ -655,8 +660,8 @@ static void handle_append_response(struct ida_raft *r,
     /* Fast backtracking (§5.3): skip a whole conflicting term at once. */
     ida_index next = ar->conflict_index;
     if (ar->conflict_term != 0) {
-        ida_index i = ar->reject_index < last_index(r) ? ar->reject_index
-                                                       : last_index(r);
+        ida_index i =
+            ar->reject_index < last_index(r) ? ar->reject_index : last_index(r);
         while (i > r->snap_index && term_at(r, i) > ar->conflict_term) {
             i--;
         }
@@ -703,17 +708,17 @@ static void handle_snapshot_response(struct ida_raft *r,
 
 /* --- handlers: everyone ------------------------------------------------- */
 
-static void handle_request_vote(struct ida_raft *r, const struct ida_raft_msg *m)
+static void handle_request_vote(struct ida_raft *r,
+                                const struct ida_raft_msg *m)
 {
     const struct ida_raft_request_vote *rv = &m->u.request_vote;
     bool can_vote = r->vote == m->from || (r->vote == 0 && r->leader == 0) ||
                     (rv->pre_vote && m->term > r->term);
     /* §5.4.1: grant only if the candidate's log is at least as up to date
      * as ours: later last term, or same last term and at least as long. */
-    bool up_to_date =
-        rv->last_log_term > last_term(r) ||
-        (rv->last_log_term == last_term(r) &&
-         rv->last_log_index >= last_index(r));
+    bool up_to_date = rv->last_log_term > last_term(r) ||
+                      (rv->last_log_term == last_term(r) &&
+                       rv->last_log_index >= last_index(r));
     if (r->cfg.bugs & IDA_RAFT_BUG_VOTE_NO_LOG_CHECK) {
         up_to_date = true;
     }
@@ -1002,41 +1007,41 @@ static bool promotable(const struct ida_raft *r)
 static int step_role(struct ida_raft *r, const struct ida_raft_msg *m)
 {
     switch (m->type) {
-    case IDA_RAFT_MSG_REQUEST_VOTE:
-        handle_request_vote(r, m);
-        return 0;
-    case IDA_RAFT_MSG_RESPONSE_VOTE:
-        handle_vote_response(r, m);
-        return 0;
-    case IDA_RAFT_MSG_APPEND_ENTRIES:
-    case IDA_RAFT_MSG_INSTALL_SNAPSHOT:
-        if (r->role == IDA_RAFT_LEADER) {
-            return IDA_EPROTO; /* two leaders in one term */
-        }
-        if (r->role != IDA_RAFT_FOLLOWER) {
-            become_follower(r, r->term, m->from);
-        }
-        r->leader = m->from;
-        r->election_elapsed = 0;
-        return m->type == IDA_RAFT_MSG_APPEND_ENTRIES
-                   ? handle_append(r, m)
-                   : handle_install_snapshot(r, m);
-    case IDA_RAFT_MSG_APPEND_RESPONSE:
-        if (r->role == IDA_RAFT_LEADER) {
-            handle_append_response(r, m);
-        }
-        return 0;
-    case IDA_RAFT_MSG_SNAPSHOT_RESPONSE:
-        if (r->role == IDA_RAFT_LEADER) {
-            handle_snapshot_response(r, m);
-        }
-        return 0;
-    case IDA_RAFT_MSG_TIMEOUT_NOW:
-        /* §3.10: the leader asks us to start an election at once. */
-        if (r->role == IDA_RAFT_FOLLOWER && promotable(r)) {
-            campaign(r, false, true);
-        }
-        return 0;
+        case IDA_RAFT_MSG_REQUEST_VOTE:
+            handle_request_vote(r, m);
+            return 0;
+        case IDA_RAFT_MSG_RESPONSE_VOTE:
+            handle_vote_response(r, m);
+            return 0;
+        case IDA_RAFT_MSG_APPEND_ENTRIES:
+        case IDA_RAFT_MSG_INSTALL_SNAPSHOT:
+            if (r->role == IDA_RAFT_LEADER) {
+                return IDA_EPROTO; /* two leaders in one term */
+            }
+            if (r->role != IDA_RAFT_FOLLOWER) {
+                become_follower(r, r->term, m->from);
+            }
+            r->leader = m->from;
+            r->election_elapsed = 0;
+            return m->type == IDA_RAFT_MSG_APPEND_ENTRIES
+                       ? handle_append(r, m)
+                       : handle_install_snapshot(r, m);
+        case IDA_RAFT_MSG_APPEND_RESPONSE:
+            if (r->role == IDA_RAFT_LEADER) {
+                handle_append_response(r, m);
+            }
+            return 0;
+        case IDA_RAFT_MSG_SNAPSHOT_RESPONSE:
+            if (r->role == IDA_RAFT_LEADER) {
+                handle_snapshot_response(r, m);
+            }
+            return 0;
+        case IDA_RAFT_MSG_TIMEOUT_NOW:
+            /* §3.10: the leader asks us to start an election at once. */
+            if (r->role == IDA_RAFT_FOLLOWER && promotable(r)) {
+                campaign(r, false, true);
+            }
+            return 0;
     }
     return IDA_EINVAL;
 }
@@ -1281,8 +1286,7 @@ int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m)
         }
         bool pre_req = is_vote && m->u.request_vote.pre_vote;
         bool pre_ok = m->type == IDA_RAFT_MSG_RESPONSE_VOTE &&
-                      m->u.response_vote.pre_vote &&
-                      m->u.response_vote.granted;
+                      m->u.response_vote.pre_vote && m->u.response_vote.granted;
         if (!pre_req && !pre_ok) {
             /* Figure 2: "If RPC request or response contains term T >
              * currentTerm: set currentTerm = T, convert to follower". */
@@ -1443,8 +1447,8 @@ static size_t resolve_msgs(struct ida_raft *r)
                 is->offset + is->len > r->snap_len) {
                 continue;
             }
-            m->u.install_snapshot.data = is->len ? r->snap_data + is->offset
-                                                 : NULL;
+            m->u.install_snapshot.data =
+                is->len ? r->snap_data + is->offset : NULL;
         }
         r->msgs[out++] = *m;
     }
@@ -1486,12 +1490,12 @@ bool ida_raft_ready(struct ida_raft *r, struct ida_raft_batch *b)
             last = last_index(r);
             r->unsent = last + 1;
         }
-        b->must_persist = b->has_hard_state || b->has_snapshot ||
-                          b->n_entries > 0;
+        b->must_persist =
+            b->has_hard_state || b->has_snapshot || b->n_entries > 0;
         if (b->must_persist || r->n_msgs_ap > 0) {
             b->id = r->next_batch_id++;
-            unsigned p = (r->pending_head + r->pending_count) %
-                         IDA_RAFT_PENDING_MAX;
+            unsigned p =
+                (r->pending_head + r->pending_count) % IDA_RAFT_PENDING_MAX;
             r->pending[p].id = b->id;
             r->pending[p].last = last;
             r->pending_count++;
@@ -1584,14 +1588,14 @@ const struct ida_entry *ida_raft_entry(const struct ida_raft *r,
 const char *ida_raft_role_name(enum ida_raft_role role)
 {
     switch (role) {
-    case IDA_RAFT_FOLLOWER:
-        return "follower";
-    case IDA_RAFT_PRE_CANDIDATE:
-        return "pre-candidate";
-    case IDA_RAFT_CANDIDATE:
-        return "candidate";
-    case IDA_RAFT_LEADER:
-        return "leader";
+        case IDA_RAFT_FOLLOWER:
+            return "follower";
+        case IDA_RAFT_PRE_CANDIDATE:
+            return "pre-candidate";
+        case IDA_RAFT_CANDIDATE:
+            return "candidate";
+        case IDA_RAFT_LEADER:
+            return "leader";
     }
     return "?";
 }

@@ -101,19 +101,22 @@ enum ida_raft_msg_type {
     IDA_RAFT_MSG_TIMEOUT_NOW = 7,
 };
 
-struct ida_raft_request_vote {
+struct ida_raft_request_vote
+{
     bool pre_vote;
     ida_index last_log_index;
     ida_term last_log_term;
     bool transfer;
 };
 
-struct ida_raft_response_vote {
+struct ida_raft_response_vote
+{
     bool pre_vote;
     bool granted;
 };
 
-struct ida_raft_append_entries {
+struct ida_raft_append_entries
+{
     ida_index prev_log_index;
     ida_term prev_log_term;
     const struct ida_entry *entries; /* borrowed (see MEMORY) */
@@ -122,7 +125,8 @@ struct ida_raft_append_entries {
     uint64_t read_ctx;
 };
 
-struct ida_raft_append_response {
+struct ida_raft_append_response
+{
     bool success;
     ida_index match_index;
     ida_index reject_index;
@@ -134,7 +138,8 @@ struct ida_raft_append_response {
 /* proto InstallSnapshot.config is not carried: membership is static in this
  * version (see ida_raft_config.voters), so the node fills it from its
  * cluster file. */
-struct ida_raft_install_snapshot {
+struct ida_raft_install_snapshot
+{
     ida_index last_index;
     ida_term last_term;
     uint64_t offset;
@@ -144,7 +149,8 @@ struct ida_raft_install_snapshot {
     uint64_t total_size;
 };
 
-struct ida_raft_snapshot_response {
+struct ida_raft_snapshot_response
+{
     ida_index last_index;
     uint64_t next_offset;
     bool done;
@@ -152,7 +158,8 @@ struct ida_raft_snapshot_response {
 };
 
 /* One peer message; maps 1:1 to proto PeerMessage (from, to, term, msg). */
-struct ida_raft_msg {
+struct ida_raft_msg
+{
     enum ida_raft_msg_type type;
     ida_node_id from;
     ida_node_id to;
@@ -170,40 +177,45 @@ struct ida_raft_msg {
     ida_term ents_last_term_;
 };
 
-struct ida_raft_config {
-    ida_node_id id;                          /* this node, != 0 */
-    ida_node_id voters[IDA_RAFT_NODES_MAX];  /* the cluster, includes id */
-    size_t n_voters;                         /* 1..IDA_RAFT_NODES_MAX */
-    unsigned election_ticks;                 /* >= 2 * heartbeat_ticks */
-    unsigned heartbeat_ticks;                /* >= 1 */
-    uint64_t seed;                           /* election timeout PRNG */
-    bool pre_vote;                           /* run a pre-vote round */
-    bool check_quorum;                       /* step down without quorum */
-    unsigned max_inflight;                   /* 1..IDA_RAFT_INFLIGHT_MAX */
-    size_t max_msg_entries;                  /* entries per append, >= 1 */
-    size_t snapshot_chunk_bytes;             /* InstallSnapshot chunk, >= 1 */
-    uint32_t bugs;                           /* enum ida_raft_bug; test only */
+struct ida_raft_config
+{
+    ida_node_id id;                         /* this node, != 0 */
+    ida_node_id voters[IDA_RAFT_NODES_MAX]; /* the cluster, includes id */
+    size_t n_voters;                        /* 1..IDA_RAFT_NODES_MAX */
+    unsigned election_ticks;                /* >= 2 * heartbeat_ticks */
+    unsigned heartbeat_ticks;               /* >= 1 */
+    uint64_t seed;                          /* election timeout PRNG */
+    bool pre_vote;                          /* run a pre-vote round */
+    bool check_quorum;                      /* step down without quorum */
+    unsigned max_inflight;                  /* 1..IDA_RAFT_INFLIGHT_MAX */
+    size_t max_msg_entries;                 /* entries per append, >= 1 */
+    size_t snapshot_chunk_bytes;            /* InstallSnapshot chunk, >= 1 */
+    uint32_t bugs;                          /* enum ida_raft_bug; test only */
 };
 
 /* What storage holds, handed to ida_raft_init() on (re)start. */
-struct ida_raft_restore {
+struct ida_raft_restore
+{
     struct ida_hard_state hard_state;
     ida_index snapshot_index; /* 0: no snapshot */
     ida_term snapshot_term;
     const uint8_t *snapshot_data; /* copied */
     size_t snapshot_len;
-    const struct ida_entry *entries; /* snapshot_index+1.. consecutive; copied */
+    const struct ida_entry
+        *entries; /* snapshot_index+1.. consecutive; copied */
     size_t n_entries;
 };
 
-struct ida_raft_snapshot {
+struct ida_raft_snapshot
+{
     ida_index index;
     ida_term term;
     const uint8_t *data; /* borrowed (see MEMORY) */
     size_t len;
 };
 
-struct ida_raft_read {
+struct ida_raft_read
+{
     uint64_t ctx;    /* the caller's ida_raft_read_index() context */
     ida_index index; /* serve the read once applied >= index */
 };
@@ -215,15 +227,16 @@ enum ida_raft_progress_state {
     IDA_RAFT_SNAPSHOT = 2,
 };
 
-struct ida_raft_progress {
+struct ida_raft_progress
+{
     ida_node_id id;
     ida_index match;
     ida_index next;
     enum ida_raft_progress_state state;
-    bool probe_sent;     /* probe: one append in flight, wait */
-    bool recent_active;  /* heard from since the last quorum check */
-    bool acked;          /* replicate: progress since the last heartbeat */
-    uint64_t read_ack;   /* highest read_ctx acknowledged this term */
+    bool probe_sent;    /* probe: one append in flight, wait */
+    bool recent_active; /* heard from since the last quorum check */
+    bool acked;         /* replicate: progress since the last heartbeat */
+    uint64_t read_ack;  /* highest read_ctx acknowledged this term */
     ida_index inflight[IDA_RAFT_INFLIGHT_MAX]; /* last index per append */
     unsigned inflight_head;
     unsigned inflight_count;
@@ -233,9 +246,10 @@ struct ida_raft_progress {
 };
 
 /* One batch of work. Valid until the next ida_raft_* call (see MEMORY). */
-struct ida_raft_batch {
-    uint64_t id;                 /* pass to ida_raft_persisted() */
-    bool must_persist;           /* hard state, entries or snapshot to write */
+struct ida_raft_batch
+{
+    uint64_t id;       /* pass to ida_raft_persisted() */
+    bool must_persist; /* hard state, entries or snapshot to write */
     bool has_hard_state;
     struct ida_hard_state hard_state;
     bool has_snapshot;
@@ -258,7 +272,8 @@ struct ida_raft_batch {
 };
 
 /* The core. Fields are private to raft/ (read-only for tests). */
-struct ida_raft {
+struct ida_raft
+{
     struct ida_raft_config cfg;
     uint64_t rng;
     /* Persistent state (Figure 2), as seen by the core. */
@@ -277,9 +292,9 @@ struct ida_raft {
     enum ida_raft_role role;
     ida_node_id leader;
     ida_index commit;
-    ida_index applied;   /* handed out in batch.committed */
-    ida_index stable;    /* durable locally and equal to our log */
-    ida_index unsent;    /* first index not yet handed out to persist */
+    ida_index applied; /* handed out in batch.committed */
+    ida_index stable;  /* durable locally and equal to our log */
+    ida_index unsent;  /* first index not yet handed out to persist */
     unsigned election_elapsed;
     unsigned heartbeat_elapsed;
     unsigned randomized_timeout;
@@ -291,7 +306,8 @@ struct ida_raft {
     struct ida_hard_state hs_out;
     /* Batches handed out, not yet persisted (ring). */
     uint64_t next_batch_id;
-    struct {
+    struct
+    {
         uint64_t id;
         ida_index last; /* clamped on truncation */
         bool has_snapshot;
@@ -306,7 +322,8 @@ struct ida_raft {
     size_t n_msgs_ap, cap_msgs_ap;
     /* ReadIndex (leader). */
     uint64_t read_seq;
-    struct {
+    struct
+    {
         uint64_t ctx;
         uint64_t seq;
         ida_index index;

@@ -81,7 +81,8 @@ static bool chance(uint64_t *s, unsigned percent)
  * twice answers the first id. Commands are 12 bytes: client u32, seq u64.
  * This is the seam where fsm/ plugs in: apply, snapshot, restore, read. */
 
-struct fsm {
+struct fsm
+{
     ida_index applied;
     uint64_t counter;
     uint64_t last_seq[CLIENTS];
@@ -121,7 +122,8 @@ static uint64_t fsm_apply(struct fsm *f, const struct ida_entry *e)
 
 /* --- simulator state ---------------------------------------------------- */
 
-struct packet {
+struct packet
+{
     uint64_t at;
     uint64_t seq;
     struct ida_raft_msg m; /* entries / data point into the copies below */
@@ -129,7 +131,8 @@ struct packet {
     uint8_t *blob;
 };
 
-struct write {
+struct write
+{
     uint64_t id;
     bool has_hs;
     struct ida_hard_state hs;
@@ -144,7 +147,8 @@ struct write {
     size_t n_msgs;
 };
 
-struct disk {
+struct disk
+{
     struct ida_hard_state hs;
     ida_index snap_index;
     ida_term snap_term;
@@ -154,20 +158,23 @@ struct disk {
     size_t n, cap;
 };
 
-struct proposal {
+struct proposal
+{
     int client;
     uint64_t seq;
     ida_index index;
     ida_term term;
 };
 
-struct pread {
+struct pread
+{
     int client;
     uint64_t ctx;
     ida_index index; /* 0 until the core confirmed it */
 };
 
-struct node {
+struct node
+{
     ida_node_id id;
     bool up;
     struct ida_raft raft;
@@ -186,8 +193,9 @@ struct node {
     size_t n_reads;
 };
 
-struct client {
-    uint64_t seq;      /* current request */
+struct client
+{
+    uint64_t seq; /* current request */
     bool busy;
     bool is_read;
     uint64_t read_floor; /* max id acked when the read started */
@@ -200,14 +208,16 @@ struct client {
     bool done_after_heal;
 };
 
-struct lm_slot {
+struct lm_slot
+{
     ida_index index;
     ida_term term;
     uint64_t hash;
     ida_term prev_term;
 };
 
-struct sim {
+struct sim
+{
     struct sim_opts o;
     struct sim_result *res;
     uint64_t rng;
@@ -225,7 +235,7 @@ struct sim {
     uint64_t heal_at;
     uint64_t healed_at; /* NEVER until the faults healed */
     bool faults_on;
-    bool pre_vote;     /* per seed: both settings must be safe */
+    bool pre_vote; /* per seed: both settings must be safe */
     bool check_quorum;
     /* global knowledge */
     ida_term *glob_term; /* committed entries by index */
@@ -235,10 +245,10 @@ struct sim {
     size_t glob_applied;
     ida_node_id *leaders; /* by term */
     size_t cap_leaders;
-    struct lm_slot *lm;   /* log matching table, open addressing */
+    struct lm_slot *lm; /* log matching table, open addressing */
     size_t lm_cap, lm_used;
     uint64_t max_acked_id;
-    uint64_t *ids_seen;   /* bitmap over ids handed out to clients */
+    uint64_t *ids_seen; /* bitmap over ids handed out to clients */
     size_t ids_cap;
     bool failed;
     bool oom;
@@ -246,7 +256,11 @@ struct sim {
 
 /* --- trace and violations ----------------------------------------------- */
 
-static void hash_in(struct sim *s, uint64_t a, uint64_t b, uint64_t c, uint64_t d)
+static void hash_in(struct sim *s,
+                    uint64_t a,
+                    uint64_t b,
+                    uint64_t c,
+                    uint64_t d)
 {
     uint64_t v[5] = {s->now, a, b, c, d};
     for (int i = 0; i < 5; i++) {
@@ -280,8 +294,8 @@ static void violation(struct sim *s, const char *fmt, ...)
     va_start(ap, fmt);
     int k = snprintf(s->res->violation, sizeof(s->res->violation),
                      "t=%" PRIu64 "ms: ", s->now);
-    vsnprintf(s->res->violation + k, sizeof(s->res->violation) - (size_t)k,
-              fmt, ap);
+    vsnprintf(s->res->violation + k, sizeof(s->res->violation) - (size_t)k, fmt,
+              ap);
     va_end(ap);
     tracef(s, "VIOLATION %s", s->res->violation);
 }
@@ -468,8 +482,9 @@ static void disk_apply(struct sim *s, struct node *nd, struct write *w)
     if (w->n_ents > 0) {
         ida_index first = w->ents[0].index;
         if (first > disk_last(d) + 1) {
-            violation(s, "node %u: batch entries from %" PRIu64
-                         " leave a gap after stored index %" PRIu64,
+            violation(s,
+                      "node %u: batch entries from %" PRIu64
+                      " leave a gap after stored index %" PRIu64,
                       nd->id, first, disk_last(d));
         }
         if (first > d->snap_index) {
@@ -511,7 +526,9 @@ static void lm_check(struct sim *s, struct node *nd, const struct ida_entry *e)
         for (size_t i = 0; i < s->lm_cap; i++) {
             if (s->lm[i].term != 0) {
                 size_t h = (size_t)((s->lm[i].index * 31 + s->lm[i].term) *
-                                    0x9E3779B97F4A7C15ULL >> 7) % ncap;
+                                        0x9E3779B97F4A7C15ULL >>
+                                    7) %
+                           ncap;
                 while (t[h].term != 0) {
                     h = (h + 1) % ncap;
                 }
@@ -522,17 +539,20 @@ static void lm_check(struct sim *s, struct node *nd, const struct ida_entry *e)
         s->lm = t;
         s->lm_cap = ncap;
     }
-    ida_term prev = e->index == 1 ? 0 : ida_raft_term_at(&nd->raft, e->index - 1);
+    ida_term prev =
+        e->index == 1 ? 0 : ida_raft_term_at(&nd->raft, e->index - 1);
     uint64_t hash = entry_hash(e);
-    size_t h = (size_t)((e->index * 31 + e->term) * 0x9E3779B97F4A7C15ULL >> 7) %
-               s->lm_cap;
+    size_t h =
+        (size_t)((e->index * 31 + e->term) * 0x9E3779B97F4A7C15ULL >> 7) %
+        s->lm_cap;
     while (s->lm[h].term != 0) {
         if (s->lm[h].index == e->index && s->lm[h].term == e->term) {
             /* prev == 0 when the previous entry was compacted away. */
             if (s->lm[h].hash != hash ||
                 (prev != 0 && s->lm[h].prev_term != prev)) {
-                violation(s, "log matching: node %u entry %" PRIu64
-                             " term %" PRIu64 " differs from another log",
+                violation(s,
+                          "log matching: node %u entry %" PRIu64
+                          " term %" PRIu64 " differs from another log",
                           nd->id, e->index, e->term);
             }
             return;
@@ -556,8 +576,9 @@ static void check_leader(struct sim *s, struct node *nd)
         s->res->elections++;
         tracef(s, "node %u leader of term %" PRIu64, nd->id, t);
     } else if (s->leaders[t] != nd->id) {
-        violation(s, "election safety: nodes %u and %u both leader of term "
-                     "%" PRIu64,
+        violation(s,
+                  "election safety: nodes %u and %u both leader of term "
+                  "%" PRIu64,
                   s->leaders[t], nd->id, t);
         return;
     }
@@ -568,15 +589,18 @@ static void check_leader(struct sim *s, struct node *nd)
     for (size_t i = 1; i <= s->glob_len; i++) {
         ida_term have = ida_raft_term_at(&nd->raft, i);
         if (have != 0 && have != s->glob_term[i]) {
-            violation(s, "leader completeness: leader %u term %" PRIu64
-                         " has term %" PRIu64 " at committed index %zu "
-                         "(committed term %" PRIu64 ")",
+            violation(s,
+                      "leader completeness: leader %u term %" PRIu64
+                      " has term %" PRIu64
+                      " at committed index %zu "
+                      "(committed term %" PRIu64 ")",
                       nd->id, t, have, i, s->glob_term[i]);
             return;
         }
         if (have == 0 && i > ida_raft_last_index(&nd->raft)) {
-            violation(s, "leader completeness: leader %u term %" PRIu64
-                         " lacks committed index %zu",
+            violation(s,
+                      "leader completeness: leader %u term %" PRIu64
+                      " lacks committed index %zu",
                       nd->id, t, i);
             return;
         }
@@ -592,8 +616,8 @@ static void check_commit(struct sim *s, struct node *nd)
 {
     ida_index c = ida_raft_commit(&nd->raft);
     if (c < nd->last_commit) {
-        violation(s, "node %u commit index went back from %" PRIu64
-                     " to %" PRIu64,
+        violation(s,
+                  "node %u commit index went back from %" PRIu64 " to %" PRIu64,
                   nd->id, nd->last_commit, c);
         return;
     }
@@ -611,9 +635,10 @@ static void check_commit(struct sim *s, struct node *nd)
         if (i <= s->glob_len && s->glob_term[i] != 0) {
             if (s->glob_term[i] != e->term ||
                 s->glob_hash[i] != entry_hash(e)) {
-                violation(s, "node %u committed index %" PRIu64
-                             " term %" PRIu64 ", the cluster committed term "
-                             "%" PRIu64 " there",
+                violation(s,
+                          "node %u committed index %" PRIu64 " term %" PRIu64
+                          ", the cluster committed term "
+                          "%" PRIu64 " there",
                           nd->id, i, e->term, s->glob_term[i]);
                 return;
             }
@@ -638,8 +663,9 @@ static void check_commit(struct sim *s, struct node *nd)
             }
         }
         if (have < quorum_of(s)) {
-            violation(s, "leader %u committed index %" PRIu64
-                         " durable on only %zu of %d disks",
+            violation(s,
+                      "leader %u committed index %" PRIu64
+                      " durable on only %zu of %d disks",
                       nd->id, c, have, s->n);
         }
     }
@@ -658,8 +684,8 @@ static void ids_mark(struct sim *s, uint64_t id, int client, uint64_t seq)
         return;
     }
     if (s->ids_seen[word] & (1ULL << (id % 64))) {
-        violation(s, "id %" PRIu64 " handed out twice (client %d seq %" PRIu64
-                     ")",
+        violation(s,
+                  "id %" PRIu64 " handed out twice (client %d seq %" PRIu64 ")",
                   id, client, seq);
     }
     s->ids_seen[word] |= 1ULL << (id % 64);
@@ -680,8 +706,9 @@ static void client_answer(struct sim *s, int ci, uint64_t seq, uint64_t id)
     }
     if (c->answers[seq] != 0) {
         if (c->answers[seq] != id) {
-            violation(s, "client %d seq %" PRIu64 " answered %" PRIu64
-                         " then %" PRIu64,
+            violation(s,
+                      "client %d seq %" PRIu64 " answered %" PRIu64
+                      " then %" PRIu64,
                       ci, seq, c->answers[seq], id);
         }
         return;
@@ -721,8 +748,9 @@ static void client_read_answer(struct sim *s, int ci, uint64_t ctx, uint64_t v)
     }
     hash_in(s, 3, (uint64_t)ci, ctx, v);
     if (v < c->read_floor) {
-        violation(s, "client %d read %" PRIu64 " sees counter %" PRIu64
-                     " but id %" PRIu64 " was acked before it started",
+        violation(s,
+                  "client %d read %" PRIu64 " sees counter %" PRIu64
+                  " but id %" PRIu64 " was acked before it started",
                   ci, ctx, v, c->read_floor);
     }
     c->busy = false;
@@ -745,8 +773,8 @@ static void fail_pending(struct sim *s, struct node *nd)
     nd->n_props = 0;
     for (size_t i = 0; i < nd->n_reads; i++) {
         client_retry(s, nd->reads[i].client, 0);
-        tracef(s, "node %u read of client %d failed: leadership lost",
-               nd->id, nd->reads[i].client);
+        tracef(s, "node %u read of client %d failed: leadership lost", nd->id,
+               nd->reads[i].client);
     }
     nd->n_reads = 0;
 }
@@ -757,8 +785,7 @@ static void serve_reads(struct sim *s, struct node *nd)
     for (size_t i = 0; i < nd->n_reads; i++) {
         struct pread *r = &nd->reads[i];
         if (r->index != 0 && nd->fsm.applied >= r->index) {
-            client_read_answer(s, r->client,
-                               r->ctx & ((1ULL << CTX_SHIFT) - 1),
+            client_read_answer(s, r->client, r->ctx & ((1ULL << CTX_SHIFT) - 1),
                                nd->fsm.counter);
         } else {
             nd->reads[k++] = *r;
@@ -767,7 +794,9 @@ static void serve_reads(struct sim *s, struct node *nd)
     nd->n_reads = k;
 }
 
-static void apply_entry(struct sim *s, struct node *nd, const struct ida_entry *e)
+static void apply_entry(struct sim *s,
+                        struct node *nd,
+                        const struct ida_entry *e)
 {
     if (e->index != nd->fsm.applied + 1) {
         violation(s, "node %u asked to apply index %" PRIu64 " after %" PRIu64,
@@ -779,8 +808,9 @@ static void apply_entry(struct sim *s, struct node *nd, const struct ida_entry *
     hash_in(s, 4, nd->id, i, id);
     if (i > s->glob_len || s->glob_term[i] != e->term ||
         s->glob_hash[i] != entry_hash(e)) {
-        violation(s, "node %u applied index %zu term %" PRIu64
-                     " that is not the committed entry",
+        violation(s,
+                  "node %u applied index %zu term %" PRIu64
+                  " that is not the committed entry",
                   nd->id, i, e->term);
         return;
     }
@@ -812,8 +842,7 @@ static void take_snapshot(struct sim *s, struct node *nd)
 {
     struct disk *d = &nd->disk;
     ida_index at = nd->fsm.applied;
-    if (at < d->snap_index + SNAPSHOT_EVERY ||
-        at <= nd->raft.snap_index) {
+    if (at < d->snap_index + SNAPSHOT_EVERY || at <= nd->raft.snap_index) {
         return;
     }
     ida_term t = ida_raft_term_at(&nd->raft, at);
@@ -826,8 +855,8 @@ static void take_snapshot(struct sim *s, struct node *nd)
     /* The application stores its snapshot durably first, then tells the
      * core; storage drops the log it covers. */
     if (disk_term_at(d, at) != t) {
-        violation(s, "node %u applied index %" PRIu64 " is not durable",
-                  nd->id, at);
+        violation(s, "node %u applied index %" PRIu64 " is not durable", nd->id,
+                  at);
         ida_free(data);
         return;
     }
@@ -864,12 +893,15 @@ static void restore_fsm(struct sim *s,
     }
     memcpy(&nd->fsm, data, len);
     if (nd->fsm.applied != index) {
-        violation(s, "node %u snapshot index %" PRIu64 " holds state of %" PRIu64,
+        violation(s,
+                  "node %u snapshot index %" PRIu64 " holds state of %" PRIu64,
                   nd->id, index, nd->fsm.applied);
     }
     if (index <= s->glob_applied && s->glob_counter[index] != nd->fsm.counter) {
-        violation(s, "node %u snapshot at %" PRIu64 " differs from the "
-                     "committed state",
+        violation(s,
+                  "node %u snapshot at %" PRIu64
+                  " differs from the "
+                  "committed state",
                   nd->id, index);
     }
 }
@@ -929,7 +961,9 @@ static bool copy_write(struct sim *s,
     return true;
 }
 
-static void handle_batch(struct sim *s, struct node *nd, struct ida_raft_batch *b)
+static void handle_batch(struct sim *s,
+                         struct node *nd,
+                         struct ida_raft_batch *b)
 {
     hash_in(s, 6, nd->id, b->id, b->n_entries * 1000 + b->n_msgs);
     for (size_t i = 0; i < b->n_entries; i++) {
@@ -993,12 +1027,15 @@ static void drain(struct sim *s, struct node *nd)
     }
 }
 
-static void node_step(struct sim *s, struct node *nd, const struct ida_raft_msg *m)
+static void node_step(struct sim *s,
+                      struct node *nd,
+                      const struct ida_raft_msg *m)
 {
     int rv = ida_raft_step(&nd->raft, m);
     if (rv == IDA_EPROTO || rv == IDA_EINVAL) {
-        violation(s, "node %u rejected a message from %u (type %d term "
-                     "%" PRIu64 "): %s",
+        violation(s,
+                  "node %u rejected a message from %u (type %d term "
+                  "%" PRIu64 "): %s",
                   nd->id, m->from, m->type, m->term, idalloc_errname(rv));
     } else if (rv != 0) {
         s->oom = true;
@@ -1102,7 +1139,8 @@ static int node_start(struct sim *s, struct node *nd)
 static void node_crash(struct sim *s, struct node *nd)
 {
     /* Unsynced writes: all lost, or a random prefix reached the disk. */
-    size_t keep = chance(&s->rng, 50) ? 0 : (size_t)below(&s->rng, nd->n_writes + 1);
+    size_t keep =
+        chance(&s->rng, 50) ? 0 : (size_t)below(&s->rng, nd->n_writes + 1);
     for (size_t i = 0; i < nd->n_writes; i++) {
         if (i < keep) {
             disk_apply(s, nd, &nd->writes[i]);
@@ -1143,8 +1181,7 @@ static void client_send(struct sim *s, int ci)
     int rv;
     if (c->is_read) {
         uint64_t ctx = ((uint64_t)ci << CTX_SHIFT) | c->seq;
-        rv = nd->n_reads < 16 ? ida_raft_read_index(&nd->raft, ctx)
-                              : IDA_EBUSY;
+        rv = nd->n_reads < 16 ? ida_raft_read_index(&nd->raft, ctx) : IDA_EBUSY;
         if (rv == 0) {
             nd->reads[nd->n_reads++] = (struct pread){ci, ctx, 0};
         }
@@ -1153,10 +1190,10 @@ static void client_send(struct sim *s, int ci)
         cmd_encode(cmd, (uint32_t)ci, c->seq);
         ida_index index;
         ida_term term;
-        rv = nd->n_props < 64 ? ida_raft_propose(&nd->raft, IDA_ENTRY_NORMAL,
-                                                 cmd, sizeof(cmd), &index,
-                                                 &term)
-                              : IDA_EBUSY;
+        rv = nd->n_props < 64
+                 ? ida_raft_propose(&nd->raft, IDA_ENTRY_NORMAL, cmd,
+                                    sizeof(cmd), &index, &term)
+                 : IDA_EBUSY;
         if (rv == 0) {
             nd->props[nd->n_props++] =
                 (struct proposal){ci, c->seq, index, term};
@@ -1356,8 +1393,8 @@ static uint64_t next_time(struct sim *s)
     uint64_t t = min_u64(s->next_fault, s->heal_at);
     for (int k = 0; k < s->n; k++) {
         struct node *nd = &s->nodes[k];
-        t = min_u64(t, nd->up ? min_u64(nd->next_tick, nd->sync_at)
-                              : nd->restart_at);
+        t = min_u64(
+            t, nd->up ? min_u64(nd->next_tick, nd->sync_at) : nd->restart_at);
     }
     for (size_t i = 0; i < s->n_net; i++) {
         t = min_u64(t, s->net[i].at);
@@ -1388,7 +1425,8 @@ static void deliver_due(struct sim *s)
         struct packet p = s->net[best];
         s->net[best] = s->net[--s->n_net];
         struct node *nd = &s->nodes[node_slot(s, p.m.to)];
-        hash_in(s, 11, p.m.from, p.m.to, (uint64_t)p.m.type * 1000003 + p.m.term);
+        hash_in(s, 11, p.m.from, p.m.to,
+                (uint64_t)p.m.type * 1000003 + p.m.term);
         if (nd->up) {
             if (p.m.type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) {
                 s->res->snapshots_sent++;
@@ -1523,8 +1561,7 @@ int sim_run(const struct sim_opts *opts, struct sim_result *res)
             break;
         }
     }
-    if (!s->failed && !s->oom && opts->mode == SIM_LIVENESS &&
-        s->now >= end) {
+    if (!s->failed && !s->oom && opts->mode == SIM_LIVENESS && s->now >= end) {
         violation(s, "liveness: %s %ums after the faults healed",
                   find_leader(s) == NULL ? "no leader"
                                          : "client requests still pending",

@@ -26,26 +26,28 @@ enum sim_mode {
     SIM_LIVENESS = 1, /* faults, then heal: progress within a bound */
 };
 
-struct sim_opts {
+struct sim_opts
+{
     uint64_t seed;
-    int nodes;          /* 3 or 5 */
+    int nodes; /* 3 or 5 */
     enum sim_mode mode;
-    uint32_t bugs;      /* enum ida_raft_bug, negative controls only */
+    uint32_t bugs;        /* enum ida_raft_bug, negative controls only */
     uint64_t duration_ms; /* virtual run length; 0: the default */
-    FILE *trace;        /* NULL: no readable trace */
+    FILE *trace;          /* NULL: no readable trace */
 };
 
-struct sim_result {
+struct sim_result
+{
     bool ok;
     char violation[512]; /* what broke, when !ok */
     uint64_t trace_hash; /* over every event: same seed, same hash */
     uint64_t events;
-    uint64_t acked;      /* client requests answered */
-    uint64_t reads;      /* linearizable reads answered */
-    uint64_t elections;  /* terms that had a leader */
+    uint64_t acked;     /* client requests answered */
+    uint64_t reads;     /* linearizable reads answered */
+    uint64_t elections; /* terms that had a leader */
     uint64_t crashes;
     uint64_t snapshots_sent; /* InstallSnapshot chunks delivered */
-    uint64_t transfers;  /* TimeoutNow delivered */
+    uint64_t transfers;      /* TimeoutNow delivered */
     uint64_t end_ms;
 };
 

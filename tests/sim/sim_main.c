@@ -101,7 +101,8 @@ int main(int argc, char **argv)
         if (o.bugs != 0) {
             snprintf(bugs, sizeof(bugs), " --bugs 0x%x", o.bugs);
         }
-        printf("FAIL seed %" PRIu64 ": %s\n  replay: build/prog/sim --seeds 1 "
+        printf("FAIL seed %" PRIu64
+               ": %s\n  replay: build/prog/sim --seeds 1 "
                "--start %" PRIu64 " --mode %s --nodes %d%s%s%s --trace\n",
                sd, rv ? "out of memory" : r.violation, sd, mode, o.nodes, bugs,
                duration ? " --duration " : "",

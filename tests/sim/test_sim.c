@@ -25,7 +25,8 @@ static uint64_t run_seeds(uint64_t first,
         struct sim_result r;
         cr_assert_eq(sim_run(&o, &r), 0, "seed %" PRIu64 ": out of memory", sd);
         cr_assert(r.ok,
-                  "seed %" PRIu64 ": %s\nreplay: build/prog/sim --seeds 1 "
+                  "seed %" PRIu64
+                  ": %s\nreplay: build/prog/sim --seeds 1 "
                   "--start %" PRIu64 " --mode %s --nodes %d --trace",
                   sd, r.violation, sd,
                   mode == SIM_SAFETY ? "safety" : "liveness", nodes);
@@ -81,7 +82,8 @@ static void expect_caught(uint32_t bugs, const char *what)
               r.violation);
 }
 
-/* --- safety and liveness ---------------------------------------------------- */
+/* --- safety and liveness ----------------------------------------------------
+ */
 
 Test(sim, safety_3_nodes_1500_seeds, .timeout = 600)
 {
@@ -103,7 +105,8 @@ Test(sim, liveness_5_nodes_150_seeds, .timeout = 600)
     run_seeds(1, 150, 5, SIM_LIVENESS);
 }
 
-/* --- determinism ------------------------------------------------------------ */
+/* --- determinism ------------------------------------------------------------
+ */
 
 Test(sim, same_seed_same_trace)
 {
@@ -128,7 +131,8 @@ Test(sim, same_seed_same_trace)
     cr_assert_eq(a.trace_hash, b.trace_hash);
 }
 
-/* --- negative controls: a checker that never fires is worth nothing ---------- */
+/* --- negative controls: a checker that never fires is worth nothing ----------
+ */
 
 Test(sim, catches_votes_without_log_check, .timeout = 600)
 {
