@@ -23,8 +23,7 @@ enum ida_entry_type {
 
 /* One log entry. Who owns @data is stated by each function that takes or
  * returns entries. */
-struct ida_entry
-{
+struct ida_entry {
     ida_term term;
     ida_index index;
     enum ida_entry_type type;
@@ -35,8 +34,7 @@ struct ida_entry
 /* What Raft must not forget across a crash (Figure 2: currentTerm,
  * votedFor). @commit is optional to persist (it can be relearnt) and is kept
  * only so a restarted node can apply known-committed entries early. */
-struct ida_hard_state
-{
+struct ida_hard_state {
     ida_term term;
     ida_node_id vote;
     ida_index commit;
