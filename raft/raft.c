@@ -163,7 +163,10 @@ static void log_compact(struct ida_raft *r, ida_index upto, ida_term term)
         for (size_t i = 0; i < drop; i++) {
             ida_free(r->log[i].data);
         }
-        memmove(r->log, r->log + drop, (r->n_log - drop) * sizeof(*r->log));
+        if (drop < r->n_log) {
+            memmove(r->log, r->log + drop,
+                    (r->n_log - drop) * sizeof(*r->log));
+        }
         r->n_log -= drop;
     }
     r->snap_index = upto;
@@ -594,9 +597,11 @@ static void check_reads(struct ida_raft *r)
         r->reads_ready[r->n_reads_ready++] = rd;
         done++;
     }
-    memmove(r->reads_pending, r->reads_pending + done,
-            (r->n_reads_pending - done) * sizeof(*r->reads_pending));
-    r->n_reads_pending -= done;
+    if (done > 0) {
+        memmove(r->reads_pending, r->reads_pending + done,
+                (r->n_reads_pending - done) * sizeof(*r->reads_pending));
+        r->n_reads_pending -= done;
+    }
 }
 
 static void send_timeout_now(struct ida_raft *r, ida_node_id to)
@@ -1059,10 +1064,12 @@ static void begin(struct ida_raft *r)
         r->n_msgs_ap = 0;
         r->ap_handed = false;
     }
-    r->n_reads_ready -= r->n_reads_out;
-    memmove(r->reads_ready, r->reads_ready + r->n_reads_out,
-            r->n_reads_ready * sizeof(*r->reads_ready));
-    r->n_reads_out = 0;
+    if (r->n_reads_out > 0) {
+        r->n_reads_ready -= r->n_reads_out;
+        memmove(r->reads_ready, r->reads_ready + r->n_reads_out,
+                r->n_reads_ready * sizeof(*r->reads_ready));
+        r->n_reads_out = 0;
+    }
 }
 
 static int check_config(const struct ida_raft_config *cfg)

@@ -865,7 +865,9 @@ static void take_snapshot(struct sim *s, struct node *nd)
     for (size_t i = 0; i < drop; i++) {
         ida_free(d->ents[i].data);
     }
-    memmove(d->ents, d->ents + drop, (d->n - drop) * sizeof(*d->ents));
+    if (drop < d->n) {
+        memmove(d->ents, d->ents + drop, (d->n - drop) * sizeof(*d->ents));
+    }
     d->n -= drop;
     ida_free(d->snap);
     d->snap = data;
