@@ -45,17 +45,12 @@ static struct ida_entry *entry_at(const struct ida_raft *r, ida_index i)
 
 static int voter_slot(const struct ida_raft *r, ida_node_id id)
 {
-    for (size_t i = 0; i < r->cfg.n_voters; i++) {
-        if (r->cfg.voters[i] == id) {
-            return (int)i;
-        }
-    }
-    return -1;
+    return ida_raft_conf_slot(&r->conf, id);
 }
 
 static size_t quorum(const struct ida_raft *r)
 {
-    return r->cfg.n_voters / 2 + 1;
+    return r->conf.n / 2 + 1;
 }
 
 static uint64_t rng_next(struct ida_raft *r)
@@ -164,8 +159,7 @@ static void log_compact(struct ida_raft *r, ida_index upto, ida_term term)
             ida_free(r->log[i].data);
         }
         if (drop < r->n_log) {
-            memmove(r->log, r->log + drop,
-                    (r->n_log - drop) * sizeof(*r->log));
+            memmove(r->log, r->log + drop, (r->n_log - drop) * sizeof(*r->log));
         }
         r->n_log -= drop;
     }
@@ -225,6 +219,71 @@ static void msg_init(struct ida_raft_msg *m,
     m->term = term;
 }
 
+/* --- membership ---------------------------------------------------------- */
+
+/* Make @c the membership in effect (from the entry at @index, 0: from the
+ * snapshot or bootstrap). Progress of voters that stay is kept. */
+static void conf_apply(struct ida_raft *r,
+                       const struct ida_raft_conf *c,
+                       ida_index index)
+{
+    struct ida_raft_progress old[IDA_RAFT_NODES_MAX];
+    struct ida_raft_conf old_conf = r->conf;
+    memcpy(old, r->prs, sizeof(old));
+    r->conf = *c;
+    r->conf_index = index;
+    for (size_t i = 0; i < c->n; i++) {
+        int k = ida_raft_conf_slot(&old_conf, c->voters[i]);
+        if (k >= 0) {
+            r->prs[i] = old[k];
+            continue;
+        }
+        struct ida_raft_progress *pr = &r->prs[i];
+        memset(pr, 0, sizeof(*pr));
+        pr->id = c->voters[i];
+        pr->next = r->snap_index + r->n_log + 1;
+        pr->state = IDA_RAFT_PROBE;
+        pr->recent_active = true;
+    }
+    memset(r->votes, 0, sizeof(r->votes));
+    memset(r->voted, 0, sizeof(r->voted));
+}
+
+static void conf_bootstrap(const struct ida_raft *r, struct ida_raft_conf *c)
+{
+    memcpy(c->voters, r->cfg.voters, sizeof(c->voters));
+    c->n = r->cfg.n_voters;
+}
+
+/* Recompute the membership in effect: the latest config entry of the log,
+ * else the snapshot's config, else bootstrap. Entries were validated when
+ * they entered the log, so decoding fails only on allocation. */
+static int conf_refresh(struct ida_raft *r)
+{
+    struct ida_raft_conf c;
+    for (ida_index i = r->snap_index + r->n_log; i > r->snap_index; i--) {
+        const struct ida_entry *e = &r->log[i - r->snap_index - 1];
+        if (e->type == IDA_ENTRY_CONFIG) {
+            int rv = ida_raft_conf_decode(e->data, e->len, &c);
+            if (rv != 0) {
+                return rv;
+            }
+            conf_apply(r, &c, i);
+            return 0;
+        }
+    }
+    if (r->snap_conf_len > 0) {
+        int rv = ida_raft_conf_decode(r->snap_conf, r->snap_conf_len, &c);
+        if (rv != 0) {
+            return rv;
+        }
+    } else {
+        conf_bootstrap(r, &c);
+    }
+    conf_apply(r, &c, 0);
+    return 0;
+}
+
 /* --- role changes ------------------------------------------------------- */
 
 static void reset(struct ida_raft *r, ida_term term)
@@ -258,10 +317,10 @@ static void become_leader(struct ida_raft *r)
     reset(r, r->term);
     r->role = IDA_RAFT_LEADER;
     r->leader = r->cfg.id;
-    for (size_t i = 0; i < r->cfg.n_voters; i++) {
+    for (size_t i = 0; i < r->conf.n; i++) {
         struct ida_raft_progress *pr = &r->prs[i];
         memset(pr, 0, sizeof(*pr));
-        pr->id = r->cfg.voters[i];
+        pr->id = r->conf.voters[i];
         pr->next = last_index(r) + 1;
         pr->state = IDA_RAFT_PROBE;
         pr->recent_active = true;
@@ -291,7 +350,7 @@ static bool record_vote(struct ida_raft *r,
         r->votes[s] = granted;
     }
     *yes = *no = 0;
-    for (size_t i = 0; i < r->cfg.n_voters; i++) {
+    for (size_t i = 0; i < r->conf.n; i++) {
         if (r->voted[i]) {
             *(r->votes[i] ? yes : no) += 1;
         }
@@ -325,12 +384,12 @@ static void campaign(struct ida_raft *r, bool pre, bool transfer)
         }
         return;
     }
-    for (size_t i = 0; i < r->cfg.n_voters; i++) {
-        if (r->cfg.voters[i] == r->cfg.id) {
+    for (size_t i = 0; i < r->conf.n; i++) {
+        if (r->conf.voters[i] == r->cfg.id) {
             continue;
         }
         struct ida_raft_msg m;
-        msg_init(&m, IDA_RAFT_MSG_REQUEST_VOTE, r->cfg.voters[i], vote_term);
+        msg_init(&m, IDA_RAFT_MSG_REQUEST_VOTE, r->conf.voters[i], vote_term);
         m.u.request_vote.pre_vote = pre;
         m.u.request_vote.last_log_index = last_index(r);
         m.u.request_vote.last_log_term = last_term(r);
@@ -495,7 +554,7 @@ static void send_heartbeat(struct ida_raft *r, struct ida_raft_progress *pr)
 
 static void broadcast_append(struct ida_raft *r, bool allow_empty)
 {
-    for (size_t i = 0; i < r->cfg.n_voters; i++) {
+    for (size_t i = 0; i < r->conf.n; i++) {
         struct ida_raft_progress *pr = &r->prs[i];
         if (allow_empty && pr->state == IDA_RAFT_REPLICATE &&
             pr->next > last_index(r)) {
@@ -551,10 +610,10 @@ static void sort_desc(ida_index *a, size_t n)
 static bool maybe_commit(struct ida_raft *r)
 {
     ida_index m[IDA_RAFT_NODES_MAX];
-    for (size_t i = 0; i < r->cfg.n_voters; i++) {
-        m[i] = r->cfg.voters[i] == r->cfg.id ? r->stable : r->prs[i].match;
+    for (size_t i = 0; i < r->conf.n; i++) {
+        m[i] = r->conf.voters[i] == r->cfg.id ? r->stable : r->prs[i].match;
     }
-    sort_desc(m, r->cfg.n_voters);
+    sort_desc(m, r->conf.n);
     ida_index n = m[quorum(r) - 1];
     if (n <= r->commit) {
         return false;
@@ -574,8 +633,8 @@ static void check_reads(struct ida_raft *r)
     while (done < r->n_reads_pending) {
         uint64_t seq = r->reads_pending[done].seq;
         size_t acks = 0;
-        for (size_t i = 0; i < r->cfg.n_voters; i++) {
-            if (r->cfg.voters[i] == r->cfg.id || r->prs[i].read_ack >= seq) {
+        for (size_t i = 0; i < r->conf.n; i++) {
+            if (r->conf.voters[i] == r->cfg.id || r->prs[i].read_ack >= seq) {
                 acks++;
             }
         }
@@ -618,6 +677,9 @@ static void handle_append_response(struct ida_raft *r,
 {
     struct ida_raft_progress *pr = progress_of(r, m->from);
     const struct ida_raft_append_response *ar = &m->u.append_response;
+    if (pr == NULL) {
+        return; /* not (or no longer) a member */
+    }
     pr->recent_active = true;
     if (ar->read_ctx > pr->read_ack && ar->read_ctx <= r->read_seq) {
         pr->read_ack = ar->read_ctx;
@@ -690,6 +752,9 @@ static void handle_snapshot_response(struct ida_raft *r,
 {
     struct ida_raft_progress *pr = progress_of(r, m->from);
     const struct ida_raft_snapshot_response *sr = &m->u.snapshot_response;
+    if (pr == NULL) {
+        return;
+    }
     pr->recent_active = true;
     if (pr->state != IDA_RAFT_SNAPSHOT || sr->last_index != pr->snap_index) {
         return;
@@ -805,6 +870,13 @@ static int handle_append(struct ida_raft *r, const struct ida_raft_msg *m)
             (e->len > 0 && e->data == NULL)) {
             return IDA_EPROTO;
         }
+        if (e->type == IDA_ENTRY_CONFIG) {
+            struct ida_raft_conf c;
+            int rv = ida_raft_conf_decode(e->data, e->len, &c);
+            if (rv != 0) {
+                return rv;
+            }
+        }
         prev_t = e->term;
     }
     /* Find the first new or conflicting entry. */
@@ -822,21 +894,32 @@ static int handle_append(struct ida_raft *r, const struct ida_raft_msg *m)
         if (rv != 0) {
             return rv;
         }
+        bool conf_changed = false;
         if (idx <= last_index(r)) {
             /* Figure 2 step 3: "If an existing entry conflicts with a new
              * one (same index but different terms), delete the existing
              * entry and all that follow it". */
+            conf_changed = idx <= r->conf_index;
             log_truncate(r, idx);
         }
         /* Step 4: append any new entries not already in the log. */
-        for (; k < ae->n_entries; k++) {
+        for (; k < ae->n_entries && rv == 0; k++) {
             const struct ida_entry *e = &ae->entries[k];
             uint8_t *d;
             rv = copy_data(e->data, e->len, &d);
-            if (rv != 0) {
-                return rv; /* a valid prefix was appended, nothing acked */
+            if (rv == 0) {
+                log_push(r, e->term, e->type, d, e->len);
+                conf_changed |= e->type == IDA_ENTRY_CONFIG;
             }
-            log_push(r, e->term, e->type, d, e->len);
+        }
+        /* §4.1: a server uses the latest configuration in its log, whether
+         * or not it is committed. */
+        if (conf_changed) {
+            int crv = conf_refresh(r);
+            rv = rv != 0 ? rv : crv;
+        }
+        if (rv != 0) {
+            return rv; /* a valid prefix was appended, nothing acked */
         }
     }
     ida_index last_new = prev + ae->n_entries;
@@ -904,7 +987,15 @@ static void install_snapshot(struct ida_raft *r)
     r->rcv_data = NULL;
     r->rcv_len = r->rcv_cap = 0;
     r->rcv_index = 0;
+    ida_free(r->snap_conf);
+    r->snap_conf = r->rcv_conf;
+    r->snap_conf_len = r->rcv_conf_len;
+    r->rcv_conf = NULL;
+    r->rcv_conf_len = 0;
     r->snap_unsent = true;
+    if (r->conf_index <= s) {
+        r->conf_index = 0;
+    }
     r->commit = s;
     r->applied = s; /* the state machine restores the snapshot */
 }
@@ -931,6 +1022,21 @@ static int handle_install_snapshot(struct ida_raft *r,
             r->rcv_data = d;
             r->rcv_cap = cap;
         }
+        if (is->config_len > 0) {
+            struct ida_raft_conf c;
+            int rv = ida_raft_conf_decode(is->config, is->config_len, &c);
+            if (rv != 0) {
+                return rv;
+            }
+        }
+        uint8_t *conf;
+        int rv = copy_data(is->config, is->config_len, &conf);
+        if (rv != 0) {
+            return rv;
+        }
+        ida_free(r->rcv_conf);
+        r->rcv_conf = conf;
+        r->rcv_conf_len = is->config_len;
         r->rcv_index = is->last_index;
         r->rcv_term = is->last_term;
         r->rcv_len = 0;
@@ -957,8 +1063,13 @@ static int handle_install_snapshot(struct ida_raft *r,
     if (r->rcv_len != is->total_size) {
         return IDA_EPROTO;
     }
+    size_t len = r->rcv_len;
     install_snapshot(r);
-    snapshot_reply(r, m, r->rcv_len, true, true);
+    /* The config was validated at offset 0: only allocation can fail; the
+     * snapshot stands and the membership is recomputed at the next change
+     * or restart. */
+    (void)conf_refresh(r);
+    snapshot_reply(r, m, len, true, true);
     return 0;
 }
 
@@ -1053,6 +1164,16 @@ static int step_role(struct ida_raft *r, const struct ida_raft_msg *m)
 
 /* --- public ------------------------------------------------------------- */
 
+/* §4.2.2: a leader that is not part of the configuration steps down once
+ * the entry that removed it has committed. */
+static void step_down_if_removed(struct ida_raft *r)
+{
+    if (r->role == IDA_RAFT_LEADER && voter_slot(r, r->cfg.id) < 0 &&
+        r->commit >= r->conf_index) {
+        become_follower(r, r->term, 0);
+    }
+}
+
 /* Outputs handed out by the last ready() are invalid from the next call. */
 static void begin(struct ida_raft *r)
 {
@@ -1097,11 +1218,16 @@ static int check_config(const struct ida_raft_config *cfg)
 static int check_restore(const struct ida_raft_config *cfg,
                          const struct ida_raft_restore *st)
 {
-    bool vote_ok = st->hard_state.vote == 0;
-    for (size_t i = 0; i < cfg->n_voters; i++) {
-        vote_ok = vote_ok || cfg->voters[i] == st->hard_state.vote;
+    (void)cfg;
+    if ((st->snapshot_index == 0) != (st->snapshot_term == 0) ||
+        (st->snapshot_len > 0 && st->snapshot_data == NULL) ||
+        (st->snapshot_config_len > 0 && st->snapshot_config == NULL)) {
+        return IDA_EINVAL;
     }
-    if (!vote_ok || (st->snapshot_index == 0) != (st->snapshot_term == 0)) {
+    struct ida_raft_conf c;
+    if (st->snapshot_config_len > 0 &&
+        ida_raft_conf_decode(st->snapshot_config, st->snapshot_config_len,
+                             &c) != 0) {
         return IDA_EINVAL;
     }
     ida_term prev_term = st->snapshot_term;
@@ -1110,6 +1236,10 @@ static int check_restore(const struct ida_raft_config *cfg,
         if (e->index != st->snapshot_index + 1 + i || e->term < prev_term ||
             e->term > st->hard_state.term || e->term == 0 ||
             (e->len > 0 && e->data == NULL)) {
+            return IDA_EINVAL;
+        }
+        if (e->type == IDA_ENTRY_CONFIG &&
+            ida_raft_conf_decode(e->data, e->len, &c) != 0) {
             return IDA_EINVAL;
         }
         prev_term = e->term;
@@ -1131,6 +1261,12 @@ static int restore_state(struct ida_raft *r, const struct ida_raft_restore *st)
         r->snap_len = st->snapshot_len;
         r->snap_index = st->snapshot_index;
         r->snap_term = st->snapshot_term;
+        rv = copy_data(st->snapshot_config, st->snapshot_config_len,
+                       &r->snap_conf);
+        if (rv != 0) {
+            return rv;
+        }
+        r->snap_conf_len = st->snapshot_config_len;
     }
     for (size_t i = 0; i < st->n_entries; i++) {
         const struct ida_entry *e = &st->entries[i];
@@ -1179,6 +1315,11 @@ int ida_raft_init(struct ida_raft *r,
             return rv;
         }
     }
+    rv = conf_refresh(r);
+    if (rv != 0) {
+        ida_raft_close(r);
+        return rv;
+    }
     r->applied = r->snap_index;
     r->stable = last_index(r);
     r->unsent = last_index(r) + 1;
@@ -1199,6 +1340,8 @@ void ida_raft_close(struct ida_raft *r)
     ida_free(r->log);
     ida_free(r->snap_data);
     ida_free(r->rcv_data);
+    ida_free(r->snap_conf);
+    ida_free(r->rcv_conf);
     ida_free(r->msgs);
     ida_free(r->msgs_ap);
     ida_free(r->reads_pending);
@@ -1209,8 +1352,8 @@ void ida_raft_close(struct ida_raft *r)
 static bool quorum_active(struct ida_raft *r)
 {
     size_t active = 0;
-    for (size_t i = 0; i < r->cfg.n_voters; i++) {
-        if (r->cfg.voters[i] == r->cfg.id || r->prs[i].recent_active) {
+    for (size_t i = 0; i < r->conf.n; i++) {
+        if (r->conf.voters[i] == r->cfg.id || r->prs[i].recent_active) {
             active++;
         }
         r->prs[i].recent_active = false;
@@ -1243,7 +1386,7 @@ void ida_raft_tick(struct ida_raft *r)
     }
     if (r->heartbeat_elapsed >= r->cfg.heartbeat_ticks) {
         r->heartbeat_elapsed = 0;
-        for (size_t i = 0; i < r->cfg.n_voters; i++) {
+        for (size_t i = 0; i < r->conf.n; i++) {
             if (r->prs[i].id != r->cfg.id) {
                 tick_heartbeat_peer(r, &r->prs[i]);
             }
@@ -1253,8 +1396,10 @@ void ida_raft_tick(struct ida_raft *r)
 
 static bool valid_msg(const struct ida_raft *r, const struct ida_raft_msg *m)
 {
-    if (m->to != r->cfg.id || m->from == r->cfg.id || m->term == 0 ||
-        voter_slot(r, m->from) < 0) {
+    /* Messages from non-members are fine: a new leader's config may not
+     * have reached us yet (dissertation §4.1). */
+    if (m->to != r->cfg.id || m->from == r->cfg.id || m->from == 0 ||
+        m->term == 0) {
         return false;
     }
     if (m->type == IDA_RAFT_MSG_APPEND_ENTRIES &&
@@ -1305,7 +1450,9 @@ int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m)
         step_stale(r, m);
         return 0;
     }
-    return step_role(r, m);
+    int rv = step_role(r, m);
+    step_down_if_removed(r);
+    return rv;
 }
 
 int ida_raft_propose(struct ida_raft *r,
@@ -1323,10 +1470,26 @@ int ida_raft_propose(struct ida_raft *r,
     if (r->transferee != 0) {
         return IDA_EBUSY;
     }
-    if ((type != IDA_ENTRY_NORMAL && type != IDA_ENTRY_NOOP) ||
+    if ((type != IDA_ENTRY_NORMAL && type != IDA_ENTRY_NOOP &&
+         type != IDA_ENTRY_CONFIG) ||
         (len > 0 && data == NULL)) {
-        /* IDA_ENTRY_CONFIG: membership changes are not implemented. */
         return IDA_EINVAL;
+    }
+    struct ida_raft_conf c;
+    if (type == IDA_ENTRY_CONFIG) {
+        /* §4.1: one server at a time, one change at a time; and (the fix
+         * of the single-server change bug, raft-dev 2015) only after this
+         * leader committed an entry of its own term. */
+        if (r->conf_index > r->commit || term_at(r, r->commit) != r->term) {
+            return IDA_EBUSY;
+        }
+        int rv = ida_raft_conf_decode(data, len, &c);
+        if (rv == IDA_ENOMEM) {
+            return rv;
+        }
+        if (rv != 0 || !ida_raft_conf_one_change(&r->conf, &c)) {
+            return IDA_EINVAL;
+        }
     }
     int rv = log_reserve(r, 1);
     if (rv != 0) {
@@ -1338,6 +1501,9 @@ int ida_raft_propose(struct ida_raft *r,
         return rv;
     }
     log_push(r, r->term, type, d, len);
+    if (type == IDA_ENTRY_CONFIG) {
+        conf_apply(r, &c, last_index(r)); /* in effect when appended */
+    }
     r->broadcast = true; /* sent at ready(): many proposals, one append */
     if (index != NULL) {
         *index = last_index(r);
@@ -1375,7 +1541,7 @@ int ida_raft_read_index(struct ida_raft *r, uint64_t ctx)
     r->reads_pending[r->n_reads_pending].index = r->commit;
     r->n_reads_pending++;
     /* §6.4 steps 2-3: confirm leadership with a round of heartbeats. */
-    for (size_t i = 0; i < r->cfg.n_voters; i++) {
+    for (size_t i = 0; i < r->conf.n; i++) {
         send_heartbeat(r, &r->prs[i]);
     }
     check_reads(r); /* a single voter is its own quorum */
@@ -1422,9 +1588,30 @@ int ida_raft_compact(struct ida_raft *r,
     if (rv != 0) {
         return rv;
     }
+    /* The snapshot keeps the config in effect at @index. */
+    const struct ida_entry *ce = NULL;
+    for (ida_index i = index; i > r->snap_index && ce == NULL; i--) {
+        if (entry_at(r, i)->type == IDA_ENTRY_CONFIG) {
+            ce = entry_at(r, i);
+        }
+    }
+    uint8_t *conf = NULL;
+    if (ce != NULL) {
+        rv = copy_data(ce->data, ce->len, &conf);
+        if (rv != 0) {
+            ida_free(d);
+            return rv;
+        }
+        ida_free(r->snap_conf);
+        r->snap_conf = conf;
+        r->snap_conf_len = ce->len;
+    }
     ida_term t = term_at(r, index);
     IDA_ASSERT(t != 0);
     log_compact(r, index, t);
+    if (r->conf_index <= index) {
+        r->conf_index = 0; /* now the snapshot's config */
+    }
     ida_free(r->snap_data);
     r->snap_data = d;
     r->snap_len = len;
@@ -1456,6 +1643,8 @@ static size_t resolve_msgs(struct ida_raft *r)
             }
             m->u.install_snapshot.data =
                 is->len ? r->snap_data + is->offset : NULL;
+            m->u.install_snapshot.config = r->snap_conf;
+            m->u.install_snapshot.config_len = r->snap_conf_len;
         }
         r->msgs[out++] = *m;
     }
@@ -1489,6 +1678,8 @@ bool ida_raft_ready(struct ida_raft *r, struct ida_raft_batch *b)
             b->snapshot.term = r->snap_term;
             b->snapshot.data = r->snap_data;
             b->snapshot.len = r->snap_len;
+            b->snapshot.config = r->snap_conf;
+            b->snapshot.config_len = r->snap_conf_len;
             last = r->snap_index;
         }
         if (r->unsent <= last_index(r)) {
@@ -1551,6 +1742,7 @@ void ida_raft_persisted(struct ida_raft *r, uint64_t id)
     if (any && r->role == IDA_RAFT_LEADER && maybe_commit(r)) {
         broadcast_append(r, true);
     }
+    step_down_if_removed(r);
 }
 
 enum ida_raft_role ida_raft_role(const struct ida_raft *r)
@@ -1576,6 +1768,11 @@ ida_index ida_raft_commit(const struct ida_raft *r)
 ida_index ida_raft_last_index(const struct ida_raft *r)
 {
     return last_index(r);
+}
+
+const struct ida_raft_conf *ida_raft_voters(const struct ida_raft *r)
+{
+    return &r->conf;
 }
 
 ida_term ida_raft_term_at(const struct ida_raft *r, ida_index index)

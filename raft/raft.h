@@ -65,8 +65,8 @@
 #include <stdint.h>
 
 #include "ida/types.h"
+#include "raft/conf.h"
 
-#define IDA_RAFT_NODES_MAX    9  /* voters in one cluster */
 #define IDA_RAFT_INFLIGHT_MAX 64 /* upper bound of max_inflight */
 #define IDA_RAFT_PENDING_MAX  64 /* batches handed out, not yet persisted */
 
@@ -135,13 +135,15 @@ struct ida_raft_append_response
     uint64_t read_ctx;
 };
 
-/* proto InstallSnapshot.config is not carried: membership is static in this
- * version (see ida_raft_config.voters), so the node fills it from its
- * cluster file. */
 struct ida_raft_install_snapshot
 {
     ida_index last_index;
     ida_term last_term;
+    /* proto InstallSnapshot.config: the encoded idalloc.ClusterConfig in
+     * effect at last_index; empty: the bootstrap voters. Borrowed (see
+     * MEMORY). */
+    const uint8_t *config;
+    size_t config_len;
     uint64_t offset;
     const uint8_t *data; /* borrowed (see MEMORY) */
     size_t len;
@@ -179,18 +181,20 @@ struct ida_raft_msg
 
 struct ida_raft_config
 {
-    ida_node_id id;                         /* this node, != 0 */
-    ida_node_id voters[IDA_RAFT_NODES_MAX]; /* the cluster, includes id */
-    size_t n_voters;                        /* 1..IDA_RAFT_NODES_MAX */
-    unsigned election_ticks;                /* >= 2 * heartbeat_ticks */
-    unsigned heartbeat_ticks;               /* >= 1 */
-    uint64_t seed;                          /* election timeout PRNG */
-    bool pre_vote;                          /* run a pre-vote round */
-    bool check_quorum;                      /* step down without quorum */
-    unsigned max_inflight;                  /* 1..IDA_RAFT_INFLIGHT_MAX */
-    size_t max_msg_entries;                 /* entries per append, >= 1 */
-    size_t snapshot_chunk_bytes;            /* InstallSnapshot chunk, >= 1 */
-    uint32_t bugs;                          /* enum ida_raft_bug; test only */
+    ida_node_id id; /* this node, != 0 */
+    /* Bootstrap voters: the membership until the log or a snapshot holds a
+     * config (a node that joins later may leave itself out). */
+    ida_node_id voters[IDA_RAFT_NODES_MAX];
+    size_t n_voters;             /* 1..IDA_RAFT_NODES_MAX */
+    unsigned election_ticks;     /* >= 2 * heartbeat_ticks */
+    unsigned heartbeat_ticks;    /* >= 1 */
+    uint64_t seed;               /* election timeout PRNG */
+    bool pre_vote;               /* run a pre-vote round */
+    bool check_quorum;           /* step down without quorum */
+    unsigned max_inflight;       /* 1..IDA_RAFT_INFLIGHT_MAX */
+    size_t max_msg_entries;      /* entries per append, >= 1 */
+    size_t snapshot_chunk_bytes; /* InstallSnapshot chunk, >= 1 */
+    uint32_t bugs;               /* enum ida_raft_bug; test only */
 };
 
 /* What storage holds, handed to ida_raft_init() on (re)start. */
@@ -201,6 +205,8 @@ struct ida_raft_restore
     ida_term snapshot_term;
     const uint8_t *snapshot_data; /* copied */
     size_t snapshot_len;
+    const uint8_t *snapshot_config; /* encoded ClusterConfig; copied */
+    size_t snapshot_config_len;     /* 0: the bootstrap voters */
     const struct ida_entry
         *entries; /* snapshot_index+1.. consecutive; copied */
     size_t n_entries;
@@ -212,6 +218,8 @@ struct ida_raft_snapshot
     ida_term term;
     const uint8_t *data; /* borrowed (see MEMORY) */
     size_t len;
+    const uint8_t *config; /* encoded ClusterConfig at index, borrowed */
+    size_t config_len;     /* 0: the bootstrap voters */
 };
 
 struct ida_raft_read
@@ -284,7 +292,14 @@ struct ida_raft
     ida_term snap_term;
     uint8_t *snap_data;
     size_t snap_len;
+    uint8_t *snap_conf; /* encoded config at snap_index, NULL: bootstrap */
+    size_t snap_conf_len;
     bool snap_unsent; /* snapshot to hand out in the next batch */
+    /* Membership in effect: the latest config entry in the log (it takes
+     * effect when appended, §4.1), else the snapshot's, else bootstrap.
+     * prs[i], votes[i] and voted[i] belong to conf.voters[i]. */
+    struct ida_raft_conf conf;
+    ida_index conf_index; /* index of that config entry, 0: none in log */
     struct ida_entry *log;
     size_t n_log;
     size_t cap_log;
@@ -342,6 +357,8 @@ struct ida_raft
     size_t rcv_len, rcv_cap;
     ida_index rcv_index;
     ida_term rcv_term;
+    uint8_t *rcv_conf;
+    size_t rcv_conf_len;
 };
 
 /* Initialize @r from @cfg and what storage holds (@restore may be NULL for a
@@ -370,10 +387,18 @@ int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m);
 
 /* Append a new entry (leader only); @data is copied. On success *@index and
  * *@term say where it sits: it is committed if an applied entry at @index
- * has @term, and lost if that entry has another term. Returns 0,
- * IDA_ENOTLEADER (not leader; batch.leader names the leader if known),
- * IDA_EBUSY (a leadership transfer is under way), IDA_EINVAL (bad type),
- * IDA_ENOMEM. On error nothing changed. */
+ * has @term, and lost if that entry has another term.
+ * IDA_ENTRY_CONFIG (membership change, dissertation §4.1): @data is an
+ * encoded idalloc.ClusterConfig whose voters differ from the current ones by
+ * exactly one added or removed voter; it takes effect at once (when
+ * appended), one change at a time. A leader removed by it keeps leading
+ * until the entry commits, then steps down. A new voter should be caught up
+ * (it receives the log once it is a member) before the next change.
+ * Returns 0, IDA_ENOTLEADER (not leader; batch.leader names the leader if
+ * known), IDA_EBUSY (a leadership transfer is under way; or for a config:
+ * the previous config change or this leader's first entry has not
+ * committed yet), IDA_EINVAL (bad type, or a config that does not decode or
+ * is not a single-server change), IDA_ENOMEM. On error nothing changed. */
 int ida_raft_propose(struct ida_raft *r,
                      enum ida_entry_type type,
                      const uint8_t *data,
@@ -422,6 +447,8 @@ ida_node_id ida_raft_leader(const struct ida_raft *r);
 ida_term ida_raft_term(const struct ida_raft *r);
 ida_index ida_raft_commit(const struct ida_raft *r);
 ida_index ida_raft_last_index(const struct ida_raft *r);
+/* The voters in effect. */
+const struct ida_raft_conf *ida_raft_voters(const struct ida_raft *r);
 /* The term of the entry at @index, 0 if not in the log (or compacted,
  * except the snapshot's last entry). */
 ida_term ida_raft_term_at(const struct ida_raft *r, ida_index index);

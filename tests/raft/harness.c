@@ -189,7 +189,8 @@ void h_start(ida_node_id id)
         .snapshot_chunk_bytes = 8,
         .bugs = H.bugs,
     };
-    for (int k = 0; k < H.n; k++) {
+    cfg.n_voters = (size_t)(H.bootstrap_n ? H.bootstrap_n : H.n);
+    for (size_t k = 0; k < cfg.n_voters; k++) {
         cfg.voters[k] = (ida_node_id)(k + 1);
     }
     struct h_disk *d = &H.disk[id];
@@ -379,6 +380,18 @@ void h_propose(ida_node_id id, int count)
         IDA_ASSERT(rv == 0);
     }
     h_collect(id);
+}
+
+int h_propose_conf(ida_node_id id, const ida_node_id *voters, size_t n)
+{
+    struct ida_raft_conf c = {.n = n};
+    memcpy(c.voters, voters, n * sizeof(*voters));
+    uint8_t buf[256];
+    size_t len;
+    IDA_ASSERT(ida_raft_conf_encode(&c, buf, sizeof(buf), &len) == 0);
+    int rv = ida_raft_propose(&H.r[id], IDA_ENTRY_CONFIG, buf, len, NULL, NULL);
+    h_collect(id);
+    return rv;
 }
 
 void h_isolate(ida_node_id id)

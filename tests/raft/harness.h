@@ -36,6 +36,7 @@ struct h_cluster
     /* Config knobs used by h_start(). */
     bool pre_vote;
     bool check_quorum;
+    int bootstrap_n; /* bootstrap voters are 1..bootstrap_n (default n) */
     size_t max_msg_entries;
     uint32_t bugs;
     /* Counters for assertions. */
@@ -70,6 +71,8 @@ bool h_deliver_one(void);
 void h_tick(ida_node_id id, int k);
 /* Make @id leader: tick it until it campaigns, then deliver. */
 void h_elect(ida_node_id id);
+/* Propose the voter set @voters (encoded) at @id; returns the code. */
+int h_propose_conf(ida_node_id id, const ida_node_id *voters, size_t n);
 /* Propose @count normal entries at @id (must be leader). */
 void h_propose(ida_node_id id, int count);
 /* Isolate @id from everyone (both directions) or heal everything. */
