@@ -1770,6 +1770,12 @@ ida_index ida_raft_last_index(const struct ida_raft *r)
     return last_index(r);
 }
 
+const uint8_t *ida_raft_snapshot_config(const struct ida_raft *r, size_t *len)
+{
+    *len = r->snap_conf_len;
+    return r->snap_conf;
+}
+
 const struct ida_raft_conf *ida_raft_voters(const struct ida_raft *r)
 {
     return &r->conf;

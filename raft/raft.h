@@ -447,6 +447,11 @@ ida_node_id ida_raft_leader(const struct ida_raft *r);
 ida_term ida_raft_term(const struct ida_raft *r);
 ida_index ida_raft_commit(const struct ida_raft *r);
 ida_index ida_raft_last_index(const struct ida_raft *r);
+/* The encoded idalloc.ClusterConfig in effect at the snapshot index (the
+ * one ida_raft_compact() or an installed snapshot recorded); *@len 0 and
+ * NULL: the bootstrap voters. Storage keeps it with the snapshot and hands
+ * it back in ida_raft_restore. Borrowed (see MEMORY). */
+const uint8_t *ida_raft_snapshot_config(const struct ida_raft *r, size_t *len);
 /* The voters in effect. */
 const struct ida_raft_conf *ida_raft_voters(const struct ida_raft *r);
 /* The term of the entry at @index, 0 if not in the log (or compacted,

@@ -14,6 +14,7 @@ struct pkt
     struct ida_raft_msg m;
     struct ida_entry *ents;
     uint8_t *blob;
+    uint8_t *conf; /* InstallSnapshot config bytes */
 };
 
 #define QUEUE_MAX 4096
@@ -72,6 +73,9 @@ static void pkt_copy(struct pkt *p, const struct ida_raft_msg *m)
         p->blob =
             dup_bytes(m->u.install_snapshot.data, m->u.install_snapshot.len);
         p->m.u.install_snapshot.data = p->blob;
+        p->conf = dup_bytes(m->u.install_snapshot.config,
+                            m->u.install_snapshot.config_len);
+        p->m.u.install_snapshot.config = p->conf;
     }
 }
 
@@ -84,6 +88,8 @@ static void pkt_free(struct pkt *p)
     }
     ida_free(p->ents);
     ida_free(p->blob);
+    ida_free(p->conf);
+    p->conf = NULL;
     memset(p, 0, sizeof(*p));
 }
 

@@ -46,7 +46,7 @@
 #include "idalloc_errors.h"
 #include "raft/raft.h"
 
-#define NODES_MAX         5
+#define NODES_MAX         8 /* slots: 5 + replacements */
 #define CLIENTS           4
 #define TICK_MS           10
 #define ELECTION_TICKS    10
@@ -129,6 +129,7 @@ struct packet
     struct ida_raft_msg m; /* entries / data point into the copies below */
     struct ida_entry *ents;
     uint8_t *blob;
+    uint8_t *conf; /* InstallSnapshot config bytes */
 };
 
 struct write
@@ -141,6 +142,8 @@ struct write
     ida_term snap_term;
     uint8_t *snap;
     size_t snap_len;
+    uint8_t *snap_conf;
+    size_t snap_conf_len;
     struct ida_entry *ents;
     size_t n_ents;
     struct packet *msgs; /* after-persist messages, not yet scheduled */
@@ -154,6 +157,8 @@ struct disk
     ida_term snap_term;
     uint8_t *snap;
     size_t snap_len;
+    uint8_t *snap_conf; /* the snapshot's encoded config, NULL: bootstrap */
+    size_t snap_conf_len;
     struct ida_entry *ents;
     size_t n, cap;
 };
@@ -177,6 +182,7 @@ struct node
 {
     ida_node_id id;
     bool up;
+    bool dead; /* removed from the cluster for good */
     struct ida_raft raft;
     struct disk disk;
     struct write *writes;
@@ -222,7 +228,8 @@ struct sim
     struct sim_result *res;
     uint64_t rng;
     uint64_t now;
-    int n;
+    int n;      /* node slots in use (ids 1..n) */
+    int n_boot; /* the bootstrap cluster: ids 1..n_boot */
     struct node nodes[NODES_MAX];
     struct client clients[CLIENTS];
     /* network */
@@ -235,7 +242,8 @@ struct sim
     uint64_t heal_at;
     uint64_t healed_at; /* NEVER until the faults healed */
     bool faults_on;
-    bool pre_vote; /* per seed: both settings must be safe */
+    ida_node_id retire; /* a removed leader: dies once it stepped down */
+    bool pre_vote;      /* per seed: both settings must be safe */
     bool check_quorum;
     /* global knowledge */
     ida_term *glob_term; /* committed entries by index */
@@ -339,6 +347,8 @@ static void packet_free(struct packet *p)
     }
     ida_free(p->ents);
     ida_free(p->blob);
+    ida_free(p->conf);
+    p->conf = NULL;
     p->ents = NULL;
     p->blob = NULL;
 }
@@ -379,6 +389,16 @@ static bool packet_copy(struct packet *p, const struct ida_raft_msg *m)
         }
         memcpy(p->blob, m->u.install_snapshot.data, m->u.install_snapshot.len);
         p->m.u.install_snapshot.data = p->blob;
+    }
+    if (m->type == IDA_RAFT_MSG_INSTALL_SNAPSHOT &&
+        m->u.install_snapshot.config_len > 0) {
+        p->conf = ida_malloc(m->u.install_snapshot.config_len);
+        if (p->conf == NULL) {
+            return false;
+        }
+        memcpy(p->conf, m->u.install_snapshot.config,
+               m->u.install_snapshot.config_len);
+        p->m.u.install_snapshot.config = p->conf;
     }
     return true;
 }
@@ -451,6 +471,7 @@ static ida_term disk_term_at(const struct disk *d, ida_index i)
 static void write_free(struct write *w)
 {
     ida_free(w->snap);
+    ida_free(w->snap_conf);
     for (size_t i = 0; i < w->n_ents; i++) {
         ida_free(w->ents[i].data);
     }
@@ -477,6 +498,10 @@ static void disk_apply(struct sim *s, struct node *nd, struct write *w)
         d->snap_len = w->snap_len;
         d->snap_index = w->snap_index;
         d->snap_term = w->snap_term;
+        ida_free(d->snap_conf);
+        d->snap_conf = w->snap_conf;
+        d->snap_conf_len = w->snap_conf_len;
+        w->snap_conf = NULL;
         disk_free_entries_from(d, 0);
     }
     if (w->n_ents > 0) {
@@ -607,11 +632,6 @@ static void check_leader(struct sim *s, struct node *nd)
     }
 }
 
-static size_t quorum_of(const struct sim *s)
-{
-    return (size_t)s->n / 2 + 1;
-}
-
 static void check_commit(struct sim *s, struct node *nd)
 {
     ida_index c = ida_raft_commit(&nd->raft);
@@ -654,19 +674,21 @@ static void check_commit(struct sim *s, struct node *nd)
         }
     }
     if (ida_raft_role(&nd->raft) == IDA_RAFT_LEADER) {
-        /* Commit durability: the entry is on a majority of disks. */
+        /* Commit durability: the entry is on the disks of a majority of
+         * the voters the leader counts. */
+        const struct ida_raft_conf *v = ida_raft_voters(&nd->raft);
         size_t have = 0;
-        for (int k = 0; k < s->n; k++) {
-            const struct disk *d = &s->nodes[k].disk;
+        for (size_t k = 0; k < v->n; k++) {
+            const struct disk *d = &s->nodes[node_slot(s, v->voters[k])].disk;
             if (d->snap_index >= c || disk_term_at(d, c) == s->glob_term[c]) {
                 have++;
             }
         }
-        if (have < quorum_of(s)) {
+        if (have < v->n / 2 + 1) {
             violation(s,
                       "leader %u committed index %" PRIu64
-                      " durable on only %zu of %d disks",
-                      nd->id, c, have, s->n);
+                      " durable on only %zu of %zu voters' disks",
+                      nd->id, c, have, v->n);
         }
     }
     nd->last_commit = c;
@@ -878,6 +900,22 @@ static void take_snapshot(struct sim *s, struct node *nd)
     if (rv != 0) {
         violation(s, "node %u compact at %" PRIu64 ": %s", nd->id, at,
                   idalloc_errname(rv));
+        return;
+    }
+    /* Storage keeps the snapshot's config with it (raft.h). */
+    size_t clen;
+    const uint8_t *conf = ida_raft_snapshot_config(&nd->raft, &clen);
+    ida_free(d->snap_conf);
+    d->snap_conf = NULL;
+    d->snap_conf_len = 0;
+    if (clen > 0) {
+        d->snap_conf = ida_malloc(clen);
+        if (d->snap_conf == NULL) {
+            s->oom = true;
+            return;
+        }
+        memcpy(d->snap_conf, conf, clen);
+        d->snap_conf_len = clen;
     }
     hash_in(s, 5, nd->id, at, t);
     tracef(s, "node %u snapshot at %" PRIu64, nd->id, at);
@@ -927,6 +965,14 @@ static bool copy_write(struct sim *s,
             return false;
         }
         memcpy(w->snap, b->snapshot.data, b->snapshot.len);
+        if (b->snapshot.config_len > 0) {
+            w->snap_conf = ida_malloc(b->snapshot.config_len);
+            if (w->snap_conf == NULL) {
+                return false;
+            }
+            memcpy(w->snap_conf, b->snapshot.config, b->snapshot.config_len);
+            w->snap_conf_len = b->snapshot.config_len;
+        }
     }
     if (b->n_entries > 0) {
         w->ents = ida_calloc(b->n_entries, sizeof(*w->ents));
@@ -1097,7 +1143,7 @@ static int node_start(struct sim *s, struct node *nd)
 {
     struct ida_raft_config cfg = {
         .id = nd->id,
-        .n_voters = (size_t)s->n,
+        .n_voters = (size_t)s->n_boot,
         .election_ticks = ELECTION_TICKS,
         .heartbeat_ticks = HEARTBEAT_TICKS,
         .seed = rnd(&s->rng),
@@ -1108,7 +1154,7 @@ static int node_start(struct sim *s, struct node *nd)
         .snapshot_chunk_bytes = 40,
         .bugs = s->o.bugs,
     };
-    for (int k = 0; k < s->n; k++) {
+    for (int k = 0; k < s->n_boot; k++) {
         cfg.voters[k] = (ida_node_id)(k + 1);
     }
     struct disk *d = &nd->disk;
@@ -1118,6 +1164,8 @@ static int node_start(struct sim *s, struct node *nd)
         .snapshot_term = d->snap_term,
         .snapshot_data = d->snap,
         .snapshot_len = d->snap_len,
+        .snapshot_config = d->snap_conf,
+        .snapshot_config_len = d->snap_conf_len,
         .entries = d->ents,
         .n_entries = d->n,
     };
@@ -1178,7 +1226,12 @@ static void client_send(struct sim *s, int ci)
     struct node *nd = &s->nodes[c->target];
     hash_in(s, 9, (uint64_t)ci, c->seq, (uint64_t)c->target);
     if (!nd->up) {
-        return; /* times out */
+        tracef(s, "client %d seq %" PRIu64 " -> node %u: down", ci, c->seq,
+               nd->id);
+        /* Connection refused: try another node soon. */
+        c->target = (int)below(&s->rng, (uint64_t)s->n);
+        c->next_at = s->now + 20 + below(&s->rng, 20);
+        return;
     }
     int rv;
     if (c->is_read) {
@@ -1269,10 +1322,103 @@ static void split(struct sim *s, const bool *side)
 static void restart_all(struct sim *s)
 {
     for (int k = 0; k < s->n; k++) {
-        if (!s->nodes[k].up) {
+        if (!s->nodes[k].up && !s->nodes[k].dead) {
             s->nodes[k].restart_at = s->now;
         }
     }
+}
+
+/* Replace a node (dissertation §4.1, one server at a time): remove a voter
+ * (it dies for good) or add a fresh node with an empty disk. At most one
+ * dead voter is ever in a configuration, so a majority can stay alive. */
+static void membership_change(struct sim *s, struct node *ld)
+{
+    const struct ida_raft_conf *cur = ida_raft_voters(&ld->raft);
+    struct ida_raft_conf next = *cur;
+    int dead_voter = -1;
+    for (size_t i = 0; i < cur->n; i++) {
+        if (s->nodes[node_slot(s, cur->voters[i])].dead) {
+            dead_voter = (int)i;
+        }
+    }
+    ida_node_id victim = 0, added = 0;
+    if (dead_voter >= 0) {
+        victim = cur->voters[dead_voter];
+    } else if ((int)cur->n < s->n_boot) {
+        if (s->n == NODES_MAX) {
+            return;
+        }
+        added = (ida_node_id)(s->n + 1);
+    } else if (cur->n > 1) {
+        victim = cur->voters[below(&s->rng, cur->n)];
+    }
+    if (victim != 0) {
+        int k = ida_raft_conf_slot(&next, victim);
+        next.voters[k] = next.voters[--next.n];
+    } else if (added != 0) {
+        next.voters[next.n++] = added;
+    } else {
+        return;
+    }
+    uint8_t buf[256];
+    size_t len;
+    if (ida_raft_conf_encode(&next, buf, sizeof(buf), &len) != 0) {
+        s->oom = true;
+        return;
+    }
+    int rv =
+        ida_raft_propose(&ld->raft, IDA_ENTRY_CONFIG, buf, len, NULL, NULL);
+    tracef(s, "fault: leader %u proposes %s node %u: %s", ld->id,
+           victim ? "removing" : "adding", victim ? victim : added,
+           rv ? idalloc_errname(rv) : "ok");
+    hash_in(s, 13, victim, added, (uint64_t)rv);
+    if (rv != 0) {
+        return;
+    }
+    s->res->members_changed++;
+    if (added != 0) {
+        struct node *nd = &s->nodes[s->n++];
+        memset(nd, 0, sizeof(*nd));
+        nd->id = added;
+        if (node_start(s, nd) != 0) {
+            s->oom = true;
+            return;
+        }
+    } else if (victim == ld->id) {
+        /* A removed leader leads until the entry commits, then steps
+         * down; it dies after that (retire_removed_leader). */
+        s->retire = victim;
+    } else {
+        struct node *v = &s->nodes[node_slot(s, victim)];
+        if (v->up) {
+            node_crash(s, v);
+        }
+        v->dead = true;
+    }
+    drain(s, ld);
+}
+
+static void retire_removed_leader(struct sim *s)
+{
+    if (s->retire == 0) {
+        return;
+    }
+    struct node *v = &s->nodes[node_slot(s, s->retire)];
+    if (v->up && ida_raft_role(&v->raft) == IDA_RAFT_LEADER) {
+        return;
+    }
+    if (v->up && ida_raft_voters(&v->raft)->n > 0 &&
+        ida_raft_conf_slot(ida_raft_voters(&v->raft), v->id) >= 0) {
+        /* It lost leadership before the removal committed (the entry may
+         * be gone): it stays a member. */
+        s->retire = 0;
+        return;
+    }
+    if (v->up) {
+        node_crash(s, v);
+    }
+    v->dead = true;
+    s->retire = 0;
 }
 
 static void fault(struct sim *s)
@@ -1336,6 +1482,10 @@ static void fault(struct sim *s)
                    rv ? idalloc_errname(rv) : "ok");
             drain(s, ld);
         }
+    } else if (k < 97) {
+        if (ld != NULL && s->retire == 0) {
+            membership_change(s, ld);
+        }
     } else {
         restart_all(s);
     }
@@ -1395,8 +1545,11 @@ static uint64_t next_time(struct sim *s)
     uint64_t t = min_u64(s->next_fault, s->heal_at);
     for (int k = 0; k < s->n; k++) {
         struct node *nd = &s->nodes[k];
-        t = min_u64(
-            t, nd->up ? min_u64(nd->next_tick, nd->sync_at) : nd->restart_at);
+        if (nd->up) {
+            t = min_u64(t, min_u64(nd->next_tick, nd->sync_at));
+        } else if (!nd->dead) {
+            t = min_u64(t, nd->restart_at);
+        }
     }
     for (size_t i = 0; i < s->n_net; i++) {
         t = min_u64(t, s->net[i].at);
@@ -1455,7 +1608,7 @@ static void run_instant(struct sim *s, uint64_t deadline)
     }
     for (int k = 0; k < s->n && !s->failed; k++) {
         struct node *nd = &s->nodes[k];
-        if (!nd->up && s->now >= nd->restart_at) {
+        if (!nd->up && !nd->dead && s->now >= nd->restart_at) {
             tracef(s, "node %u restart", nd->id);
             hash_in(s, 12, nd->id, 0, 0);
             if (node_start(s, nd) != 0) {
@@ -1469,6 +1622,7 @@ static void run_instant(struct sim *s, uint64_t deadline)
         }
     }
     deliver_due(s);
+    retire_removed_leader(s);
     for (int k = 0; k < s->n && !s->failed; k++) {
         struct node *nd = &s->nodes[k];
         if (nd->up && s->now >= nd->next_tick) {
@@ -1496,6 +1650,7 @@ static void sim_free(struct sim *s)
         disk_free_entries_from(&nd->disk, 0);
         ida_free(nd->disk.ents);
         ida_free(nd->disk.snap);
+        ida_free(nd->disk.snap_conf);
     }
     for (size_t i = 0; i < s->n_net; i++) {
         packet_free(&s->net[i]);
@@ -1528,7 +1683,8 @@ int sim_run(const struct sim_opts *opts, struct sim_result *res)
     s->res = res;
     s->rng = opts->seed * 0xD1B54A32D192ED03ULL + 1;
     s->n = opts->nodes;
-    IDA_ASSERT(s->n >= 1 && s->n <= NODES_MAX);
+    s->n_boot = opts->nodes;
+    IDA_ASSERT(s->n >= 1 && s->n <= 5);
     uint64_t dur = opts->duration_ms ? opts->duration_ms
                                      : sim_default_duration_ms(opts->mode);
     s->delay_max_ms = 5;

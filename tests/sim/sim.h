@@ -46,8 +46,9 @@ struct sim_result
     uint64_t reads;     /* linearizable reads answered */
     uint64_t elections; /* terms that had a leader */
     uint64_t crashes;
-    uint64_t snapshots_sent; /* InstallSnapshot chunks delivered */
-    uint64_t transfers;      /* TimeoutNow delivered */
+    uint64_t snapshots_sent;  /* InstallSnapshot chunks delivered */
+    uint64_t members_changed; /* voters removed or added */
+    uint64_t transfers;       /* TimeoutNow delivered */
     uint64_t end_ms;
 };
 

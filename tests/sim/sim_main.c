@@ -90,9 +90,10 @@ int main(int argc, char **argv)
                        ", %" PRIu64 " events, %" PRIu64 " acked, %" PRIu64
                        " reads, %" PRIu64 " leaders, %" PRIu64
                        " crashes, %" PRIu64 " snapshot chunks, %" PRIu64
-                       " transfers\n",
+                       " transfers, %" PRIu64 " membership changes\n",
                        sd, r.trace_hash, r.events, r.acked, r.reads,
-                       r.elections, r.crashes, r.snapshots_sent, r.transfers);
+                       r.elections, r.crashes, r.snapshots_sent, r.transfers,
+                       r.members_changed);
             }
             continue;
         }

@@ -1,5 +1,6 @@
-/* The simulator in `make test`: 2,000 safety seeds, 500 liveness seeds, the
- * same-seed-same-trace check and the negative controls (a core broken on
+/* The simulator in `make test`: 4,000 safety seeds (the issue asks for at
+ * least 2,000), 1,000 liveness seeds (at least 500), the same-seed-same-trace
+ * check and the negative controls (a core broken on
  * purpose must be caught within 1,000 seeds). */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -19,7 +20,7 @@ static uint64_t run_seeds(uint64_t first,
                           enum sim_mode mode)
 {
     uint64_t acked = 0, elections = 0, crashes = 0, snaps = 0, transfers = 0;
-    uint64_t reads = 0;
+    uint64_t reads = 0, members = 0;
     for (uint64_t sd = first; sd < first + count; sd++) {
         struct sim_opts o = {.seed = sd, .nodes = nodes, .mode = mode};
         struct sim_result r;
@@ -36,6 +37,7 @@ static uint64_t run_seeds(uint64_t first,
         crashes += r.crashes;
         snaps += r.snapshots_sent;
         transfers += r.transfers;
+        members += r.members_changed;
     }
     /* The runs must have exercised what they claim to test. */
     cr_assert_gt(acked, count * 10, "too few requests acknowledged");
@@ -44,6 +46,7 @@ static uint64_t run_seeds(uint64_t first,
     cr_assert_gt(crashes, count / 2, "too few crashes");
     cr_assert_gt(snaps, 0, "no InstallSnapshot was ever delivered");
     cr_assert_gt(transfers, 0, "no leadership transfer happened");
+    cr_assert_gt(members, count / 4, "too few membership changes");
     return acked;
 }
 
@@ -85,24 +88,29 @@ static void expect_caught(uint32_t bugs, const char *what)
 /* --- safety and liveness ----------------------------------------------------
  */
 
-Test(sim, safety_3_nodes_1500_seeds, .timeout = 600)
+Test(sim, safety_3_nodes_seeds_1_to_1500, .timeout = 600)
 {
     run_seeds(1, 1500, 3, SIM_SAFETY);
 }
 
-Test(sim, safety_5_nodes_500_seeds, .timeout = 600)
+Test(sim, safety_3_nodes_seeds_1501_to_3000, .timeout = 600)
 {
-    run_seeds(1, 500, 5, SIM_SAFETY);
+    run_seeds(1501, 1500, 3, SIM_SAFETY);
 }
 
-Test(sim, liveness_3_nodes_350_seeds, .timeout = 600)
+Test(sim, safety_5_nodes_1000_seeds, .timeout = 600)
 {
-    run_seeds(1, 350, 3, SIM_LIVENESS);
+    run_seeds(1, 1000, 5, SIM_SAFETY);
 }
 
-Test(sim, liveness_5_nodes_150_seeds, .timeout = 600)
+Test(sim, liveness_3_nodes_700_seeds, .timeout = 600)
 {
-    run_seeds(1, 150, 5, SIM_LIVENESS);
+    run_seeds(1, 700, 3, SIM_LIVENESS);
+}
+
+Test(sim, liveness_5_nodes_300_seeds, .timeout = 600)
+{
+    run_seeds(1, 300, 5, SIM_LIVENESS);
 }
 
 /* --- determinism ------------------------------------------------------------
