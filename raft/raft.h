@@ -8,8 +8,9 @@
  * with a bound on in-flight appends, fast conflict backtracking with a term
  * hint (§5.3 "optimization"), commit by counting replicas of current-term
  * entries only (§5.4.2, Figure 8), leader-side parallel persist (§10.2.1),
- * snapshots with chunked InstallSnapshot (§5), ReadIndex (§6.4) and
- * leadership transfer with TimeoutNow (§3.10).
+ * snapshots with chunked InstallSnapshot (§5), ReadIndex (§6.4),
+ * leadership transfer with TimeoutNow (§3.10) and single-server membership
+ * changes (§4.1: a config entry takes effect when appended; raft/conf.h).
  *
  * It does no I/O, reads no clock, starts no thread and has no global state.
  * The node runtime drives it with calls:
@@ -23,6 +24,8 @@
  * and collects the work to do with ida_raft_ready(): one batch
  * (struct ida_raft_batch) of hard state, entries and snapshot to persist,
  * messages to send, committed entries to apply and reads that are ready.
+ * Call ida_raft_ready() after every input (or group of inputs) until it
+ * returns false; proposals are batched into appends at that point.
  *
  * PERSISTENCE CONTRACT (enforced by the simulator, tests/sim/)
  *  1. Batches are persisted in the order ready() returned them. A batch's
@@ -40,10 +43,14 @@
  *     After the batch is durable, call ida_raft_persisted(r, batch.id).
  *     After a crash, unsent msgs_after_persist are simply dropped.
  *  4. batch.committed entries are durable locally and committed; apply them
- *     in order. batch.snapshot, if set, must be restored into the state
- *     machine (before applying batch.committed) once it is durable.
- *  5. On restart, hand ida_raft_init() exactly what storage holds: the hard
- *     state, the snapshot (meta and data) and the entries after it.
+ *     in order. batch.snapshot (received from the leader), once durable,
+ *     replaces the state machine's state; the core hands out no entry after
+ *     it before its batch is persisted.
+ *  5. The application's own snapshots: store the snapshot durably (with
+ *     ida_raft_snapshot_config() after the call), then ida_raft_compact();
+ *     storage may then drop the entries up to its index.
+ *  6. On restart, hand ida_raft_init() exactly what storage holds: the hard
+ *     state, the snapshot (meta, data, config) and the entries after it.
  *
  * MEMORY
  * Everything a batch points to (entries, entry data, messages, snapshot

@@ -11,8 +11,9 @@
  * ReadIndex reads.
  *
  * Invariants are checked after every event (see sim.c, "checks"). The test
- * state machine sits behind a small interface (struct sim_fsm_ops) so the
- * real allocator (fsm/) can replace it.
+ * state machine is one small section of sim.c (fsm_apply, a snapshot that is
+ * the struct's bytes, restore_fsm): the seam where the real allocator (fsm/)
+ * plugs in once it exists.
  */
 #ifndef IDA_SIM_H
 #define IDA_SIM_H
