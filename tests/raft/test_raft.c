@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "ida/heap.h"
 #include "idalloc_errors.h"
 #include "raft/raft.h"
 #include "tests/raft/harness.h"
@@ -946,4 +947,44 @@ Test(raft_conf, config_survives_compaction_and_restart)
     cr_assert_geq(ida_raft_conf_slot(c, 1), 0);
     cr_assert_geq(ida_raft_conf_slot(c, 2), 0);
     ida_raft_close(&fresh);
+}
+
+/* --- allocation failures (STYLE.md §9) -------------------------------------
+ */
+
+Test(raft, failed_allocations_change_nothing)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    uint8_t d[100] = {7};
+    /* Propose: fail the Nth allocation for N = 0, 1, ... until it works. */
+    for (int n = 0;; n++) {
+        ida_index last = ida_raft_last_index(&H.r[1]);
+        ida_heap_fault_set(n, 1);
+        int rv = ida_raft_propose(&H.r[1], IDA_ENTRY_NORMAL, d, sizeof(d), NULL,
+                                  NULL);
+        ida_heap_fault_set(0, 0);
+        if (rv == 0) {
+            cr_assert_eq(ida_raft_last_index(&H.r[1]), last + 1);
+            break;
+        }
+        cr_assert_eq(rv, IDA_ENOMEM);
+        cr_assert_eq(ida_raft_last_index(&H.r[1]), last, "n=%d", n);
+        cr_assert_lt(n, 10);
+    }
+    /* Follower side: an append whose copy fails is not acknowledged, and
+     * the follower still catches up afterwards. */
+    h_collect(1);
+    ida_heap_fault_set(0, -1);
+    h_deliver_all(); /* every allocation fails: appends are lost */
+    ida_heap_fault_set(0, 0);
+    for (int i = 0; i < 5; i++) {
+        h_tick(1, 1);
+        h_deliver_all();
+    }
+    cr_assert_eq(ida_raft_commit(&H.r[2]), 2);
+    cr_assert(h_same_log(1, 2));
+    cr_assert(h_same_log(1, 3));
 }
