@@ -409,13 +409,84 @@ static int node_slot(const struct sim *s, ida_node_id id)
     return (int)id - 1;
 }
 
+/* A readable one-line description of @m for the trace. */
+static const char *msg_desc(const struct ida_raft_msg *m, char *buf, size_t n)
+{
+    int k =
+        snprintf(buf, n, "%u->%u term %" PRIu64 " ", m->from, m->to, m->term);
+    if (k < 0 || (size_t)k >= n) {
+        return buf;
+    }
+    char *p = buf + k;
+    size_t left = n - (size_t)k;
+    switch (m->type) {
+        case IDA_RAFT_MSG_REQUEST_VOTE:
+            snprintf(p, left, "%sRequestVote last %" PRIu64 "/%" PRIu64 "%s",
+                     m->u.request_vote.pre_vote ? "Pre" : "",
+                     m->u.request_vote.last_log_index,
+                     m->u.request_vote.last_log_term,
+                     m->u.request_vote.transfer ? " transfer" : "");
+            break;
+        case IDA_RAFT_MSG_RESPONSE_VOTE:
+            snprintf(p, left, "%sResponseVote %s",
+                     m->u.response_vote.pre_vote ? "Pre" : "",
+                     m->u.response_vote.granted ? "granted" : "rejected");
+            break;
+        case IDA_RAFT_MSG_APPEND_ENTRIES:
+            snprintf(p, left,
+                     "AppendEntries prev %" PRIu64 "/%" PRIu64
+                     " n=%zu commit "
+                     "%" PRIu64,
+                     m->u.append_entries.prev_log_index,
+                     m->u.append_entries.prev_log_term,
+                     m->u.append_entries.n_entries,
+                     m->u.append_entries.commit_index);
+            break;
+        case IDA_RAFT_MSG_APPEND_RESPONSE:
+            if (m->u.append_response.success) {
+                snprintf(p, left, "AppendResponse ok match %" PRIu64,
+                         m->u.append_response.match_index);
+            } else {
+                snprintf(p, left,
+                         "AppendResponse reject %" PRIu64 " hint %" PRIu64
+                         "/%" PRIu64,
+                         m->u.append_response.reject_index,
+                         m->u.append_response.conflict_index,
+                         m->u.append_response.conflict_term);
+            }
+            break;
+        case IDA_RAFT_MSG_INSTALL_SNAPSHOT:
+            snprintf(p, left,
+                     "InstallSnapshot %" PRIu64 "/%" PRIu64 " offset %" PRIu64
+                     " len %zu%s",
+                     m->u.install_snapshot.last_index,
+                     m->u.install_snapshot.last_term,
+                     m->u.install_snapshot.offset, m->u.install_snapshot.len,
+                     m->u.install_snapshot.done ? " done" : "");
+            break;
+        case IDA_RAFT_MSG_SNAPSHOT_RESPONSE:
+            snprintf(p, left, "SnapshotResponse %" PRIu64 " next %" PRIu64 "%s",
+                     m->u.snapshot_response.last_index,
+                     m->u.snapshot_response.next_offset,
+                     m->u.snapshot_response.done ? " done" : "");
+            break;
+        case IDA_RAFT_MSG_TIMEOUT_NOW:
+            snprintf(p, left, "TimeoutNow");
+            break;
+    }
+    return buf;
+}
+
 /* Put a packet on the wire: loss, duplication, delay (reordering). */
 static void net_send(struct sim *s, struct packet *p)
 {
     int from = node_slot(s, p->m.from), to = node_slot(s, p->m.to);
     if (s->blocked[from][to] || chance(&s->rng, s->loss_pct)) {
         hash_in(s, 1, p->m.from, p->m.to, p->m.type);
-        tracef(s, "drop %u->%u type %d", p->m.from, p->m.to, p->m.type);
+        if (s->o.trace != NULL) {
+            char d[160];
+            tracef(s, "drop    %s", msg_desc(&p->m, d, sizeof(d)));
+        }
         packet_free(p);
         return;
     }
@@ -1067,6 +1138,11 @@ static void drain(struct sim *s, struct node *nd)
         } else if (nd->last_role == IDA_RAFT_LEADER) {
             fail_pending(s, nd); /* fail fast: leadership lost */
         }
+        if (nd->last_role != ida_raft_role(&nd->raft)) {
+            tracef(s, "node %u is %s in term %" PRIu64, nd->id,
+                   ida_raft_role_name(ida_raft_role(&nd->raft)),
+                   ida_raft_term(&nd->raft));
+        }
         nd->last_role = ida_raft_role(&nd->raft);
         if (!ida_raft_ready(&nd->raft, &b)) {
             break;
@@ -1588,8 +1664,10 @@ static void deliver_due(struct sim *s)
             } else if (p.m.type == IDA_RAFT_MSG_TIMEOUT_NOW) {
                 s->res->transfers++;
             }
-            tracef(s, "deliver %u->%u type %d term %" PRIu64, p.m.from, p.m.to,
-                   p.m.type, p.m.term);
+            if (s->o.trace != NULL) {
+                char d[160];
+                tracef(s, "deliver %s", msg_desc(&p.m, d, sizeof(d)));
+            }
             node_step(s, nd, &p.m);
         }
         packet_free(&p);
