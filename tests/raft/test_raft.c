@@ -988,3 +988,24 @@ Test(raft, failed_allocations_change_nothing)
     cr_assert(h_same_log(1, 2));
     cr_assert(h_same_log(1, 3));
 }
+
+Test(raft, transfer_to_a_lagging_follower_catches_it_up_first)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_isolate(3);
+    h_propose(1, 5);
+    h_deliver_all();
+    h_heal();
+    cr_assert_lt(ida_raft_last_index(&H.r[3]), 6);
+    cr_assert_eq(ida_raft_transfer(&H.r[1], 3), 0);
+    h_collect(1);
+    h_deliver_all();
+    /* Node 3 got the missing entries, then TimeoutNow, and won (its log is
+     * as up to date as anyone's). */
+    cr_assert_eq(the_leader(), 3);
+    cr_assert_geq(ida_raft_last_index(&H.r[3]), 6);
+    cr_assert_eq(ida_raft_term_at(&H.r[3], 6), ida_raft_term_at(&H.r[1], 6));
+}
