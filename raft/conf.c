@@ -31,6 +31,16 @@ int ida_raft_conf_slot(const struct ida_raft_conf *c, ida_node_id id)
     return -1;
 }
 
+int ida_raft_conf_learner_slot(const struct ida_raft_conf *c, ida_node_id id)
+{
+    for (size_t i = 0; i < c->n_learners; i++) {
+        if (c->learners[i] == id) {
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
 int ida_raft_conf_decode(const uint8_t *data,
                          size_t len,
                          struct ida_raft_conf *out)
@@ -46,15 +56,15 @@ int ida_raft_conf_decode(const uint8_t *data,
     int rv = 0;
     for (size_t i = 0; i < cc->n_members && rv == 0; i++) {
         const Idalloc__Member *m = cc->members[i];
-        if (m->id == 0) {
+        if (m->id == 0 || ida_raft_conf_slot(&c, m->id) >= 0 ||
+            ida_raft_conf_learner_slot(&c, m->id) >= 0) {
             rv = IDA_EPROTO;
-        } else if (!m->voter) {
-            continue;
-        } else if (c.n == IDA_RAFT_NODES_MAX ||
-                   ida_raft_conf_slot(&c, m->id) >= 0) {
-            rv = IDA_EPROTO;
-        } else {
+        } else if (m->voter && c.n < IDA_RAFT_NODES_MAX) {
             c.voters[c.n++] = m->id;
+        } else if (!m->voter && c.n_learners < IDA_RAFT_NODES_MAX) {
+            c.learners[c.n_learners++] = m->id;
+        } else {
+            rv = IDA_EPROTO;
         }
     }
     idalloc__cluster_config__free_unpacked(cc, &pb_allocator);
@@ -72,16 +82,23 @@ int ida_raft_conf_encode(const struct ida_raft_conf *c,
                          size_t cap,
                          size_t *len)
 {
-    Idalloc__Member ms[IDA_RAFT_NODES_MAX];
-    Idalloc__Member *mp[IDA_RAFT_NODES_MAX];
+    Idalloc__Member ms[2 * IDA_RAFT_NODES_MAX];
+    Idalloc__Member *mp[2 * IDA_RAFT_NODES_MAX];
     Idalloc__ClusterConfig cc = IDALLOC__CLUSTER_CONFIG__INIT;
-    for (size_t i = 0; i < c->n && i < IDA_RAFT_NODES_MAX; i++) {
-        idalloc__member__init(&ms[i]);
-        ms[i].id = c->voters[i];
-        ms[i].voter = 1;
-        mp[i] = &ms[i];
+    size_t k = 0;
+    for (size_t i = 0; i < c->n && i < IDA_RAFT_NODES_MAX; i++, k++) {
+        idalloc__member__init(&ms[k]);
+        ms[k].id = c->voters[i];
+        ms[k].voter = 1;
+        mp[k] = &ms[k];
     }
-    cc.n_members = c->n;
+    for (size_t i = 0; i < c->n_learners && i < IDA_RAFT_NODES_MAX; i++, k++) {
+        idalloc__member__init(&ms[k]);
+        ms[k].id = c->learners[i];
+        ms[k].voter = 0;
+        mp[k] = &ms[k];
+    }
+    cc.n_members = k;
     cc.members = mp;
     size_t need = idalloc__cluster_config__get_packed_size(&cc);
     if (need > cap) {
@@ -101,5 +118,20 @@ int ida_raft_conf_one_change(const struct ida_raft_conf *a,
     for (size_t i = 0; i < b->n; i++) {
         only_b += ida_raft_conf_slot(a, b->voters[i]) < 0;
     }
-    return only_a + only_b == 1;
+    if (only_a + only_b == 1) {
+        return 1;
+    }
+    if (only_a + only_b > 1) {
+        return 0;
+    }
+    /* Same voters: a change only if the learners differ. */
+    if (a->n_learners != b->n_learners) {
+        return 1;
+    }
+    for (size_t i = 0; i < b->n_learners; i++) {
+        if (ida_raft_conf_learner_slot(a, b->learners[i]) < 0) {
+            return 1;
+        }
+    }
+    return 0;
 }

@@ -48,6 +48,27 @@ static int voter_slot(const struct ida_raft *r, ida_node_id id)
     return ida_raft_conf_slot(&r->conf, id);
 }
 
+/* Members: voters, then learners; prs[] is indexed the same way. */
+static size_t n_members(const struct ida_raft *r)
+{
+    return r->conf.n + r->conf.n_learners;
+}
+
+static ida_node_id member_id(const struct ida_raft *r, size_t i)
+{
+    return i < r->conf.n ? r->conf.voters[i] : r->conf.learners[i - r->conf.n];
+}
+
+static int member_slot(const struct ida_raft_conf *c, ida_node_id id)
+{
+    int s = ida_raft_conf_slot(c, id);
+    if (s >= 0) {
+        return s;
+    }
+    s = ida_raft_conf_learner_slot(c, id);
+    return s < 0 ? -1 : (int)c->n + s;
+}
+
 static size_t quorum(const struct ida_raft *r)
 {
     return r->conf.n / 2 + 1;
@@ -227,20 +248,20 @@ static void conf_apply(struct ida_raft *r,
                        const struct ida_raft_conf *c,
                        ida_index index)
 {
-    struct ida_raft_progress old[IDA_RAFT_NODES_MAX];
+    struct ida_raft_progress old[2 * IDA_RAFT_NODES_MAX];
     struct ida_raft_conf old_conf = r->conf;
     memcpy(old, r->prs, sizeof(old));
     r->conf = *c;
     r->conf_index = index;
-    for (size_t i = 0; i < c->n; i++) {
-        int k = ida_raft_conf_slot(&old_conf, c->voters[i]);
+    for (size_t i = 0; i < n_members(r); i++) {
+        int k = member_slot(&old_conf, member_id(r, i));
         if (k >= 0) {
             r->prs[i] = old[k];
             continue;
         }
         struct ida_raft_progress *pr = &r->prs[i];
         memset(pr, 0, sizeof(*pr));
-        pr->id = c->voters[i];
+        pr->id = member_id(r, i);
         pr->next = r->snap_index + r->n_log + 1;
         pr->state = IDA_RAFT_PROBE;
         pr->recent_active = true;
@@ -251,6 +272,7 @@ static void conf_apply(struct ida_raft *r,
 
 static void conf_bootstrap(const struct ida_raft *r, struct ida_raft_conf *c)
 {
+    memset(c, 0, sizeof(*c));
     memcpy(c->voters, r->cfg.voters, sizeof(c->voters));
     c->n = r->cfg.n_voters;
 }
@@ -317,10 +339,10 @@ static void become_leader(struct ida_raft *r)
     reset(r, r->term);
     r->role = IDA_RAFT_LEADER;
     r->leader = r->cfg.id;
-    for (size_t i = 0; i < r->conf.n; i++) {
+    for (size_t i = 0; i < n_members(r); i++) {
         struct ida_raft_progress *pr = &r->prs[i];
         memset(pr, 0, sizeof(*pr));
-        pr->id = r->conf.voters[i];
+        pr->id = member_id(r, i);
         pr->next = last_index(r) + 1;
         pr->state = IDA_RAFT_PROBE;
         pr->recent_active = true;
@@ -408,7 +430,7 @@ static void campaign(struct ida_raft *r, bool pre, bool transfer)
 
 static struct ida_raft_progress *progress_of(struct ida_raft *r, ida_node_id id)
 {
-    int s = voter_slot(r, id);
+    int s = member_slot(&r->conf, id);
     return s < 0 ? NULL : &r->prs[s];
 }
 
@@ -554,7 +576,7 @@ static void send_heartbeat(struct ida_raft *r, struct ida_raft_progress *pr)
 
 static void broadcast_append(struct ida_raft *r, bool allow_empty)
 {
-    for (size_t i = 0; i < r->conf.n; i++) {
+    for (size_t i = 0; i < n_members(r); i++) {
         struct ida_raft_progress *pr = &r->prs[i];
         if (allow_empty && pr->state == IDA_RAFT_REPLICATE &&
             pr->next > last_index(r)) {
@@ -1386,7 +1408,7 @@ void ida_raft_tick(struct ida_raft *r)
     }
     if (r->heartbeat_elapsed >= r->cfg.heartbeat_ticks) {
         r->heartbeat_elapsed = 0;
-        for (size_t i = 0; i < r->conf.n; i++) {
+        for (size_t i = 0; i < n_members(r); i++) {
             if (r->prs[i].id != r->cfg.id) {
                 tick_heartbeat_peer(r, &r->prs[i]);
             }
@@ -1556,7 +1578,7 @@ int ida_raft_transfer(struct ida_raft *r, ida_node_id to)
         return IDA_ENOTLEADER;
     }
     struct ida_raft_progress *pr = progress_of(r, to);
-    if (pr == NULL || to == r->cfg.id) {
+    if (pr == NULL || to == r->cfg.id || voter_slot(r, to) < 0) {
         return IDA_EINVAL;
     }
     if (r->transferee != 0) {

@@ -304,7 +304,8 @@ struct ida_raft
     bool snap_unsent; /* snapshot to hand out in the next batch */
     /* Membership in effect: the latest config entry in the log (it takes
      * effect when appended, §4.1), else the snapshot's, else bootstrap.
-     * prs[i], votes[i] and voted[i] belong to conf.voters[i]. */
+     * prs[i], votes[i] and voted[i] belong to conf.voters[i];
+     * prs[conf.n + j] to conf.learners[j]. */
     struct ida_raft_conf conf;
     ida_index conf_index; /* index of that config entry, 0: none in log */
     struct ida_entry *log;
@@ -322,7 +323,7 @@ struct ida_raft
     unsigned randomized_timeout;
     bool votes[IDA_RAFT_NODES_MAX];
     bool voted[IDA_RAFT_NODES_MAX];
-    struct ida_raft_progress prs[IDA_RAFT_NODES_MAX];
+    struct ida_raft_progress prs[2 * IDA_RAFT_NODES_MAX];
     bool broadcast; /* leader: new entries to send */
     /* Hard state last handed out. */
     struct ida_hard_state hs_out;

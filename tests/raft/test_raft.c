@@ -1009,3 +1009,62 @@ Test(raft, transfer_to_a_lagging_follower_catches_it_up_first)
     cr_assert_geq(ida_raft_last_index(&H.r[3]), 6);
     cr_assert_eq(ida_raft_term_at(&H.r[3], 6), ida_raft_term_at(&H.r[1], 6));
 }
+
+Test(raft_conf, learner_catches_up_without_voting_then_is_promoted)
+{
+    h_close();
+    h_init(4);
+    H.bootstrap_n = 3;
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_propose(1, 5);
+    h_deliver_all();
+    /* Add node 4 as a learner: same voters, one more learner. */
+    struct ida_raft_conf c = {
+        .voters = {1, 2, 3}, .n = 3, .learners = {4}, .n_learners = 1};
+    uint8_t buf[128];
+    size_t len;
+    cr_assert_eq(ida_raft_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    cr_assert_eq(
+        ida_raft_propose(&H.r[1], IDA_ENTRY_CONFIG, buf, len, NULL, NULL), 0);
+    h_collect(1);
+    h_deliver_all();
+    h_tick(1, 1);
+    h_deliver_all();
+    cr_assert_eq(ida_raft_last_index(&H.r[4]), ida_raft_last_index(&H.r[1]),
+                 "the learner received the log");
+    cr_assert_eq(ida_raft_voters(&H.r[1])->n, 3, "but does not vote");
+    h_tick(4, 100);
+    cr_assert_eq(ida_raft_role(&H.r[4]), IDA_RAFT_FOLLOWER,
+                 "a learner never campaigns");
+    cr_assert_eq(ida_raft_transfer(&H.r[1], 4), IDA_EINVAL,
+                 "nor takes leadership");
+    /* With 2 and 3 down, leader + learner are no majority of 3 voters. */
+    h_crash(2);
+    h_crash(3);
+    ida_index commit = ida_raft_commit(&H.r[1]);
+    h_propose(1, 1);
+    h_deliver_all();
+    cr_assert_eq(ida_raft_commit(&H.r[1]), commit);
+    /* Promote it: 4 voters, and 1 + 4 make no majority of 4 either, but
+     * with node 2 back the entry commits. */
+    h_start(2);
+    h_tick(1, 1);
+    h_deliver_all();
+    c.voters[3] = 4;
+    c.n = 4;
+    c.n_learners = 0;
+    cr_assert_eq(ida_raft_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    cr_assert_eq(
+        ida_raft_propose(&H.r[1], IDA_ENTRY_CONFIG, buf, len, NULL, NULL), 0);
+    h_collect(1);
+    h_deliver_all();
+    h_tick(1, 1);
+    h_deliver_all();
+    cr_assert_eq(ida_raft_voters(&H.r[4])->n, 4);
+    cr_assert_eq(ida_raft_commit(&H.r[1]), ida_raft_last_index(&H.r[1]),
+                 "1, 2 and 4 are a majority of 4");
+    h_close();
+}

@@ -1404,8 +1404,9 @@ static void restart_all(struct sim *s)
     }
 }
 
-/* Replace a node (dissertation §4.1, one server at a time): remove a voter
- * (it dies for good) or add a fresh node with an empty disk. At most one
+/* Replace a node (dissertation §4.1/§4.2.1, one server at a time): remove a
+ * voter (it dies for good); add a fresh node with an empty disk as a
+ * learner; promote the learner to voter once it caught up. At most one
  * dead voter is ever in a configuration, so a majority can stay alive. */
 static void membership_change(struct sim *s, struct node *ld)
 {
@@ -1417,24 +1418,39 @@ static void membership_change(struct sim *s, struct node *ld)
             dead_voter = (int)i;
         }
     }
-    ida_node_id victim = 0, added = 0;
-    if (dead_voter >= 0) {
+    ida_node_id victim = 0, added = 0, promoted = 0;
+    if (cur->n_learners > 0) {
+        /* Promote once it holds the leader's committed log. */
+        ida_node_id l = cur->learners[0];
+        const struct ida_raft_progress *pr = NULL;
+        for (size_t i = 0; i < cur->n + cur->n_learners; i++) {
+            if (ld->raft.prs[i].id == l) {
+                pr = &ld->raft.prs[i];
+            }
+        }
+        if (pr == NULL || pr->match < ida_raft_commit(&ld->raft) ||
+            s->nodes[node_slot(s, l)].dead) {
+            return;
+        }
+        promoted = l;
+        next.learners[0] = next.learners[--next.n_learners];
+        next.voters[next.n++] = l;
+    } else if (dead_voter >= 0) {
         victim = cur->voters[dead_voter];
     } else if ((int)cur->n < s->n_boot) {
         if (s->n == NODES_MAX) {
             return;
         }
         added = (ida_node_id)(s->n + 1);
+        next.learners[next.n_learners++] = added;
     } else if (cur->n > 1) {
         victim = cur->voters[below(&s->rng, cur->n)];
+    } else {
+        return;
     }
     if (victim != 0) {
         int k = ida_raft_conf_slot(&next, victim);
         next.voters[k] = next.voters[--next.n];
-    } else if (added != 0) {
-        next.voters[next.n++] = added;
-    } else {
-        return;
     }
     uint8_t buf[256];
     size_t len;
@@ -1445,9 +1461,14 @@ static void membership_change(struct sim *s, struct node *ld)
     int rv =
         ida_raft_propose(&ld->raft, IDA_ENTRY_CONFIG, buf, len, NULL, NULL);
     tracef(s, "fault: leader %u proposes %s node %u: %s", ld->id,
-           victim ? "removing" : "adding", victim ? victim : added,
+           victim  ? "removing"
+           : added ? "adding learner"
+                   : "promoting",
+           victim  ? victim
+           : added ? added
+                   : promoted,
            rv ? idalloc_errname(rv) : "ok");
-    hash_in(s, 13, victim, added, (uint64_t)rv);
+    hash_in(s, 13, victim, added, (uint64_t)rv * 100 + promoted);
     if (rv != 0) {
         return;
     }
@@ -1464,7 +1485,7 @@ static void membership_change(struct sim *s, struct node *ld)
         /* A removed leader leads until the entry commits, then steps
          * down; it dies after that (retire_removed_leader). */
         s->retire = victim;
-    } else {
+    } else if (victim != 0) {
         struct node *v = &s->nodes[node_slot(s, victim)];
         if (v->up) {
             node_crash(s, v);
@@ -1551,14 +1572,14 @@ static void fault(struct sim *s)
         s->delay_max_ms = 1 + (unsigned)below(&s->rng, 30);
         tracef(s, "fault: loss %u%% dup %u%% delay <= %ums", s->loss_pct,
                s->dup_pct, s->delay_max_ms);
-    } else if (k < 94) {
+    } else if (k < 92) {
         if (ld != NULL) {
             int rv = ida_raft_transfer(&ld->raft, (ida_node_id)(a + 1));
             tracef(s, "fault: transfer %u -> %d: %s", ld->id, a + 1,
                    rv ? idalloc_errname(rv) : "ok");
             drain(s, ld);
         }
-    } else if (k < 97) {
+    } else if (k < 98) {
         if (ld != NULL && s->retire == 0) {
             membership_change(s, ld);
         }
