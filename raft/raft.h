@@ -10,7 +10,8 @@
  * entries only (§5.4.2, Figure 8), leader-side parallel persist (§10.2.1),
  * snapshots with chunked InstallSnapshot (§5), ReadIndex (§6.4),
  * leadership transfer with TimeoutNow (§3.10) and single-server membership
- * changes (§4.1: a config entry takes effect when appended; raft/conf.h).
+ * changes (§4.1: a config entry takes effect when appended; learners catch
+ * up before they vote, §4.2.1; raft/conf.h).
  *
  * It does no I/O, reads no clock, starts no thread and has no global state.
  * The node runtime drives it with calls:
@@ -398,10 +399,12 @@ int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m);
  * has @term, and lost if that entry has another term.
  * IDA_ENTRY_CONFIG (membership change, dissertation §4.1): @data is an
  * encoded idalloc.ClusterConfig whose voters differ from the current ones by
- * exactly one added or removed voter; it takes effect at once (when
- * appended), one change at a time. A leader removed by it keeps leading
- * until the entry commits, then steps down. A new voter should be caught up
- * (it receives the log once it is a member) before the next change.
+ * exactly one added or removed voter (or only the learners change); it takes
+ * effect at once (when appended), one change at a time. A leader removed by
+ * it keeps leading until the entry commits, then steps down. To replace a
+ * server: add the new one as a learner (voter = false), promote it once it
+ * caught up (its progress match reaches the commit index), then remove the
+ * old one.
  * Returns 0, IDA_ENOTLEADER (not leader; batch.leader names the leader if
  * known), IDA_EBUSY (a leadership transfer is under way; or for a config:
  * the previous config change or this leader's first entry has not
