@@ -1798,6 +1798,16 @@ const uint8_t *ida_raft_snapshot_config(const struct ida_raft *r, size_t *len)
     return r->snap_conf;
 }
 
+const struct ida_raft_progress *ida_raft_progress_of(const struct ida_raft *r,
+                                                     ida_node_id id)
+{
+    int k = member_slot(&r->conf, id);
+    if (r->role != IDA_RAFT_LEADER || k < 0) {
+        return NULL;
+    }
+    return &r->prs[k];
+}
+
 const struct ida_raft_conf *ida_raft_voters(const struct ida_raft *r)
 {
     return &r->conf;

@@ -403,8 +403,8 @@ int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m);
  * effect at once (when appended), one change at a time. A leader removed by
  * it keeps leading until the entry commits, then steps down. To replace a
  * server: add the new one as a learner (voter = false), promote it once it
- * caught up (its progress match reaches the commit index), then remove the
- * old one.
+ * caught up (ida_raft_progress_of() match reaches the commit index), then
+ * remove the old one.
  * Returns 0, IDA_ENOTLEADER (not leader; batch.leader names the leader if
  * known), IDA_EBUSY (a leadership transfer is under way; or for a config:
  * the previous config change or this leader's first entry has not
@@ -463,6 +463,11 @@ ida_index ida_raft_last_index(const struct ida_raft *r);
  * NULL: the bootstrap voters. Storage keeps it with the snapshot and hands
  * it back in ida_raft_restore. Borrowed (see MEMORY). */
 const uint8_t *ida_raft_snapshot_config(const struct ida_raft *r, size_t *len);
+/* The leader's replication progress of member @id (voter or learner), NULL
+ * if this node is not leader or @id is not a member. For status output
+ * (proto PeerProgress) and to decide when a learner caught up. Borrowed. */
+const struct ida_raft_progress *ida_raft_progress_of(const struct ida_raft *r,
+                                                     ida_node_id id);
 /* The voters in effect. */
 const struct ida_raft_conf *ida_raft_voters(const struct ida_raft *r);
 /* The term of the entry at @index, 0 if not in the log (or compacted,

@@ -1422,12 +1422,7 @@ static void membership_change(struct sim *s, struct node *ld)
     if (cur->n_learners > 0) {
         /* Promote once it holds the leader's committed log. */
         ida_node_id l = cur->learners[0];
-        const struct ida_raft_progress *pr = NULL;
-        for (size_t i = 0; i < cur->n + cur->n_learners; i++) {
-            if (ld->raft.prs[i].id == l) {
-                pr = &ld->raft.prs[i];
-            }
-        }
+        const struct ida_raft_progress *pr = ida_raft_progress_of(&ld->raft, l);
         if (pr == NULL || pr->match < ida_raft_commit(&ld->raft) ||
             s->nodes[node_slot(s, l)].dead) {
             return;
