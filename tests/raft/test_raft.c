@@ -1068,3 +1068,30 @@ Test(raft_conf, learner_catches_up_without_voting_then_is_promoted)
                  "1, 2 and 4 are a majority of 4");
     h_close();
 }
+
+Test(raft, at_most_pending_max_batches_await_persistence)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    H.hold[1] = true;
+    for (int i = 0; i < IDA_RAFT_PENDING_MAX + 6; i++) {
+        h_propose(1, 1);
+    }
+    cr_assert_eq(H.r[1].pending_count, IDA_RAFT_PENDING_MAX);
+    cr_assert_lt(H.r[1].unsent, ida_raft_last_index(&H.r[1]) + 1,
+                 "the last entries wait for a free slot");
+    h_release(1); /* persists the 64, then the rest goes out */
+    h_release(1);
+    h_deliver_all();
+    h_tick(1, 1);
+    h_deliver_all();
+    ida_index last = ida_raft_last_index(&H.r[1]);
+    cr_assert_eq(last, 1 + IDA_RAFT_PENDING_MAX + 6);
+    cr_assert_eq(H.r[1].unsent, last + 1);
+    cr_assert_eq(H.disk[1].n, last, "everything reached the leader's disk");
+    for (int k = 1; k <= 3; k++) {
+        cr_assert_eq(ida_raft_commit(&H.r[k]), last, "node %d", k);
+    }
+}
