@@ -1,0 +1,481 @@
+/* The Raft core: a pure, deterministic state machine (etcd raft style).
+ *
+ * DESIGN
+ * The core implements Raft as in Figure 2 of the Raft paper and the Raft
+ * dissertation: randomized election timeouts, pre-vote (§9.6), check-quorum
+ * and leader stickiness (§6.2, §9.6), a no-op entry at the start of each
+ * term (§6.4), per-follower progress in probe / replicate / snapshot mode
+ * with a bound on in-flight appends, fast conflict backtracking with a term
+ * hint (§5.3 "optimization"), commit by counting replicas of current-term
+ * entries only (§5.4.2, Figure 8), leader-side parallel persist (§10.2.1),
+ * snapshots with chunked InstallSnapshot (§5), ReadIndex (§6.4),
+ * leadership transfer with TimeoutNow (§3.10) and single-server membership
+ * changes (§4.1: a config entry takes effect when appended; learners catch
+ * up before they vote, §4.2.1; raft/conf.h).
+ *
+ * It does no I/O, reads no clock, starts no thread and has no global state.
+ * The node runtime drives it with calls:
+ *   ida_raft_tick()       one logical tick (the node picks the tick length)
+ *   ida_raft_step()       one message from a peer
+ *   ida_raft_propose()    a new entry (leader only; fails fast otherwise)
+ *   ida_raft_read_index() a linearizable read barrier (leader only)
+ *   ida_raft_transfer()   hand leadership to another voter
+ *   ida_raft_compact()    the application took a snapshot at applied index
+ *   ida_raft_persisted()  "batch N (and all before it) is durable"
+ * and collects the work to do with ida_raft_ready(): one batch
+ * (struct ida_raft_batch) of hard state, entries and snapshot to persist,
+ * messages to send, committed entries to apply and reads that are ready.
+ * Call ida_raft_ready() after every input (or group of inputs) until it
+ * returns false; proposals are batched into appends at that point.
+ *
+ * PERSISTENCE CONTRACT (enforced by the simulator, tests/sim/)
+ *  1. Batches are persisted in the order ready() returned them. A batch's
+ *     entries replace every stored entry with index >= entries[0].index
+ *     (truncate, then append). Its hard state replaces the stored one; its
+ *     snapshot (if any) replaces the stored snapshot and the whole stored
+ *     log: the entries that follow the snapshot are in the same batch.
+ *  2. batch.msgs may be sent at once, before anything of the batch is
+ *     durable (this is how the leader persists in parallel with its
+ *     followers: it counts itself in the quorum only after step 3).
+ *  3. batch.msgs_after_persist may be sent only after the whole batch (and
+ *     every earlier batch) is durable (fsynced). They are the votes, append
+ *     acknowledgements and the candidate's vote requests: sending one early
+ *     can lose an acknowledged entry or let a node vote twice in a term.
+ *     After the batch is durable, call ida_raft_persisted(r, batch.id).
+ *     After a crash, unsent msgs_after_persist are simply dropped.
+ *  4. batch.committed entries are durable locally and committed; apply them
+ *     in order. batch.snapshot (received from the leader), once durable,
+ *     replaces the state machine's state; the core hands out no entry after
+ *     it before its batch is persisted.
+ *  5. The application's own snapshots: store the snapshot durably (with
+ *     ida_raft_snapshot_config() after the call), then ida_raft_compact();
+ *     storage may then drop the entries up to its index.
+ *  6. On restart, hand ida_raft_init() exactly what storage holds: the hard
+ *     state, the snapshot (meta, data, config) and the entries after it.
+ *
+ * MEMORY
+ * Everything a batch points to (entries, entry data, messages, snapshot
+ * data) is owned by the core and valid only until the next call of any
+ * ida_raft_* function on the same core; the node copies (or encodes) what
+ * it keeps longer. Proposal data and restored entries are copied in.
+ * The core allocates when its log or output arrays grow (amortized, grow
+ * by doubling and kept), to copy entry data and to hold a snapshot;
+ * steady-state replication reuses its arrays.
+ *
+ * THREADING
+ * None: a core is used by one thread at a time (the node's raft processor).
+ */
+#ifndef IDA_RAFT_H
+#define IDA_RAFT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ida/types.h"
+#include "raft/conf.h"
+
+#define IDA_RAFT_INFLIGHT_MAX 64 /* upper bound of max_inflight */
+#define IDA_RAFT_PENDING_MAX  64 /* batches handed out, not yet persisted */
+
+/* Test-only switches that break the core on purpose (negative controls of
+ * the simulator). Never set in production: config.bugs must be 0. */
+enum ida_raft_bug {
+    /* Grant votes without the "log at least as up to date" check (§5.4.1). */
+    IDA_RAFT_BUG_VOTE_NO_LOG_CHECK = 1u << 0,
+    /* Put acknowledgements and votes in batch.msgs (sent before persist). */
+    IDA_RAFT_BUG_ACK_BEFORE_PERSIST = 1u << 1,
+    /* Drop the stored vote in ida_raft_init() (forget the vote on restart). */
+    IDA_RAFT_BUG_FORGET_VOTE = 1u << 2,
+    /* Commit by counting replicas of entries of any term (Figure 8). */
+    IDA_RAFT_BUG_COMMIT_OLD_TERM = 1u << 3,
+};
+
+enum ida_raft_role {
+    IDA_RAFT_FOLLOWER = 0,
+    IDA_RAFT_PRE_CANDIDATE = 1,
+    IDA_RAFT_CANDIDATE = 2,
+    IDA_RAFT_LEADER = 3,
+};
+
+/* Message types, 1:1 with the oneof of proto PeerMessage. */
+enum ida_raft_msg_type {
+    IDA_RAFT_MSG_REQUEST_VOTE = 1,
+    IDA_RAFT_MSG_RESPONSE_VOTE = 2,
+    IDA_RAFT_MSG_APPEND_ENTRIES = 3,
+    IDA_RAFT_MSG_APPEND_RESPONSE = 4,
+    IDA_RAFT_MSG_INSTALL_SNAPSHOT = 5,
+    IDA_RAFT_MSG_SNAPSHOT_RESPONSE = 6,
+    IDA_RAFT_MSG_TIMEOUT_NOW = 7,
+};
+
+struct ida_raft_request_vote
+{
+    bool pre_vote;
+    ida_index last_log_index;
+    ida_term last_log_term;
+    bool transfer;
+};
+
+struct ida_raft_response_vote
+{
+    bool pre_vote;
+    bool granted;
+};
+
+struct ida_raft_append_entries
+{
+    ida_index prev_log_index;
+    ida_term prev_log_term;
+    const struct ida_entry *entries; /* borrowed (see MEMORY) */
+    size_t n_entries;
+    ida_index commit_index;
+    uint64_t read_ctx;
+};
+
+struct ida_raft_append_response
+{
+    bool success;
+    ida_index match_index;
+    ida_index reject_index;
+    ida_term conflict_term;
+    ida_index conflict_index;
+    uint64_t read_ctx;
+};
+
+struct ida_raft_install_snapshot
+{
+    ida_index last_index;
+    ida_term last_term;
+    /* proto InstallSnapshot.config: the encoded idalloc.ClusterConfig in
+     * effect at last_index; empty: the bootstrap voters. Borrowed (see
+     * MEMORY). */
+    const uint8_t *config;
+    size_t config_len;
+    uint64_t offset;
+    const uint8_t *data; /* borrowed (see MEMORY) */
+    size_t len;
+    bool done;
+    uint64_t total_size;
+};
+
+struct ida_raft_snapshot_response
+{
+    ida_index last_index;
+    uint64_t next_offset;
+    bool done;
+    bool success;
+};
+
+/* One peer message; maps 1:1 to proto PeerMessage (from, to, term, msg). */
+struct ida_raft_msg
+{
+    enum ida_raft_msg_type type;
+    ida_node_id from;
+    ida_node_id to;
+    ida_term term;
+    union {
+        struct ida_raft_request_vote request_vote;
+        struct ida_raft_response_vote response_vote;
+        struct ida_raft_append_entries append_entries;
+        struct ida_raft_append_response append_response;
+        struct ida_raft_install_snapshot install_snapshot;
+        struct ida_raft_snapshot_response snapshot_response;
+    } u;
+    /* Internal to the core (which log range a queued append carries). */
+    ida_index ents_first_;
+    ida_term ents_last_term_;
+};
+
+struct ida_raft_config
+{
+    ida_node_id id; /* this node, != 0 */
+    /* Bootstrap voters: the membership until the log or a snapshot holds a
+     * config (a node that joins later may leave itself out). */
+    ida_node_id voters[IDA_RAFT_NODES_MAX];
+    size_t n_voters;             /* 1..IDA_RAFT_NODES_MAX */
+    unsigned election_ticks;     /* >= 2 * heartbeat_ticks */
+    unsigned heartbeat_ticks;    /* >= 1 */
+    uint64_t seed;               /* election timeout PRNG */
+    bool pre_vote;               /* run a pre-vote round */
+    bool check_quorum;           /* step down without quorum */
+    unsigned max_inflight;       /* 1..IDA_RAFT_INFLIGHT_MAX */
+    size_t max_msg_entries;      /* entries per append, >= 1 */
+    size_t snapshot_chunk_bytes; /* InstallSnapshot chunk, >= 1 */
+    uint32_t bugs;               /* enum ida_raft_bug; test only */
+};
+
+/* What storage holds, handed to ida_raft_init() on (re)start. */
+struct ida_raft_restore
+{
+    struct ida_hard_state hard_state;
+    ida_index snapshot_index; /* 0: no snapshot */
+    ida_term snapshot_term;
+    const uint8_t *snapshot_data; /* copied */
+    size_t snapshot_len;
+    const uint8_t *snapshot_config; /* encoded ClusterConfig; copied */
+    size_t snapshot_config_len;     /* 0: the bootstrap voters */
+    const struct ida_entry
+        *entries; /* snapshot_index+1.. consecutive; copied */
+    size_t n_entries;
+};
+
+struct ida_raft_snapshot
+{
+    ida_index index;
+    ida_term term;
+    const uint8_t *data; /* borrowed (see MEMORY) */
+    size_t len;
+    const uint8_t *config; /* encoded ClusterConfig at index, borrowed */
+    size_t config_len;     /* 0: the bootstrap voters */
+};
+
+struct ida_raft_read
+{
+    uint64_t ctx;    /* the caller's ida_raft_read_index() context */
+    ida_index index; /* serve the read once applied >= index */
+};
+
+/* Per-peer replication progress (leader). */
+enum ida_raft_progress_state {
+    IDA_RAFT_PROBE = 0,
+    IDA_RAFT_REPLICATE = 1,
+    IDA_RAFT_SNAPSHOT = 2,
+};
+
+struct ida_raft_progress
+{
+    ida_node_id id;
+    ida_index match;
+    ida_index next;
+    enum ida_raft_progress_state state;
+    bool probe_sent;    /* probe: one append in flight, wait */
+    bool recent_active; /* heard from since the last quorum check */
+    bool acked;         /* replicate: progress since the last heartbeat */
+    uint64_t read_ack;  /* highest read_ctx acknowledged this term */
+    ida_index inflight[IDA_RAFT_INFLIGHT_MAX]; /* last index per append */
+    unsigned inflight_head;
+    unsigned inflight_count;
+    ida_index snap_index; /* snapshot mode: the snapshot being sent */
+    uint64_t snap_offset; /* next byte offset to send */
+    bool snap_sent;       /* a chunk is in flight */
+};
+
+/* One batch of work. Valid until the next ida_raft_* call (see MEMORY). */
+struct ida_raft_batch
+{
+    uint64_t id;       /* pass to ida_raft_persisted() */
+    bool must_persist; /* hard state, entries or snapshot to write */
+    bool has_hard_state;
+    struct ida_hard_state hard_state;
+    bool has_snapshot;
+    struct ida_raft_snapshot snapshot;
+    const struct ida_entry *entries; /* to persist; truncate from [0].index */
+    size_t n_entries;
+    const struct ida_raft_msg *msgs; /* send now */
+    size_t n_msgs;
+    const struct ida_raft_msg *msgs_after_persist; /* send once durable */
+    size_t n_msgs_after_persist;
+    const struct ida_entry *committed; /* apply in order */
+    size_t n_committed;
+    const struct ida_raft_read *reads; /* reads whose index is confirmed */
+    size_t n_reads;
+    /* Soft state now. When role leaves LEADER, every pending proposal and
+     * read of this node has an unknown outcome: answer IDA_ELEADERLOST. */
+    enum ida_raft_role role;
+    ida_node_id leader;
+    ida_term term;
+};
+
+/* The core. Fields are private to raft/ (read-only for tests). */
+struct ida_raft
+{
+    struct ida_raft_config cfg;
+    uint64_t rng;
+    /* Persistent state (Figure 2), as seen by the core. */
+    ida_term term;
+    ida_node_id vote;
+    /* Log: snapshot, then entries [snap_index+1, snap_index+n_log]. */
+    ida_index snap_index;
+    ida_term snap_term;
+    uint8_t *snap_data;
+    size_t snap_len;
+    uint8_t *snap_conf; /* encoded config at snap_index, NULL: bootstrap */
+    size_t snap_conf_len;
+    bool snap_unsent; /* snapshot to hand out in the next batch */
+    /* Membership in effect: the latest config entry in the log (it takes
+     * effect when appended, §4.1), else the snapshot's, else bootstrap.
+     * prs[i], votes[i] and voted[i] belong to conf.voters[i];
+     * prs[conf.n + j] to conf.learners[j]. */
+    struct ida_raft_conf conf;
+    ida_index conf_index; /* index of that config entry, 0: none in log */
+    struct ida_entry *log;
+    size_t n_log;
+    size_t cap_log;
+    /* Volatile state. */
+    enum ida_raft_role role;
+    ida_node_id leader;
+    ida_index commit;
+    ida_index applied; /* handed out in batch.committed */
+    ida_index stable;  /* durable locally and equal to our log */
+    ida_index unsent;  /* first index not yet handed out to persist */
+    unsigned election_elapsed;
+    unsigned heartbeat_elapsed;
+    unsigned randomized_timeout;
+    bool votes[IDA_RAFT_NODES_MAX];
+    bool voted[IDA_RAFT_NODES_MAX];
+    struct ida_raft_progress prs[2 * IDA_RAFT_NODES_MAX];
+    bool broadcast; /* leader: new entries to send */
+    /* Hard state last handed out. */
+    struct ida_hard_state hs_out;
+    /* Batches handed out, not yet persisted (ring). */
+    uint64_t next_batch_id;
+    struct
+    {
+        uint64_t id;
+        ida_index last; /* clamped on truncation */
+        bool has_snapshot;
+        ida_index snap_index;
+    } pending[IDA_RAFT_PENDING_MAX];
+    unsigned pending_head;
+    unsigned pending_count;
+    /* Output queues. */
+    struct ida_raft_msg *msgs;
+    size_t n_msgs, cap_msgs;
+    struct ida_raft_msg *msgs_ap;
+    size_t n_msgs_ap, cap_msgs_ap;
+    /* ReadIndex (leader). */
+    uint64_t read_seq;
+    struct
+    {
+        uint64_t ctx;
+        uint64_t seq;
+        ida_index index;
+    } * reads_pending;
+    size_t n_reads_pending, cap_reads_pending;
+    struct ida_raft_read *reads_ready;
+    size_t n_reads_ready, cap_reads_ready;
+    size_t n_reads_out; /* handed out in the last batch */
+    bool msgs_handed;   /* msgs / msgs_ap were handed out by ready() */
+    bool ap_handed;
+    /* Leadership transfer (leader). */
+    ida_node_id transferee;
+    unsigned transfer_elapsed;
+    /* Snapshot being received (follower). */
+    uint8_t *rcv_data;
+    size_t rcv_len, rcv_cap;
+    ida_index rcv_index;
+    ida_term rcv_term;
+    uint8_t *rcv_conf;
+    size_t rcv_conf_len;
+};
+
+/* Initialize @r from @cfg and what storage holds (@restore may be NULL for a
+ * fresh node). Returns 0, IDA_EINVAL for a bad @cfg or inconsistent
+ * @restore (entries not consecutive after the snapshot, vote for a
+ * non-member), IDA_ENOMEM; on error nothing needs to be closed. */
+int ida_raft_init(struct ida_raft *r,
+                  const struct ida_raft_config *cfg,
+                  const struct ida_raft_restore *restore);
+
+/* Release everything @r owns. */
+void ida_raft_close(struct ida_raft *r);
+
+/* Advance logical time by one tick: elections, heartbeats, check-quorum. */
+void ida_raft_tick(struct ida_raft *r);
+
+/* Feed one message. @m and what it points to are borrowed for the call
+ * (entry data is copied). Returns 0 (also for stale or ignored messages),
+ * IDA_EINVAL for a message not addressed to this node, from a non-member,
+ * with term 0 or inconsistent fields, IDA_EPROTO for a message that breaks
+ * the protocol (e.g. a leader contradicting a committed entry: the message
+ * is ignored; the simulator counts this as a safety violation), IDA_ENOMEM
+ * (the message is then treated as lost; a valid prefix of its entries may
+ * have been appended, which is safe since nothing was acknowledged). */
+int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m);
+
+/* Append a new entry (leader only); @data is copied. On success *@index and
+ * *@term say where it sits: it is committed if an applied entry at @index
+ * has @term, and lost if that entry has another term.
+ * IDA_ENTRY_CONFIG (membership change, dissertation §4.1): @data is an
+ * encoded idalloc.ClusterConfig whose voters differ from the current ones by
+ * exactly one added or removed voter (or only the learners change); it takes
+ * effect at once (when appended), one change at a time. A leader removed by
+ * it keeps leading until the entry commits, then steps down. To replace a
+ * server: add the new one as a learner (voter = false), promote it once it
+ * caught up (ida_raft_progress_of() match reaches the commit index), then
+ * remove the old one.
+ * Returns 0, IDA_ENOTLEADER (not leader; batch.leader names the leader if
+ * known), IDA_EBUSY (a leadership transfer is under way; or for a config:
+ * the previous config change or this leader's first entry has not
+ * committed yet), IDA_EINVAL (bad type, or a config that does not decode or
+ * is not a single-server change), IDA_ENOMEM. On error nothing changed. */
+int ida_raft_propose(struct ida_raft *r,
+                     enum ida_entry_type type,
+                     const uint8_t *data,
+                     size_t len,
+                     ida_index *index,
+                     ida_term *term);
+
+/* Ask for a linearizable read barrier (§6.4 ReadIndex). When a quorum
+ * confirmed this leader, a later batch lists {@ctx, index}: serve the read
+ * once the state machine applied index. Returns 0, IDA_ENOTLEADER,
+ * IDA_EBUSY (this leader has not committed an entry of its term yet: retry
+ * shortly), IDA_ENOMEM. */
+int ida_raft_read_index(struct ida_raft *r, uint64_t ctx);
+
+/* Transfer leadership to voter @to (§3.10): stop accepting proposals, bring
+ * @to up to date, then send it TimeoutNow. Aborted after an election
+ * timeout. Returns 0, IDA_ENOTLEADER, IDA_EINVAL (@to is not another
+ * voter), IDA_EBUSY (a transfer is already running). */
+int ida_raft_transfer(struct ida_raft *r, ida_node_id to);
+
+/* The application took a snapshot of its state at @index (<= applied
+ * index); @data (copied) is sent to followers that fell behind. The log up
+ * to @index is dropped from memory; storage may drop it once it stored the
+ * snapshot. Returns 0, IDA_EINVAL (@index not applied or not after the
+ * current snapshot), IDA_ENOMEM. */
+int ida_raft_compact(struct ida_raft *r,
+                     ida_index index,
+                     const uint8_t *data,
+                     size_t len);
+
+/* Collect the work to do into @b. Returns true if @b holds any work. The
+ * batch stays valid until the next ida_raft_* call (see MEMORY). At most
+ * IDA_RAFT_PENDING_MAX batches may await ida_raft_persisted(); beyond that
+ * new entries stay queued until an older batch is persisted. */
+bool ida_raft_ready(struct ida_raft *r, struct ida_raft_batch *b);
+
+/* Batch @id and every batch before it is durable and its
+ * msgs_after_persist may go out. Call it for every batch with id != 0 (a
+ * batch with only msgs_after_persist and nothing to write still waits for
+ * the earlier batches). Unknown or repeated ids are ignored. */
+void ida_raft_persisted(struct ida_raft *r, uint64_t id);
+
+/* Accessors. */
+enum ida_raft_role ida_raft_role(const struct ida_raft *r);
+ida_node_id ida_raft_leader(const struct ida_raft *r);
+ida_term ida_raft_term(const struct ida_raft *r);
+ida_index ida_raft_commit(const struct ida_raft *r);
+ida_index ida_raft_last_index(const struct ida_raft *r);
+/* The encoded idalloc.ClusterConfig in effect at the snapshot index (the
+ * one ida_raft_compact() or an installed snapshot recorded); *@len 0 and
+ * NULL: the bootstrap voters. Storage keeps it with the snapshot and hands
+ * it back in ida_raft_restore. Borrowed (see MEMORY). */
+const uint8_t *ida_raft_snapshot_config(const struct ida_raft *r, size_t *len);
+/* The leader's replication progress of member @id (voter or learner), NULL
+ * if this node is not leader or @id is not a member. For status output
+ * (proto PeerProgress) and to decide when a learner caught up. Borrowed. */
+const struct ida_raft_progress *ida_raft_progress_of(const struct ida_raft *r,
+                                                     ida_node_id id);
+/* The voters in effect. */
+const struct ida_raft_conf *ida_raft_voters(const struct ida_raft *r);
+/* The term of the entry at @index, 0 if not in the log (or compacted,
+ * except the snapshot's last entry). */
+ida_term ida_raft_term_at(const struct ida_raft *r, ida_index index);
+/* The entry at @index, NULL if not in memory. Borrowed (see MEMORY). */
+const struct ida_entry *ida_raft_entry(const struct ida_raft *r,
+                                       ida_index index);
+const char *ida_raft_role_name(enum ida_raft_role role);
+
+#endif /* IDA_RAFT_H */

@@ -1,0 +1,95 @@
+/* A tiny hand-driven cluster for the core's unit tests: message delivery,
+ * persistence, partitions and restarts are explicit calls, so a test can
+ * build the exact scenario of a figure of the Raft paper. */
+#ifndef IDA_TEST_RAFT_HARNESS_H
+#define IDA_TEST_RAFT_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "raft/raft.h"
+
+#define H_NODES_MAX 5
+
+struct h_disk
+{
+    struct ida_hard_state hs;
+    ida_index snap_index;
+    ida_term snap_term;
+    uint8_t *snap;
+    size_t snap_len;
+    struct ida_entry ents[512];
+    size_t n;
+};
+
+struct h_cluster
+{
+    int n;
+    struct ida_raft r[H_NODES_MAX + 1]; /* by node id, [0] unused */
+    bool up[H_NODES_MAX + 1];
+    bool cut[H_NODES_MAX + 1][H_NODES_MAX + 1]; /* [from][to] */
+    bool hold[H_NODES_MAX + 1]; /* do not persist (batches wait) */
+    struct h_disk disk[H_NODES_MAX + 1];
+    ida_index applied[H_NODES_MAX + 1]; /* last index handed to apply */
+    uint64_t reads_done[H_NODES_MAX + 1][8];
+    size_t n_reads_done[H_NODES_MAX + 1];
+    /* Config knobs used by h_start(). */
+    bool pre_vote;
+    bool check_quorum;
+    int bootstrap_n; /* bootstrap voters are 1..bootstrap_n (default n) */
+    size_t max_msg_entries;
+    uint32_t bugs;
+    /* Counters for assertions. */
+    size_t appends_sent;       /* AppendEntries carrying entries */
+    size_t rejects;            /* AppendResponse with success=false */
+    size_t snapshot_chunks;    /* InstallSnapshot delivered */
+    size_t max_entries_in_msg; /* largest AppendEntries seen */
+};
+
+extern struct h_cluster H;
+
+/* Reset H with @n nodes (not started). */
+void h_init(int n);
+/* Start node @id from its disk (empty for a new node). */
+void h_start(ida_node_id id);
+/* Start all nodes. */
+void h_start_all(void);
+/* Crash @id: unpersisted batches and queued messages to/from it are lost. */
+void h_crash(ida_node_id id);
+/* Free everything. */
+void h_close(void);
+/* Drain @id's batches (persisting them unless held). */
+void h_collect(ida_node_id id);
+/* Persist the held batches of @id. */
+void h_release(ida_node_id id);
+/* Deliver queued messages until none is left. Returns how many. */
+size_t h_deliver_all(void);
+/* Deliver the oldest queued message (dropped if its link is cut or its
+ * target is down). Returns false if the queue was empty. */
+bool h_deliver_one(void);
+/* Tick @id @k times (collecting after each). */
+void h_tick(ida_node_id id, int k);
+/* Make @id leader: tick it until it campaigns, then deliver. */
+void h_elect(ida_node_id id);
+/* Propose the voter set @voters (encoded) at @id; returns the code. */
+int h_propose_conf(ida_node_id id, const ida_node_id *voters, size_t n);
+/* Propose @count normal entries at @id (must be leader). */
+void h_propose(ida_node_id id, int count);
+/* Isolate @id from everyone (both directions) or heal everything. */
+void h_isolate(ida_node_id id);
+void h_heal(void);
+/* Number of queued messages. */
+size_t h_queued(void);
+/* Drop all queued messages. */
+void h_drop_all(void);
+/* Restore @id's disk to a log of the given terms (index 1..n), hard state
+ * term @term, commit @commit. */
+void h_set_log(ida_node_id id,
+               const ida_term *terms,
+               size_t n,
+               ida_term term,
+               ida_index commit);
+/* True if @a and @b hold the same log (terms) up to their last index. */
+bool h_same_log(ida_node_id a, ida_node_id b);
+
+#endif /* IDA_TEST_RAFT_HARNESS_H */

@@ -1,0 +1,62 @@
+/* The deterministic cluster simulator (issue 4).
+ *
+ * One process, one thread, a seeded PRNG and a virtual clock in
+ * milliseconds. 3 or 5 nodes each run the real Raft core (raft/raft.h)
+ * behind a simulated network (per-link delay, loss, duplication, reordering,
+ * partitions) and a simulated disk (a durable image plus written-but-unsynced
+ * batches; a crash drops all or a random suffix of the unsynced ones; a
+ * restart rebuilds the node from the durable image only). Clients propose
+ * commands to a test state machine (a counter that hands out ids, with a
+ * session table so a retried request gets its first answer) and issue
+ * ReadIndex reads.
+ *
+ * Invariants are checked after every event (see sim.c, "checks"). The test
+ * state machine is one small section of sim.c (fsm_apply, a snapshot that is
+ * the struct's bytes, restore_fsm): the seam where the real allocator (fsm/)
+ * plugs in once it exists.
+ */
+#ifndef IDA_SIM_H
+#define IDA_SIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum sim_mode {
+    SIM_SAFETY = 0,   /* any faults, all the time */
+    SIM_LIVENESS = 1, /* faults, then heal: progress within a bound */
+};
+
+struct sim_opts
+{
+    uint64_t seed;
+    int nodes; /* 3 or 5 */
+    enum sim_mode mode;
+    uint32_t bugs;        /* enum ida_raft_bug, negative controls only */
+    uint64_t duration_ms; /* virtual run length; 0: the default */
+    FILE *trace;          /* NULL: no readable trace */
+};
+
+struct sim_result
+{
+    bool ok;
+    char violation[512]; /* what broke, when !ok */
+    uint64_t trace_hash; /* over every event: same seed, same hash */
+    uint64_t events;
+    uint64_t acked;     /* client requests answered */
+    uint64_t reads;     /* linearizable reads answered */
+    uint64_t elections; /* terms that had a leader */
+    uint64_t crashes;
+    uint64_t snapshots_sent;  /* InstallSnapshot chunks delivered */
+    uint64_t members_changed; /* voters removed or added */
+    uint64_t transfers;       /* TimeoutNow delivered */
+    uint64_t end_ms;
+};
+
+/* Run one seed. Returns 0, or IDA_ENOMEM. The outcome is in @res. */
+int sim_run(const struct sim_opts *opts, struct sim_result *res);
+
+/* The default virtual duration of a seed in @mode. */
+uint64_t sim_default_duration_ms(enum sim_mode mode);
+
+#endif /* IDA_SIM_H */
