@@ -117,6 +117,7 @@ test-run: $(TEST_EXTRA)
 
 asan:
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	 LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/lsan.supp \
 	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	 $(MAKE) --no-print-directory test BUILD=build/asan SAN=address,undefined DEBUG=1
 
