@@ -754,6 +754,13 @@ static void drain(struct ida_pool *p)
     }
 }
 
+static void drop_msg_cb(void *item, void *arg)
+{
+    struct ida_pool *p = arg;
+    atomic_fetch_add(&p->dropped, 1);
+    ida_msg_free(item);
+}
+
 void ida_pool_stop(struct ida_pool *p, enum ida_pool_stop_mode mode)
 {
     IDA_ASSERT(p != NULL);
@@ -769,13 +776,13 @@ void ida_pool_stop(struct ida_pool *p, enum ida_pool_stop_mode mode)
     if (mode == IDA_POOL_STOP_DRAIN) {
         drain(p);
     }
-}
-
-static void drop_msg_cb(void *item, void *arg)
-{
-    struct ida_pool *p = arg;
-    atomic_fetch_add(&p->dropped, 1);
-    ida_msg_free(item);
+    /* Whatever is left in processor inboxes will never be delivered. */
+    for (uint32_t k = 0; k < p->nproc; k++) {
+        struct ida_msg *m;
+        while ((m = ida_queue_pop(&p->t[p->procs[k]]->inbox)) != NULL) {
+            drop_msg_cb(m, p);
+        }
+    }
 }
 
 void ida_pool_close(struct ida_pool *p)
