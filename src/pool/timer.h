@@ -19,9 +19,12 @@
  *     the balance is the error not yet paid back;
  *   - the sum of returned times runs ahead of real time by at most about one
  *     wind-up period (IDA_PTIMER_MIN_CLOCK_PERIOD_NS) when the call rate
- *     suddenly rises, and lags behind it (never ahead) when the call rate
- *     drops: a thread that was preempted catches up at its next wind-up, at
- *     most IDA_PTIMER_MAX_WIND_UP_STEPS calls later.
+ *     suddenly rises, and lags behind it when the call rate drops or the
+ *     thread is preempted: the timer cannot know before its next wind-up (at
+ *     most IDA_PTIMER_MAX_WIND_UP_STEPS calls later), and each wind-up then
+ *     repays all but about 1/(counter + 1) of the lag, so a few wind-ups
+ *     later it is back within one period (test: four periods after a 10 ms
+ *     pause, within 2 * IDA_PTIMER_MIN_CLOCK_PERIOD_NS).
  *
  * As in the seed, each timer must be called from one call site (the
  * prediction assumes similar intervals between calls) and is not thread-safe:
