@@ -6,6 +6,8 @@
 
 #define NIL UINT32_MAX
 
+/* One cache line per node: a producer filling a node must not steal the
+ * line a consumer is reading in the node next to it. */
 struct ida__qnode
 {
     /* Queue link: (tag << 32) | index of the next node, NIL at the tail. The
@@ -17,7 +19,10 @@ struct ida__qnode
     /* The item; atomic because a slow popper may read it while the node is
      * being recycled (its CAS on head then fails and the value is unused). */
     _Atomic(void *) value;
+    char pad[64 - 2 * sizeof(uint64_t) - sizeof(void *)];
 };
+
+_Static_assert(sizeof(struct ida__qnode) == 64, "one node per cache line");
 
 static inline uint64_t pack(uint32_t index, uint32_t tag)
 {
@@ -69,6 +74,25 @@ static void free_push(struct ida_queue *q, uint32_t i)
     }
 }
 
+/* ida_malloc gives 16-byte alignment; nodes want 64. Over-allocate and
+ * keep the raw pointer just before the array. */
+static struct ida__qnode *aligned_alloc_nodes(uint32_t n)
+{
+    size_t bytes = (size_t)n * sizeof(struct ida__qnode) + 64 + sizeof(void *);
+    char *raw = ida_malloc(bytes);
+    if (raw == NULL) {
+        return NULL;
+    }
+    uintptr_t a = ((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63;
+    ((void **)a)[-1] = raw;
+    return (struct ida__qnode *)a;
+}
+
+static void free_nodes(struct ida__qnode *nodes)
+{
+    ida_free(((void **)nodes)[-1]);
+}
+
 int ida_queue_init(struct ida_queue *q, uint32_t capacity)
 {
     IDA_ASSERT(q != NULL);
@@ -76,7 +100,7 @@ int ida_queue_init(struct ida_queue *q, uint32_t capacity)
         return IDA_EINVAL;
     }
     uint32_t n = capacity + 1;
-    struct ida__qnode *nodes = ida_malloc((size_t)n * sizeof(*nodes));
+    struct ida__qnode *nodes = aligned_alloc_nodes(n);
     if (nodes == NULL) {
         return IDA_ENOMEM;
     }
@@ -106,7 +130,7 @@ void ida_queue_close(struct ida_queue *q,
             free_cb(item, arg);
         }
     }
-    ida_free(q->nodes);
+    free_nodes(q->nodes);
     q->nodes = NULL;
 }
 
@@ -161,23 +185,23 @@ void *ida_queue_pop(struct ida_queue *q)
     void *item;
     for (;;) {
         head = atomic_load_explicit(&q->head, memory_order_acquire);
-        uint64_t tail = atomic_load_explicit(&q->tail, memory_order_acquire);
         struct ida__qnode *h = &q->nodes[idx_of(head)];
         uint64_t next = atomic_load_explicit(&h->next, memory_order_seq_cst);
         if (head != atomic_load_explicit(&q->head, memory_order_acquire)) {
             continue;
         }
+        /* @head was the dummy while @next was read: NIL means empty. Reading
+         * tail only now keeps the empty case off the producers' line. */
+        if (idx_of(next) == NIL) {
+            return NULL;
+        }
+        uint64_t tail = atomic_load_explicit(&q->tail, memory_order_acquire);
         if (idx_of(head) == idx_of(tail)) {
-            if (idx_of(next) == NIL) {
-                return NULL;
-            }
+            /* Tail lags behind the node just linked: move it first, so head
+             * never passes tail (tail would point at a freed node). */
             atomic_compare_exchange_strong_explicit(
                 &q->tail, &tail, pack(idx_of(next), tag_of(tail) + 1),
                 memory_order_release, memory_order_relaxed);
-            continue;
-        }
-        if (idx_of(next) == NIL) {
-            /* head was recycled under us: inconsistent snapshot, retry. */
             continue;
         }
         /* Read before the CAS: once head moves, the next node is the new
