@@ -337,8 +337,7 @@ int ida_errtop_restore(struct ida_errtop *t)
     if (t->path == NULL) {
         return IDA_EINVAL;
     }
-    struct ida_errtop_entry *tmp =
-        ida_malloc(IDA_ERRTOP_SIZE * sizeof(*tmp));
+    struct ida_errtop_entry *tmp = ida_malloc(IDA_ERRTOP_SIZE * sizeof(*tmp));
     if (tmp == NULL) {
         return IDA_ENOMEM;
     }

@@ -13,12 +13,12 @@
 /* FrontControl. 48 bytes, so data starts 16-byte aligned. */
 struct ida__flblock
 {
-    size_t size;                /* data bytes, a multiple of ALIGN */
-    size_t offset;              /* of this front from the segment's first */
-    size_t segment_size;        /* bytes of blocks in the segment */
-    struct ida__flblock *next;  /* free list links (valid when free) */
+    size_t size;               /* data bytes, a multiple of ALIGN */
+    size_t offset;             /* of this front from the segment's first */
+    size_t segment_size;       /* bytes of blocks in the segment */
+    struct ida__flblock *next; /* free list links (valid when free) */
     struct ida__flblock *prev;
-    uint32_t owned;             /* 1: free (owned by the allocator) */
+    uint32_t owned; /* 1: free (owned by the allocator) */
     uint32_t magic;
 };
 
@@ -94,7 +94,9 @@ static void detach(struct ida_flalloc *a, struct ida__flblock *b)
 }
 
 /* Write a block's controls. */
-static struct ida__flblock *make_block(void *at, size_t size, size_t offset,
+static struct ida__flblock *make_block(void *at,
+                                       size_t size,
+                                       size_t offset,
                                        size_t segment_size)
 {
     struct ida__flblock *b = at;

@@ -10,7 +10,7 @@ struct plan
     uint32_t n;
     const uint64_t *d; /* duration of each processor */
     const uint64_t *edge_ns;
-    bool left[IDA_POOL_PROCESSORS_MAX];       /* not assigned yet */
+    bool left[IDA_POOL_PROCESSORS_MAX];        /* not assigned yet */
     uint64_t passing[IDA_POOL_PROCESSORS_MAX]; /* edge time to chosen */
     uint64_t chosen_ns;
 };
@@ -64,8 +64,8 @@ void ida_pool_plan(uint32_t nproc,
     if (total == 0) {
         /* Nothing measured: no reason to move anything. */
         for (uint32_t i = 0; i < nproc; i++) {
-            new_assign[i] = old_assign[i] < nthreads ? old_assign[i]
-                                                     : i % nthreads;
+            new_assign[i] =
+                old_assign[i] < nthreads ? old_assign[i] : i % nthreads;
         }
         return;
     }

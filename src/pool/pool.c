@@ -15,10 +15,10 @@
 
 /* Messages handled per processor per loop, so one busy inbox cannot starve
  * the worker's other processors. */
-#define BATCH_MAX 64
-#define NONE      UINT32_MAX
-#define CONF_BIT  31u
-#define COUNT_MASK ((1u << CONF_BIT) - 1)
+#define BATCH_MAX               64
+#define NONE                    UINT32_MAX
+#define CONF_BIT                31u
+#define COUNT_MASK              ((1u << CONF_BIT) - 1)
 #define ERRTOP_DUMP_INTERVAL_MS 10000
 #define ERRTOP_KEEP_MS          (7LL * 24 * 3600 * 1000)
 
@@ -264,8 +264,8 @@ static void switch_assignment(struct worker *w, int cur)
         }
     }
     const uint32_t *ord = p->order[cur];
-    for (uint32_t i = p->start[cur][w->index];
-         i < p->start[cur][w->index + 1]; i++) {
+    for (uint32_t i = p->start[cur][w->index]; i < p->start[cur][w->index + 1];
+         i++) {
         uint32_t k = ord[i];
         struct target *t = p->t[p->procs[k]];
         pthread_mutex_lock(&t->lock);
@@ -364,7 +364,9 @@ static void wake_owner(struct ida_pool *p, struct target *t)
     }
 }
 
-static int deliver(struct ida_pool *p, uint32_t from, uint32_t to,
+static int deliver(struct ida_pool *p,
+                   uint32_t from,
+                   uint32_t to,
                    struct ida_msg *msg)
 {
     IDA_ASSERT(msg != NULL);
@@ -431,8 +433,7 @@ static bool run_processor(struct worker *w, uint32_t k)
     struct ida_pool *p = w->pool;
     uint32_t id = p->procs[k];
     struct target *t = p->t[id];
-    struct ida_sender s = {p, id, w->index,
-                           w->has_errtop ? &w->errtop : NULL};
+    struct ida_sender s = {p, id, w->index, w->has_errtop ? &w->errtop : NULL};
     bool upd = w->can_be_updated;
     bool worked = false;
     bool was_running = atomic_flag_test_and_set(&t->running);
@@ -700,8 +701,7 @@ int ida_pool_start(struct ida_pool *p)
     }
     atomic_store(&p->started, true);
     for (uint32_t i = 0; i < p->nthreads; i++) {
-        if (pthread_create(&p->w[i].thread, NULL, worker_main, &p->w[i]) !=
-            0) {
+        if (pthread_create(&p->w[i].thread, NULL, worker_main, &p->w[i]) != 0) {
             rv = IDA_ENOMEM;
             join_workers(p);
             atomic_store(&p->started, false);

@@ -66,14 +66,21 @@
  * that calls uv_async_send()); that thread drains the inbox with
  * ida_pool_external_pop().
  *
- * Stop: ida_pool_stop() asks the workers to stop, wakes and joins them. Then,
- * with IDA_POOL_STOP_DRAIN, it delivers the messages still queued for
- * processors on the calling thread (receive() is still called exclusively;
- * ping() is not), until every inbox is empty or drain_max messages were
- * delivered; whatever is left is dropped (freed with ida_msg_free()) by
- * ida_pool_close(). With IDA_POOL_STOP_DROP nothing more is delivered.
- * Messages waiting in external inboxes are left for their consumer until
- * ida_pool_close(), which frees them.
+ * Stop: ida_pool_stop() asks the workers to stop, wakes and joins them (a
+ * worker finishes the receive() it is in; a processor blocked for good would
+ * block the stop). Then, with IDA_POOL_STOP_DRAIN, it delivers the messages
+ * still queued for processors on the calling thread (receive() is still
+ * called exclusively and may send; ping() is not called), until every inbox
+ * is empty or drain_max messages were delivered. Whatever is still queued for
+ * processors after that, or at once with IDA_POOL_STOP_DROP, is freed with
+ * ida_msg_free() and counted in ida_pool_stats.dropped. Messages waiting in
+ * external inboxes stay for their consumer until ida_pool_close(), which
+ * frees them (also counted as dropped). A post that races with the start of
+ * a stop may still be accepted; it is then delivered by the drain or dropped.
+ *
+ * Threads: ida_pool_new/add/start/stop/close from one controlling thread;
+ * ida_pool_post() and ida_pool_external_pop() from any thread between start
+ * and stop; ida_send() and ida_sender_error() only inside callbacks.
  */
 #ifndef IDA_POOL_POOL_H
 #define IDA_POOL_POOL_H
@@ -85,8 +92,8 @@
 #include "src/pool/queue.h"
 
 /* The sender id of messages posted from outside the pool. */
-#define IDA_POOL_OUTSIDE UINT32_MAX
-#define IDA_POOL_THREADS_MAX   64
+#define IDA_POOL_OUTSIDE        UINT32_MAX
+#define IDA_POOL_THREADS_MAX    64
 #define IDA_POOL_PROCESSORS_MAX 1024
 
 /* A message: a small header and @len bytes of payload, in one allocation.
@@ -193,10 +200,12 @@ int ida_pool_start(struct ida_pool *p);
 /* Number of worker threads (valid after start). */
 uint32_t ida_pool_threads(const struct ida_pool *p);
 
-/* Send @msg to processor or external target @to from inside a callback.
- * Returns 0 (ownership passed), IDA_EBUSY (target inbox full: back-pressure,
- * @msg still the caller's), IDA_EINVAL (no such target), IDA_ESTOPPED (pool
- * stopping; only from drain at stop, @msg still the caller's). */
+/* Send @msg to processor or external target @to from inside a callback
+ * (@msg->from is set to the sender's id). Returns 0 (ownership passed),
+ * IDA_EBUSY (target inbox full: back-pressure, @msg still the caller's; the
+ * caller retries later, drops, or answers "busy" upstream), IDA_EINVAL (no
+ * such target, @msg still the caller's). Lock-free; wakes the target's worker
+ * if it sleeps, or calls an external target's notify callback. */
 int ida_send(struct ida_sender *s, uint32_t to, struct ida_msg *msg);
 
 /* Send from any thread that is not running a processor (from = OUTSIDE).
@@ -220,10 +229,10 @@ void ida_pool_close(struct ida_pool *p);
 /* Counters for tests and status (approximate while running). */
 struct ida_pool_stats
 {
-    uint64_t reshards;     /* assignments switched to */
-    uint64_t delivered;    /* receive() calls */
-    uint64_t pings;        /* ping() calls */
-    uint64_t dropped;      /* messages freed undelivered at stop/close */
+    uint64_t reshards;  /* assignments switched to */
+    uint64_t delivered; /* receive() calls */
+    uint64_t pings;     /* ping() calls */
+    uint64_t dropped;   /* messages freed undelivered at stop/close */
 };
 void ida_pool_get_stats(struct ida_pool *p, struct ida_pool_stats *out);
 

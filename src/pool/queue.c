@@ -50,8 +50,8 @@ static uint32_t free_pop(struct ida_queue *q)
         }
         /* May read a node another thread just popped and reused: the tag
          * on free_top makes the CAS below fail in that case. */
-        uint32_t next = atomic_load_explicit(&q->nodes[i].free_next,
-                                             memory_order_relaxed);
+        uint32_t next =
+            atomic_load_explicit(&q->nodes[i].free_next, memory_order_relaxed);
         if (atomic_compare_exchange_weak_explicit(
                 &q->free_top, &top, pack(next, tag_of(top) + 1),
                 memory_order_acq_rel, memory_order_acquire)) {
@@ -172,10 +172,9 @@ int ida_queue_push(struct ida_queue *q, void *item)
                 memory_order_release, memory_order_relaxed);
         }
     }
-    atomic_compare_exchange_strong_explicit(&q->tail, &tail,
-                                            pack(n, tag_of(tail) + 1),
-                                            memory_order_release,
-                                            memory_order_relaxed);
+    atomic_compare_exchange_strong_explicit(
+        &q->tail, &tail, pack(n, tag_of(tail) + 1), memory_order_release,
+        memory_order_relaxed);
     return 0;
 }
 

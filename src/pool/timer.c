@@ -61,8 +61,7 @@ static void wind_up(struct ida_ptimer *t)
         int64_t scaled =
             (int64_t)((double)IDA_PTIMER_MIN_CLOCK_PERIOD_NS / (double)passed *
                       (double)t->last_wind_up_counter);
-        next_counter =
-            max64(1, min64(scaled, IDA_PTIMER_MAX_WIND_UP_STEPS));
+        next_counter = max64(1, min64(scaled, IDA_PTIMER_MAX_WIND_UP_STEPS));
     }
     t->wind_up_balance += passed;
     /* Solves step = passed/last + (balance - step)/next: the next @next

@@ -47,7 +47,8 @@ static double cpu_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* --- 1. queues ---------------------------------------------------------------- */
+/* --- 1. queues
+ * ---------------------------------------------------------------- */
 
 struct qrun
 {
@@ -157,8 +158,8 @@ static double bench_queue(bool lockfree, int pairs, uint64_t msgs)
     qr.per_producer = msgs / (uint64_t)pairs;
     qr.total = qr.per_producer * (uint64_t)pairs;
     qr.producers = pairs;
-    int rv = lockfree ? ida_queue_init(&qr.lf, 1024)
-                      : ida_mqueue_init(&qr.mx, 1024);
+    int rv =
+        lockfree ? ida_queue_init(&qr.lf, 1024) : ida_mqueue_init(&qr.mx, 1024);
     if (rv != 0) {
         fprintf(stderr, "queue init: %s\n", idalloc_strerror(rv));
         exit(1);
@@ -181,8 +182,8 @@ static double bench_queue(bool lockfree, int pairs, uint64_t msgs)
         pthread_join(th[i], NULL);
     }
     double secs = now_s() - t0, cpu = cpu_s() - c0;
-    uint64_t expect = (uint64_t)pairs * qr.per_producer *
-                      (qr.per_producer + 1) / 2;
+    uint64_t expect =
+        (uint64_t)pairs * qr.per_producer * (qr.per_producer + 1) / 2;
     if (atomic_load(&qr.checksum) != expect ||
         atomic_load(&qr.popped) != qr.total) {
         fprintf(stderr, "queue bench: checksum mismatch: lost or duplicated\n");
@@ -194,11 +195,12 @@ static double bench_queue(bool lockfree, int pairs, uint64_t msgs)
         ida_mqueue_close(&qr.mx, NULL, NULL);
     }
     double ops = (double)qr.total / secs;
-    printf("  %-9s %d+%d  %5.2f s  cpu %5.2f s  %6.2f M msgs/s"
-           "  (full retries %lu, empty retries %lu)\n",
-           lockfree ? "lock-free" : "mutex", pairs, pairs, secs, cpu,
-           ops / 1e6, (unsigned long)atomic_load(&qr.full_retries),
-           (unsigned long)atomic_load(&qr.empty_retries));
+    printf(
+        "  %-9s %d+%d  %5.2f s  cpu %5.2f s  %6.2f M msgs/s"
+        "  (full retries %lu, empty retries %lu)\n",
+        lockfree ? "lock-free" : "mutex", pairs, pairs, secs, cpu, ops / 1e6,
+        (unsigned long)atomic_load(&qr.full_retries),
+        (unsigned long)atomic_load(&qr.empty_retries));
     return ops;
 }
 
@@ -221,9 +223,10 @@ static void bench_queues(void)
     if (env != NULL) {
         msgs = strtoull(env, NULL, 10);
     }
-    printf("1. queues (seed 004 section 2.5): %lu messages per run, "
-           "capacity 1024\n",
-           (unsigned long)msgs);
+    printf(
+        "1. queues (seed 004 section 2.5): %lu messages per run, "
+        "capacity 1024\n",
+        (unsigned long)msgs);
     /* The machine is shared: alternate the two kinds and keep the median
      * of three runs of each. */
     for (int pairs = 1; pairs <= 2; pairs++) {
@@ -233,13 +236,15 @@ static void bench_queues(void)
             mx[rep] = bench_queue(false, pairs, msgs);
         }
         double lfm = median3(lf), mxm = median3(mx);
-        printf("  => %d+%d median lock-free %.2f M/s, mutex %.2f M/s, "
-               "ratio lock-free/mutex = %.2f\n",
-               pairs, pairs, lfm / 1e6, mxm / 1e6, lfm / mxm);
+        printf(
+            "  => %d+%d median lock-free %.2f M/s, mutex %.2f M/s, "
+            "ratio lock-free/mutex = %.2f\n",
+            pairs, pairs, lfm / 1e6, mxm / 1e6, lfm / mxm);
     }
 }
 
-/* --- 2. round trip ---------------------------------------------------------- */
+/* --- 2. round trip ----------------------------------------------------------
+ */
 
 #define RTT_SAMPLES 20000
 
@@ -319,14 +324,16 @@ static void bench_rtt(uint32_t idle_wait_us)
     ida_msg_free(m);
     ida_pool_close(p);
     qsort(rtt_a.samples, RTT_SAMPLES, sizeof(int64_t), cmp_i64);
-    printf("  idle_wait_us=%-5u round trip over %d: median %.1f us, "
-           "p99 %.1f us, max %.1f us\n",
-           idle_wait_us, RTT_SAMPLES, rtt_a.samples[RTT_SAMPLES / 2] / 1e3,
-           rtt_a.samples[RTT_SAMPLES * 99 / 100] / 1e3,
-           rtt_a.samples[RTT_SAMPLES - 1] / 1e3);
+    printf(
+        "  idle_wait_us=%-5u round trip over %d: median %.1f us, "
+        "p99 %.1f us, max %.1f us\n",
+        idle_wait_us, RTT_SAMPLES, rtt_a.samples[RTT_SAMPLES / 2] / 1e3,
+        rtt_a.samples[RTT_SAMPLES * 99 / 100] / 1e3,
+        rtt_a.samples[RTT_SAMPLES - 1] / 1e3);
 }
 
-/* --- 3. ring ------------------------------------------------------------------ */
+/* --- 3. ring
+ * ------------------------------------------------------------------ */
 
 struct ring_node
 {
@@ -391,14 +398,15 @@ static void bench_ring(uint32_t threads, uint32_t reshard_ms)
     struct ida_pool_stats st;
     ida_pool_get_stats(p, &st);
     ida_pool_close(p);
-    printf("  threads=%u resharding=%-4s %lu deliveries in %.2f s: "
-           "%.2f M msgs/s (%lu reshards)\n",
-           threads, reshard_ms ? "on" : "off", (unsigned long)st.delivered,
-           secs, (double)st.delivered / secs / 1e6,
-           (unsigned long)st.reshards);
+    printf(
+        "  threads=%u resharding=%-4s %lu deliveries in %.2f s: "
+        "%.2f M msgs/s (%lu reshards)\n",
+        threads, reshard_ms ? "on" : "off", (unsigned long)st.delivered, secs,
+        (double)st.delivered / secs / 1e6, (unsigned long)st.reshards);
 }
 
-/* --- 4. timers --------------------------------------------------------------- */
+/* --- 4. timers ---------------------------------------------------------------
+ */
 
 static void bench_timers(void)
 {
@@ -424,13 +432,15 @@ static void bench_timers(void)
         sink += ida_sftimer_finish(&sf);
     }
     double sf_ns = (now_s() - t0) / n * 1e9;
-    printf("4. timers: periodic timer %.2f ns/call, clock_gettime(MONOTONIC) "
-           "%.2f ns/call, ratio %.2f; start+finish pair %.2f ns "
-           "(checksum %ld)\n",
-           timer_ns, clock_ns, clock_ns / timer_ns, sf_ns, (long)(sink & 1));
+    printf(
+        "4. timers: periodic timer %.2f ns/call, clock_gettime(MONOTONIC) "
+        "%.2f ns/call, ratio %.2f; start+finish pair %.2f ns "
+        "(checksum %ld)\n",
+        timer_ns, clock_ns, clock_ns / timer_ns, sf_ns, (long)(sink & 1));
 }
 
-/* --- 5. allocator ------------------------------------------------------------ */
+/* --- 5. allocator ------------------------------------------------------------
+ */
 
 /* The message pattern of one processor: a window of live buffers of mixed
  * sizes, allocated and freed on one thread. */
@@ -480,10 +490,11 @@ static void bench_alloc(void)
     double fl_ns = alloc_pattern(true, &fl);
     ida_flalloc_close(&fl);
     double m_ns = alloc_pattern(false, NULL);
-    printf("5. allocator (alloc+free pair, 16-512 B, 256 live, one thread): "
-           "free-list %.2f ns, glibc malloc %.2f ns, ratio malloc/free-list "
-           "%.2f\n",
-           fl_ns, m_ns, m_ns / fl_ns);
+    printf(
+        "5. allocator (alloc+free pair, 16-512 B, 256 live, one thread): "
+        "free-list %.2f ns, glibc malloc %.2f ns, ratio malloc/free-list "
+        "%.2f\n",
+        fl_ns, m_ns, m_ns / fl_ns);
 }
 
 int main(void)

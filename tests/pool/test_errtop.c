@@ -9,7 +9,8 @@
 #include "idalloc_errors.h"
 #include "src/pool/errtop.h"
 
-/* --- fixture ---------------------------------------------------------------- */
+/* --- fixture ----------------------------------------------------------------
+ */
 
 static char dir[64];
 static char path[128];
@@ -36,7 +37,8 @@ static void teardown(void)
 
 TestSuite(errtop, .init = setup, .fini = teardown);
 
-/* --- tests ------------------------------------------------------------------ */
+/* --- tests ------------------------------------------------------------------
+ */
 
 Test(errtop, counts_distinct_errors)
 {

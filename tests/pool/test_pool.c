@@ -15,7 +15,8 @@
 #include "idalloc_errors.h"
 #include "src/pool/pool.h"
 
-/* --- fixture ---------------------------------------------------------------- */
+/* --- fixture ----------------------------------------------------------------
+ */
 
 static struct ida_pool *pool;
 
@@ -48,8 +49,8 @@ struct node
     _Atomic int in_use;
     uint64_t received; /* plain on purpose: the processor's own state */
     uint64_t hops_sum;
-    uint32_t next;     /* where to forward */
-    uint32_t sink;     /* external target for finished tokens */
+    uint32_t next; /* where to forward */
+    uint32_t sink; /* external target for finished tokens */
 };
 
 static struct node nodes[PROCS_MAX];
@@ -73,7 +74,8 @@ static void leave(struct node *n)
     atomic_store(&n->in_use, 0);
 }
 
-static void forward_receive(void *state, struct ida_msg *msg,
+static void forward_receive(void *state,
+                            struct ida_msg *msg,
                             struct ida_sender *s)
 {
     struct node *n = state;
@@ -100,8 +102,7 @@ static void forward_receive(void *state, struct ida_msg *msg,
 
 static const struct ida_proc_ops forward_ops = {forward_receive, NULL};
 
-static uint32_t add_forwarders(uint32_t count, uint32_t *sink_out,
-                               bool ring)
+static uint32_t add_forwarders(uint32_t count, uint32_t *sink_out, bool ring)
 {
     uint32_t sink;
     cr_assert_eq(ida_pool_add_external(pool, 1u << 16, NULL, NULL, &sink), 0);
@@ -161,7 +162,8 @@ static uint64_t collect(uint32_t sink, uint64_t count)
     return hops;
 }
 
-/* --- tests ------------------------------------------------------------------ */
+/* --- tests ------------------------------------------------------------------
+ */
 
 TestSuite(pool, .fini = teardown);
 
@@ -194,9 +196,13 @@ Test(pool, chain_totals_are_exact)
 /* The ring runs in rounds while the pool reshards every millisecond with a
  * planner that moves every processor to another thread each time; rounds go
  * on until at least 20 switches happened. */
-static void rotate_plan(void *arg, uint32_t nproc, const uint64_t *proc_ns,
-                        const uint64_t *edge_ns, uint32_t nthreads,
-                        const uint32_t *old_assign, uint32_t *new_assign)
+static void rotate_plan(void *arg,
+                        uint32_t nproc,
+                        const uint64_t *proc_ns,
+                        const uint64_t *edge_ns,
+                        uint32_t nthreads,
+                        const uint32_t *old_assign,
+                        uint32_t *new_assign)
 {
     (void)arg;
     (void)proc_ns;
@@ -206,8 +212,7 @@ static void rotate_plan(void *arg, uint32_t nproc, const uint64_t *proc_ns,
     }
 }
 
-static void check_ring_while_resharding(ida_pool_plan_fn plan,
-                                        uint32_t threads)
+static void check_ring_while_resharding(ida_pool_plan_fn plan, uint32_t threads)
 {
     struct ida_pool_config cfg = {0};
     cfg.threads = threads;
@@ -293,8 +298,7 @@ Test(pool, bad_arguments_are_refused)
     struct ida_proc_config ok = {"x", &forward_ops, &nodes[0], 0, 0};
     cr_assert_eq(ida_pool_add(pool, &ok, &id), 0);
     struct ida_msg *m = new_token(0);
-    cr_assert_eq(ida_pool_post(pool, id + 5, m), IDA_EINVAL,
-                 "no such target");
+    cr_assert_eq(ida_pool_post(pool, id + 5, m), IDA_EINVAL, "no such target");
     ida_msg_free(m); /* still ours after an error */
     cr_assert_eq(ida_pool_start(pool), 0);
     cr_assert_eq(ida_pool_start(pool), IDA_EINVAL, "already started");
@@ -303,7 +307,8 @@ Test(pool, bad_arguments_are_refused)
 
 /* A processor that counts, for stop modes and back-pressure. */
 static _Atomic uint64_t counted;
-static void count_receive(void *state, struct ida_msg *msg,
+static void count_receive(void *state,
+                          struct ida_msg *msg,
                           struct ida_sender *s)
 {
     (void)state;
@@ -348,8 +353,8 @@ Test(pool, stop_drain_delivers_everything_queued)
     }
     ida_pool_stop(pool, IDA_POOL_STOP_DRAIN);
     cr_assert_eq(atomic_load(&counted), 20000);
-    cr_assert_eq(ida_pool_post(pool, a, (struct ida_msg *)&c),
-                 IDA_ESTOPPED, "posts after stop are refused");
+    cr_assert_eq(ida_pool_post(pool, a, (struct ida_msg *)&c), IDA_ESTOPPED,
+                 "posts after stop are refused");
     struct ida_pool_stats st;
     ida_pool_get_stats(pool, &st);
     cr_assert_eq(st.delivered, 20000);
@@ -383,8 +388,7 @@ static void notify_cb(void *arg)
     atomic_fetch_add(&notified, 1);
 }
 
-static void echo_receive(void *state, struct ida_msg *msg,
-                         struct ida_sender *s)
+static void echo_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
 {
     uint32_t ext = *(uint32_t *)state;
     msg->type = 99;
@@ -461,7 +465,8 @@ static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static bool gate_open;
 static _Atomic bool blocker_inside;
 
-static void blocker_receive(void *state, struct ida_msg *msg,
+static void blocker_receive(void *state,
+                            struct ida_msg *msg,
                             struct ida_sender *s)
 {
     (void)state;
@@ -520,7 +525,8 @@ Test(pool, close_frees_messages_left_in_external_inboxes)
     /* Never started; teardown's close must free the 5 (valgrind/ASan). */
 }
 
-/* --- the greedy plan (pure function) ---------------------------------------- */
+/* --- the greedy plan (pure function) ----------------------------------------
+ */
 
 Test(plan, keeps_assignment_without_measurements)
 {
@@ -570,9 +576,11 @@ Test(plan, every_processor_gets_a_thread)
     cr_assert(per[0] >= 1 && per[1] >= 1, "both threads used");
 }
 
-/* --- error top in the pool ----------------------------------------------------- */
+/* --- error top in the pool
+ * ----------------------------------------------------- */
 
-static void failing_receive(void *state, struct ida_msg *msg,
+static void failing_receive(void *state,
+                            struct ida_msg *msg,
                             struct ida_sender *s)
 {
     (void)state;

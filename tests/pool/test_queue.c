@@ -65,14 +65,12 @@ static bool mx_empty(void *q)
     return ida_mqueue_empty(q);
 }
 
-static const struct ops LOCKFREE = {"lock-free", sizeof(struct ida_queue),
-                                    lf_init,     lf_close,
-                                    lf_push,     lf_pop,
-                                    lf_empty};
-static const struct ops MUTEX = {"mutex",  sizeof(struct ida_mqueue),
-                                 mx_init,  mx_close,
-                                 mx_push,  mx_pop,
-                                 mx_empty};
+static const struct ops LOCKFREE = {
+    "lock-free", sizeof(struct ida_queue), lf_init, lf_close, lf_push, lf_pop,
+    lf_empty};
+static const struct ops MUTEX = {
+    "mutex", sizeof(struct ida_mqueue), mx_init, mx_close, mx_push, mx_pop,
+    mx_empty};
 
 /* Items are tagged integers (the queue never dereferences them). */
 static void *item_of(uint32_t producer, uint32_t seq)
@@ -112,8 +110,7 @@ static void check_fifo_and_bound(const struct ops *o)
             void *it = o->pop(q);
             cr_assert_eq(seq_of(it), round * 3 + i, "%s: FIFO", o->name);
         }
-        cr_assert_null(o->pop(q), "%s: the refused item never got in",
-                       o->name);
+        cr_assert_null(o->pop(q), "%s: the refused item never got in", o->name);
         cr_assert(o->empty(q));
     }
     o->close(q, NULL, NULL);
@@ -244,7 +241,8 @@ static void *consumer_main(void *arg)
 
 static struct run run; /* fixture: big, so static */
 
-static void check_mpmc(const struct ops *o, uint32_t producers,
+static void check_mpmc(const struct ops *o,
+                       uint32_t producers,
                        uint32_t consumers)
 {
     _Alignas(64) unsigned char mem[256];

@@ -8,7 +8,8 @@
 
 #include "src/pool/timer.h"
 
-/* --- helpers ---------------------------------------------------------------- */
+/* --- helpers ----------------------------------------------------------------
+ */
 
 struct vclock
 {
@@ -35,8 +36,11 @@ static int64_t llabs64(int64_t v)
 
 /* Run @calls calls @step_ns apart; return max |sum(returned) - real| seen
  * right after each call, counting from the first call. */
-static int64_t max_error(struct ida_ptimer *t, struct vclock *c,
-                         int64_t step_ns, int calls, int64_t *sum_io,
+static int64_t max_error(struct ida_ptimer *t,
+                         struct vclock *c,
+                         int64_t step_ns,
+                         int calls,
+                         int64_t *sum_io,
                          int64_t start)
 {
     int64_t worst = 0;
@@ -51,7 +55,8 @@ static int64_t max_error(struct ida_ptimer *t, struct vclock *c,
     return worst;
 }
 
-/* --- periodic timer ---------------------------------------------------------- */
+/* --- periodic timer ----------------------------------------------------------
+ */
 
 Test(timer, first_call_returns_the_clock)
 {
@@ -92,8 +97,7 @@ Test(timer, frequent_calls_read_the_clock_rarely_and_stay_close)
     cr_assert_lt(c.reads, 100000 / IDA_PTIMER_MAX_WIND_UP_STEPS + 20,
                  "clock reads: %lu", (unsigned long)c.reads);
     /* Stated bound: within one wind-up period of real time. */
-    cr_assert_leq(err, IDA_PTIMER_MIN_CLOCK_PERIOD_NS, "error %ld",
-                  (long)err);
+    cr_assert_leq(err, IDA_PTIMER_MIN_CLOCK_PERIOD_NS, "error %ld", (long)err);
 }
 
 Test(timer, jittery_calls_stay_within_bound)
@@ -129,8 +133,7 @@ Test(timer, lag_after_a_pause_is_repaid_within_max_steps)
     cr_assert_gt(lag, 9000000, "the timer cannot know before a wind-up");
     /* Each wind-up repays all but about 1/(counter + 1) of the lag, so after
      * four wind-up periods it is back within the bound. */
-    (void)max_error(&t, &c, 50, 4 * IDA_PTIMER_MAX_WIND_UP_STEPS, &sum,
-                    start);
+    (void)max_error(&t, &c, 50, 4 * IDA_PTIMER_MAX_WIND_UP_STEPS, &sum, start);
     int64_t after = llabs64((c.now - start) - sum);
     cr_assert_leq(after, 2 * IDA_PTIMER_MIN_CLOCK_PERIOD_NS, "error %ld",
                   (long)after);
@@ -148,7 +151,8 @@ Test(timer, every_value_is_at_least_the_minimum)
     }
 }
 
-/* --- start-finish, waiting, periodic clock ----------------------------------- */
+/* --- start-finish, waiting, periodic clock -----------------------------------
+ */
 
 Test(timer, start_finish_measures_blocks)
 {
