@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ida/heap.h"
 #include "idalloc_errors.h"
 #include "src/pool/pool.h"
 
@@ -625,4 +626,49 @@ Test(pool, processor_errors_reach_the_workers_error_top_file)
     cr_assert_eq(out[0].count, 7);
     unlink(path);
     rmdir(dir);
+}
+
+/* --- allocation failures
+ * ------------------------------------------------------ */
+
+/* Fail the Nth allocation of new + add + add_external + start for every N:
+ * each call returns IDA_ENOMEM or succeeds, and close releases whatever was
+ * built (ASan and valgrind check that nothing leaks). */
+Test(pool, every_allocation_failure_is_reported_and_cleaned_up)
+{
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/tmp/ida-pool-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    int successes = 0, failures = 0;
+    for (int n = 0; n < 120; n++) {
+        struct ida_pool_config cfg = {0};
+        cfg.threads = 2;
+        cfg.errtop_dir = dir;
+        struct ida_pool *p = NULL;
+        ida_heap_fault_set(n, 1);
+        int rv = ida_pool_new(&cfg, &p);
+        uint32_t id;
+        struct ida_proc_config c = {"count", &count_ops, NULL, 8, 0};
+        for (int i = 0; rv == 0 && i < 3; i++) {
+            rv = ida_pool_add(p, &c, &id);
+        }
+        if (rv == 0) {
+            rv = ida_pool_add_external(p, 8, NULL, NULL, &id);
+        }
+        if (rv == 0) {
+            rv = ida_pool_start(p);
+        }
+        ida_heap_fault_set(0, 0);
+        cr_assert(rv == 0 || rv == IDA_ENOMEM, "n=%d rv=%d", n, rv);
+        if (rv == 0) {
+            successes++;
+            cr_assert_eq(ida_pool_threads(p), 2);
+        } else {
+            failures++;
+        }
+        ida_pool_close(p);
+    }
+    cr_assert_gt(successes, 0);
+    cr_assert_gt(failures, 10, "the walk reached many allocation sites");
+    cr_assert_eq(rmdir(dir), 0, "no file left behind");
 }
