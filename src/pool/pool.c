@@ -496,7 +496,7 @@ static void idle_wait(struct worker *w)
     atomic_store(&w->sleeping, 1);
     if (my_inboxes_empty(w) && !atomic_load(&p->stopping)) {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
         int64_t ns = ts.tv_nsec + (int64_t)p->cfg.idle_wait_us * 1000;
         ts.tv_sec += (time_t)(ns / 1000000000);
         ts.tv_nsec = (long)(ns % 1000000000);
@@ -611,7 +611,17 @@ static int init_worker(struct ida_pool *p, struct worker *w, uint32_t i)
     if (pthread_mutex_init(&w->mu, NULL) != 0) {
         return IDA_ENOMEM;
     }
-    if (pthread_cond_init(&w->cv, NULL) != 0) {
+    /* Timed waits on CLOCK_MONOTONIC: a wall-clock step must not turn the
+     * bounded idle wait into a long sleep. */
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0) {
+        pthread_mutex_destroy(&w->mu);
+        return IDA_ENOMEM;
+    }
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&w->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    if (rc != 0) {
         pthread_mutex_destroy(&w->mu);
         return IDA_ENOMEM;
     }
