@@ -9,3 +9,17 @@
 $(BUILD)/bench/bench_pool: $(BUILD)/obj/tests/pool/bench_pool.o $(LIBIDA)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+# The same for the queue stress program (pattern rule $(BUILD)/prog/%).
+$(BUILD)/prog/qstress: $(BUILD)/obj/tests/pool/qstress_main.o $(LIBIDA)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+# make pool-stress [POOL_STRESS_SECONDS=n]: long stress of the lock-free
+# queue (rounds of P producers x C consumers on tiny queues, exact counts,
+# livelock watchdog). Also run by `make chaos`.
+POOL_STRESS_SECONDS ?= 20
+.PHONY: pool-stress
+pool-stress: $(BUILD)/prog/qstress
+	$(BUILD)/prog/qstress $(POOL_STRESS_SECONDS)
+CHAOS_EXTRA += pool-stress

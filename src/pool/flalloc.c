@@ -45,10 +45,7 @@ _Static_assert(sizeof(struct ida__flsegment) % ALIGN == 0, "segment aligned");
 static unsigned level_of(size_t size)
 {
     IDA_ASSERT(size > 0);
-    unsigned l = 0;
-    while (size >>= 1) {
-        l++;
-    }
+    unsigned l = 63u - (unsigned)__builtin_clzll((unsigned long long)size);
     return l < IDA_FLALLOC_LEVELS ? l : IDA_FLALLOC_LEVELS - 1;
 }
 

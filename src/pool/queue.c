@@ -183,26 +183,31 @@ void *ida_queue_pop(struct ida_queue *q)
     uint64_t head;
     void *item;
     for (;;) {
+        /* Read head, tail and head->next, then check head did not change:
+         * only then do the three form a consistent snapshot (head was the
+         * dummy all along, so tail was at or after it and next is its real
+         * successor). Reading tail after the check is wrong: head may have
+         * moved and its node been recycled as the new last node, and
+         * "helping" would then move tail backwards onto a freed node. */
         head = atomic_load_explicit(&q->head, memory_order_acquire);
+        uint64_t tail = atomic_load_explicit(&q->tail, memory_order_acquire);
         struct ida__qnode *h = &q->nodes[idx_of(head)];
         uint64_t next = atomic_load_explicit(&h->next, memory_order_seq_cst);
         if (head != atomic_load_explicit(&q->head, memory_order_acquire)) {
             continue;
         }
-        /* @head was the dummy while @next was read: NIL means empty. Reading
-         * tail only now keeps the empty case off the producers' line. */
-        if (idx_of(next) == NIL) {
-            return NULL;
-        }
-        uint64_t tail = atomic_load_explicit(&q->tail, memory_order_acquire);
         if (idx_of(head) == idx_of(tail)) {
+            if (idx_of(next) == NIL) {
+                return NULL;
+            }
             /* Tail lags behind the node just linked: move it first, so head
-             * never passes tail (tail would point at a freed node). */
+             * never passes tail. */
             atomic_compare_exchange_strong_explicit(
                 &q->tail, &tail, pack(idx_of(next), tag_of(tail) + 1),
                 memory_order_release, memory_order_relaxed);
             continue;
         }
+        IDA_ASSERT(idx_of(next) != NIL); /* head != tail: not the last */
         /* Read before the CAS: once head moves, the next node is the new
          * dummy and may be recycled by the next pop. */
         item = atomic_load_explicit(&q->nodes[idx_of(next)].value,

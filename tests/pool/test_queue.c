@@ -241,9 +241,10 @@ static void *consumer_main(void *arg)
 
 static struct run run; /* fixture: big, so static */
 
-static void check_mpmc(const struct ops *o,
-                       uint32_t producers,
-                       uint32_t consumers)
+static void check_mpmc_cap(const struct ops *o,
+                           uint32_t producers,
+                           uint32_t consumers,
+                           uint32_t capacity)
 {
     _Alignas(64) unsigned char mem[256];
     run.o = o;
@@ -253,7 +254,7 @@ static void check_mpmc(const struct ops *o,
     atomic_store(&run.popped, 0);
     /* A small capacity keeps the queue full often: back-pressure and node
      * recycling under contention are what is being tested. */
-    cr_assert_eq(o->init(run.q, 64), 0);
+    cr_assert_eq(o->init(run.q, capacity), 0);
     pthread_t th[2 * PRODUCERS_MAX];
     struct worker_arg args[2 * PRODUCERS_MAX];
     uint32_t n = 0;
@@ -280,6 +281,29 @@ static void check_mpmc(const struct ops *o,
     }
     cr_assert_null(o->pop(run.q), "nothing extra");
     o->close(run.q, NULL, NULL);
+}
+
+static void check_mpmc(const struct ops *o,
+                       uint32_t producers,
+                       uint32_t consumers)
+{
+    check_mpmc_cap(o, producers, consumers, 64);
+}
+
+/* Capacity 2: every node is recycled all the time, with more threads than
+ * cores, so a thread is often preempted mid-operation while its node is
+ * reused (the ABA and "tail behind head" cases). */
+Test(queue, lockfree_stress_tiny_capacity_4_producers_4_consumers)
+{
+    check_mpmc_cap(&LOCKFREE, 4, 4, 2);
+}
+Test(queue, lockfree_stress_tiny_capacity_8_producers_1_consumer)
+{
+    check_mpmc_cap(&LOCKFREE, 8, 1, 1);
+}
+Test(queue, mutex_stress_tiny_capacity_4_producers_4_consumers)
+{
+    check_mpmc_cap(&MUTEX, 4, 4, 2);
 }
 
 Test(queue, lockfree_1_producer_1_consumer)
