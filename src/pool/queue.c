@@ -180,6 +180,11 @@ int ida_queue_push(struct ida_queue *q, void *item)
 
 void *ida_queue_pop(struct ida_queue *q)
 {
+    /* Fast "empty": a consumer polling an empty queue then touches neither
+     * tail nor the free list, the lines producers write. */
+    if (ida_queue_empty(q)) {
+        return NULL;
+    }
     uint64_t head;
     void *item;
     for (;;) {
