@@ -6,6 +6,13 @@
 
 #define NIL UINT32_MAX
 
+/* Interleaving points for tests/pool/test_queue_interleave.c, which compiles
+ * this file with a definition that runs other queue operations right there,
+ * as another thread preempting this one could. Nothing in normal builds. */
+#ifndef IDA_QUEUE_HOOK
+#define IDA_QUEUE_HOOK(q, point) ((void)0)
+#endif
+
 /* One cache line per node: a producer filling a node must not steal the
  * line a consumer is reading in the node next to it. */
 struct ida__qnode
@@ -154,10 +161,12 @@ int ida_queue_push(struct ida_queue *q, void *item)
         tail = atomic_load_explicit(&q->tail, memory_order_acquire);
         struct ida__qnode *t = &q->nodes[idx_of(tail)];
         uint64_t next = atomic_load_explicit(&t->next, memory_order_acquire);
+        IDA_QUEUE_HOOK(q, "push_snapshot");
         if (tail != atomic_load_explicit(&q->tail, memory_order_acquire)) {
             continue;
         }
         if (idx_of(next) == NIL) {
+            IDA_QUEUE_HOOK(q, "push_before_link");
             /* Linking is the linearization point; seq_cst so the pool's
              * "announce sleep, then check empty" protocol sees it. */
             if (atomic_compare_exchange_weak_explicit(
@@ -198,6 +207,7 @@ void *ida_queue_pop(struct ida_queue *q)
         uint64_t tail = atomic_load_explicit(&q->tail, memory_order_acquire);
         struct ida__qnode *h = &q->nodes[idx_of(head)];
         uint64_t next = atomic_load_explicit(&h->next, memory_order_seq_cst);
+        IDA_QUEUE_HOOK(q, "pop_snapshot");
         if (head != atomic_load_explicit(&q->head, memory_order_acquire)) {
             continue;
         }
@@ -217,6 +227,7 @@ void *ida_queue_pop(struct ida_queue *q)
          * dummy and may be recycled by the next pop. */
         item = atomic_load_explicit(&q->nodes[idx_of(next)].value,
                                     memory_order_relaxed);
+        IDA_QUEUE_HOOK(q, "pop_before_cas");
         if (atomic_compare_exchange_weak_explicit(
                 &q->head, &head, pack(idx_of(next), tag_of(head) + 1),
                 memory_order_acq_rel, memory_order_relaxed)) {
