@@ -52,9 +52,16 @@
  * Blocking processors: a receive() may block (the storage processor waits in
  * fsync for milliseconds). The pool tolerates it: the other workers keep
  * running their own processors; only the processors assigned to the same
- * worker wait, and the next reshard moves them away from a worker whose
- * processor is heavy (its blocked time counts as its load). A resharding is
- * delayed until the blocked worker returns and makes its promise.
+ * worker wait, and (with resharding on) the next reshard moves them away from
+ * a worker whose processor is heavy: its blocked time counts as its load, so
+ * the greedy plan gives it a thread of its own once it exceeds the average.
+ * A resharding is delayed until the blocked worker returns and makes its
+ * promise. A custom plan (ida_pool_config.plan) can pin such a processor.
+ *
+ * Back-pressure inside callbacks: never wait in a callback for a full inbox
+ * to drain (IDA_EBUSY). The target may be assigned to the same worker, which
+ * cannot run it while the callback waits: a deadlock. Keep the message and
+ * retry on a later receive() or ping(), or answer "busy" upstream.
  *
  * Periodic calls: a processor with ping_interval_us > 0 gets ping() about
  * every ping_interval_us (checked on every loop of its worker, so late by at
