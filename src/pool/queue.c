@@ -46,21 +46,76 @@ static inline uint32_t tag_of(uint64_t link)
     return (uint32_t)(link >> 32);
 }
 
-/* Treiber stack pop of a free node; NIL when none is free. */
-static uint32_t free_pop(struct ida_queue *q)
+/* Free nodes live on two tagged Treiber stacks: consumers push the nodes
+ * they free onto free_top, producers pop from alloc_top, and a producer that
+ * finds alloc_top empty takes the whole free_top stack at once. So in the
+ * steady state the two sides do not write the same stack word for every
+ * message (one shared free list cost a cache-line transfer per operation).
+ * Price: while one producer moves a stack over (a few instructions), another
+ * producer may see both stacks empty and report "full" (IDA_EBUSY) early. */
+
+/* Push the private chain @first..(free_next)..NIL onto alloc_top. */
+static void give_back(struct ida_queue *q, uint32_t first)
 {
-    uint64_t top = atomic_load_explicit(&q->free_top, memory_order_acquire);
+    uint32_t last = first;
+    for (;;) {
+        uint32_t next =
+            atomic_load_explicit(&q->nodes[last].free_next, memory_order_relaxed);
+        if (next == NIL) {
+            break;
+        }
+        last = next;
+    }
+    uint64_t top = atomic_load_explicit(&q->alloc_top, memory_order_relaxed);
+    for (;;) {
+        atomic_store_explicit(&q->nodes[last].free_next, idx_of(top),
+                              memory_order_relaxed);
+        if (atomic_compare_exchange_weak_explicit(
+                &q->alloc_top, &top, pack(first, tag_of(top) + 1),
+                memory_order_release, memory_order_relaxed)) {
+            return;
+        }
+    }
+}
+
+/* Take every node consumers freed; returns one of them (the rest go to
+ * alloc_top) or NIL when there is none. */
+static uint32_t take_freed(struct ida_queue *q)
+{
+    uint64_t f = atomic_load_explicit(&q->free_top, memory_order_acquire);
+    do {
+        if (idx_of(f) == NIL) {
+            return NIL;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(
+        &q->free_top, &f, pack(NIL, tag_of(f) + 1), memory_order_acq_rel,
+        memory_order_acquire));
+    /* The chain is now reachable by this thread only. */
+    IDA_QUEUE_HOOK(q, "after_steal");
+    uint32_t mine = idx_of(f);
+    uint32_t rest =
+        atomic_load_explicit(&q->nodes[mine].free_next, memory_order_relaxed);
+    if (rest != NIL) {
+        give_back(q, rest);
+    }
+    return mine;
+}
+
+/* A node for a push; NIL when the queue is full. */
+static uint32_t node_alloc(struct ida_queue *q)
+{
+    uint64_t top = atomic_load_explicit(&q->alloc_top, memory_order_acquire);
     for (;;) {
         uint32_t i = idx_of(top);
         if (i == NIL) {
-            return NIL;
+            return take_freed(q);
         }
-        /* May read a node another thread just popped and reused: the tag
-         * on free_top makes the CAS below fail in that case. */
+        /* May read a node another producer just took and reused: the tag
+         * on alloc_top makes the CAS below fail in that case. */
         uint32_t next =
             atomic_load_explicit(&q->nodes[i].free_next, memory_order_relaxed);
         if (atomic_compare_exchange_weak_explicit(
-                &q->free_top, &top, pack(next, tag_of(top) + 1),
+                &q->alloc_top, &top, pack(next, tag_of(top) + 1),
                 memory_order_acq_rel, memory_order_acquire)) {
             return i;
         }
@@ -122,7 +177,8 @@ int ida_queue_init(struct ida_queue *q, uint32_t capacity)
     q->capacity = capacity;
     atomic_init(&q->head, pack(0, 0));
     atomic_init(&q->tail, pack(0, 0));
-    atomic_init(&q->free_top, pack(n > 1 ? 1 : NIL, 0));
+    atomic_init(&q->alloc_top, pack(n > 1 ? 1 : NIL, 0));
+    atomic_init(&q->free_top, pack(NIL, 0));
     return 0;
 }
 
@@ -144,7 +200,7 @@ void ida_queue_close(struct ida_queue *q,
 int ida_queue_push(struct ida_queue *q, void *item)
 {
     IDA_ASSERT(item != NULL);
-    uint32_t n = free_pop(q);
+    uint32_t n = node_alloc(q);
     if (n == NIL) {
         return IDA_EBUSY;
     }

@@ -11,8 +11,11 @@
  *     32-bit node index plus a 32-bit modification tag packed in one 64-bit
  *     word, so every CAS is a plain 64-bit CAS (no double-width CAS, no
  *     -mcx16, works under TSan and valgrind).
- *   - A dequeued node goes back to a free list (a tagged Treiber stack in the
- *     same array); it is never returned to the heap while the queue lives, so
+ *   - A dequeued node goes back to a free list (tagged Treiber stacks in the
+ *     same array: consumers push onto one, producers pop from another and
+ *     take the consumers' whole stack when theirs runs dry, so the two sides
+ *     do not fight over one word); it is never returned to the heap while
+ *     the queue lives, so
  *     a slow thread that still reads a recycled node reads valid memory, and
  *     the tag makes its CAS fail (no ABA). ida_queue_close() frees the array:
  *     every node is freed.
@@ -32,7 +35,9 @@
  * Capacity (STYLE.md §7, "every queue has a fixed capacity"): the node array
  * holds @capacity + 1 nodes (one is the dummy), so at most @capacity items
  * are queued; a push into a full queue returns IDA_EBUSY and changes nothing:
- * back-pressure, never growth.
+ * back-pressure, never growth. (With several producers, a push may also
+ * return IDA_EBUSY while another producer is moving freed nodes over, a
+ * window of a few instructions; IDA_EBUSY always means "retry later".)
  *
  * struct ida_mqueue is the same contract on a pthread mutex and a ring
  * buffer, kept for the benchmark (tests/pool/bench_pool.c) and as a fallback.
@@ -58,11 +63,12 @@ struct ida__qnode;
 
 struct ida_queue
 {
-    /* Each hot word on its own cache line: producers hit tail, consumers
-     * head, both the free list. */
+    /* Each hot word on its own cache line: producers hit tail and
+     * alloc_top, consumers head and free_top. */
     alignas(64) _Atomic uint64_t head; /* (tag << 32) | node index */
     alignas(64) _Atomic uint64_t tail;
-    alignas(64) _Atomic uint64_t free_top; /* tagged Treiber stack */
+    alignas(64) _Atomic uint64_t alloc_top; /* free nodes for producers */
+    alignas(64) _Atomic uint64_t free_top;  /* nodes freed by consumers */
     alignas(64) struct ida__qnode *nodes;
     uint32_t capacity;
 };

@@ -90,7 +90,7 @@ static uint32_t seq_of(void *item)
 
 static void check_fifo_and_bound(const struct ops *o)
 {
-    _Alignas(64) unsigned char mem[256];
+    _Alignas(64) unsigned char mem[1024];
     cr_assert(o->size <= sizeof(mem));
     void *q = mem;
     cr_assert_eq(o->init(q, 0), IDA_EINVAL, "%s: capacity 0", o->name);
@@ -136,8 +136,9 @@ static void count_free(void *item, void *arg)
  * report a leak otherwise (and the count proves each is handed once). */
 static void check_close_frees(const struct ops *o)
 {
-    _Alignas(64) unsigned char mem[256];
+    _Alignas(64) unsigned char mem[1024];
     void *q = mem;
+    cr_assert(o->size <= sizeof(mem));
     cr_assert_eq(o->init(q, 16), 0);
     for (int i = 0; i < 10; i++) {
         void *p = ida_malloc(32);
@@ -246,8 +247,9 @@ static void check_mpmc_cap(const struct ops *o,
                            uint32_t consumers,
                            uint32_t capacity)
 {
-    _Alignas(64) unsigned char mem[256];
+    _Alignas(64) unsigned char mem[1024];
     run.o = o;
+    cr_assert(o->size <= sizeof(mem));
     run.q = mem;
     run.producers = producers;
     run.consumers = consumers;

@@ -236,3 +236,40 @@ Test(interleave, push_interrupted_while_queue_fills)
     cr_assert_null(ida_queue_pop(&q));
     assert_healthy();
 }
+
+/* --- refilling the producers' free stack ------------------------------------ */
+
+static int nested_rv;
+static void push_during_steal(struct ida_queue *hq)
+{
+    (void)hq;
+    nested_rv = ida_queue_push(&q, it(2));
+}
+
+Test(interleave, push_while_another_producer_moves_freed_nodes)
+{
+    /* Use every node once, so all of them sit on the consumers' stack. */
+    for (uintptr_t i = 0; i < 4; i++) {
+        push_v(100 + i);
+    }
+    for (uintptr_t i = 0; i < 4; i++) {
+        cr_assert_eq(pop_v(), 100 + i);
+    }
+    hook_point = "after_steal";
+    hook_action = push_during_steal;
+    push_v(1);
+    cr_assert_eq(hook_fired, 1);
+    /* The documented window: the nodes are in the first producer's hands,
+     * so the second one is told "full" and keeps its item. */
+    cr_assert_eq(nested_rv, IDA_EBUSY);
+    /* No node was lost: three more fit, then the queue is full. */
+    push_v(2);
+    push_v(3);
+    push_v(4);
+    cr_assert_eq(ida_queue_push(&q, it(5)), IDA_EBUSY);
+    for (uintptr_t i = 1; i <= 4; i++) {
+        cr_assert_eq(pop_v(), i);
+    }
+    cr_assert_null(ida_queue_pop(&q));
+    assert_healthy();
+}
