@@ -59,8 +59,8 @@ static void give_back(struct ida_queue *q, uint32_t first)
 {
     uint32_t last = first;
     for (;;) {
-        uint32_t next =
-            atomic_load_explicit(&q->nodes[last].free_next, memory_order_relaxed);
+        uint32_t next = atomic_load_explicit(&q->nodes[last].free_next,
+                                             memory_order_relaxed);
         if (next == NIL) {
             break;
         }

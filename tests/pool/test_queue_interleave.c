@@ -237,7 +237,8 @@ Test(interleave, push_interrupted_while_queue_fills)
     assert_healthy();
 }
 
-/* --- refilling the producers' free stack ------------------------------------ */
+/* --- refilling the producers' free stack ------------------------------------
+ */
 
 static int nested_rv;
 static void push_during_steal(struct ida_queue *hq)
