@@ -1,0 +1,838 @@
+/* The message-passing pool; the design is in pool.h. */
+#include "src/pool/pool.h"
+
+#include <errno.h>
+#include <stdalign.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ida/assert.h"
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "src/common/log.h"
+
+/* Messages handled per processor per loop, so one busy inbox cannot starve
+ * the worker's other processors. */
+#define BATCH_MAX               64
+#define NONE                    UINT32_MAX
+#define CONF_BIT                31u
+#define COUNT_MASK              ((1u << CONF_BIT) - 1)
+#define ERRTOP_DUMP_INTERVAL_MS 10000
+#define ERRTOP_KEEP_MS          (7LL * 24 * 3600 * 1000)
+
+struct target
+{
+    const char *name;
+    const struct ida_proc_ops *ops; /* NULL for an external target */
+    void *state;
+    ida_pool_notify_fn notify;
+    void *notify_arg;
+    uint32_t ping_interval_us;
+    uint32_t k; /* index among processors (NONE for external) */
+    struct ida_queue inbox;
+    pthread_mutex_t lock;   /* the shard lock: held by the running worker */
+    _Atomic uint32_t owner; /* worker to wake, per the current assignment */
+    atomic_flag running;    /* exclusivity check (asserted) */
+    /* Owned by the processor: touched only by the worker holding @lock. */
+    struct ida_wtimer ping_timer;
+    struct ida_sftimer ping_sf;
+    struct ida_sftimer recv_sf;
+    uint64_t busy_ns; /* since the last switch; written if can_be_updated */
+};
+
+struct worker
+{
+    alignas(64) struct ida_pool *pool;
+    pthread_t thread;
+    bool thread_started;
+    uint32_t index;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    _Atomic int sleeping;
+    /* Thread-local state of the seed's sharder (only this worker's thread
+     * touches it while running). */
+    int local; /* the assignment in use: 0, 1 or -1 (none yet) */
+    bool can_be_updated;
+    bool idle;
+    struct ida_wtimer reshard_timer;
+    bool has_errtop;
+    struct ida_errtop errtop;
+    _Atomic uint64_t delivered;
+    _Atomic uint64_t pings;
+};
+
+struct ida_pool
+{
+    struct ida_pool_config cfg;
+    /* By id; each target allocated alone, since a mutex must not move. */
+    struct target **t;
+    uint32_t n;
+    uint32_t cap;
+    uint32_t *procs; /* processor ids by index k */
+    uint32_t nproc;
+    uint32_t nthreads;
+    struct worker *w;
+    /* Shadow pages: assign[c][k] = worker of processor k in assignment c;
+     * order[c] lists processors grouped by worker, start[c][i] is where
+     * worker i's group begins. */
+    uint32_t *assign[2];
+    uint32_t *order[2];
+    uint32_t *start[2];
+    _Atomic uint32_t shadow; /* bit 31: current assignment; low: promises */
+    uint64_t *edge_ns;       /* [k * nproc + j]: k's receive time from j */
+    uint64_t *scratch_proc;  /* plan input, worker 0 only */
+    _Atomic bool started;
+    _Atomic bool stopping;
+    bool stopped;
+    _Atomic uint64_t reshards;
+    _Atomic uint64_t dropped;
+    _Atomic uint64_t drained;
+};
+
+/* --- messages ------------------------------------------------------------- */
+
+_Static_assert(offsetof(struct ida_msg, data) == 16,
+               "payload starts 16-byte aligned");
+
+struct ida_msg *ida_msg_new(uint32_t type, size_t len)
+{
+    if (len > SIZE_MAX - sizeof(struct ida_msg)) {
+        return NULL;
+    }
+    struct ida_msg *m = ida_malloc(sizeof(*m) + len);
+    if (m == NULL) {
+        return NULL;
+    }
+    m->type = type;
+    m->from = IDA_POOL_OUTSIDE;
+    m->len = len;
+    memset(m->data, 0, len);
+    return m;
+}
+
+void ida_msg_free(struct ida_msg *msg)
+{
+    ida_free(msg);
+}
+
+/* --- setup ---------------------------------------------------------------- */
+
+int ida_pool_new(const struct ida_pool_config *cfg, struct ida_pool **out)
+{
+    IDA_ASSERT(out != NULL);
+    if (cfg == NULL || cfg->threads > IDA_POOL_THREADS_MAX) {
+        return IDA_EINVAL;
+    }
+    struct ida_pool *p = ida_calloc(1, sizeof(*p));
+    if (p == NULL) {
+        return IDA_ENOMEM;
+    }
+    p->cfg = *cfg;
+    if (p->cfg.idle_wait_us == 0) {
+        p->cfg.idle_wait_us = 1000;
+    }
+    if (p->cfg.drain_max == 0) {
+        p->cfg.drain_max = 1000000;
+    }
+    atomic_init(&p->shadow, 0);
+    atomic_init(&p->started, false);
+    atomic_init(&p->stopping, false);
+    atomic_init(&p->reshards, 0);
+    atomic_init(&p->dropped, 0);
+    atomic_init(&p->drained, 0);
+    *out = p;
+    return 0;
+}
+
+static int add_target(struct ida_pool *p,
+                      const struct ida_proc_config *c,
+                      ida_pool_notify_fn notify,
+                      void *notify_arg,
+                      uint32_t capacity,
+                      uint32_t *id_out)
+{
+    if (atomic_load(&p->started) || p->n >= IDA_POOL_PROCESSORS_MAX) {
+        return IDA_EINVAL;
+    }
+    if (capacity == 0) {
+        capacity = IDA_POOL_INBOX_DEFAULT;
+    }
+    if (capacity > IDA_QUEUE_CAPACITY_MAX) {
+        return IDA_EINVAL;
+    }
+    if (p->n == p->cap) {
+        uint32_t cap = p->cap == 0 ? 8 : p->cap * 2;
+        struct target **ts = ida_realloc(p->t, (size_t)cap * sizeof(*ts));
+        if (ts == NULL) {
+            return IDA_ENOMEM;
+        }
+        p->t = ts;
+        p->cap = cap;
+    }
+    struct target *t = ida_calloc(1, sizeof(*t));
+    if (t == NULL) {
+        return IDA_ENOMEM;
+    }
+    int rv = ida_queue_init(&t->inbox, capacity);
+    if (rv != 0) {
+        ida_free(t);
+        return rv;
+    }
+    if (pthread_mutex_init(&t->lock, NULL) != 0) {
+        ida_queue_close(&t->inbox, NULL, NULL);
+        ida_free(t);
+        return IDA_ENOMEM;
+    }
+    if (c != NULL) {
+        t->name = c->name != NULL ? c->name : "processor";
+        t->ops = c->ops;
+        t->state = c->state;
+        t->ping_interval_us = c->ping_interval_us;
+    } else {
+        t->name = "external";
+        t->notify = notify;
+        t->notify_arg = notify_arg;
+    }
+    t->k = NONE;
+    atomic_init(&t->owner, 0);
+    atomic_flag_clear(&t->running);
+    ida_wtimer_init(&t->ping_timer, (int64_t)t->ping_interval_us * 1000, NULL,
+                    NULL);
+    ida_sftimer_init(&t->ping_sf, NULL, NULL);
+    ida_sftimer_init(&t->recv_sf, NULL, NULL);
+    p->t[p->n] = t;
+    *id_out = p->n++;
+    return 0;
+}
+
+int ida_pool_add(struct ida_pool *p,
+                 const struct ida_proc_config *c,
+                 uint32_t *id_out)
+{
+    IDA_ASSERT(p != NULL && id_out != NULL);
+    if (c == NULL || c->ops == NULL || c->ops->receive == NULL) {
+        return IDA_EINVAL;
+    }
+    return add_target(p, c, NULL, NULL, c->inbox_capacity, id_out);
+}
+
+int ida_pool_add_external(struct ida_pool *p,
+                          uint32_t inbox_capacity,
+                          ida_pool_notify_fn notify,
+                          void *notify_arg,
+                          uint32_t *id_out)
+{
+    IDA_ASSERT(p != NULL && id_out != NULL);
+    return add_target(p, NULL, notify, notify_arg, inbox_capacity, id_out);
+}
+
+/* --- assignments ---------------------------------------------------------- */
+
+/* Group processors of assignment @c by worker (counting sort). */
+static void build_order(struct ida_pool *p, int c)
+{
+    uint32_t *start = p->start[c];
+    memset(start, 0, (p->nthreads + 1) * sizeof(*start));
+    for (uint32_t k = 0; k < p->nproc; k++) {
+        IDA_ASSERT(p->assign[c][k] < p->nthreads);
+        start[p->assign[c][k] + 1]++;
+    }
+    for (uint32_t i = 0; i < p->nthreads; i++) {
+        start[i + 1] += start[i];
+    }
+    uint32_t fill[IDA_POOL_THREADS_MAX];
+    memcpy(fill, start, p->nthreads * sizeof(*fill));
+    for (uint32_t k = 0; k < p->nproc; k++) {
+        p->order[c][fill[p->assign[c][k]]++] = k;
+    }
+    IDA_ASSERT(start[p->nthreads] == p->nproc);
+}
+
+/* Worker @w takes the current assignment: release the old processors, then
+ * lock the new ones (the seed's SwitchConfiguration + OnSwitch). Releasing
+ * everything before locking anything is what rules out deadlock. */
+static void switch_assignment(struct worker *w, int cur)
+{
+    struct ida_pool *p = w->pool;
+    if (w->local >= 0) {
+        const uint32_t *ord = p->order[w->local];
+        for (uint32_t i = p->start[w->local][w->index];
+             i < p->start[w->local][w->index + 1]; i++) {
+            pthread_mutex_unlock(&p->t[p->procs[ord[i]]]->lock);
+        }
+    }
+    const uint32_t *ord = p->order[cur];
+    for (uint32_t i = p->start[cur][w->index]; i < p->start[cur][w->index + 1];
+         i++) {
+        uint32_t k = ord[i];
+        struct target *t = p->t[p->procs[k]];
+        pthread_mutex_lock(&t->lock);
+        atomic_store(&t->owner, w->index);
+        /* Fresh statistics for the new period (only this worker writes
+         * processor k's row until the next switch). */
+        t->busy_ns = 0;
+        memset(&p->edge_ns[(size_t)k * p->nproc], 0,
+               p->nproc * sizeof(*p->edge_ns));
+        ida_sftimer_reset(&t->ping_sf);
+        ida_sftimer_reset(&t->recv_sf);
+    }
+    w->local = cur;
+    w->can_be_updated = true;
+    ida_wtimer_reset(&w->reshard_timer);
+    w->idle = false;
+}
+
+static void release_all(struct worker *w)
+{
+    struct ida_pool *p = w->pool;
+    if (w->local < 0) {
+        return;
+    }
+    const uint32_t *ord = p->order[w->local];
+    for (uint32_t i = p->start[w->local][w->index];
+         i < p->start[w->local][w->index + 1]; i++) {
+        pthread_mutex_unlock(&p->t[p->procs[ord[i]]]->lock);
+    }
+    w->local = -1;
+}
+
+/* NoUpdatePromise: stop updating statistics and count in, unless the
+ * assignment already flipped (then this worker switches first). */
+static void promise_no_update(struct worker *w)
+{
+    struct ida_pool *p = w->pool;
+    w->can_be_updated = false;
+    uint32_t s = atomic_load_explicit(&p->shadow, memory_order_acquire);
+    for (;;) {
+        if ((int)(s >> CONF_BIT) != w->local) {
+            return;
+        }
+        IDA_ASSERT((s & COUNT_MASK) < p->nthreads);
+        if (atomic_compare_exchange_weak_explicit(&p->shadow, &s, s + 1,
+                                                  memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            return;
+        }
+    }
+}
+
+/* Reshard, on worker 0 only: when every worker has promised, nobody writes
+ * statistics or reads the spare assignment, so both are ours. */
+static void try_reshard(struct ida_pool *p)
+{
+    uint32_t s = atomic_load_explicit(&p->shadow, memory_order_acquire);
+    if ((s & COUNT_MASK) < p->nthreads) {
+        return;
+    }
+    int cur = (int)(s >> CONF_BIT);
+    int next = !cur;
+    for (uint32_t k = 0; k < p->nproc; k++) {
+        p->scratch_proc[k] = p->t[p->procs[k]]->busy_ns;
+    }
+    if (p->cfg.plan != NULL) {
+        p->cfg.plan(p->cfg.plan_arg, p->nproc, p->scratch_proc, p->edge_ns,
+                    p->nthreads, p->assign[cur], p->assign[next]);
+    } else {
+        ida_pool_plan(p->nproc, p->scratch_proc, p->edge_ns, p->nthreads,
+                      p->assign[cur], p->assign[next]);
+    }
+    build_order(p, next);
+    uint32_t flipped = (uint32_t)next << CONF_BIT;
+    /* Nobody else can change the word now: all have promised. */
+    bool ok = atomic_compare_exchange_strong_explicit(
+        &p->shadow, &s, flipped, memory_order_acq_rel, memory_order_acquire);
+    IDA_ASSERT(ok);
+    atomic_fetch_add_explicit(&p->reshards, 1, memory_order_relaxed);
+}
+
+/* --- running processors --------------------------------------------------- */
+
+static void wake_owner(struct ida_pool *p, struct target *t)
+{
+    if (!atomic_load_explicit(&p->started, memory_order_acquire) ||
+        p->w == NULL) {
+        return;
+    }
+    struct worker *w = &p->w[atomic_load(&t->owner)];
+    /* seq_cst pairs with the sleeper's "sleeping = 1; check inboxes". */
+    if (atomic_load(&w->sleeping)) {
+        pthread_mutex_lock(&w->mu);
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+}
+
+static int deliver(struct ida_pool *p,
+                   uint32_t from,
+                   uint32_t to,
+                   struct ida_msg *msg)
+{
+    IDA_ASSERT(msg != NULL);
+    if (to >= p->n) {
+        return IDA_EINVAL;
+    }
+    struct target *t = p->t[to];
+    msg->from = from;
+    int rv = ida_queue_push(&t->inbox, msg);
+    if (rv != 0) {
+        return rv;
+    }
+    /* From here on @msg belongs to the receiver: do not touch it. */
+    if (t->ops == NULL) {
+        if (t->notify != NULL) {
+            t->notify(t->notify_arg);
+        }
+    } else {
+        wake_owner(p, t);
+    }
+    return 0;
+}
+
+int ida_send(struct ida_sender *s, uint32_t to, struct ida_msg *msg)
+{
+    IDA_ASSERT(s != NULL && s->pool != NULL);
+    return deliver(s->pool, s->self, to, msg);
+}
+
+int ida_pool_post(struct ida_pool *p, uint32_t to, struct ida_msg *msg)
+{
+    IDA_ASSERT(p != NULL);
+    if (atomic_load(&p->stopping)) {
+        return IDA_ESTOPPED;
+    }
+    return deliver(p, IDA_POOL_OUTSIDE, to, msg);
+}
+
+struct ida_msg *ida_pool_external_pop(struct ida_pool *p, uint32_t id)
+{
+    IDA_ASSERT(p != NULL);
+    if (id >= p->n || p->t[id]->ops != NULL) {
+        return NULL;
+    }
+    return ida_queue_pop(&p->t[id]->inbox);
+}
+
+void ida_sender_error(struct ida_sender *s, int code, const char *text)
+{
+    if (s->errtop != NULL) {
+        ida_errtop_add(s->errtop, code, text, 0);
+    }
+}
+
+static int64_t nonneg(int64_t d)
+{
+    return d > 0 ? d : 0;
+}
+
+/* Run processor @k once: ping if due, then up to BATCH_MAX messages.
+ * Returns whether it did anything. Caller holds the processor's lock. */
+static bool run_processor(struct worker *w, uint32_t k)
+{
+    struct ida_pool *p = w->pool;
+    uint32_t id = p->procs[k];
+    struct target *t = p->t[id];
+    struct ida_sender s = {p, id, w->index, w->has_errtop ? &w->errtop : NULL};
+    bool upd = w->can_be_updated;
+    bool worked = false;
+    bool was_running = atomic_flag_test_and_set(&t->running);
+    IDA_ASSERT(!was_running);
+    if (t->ops->ping != NULL && t->ping_interval_us > 0 &&
+        ida_wtimer_check(&t->ping_timer)) {
+        ida_wtimer_reset(&t->ping_timer);
+        if (upd) {
+            ida_sftimer_start(&t->ping_sf);
+        }
+        t->ops->ping(t->state, &s);
+        if (upd) {
+            t->busy_ns += (uint64_t)nonneg(ida_sftimer_finish(&t->ping_sf));
+        }
+        atomic_fetch_add_explicit(&w->pings, 1, memory_order_relaxed);
+        worked = true;
+    }
+    uint64_t n = 0;
+    struct ida_msg *m;
+    while (n < BATCH_MAX && (m = ida_queue_pop(&t->inbox)) != NULL) {
+        uint32_t from = m->from;
+        if (upd) {
+            ida_sftimer_start(&t->recv_sf);
+        }
+        t->ops->receive(t->state, m, &s);
+        if (upd) {
+            uint64_t d = (uint64_t)nonneg(ida_sftimer_finish(&t->recv_sf));
+            t->busy_ns += d;
+            if (from < p->n && p->t[from]->k != NONE) {
+                p->edge_ns[(size_t)k * p->nproc + p->t[from]->k] += d;
+            }
+        }
+        n++;
+    }
+    atomic_flag_clear(&t->running);
+    if (n > 0) {
+        atomic_fetch_add_explicit(&w->delivered, n, memory_order_relaxed);
+    }
+    return worked || n > 0;
+}
+
+static bool my_inboxes_empty(struct worker *w)
+{
+    struct ida_pool *p = w->pool;
+    const uint32_t *ord = p->order[w->local];
+    for (uint32_t i = p->start[w->local][w->index];
+         i < p->start[w->local][w->index + 1]; i++) {
+        if (!ida_queue_empty(&p->t[p->procs[ord[i]]]->inbox)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* PreProcess: sleep (bounded) when the last loop found nothing to do. */
+static void idle_wait(struct worker *w)
+{
+    struct ida_pool *p = w->pool;
+    pthread_mutex_lock(&w->mu);
+    atomic_store(&w->sleeping, 1);
+    if (my_inboxes_empty(w) && !atomic_load(&p->stopping)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int64_t ns = ts.tv_nsec + (int64_t)p->cfg.idle_wait_us * 1000;
+        ts.tv_sec += (time_t)(ns / 1000000000);
+        ts.tv_nsec = (long)(ns % 1000000000);
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    }
+    atomic_store(&w->sleeping, 0);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    struct ida_pool *p = w->pool;
+    bool resharding = p->cfg.reshard_interval_ms > 0;
+    while (!atomic_load_explicit(&p->stopping, memory_order_acquire)) {
+        uint32_t s = atomic_load_explicit(&p->shadow, memory_order_acquire);
+        int cur = (int)(s >> CONF_BIT);
+        if (cur != w->local) {
+            switch_assignment(w, cur);
+        }
+        if (w->idle) {
+            idle_wait(w);
+        }
+        w->idle = true;
+        const uint32_t *ord = p->order[w->local];
+        for (uint32_t i = p->start[w->local][w->index];
+             i < p->start[w->local][w->index + 1]; i++) {
+            if (run_processor(w, ord[i])) {
+                w->idle = false;
+            }
+        }
+        if (resharding) {
+            if (w->can_be_updated && ida_wtimer_check(&w->reshard_timer)) {
+                promise_no_update(w);
+            }
+            if (w->index == 0 && !w->can_be_updated) {
+                try_reshard(p);
+            }
+        }
+    }
+    release_all(w);
+    if (w->has_errtop && w->errtop.dirty) {
+        (void)ida_errtop_dump(&w->errtop);
+    }
+    return NULL;
+}
+
+/* --- start and stop ------------------------------------------------------- */
+
+static uint32_t count_threads(const struct ida_pool *p)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t n = p->cfg.threads;
+    if (n == 0) {
+        n = cores > 0 ? (uint32_t)cores : 1;
+    }
+    if (n > p->nproc) {
+        n = p->nproc;
+    }
+    if (n > IDA_POOL_THREADS_MAX) {
+        n = IDA_POOL_THREADS_MAX;
+    }
+    return n;
+}
+
+static int alloc_tables(struct ida_pool *p)
+{
+    size_t np = p->nproc;
+    p->procs = ida_calloc(np, sizeof(*p->procs));
+    p->edge_ns = ida_calloc(np * np, sizeof(*p->edge_ns));
+    p->scratch_proc = ida_calloc(np, sizeof(*p->scratch_proc));
+    p->w = ida_calloc(p->nthreads, sizeof(*p->w));
+    bool ok = p->procs && p->edge_ns && p->scratch_proc && p->w;
+    for (int c = 0; c < 2; c++) {
+        p->assign[c] = ida_calloc(np, sizeof(uint32_t));
+        p->order[c] = ida_calloc(np, sizeof(uint32_t));
+        p->start[c] = ida_calloc(p->nthreads + 1, sizeof(uint32_t));
+        ok = ok && p->assign[c] && p->order[c] && p->start[c];
+    }
+    return ok ? 0 : IDA_ENOMEM;
+}
+
+static void free_tables(struct ida_pool *p)
+{
+    ida_free(p->procs);
+    ida_free(p->edge_ns);
+    ida_free(p->scratch_proc);
+    ida_free(p->w);
+    p->procs = NULL;
+    p->edge_ns = NULL;
+    p->scratch_proc = NULL;
+    p->w = NULL;
+    for (int c = 0; c < 2; c++) {
+        ida_free(p->assign[c]);
+        ida_free(p->order[c]);
+        ida_free(p->start[c]);
+        p->assign[c] = p->order[c] = p->start[c] = NULL;
+    }
+}
+
+static int init_worker(struct ida_pool *p, struct worker *w, uint32_t i)
+{
+    w->pool = p;
+    w->index = i;
+    w->local = -1;
+    w->idle = false;
+    atomic_init(&w->sleeping, 0);
+    atomic_init(&w->delivered, 0);
+    atomic_init(&w->pings, 0);
+    ida_wtimer_init(&w->reshard_timer,
+                    (int64_t)p->cfg.reshard_interval_ms * 1000000, NULL, NULL);
+    if (pthread_mutex_init(&w->mu, NULL) != 0) {
+        return IDA_ENOMEM;
+    }
+    /* Timed waits on CLOCK_MONOTONIC: a wall-clock step must not turn the
+     * bounded idle wait into a long sleep. */
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0) {
+        pthread_mutex_destroy(&w->mu);
+        return IDA_ENOMEM;
+    }
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&w->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    if (rc != 0) {
+        pthread_mutex_destroy(&w->mu);
+        return IDA_ENOMEM;
+    }
+    if (p->cfg.errtop_dir != NULL) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/errtop-%u.pb", p->cfg.errtop_dir, i);
+        if (ida_errtop_init(&w->errtop, path, p->cfg.node_id,
+                            ERRTOP_DUMP_INTERVAL_MS, ERRTOP_KEEP_MS) != 0) {
+            pthread_cond_destroy(&w->cv);
+            pthread_mutex_destroy(&w->mu);
+            return IDA_ENOMEM;
+        }
+        int rv = ida_errtop_restore(&w->errtop);
+        if (rv != 0) {
+            IDA_WARN("pool: error top %s not restored: %s", path,
+                     idalloc_strerror(rv));
+        }
+        w->has_errtop = true;
+    }
+    return 0;
+}
+
+static void close_worker(struct worker *w)
+{
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    if (w->has_errtop) {
+        ida_errtop_close(&w->errtop);
+        w->has_errtop = false;
+    }
+}
+
+static void join_workers(struct ida_pool *p)
+{
+    atomic_store(&p->stopping, true);
+    for (uint32_t i = 0; i < p->nthreads; i++) {
+        struct worker *w = &p->w[i];
+        pthread_mutex_lock(&w->mu);
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+    for (uint32_t i = 0; i < p->nthreads; i++) {
+        if (p->w[i].thread_started) {
+            pthread_join(p->w[i].thread, NULL);
+            p->w[i].thread_started = false;
+        }
+    }
+}
+
+int ida_pool_start(struct ida_pool *p)
+{
+    IDA_ASSERT(p != NULL);
+    if (atomic_load(&p->started)) {
+        return IDA_EINVAL;
+    }
+    for (uint32_t id = 0; id < p->n; id++) {
+        if (p->t[id]->ops != NULL) {
+            p->nproc++;
+        }
+    }
+    if (p->nproc == 0) {
+        return IDA_EINVAL;
+    }
+    p->nthreads = count_threads(p);
+    int rv = alloc_tables(p);
+    if (rv != 0) {
+        goto err_after_count;
+    }
+    for (uint32_t id = 0, k = 0; id < p->n; id++) {
+        if (p->t[id]->ops != NULL) {
+            p->t[id]->k = k;
+            p->procs[k++] = id;
+        }
+    }
+    /* Initial sharding: by modulo (the seed's GetInitialSharding). */
+    for (uint32_t k = 0; k < p->nproc; k++) {
+        p->assign[0][k] = k % p->nthreads;
+        atomic_store(&p->t[p->procs[k]]->owner, k % p->nthreads);
+    }
+    build_order(p, 0);
+    uint32_t inited = 0;
+    for (; inited < p->nthreads; inited++) {
+        rv = init_worker(p, &p->w[inited], inited);
+        if (rv != 0) {
+            goto err_after_workers;
+        }
+    }
+    atomic_store(&p->started, true);
+    for (uint32_t i = 0; i < p->nthreads; i++) {
+        if (pthread_create(&p->w[i].thread, NULL, worker_main, &p->w[i]) != 0) {
+            rv = IDA_ENOMEM;
+            join_workers(p);
+            atomic_store(&p->started, false);
+            atomic_store(&p->stopping, false);
+            goto err_after_workers;
+        }
+        p->w[i].thread_started = true;
+    }
+    return 0;
+
+err_after_workers:
+    for (uint32_t i = 0; i < inited; i++) {
+        close_worker(&p->w[i]);
+    }
+    for (uint32_t id = 0; id < p->n; id++) {
+        p->t[id]->k = NONE;
+    }
+err_after_count:
+    free_tables(p);
+    p->nproc = 0;
+    p->nthreads = 0;
+    return rv;
+}
+
+uint32_t ida_pool_threads(const struct ida_pool *p)
+{
+    return p->nthreads;
+}
+
+/* Deliver what is left on the calling thread (all workers joined, so it
+ * alone runs processors now). */
+static void drain(struct ida_pool *p)
+{
+    uint64_t budget = p->cfg.drain_max;
+    bool progress = true;
+    while (progress && budget > 0) {
+        progress = false;
+        for (uint32_t k = 0; k < p->nproc && budget > 0; k++) {
+            uint32_t id = p->procs[k];
+            struct target *t = p->t[id];
+            struct ida_sender s = {p, id, NONE, NULL};
+            struct ida_msg *m;
+            while (budget > 0 && (m = ida_queue_pop(&t->inbox)) != NULL) {
+                t->ops->receive(t->state, m, &s);
+                budget--;
+                atomic_fetch_add(&p->drained, 1);
+                progress = true;
+            }
+        }
+    }
+}
+
+static void drop_msg_cb(void *item, void *arg)
+{
+    struct ida_pool *p = arg;
+    atomic_fetch_add(&p->dropped, 1);
+    ida_msg_free(item);
+}
+
+void ida_pool_stop(struct ida_pool *p, enum ida_pool_stop_mode mode)
+{
+    IDA_ASSERT(p != NULL);
+    if (p->stopped) {
+        return;
+    }
+    p->stopped = true;
+    if (!atomic_load(&p->started)) {
+        atomic_store(&p->stopping, true);
+        return;
+    }
+    join_workers(p);
+    if (mode == IDA_POOL_STOP_DRAIN) {
+        drain(p);
+    }
+    /* Whatever is left in processor inboxes will never be delivered. */
+    for (uint32_t k = 0; k < p->nproc; k++) {
+        struct ida_msg *m;
+        while ((m = ida_queue_pop(&p->t[p->procs[k]]->inbox)) != NULL) {
+            drop_msg_cb(m, p);
+        }
+    }
+}
+
+void ida_pool_close(struct ida_pool *p)
+{
+    if (p == NULL) {
+        return;
+    }
+    ida_pool_stop(p, IDA_POOL_STOP_DROP);
+    for (uint32_t id = 0; id < p->n; id++) {
+        struct target *t = p->t[id];
+        ida_queue_close(&t->inbox, drop_msg_cb, p);
+        pthread_mutex_destroy(&t->lock);
+        ida_free(t);
+    }
+    if (p->w != NULL) {
+        for (uint32_t i = 0; i < p->nthreads; i++) {
+            close_worker(&p->w[i]);
+        }
+    }
+    free_tables(p);
+    ida_free(p->t);
+    ida_free(p);
+}
+
+void ida_pool_get_stats(struct ida_pool *p, struct ida_pool_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->reshards = atomic_load(&p->reshards);
+    out->dropped = atomic_load(&p->dropped);
+    out->delivered = atomic_load(&p->drained);
+    if (p->w != NULL) {
+        for (uint32_t i = 0; i < p->nthreads; i++) {
+            out->delivered += atomic_load(&p->w[i].delivered);
+            out->pings += atomic_load(&p->w[i].pings);
+        }
+    }
+}
+
+uint32_t ida_pool_owner(struct ida_pool *p, uint32_t id)
+{
+    IDA_ASSERT(id < p->n);
+    return atomic_load(&p->t[id]->owner);
+}
