@@ -48,6 +48,10 @@ struct idalloc_options
      * between them. Defaults 16 and 65536. */
     uint64_t next_block_min;
     uint64_t next_block_max;
+    /* 16 bytes to use as this client's id, or NULL for a random one. Give
+     * the id of an earlier client object (idalloc_client_id()) to retry
+     * its requests from a new object or process. */
+    const uint8_t *client_id;
 };
 
 /* Fill @o with the defaults (addresses and config_path NULL). */
@@ -69,6 +73,20 @@ void idalloc_client_free(struct idalloc_client *c);
 
 /* The last error's one-line detail for the calling thread ("" if none). */
 const char *idalloc_last_error(void);
+
+/* The 16-byte id of @c (random unless set in the options). */
+void idalloc_client_id(const struct idalloc_client *c, uint8_t out[16]);
+
+/* Request ids. Each call gets a fresh request_seq, kept for all its
+ * retries. After a call, idalloc_last_request_seq() gives the seq it used
+ * (per thread). To repeat a call whose outcome was unknown with the SAME
+ * request id, so that it cannot act twice, call idalloc_retry_with(seq) and
+ * then the same operation with the same arguments on a client with the same
+ * client id: that next call on this thread uses @seq. The cluster answers a
+ * repeated request with its first answer (while it keeps it: see the
+ * server's session rules). */
+uint64_t idalloc_last_request_seq(void);
+void idalloc_retry_with(uint64_t seq);
 
 /* --- operations ---------------------------------------------------------- */
 

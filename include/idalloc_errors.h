@@ -46,8 +46,8 @@ extern "C" {
     X(IDA_ELEADERLOST, 19, UNKNOWN,                                      \
       "leadership lost before the request committed, outcome unknown")   \
     X(IDA_EBUSY, 20, UNKNOWN, "node overloaded, try again")              \
-    X(IDA_ESESSION, 21, DEFINITE,                                        \
-      "client session expired: the request's answer is no longer kept")  \
+    X(IDA_ESESSION, 21, UNKNOWN,                                         \
+      "the answer to this request is no longer kept, outcome unknown")   \
     X(IDA_ESTOPPED, 22, UNKNOWN, "node is stopping or cannot persist")   \
     X(IDA_ENOSPC, 23, INTERNAL, "no space left for data")                \
     X(IDA_ECLOSED, 24, UNKNOWN, "connection closed, outcome unknown")    \

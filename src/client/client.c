@@ -38,6 +38,23 @@
 #include "src/common/frame.h"
 
 static _Thread_local char last_error[IDALLOC_ERRMSG_MAX];
+static _Thread_local uint64_t last_seq;
+static _Thread_local uint64_t retry_seq; /* 0: none */
+
+uint64_t idalloc_last_request_seq(void)
+{
+    return last_seq;
+}
+
+void idalloc_retry_with(uint64_t seq)
+{
+    retry_seq = seq;
+}
+
+void idalloc_client_id(const struct idalloc_client *c, uint8_t out[16])
+{
+    memcpy(out, c->client_id, sizeof(c->client_id));
+}
 
 const char *idalloc_last_error(void)
 {
@@ -271,17 +288,49 @@ static void deadline_ts(uint64_t timeout_ms, struct timespec *ts)
     }
 }
 
+/* The frame of a call: encoded on its first attempt, under the lock of the
+ * connection it goes to, so that a fresh request_seq is taken in the same
+ * order as requests are written (the cluster keeps only each client's
+ * newest answers: out-of-order seqs would look like stale retries). */
+struct call_frame
+{
+    Idalloc__ClientRequest *req;
+    uint8_t *buf;
+    size_t len;
+};
+
+static int encode_frame(struct idalloc_client *c, struct call_frame *f)
+{
+    if (f->buf != NULL) {
+        return 0;
+    }
+    if (f->req->request_seq == 0) {
+        f->req->request_seq = atomic_fetch_add(&c->next_seq, 1);
+    }
+    size_t n = idalloc__client_request__get_packed_size(f->req);
+    if (n > IDA_FRAME_PAYLOAD_BYTES_DEFAULT) {
+        return IDA_ETOOBIG;
+    }
+    f->buf = ida_malloc(IDA_FRAME_HEADER_BYTES + n);
+    if (f->buf == NULL) {
+        return IDA_ENOMEM;
+    }
+    ida_frame_header_encode(f->buf, IDA_FRAME_CLIENT_REQUEST, n);
+    idalloc__client_request__pack(f->req, f->buf + IDA_FRAME_HEADER_BYTES);
+    f->len = IDA_FRAME_HEADER_BYTES + n;
+    return 0;
+}
+
 /* One attempt on one node. *sent tells whether the request may have reached
  * it (so the outcome is unknown on failure). */
-static int attempt(struct ida_client_conn *k,
-                   uint64_t seq,
-                   const uint8_t *frame,
-                   size_t len,
+static int attempt(struct idalloc_client *c,
+                   struct ida_client_conn *k,
+                   struct call_frame *f,
                    uint64_t timeout_ms,
                    Idalloc__ClientResponse **resp,
                    int *sent)
 {
-    struct waiter w = {.seq = seq};
+    struct waiter w = {0};
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -291,10 +340,14 @@ static int attempt(struct ida_client_conn *k,
     pthread_mutex_lock(&k->mu);
     int rv = ensure_connected(k, timeout_ms);
     if (rv == 0) {
+        rv = encode_frame(c, f);
+    }
+    if (rv == 0) {
+        w.seq = f->req->request_seq;
         w.next = k->waiters;
         k->waiters = &w;
         *sent = 1;
-        rv = write_all(k->fd, frame, len);
+        rv = write_all(k->fd, f->buf, f->len);
         if (rv != 0) {
             remove_waiter(k, &w);
             shutdown(k->fd, SHUT_RDWR); /* the reader reaps it */
@@ -343,42 +396,19 @@ static int retryable(uint32_t err)
            err == IDA_ELEADERLOST || err == IDA_EUNAVAIL;
 }
 
-static int encode_frame(Idalloc__ClientRequest *req, uint8_t **out, size_t *len)
-{
-    size_t n = idalloc__client_request__get_packed_size(req);
-    if (n > IDA_FRAME_PAYLOAD_BYTES_DEFAULT) {
-        return IDA_ETOOBIG;
-    }
-    uint8_t *buf = ida_malloc(IDA_FRAME_HEADER_BYTES + n);
-    if (buf == NULL) {
-        return IDA_ENOMEM;
-    }
-    ida_frame_header_encode(buf, IDA_FRAME_CLIENT_REQUEST, n);
-    idalloc__client_request__pack(req, buf + IDA_FRAME_HEADER_BYTES);
-    *out = buf;
-    *len = IDA_FRAME_HEADER_BYTES + n;
-    return 0;
-}
-
 int ida__client_call_node(struct idalloc_client *c,
                           size_t node,
                           Idalloc__ClientRequest *req,
                           Idalloc__ClientResponse **resp)
 {
-    uint8_t *frame;
-    size_t len;
     req->version = IDA_WIRE_VERSION;
     req->client_id.data = c->client_id;
     req->client_id.len = sizeof(c->client_id);
-    req->request_seq = atomic_fetch_add(&c->next_seq, 1);
-    int rv = encode_frame(req, &frame, &len);
-    if (rv != 0) {
-        return rv;
-    }
+    struct call_frame f = {.req = req};
     int sent;
-    rv = attempt(&c->conns[node], req->request_seq, frame, len,
-                 c->opts.call_timeout_ms, resp, &sent);
-    ida_free(frame);
+    int rv =
+        attempt(c, &c->conns[node], &f, c->opts.call_timeout_ms, resp, &sent);
+    ida_free(f.buf);
     return rv;
 }
 
@@ -389,16 +419,12 @@ int ida__client_call(struct idalloc_client *c,
     req->version = IDA_WIRE_VERSION;
     req->client_id.data = c->client_id;
     req->client_id.len = sizeof(c->client_id);
-    if (req->request_seq == 0) {
-        req->request_seq = atomic_fetch_add(&c->next_seq, 1);
+    if (req->request_seq == 0 && retry_seq != 0) {
+        req->request_seq = retry_seq;
+        retry_seq = 0;
     }
-    uint8_t *frame;
-    size_t len;
-    int rv = encode_frame(req, &frame, &len);
-    if (rv != 0) {
-        ida__client_set_error("request too large or out of memory");
-        return rv;
-    }
+    struct call_frame f = {.req = req};
+    int rv = 0;
     uint64_t deadline = ida__client_now_ms() + c->opts.call_timeout_ms;
     size_t target = atomic_load(&c->leader) % c->nconns;
     uint64_t backoff = 10;
@@ -416,8 +442,14 @@ int ida__client_call(struct idalloc_client *c,
         struct ida_client_conn *k = &c->conns[target];
         int sent;
         Idalloc__ClientResponse *r = NULL;
-        rv = attempt(k, req->request_seq, frame, len, budget, &r, &sent);
+        rv = attempt(c, k, &f, budget, &r, &sent);
         maybe_sent |= sent;
+        last_seq = req->request_seq;
+        if (rv == IDA_ETOOBIG || rv == IDA_ENOMEM) {
+            ida__client_set_error("request too large or out of memory");
+            ida_free(f.buf);
+            return rv;
+        }
         size_t next = (target + 1) % c->nconns;
         if (rv == 0 && r->result != NULL && retryable(r->result->error)) {
             size_t hint = r->leader_addr[0] != '\0'
@@ -438,7 +470,7 @@ int ida__client_call(struct idalloc_client *c,
             target = next;
         } else if (rv == 0) {
             atomic_store(&c->leader, target);
-            ida_free(frame);
+            ida_free(f.buf);
             *resp = r;
             return 0;
         } else {
@@ -452,7 +484,7 @@ int ida__client_call(struct idalloc_client *c,
         }
         backoff = backoff * 2 > 200 ? 200 : backoff * 2;
     }
-    ida_free(frame);
+    ida_free(f.buf);
     ida__client_set_error("no answer within %u ms (last: %s)%s",
                           c->opts.call_timeout_ms, why,
                           maybe_sent ? "; outcome unknown" : "");
@@ -573,12 +605,20 @@ int idalloc_client_new(const struct idalloc_options *o,
     c->opts = *o;
     c->opts.addresses = NULL;
     c->opts.config_path = NULL;
-    atomic_init(&c->next_seq, 1);
+    /* Fresh seqs start at the wall clock in microseconds, so a new object
+     * that reuses an old client id never collides with its old seqs. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    atomic_init(&c->next_seq,
+                (uint64_t)now.tv_sec * 1000000 + (uint64_t)now.tv_nsec / 1000);
     atomic_init(&c->leader, 0);
     pthread_mutex_init(&c->mu, NULL);
     int rv = o->addresses != NULL ? parse_addresses(c, o->addresses, errmsg)
                                   : load_config(c, o->config_path, errmsg);
-    if (rv == 0 && random_bytes(c->client_id, sizeof(c->client_id)) != 0) {
+    if (rv == 0 && o->client_id != NULL) {
+        memcpy(c->client_id, o->client_id, sizeof(c->client_id));
+    } else if (rv == 0 &&
+               random_bytes(c->client_id, sizeof(c->client_id)) != 0) {
         snprintf(errmsg, IDALLOC_ERRMSG_MAX, "cannot read /dev/urandom");
         rv = IDA_EIO;
     }

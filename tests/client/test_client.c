@@ -304,3 +304,40 @@ Test(client,
     cr_assert_lt(st.refills, 200, "refills: %llu",
                  (unsigned long long)st.refills);
 }
+
+Test(client, retry_with_reuses_the_request_id, .fini = teardown)
+{
+    start(1, FAKE_ANSWER, 0, 0);
+    connect_client(1000, 5000);
+    uint64_t id1, id2, id3;
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id1, NULL), 0);
+    uint64_t seq = idalloc_last_request_seq();
+    cr_assert_eq(seq, srv[0].seen_seq[0]);
+    idalloc_retry_with(seq);
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id2, NULL), 0);
+    cr_assert_eq(srv[0].seen_seq[1], seq, "the retry carried the old id");
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id3, NULL), 0);
+    cr_assert_gt(srv[0].seen_seq[2], seq, "then fresh ids again");
+}
+
+Test(client, fixed_client_id_and_seqs_above_old_ones, .fini = teardown)
+{
+    start(1, FAKE_ANSWER, 0, 0);
+    connect_client(1000, 5000);
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0);
+    uint8_t cid[16];
+    idalloc_client_id(cli, cid);
+    uint64_t old_seq = srv[0].seen_seq[0];
+    idalloc_client_free(cli);
+    /* A second object with the same id (as a checker in another process
+     * would make): same client_id on the wire, fresh seqs above the old. */
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = srv[0].addr;
+    o.client_id = cid;
+    cr_assert_eq(idalloc_client_new(&o, &cli, NULL), 0);
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0);
+    cr_assert_eq(memcmp(srv[0].seen_client[1], cid, 16), 0);
+    cr_assert_gt(srv[0].seen_seq[1], old_seq);
+}
