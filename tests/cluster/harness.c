@@ -1,0 +1,231 @@
+#include "tests/cluster/harness.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t tc_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void tc_sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000,
+                          .tv_nsec = (long)(ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+const char *tc_bin(const char *name)
+{
+    static char path[4][512];
+    static int k;
+    const char *dir = getenv("IDA_BINDIR");
+    char *p = path[k++ % 4];
+    snprintf(p, sizeof(path[0]), "%s/%s", dir != NULL ? dir : "bin", name);
+    return p;
+}
+
+static unsigned free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    socklen_t l = sizeof(a);
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+void tc_spawn(struct tc *c, int i)
+{
+    cr_assert_eq(c->pid[i], 0, "node %d already running", i + 1);
+    char log[400], id[16];
+    snprintf(log, sizeof(log), "%s/node%d.log", c->dir, i + 1);
+    snprintf(id, sizeof(id), "%d", i + 1);
+    const char *bin = tc_bin("idallocd");
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        dup2(fd, 2);
+        dup2(fd, 1);
+        execl(bin, bin, "--config", c->conf, "--node", id, (char *)NULL);
+        _exit(127);
+    }
+    c->pid[i] = pid;
+}
+
+void tc_start(struct tc *c, int n, const char *extra)
+{
+    memset(c, 0, sizeof(*c));
+    c->n = n;
+    snprintf(c->dir, sizeof(c->dir), "/tmp/ida-cluster-XXXXXX");
+    cr_assert_not_null(mkdtemp(c->dir));
+    snprintf(c->conf, sizeof(c->conf), "%s/cluster.conf", c->dir);
+    FILE *f = fopen(c->conf, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "cluster test\ndata_dir %s/data\n", c->dir);
+    fprintf(f, "election_timeout_ms 300\nheartbeat_ms 50\n");
+    for (int i = 0; i < n; i++) {
+        unsigned cp = free_port();
+        fprintf(f, "node %d 127.0.0.1:%u 127.0.0.1:%u\n", i + 1, free_port(),
+                cp);
+        char a[32];
+        snprintf(a, sizeof(a), "%s127.0.0.1:%u", i > 0 ? "," : "", cp);
+        strcat(c->addrs, a);
+    }
+    if (extra != NULL) {
+        fputs(extra, f);
+    }
+    fclose(f);
+    char err[IDA_ERRMSG_MAX];
+    cr_assert_eq(ida_config_load(c->conf, &c->cfg, err), 0, "%s", err);
+    for (int i = 0; i < n; i++) {
+        tc_spawn(c, i);
+    }
+}
+
+int tc_signal(struct tc *c, int i, int sig)
+{
+    if (c->pid[i] == 0) {
+        return 0;
+    }
+    kill(c->pid[i], sig);
+    if (sig != SIGKILL && sig != SIGTERM && sig != SIGINT) {
+        return 0;
+    }
+    int status = 0;
+    waitpid(c->pid[i], &status, 0);
+    c->pid[i] = 0;
+    return status;
+}
+
+void tc_destroy(struct tc *c)
+{
+    for (int i = 0; i < c->n; i++) {
+        if (c->pid[i] != 0) {
+            kill(c->pid[i], SIGCONT);
+            tc_signal(c, i, SIGKILL);
+        }
+    }
+    if (c->dir[0] != '\0' && getenv("IDA_KEEP_TEST_DIRS") == NULL) {
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", c->dir);
+        int rv = system(cmd);
+        (void)rv;
+    }
+}
+
+struct idalloc_client *tc_client(struct tc *c, unsigned call_ms)
+{
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = c->addrs;
+    o.call_timeout_ms = call_ms;
+    o.attempt_timeout_ms = call_ms < 500 ? call_ms : 500;
+    struct idalloc_client *cl;
+    char err[IDALLOC_ERRMSG_MAX];
+    cr_assert_eq(idalloc_client_new(&o, &cl, err), 0, "%s", err);
+    return cl;
+}
+
+int tc_wait_leader(struct tc *c, unsigned ms)
+{
+    struct idalloc_client *cl = tc_client(c, 300);
+    int leader = -1;
+    for (uint64_t end = tc_now_ms() + ms; tc_now_ms() < end && leader < 0;) {
+        unsigned agreed = 0, running = 0, lid = 0;
+        for (int i = 0; i < c->n; i++) {
+            if (c->pid[i] == 0) {
+                continue;
+            }
+            running++;
+            struct idalloc_node_status s;
+            if (idalloc_node_status(cl, (size_t)i, &s) != 0) {
+                continue;
+            }
+            if (strcmp(s.role, "leader") == 0) {
+                lid = s.node_id;
+            }
+            if (s.leader_id != 0 && (lid == 0 || s.leader_id == lid)) {
+                lid = s.leader_id;
+                agreed++;
+            }
+        }
+        if (lid != 0 && agreed == running && c->pid[lid - 1] != 0) {
+            leader = (int)lid - 1;
+        } else {
+            tc_sleep_ms(50);
+        }
+    }
+    idalloc_client_free(cl);
+    return leader;
+}
+
+uint64_t tc_commit_index(struct tc *c)
+{
+    struct idalloc_client *cl = tc_client(c, 300);
+    uint64_t best = 0;
+    for (int i = 0; i < c->n; i++) {
+        struct idalloc_node_status s;
+        if (c->pid[i] != 0 && idalloc_node_status(cl, (size_t)i, &s) == 0 &&
+            s.commit_index > best) {
+            best = s.commit_index;
+        }
+    }
+    idalloc_client_free(cl);
+    return best;
+}
+
+int tc_wait_applied(struct tc *c, uint64_t index, unsigned ms)
+{
+    struct idalloc_client *cl = tc_client(c, 300);
+    int ok = 0;
+    for (uint64_t end = tc_now_ms() + ms; tc_now_ms() < end && !ok;) {
+        ok = 1;
+        for (int i = 0; i < c->n; i++) {
+            struct idalloc_node_status s;
+            if (c->pid[i] != 0 &&
+                (idalloc_node_status(cl, (size_t)i, &s) != 0 ||
+                 s.applied_index < index)) {
+                ok = 0;
+            }
+        }
+        if (!ok) {
+            tc_sleep_ms(50);
+        }
+    }
+    idalloc_client_free(cl);
+    return ok;
+}
+
+int tc_run(char *out, size_t cap, const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
