@@ -77,9 +77,9 @@ static int restore(struct ida_node *n, struct ida_fsm *fsm,
         rv = ida__raft_proc_new(n, &rr, &n->raft);
     }
     if (rv != 0) {
-        snprintf(errmsg, IDA_ERRMSG_MAX, "%s: cannot restore the node: %s%s%s",
-                 n->dir, idalloc_strerror(rv), st->errmsg[0] ? ": " : "",
-                 st->errmsg);
+        snprintf(errmsg, IDA_ERRMSG_MAX, "%.200s: cannot restore the node: "
+                 "%s%s%.200s", n->dir, idalloc_strerror(rv),
+                 st->errmsg[0] ? ": " : "", st->errmsg);
     } else {
         IDA_INFO("node: restored term=%llu vote=%u snapshot=%llu log=%llu..%llu",
                  (unsigned long long)rr.hard_state.term, rr.hard_state.vote,
@@ -113,8 +113,13 @@ int ida_node_open(struct ida_node *n, const struct ida_node_opts *o,
     }
     ida_log_set_node(o->node_id);
     ida_log_set_level(n->cfg.log_level);
-    snprintf(n->dir, sizeof(n->dir), "%s/node%u",
-             o->data_dir != NULL ? o->data_dir : n->cfg.data_dir, o->node_id);
+    const char *data = o->data_dir != NULL ? o->data_dir : n->cfg.data_dir;
+    if (strlen(data) >= IDA_PATH_MAX) {
+        snprintf(errmsg, IDA_ERRMSG_MAX, "data directory path too long");
+        return IDA_ECONFIG;
+    }
+    snprintf(n->dir, sizeof(n->dir), "%.*s/node%u", IDA_PATH_MAX - 1, data,
+             o->node_id);
     struct ida_storage_opts so = {.cluster = n->cfg.cluster,
                                   .node_id = o->node_id};
     rv = ida_storage_open(&n->storage, n->dir, &so);

@@ -50,7 +50,7 @@ struct fsm_proc;
 struct ida_node {
     struct ida_config cfg;
     const struct ida_config_node *self;
-    char dir[IDA_PATH_MAX]; /* data_dir/nodeN */
+    char dir[IDA_PATH_MAX + 16]; /* data_dir/nodeN */
     struct ida_storage storage;
     int storage_open;
     struct ida_pool *pool;
