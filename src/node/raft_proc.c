@@ -106,7 +106,7 @@ static size_t read_top_errors(struct raft_proc *rp,
 {
     size_t n = 0;
     for (uint32_t t = 0; t < ida_pool_threads(rp->node->pool); t++) {
-        char path[IDA_PATH_MAX + 32];
+        char path[IDA_PATH_MAX + 64];
         struct ida_errtop_entry e[8];
         size_t k = 0;
         snprintf(path, sizeof(path), "%s/errtop-%u.pb", rp->node->dir, t);

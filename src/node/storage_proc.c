@@ -33,7 +33,7 @@ static void report_failure(struct storage_proc *sp, struct ida_sender *s,
         return;
     }
     f->code = code;
-    snprintf(f->msg, sizeof(f->msg), "%s: %s", what,
+    snprintf(f->msg, sizeof(f->msg), "%.60s: %.180s", what,
              st->errmsg[0] != '\0' ? st->errmsg : idalloc_strerror(code));
     struct ida_msg *m = node_msg_new(NM_STORAGE_FAILED, f);
     if (m == NULL) {
