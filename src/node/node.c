@@ -98,7 +98,7 @@ int ida_node_open(struct ida_node *n, const struct ida_node_opts *o,
     memset(n, 0, sizeof(*n));
     int rv = ida_config_load(o->config_path, &n->cfg, errmsg);
     if (rv != 0) {
-        return rv;
+        return IDA_ECONFIG; /* unreadable or bad: a usage problem either way */
     }
     n->self = ida_config_node(&n->cfg, o->node_id);
     if (n->self == NULL) {
