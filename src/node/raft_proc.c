@@ -264,16 +264,30 @@ static void note_soft_state(struct raft_proc *rp, struct ida_sender *s,
 
 /* --- batches ---------------------------------------------------------------------- */
 
+/* The fsm's part of a batch: its snapshot to restore (if any), then its
+ * committed entries. */
 static struct nm_apply *make_apply(const struct ida_raft_batch *b)
 {
     struct nm_apply *a = ida_calloc(1, sizeof(*a));
     if (a == NULL) {
         return NULL;
     }
+    if (b->has_snapshot) {
+        a->has_snapshot = 1;
+        a->snap_index = b->snapshot.index;
+        a->snap_term = b->snapshot.term;
+        a->snap_len = b->snapshot.len;
+        a->snap_data = ida_malloc(b->snapshot.len > 0 ? b->snapshot.len : 1);
+        if (a->snap_data == NULL) {
+            ida_free(a);
+            return NULL;
+        }
+        memcpy(a->snap_data, b->snapshot.data, b->snapshot.len);
+    }
     if (b->n_committed > 0) {
         a->entries = node_entries_copy(b->committed, b->n_committed);
         if (a->entries == NULL) {
-            ida_free(a);
+            nm_apply_free(a);
             return NULL;
         }
         a->n_entries = b->n_committed;
@@ -331,10 +345,13 @@ static void handle_batch(struct raft_proc *rp, struct ida_sender *s,
     if (b->has_snapshot) {
         rp->route_until = b->id;
     }
+    /* After a snapshot batch, the fsm must restore it (once durable)
+     * before it applies anything else: route its part through storage. */
     int route = rp->route_until != 0;
-    if (b->id != 0 || (route && b->n_committed > 0)) {
+    int fsm_part = b->n_committed > 0 || b->has_snapshot;
+    if (b->id != 0 || (route && fsm_part)) {
         struct nm_persist *p = make_persist(b);
-        if (p != NULL && route && b->n_committed > 0) {
+        if (p != NULL && route && fsm_part) {
             p->apply_after = make_apply(b);
             if (p->apply_after == NULL) {
                 nm_persist_free(p);
