@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,50 +179,112 @@ Test(client_live, next_from_8_threads, .init = setup3, .fini = teardown,
                  (unsigned long long)st.refills);
 }
 
+/* Concurrent allocs with a deadline shorter than a failover, so calls in
+ * flight when the leader dies end "unknown". */
+#define KILL_THREADS 8
+#define KILL_PER_THREAD 150
+struct kill_op {
+    int rv;
+    uint64_t id, seq;
+};
+static struct kill_op kops[KILL_THREADS][KILL_PER_THREAD];
+static int kill_done[KILL_THREADS];
+
+static void *kill_worker(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    for (int i = 0; i < KILL_PER_THREAD; i++) {
+        char tag[32];
+        snprintf(tag, sizeof(tag), "k%d-%d", t, i);
+        kops[t][i].rv = idalloc_alloc(cl, "b", tag, &kops[t][i].id, NULL);
+        kops[t][i].seq = idalloc_last_request_seq();
+        __atomic_store_n(&kill_done[t], i + 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static int ops_done(void)
+{
+    int n = 0;
+    for (int t = 0; t < KILL_THREADS; t++) {
+        n += __atomic_load_n(&kill_done[t], __ATOMIC_ACQUIRE);
+    }
+    return n;
+}
+
 Test(client_live, leader_kill_during_allocs, .init = setup3, .fini = teardown,
      .timeout = 180)
 {
-    enum { N = 600 };
-    static uint64_t ids[N], seqs[N];
-    static int rvs[N];
-    idalloc_client_free(cl);
-    cl = tc_client(&c, 3000); /* short deadline: get unknowns, not waits */
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1u << 20,
-                                     NULL),
+    struct idalloc_client *admin = cl;
+    cl = tc_client(&c, 250); /* the workers' client: short deadlines */
+    cr_assert_eq(idalloc_pool_create(admin, "b", IDALLOC_POOL_BOUNDED,
+                                     1u << 20, NULL),
                  0);
+    pthread_t th[KILL_THREADS];
+    for (int t = 0; t < KILL_THREADS; t++) {
+        pthread_create(&th[t], NULL, kill_worker, (void *)(intptr_t)t);
+    }
+    /* Kill the leader at a third, and the next one at two thirds. */
+    const int total = KILL_THREADS * KILL_PER_THREAD;
+    for (int round = 1; round <= 2; round++) {
+        while (ops_done() < total * round / 3) {
+            tc_sleep_ms(5);
+        }
+        int l = tc_wait_leader(&c, 5000);
+        cr_assert_geq(l, 0);
+        tc_signal(&c, l, SIGKILL);
+        tc_spawn(&c, l);
+    }
+    for (int t = 0; t < KILL_THREADS; t++) {
+        pthread_join(th[t], NULL);
+    }
     int unknown = 0;
-    for (int i = 0; i < N; i++) {
-        char tag[32];
-        snprintf(tag, sizeof(tag), "k%d", i);
-        if (i == N / 3) {
-            tc_signal(&c, tc_wait_leader(&c, 5000), SIGKILL);
+    for (int t = 0; t < KILL_THREADS; t++) {
+        for (int i = 0; i < KILL_PER_THREAD; i++) {
+            int rv = kops[t][i].rv;
+            cr_assert(rv == 0 || idalloc_errclass(rv) == IDA_ERR_CLASS_UNKNOWN,
+                      "alloc k%d-%d: %s", t, i, idalloc_errname(rv));
+            unknown += rv != 0;
         }
-        rvs[i] = idalloc_alloc(cl, "b", tag, &ids[i], NULL);
-        seqs[i] = idalloc_last_request_seq();
-        cr_assert(rvs[i] == 0 || idalloc_errclass(rvs[i]) ==
-                                     IDA_ERR_CLASS_UNKNOWN,
-                  "alloc %d: %s", i, idalloc_errname(rvs[i]));
-        unknown += rvs[i] != 0;
     }
-    /* Retry the unknown ones with their own request ids. */
+    cr_log_info("unknown outcomes during the kills: %d of %d", unknown,
+                total);
+    cr_assert_gt(unknown, 0, "the kills produced no unknown outcome: the "
+                             "replay path was not exercised");
+    /* Replay every unknown one with its own request id, on the same client
+     * (same client id), until it settles. */
     cr_assert_geq(tc_wait_leader(&c, 10000), 0);
-    for (int i = 0; i < N; i++) {
-        if (rvs[i] != 0) {
+    for (int t = 0; t < KILL_THREADS; t++) {
+        for (int i = 0; i < KILL_PER_THREAD; i++) {
+            struct kill_op *o = &kops[t][i];
             char tag[32];
-            snprintf(tag, sizeof(tag), "k%d", i);
-            idalloc_retry_with(seqs[i]);
-            rvs[i] = idalloc_alloc(cl, "b", tag, &ids[i], NULL);
-            cr_assert(rvs[i] == 0 || rvs[i] == IDA_ESESSION,
-                      "retry %d: %s", i, idalloc_errname(rvs[i]));
-            if (rvs[i] == IDA_ESESSION) { /* answer gone: ask by tag */
-                cr_assert_eq(idalloc_lookup(cl, "b", tag, &ids[i]), 0);
+            snprintf(tag, sizeof(tag), "k%d-%d", t, i);
+            for (int tries = 0; o->rv != 0 && tries < 40; tries++) {
+                idalloc_retry_with(o->seq);
+                o->rv = idalloc_alloc(cl, "b", tag, &o->id, NULL);
+                cr_assert_eq(idalloc_last_request_seq(), o->seq);
             }
+            cr_assert_eq(o->rv, 0, "replay of k%d-%d: %s", t, i,
+                         idalloc_errname(o->rv));
         }
     }
-    qsort(ids, N, sizeof(uint64_t), cmp_u64);
-    for (int i = 1; i < N; i++) {
+    /* No id twice, and every tag holds the id it was answered. */
+    static uint64_t ids[KILL_THREADS * KILL_PER_THREAD];
+    int n = 0;
+    for (int t = 0; t < KILL_THREADS; t++) {
+        for (int i = 0; i < KILL_PER_THREAD; i++) {
+            char tag[32];
+            uint64_t held;
+            snprintf(tag, sizeof(tag), "k%d-%d", t, i);
+            cr_assert_eq(idalloc_lookup(admin, "b", tag, &held), 0);
+            cr_assert_eq(held, kops[t][i].id, "tag %s", tag);
+            ids[n++] = kops[t][i].id;
+        }
+    }
+    qsort(ids, (size_t)n, sizeof(uint64_t), cmp_u64);
+    for (int i = 1; i < n; i++) {
         cr_assert_neq(ids[i], ids[i - 1], "id %llu twice",
                       (unsigned long long)ids[i]);
     }
-    cr_log_info("unknown outcomes during the kill: %d", unknown);
+    idalloc_client_free(admin);
 }
