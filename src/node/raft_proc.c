@@ -581,6 +581,7 @@ static void on_client(struct raft_proc *rp, struct ida_sender *s,
         idalloc__client_request__free_unpacked(req, NULL);
     }
     ida_free(c);
+    drive(rp, s); /* a ReadIndex round's heartbeats go out now */
 }
 
 /* --- the processor ------------------------------------------------------------- */
