@@ -1,7 +1,6 @@
 #include "tests/cluster/harness.h"
 
 #include <arpa/inet.h>
-#include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -10,10 +9,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+/* The harness also runs inside benchmarks (no Criterion): a failed check
+ * prints and aborts, which a Criterion test reports as a crash. */
+#define TC_CHECK(cond, ...)                                            \
+    do {                                                               \
+        if (!(cond)) {                                                 \
+            fprintf(stderr, "harness: %s:%d: ", __FILE__, __LINE__);   \
+            fprintf(stderr, __VA_ARGS__);                              \
+            fprintf(stderr, "\n");                                     \
+            abort();                                                   \
+        }                                                              \
+    } while (0)
 
 uint64_t tc_now_ms(void)
 {
@@ -45,7 +57,7 @@ static unsigned free_port(void)
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    TC_CHECK(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0, "bind failed");
     socklen_t l = sizeof(a);
     getsockname(fd, (struct sockaddr *)&a, &l);
     close(fd);
@@ -54,14 +66,16 @@ static unsigned free_port(void)
 
 void tc_spawn(struct tc *c, int i)
 {
-    cr_assert_eq(c->pid[i], 0, "node %d already running", i + 1);
+    TC_CHECK(c->pid[i] == 0, "node %d already running", i + 1);
     char log[400], id[16];
     snprintf(log, sizeof(log), "%s/node%d.log", c->dir, i + 1);
     snprintf(id, sizeof(id), "%d", i + 1);
     const char *bin = tc_bin("idallocd");
     pid_t pid = fork();
-    cr_assert_geq(pid, 0);
+    TC_CHECK(pid >= 0, "fork failed");
     if (pid == 0) {
+        /* Die with the test: no node outlives a crashed test. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         dup2(fd, 2);
         dup2(fd, 1);
@@ -76,10 +90,10 @@ void tc_start(struct tc *c, int n, const char *extra)
     memset(c, 0, sizeof(*c));
     c->n = n;
     snprintf(c->dir, sizeof(c->dir), "/tmp/ida-cluster-XXXXXX");
-    cr_assert_not_null(mkdtemp(c->dir));
+    TC_CHECK(mkdtemp(c->dir) != NULL, "mkdtemp failed");
     snprintf(c->conf, sizeof(c->conf), "%s/cluster.conf", c->dir);
     FILE *f = fopen(c->conf, "w");
-    cr_assert_not_null(f);
+    TC_CHECK(f != NULL, "cannot write %s", c->conf);
     fprintf(f, "cluster test\ndata_dir %s/data\n", c->dir);
     fprintf(f, "election_timeout_ms 300\nheartbeat_ms 50\n");
     for (int i = 0; i < n; i++) {
@@ -95,7 +109,7 @@ void tc_start(struct tc *c, int n, const char *extra)
     }
     fclose(f);
     char err[IDA_ERRMSG_MAX];
-    cr_assert_eq(ida_config_load(c->conf, &c->cfg, err), 0, "%s", err);
+    TC_CHECK(ida_config_load(c->conf, &c->cfg, err) == 0, "%s", err);
     for (int i = 0; i < n; i++) {
         tc_spawn(c, i);
     }
@@ -141,7 +155,7 @@ struct idalloc_client *tc_client(struct tc *c, unsigned call_ms)
     o.attempt_timeout_ms = call_ms < 500 ? call_ms : 500;
     struct idalloc_client *cl;
     char err[IDALLOC_ERRMSG_MAX];
-    cr_assert_eq(idalloc_client_new(&o, &cl, err), 0, "%s", err);
+    TC_CHECK(idalloc_client_new(&o, &cl, err) == 0, "%s", err);
     return cl;
 }
 
@@ -223,7 +237,7 @@ int tc_run(char *out, size_t cap, const char *fmt, ...)
     vsnprintf(cmd, sizeof(cmd), fmt, ap);
     va_end(ap);
     FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
+    TC_CHECK(p != NULL, "popen failed");
     size_t n = fread(out, 1, cap - 1, p);
     out[n] = '\0';
     int status = pclose(p);
