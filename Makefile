@@ -62,6 +62,7 @@ LIB_SRC := $(filter-out %_main.c,$(COMMON_SRC) $(wildcard src/pool/*.c) \
 CLIENT_SRC := $(filter-out %_main.c,$(COMMON_SRC) $(wildcard src/client/*.c))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+PERCENT := %
 LIBIDA := $(BUILD)/libida.a
 
 TEST_SRC := $(wildcard tests/*/test_*.c)
@@ -85,6 +86,12 @@ ALL_OBJ := $(call obj,$(LIB_SRC) $(TEST_SRC) $(BENCH_SRC) $(PROG_SRC) \
     $(filter-out $(TEST_SRC) $(BENCH_SRC) $(PROG_SRC),$(wildcard tests/*/*.c)) \
     $(wildcard src/*/*_main.c)) $(PROTO_O)
 
+# Module fragments: extra targets, and additions to TEST_EXTRA / CHAOS_EXTRA
+# (included here, before the targets that read those variables).
+TEST_EXTRA :=
+CHAOS_EXTRA :=
+-include mk/*.mk
+
 # --- public targets ---------------------------------------------------------
 .PHONY: all build deps test asan tsan valgrind sim chaos bench run format \
     format-check check-layers clean help test-run
@@ -101,7 +108,6 @@ test: deps
 	@$(MAKE) --no-print-directory build
 	@$(MAKE) --no-print-directory test-run
 
-TEST_EXTRA ?=
 test-run: $(TEST_EXTRA)
 	@IDA_BUILD=$(BUILD) IDA_BINDIR=$(BINDIR) scripts/run-tests.sh $(TEST_BINS)
 
@@ -139,7 +145,6 @@ sim: all
 # make chaos [DURATION=seconds] [NODES=3|5] [SEED=n]
 DURATION ?= 60
 SEED ?= 1
-CHAOS_EXTRA ?=
 chaos: all $(CHAOS_EXTRA)
 	@if [ ! -x $(BUILD)/prog/chaos ]; then \
 	  echo "make chaos: the cluster chaos suite is missing (tests/chaos/chaos_main.c, issue 9)" >&2; exit 1; fi
@@ -200,13 +205,17 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $$(call support_of,tests/$$(dir $$*)) $
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS)
 
-$(BUILD)/bench/%: $$(call obj,$$(filter %/$$*.c,$$(BENCH_SRC))) \
-    $$(call support_of,$$(dir $$(filter %/$$*.c,$$(BENCH_SRC)))) $(LIBIDA)
+# A literal % in a pattern rule's prerequisites is replaced by the stem
+# before the second expansion, so the filters spell it $$(PERCENT).
+$(BUILD)/bench/%: $$(call obj,$$(filter $$(PERCENT)/$$*.c,$$(BENCH_SRC))) \
+    $$(call support_of,$$(dir $$(filter $$(PERCENT)/$$*.c,$$(BENCH_SRC)))) \
+    $(LIBIDA)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/prog/%: $$(call obj,$$(filter %/$$*_main.c,$$(PROG_SRC))) \
-    $$(call support_of,$$(dir $$(filter %/$$*_main.c,$$(PROG_SRC)))) $(LIBIDA)
+$(BUILD)/prog/%: $$(call obj,$$(filter $$(PERCENT)/$$*_main.c,$$(PROG_SRC))) \
+    $$(call support_of,$$(dir $$(filter $$(PERCENT)/$$*_main.c,$$(PROG_SRC)))) \
+    $(LIBIDA)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -226,5 +235,4 @@ $(LIBDIR)/libidalloc.so: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
 	@mkdir -p $(@D)
 	$(CC) -shared $(LDFLAGS) $^ -o $@ -luv -lprotobuf-c -lm
 
--include mk/*.mk
 -include $(ALL_OBJ:.o=.d)
