@@ -10,6 +10,8 @@
 #   tests/DIR/bench_*.c -> $(BUILD)/bench/bench_*     benchmarks (make bench)
 #   tests/DIR/*_main.c  -> $(BUILD)/prog/*            helper programs (sim, chaos)
 #   tests/DIR/other .c  -> support code linked into every binary of DIR
+#   tests/lib/*.c       -> $(BUILD)/libidatest.a, shared test code linked into
+#                          every test, benchmark and helper program
 # mk/*.mk fragments may add targets and append to CHAOS_EXTRA / TEST_EXTRA.
 
 .DEFAULT_GOAL := all
@@ -65,6 +67,8 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 PERCENT := %
 LIBIDA := $(BUILD)/libida.a
 
+TESTLIB_SRC := $(wildcard tests/lib/*.c)
+TESTLIB := $(BUILD)/libidatest.a
 TEST_SRC := $(wildcard tests/*/test_*.c)
 BENCH_SRC := $(wildcard tests/*/bench_*.c)
 PROG_SRC := $(wildcard tests/*/*_main.c)
@@ -82,7 +86,7 @@ ifneq ($(wildcard src/client/idalloc_main.c),)
 PROGRAMS += $(BINDIR)/idalloc $(LIBDIR)/libidalloc.a $(LIBDIR)/libidalloc.so
 endif
 
-ALL_OBJ := $(call obj,$(LIB_SRC) $(TEST_SRC) $(BENCH_SRC) $(PROG_SRC) \
+ALL_OBJ := $(call obj,$(LIB_SRC) $(TEST_SRC) $(BENCH_SRC) $(PROG_SRC) $(TESTLIB_SRC) \
     $(filter-out $(TEST_SRC) $(BENCH_SRC) $(PROG_SRC),$(wildcard tests/*/*.c)) \
     $(wildcard src/*/*_main.c)) $(PROTO_O)
 
@@ -200,8 +204,13 @@ $(LIBIDA): $(call obj,$(LIB_SRC)) $(PROTO_O)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
+$(TESTLIB): $(call obj,$(TESTLIB_SRC))
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
 .SECONDEXPANSION:
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $$(call support_of,tests/$$(dir $$*)) $(LIBIDA)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $$(call support_of,tests/$$(dir $$*)) \
+    $(if $(TESTLIB_SRC),$(TESTLIB)) $(LIBIDA)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS)
 
@@ -209,13 +218,13 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $$(call support_of,tests/$$(dir $$*)) $
 # before the second expansion, so the filters spell it $$(PERCENT).
 $(BUILD)/bench/%: $$(call obj,$$(filter $$(PERCENT)/$$*.c,$$(BENCH_SRC))) \
     $$(call support_of,$$(dir $$(filter $$(PERCENT)/$$*.c,$$(BENCH_SRC)))) \
-    $(LIBIDA)
+    $(if $(TESTLIB_SRC),$(TESTLIB)) $(LIBIDA)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/prog/%: $$(call obj,$$(filter $$(PERCENT)/$$*_main.c,$$(PROG_SRC))) \
     $$(call support_of,$$(dir $$(filter $$(PERCENT)/$$*_main.c,$$(PROG_SRC)))) \
-    $(LIBIDA)
+    $(if $(TESTLIB_SRC),$(TESTLIB)) $(LIBIDA)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
