@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "src/client/bench.h"
-#include "tests/cluster/harness.h"
+#include "tests/lib/harness.h"
 
 static double fdatasync_rate(const char *dir, double secs)
 {

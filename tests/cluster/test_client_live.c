@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/cluster/harness.h"
+#include "tests/lib/harness.h"
 
 static struct tc c;
 static struct idalloc_client *cl;

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "src/common/frame.h"
-#include "tests/cluster/harness.h"
+#include "tests/lib/harness.h"
 
 static struct tc c;
 static struct idalloc_client *cl;

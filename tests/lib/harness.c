@@ -1,4 +1,4 @@
-#include "tests/cluster/harness.h"
+#include "tests/lib/harness.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
