@@ -79,13 +79,15 @@ void tc_spawn(struct tc *c, int i)
         int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         dup2(fd, 2);
         dup2(fd, 1);
-        execl(bin, bin, "--config", c->conf, "--node", id, (char *)NULL);
+        const char *conf = c->node_conf[i][0] != '\0' ? c->node_conf[i]
+                                                       : c->conf;
+        execl(bin, bin, "--config", conf, "--node", id, (char *)NULL);
         _exit(127);
     }
     c->pid[i] = pid;
 }
 
-void tc_start(struct tc *c, int n, const char *extra)
+void tc_setup(struct tc *c, int n, const char *extra)
 {
     memset(c, 0, sizeof(*c));
     c->n = n;
@@ -110,6 +112,11 @@ void tc_start(struct tc *c, int n, const char *extra)
     fclose(f);
     char err[IDA_ERRMSG_MAX];
     TC_CHECK(ida_config_load(c->conf, &c->cfg, err) == 0, "%s", err);
+}
+
+void tc_start(struct tc *c, int n, const char *extra)
+{
+    tc_setup(c, n, extra);
     for (int i = 0; i < n; i++) {
         tc_spawn(c, i);
     }

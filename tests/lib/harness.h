@@ -19,11 +19,16 @@ struct tc {
     char addrs[512]; /* client addresses, comma-separated */
     pid_t pid[TC_NODES_MAX]; /* 0: not running */
     struct ida_config cfg;
+    /* Per-node cluster files (""-: use conf). The chaos test gives each
+     * node its own view of the peers' addresses (its proxies). */
+    char node_conf[TC_NODES_MAX][320];
 };
 
 /* Write a cluster of @n nodes (extra config lines in @extra, may be NULL)
  * and start every node. */
 void tc_start(struct tc *c, int n, const char *extra);
+/* The same without starting anything. */
+void tc_setup(struct tc *c, int n, const char *extra);
 /* Start node @i (0-based) again. */
 void tc_spawn(struct tc *c, int i);
 /* Send @sig to node @i; for SIGKILL/SIGTERM wait for it and return its exit
