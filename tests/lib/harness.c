@@ -1,3 +1,5 @@
+/* _GNU_SOURCE for gettid(): see tc_spawn(). */
+#define _GNU_SOURCE
 #include "tests/lib/harness.h"
 
 #include <arpa/inet.h>
@@ -71,11 +73,17 @@ void tc_spawn(struct tc *c, int i)
     snprintf(log, sizeof(log), "%s/node%d.log", c->dir, i + 1);
     snprintf(id, sizeof(id), "%d", i + 1);
     const char *bin = tc_bin("idallocd");
+    int main_thread = getpid() == gettid();
     pid_t pid = fork();
     TC_CHECK(pid >= 0, "fork failed");
     if (pid == 0) {
-        /* Die with the test: no node outlives a crashed test. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* Die with the test: no node outlives a crashed test. The signal
+         * comes when the forking *thread* ends, so only children of the
+         * main thread can use it (the chaos nemesis restarts nodes from a
+         * thread of its own; tc_destroy() stops those). */
+        if (main_thread) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+        }
         int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         dup2(fd, 2);
         dup2(fd, 1);
