@@ -66,6 +66,19 @@ static int dial(uint16_t port)
     return fd;
 }
 
+/* CHAOS_PROXY_LOG=1: one line per link event on stderr. */
+static void plog(const char *what, int link, int a, int b)
+{
+    static int on = -1;
+    if (on < 0) {
+        on = getenv("CHAOS_PROXY_LOG") != NULL;
+    }
+    if (on) {
+        fprintf(stderr, "proxy: %s link %d->%d fds %d %d\n", what,
+                link / PROXY_NODES_MAX + 1, link % PROXY_NODES_MAX + 1, a, b);
+    }
+}
+
 static void nonblocking(int fd)
 {
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -73,6 +86,7 @@ static void nonblocking(int fd)
 
 static void close_pair(struct pair *pr)
 {
+    plog("close", pr->link, pr->a, pr->b);
     close(pr->a);
     close(pr->b);
     pr->link = -1;
@@ -95,9 +109,11 @@ static void accept_on(struct proxy *p, int link)
     int to = link % PROXY_NODES_MAX;
     int up = is_blocked(p, link) ? -1 : dial(p->peer_port[to]);
     if (up < 0) {
+        plog("refuse", link, fd, -1);
         close(fd); /* blocked, or the node is down */
         return;
     }
+    plog("open", link, fd, up);
     nonblocking(fd);
     nonblocking(up);
     for (int k = 0; k < PAIRS_MAX; k++) {
