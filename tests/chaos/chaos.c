@@ -191,7 +191,7 @@ static void fault(struct run *x, uint64_t *rng)
     int target = (int)(rnd(rng) % (uint64_t)n);
     struct chaos_report *rep = x->r;
     if (r < 50) { /* kill -9, the leader at least a third of the time */
-        int lead = leader >= 0 && rnd(rng) % 100 < 45;
+        int lead = leader >= 0 && rnd(rng) % 100 < 70;
         target = lead ? leader : target;
         if (lead) {
             pthread_mutex_lock(&x->mu);
