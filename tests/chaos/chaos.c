@@ -207,10 +207,14 @@ static void fault(struct run *x, uint64_t *rng)
     } else if (r < 68) { /* pause longer than an election timeout */
         int lead = leader >= 0 && rnd(rng) % 2 == 0;
         target = lead ? leader : target;
+        pid_t pid = x->c.pid[target];
+        if (pid <= 0) {
+            return; /* kill(0) would stop the whole process group */
+        }
         rep->faults[lead ? F_PAUSE_LEADER : F_PAUSE]++;
-        kill(x->c.pid[target], SIGSTOP);
+        kill(pid, SIGSTOP);
         nap(x, rng, 500, 1500);
-        kill(x->c.pid[target], SIGCONT);
+        kill(pid, SIGCONT);
     } else if (r < 95) { /* partitions */
         int kind = (int)(rnd(rng) % 3);
         if (kind == 0 && leader >= 0) {
@@ -323,6 +327,22 @@ static int setup(struct run *x)
     return rv == 0 ? 0 : -1;
 }
 
+/* The state letter of process @pid (R, S, T, Z...) or '?'. */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return '?';
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p != NULL && p[1] == ' ' ? p[2] : '?';
+}
+
 static int heal(struct run *x)
 {
     proxy_heal(x->px);
@@ -333,7 +353,14 @@ static int heal(struct run *x)
             tc_spawn(&x->c, i);
         }
     }
-    return tc_wait_leader(&x->c, 30000) >= 0 ? 0 : -1;
+    if (tc_wait_leader(&x->c, 30000) >= 0) {
+        return 0;
+    }
+    for (int i = 0; i < x->c.n; i++) {
+        fprintf(stderr, "chaos: node %d pid %d state %c\n", i + 1,
+                (int)x->c.pid[i], proc_state(x->c.pid[i]));
+    }
+    return -1;
 }
 
 /* --- after the run: resolve, replay, read the final state ---------------------- */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define LINKS_MAX (PROXY_NODES_MAX * PROXY_NODES_MAX)
@@ -54,12 +55,24 @@ static int listen_any(uint16_t *port)
     return fd;
 }
 
+/* Connect with a 200 ms limit: a node that stopped accepting must not
+ * freeze the proxy (and with it every link). */
 static int dial(uint16_t port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+    int rv = connect(fd, (struct sockaddr *)&a, sizeof(a));
+    if (rv != 0 && errno == EINPROGRESS) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (poll(&p, 1, 200) == 1 &&
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0) {
+            rv = 0;
+        }
+    }
+    if (rv != 0) {
         close(fd);
         return -1;
     }
@@ -74,7 +87,10 @@ static void plog(const char *what, int link, int a, int b)
         on = getenv("CHAOS_PROXY_LOG") != NULL;
     }
     if (on) {
-        fprintf(stderr, "proxy: %s link %d->%d fds %d %d\n", what,
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        fprintf(stderr, "proxy: %ld.%03ld %s link %d->%d fds %d %d\n",
+                (long)ts.tv_sec % 1000, ts.tv_nsec / 1000000, what,
                 link / PROXY_NODES_MAX + 1, link % PROXY_NODES_MAX + 1, a, b);
     }
 }
