@@ -1,3 +1,5 @@
+/* _GNU_SOURCE for accept4() and pipe2() (close-on-exec sockets). */
+#define _GNU_SOURCE
 #include "tests/chaos/proxy.h"
 
 #include <arpa/inet.h>
@@ -40,7 +42,7 @@ static int link_of(int from, int to)
 
 static int listen_any(uint16_t *port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     struct sockaddr_in a = {.sin_family = AF_INET};
@@ -59,7 +61,7 @@ static int listen_any(uint16_t *port)
  * freeze the proxy (and with it every link). */
 static int dial(uint16_t port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     int rv = connect(fd, (struct sockaddr *)&a, sizeof(a));
@@ -118,7 +120,9 @@ static int is_blocked(struct proxy *p, int link)
 
 static void accept_on(struct proxy *p, int link)
 {
-    int fd = accept(p->listen_fd[link], NULL, NULL);
+    /* Close-on-exec everywhere: a node forked by the test must not keep a
+     * copy of a proxy socket, or closing it here would not close it. */
+    int fd = accept4(p->listen_fd[link], NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
         return;
     }
@@ -262,7 +266,7 @@ struct proxy *proxy_start(int n, const uint16_t *peer_port)
             }
         }
     }
-    if (pipe(p->wake) != 0) {
+    if (pipe2(p->wake, O_CLOEXEC) != 0) {
         abort();
     }
     pthread_create(&p->thread, NULL, proxy_main, p);
