@@ -170,8 +170,11 @@ static void serve_ready_reads(struct fsm_proc *fp)
         free_read(fp->reads[k]);
         k++;
     }
-    memmove(fp->reads, fp->reads + k, (fp->n_reads - k) * sizeof(*fp->reads));
-    fp->n_reads -= k;
+    if (k > 0) {
+        memmove(fp->reads, fp->reads + k,
+                (fp->n_reads - k) * sizeof(*fp->reads));
+        fp->n_reads -= k;
+    }
 }
 
 static void on_read(struct fsm_proc *fp, struct nm_read *rd)
