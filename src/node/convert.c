@@ -1,0 +1,224 @@
+#include "src/node/convert.h"
+
+#include <string.h>
+
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+
+static int entries_to_pb(const struct ida_entry *e, size_t n,
+                         struct node_pb_peer *pb)
+{
+    if (n == 0) {
+        return 0;
+    }
+    pb->entries = ida_calloc(n, sizeof(*pb->entries));
+    pb->entry_ptrs = ida_calloc(n, sizeof(*pb->entry_ptrs));
+    if (pb->entries == NULL || pb->entry_ptrs == NULL) {
+        return IDA_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        Idalloc__LogEntry *le = &pb->entries[i];
+        idalloc__log_entry__init(le);
+        le->term = e[i].term;
+        le->index = e[i].index;
+        le->type = (Idalloc__EntryType)e[i].type;
+        le->data.data = e[i].data;
+        le->data.len = e[i].len;
+        pb->entry_ptrs[i] = le;
+    }
+    pb->u.ae.entries = pb->entry_ptrs;
+    pb->u.ae.n_entries = n;
+    return 0;
+}
+
+int node_raft_to_pb(const struct ida_raft_msg *m, struct node_pb_peer *pb)
+{
+    memset(pb, 0, sizeof(*pb));
+    idalloc__peer_message__init(&pb->msg);
+    pb->msg.from = m->from;
+    pb->msg.to = m->to;
+    pb->msg.term = m->term;
+    switch (m->type) {
+        case IDA_RAFT_MSG_REQUEST_VOTE:
+            idalloc__request_vote__init(&pb->u.rv);
+            pb->u.rv.pre_vote = m->u.request_vote.pre_vote;
+            pb->u.rv.last_log_index = m->u.request_vote.last_log_index;
+            pb->u.rv.last_log_term = m->u.request_vote.last_log_term;
+            pb->u.rv.transfer = m->u.request_vote.transfer;
+            pb->msg.msg_case = IDALLOC__PEER_MESSAGE__MSG_REQUEST_VOTE;
+            pb->msg.request_vote = &pb->u.rv;
+            return 0;
+        case IDA_RAFT_MSG_RESPONSE_VOTE:
+            idalloc__response_vote__init(&pb->u.rsv);
+            pb->u.rsv.pre_vote = m->u.response_vote.pre_vote;
+            pb->u.rsv.granted = m->u.response_vote.granted;
+            pb->msg.msg_case = IDALLOC__PEER_MESSAGE__MSG_RESPONSE_VOTE;
+            pb->msg.response_vote = &pb->u.rsv;
+            return 0;
+        case IDA_RAFT_MSG_APPEND_ENTRIES: {
+            const struct ida_raft_append_entries *a = &m->u.append_entries;
+            idalloc__append_entries__init(&pb->u.ae);
+            pb->u.ae.prev_log_index = a->prev_log_index;
+            pb->u.ae.prev_log_term = a->prev_log_term;
+            pb->u.ae.commit_index = a->commit_index;
+            pb->u.ae.read_ctx = a->read_ctx;
+            pb->msg.msg_case = IDALLOC__PEER_MESSAGE__MSG_APPEND_ENTRIES;
+            pb->msg.append_entries = &pb->u.ae;
+            return entries_to_pb(a->entries, a->n_entries, pb);
+        }
+        case IDA_RAFT_MSG_APPEND_RESPONSE: {
+            const struct ida_raft_append_response *a = &m->u.append_response;
+            idalloc__append_response__init(&pb->u.ar);
+            pb->u.ar.success = a->success;
+            pb->u.ar.match_index = a->match_index;
+            pb->u.ar.reject_index = a->reject_index;
+            pb->u.ar.conflict_term = a->conflict_term;
+            pb->u.ar.conflict_index = a->conflict_index;
+            pb->u.ar.read_ctx = a->read_ctx;
+            pb->msg.msg_case = IDALLOC__PEER_MESSAGE__MSG_APPEND_RESPONSE;
+            pb->msg.append_response = &pb->u.ar;
+            return 0;
+        }
+        case IDA_RAFT_MSG_INSTALL_SNAPSHOT: {
+            const struct ida_raft_install_snapshot *s = &m->u.install_snapshot;
+            idalloc__install_snapshot__init(&pb->u.is);
+            pb->u.is.last_index = s->last_index;
+            pb->u.is.last_term = s->last_term;
+            pb->u.is.offset = s->offset;
+            pb->u.is.data.data = (uint8_t *)s->data;
+            pb->u.is.data.len = s->len;
+            pb->u.is.done = s->done;
+            pb->u.is.total_size = s->total_size;
+            pb->msg.msg_case = IDALLOC__PEER_MESSAGE__MSG_INSTALL_SNAPSHOT;
+            pb->msg.install_snapshot = &pb->u.is;
+            return 0;
+        }
+        case IDA_RAFT_MSG_SNAPSHOT_RESPONSE: {
+            const struct ida_raft_snapshot_response *s =
+                &m->u.snapshot_response;
+            idalloc__snapshot_response__init(&pb->u.sr);
+            pb->u.sr.last_index = s->last_index;
+            pb->u.sr.next_offset = s->next_offset;
+            pb->u.sr.done = s->done;
+            pb->u.sr.success = s->success;
+            pb->msg.msg_case = IDALLOC__PEER_MESSAGE__MSG_SNAPSHOT_RESPONSE;
+            pb->msg.snapshot_response = &pb->u.sr;
+            return 0;
+        }
+        case IDA_RAFT_MSG_TIMEOUT_NOW:
+            idalloc__timeout_now__init(&pb->u.tn);
+            pb->msg.msg_case = IDALLOC__PEER_MESSAGE__MSG_TIMEOUT_NOW;
+            pb->msg.timeout_now = &pb->u.tn;
+            return 0;
+    }
+    return IDA_EINVAL;
+}
+
+void node_pb_peer_release(struct node_pb_peer *pb)
+{
+    ida_free(pb->entries);
+    ida_free(pb->entry_ptrs);
+    pb->entries = NULL;
+    pb->entry_ptrs = NULL;
+}
+
+static int entries_from_pb(const Idalloc__AppendEntries *ae,
+                           struct ida_raft_msg *m, struct ida_entry **out)
+{
+    *out = NULL;
+    if (ae->n_entries == 0) {
+        return 0;
+    }
+    struct ida_entry *e = ida_calloc(ae->n_entries, sizeof(*e));
+    if (e == NULL) {
+        return IDA_ENOMEM;
+    }
+    for (size_t i = 0; i < ae->n_entries; i++) {
+        const Idalloc__LogEntry *le = ae->entries[i];
+        if (le->type != IDALLOC__ENTRY_TYPE__ENTRY_NORMAL &&
+            le->type != IDALLOC__ENTRY_TYPE__ENTRY_NOOP &&
+            le->type != IDALLOC__ENTRY_TYPE__ENTRY_CONFIG) {
+            ida_free(e);
+            return IDA_EPROTO;
+        }
+        e[i].term = le->term;
+        e[i].index = le->index;
+        e[i].type = (enum ida_entry_type)le->type;
+        e[i].data = le->data.data;
+        e[i].len = le->data.len;
+    }
+    m->u.append_entries.entries = e;
+    m->u.append_entries.n_entries = ae->n_entries;
+    *out = e;
+    return 0;
+}
+
+int node_pb_to_raft(const Idalloc__PeerMessage *pb, struct ida_raft_msg *m,
+                    struct ida_entry **entries)
+{
+    memset(m, 0, sizeof(*m));
+    *entries = NULL;
+    m->from = pb->from;
+    m->to = pb->to;
+    m->term = pb->term;
+    switch (pb->msg_case) {
+        case IDALLOC__PEER_MESSAGE__MSG_REQUEST_VOTE:
+            m->type = IDA_RAFT_MSG_REQUEST_VOTE;
+            m->u.request_vote.pre_vote = pb->request_vote->pre_vote;
+            m->u.request_vote.last_log_index = pb->request_vote->last_log_index;
+            m->u.request_vote.last_log_term = pb->request_vote->last_log_term;
+            m->u.request_vote.transfer = pb->request_vote->transfer;
+            return 0;
+        case IDALLOC__PEER_MESSAGE__MSG_RESPONSE_VOTE:
+            m->type = IDA_RAFT_MSG_RESPONSE_VOTE;
+            m->u.response_vote.pre_vote = pb->response_vote->pre_vote;
+            m->u.response_vote.granted = pb->response_vote->granted;
+            return 0;
+        case IDALLOC__PEER_MESSAGE__MSG_APPEND_ENTRIES:
+            m->type = IDA_RAFT_MSG_APPEND_ENTRIES;
+            m->u.append_entries.prev_log_index =
+                pb->append_entries->prev_log_index;
+            m->u.append_entries.prev_log_term =
+                pb->append_entries->prev_log_term;
+            m->u.append_entries.commit_index = pb->append_entries->commit_index;
+            m->u.append_entries.read_ctx = pb->append_entries->read_ctx;
+            return entries_from_pb(pb->append_entries, m, entries);
+        case IDALLOC__PEER_MESSAGE__MSG_APPEND_RESPONSE: {
+            const Idalloc__AppendResponse *a = pb->append_response;
+            m->type = IDA_RAFT_MSG_APPEND_RESPONSE;
+            m->u.append_response.success = a->success;
+            m->u.append_response.match_index = a->match_index;
+            m->u.append_response.reject_index = a->reject_index;
+            m->u.append_response.conflict_term = a->conflict_term;
+            m->u.append_response.conflict_index = a->conflict_index;
+            m->u.append_response.read_ctx = a->read_ctx;
+            return 0;
+        }
+        case IDALLOC__PEER_MESSAGE__MSG_INSTALL_SNAPSHOT: {
+            const Idalloc__InstallSnapshot *s = pb->install_snapshot;
+            m->type = IDA_RAFT_MSG_INSTALL_SNAPSHOT;
+            m->u.install_snapshot.last_index = s->last_index;
+            m->u.install_snapshot.last_term = s->last_term;
+            m->u.install_snapshot.offset = s->offset;
+            m->u.install_snapshot.data = s->data.data;
+            m->u.install_snapshot.len = s->data.len;
+            m->u.install_snapshot.done = s->done;
+            m->u.install_snapshot.total_size = s->total_size;
+            return 0;
+        }
+        case IDALLOC__PEER_MESSAGE__MSG_SNAPSHOT_RESPONSE: {
+            const Idalloc__SnapshotResponse *s = pb->snapshot_response;
+            m->type = IDA_RAFT_MSG_SNAPSHOT_RESPONSE;
+            m->u.snapshot_response.last_index = s->last_index;
+            m->u.snapshot_response.next_offset = s->next_offset;
+            m->u.snapshot_response.done = s->done;
+            m->u.snapshot_response.success = s->success;
+            return 0;
+        }
+        case IDALLOC__PEER_MESSAGE__MSG_TIMEOUT_NOW:
+            m->type = IDA_RAFT_MSG_TIMEOUT_NOW;
+            return 0;
+        default:
+            return IDA_EPROTO;
+    }
+}

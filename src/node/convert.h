@@ -1,0 +1,37 @@
+/* Translation between the Raft core's message structs and proto
+ * PeerMessage, and between client requests and log commands. */
+#ifndef IDA_NODE_CONVERT_H
+#define IDA_NODE_CONVERT_H
+
+#include "proto/idalloc.pb-c.h"
+#include "raft/raft.h"
+
+/* Scratch space for one PeerMessage built from a raft message; it points
+ * into @m (borrowed) and into itself. */
+struct node_pb_peer {
+    Idalloc__PeerMessage msg;
+    union {
+        Idalloc__RequestVote rv;
+        Idalloc__ResponseVote rsv;
+        Idalloc__AppendEntries ae;
+        Idalloc__AppendResponse ar;
+        Idalloc__InstallSnapshot is;
+        Idalloc__SnapshotResponse sr;
+        Idalloc__TimeoutNow tn;
+    } u;
+    Idalloc__LogEntry *entries;    /* ida_malloc'd */
+    Idalloc__LogEntry **entry_ptrs; /* ida_malloc'd */
+};
+
+/* Fill @pb from @m. Returns 0 or IDA_ENOMEM. Release with
+ * node_pb_peer_release(). */
+int node_raft_to_pb(const struct ida_raft_msg *m, struct node_pb_peer *pb);
+void node_pb_peer_release(struct node_pb_peer *pb);
+
+/* Fill @m from @pb. Entries go into *@entries (ida_malloc'd, caller frees;
+ * their data points into @pb, so @pb must outlive @m). Returns 0,
+ * IDA_EPROTO (no or unknown message, bad entry type), IDA_ENOMEM. */
+int node_pb_to_raft(const Idalloc__PeerMessage *pb, struct ida_raft_msg *m,
+                    struct ida_entry **entries);
+
+#endif /* IDA_NODE_CONVERT_H */

@@ -1,0 +1,379 @@
+/* The fsm processor: applies committed entries to the allocator state
+ * machine, answers the clients waiting for them, serves reads once their
+ * ReadIndex is applied, and snapshots every snapshot_interval_entries.
+ * See node.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ida/assert.h"
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "src/common/log.h"
+#include "src/node/node.h"
+
+#define PENDING_BUCKETS 4096
+
+/* A write this node proposed, waiting for its entry to apply. */
+struct pending {
+    uint8_t client_id[16];
+    uint64_t seq;
+    uint64_t conn;
+    struct pending *next;
+};
+
+struct fsm_proc {
+    struct ida_node *node;
+    struct ida_fsm *fsm;
+    ida_term applied_term;
+    ida_index snapshot_index;
+    struct pending *buckets[PENDING_BUCKETS];
+    size_t n_pending;
+    struct nm_read **reads; /* FIFO; indexes never decrease */
+    size_t n_reads, cap_reads;
+    struct node_outq q;
+};
+
+static size_t bucket_of(const uint8_t *cid, uint64_t seq)
+{
+    uint64_t h = seq * 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < 16; i++) {
+        h = (h ^ cid[i]) * 0x100000001b3ull;
+    }
+    return (size_t)(h % PENDING_BUCKETS);
+}
+
+static void add_pending(struct fsm_proc *fp, const struct nm_register *r)
+{
+    size_t b = bucket_of(r->client_id, r->request_seq);
+    for (struct pending *p = fp->buckets[b]; p != NULL; p = p->next) {
+        if (p->seq == r->request_seq &&
+            memcmp(p->client_id, r->client_id, 16) == 0) {
+            p->conn = r->conn; /* a retry on this node: answer the latest */
+            return;
+        }
+    }
+    struct pending *p = ida_malloc(sizeof(*p));
+    if (p == NULL) {
+        return; /* the client will time out and retry */
+    }
+    memcpy(p->client_id, r->client_id, 16);
+    p->seq = r->request_seq;
+    p->conn = r->conn;
+    p->next = fp->buckets[b];
+    fp->buckets[b] = p;
+    fp->n_pending++;
+}
+
+/* Remove and return the connection waiting for (@cid, @seq), or 0. */
+static uint64_t take_pending(struct fsm_proc *fp, const uint8_t *cid,
+                             uint64_t seq)
+{
+    struct pending **pp = &fp->buckets[bucket_of(cid, seq)];
+    for (; *pp != NULL; pp = &(*pp)->next) {
+        struct pending *p = *pp;
+        if (p->seq == seq && memcmp(p->client_id, cid, 16) == 0) {
+            uint64_t conn = p->conn;
+            *pp = p->next;
+            ida_free(p);
+            fp->n_pending--;
+            return conn;
+        }
+    }
+    return 0;
+}
+
+static void reply(struct fsm_proc *fp, uint64_t conn, uint64_t seq,
+                  Idalloc__CommandResult *res)
+{
+    Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
+    r.request_seq = seq;
+    r.result = res;
+    ida_net_reply(fp->node->net, conn, &r);
+}
+
+static void reply_error(struct fsm_proc *fp, uint64_t conn, uint64_t seq,
+                        int err)
+{
+    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    res.error = (uint32_t)err;
+    res.error_msg = (char *)idalloc_strerror(err);
+    reply(fp, conn, seq, &res);
+}
+
+static void lose_all_pending(struct fsm_proc *fp)
+{
+    for (size_t b = 0; b < PENDING_BUCKETS; b++) {
+        while (fp->buckets[b] != NULL) {
+            struct pending *p = fp->buckets[b];
+            fp->buckets[b] = p->next;
+            reply_error(fp, p->conn, p->seq, IDA_ELEADERLOST);
+            ida_free(p);
+        }
+    }
+    fp->n_pending = 0;
+}
+
+/* --- reads ------------------------------------------------------------------ */
+
+static void serve_read(struct fsm_proc *fp, struct nm_read *rd)
+{
+    const Idalloc__ClientRequest *q = rd->req;
+    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    Idalloc__LookupResult lr = IDALLOC__LOOKUP_RESULT__INIT;
+    Idalloc__ListResult li = IDALLOC__LIST_RESULT__INIT;
+    struct ida_fsm_holding h[IDA_LIST_LIMIT_MAX];
+    Idalloc__Holding hp[IDA_LIST_LIMIT_MAX];
+    Idalloc__Holding *hpp[IDA_LIST_LIMIT_MAX];
+    int rv;
+    if (q->op_case == IDALLOC__CLIENT_REQUEST__OP_LOOKUP) {
+        rv = ida_fsm_lookup(fp->fsm, q->lookup->pool, q->lookup->tag, &lr.id);
+        res.result_case = IDALLOC__COMMAND_RESULT__RESULT_LOOKUP;
+        res.lookup = &lr;
+    } else {
+        size_t count = 0;
+        bool more = false;
+        rv = ida_fsm_list(fp->fsm, q->list->pool, q->list->has_after,
+                          q->list->after_id, q->list->limit, h, &count, &more);
+        for (size_t i = 0; rv == 0 && i < count; i++) {
+            idalloc__holding__init(&hp[i]);
+            hp[i].id = h[i].id;
+            hp[i].tag = (char *)h[i].tag;
+            hpp[i] = &hp[i];
+        }
+        li.holdings = hpp;
+        li.n_holdings = rv == 0 ? count : 0;
+        li.more = more;
+        res.result_case = IDALLOC__COMMAND_RESULT__RESULT_LIST;
+        res.list = &li;
+    }
+    if (rv != 0) {
+        res.result_case = IDALLOC__COMMAND_RESULT__RESULT__NOT_SET;
+        res.error = (uint32_t)rv;
+        res.error_msg = (char *)idalloc_strerror(rv);
+    }
+    reply(fp, rd->conn, q->request_seq, &res);
+}
+
+static void free_read(struct nm_read *rd)
+{
+    idalloc__client_request__free_unpacked(rd->req, NULL);
+    ida_free(rd);
+}
+
+static void serve_ready_reads(struct fsm_proc *fp)
+{
+    ida_index applied = ida_fsm_applied_index(fp->fsm);
+    size_t k = 0;
+    while (k < fp->n_reads && fp->reads[k]->index <= applied) {
+        serve_read(fp, fp->reads[k]);
+        free_read(fp->reads[k]);
+        k++;
+    }
+    if (k > 0) {
+        memmove(fp->reads, fp->reads + k,
+                (fp->n_reads - k) * sizeof(*fp->reads));
+        fp->n_reads -= k;
+    }
+}
+
+static void on_read(struct fsm_proc *fp, struct nm_read *rd)
+{
+    if (rd->index <= ida_fsm_applied_index(fp->fsm) && fp->n_reads == 0) {
+        serve_read(fp, rd);
+        free_read(rd);
+        return;
+    }
+    if (fp->n_reads == fp->cap_reads) {
+        size_t cap = fp->cap_reads == 0 ? 64 : fp->cap_reads * 2;
+        struct nm_read **v = ida_realloc(fp->reads, cap * sizeof(*v));
+        if (v == NULL) {
+            reply_error(fp, rd->conn, rd->req->request_seq, IDA_EBUSY);
+            free_read(rd);
+            return;
+        }
+        fp->reads = v;
+        fp->cap_reads = cap;
+    }
+    fp->reads[fp->n_reads++] = rd;
+}
+
+/* --- apply ------------------------------------------------------------------ */
+
+static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
+{
+    struct ida_node *n = fp->node;
+    ida_index applied = ida_fsm_applied_index(fp->fsm);
+    if (applied - fp->snapshot_index < n->cfg.snapshot_interval_entries) {
+        return;
+    }
+    uint8_t *data;
+    size_t len;
+    if (ida_fsm_snapshot(fp->fsm, &data, &len) != 0) {
+        IDA_WARN("fsm: no memory for a snapshot at %llu; will retry",
+                 (unsigned long long)applied);
+        return;
+    }
+    struct nm_snapshot *a = ida_malloc(sizeof(*a));
+    struct nm_snapshot *b = ida_malloc(sizeof(*b));
+    uint8_t *copy = ida_malloc(len > 0 ? len : 1);
+    if (a == NULL || b == NULL || copy == NULL) {
+        ida_free(a);
+        ida_free(b);
+        ida_free(copy);
+        ida_free(data);
+        return;
+    }
+    memcpy(copy, data, len);
+    *a = (struct nm_snapshot){applied, fp->applied_term, data, len};
+    *b = (struct nm_snapshot){applied, fp->applied_term, copy, len};
+    struct ida_msg *ma = node_msg_new(NM_SNAPSHOT_STORE, a);
+    struct ida_msg *mb = node_msg_new(NM_SNAPSHOT_TAKEN, b);
+    IDA_ASSERT(ma != NULL && mb != NULL);
+    node_send(&fp->q, s, n->p_storage, ma);
+    node_send(&fp->q, s, n->p_raft, mb);
+    fp->snapshot_index = applied;
+    IDA_INFO("fsm: snapshot at index %llu (%zu bytes)",
+             (unsigned long long)applied, len);
+}
+
+static void answer(struct fsm_proc *fp, const struct ida_fsm_applied *ap)
+{
+    for (size_t i = 0; i < ap->count; i++) {
+        const struct ida_fsm_reply *r = &ap->replies[i];
+        uint64_t conn = take_pending(fp, r->client_id, r->request_seq);
+        if (conn == 0) {
+            continue; /* another node's client, or nobody waits any more */
+        }
+        struct ida_fsm_result_pb pb;
+        ida_fsm_result_to_pb(&r->result, &pb);
+        reply(fp, conn, r->request_seq, &pb.msg);
+    }
+}
+
+static void apply_entries(struct fsm_proc *fp, const struct nm_apply *a)
+{
+    if (a->has_snapshot) {
+        int rv = ida_fsm_restore(fp->fsm, a->snap_data, a->snap_len);
+        if (rv != 0) {
+            IDA_ERROR("fsm: cannot restore the snapshot at %llu: %s; exiting",
+                      (unsigned long long)a->snap_index, idalloc_strerror(rv));
+            exit(1); /* a restart rebuilds from durable storage */
+        }
+        fp->applied_term = a->snap_term;
+        fp->snapshot_index = a->snap_index;
+        IDA_INFO("fsm: installed snapshot at index %llu",
+                 (unsigned long long)a->snap_index);
+    }
+    for (size_t i = 0; i < a->n_entries; i++) {
+        const struct ida_entry *e = &a->entries[i];
+        if (e->index <= ida_fsm_applied_index(fp->fsm)) {
+            continue; /* covered by a snapshot restored meanwhile */
+        }
+        struct ida_fsm_applied ap;
+        int rv = ida_fsm_apply(fp->fsm, e->index, e->type, e->data, e->len,
+                               &ap);
+        if (rv != 0) {
+            /* The state may no longer match the other replicas': stop; a
+             * restart rebuilds it from the snapshot and the log. */
+            IDA_ERROR("fsm: applying entry %llu failed: %s; exiting",
+                      (unsigned long long)e->index, idalloc_strerror(rv));
+            exit(1);
+        }
+        if (ap.entry_error != 0) {
+            IDA_ERROR("fsm: entry %llu is malformed (%s); applied as a no-op",
+                      (unsigned long long)e->index,
+                      idalloc_strerror(ap.entry_error));
+        }
+        fp->applied_term = e->term;
+        answer(fp, &ap);
+    }
+}
+
+static void on_apply(struct fsm_proc *fp, struct ida_sender *s,
+                     const struct nm_apply *a)
+{
+    apply_entries(fp, a);
+    serve_ready_reads(fp);
+    maybe_snapshot(fp, s);
+    struct nm_applied *done = ida_malloc(sizeof(*done));
+    if (done != NULL) {
+        done->index = ida_fsm_applied_index(fp->fsm);
+        done->snapshot_index = fp->snapshot_index;
+        struct ida_msg *m = node_msg_new(NM_APPLIED, done);
+        if (m == NULL) {
+            ida_free(done);
+        } else {
+            node_send(&fp->q, s, fp->node->p_raft, m);
+        }
+    }
+}
+
+static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
+{
+    struct fsm_proc *fp = state;
+    void *p = node_msg_payload(msg);
+    node_outq_flush(&fp->q, s);
+    switch ((enum node_msg_type)msg->type) {
+        case NM_APPLY:
+            on_apply(fp, s, p);
+            break;
+        case NM_READ:
+            on_read(fp, p);
+            ida_msg_free(msg);
+            return;
+        case NM_REGISTER:
+            add_pending(fp, p);
+            break;
+        case NM_LEADERSHIP_LOST:
+            lose_all_pending(fp);
+            break;
+        default:
+            break;
+    }
+    node_msg_free(msg);
+}
+
+static void fsm_ping(void *state, struct ida_sender *s)
+{
+    struct fsm_proc *fp = state;
+    node_outq_flush(&fp->q, s);
+}
+
+const struct ida_proc_ops ida__fsm_proc_ops = {fsm_receive, fsm_ping};
+
+int ida__fsm_proc_new(struct ida_node *n, struct ida_fsm *fsm,
+                      ida_term applied_term, struct fsm_proc **out)
+{
+    struct fsm_proc *fp = ida_calloc(1, sizeof(*fp));
+    if (fp == NULL) {
+        return IDA_ENOMEM;
+    }
+    fp->node = n;
+    fp->fsm = fsm;
+    fp->applied_term = applied_term;
+    fp->snapshot_index = ida_fsm_applied_index(fsm);
+    *out = fp;
+    return 0;
+}
+
+void ida__fsm_proc_free(struct fsm_proc *fp)
+{
+    if (fp == NULL) {
+        return;
+    }
+    for (size_t b = 0; b < PENDING_BUCKETS; b++) {
+        while (fp->buckets[b] != NULL) {
+            struct pending *p = fp->buckets[b];
+            fp->buckets[b] = p->next;
+            ida_free(p);
+        }
+    }
+    for (size_t i = 0; i < fp->n_reads; i++) {
+        free_read(fp->reads[i]);
+    }
+    ida_free(fp->reads);
+    node_outq_close(&fp->q);
+    ida_fsm_free(fp->fsm);
+    ida_free(fp);
+}

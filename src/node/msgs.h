@@ -1,0 +1,154 @@
+/* Messages between the node's processors (net, raft, storage, fsm).
+ *
+ * Every message is an ida_msg whose payload is one pointer to a heap struct
+ * of the type's kind; ownership of that struct moves with the message (the
+ * receiver frees it with node_msg_free()). Flow:
+ *
+ *   net --CLIENT, PEER, PEER_STATE--> raft
+ *   raft --PERSIST--> storage --PERSISTED--> raft
+ *   raft --APPLY, READ, REGISTER, LEADERSHIP_LOST--> fsm
+ *   storage --APPLY (after a snapshot it installed)--> fsm
+ *   fsm --APPLIED, SNAPSHOT_TAKEN--> raft;  fsm --SNAPSHOT_STORE--> storage
+ *   storage --STORAGE_FAILED--> raft
+ *
+ * Replies to clients and messages to peers go straight to net (thread-safe).
+ */
+#ifndef IDA_NODE_MSGS_H
+#define IDA_NODE_MSGS_H
+
+#include <stdint.h>
+
+#include "ida/types.h"
+#include "proto/idalloc.pb-c.h"
+#include "raft/raft.h"
+#include "src/pool/pool.h"
+
+enum node_msg_type {
+    NM_CLIENT = 1,
+    NM_PEER,
+    NM_PEER_STATE,
+    NM_PERSIST,
+    NM_PERSISTED,
+    NM_APPLY,
+    NM_READ,
+    NM_REGISTER,
+    NM_LEADERSHIP_LOST,
+    NM_APPLIED,
+    NM_SNAPSHOT_TAKEN,
+    NM_SNAPSHOT_STORE,
+    NM_STORAGE_FAILED,
+};
+
+struct nm_client {
+    uint64_t conn;
+    Idalloc__ClientRequest *req; /* owned */
+};
+
+struct nm_peer_state {
+    unsigned node_id;
+    int up;
+};
+
+/* One raft batch to make durable, then what to do after. */
+struct nm_persist {
+    uint64_t batch_id;
+    int has_hard_state;
+    struct ida_hard_state hard_state;
+    struct ida_entry *entries; /* deep copies */
+    size_t n_entries;
+    int has_snapshot;
+    ida_index snap_index;
+    ida_term snap_term;
+    uint8_t *snap_data;
+    size_t snap_len;
+    struct ida_raft_msg *after; /* msgs_after_persist, deep copies */
+    size_t n_after;
+    struct nm_apply *apply_after; /* committed entries to forward to fsm
+                                     once durable (snapshot batches), or NULL */
+};
+
+struct nm_persisted {
+    uint64_t batch_id;
+};
+
+/* Committed entries (deep copies) for the fsm, optionally preceded by a
+ * snapshot to restore. */
+struct nm_apply {
+    int has_snapshot;
+    ida_index snap_index;
+    ida_term snap_term;
+    uint8_t *snap_data;
+    size_t snap_len;
+    struct ida_entry *entries;
+    size_t n_entries;
+};
+
+/* A linearizable read, to serve once applied >= index. */
+struct nm_read {
+    uint64_t conn;
+    ida_index index;
+    Idalloc__ClientRequest *req; /* owned */
+};
+
+/* A write waiting for its entry to apply. */
+struct nm_register {
+    uint8_t client_id[16];
+    uint64_t request_seq;
+    uint64_t conn;
+};
+
+struct nm_applied {
+    ida_index index;
+    ida_index snapshot_index;
+};
+
+struct nm_snapshot {
+    ida_index index;
+    ida_term term;
+    uint8_t *data;
+    size_t len;
+};
+
+struct nm_storage_failed {
+    int code;
+    char msg[256];
+};
+
+/* A message of @type carrying @payload (ownership moves in); NULL when out
+ * of memory (then @payload is still the caller's). */
+struct ida_msg *node_msg_new(enum node_msg_type type, void *payload);
+/* The payload pointer of @m. */
+void *node_msg_payload(const struct ida_msg *m);
+/* Free @m and its payload, whatever its type. */
+void node_msg_free(struct ida_msg *m);
+
+void nm_persist_free(struct nm_persist *p);
+void nm_apply_free(struct nm_apply *a);
+
+/* Deep copies (one allocation each); NULL when out of memory. */
+struct ida_entry *node_entries_copy(const struct ida_entry *e, size_t n);
+struct ida_raft_msg *node_raft_msgs_copy(const struct ida_raft_msg *m,
+                                         size_t n);
+void node_raft_msgs_free(struct ida_raft_msg *m, size_t n);
+
+
+
+/* Ordered sends from a processor with back-pressure: a message that finds
+ * its target's inbox full waits here, and so does everything sent after it
+ * (to any target), so messages never overtake each other. */
+struct node_outq {
+    struct {
+        uint32_t to;
+        struct ida_msg *msg;
+    } *v;
+    size_t head, n, cap;
+};
+
+/* Send @m to @to through @q (ownership moves in; on out-of-memory or a
+ * stopping pool the message is freed and dropped, with a log line). */
+void node_send(struct node_outq *q, struct ida_sender *s, uint32_t to,
+               struct ida_msg *m);
+/* Retry what waits in @q; call at the start of every receive/ping. */
+void node_outq_flush(struct node_outq *q, struct ida_sender *s);
+void node_outq_close(struct node_outq *q);
+#endif /* IDA_NODE_MSGS_H */

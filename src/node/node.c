@@ -1,0 +1,307 @@
+/* idallocd: assembling a node from its parts (see node.h). */
+#include "src/node/node.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "src/common/log.h"
+
+/* The cluster as an encoded ClusterConfig (stored in snapshot metas). */
+static int encode_cluster(struct ida_node *n)
+{
+    Idalloc__Member m[IDA_CONFIG_NODES_MAX], *mp[IDA_CONFIG_NODES_MAX];
+    Idalloc__ClusterConfig cc = IDALLOC__CLUSTER_CONFIG__INIT;
+    for (unsigned i = 0; i < n->cfg.node_count; i++) {
+        idalloc__member__init(&m[i]);
+        m[i].id = n->cfg.nodes[i].id;
+        m[i].peer_addr = n->cfg.nodes[i].peer.text;
+        m[i].client_addr = n->cfg.nodes[i].client.text;
+        m[i].voter = 1;
+        mp[i] = &m[i];
+    }
+    cc.members = mp;
+    cc.n_members = n->cfg.node_count;
+    n->config_pb_len = idalloc__cluster_config__get_packed_size(&cc);
+    n->config_pb = ida_malloc(n->config_pb_len > 0 ? n->config_pb_len : 1);
+    if (n->config_pb == NULL) {
+        return IDA_ENOMEM;
+    }
+    idalloc__cluster_config__pack(&cc, n->config_pb);
+    return 0;
+}
+
+/* Rebuild the state machine and the Raft core from storage. */
+static int restore(struct ida_node *n, struct ida_fsm *fsm,
+                   ida_term *applied_term, char *errmsg)
+{
+    struct ida_storage *st = &n->storage;
+    struct ida_raft_restore rr = {0};
+    struct ida_snapshot_meta meta = {0};
+    uint8_t *snap = NULL;
+    struct ida_entry *entries = NULL;
+    int rv = ida_storage_hard_state(st, &rr.hard_state);
+    if (rv == 0) {
+        rv = ida_storage_snapshot_load(st, &meta, &snap);
+        if (rv == 0) {
+            rr.snapshot_index = meta.index;
+            rr.snapshot_term = meta.term;
+            rr.snapshot_data = snap;
+            rr.snapshot_len = meta.data_size;
+            rv = ida_fsm_restore(fsm, snap, meta.data_size);
+            /* A crash may have left log entries the snapshot covers. */
+            if (rv == 0) {
+                rv = ida_storage_compact(st, meta.index);
+            }
+        } else if (rv == IDA_ENOTFOUND) {
+            rv = 0;
+        }
+    }
+    *applied_term = meta.term;
+    struct ida_log_state ls;
+    if (rv == 0) {
+        rv = ida_storage_log_state(st, &ls);
+    }
+    ida_index lo = rr.snapshot_index + 1;
+    if (rv == 0 && ls.first > lo) {
+        lo = ls.first;
+    }
+    if (rv == 0 && ls.last >= lo) {
+        size_t count;
+        rv = ida_storage_entries(st, lo, ls.last + 1, 0, &entries, &count);
+        rr.entries = entries;
+        rr.n_entries = count;
+    }
+    if (rv == 0) {
+        rv = ida__raft_proc_new(n, &rr, &n->raft);
+    }
+    if (rv != 0) {
+        snprintf(errmsg, IDA_ERRMSG_MAX, "%.200s: cannot restore the node: "
+                 "%s%s%.200s", n->dir, idalloc_strerror(rv),
+                 st->errmsg[0] ? ": " : "", st->errmsg);
+    } else {
+        IDA_INFO("node: restored term=%llu vote=%u snapshot=%llu log=%llu..%llu",
+                 (unsigned long long)rr.hard_state.term, rr.hard_state.vote,
+                 (unsigned long long)rr.snapshot_index,
+                 (unsigned long long)lo, (unsigned long long)ls.last);
+    }
+    ida_free(entries);
+    ida_free(snap);
+    ida_snapshot_meta_release(&meta);
+    return rv;
+}
+
+int ida_node_open(struct ida_node *n, const struct ida_node_opts *o,
+                  char *errmsg)
+{
+    memset(n, 0, sizeof(*n));
+    int rv = ida_config_load(o->config_path, &n->cfg, errmsg);
+    if (rv != 0) {
+        return IDA_ECONFIG; /* unreadable or bad: a usage problem either way */
+    }
+    n->self = ida_config_node(&n->cfg, o->node_id);
+    if (n->self == NULL) {
+        snprintf(errmsg, IDA_ERRMSG_MAX, "%s: no node %u in cluster %s",
+                 o->config_path, o->node_id, n->cfg.cluster);
+        return IDA_ECONFIG;
+    }
+    if (n->cfg.node_count > IDA_RAFT_NODES_MAX) {
+        snprintf(errmsg, IDA_ERRMSG_MAX, "%s: at most %d nodes per cluster",
+                 o->config_path, IDA_RAFT_NODES_MAX);
+        return IDA_ECONFIG;
+    }
+    ida_log_set_node(o->node_id);
+    ida_log_set_level(n->cfg.log_level);
+    const char *data = o->data_dir != NULL ? o->data_dir : n->cfg.data_dir;
+    if (strlen(data) >= IDA_PATH_MAX) {
+        snprintf(errmsg, IDA_ERRMSG_MAX, "data directory path too long");
+        return IDA_ECONFIG;
+    }
+    snprintf(n->dir, sizeof(n->dir), "%.*s/node%u", IDA_PATH_MAX - 1, data,
+             o->node_id);
+    struct ida_storage_opts so = {.cluster = n->cfg.cluster,
+                                  .node_id = o->node_id};
+    rv = ida_storage_open(&n->storage, n->dir, &so);
+    if (rv != 0) {
+        snprintf(errmsg, IDA_ERRMSG_MAX, "%s", n->storage.errmsg);
+        return rv;
+    }
+    n->storage_open = 1;
+    struct ida_fsm *fsm = NULL;
+    ida_term applied_term = 0;
+    rv = encode_cluster(n);
+    if (rv == 0) {
+        rv = ida_fsm_new(&fsm);
+    }
+    if (rv == 0) {
+        rv = restore(n, fsm, &applied_term, errmsg);
+    }
+    if (rv == 0) {
+        rv = ida__storage_proc_new(n, &n->sp);
+    }
+    if (rv == 0) {
+        rv = ida__fsm_proc_new(n, fsm, applied_term, &n->fp);
+        fsm = rv == 0 ? NULL : fsm; /* owned by the processor now */
+    }
+    ida_fsm_free(fsm);
+    if (rv != 0) {
+        if (errmsg[0] == '\0') {
+            snprintf(errmsg, IDA_ERRMSG_MAX, "%s", idalloc_strerror(rv));
+        }
+        ida_node_close(n);
+    }
+    return rv;
+}
+
+/* --- net callbacks (on the net thread) ------------------------------------- */
+
+static void net_client_request(void *arg, uint64_t conn,
+                               Idalloc__ClientRequest *req)
+{
+    struct ida_node *n = arg;
+    struct nm_client *c = ida_malloc(sizeof(*c));
+    struct ida_msg *m = c != NULL ? node_msg_new(NM_CLIENT, c) : NULL;
+    int rv = m == NULL ? IDA_ENOMEM : 0;
+    if (m != NULL) {
+        c->conn = conn;
+        c->req = req;
+        rv = ida_pool_post(n->pool, n->p_raft, m);
+    }
+    if (rv == 0) {
+        return;
+    }
+    /* Overloaded or stopping: answer at once, nothing was done. */
+    Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
+    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    res.error = rv == IDA_ESTOPPED ? IDA_ESTOPPED : IDA_EBUSY;
+    res.error_msg = (char *)idalloc_strerror((int)res.error);
+    r.request_seq = req->request_seq;
+    r.result = &res;
+    ida_net_reply(n->net, conn, &r);
+    if (m != NULL) {
+        node_msg_free(m); /* frees c and req */
+    } else {
+        ida_free(c);
+        idalloc__client_request__free_unpacked(req, NULL);
+    }
+}
+
+static void net_peer_message(void *arg, Idalloc__PeerMessage *pm)
+{
+    struct ida_node *n = arg;
+    struct ida_msg *m = node_msg_new(NM_PEER, pm);
+    if (m == NULL) {
+        idalloc__peer_message__free_unpacked(pm, NULL);
+        return;
+    }
+    if (ida_pool_post(n->pool, n->p_raft, m) != 0) {
+        node_msg_free(m); /* dropped: Raft retransmits */
+    }
+}
+
+static void net_peer_state(void *arg, unsigned id, int up)
+{
+    struct ida_node *n = arg;
+    struct nm_peer_state *ps = ida_malloc(sizeof(*ps));
+    if (ps == NULL) {
+        return;
+    }
+    ps->node_id = id;
+    ps->up = up;
+    struct ida_msg *m = node_msg_new(NM_PEER_STATE, ps);
+    if (m == NULL || ida_pool_post(n->pool, n->p_raft, m) != 0) {
+        if (m != NULL) {
+            node_msg_free(m);
+        } else {
+            ida_free(ps);
+        }
+    }
+}
+
+/* --- start and stop ---------------------------------------------------------- */
+
+static int add_procs(struct ida_node *n)
+{
+    struct ida_proc_config pc[3] = {
+        {.name = "raft", .ops = &ida__raft_proc_ops, .state = n->raft,
+         .inbox_capacity = 65536,
+         .ping_interval_us = ida__raft_proc_tick_ms(n) * 1000},
+        {.name = "storage", .ops = &ida__storage_proc_ops, .state = n->sp,
+         .inbox_capacity = 65536, .ping_interval_us = 10000},
+        {.name = "fsm", .ops = &ida__fsm_proc_ops, .state = n->fp,
+         .inbox_capacity = 65536, .ping_interval_us = 10000},
+    };
+    uint32_t *ids[3] = {&n->p_raft, &n->p_storage, &n->p_fsm};
+    for (int i = 0; i < 3; i++) {
+        int rv = ida_pool_add(n->pool, &pc[i], ids[i]);
+        if (rv != 0) {
+            return rv;
+        }
+    }
+    return 0;
+}
+
+int ida_node_start(struct ida_node *n, char *errmsg)
+{
+    /* One worker per processor: a storage fsync never stalls raft or fsm. */
+    struct ida_pool_config pcfg = {.threads = 3,
+                                   .idle_wait_us = 1000,
+                                   .errtop_dir = n->dir,
+                                   .node_id = n->self->id};
+    int rv = ida_pool_new(&pcfg, &n->pool);
+    if (rv == 0) {
+        rv = add_procs(n);
+    }
+    struct ida_net_config nc = {.cluster = &n->cfg, .self_id = n->self->id};
+    struct ida_net_handler h = {net_client_request, net_peer_message,
+                                net_peer_state, n};
+    if (rv == 0) {
+        rv = ida_net_start(&nc, &h, &n->net, errmsg);
+    }
+    if (rv == 0) {
+        rv = ida_pool_start(n->pool);
+    }
+    if (rv != 0) {
+        if (errmsg[0] == '\0') {
+            snprintf(errmsg, IDA_ERRMSG_MAX, "cannot start: %s",
+                     idalloc_strerror(rv));
+        }
+        ida_node_close(n);
+        return rv;
+    }
+    IDA_INFO("node: started, cluster %s, peers on %s, clients on %s, data in "
+             "%s", n->cfg.cluster, n->self->peer.text, n->self->client.text,
+             n->dir);
+    return 0;
+}
+
+void ida_node_close(struct ida_node *n)
+{
+    /* Processors first (the storage step in flight completes: a receive()
+     * is never interrupted), while net still exists for their sends; then
+     * net; then the state they used. */
+    if (n->pool != NULL) {
+        ida_pool_stop(n->pool, IDA_POOL_STOP_DROP);
+    }
+    if (n->net != NULL) {
+        ida_net_stop(n->net);
+        n->net = NULL;
+    }
+    if (n->pool != NULL) {
+        ida_pool_close(n->pool);
+        n->pool = NULL;
+    }
+    ida__raft_proc_free(n->raft);
+    ida__storage_proc_free(n->sp);
+    ida__fsm_proc_free(n->fp);
+    n->raft = NULL;
+    n->sp = NULL;
+    n->fp = NULL;
+    if (n->storage_open) {
+        ida_storage_close(&n->storage);
+        n->storage_open = 0;
+    }
+    ida_free(n->config_pb);
+    n->config_pb = NULL;
+}

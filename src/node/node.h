@@ -1,0 +1,100 @@
+/* idallocd: one node of an idalloc cluster.
+ *
+ * DESIGN (DESIGN.md, "One node"): four parts, each owning its state.
+ *   net      libuv on its own thread (src/node/net.h): peers and clients.
+ *   raft     processor: the Raft core, group commit of client commands into
+ *            log entries, ReadIndex, leadership bookkeeping, status.
+ *   storage  processor: each Raft batch becomes one durable LMDB step; then
+ *            the messages that had to wait for it go out.
+ *   fsm      processor: applies committed entries, answers the clients
+ *            whose writes they carry, serves confirmed reads, snapshots
+ *            every snapshot_interval_entries.
+ * The three processors run on the message-passing pool (src/pool), one
+ * worker thread each, so a storage fsync never stalls raft or fsm.
+ *
+ * Group commit: while a raft batch is being persisted, client commands
+ * accumulate in an open CommandBatch; it is proposed as one log entry as
+ * soon as the storage step in flight completes (or the batch is full).
+ * The leader sends AppendEntries before its own fsync (parallel persist).
+ *
+ * Durability: an answer to a write leaves only after the fsm applied its
+ * entry, which the Raft core hands out only once it is committed, i.e.
+ * fsynced on a majority (the core counts the leader only once its own
+ * storage step completed).
+ */
+#ifndef IDA_NODE_H
+#define IDA_NODE_H
+
+#include <stdint.h>
+
+#include "fsm/fsm.h"
+#include "raft/raft.h"
+#include "src/common/config.h"
+#include "src/node/msgs.h"
+#include "src/node/net.h"
+#include "src/pool/pool.h"
+#include "storage/storage.h"
+
+#define IDA_NODE_TICK_MS_MAX 10
+
+struct ida_node_opts {
+    const char *config_path;
+    unsigned node_id;
+    const char *data_dir; /* NULL: the cluster file's data_dir */
+};
+
+struct raft_proc;
+struct storage_proc;
+struct fsm_proc;
+
+struct ida_node {
+    struct ida_config cfg;
+    const struct ida_config_node *self;
+    char dir[IDA_PATH_MAX + 16]; /* data_dir/nodeN */
+    struct ida_storage storage;
+    int storage_open;
+    struct ida_pool *pool;
+    uint32_t p_raft, p_storage, p_fsm;
+    struct ida_net *net;
+    struct raft_proc *raft;
+    struct storage_proc *sp;
+    struct fsm_proc *fp;
+    uint8_t *config_pb; /* the cluster as an encoded ClusterConfig */
+    size_t config_pb_len;
+};
+
+/* Load the cluster file, open storage (refusing a foreign directory) and
+ * rebuild the Raft core and the state machine from it. Binds nothing.
+ * Returns 0 or an error with a one-line message in @errmsg
+ * (IDA_ERRMSG_MAX). On error nothing needs to be closed. */
+int ida_node_open(struct ida_node *n, const struct ida_node_opts *o,
+                  char *errmsg);
+
+/* Bind the addresses and start the threads. On error the node is closed. */
+int ida_node_start(struct ida_node *n, char *errmsg);
+
+/* Stop accepting, finish the storage step in flight, close everything. */
+void ida_node_close(struct ida_node *n);
+
+/* --- the processors (node internals) ------------------------------------- */
+
+int ida__raft_proc_new(struct ida_node *n, const struct ida_raft_restore *r,
+                       struct raft_proc **out);
+void ida__raft_proc_free(struct raft_proc *rp);
+extern const struct ida_proc_ops ida__raft_proc_ops;
+unsigned ida__raft_proc_tick_ms(const struct ida_node *n);
+
+int ida__storage_proc_new(struct ida_node *n, struct storage_proc **out);
+void ida__storage_proc_free(struct storage_proc *sp);
+extern const struct ida_proc_ops ida__storage_proc_ops;
+
+int ida__fsm_proc_new(struct ida_node *n, struct ida_fsm *fsm,
+                      ida_term applied_term, struct fsm_proc **out);
+void ida__fsm_proc_free(struct fsm_proc *fp);
+extern const struct ida_proc_ops ida__fsm_proc_ops;
+
+/* Milliseconds of a monotonic / wall clock. */
+uint64_t ida__node_mono_ms(void);
+uint64_t ida__node_wall_ms(void);
+
+#endif /* IDA_NODE_H */

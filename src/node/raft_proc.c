@@ -1,0 +1,788 @@
+/* The raft processor: owns the Raft core; turns client writes into log
+ * entries (group commit), reads into ReadIndex rounds, and every batch of
+ * the core into work for net, storage and fsm. See node.h. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "ida/assert.h"
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "src/common/log.h"
+#include "src/node/convert.h"
+#include "src/node/node.h"
+
+/* Close the open batch at this many commands or bytes even while a storage
+ * step is in flight. */
+#define OPEN_COMMANDS_MAX 4096
+#define OPEN_BYTES_MAX (1u << 20)
+
+struct pending_read {
+    uint64_t ctx;
+    uint64_t conn;
+    Idalloc__ClientRequest *req; /* owned */
+    int asked;                   /* read_index accepted it */
+};
+
+struct raft_proc {
+    struct ida_node *node;
+    struct ida_raft raft;
+    unsigned tick_ms;
+    uint64_t last_tick_ms;
+    /* The open batch: requests whose ops go into the next entry. */
+    Idalloc__ClientRequest **open;
+    size_t n_open, cap_open, open_bytes;
+    unsigned persist_inflight;
+    /* Reads waiting for their ReadIndex round. */
+    struct pending_read *reads;
+    size_t n_reads, cap_reads;
+    uint64_t next_ctx;
+    /* Route committed entries through storage until this batch is durable
+     * (after a snapshot batch: the restore must precede them). */
+    uint64_t route_until;
+    /* What we know of the others. */
+    ida_index applied, snapshot_index;
+    enum ida_raft_role role;
+    ida_node_id leader;
+    ida_term term;
+    int storage_failed;
+    int peer_up[IDA_CONFIG_NODES_MAX + 1];
+    struct node_outq q;
+};
+
+uint64_t ida__node_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+uint64_t ida__node_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+unsigned ida__raft_proc_tick_ms(const struct ida_node *n)
+{
+    unsigned t = n->cfg.heartbeat_ms / 2;
+    if (t > IDA_NODE_TICK_MS_MAX) {
+        t = IDA_NODE_TICK_MS_MAX;
+    }
+    return t > 0 ? t : 1;
+}
+
+/* --- replies ------------------------------------------------------------------ */
+
+static void reply_error(struct raft_proc *rp, uint64_t conn, uint64_t seq,
+                        int err, const char *why)
+{
+    struct ida_node *n = rp->node;
+    Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
+    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    res.error = (uint32_t)err;
+    res.error_msg = (char *)(why != NULL ? why : idalloc_strerror(err));
+    r.request_seq = seq;
+    r.result = &res;
+    if (err == IDA_ENOTLEADER && rp->leader != 0) {
+        const struct ida_config_node *l = ida_config_node(&n->cfg, rp->leader);
+        r.leader_id = rp->leader;
+        r.leader_addr = l != NULL ? (char *)l->client.text : "";
+    }
+    ida_net_reply(n->net, conn, &r);
+}
+
+static const char *progress_state(enum ida_raft_progress_state s)
+{
+    return s == IDA_RAFT_REPLICATE ? "replicate"
+           : s == IDA_RAFT_SNAPSHOT ? "snapshot"
+                                    : "probe";
+}
+
+/* Merge the pool workers' error top dumps, most frequent first. */
+static size_t read_top_errors(struct raft_proc *rp,
+                              struct ida_errtop_entry *out, size_t max)
+{
+    size_t n = 0;
+    for (uint32_t t = 0; t < ida_pool_threads(rp->node->pool); t++) {
+        char path[IDA_PATH_MAX + 64];
+        struct ida_errtop_entry e[8];
+        size_t k = 0;
+        snprintf(path, sizeof(path), "%s/errtop-%u.pb", rp->node->dir, t);
+        if (ida_errtop_read_file(path, e, 8, &k) != 0) {
+            continue;
+        }
+        for (size_t i = 0; i < k && n < max; i++) {
+            out[n++] = e[i];
+        }
+    }
+    for (size_t i = 1; i < n; i++) { /* insertion sort by count */
+        struct ida_errtop_entry x = out[i];
+        size_t j = i;
+        while (j > 0 && out[j - 1].count < x.count) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = x;
+    }
+    return n;
+}
+
+static void reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
+{
+    struct ida_node *n = rp->node;
+    struct ida_raft *r = &rp->raft;
+    Idalloc__ClientResponse resp = IDALLOC__CLIENT_RESPONSE__INIT;
+    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    Idalloc__NodeStatus st = IDALLOC__NODE_STATUS__INIT;
+    Idalloc__PeerProgress pp[IDA_RAFT_NODES_MAX], *ppp[IDA_RAFT_NODES_MAX];
+    Idalloc__ErrorCount ec[8], *ecp[8];
+    struct ida_errtop_entry top[8];
+    st.node_id = n->self->id;
+    st.peer_addr = (char *)n->self->peer.text;
+    st.client_addr = (char *)n->self->client.text;
+    st.role = (char *)ida_raft_role_name(ida_raft_role(r));
+    st.term = ida_raft_term(r);
+    st.leader_id = ida_raft_leader(r);
+    st.commit_index = ida_raft_commit(r);
+    st.applied_index = rp->applied;
+    st.log_first_index = r->snap_index + 1;
+    st.log_last_index = ida_raft_last_index(r);
+    st.snapshot_index = rp->snapshot_index;
+    st.snapshot_term = r->snap_term;
+    size_t np = 0;
+    for (size_t i = 0; ida_raft_role(r) == IDA_RAFT_LEADER &&
+                       i < r->cfg.n_voters;
+         i++) {
+        const struct ida_raft_progress *p = &r->prs[i];
+        if (p->id == n->self->id) {
+            continue;
+        }
+        idalloc__peer_progress__init(&pp[np]);
+        pp[np].node_id = p->id;
+        pp[np].match_index = p->match;
+        pp[np].next_index = p->next;
+        pp[np].state = (char *)progress_state(p->state);
+        pp[np].connected = p->id <= IDA_CONFIG_NODES_MAX && rp->peer_up[p->id];
+        ppp[np] = &pp[np];
+        np++;
+    }
+    st.peers = ppp;
+    st.n_peers = np;
+    size_t ne = read_top_errors(rp, top, 8);
+    for (size_t i = 0; i < ne; i++) {
+        idalloc__error_count__init(&ec[i]);
+        ec[i].code = top[i].code;
+        ec[i].text = top[i].text;
+        ec[i].count = top[i].count;
+        ec[i].last_seen_unix_ms = top[i].last_seen_ms;
+        ecp[i] = &ec[i];
+    }
+    st.top_errors = ecp;
+    st.n_top_errors = ne;
+    res.result_case = IDALLOC__COMMAND_RESULT__RESULT_STATUS;
+    res.status = &st;
+    resp.request_seq = seq;
+    resp.result = &res;
+    resp.leader_id = ida_raft_leader(r);
+    ida_net_reply(n->net, conn, &resp);
+}
+
+/* --- sending ------------------------------------------------------------------ */
+
+static void send_peer(struct raft_proc *rp, const struct ida_raft_msg *m)
+{
+    struct node_pb_peer pb;
+    if (node_raft_to_pb(m, &pb) == 0) {
+        ida_net_send_peer(rp->node->net, m->to, &pb.msg);
+    }
+    node_pb_peer_release(&pb);
+}
+
+static void send_node_msg(struct raft_proc *rp, struct ida_sender *s,
+                          uint32_t to, enum node_msg_type type, void *payload)
+{
+    struct ida_msg *m = node_msg_new(type, payload);
+    if (m == NULL) {
+        IDA_ERROR("raft: out of memory sending to a processor");
+        ida_free(payload); /* callers pass flat payloads on this path */
+        return;
+    }
+    node_send(&rp->q, s, to, m);
+}
+
+/* --- leadership ---------------------------------------------------------------- */
+
+static void fail_reads(struct raft_proc *rp, int err)
+{
+    for (size_t i = 0; i < rp->n_reads; i++) {
+        reply_error(rp, rp->reads[i].conn, rp->reads[i].req->request_seq, err,
+                    NULL);
+        idalloc__client_request__free_unpacked(rp->reads[i].req, NULL);
+    }
+    rp->n_reads = 0;
+}
+
+/* Every write this node accepted has an unknown outcome now: the fsm answers
+ * them IDA_ELEADERLOST (a retry with the same id finds the truth). */
+static void lose_writes(struct raft_proc *rp, struct ida_sender *s)
+{
+    for (size_t i = 0; i < rp->n_open; i++) {
+        idalloc__client_request__free_unpacked(rp->open[i], NULL);
+    }
+    rp->n_open = 0;
+    rp->open_bytes = 0;
+    uint8_t *flag = ida_malloc(1);
+    if (flag != NULL) {
+        send_node_msg(rp, s, rp->node->p_fsm, NM_LEADERSHIP_LOST, flag);
+    }
+}
+
+static void note_soft_state(struct raft_proc *rp, struct ida_sender *s,
+                            const struct ida_raft_batch *b)
+{
+    if (b->role == rp->role && b->leader == rp->leader && b->term == rp->term) {
+        return;
+    }
+    int was_leader = rp->role == IDA_RAFT_LEADER;
+    if (b->role == IDA_RAFT_LEADER && !was_leader) {
+        IDA_INFO("raft: became leader term=%llu", (unsigned long long)b->term);
+    } else if (b->leader != rp->leader || b->term != rp->term) {
+        IDA_INFO("raft: %s term=%llu leader=%u", ida_raft_role_name(b->role),
+                 (unsigned long long)b->term, b->leader);
+    }
+    if (was_leader && b->role != IDA_RAFT_LEADER) {
+        IDA_INFO("raft: lost leadership term=%llu", (unsigned long long)b->term);
+        fail_reads(rp, IDA_ELEADERLOST);
+        lose_writes(rp, s);
+    }
+    rp->role = b->role;
+    rp->leader = b->leader;
+    rp->term = b->term;
+}
+
+/* --- batches ---------------------------------------------------------------------- */
+
+/* The fsm's part of a batch: its snapshot to restore (if any), then its
+ * committed entries. */
+static struct nm_apply *make_apply(const struct ida_raft_batch *b)
+{
+    struct nm_apply *a = ida_calloc(1, sizeof(*a));
+    if (a == NULL) {
+        return NULL;
+    }
+    if (b->has_snapshot) {
+        a->has_snapshot = 1;
+        a->snap_index = b->snapshot.index;
+        a->snap_term = b->snapshot.term;
+        a->snap_len = b->snapshot.len;
+        a->snap_data = ida_malloc(b->snapshot.len > 0 ? b->snapshot.len : 1);
+        if (a->snap_data == NULL) {
+            ida_free(a);
+            return NULL;
+        }
+        memcpy(a->snap_data, b->snapshot.data, b->snapshot.len);
+    }
+    if (b->n_committed > 0) {
+        a->entries = node_entries_copy(b->committed, b->n_committed);
+        if (a->entries == NULL) {
+            nm_apply_free(a);
+            return NULL;
+        }
+        a->n_entries = b->n_committed;
+    }
+    return a;
+}
+
+static struct nm_persist *make_persist(const struct ida_raft_batch *b)
+{
+    struct nm_persist *p = ida_calloc(1, sizeof(*p));
+    if (p == NULL) {
+        return NULL;
+    }
+    p->batch_id = b->id;
+    p->has_hard_state = b->has_hard_state;
+    p->hard_state = b->hard_state;
+    if (b->n_entries > 0) {
+        p->entries = node_entries_copy(b->entries, b->n_entries);
+        p->n_entries = b->n_entries;
+    }
+    if (b->has_snapshot) {
+        p->has_snapshot = 1;
+        p->snap_index = b->snapshot.index;
+        p->snap_term = b->snapshot.term;
+        p->snap_len = b->snapshot.len;
+        p->snap_data = ida_malloc(b->snapshot.len > 0 ? b->snapshot.len : 1);
+        if (p->snap_data != NULL && b->snapshot.len > 0) {
+            memcpy(p->snap_data, b->snapshot.data, b->snapshot.len);
+        }
+    }
+    if (b->n_msgs_after_persist > 0) {
+        p->after = node_raft_msgs_copy(b->msgs_after_persist,
+                                       b->n_msgs_after_persist);
+        p->n_after = b->n_msgs_after_persist;
+    }
+    if ((b->n_entries > 0 && p->entries == NULL) ||
+        (b->has_snapshot && p->snap_data == NULL) ||
+        (b->n_msgs_after_persist > 0 && p->after == NULL)) {
+        p->n_after = p->after == NULL ? 0 : p->n_after;
+        nm_persist_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* Hand one batch of the core to net, storage and fsm. */
+static void handle_batch(struct raft_proc *rp, struct ida_sender *s,
+                         const struct ida_raft_batch *b)
+{
+    struct ida_node *n = rp->node;
+    note_soft_state(rp, s, b);
+    for (size_t i = 0; i < b->n_msgs; i++) {
+        send_peer(rp, &b->msgs[i]);
+    }
+    if (b->has_snapshot) {
+        rp->route_until = b->id;
+    }
+    /* After a snapshot batch, the fsm must restore it (once durable)
+     * before it applies anything else: route its part through storage. */
+    int route = rp->route_until != 0;
+    int fsm_part = b->n_committed > 0 || b->has_snapshot;
+    if (b->id != 0 || (route && fsm_part)) {
+        struct nm_persist *p = make_persist(b);
+        if (p != NULL && route && fsm_part) {
+            p->apply_after = make_apply(b);
+            if (p->apply_after == NULL) {
+                nm_persist_free(p);
+                p = NULL;
+            }
+        }
+        if (p == NULL) {
+            /* Without this step the core would wait forever: give up. */
+            IDA_ERROR("raft: out of memory building a storage step; exiting");
+            IDA_ASSERT(!"out of memory in the raft processor");
+        }
+        if (b->id != 0) {
+            rp->persist_inflight++;
+        }
+        struct ida_msg *m = node_msg_new(NM_PERSIST, p);
+        IDA_ASSERT(m != NULL);
+        node_send(&rp->q, s, n->p_storage, m);
+    }
+    if (!route && b->n_committed > 0) {
+        struct nm_apply *a = make_apply(b);
+        IDA_ASSERT(a != NULL);
+        struct ida_msg *m = node_msg_new(NM_APPLY, a);
+        IDA_ASSERT(m != NULL);
+        node_send(&rp->q, s, n->p_fsm, m);
+    }
+    for (size_t i = 0; i < b->n_reads; i++) {
+        for (size_t k = 0; k < rp->n_reads; k++) {
+            if (rp->reads[k].ctx != b->reads[i].ctx) {
+                continue;
+            }
+            struct nm_read *rd = ida_malloc(sizeof(*rd));
+            IDA_ASSERT(rd != NULL);
+            rd->conn = rp->reads[k].conn;
+            rd->index = b->reads[i].index;
+            rd->req = rp->reads[k].req;
+            rp->reads[k] = rp->reads[--rp->n_reads];
+            struct ida_msg *m = node_msg_new(NM_READ, rd);
+            IDA_ASSERT(m != NULL);
+            node_send(&rp->q, s, n->p_fsm, m);
+            break;
+        }
+    }
+}
+
+static void drive(struct raft_proc *rp, struct ida_sender *s)
+{
+    struct ida_raft_batch b;
+    while (ida_raft_ready(&rp->raft, &b)) {
+        handle_batch(rp, s, &b);
+    }
+}
+
+/* --- group commit ----------------------------------------------------------------- */
+
+static void flush_open(struct raft_proc *rp, struct ida_sender *s)
+{
+    if (rp->n_open == 0) {
+        return;
+    }
+    Idalloc__CommandBatch batch = IDALLOC__COMMAND_BATCH__INIT;
+    Idalloc__Command *cmds = ida_calloc(rp->n_open, sizeof(*cmds));
+    Idalloc__Command **ptrs = ida_calloc(rp->n_open, sizeof(*ptrs));
+    uint8_t *buf = NULL;
+    int rv = cmds == NULL || ptrs == NULL ? IDA_ENOMEM : 0;
+    for (size_t i = 0; rv == 0 && i < rp->n_open; i++) {
+        const Idalloc__ClientRequest *q = rp->open[i];
+        Idalloc__Command *c = &cmds[i];
+        idalloc__command__init(c);
+        c->client_id = q->client_id;
+        c->request_seq = q->request_seq;
+        switch (q->op_case) {
+            case IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE:
+                c->op_case = IDALLOC__COMMAND__OP_POOL_CREATE;
+                c->pool_create = q->pool_create;
+                break;
+            case IDALLOC__CLIENT_REQUEST__OP_ALLOC:
+                c->op_case = IDALLOC__COMMAND__OP_ALLOC;
+                c->alloc = q->alloc;
+                break;
+            case IDALLOC__CLIENT_REQUEST__OP_FREE:
+                c->op_case = IDALLOC__COMMAND__OP_FREE;
+                c->free = q->free;
+                break;
+            case IDALLOC__CLIENT_REQUEST__OP_RESERVE:
+                c->op_case = IDALLOC__COMMAND__OP_RESERVE;
+                c->reserve = q->reserve;
+                break;
+            default:
+                c->op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
+                c->prefix_alloc = q->prefix_alloc;
+                break;
+        }
+        ptrs[i] = c;
+    }
+    size_t len = 0;
+    if (rv == 0) {
+        batch.version = IDA_BATCH_VERSION;
+        batch.timestamp_ms = ida__node_wall_ms();
+        batch.commands = ptrs;
+        batch.n_commands = rp->n_open;
+        len = idalloc__command_batch__get_packed_size(&batch);
+        buf = ida_malloc(len > 0 ? len : 1);
+        rv = buf == NULL ? IDA_ENOMEM : 0;
+    }
+    if (rv == 0) {
+        idalloc__command_batch__pack(&batch, buf);
+        ida_index idx;
+        ida_term term;
+        rv = ida_raft_propose(&rp->raft, IDA_ENTRY_NORMAL, buf, len, &idx,
+                              &term);
+    }
+    if (rv != 0) {
+        /* Not proposed: the fsm answers the registered writes. */
+        IDA_WARN("raft: proposal of %zu commands failed: %s", rp->n_open,
+                 idalloc_strerror(rv));
+        lose_writes(rp, s);
+    }
+    for (size_t i = 0; i < rp->n_open; i++) {
+        idalloc__client_request__free_unpacked(rp->open[i], NULL);
+    }
+    rp->n_open = 0;
+    rp->open_bytes = 0;
+    ida_free(buf);
+    ida_free(cmds);
+    ida_free(ptrs);
+    drive(rp, s);
+}
+
+/* --- client requests -------------------------------------------------------------- */
+
+static int is_write(Idalloc__ClientRequest__OpCase op)
+{
+    return op == IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE ||
+           op == IDALLOC__CLIENT_REQUEST__OP_ALLOC ||
+           op == IDALLOC__CLIENT_REQUEST__OP_FREE ||
+           op == IDALLOC__CLIENT_REQUEST__OP_RESERVE ||
+           op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
+}
+
+static void ask_read(struct raft_proc *rp, struct pending_read *pr)
+{
+    int rv = ida_raft_read_index(&rp->raft, pr->ctx);
+    pr->asked = rv == 0;
+    /* IDA_EBUSY: no entry of this term committed yet; asked again on the
+     * next tick. Other errors are answered there too (not leader). */
+}
+
+static void add_read(struct raft_proc *rp, uint64_t conn,
+                     Idalloc__ClientRequest *req)
+{
+    if (rp->n_reads == rp->cap_reads) {
+        size_t cap = rp->cap_reads == 0 ? 64 : rp->cap_reads * 2;
+        struct pending_read *v = ida_realloc(rp->reads, cap * sizeof(*v));
+        if (v == NULL) {
+            reply_error(rp, conn, req->request_seq, IDA_EBUSY, NULL);
+            idalloc__client_request__free_unpacked(req, NULL);
+            return;
+        }
+        rp->reads = v;
+        rp->cap_reads = cap;
+    }
+    struct pending_read *pr = &rp->reads[rp->n_reads++];
+    *pr = (struct pending_read){.ctx = ++rp->next_ctx, .conn = conn,
+                                .req = req};
+    ask_read(rp, pr);
+}
+
+static int add_write(struct raft_proc *rp, struct ida_sender *s,
+                     uint64_t conn, Idalloc__ClientRequest *req)
+{
+    if (rp->n_open == rp->cap_open) {
+        size_t cap = rp->cap_open == 0 ? 256 : rp->cap_open * 2;
+        Idalloc__ClientRequest **v = ida_realloc(rp->open, cap * sizeof(*v));
+        if (v == NULL) {
+            return IDA_EBUSY;
+        }
+        rp->open = v;
+        rp->cap_open = cap;
+    }
+    struct nm_register *reg = ida_malloc(sizeof(*reg));
+    if (reg == NULL) {
+        return IDA_EBUSY;
+    }
+    memcpy(reg->client_id, req->client_id.data, 16);
+    reg->request_seq = req->request_seq;
+    reg->conn = conn;
+    send_node_msg(rp, s, rp->node->p_fsm, NM_REGISTER, reg);
+    rp->open[rp->n_open++] = req;
+    rp->open_bytes += idalloc__client_request__get_packed_size(req);
+    return 0;
+}
+
+static void on_client(struct raft_proc *rp, struct ida_sender *s,
+                      struct nm_client *c)
+{
+    Idalloc__ClientRequest *req = c->req;
+    uint64_t seq = req->request_seq;
+    int err = 0;
+    const char *why = NULL;
+    if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_STATUS) {
+        reply_status(rp, c->conn, seq);
+    } else if (req->op_case == IDALLOC__CLIENT_REQUEST__OP__NOT_SET) {
+        err = IDA_EINVAL;
+        why = "request has no operation";
+    } else if (rp->role != IDA_RAFT_LEADER) {
+        err = IDA_ENOTLEADER;
+    } else if (req->client_id.len != IDA_CLIENT_ID_BYTES) {
+        err = IDA_EINVAL;
+        why = "client_id must be 16 bytes";
+    } else if (!is_write(req->op_case)) {
+        add_read(rp, c->conn, req);
+        req = NULL;
+    } else if (rp->storage_failed) {
+        err = IDA_ESTOPPED;
+        why = "this node cannot persist; try another node";
+    } else if ((err = add_write(rp, s, c->conn, req)) == 0) {
+        req = NULL;
+        if (rp->persist_inflight == 0 || rp->n_open >= OPEN_COMMANDS_MAX ||
+            rp->open_bytes >= OPEN_BYTES_MAX) {
+            flush_open(rp, s);
+        }
+    }
+    if (err != 0) {
+        reply_error(rp, c->conn, seq, err, why);
+    }
+    if (req != NULL) {
+        idalloc__client_request__free_unpacked(req, NULL);
+    }
+    ida_free(c);
+    drive(rp, s); /* a ReadIndex round's heartbeats go out now */
+}
+
+/* --- the processor ------------------------------------------------------------- */
+
+static void on_peer(struct raft_proc *rp, struct ida_sender *s,
+                    Idalloc__PeerMessage *pb)
+{
+    struct ida_raft_msg m;
+    struct ida_entry *entries;
+    if (node_pb_to_raft(pb, &m, &entries) == 0) {
+        int rv = ida_raft_step(&rp->raft, &m);
+        if (rv == IDA_EPROTO) {
+            IDA_ERROR("raft: peer %u broke the protocol (message ignored)",
+                      pb->from);
+            ida_sender_error(s, rv, "peer message broke the Raft protocol");
+        }
+    }
+    ida_free(entries);
+    idalloc__peer_message__free_unpacked(pb, NULL);
+    drive(rp, s);
+}
+
+static void on_persisted(struct raft_proc *rp, struct ida_sender *s,
+                         const struct nm_persisted *p)
+{
+    ida_raft_persisted(&rp->raft, p->batch_id);
+    IDA_ASSERT(rp->persist_inflight > 0);
+    rp->persist_inflight--;
+    if (rp->route_until != 0 && p->batch_id >= rp->route_until) {
+        rp->route_until = 0;
+    }
+    drive(rp, s);
+    if (rp->persist_inflight == 0) {
+        flush_open(rp, s); /* group commit: what came in meanwhile */
+    }
+}
+
+static void on_storage_failed(struct raft_proc *rp, struct ida_sender *s,
+                              const struct nm_storage_failed *f)
+{
+    if (!rp->storage_failed) {
+        IDA_ERROR("raft: storage failed (%s): refusing writes", f->msg);
+        ida_sender_error(s, f->code, f->msg);
+    }
+    rp->storage_failed = 1;
+    if (rp->role == IDA_RAFT_LEADER) {
+        /* Hand leadership to the most up-to-date peer. */
+        ida_node_id best = 0;
+        ida_index best_match = 0;
+        for (size_t i = 0; i < rp->raft.cfg.n_voters; i++) {
+            const struct ida_raft_progress *p = &rp->raft.prs[i];
+            if (p->id != rp->node->self->id && p->match >= best_match) {
+                best = p->id;
+                best_match = p->match;
+            }
+        }
+        if (best != 0) {
+            ida_raft_transfer(&rp->raft, best);
+        }
+    }
+    drive(rp, s);
+}
+
+static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
+{
+    struct raft_proc *rp = state;
+    void *p = node_msg_payload(msg);
+    node_outq_flush(&rp->q, s);
+    switch ((enum node_msg_type)msg->type) {
+        case NM_CLIENT:
+            on_client(rp, s, p);
+            break;
+        case NM_PEER:
+            on_peer(rp, s, p);
+            break;
+        case NM_PEER_STATE: {
+            const struct nm_peer_state *ps = p;
+            if (ps->node_id <= IDA_CONFIG_NODES_MAX) {
+                rp->peer_up[ps->node_id] = ps->up;
+            }
+            ida_free(p);
+            break;
+        }
+        case NM_PERSISTED:
+            on_persisted(rp, s, p);
+            ida_free(p);
+            break;
+        case NM_APPLIED: {
+            const struct nm_applied *a = p;
+            rp->applied = a->index;
+            rp->snapshot_index = a->snapshot_index;
+            ida_free(p);
+            break;
+        }
+        case NM_SNAPSHOT_TAKEN: {
+            struct nm_snapshot *sn = p;
+            int rv = ida_raft_compact(&rp->raft, sn->index, sn->data, sn->len);
+            if (rv != 0 && rv != IDA_EINVAL) {
+                IDA_WARN("raft: compaction at %llu failed: %s",
+                         (unsigned long long)sn->index, idalloc_strerror(rv));
+            }
+            node_msg_free(msg);
+            drive(rp, s);
+            return;
+        }
+        case NM_STORAGE_FAILED:
+            on_storage_failed(rp, s, p);
+            ida_free(p);
+            break;
+        default:
+            node_msg_free(msg);
+            return;
+    }
+    ida_msg_free(msg);
+}
+
+static void raft_ping(void *state, struct ida_sender *s)
+{
+    struct raft_proc *rp = state;
+    node_outq_flush(&rp->q, s);
+    uint64_t now = ida__node_mono_ms();
+    while (now - rp->last_tick_ms >= rp->tick_ms) {
+        ida_raft_tick(&rp->raft);
+        rp->last_tick_ms += rp->tick_ms;
+    }
+    drive(rp, s);
+    /* Reads that could not start yet, or whose leader is gone. */
+    for (size_t i = 0; i < rp->n_reads; i++) {
+        if (!rp->reads[i].asked) {
+            if (rp->role != IDA_RAFT_LEADER) {
+                fail_reads(rp, IDA_ENOTLEADER);
+                break;
+            }
+            ask_read(rp, &rp->reads[i]);
+        }
+    }
+    if (rp->persist_inflight == 0) {
+        flush_open(rp, s);
+    }
+    drive(rp, s);
+}
+
+const struct ida_proc_ops ida__raft_proc_ops = {raft_receive, raft_ping};
+
+int ida__raft_proc_new(struct ida_node *n, const struct ida_raft_restore *r,
+                       struct raft_proc **out)
+{
+    struct raft_proc *rp = ida_calloc(1, sizeof(*rp));
+    if (rp == NULL) {
+        return IDA_ENOMEM;
+    }
+    rp->node = n;
+    rp->tick_ms = ida__raft_proc_tick_ms(n);
+    struct ida_raft_config rc = {
+        .id = n->self->id,
+        .election_ticks = n->cfg.election_timeout_ms / rp->tick_ms,
+        .heartbeat_ticks = n->cfg.heartbeat_ms / rp->tick_ms,
+        .seed = ida__node_wall_ms() ^ ((uint64_t)n->self->id << 48),
+        .pre_vote = true,
+        .check_quorum = true,
+        .max_inflight = 32,
+        .max_msg_entries = 256,
+        .snapshot_chunk_bytes = 512 * 1024,
+    };
+    if (rc.heartbeat_ticks == 0) {
+        rc.heartbeat_ticks = 1;
+    }
+    if (rc.election_ticks < 2 * rc.heartbeat_ticks) {
+        rc.election_ticks = 2 * rc.heartbeat_ticks;
+    }
+    for (unsigned i = 0; i < n->cfg.node_count && i < IDA_RAFT_NODES_MAX; i++) {
+        rc.voters[rc.n_voters++] = n->cfg.nodes[i].id;
+    }
+    int rv = ida_raft_init(&rp->raft, &rc, r);
+    if (rv != 0) {
+        ida_free(rp);
+        return rv;
+    }
+    rp->applied = r != NULL ? r->snapshot_index : 0;
+    rp->snapshot_index = rp->applied;
+    rp->last_tick_ms = ida__node_mono_ms();
+    rp->role = ida_raft_role(&rp->raft);
+    rp->term = ida_raft_term(&rp->raft);
+    *out = rp;
+    return 0;
+}
+
+void ida__raft_proc_free(struct raft_proc *rp)
+{
+    if (rp == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < rp->n_open; i++) {
+        idalloc__client_request__free_unpacked(rp->open[i], NULL);
+    }
+    for (size_t i = 0; i < rp->n_reads; i++) {
+        idalloc__client_request__free_unpacked(rp->reads[i].req, NULL);
+    }
+    ida_free(rp->open);
+    ida_free(rp->reads);
+    node_outq_close(&rp->q);
+    ida_raft_close(&rp->raft);
+    ida_free(rp);
+}

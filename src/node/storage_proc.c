@@ -1,0 +1,220 @@
+/* The storage processor: each raft batch becomes one durable LMDB step;
+ * only then do its deferred messages (votes, append acknowledgements) go
+ * out and the core hears "persisted". A failed step turns the node
+ * read-only for writes (storage errors are sticky). See node.h. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ida/assert.h"
+#include "ida/heap.h"
+#include "idalloc_errors.h"
+#include "src/common/log.h"
+#include "src/node/convert.h"
+#include "src/node/node.h"
+
+struct storage_proc {
+    struct ida_node *node;
+    int failed;
+    struct node_outq q;
+};
+
+static void report_failure(struct storage_proc *sp, struct ida_sender *s,
+                           int code, const char *what)
+{
+    struct ida_storage *st = &sp->node->storage;
+    if (!sp->failed) {
+        IDA_ERROR("storage: %s failed: %s (%s)", what, idalloc_strerror(code),
+                  st->errmsg);
+    }
+    sp->failed = 1;
+    ida_sender_error(s, code, st->errmsg[0] != '\0' ? st->errmsg : what);
+    struct nm_storage_failed *f = ida_calloc(1, sizeof(*f));
+    if (f == NULL) {
+        return;
+    }
+    f->code = code;
+    snprintf(f->msg, sizeof(f->msg), "%.60s: %.180s", what,
+             st->errmsg[0] != '\0' ? st->errmsg : idalloc_strerror(code));
+    struct ida_msg *m = node_msg_new(NM_STORAGE_FAILED, f);
+    if (m == NULL) {
+        ida_free(f);
+        return;
+    }
+    node_send(&sp->q, s, sp->node->p_raft, m);
+}
+
+/* Write a whole snapshot durably. */
+static int write_snapshot(struct storage_proc *sp, ida_index index,
+                          ida_term term, const uint8_t *data, size_t len)
+{
+    struct ida_node *n = sp->node;
+    struct ida_snapshot_writer w;
+    int rv = ida_storage_snapshot_begin(&n->storage, &w, index, term,
+                                        n->config_pb, n->config_pb_len);
+    if (rv != 0) {
+        return rv;
+    }
+    rv = ida_storage_snapshot_write(&n->storage, &w, data, len);
+    if (rv != 0) {
+        ida_storage_snapshot_abort(&n->storage, &w);
+        return rv;
+    }
+    return ida_storage_snapshot_finish(&n->storage, &w);
+}
+
+/* One raft batch as one durable step (two when it carries a snapshot: the
+ * snapshot first, then the log that follows it). */
+static int persist(struct storage_proc *sp, const struct nm_persist *p,
+                   const char **what)
+{
+    struct ida_storage *st = &sp->node->storage;
+    int rv;
+    int truncate_after_snapshot = 0;
+    if (p->has_snapshot) {
+        *what = "installing a snapshot";
+        rv = write_snapshot(sp, p->snap_index, p->snap_term, p->snap_data,
+                            p->snap_len);
+        if (rv == 0) {
+            rv = ida_storage_compact(st, p->snap_index);
+        }
+        if (rv != 0) {
+            return rv;
+        }
+        /* The snapshot replaces the whole stored log (raft.h contract 1). */
+        struct ida_log_state ls;
+        rv = ida_storage_log_state(st, &ls);
+        if (rv != 0) {
+            return rv;
+        }
+        truncate_after_snapshot = ls.last > p->snap_index;
+    }
+    *what = "persisting a raft batch";
+    struct ida_storage_batch b;
+    ida_storage_batch_init(st, &b);
+    rv = 0;
+    if (p->n_entries > 0 || truncate_after_snapshot) {
+        struct ida_log_state ls;
+        rv = ida_storage_log_state(st, &ls);
+        ida_index from = p->n_entries > 0 ? p->entries[0].index
+                                          : p->snap_index + 1;
+        if (rv == 0 && from <= ls.last) {
+            rv = ida_storage_batch_truncate(st, &b, from);
+        }
+    }
+    if (rv == 0 && p->n_entries > 0) {
+        rv = ida_storage_batch_append(st, &b, p->entries, p->n_entries);
+    }
+    if (rv == 0 && p->has_hard_state) {
+        rv = ida_storage_batch_set_hard_state(st, &b, &p->hard_state);
+    }
+    if (rv == 0) {
+        rv = ida_storage_batch_commit(st, &b);
+    }
+    return rv;
+}
+
+static void send_after(struct storage_proc *sp, const struct nm_persist *p)
+{
+    for (size_t i = 0; i < p->n_after; i++) {
+        struct node_pb_peer pb;
+        if (node_raft_to_pb(&p->after[i], &pb) == 0) {
+            ida_net_send_peer(sp->node->net, p->after[i].to, &pb.msg);
+        }
+        node_pb_peer_release(&pb);
+    }
+}
+
+static void on_persist(struct storage_proc *sp, struct ida_sender *s,
+                       struct nm_persist *p)
+{
+    struct ida_node *n = sp->node;
+    const char *what = "persisting a raft batch";
+    int rv = sp->failed ? IDA_ESTOPPED : persist(sp, p, &what);
+    if (rv != 0) {
+        /* Nothing that depends on this step may happen: no deferred
+         * messages, no "persisted". The node stops accepting writes. */
+        report_failure(sp, s, rv, what);
+        nm_persist_free(p);
+        return;
+    }
+    send_after(sp, p);
+    if (p->batch_id != 0) {
+        struct nm_persisted *done = ida_malloc(sizeof(*done));
+        IDA_ASSERT(done != NULL);
+        done->batch_id = p->batch_id;
+        struct ida_msg *m = node_msg_new(NM_PERSISTED, done);
+        IDA_ASSERT(m != NULL); /* the core would wait for it forever */
+        node_send(&sp->q, s, n->p_raft, m);
+    }
+    if (p->apply_after != NULL) {
+        struct ida_msg *m = node_msg_new(NM_APPLY, p->apply_after);
+        IDA_ASSERT(m != NULL);
+        p->apply_after = NULL;
+        node_send(&sp->q, s, n->p_fsm, m);
+    }
+    nm_persist_free(p);
+}
+
+static void on_snapshot_store(struct storage_proc *sp, struct ida_sender *s,
+                              const struct nm_snapshot *sn)
+{
+    struct ida_storage *st = &sp->node->storage;
+    if (sp->failed || sn->index <= st->snapshot_index) {
+        return;
+    }
+    int rv = write_snapshot(sp, sn->index, sn->term, sn->data, sn->len);
+    if (rv == 0) {
+        rv = ida_storage_compact(st, sn->index);
+    }
+    if (rv != 0) {
+        report_failure(sp, s, rv, "storing a snapshot");
+        return;
+    }
+    IDA_INFO("storage: snapshot at index %llu term %llu (%zu bytes); log "
+             "compacted", (unsigned long long)sn->index,
+             (unsigned long long)sn->term, sn->len);
+}
+
+static void storage_receive(void *state, struct ida_msg *msg,
+                            struct ida_sender *s)
+{
+    struct storage_proc *sp = state;
+    node_outq_flush(&sp->q, s);
+    if (msg->type == NM_PERSIST) {
+        on_persist(sp, s, node_msg_payload(msg));
+        ida_msg_free(msg);
+        return;
+    }
+    if (msg->type == NM_SNAPSHOT_STORE) {
+        on_snapshot_store(sp, s, node_msg_payload(msg));
+    }
+    node_msg_free(msg);
+}
+
+static void storage_ping(void *state, struct ida_sender *s)
+{
+    struct storage_proc *sp = state;
+    node_outq_flush(&sp->q, s);
+}
+
+const struct ida_proc_ops ida__storage_proc_ops = {storage_receive,
+                                                   storage_ping};
+
+int ida__storage_proc_new(struct ida_node *n, struct storage_proc **out)
+{
+    struct storage_proc *sp = ida_calloc(1, sizeof(*sp));
+    if (sp == NULL) {
+        return IDA_ENOMEM;
+    }
+    sp->node = n;
+    *out = sp;
+    return 0;
+}
+
+void ida__storage_proc_free(struct storage_proc *sp)
+{
+    if (sp != NULL) {
+        node_outq_close(&sp->q);
+        ida_free(sp);
+    }
+}

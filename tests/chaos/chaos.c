@@ -1,0 +1,665 @@
+#include "tests/chaos/chaos.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idalloc.h"
+#include "tests/chaos/proxy.h"
+#include "tests/lib/harness.h"
+
+#define POOL_SIZE (1u << 20)
+#define CLIENTS_MAX 32
+
+static const char *const fault_names[F_KINDS] = {
+    "kill", "kill-leader", "pause", "pause-leader", "isolate-leader",
+    "split", "one-way", "restart-all"};
+
+const char *chaos_fault_name(enum chaos_fault f)
+{
+    return fault_names[f];
+}
+
+unsigned chaos_faults_total(const struct chaos_report *r)
+{
+    unsigned n = 0;
+    for (int i = 0; i < F_KINDS; i++) {
+        n += r->faults[i];
+    }
+    return n;
+}
+
+/* --- shared state of a run ------------------------------------------------ */
+
+struct run {
+    const struct chaos_opts *o;
+    struct tc c;
+    struct proxy *px;
+    struct history h;
+    struct chaos_report *r;
+    volatile int stop;
+    uint64_t t0;
+    pthread_mutex_t mu; /* guards leader_kills */
+    uint64_t leader_kills[4096];
+    unsigned n_leader_kills;
+};
+
+static uint64_t rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static uint64_t now(struct run *x)
+{
+    return tc_now_ms() - x->t0;
+}
+
+/* --- clients ----------------------------------------------------------------- */
+
+struct worker {
+    struct run *x;
+    int thread;
+    uint64_t rng;
+    struct idalloc_client *cl;
+    struct {
+        char tag[HOP_TAG_MAX];
+        uint64_t id;
+    } held[512];
+    int n_held;
+    unsigned next_tag;
+};
+
+static enum hop_out outcome(int rv)
+{
+    if (rv == 0) {
+        return O_OK;
+    }
+    enum ida_err_class k = idalloc_errclass(rv);
+    return k == IDA_ERR_CLASS_UNKNOWN || k == IDA_ERR_CLASS_INTERNAL
+               ? O_UNKNOWN
+               : O_FAIL;
+}
+
+static void one_op(struct worker *w)
+{
+    struct run *x = w->x;
+    struct hop o = {.thread = w->thread};
+    idalloc_client_id(w->cl, o.cid);
+    uint64_t r = rnd(&w->rng) % 100;
+    int rv;
+    o.inv_ms = now(x);
+    if (r < 35 || (r < 50 && w->n_held == 0)) {
+        o.kind = H_ALLOC;
+        snprintf(o.tag, sizeof(o.tag), "w%d-a%u", w->thread, w->next_tag++);
+        rv = idalloc_alloc(w->cl, "b", o.tag, &o.id, NULL);
+        if (rv == 0 && w->n_held < 512) {
+            snprintf(w->held[w->n_held].tag, HOP_TAG_MAX, "%s", o.tag);
+            w->held[w->n_held++].id = o.id;
+        }
+    } else if (r < 50) {
+        o.kind = H_FREE;
+        int k = (int)(rnd(&w->rng) % (uint64_t)w->n_held);
+        snprintf(o.tag, sizeof(o.tag), "%s", w->held[k].tag);
+        o.id = w->held[k].id;
+        w->held[k] = w->held[--w->n_held]; /* never freed twice */
+        rv = idalloc_free(w->cl, "b", o.id, o.tag, NULL);
+    } else if (r < 65) {
+        o.kind = H_RESERVE;
+        o.count = 1 + rnd(&w->rng) % 100;
+        rv = idalloc_reserve(w->cl, "s", o.count, &o.first);
+    } else if (r < 85) {
+        o.kind = H_NEXT;
+        rv = idalloc_next(w->cl, "s", &o.id);
+        /* No id reached the caller on failure: nothing to check. */
+        o.out = rv == 0 ? O_OK : O_FAIL;
+    } else {
+        o.kind = H_PREFIX;
+        unsigned k = w->next_tag > 0 && rnd(&w->rng) % 5 == 0
+                         ? (unsigned)(rnd(&w->rng) % w->next_tag)
+                         : w->next_tag++;
+        snprintf(o.tag, sizeof(o.tag), "w%d-p%u", w->thread, k);
+        rv = idalloc_prefix(w->cl, "p", o.tag, o.prefix, &o.plen, NULL);
+    }
+    o.done_ms = now(x);
+    o.seq = o.kind == H_NEXT ? 0 : idalloc_last_request_seq();
+    o.err = rv;
+    if (o.kind != H_NEXT) {
+        o.out = outcome(rv);
+    }
+    history_add(&x->h, &o);
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    while (!w->x->stop) {
+        one_op(w);
+    }
+    return NULL;
+}
+
+/* --- nemesis ------------------------------------------------------------------- */
+
+/* The node that claims to lead with the highest term, or -1. */
+static int find_leader(struct run *x)
+{
+    struct idalloc_client *cl = tc_client(&x->c, 200);
+    int best = -1;
+    uint64_t term = 0;
+    for (int i = 0; i < x->c.n; i++) {
+        struct idalloc_node_status s;
+        if (x->c.pid[i] != 0 && idalloc_node_status(cl, (size_t)i, &s) == 0 &&
+            strcmp(s.role, "leader") == 0 && s.term >= term) {
+            best = i;
+            term = s.term;
+        }
+    }
+    idalloc_client_free(cl);
+    return best;
+}
+
+static void nap(struct run *x, uint64_t *rng, unsigned lo, unsigned hi)
+{
+    uint64_t end = tc_now_ms() + lo + rnd(rng) % (hi - lo + 1);
+    while (tc_now_ms() < end && !x->stop) {
+        tc_sleep_ms(20);
+    }
+}
+
+static void isolate(struct run *x, int node, int both_ways)
+{
+    for (int j = 0; j < x->c.n; j++) {
+        if (j != node) {
+            proxy_block(x->px, node, j, 1);
+            if (both_ways) {
+                proxy_block(x->px, j, node, 1);
+            }
+        }
+    }
+}
+
+static void fault(struct run *x, uint64_t *rng)
+{
+    int n = x->c.n;
+    int leader = find_leader(x);
+    int r = (int)(rnd(rng) % 100);
+    int target = (int)(rnd(rng) % (uint64_t)n);
+    struct chaos_report *rep = x->r;
+    if (r < 50) { /* kill -9, the leader at least a third of the time */
+        int lead = leader >= 0 && rnd(rng) % 100 < 70;
+        target = lead ? leader : target;
+        if (lead) {
+            pthread_mutex_lock(&x->mu);
+            if (x->n_leader_kills < 4096) {
+                x->leader_kills[x->n_leader_kills++] = now(x);
+            }
+            pthread_mutex_unlock(&x->mu);
+        }
+        rep->faults[lead ? F_KILL_LEADER : F_KILL]++;
+        tc_signal(&x->c, target, SIGKILL);
+        nap(x, rng, 200, 1500);
+        tc_spawn(&x->c, target);
+    } else if (r < 68) { /* pause longer than an election timeout */
+        int lead = leader >= 0 && rnd(rng) % 2 == 0;
+        target = lead ? leader : target;
+        pid_t pid = x->c.pid[target];
+        if (pid <= 0) {
+            return; /* kill(0) would stop the whole process group */
+        }
+        rep->faults[lead ? F_PAUSE_LEADER : F_PAUSE]++;
+        kill(pid, SIGSTOP);
+        nap(x, rng, 500, 1500);
+        kill(pid, SIGCONT);
+    } else if (r < 95) { /* partitions */
+        int kind = (int)(rnd(rng) % 3);
+        if (kind == 0 && leader >= 0) {
+            rep->faults[F_ISOLATE_LEADER]++;
+            isolate(x, leader, 1);
+        } else if (kind == 1 || leader < 0) {
+            /* Minority / majority: with 5 nodes two go together. */
+            rep->faults[F_SPLIT]++;
+            int other = n == 5 ? (target + 1) % n : -1;
+            for (int i = 0; i < n; i++) {
+                for (int j = 0; j < n; j++) {
+                    int side_i = i == target || i == other;
+                    int side_j = j == target || j == other;
+                    if (i != j && side_i != side_j) {
+                        proxy_block(x->px, i, j, 1);
+                    }
+                }
+            }
+        } else {
+            /* One-way loss: the leader can send but hears nobody, or
+             * a random link dies in one direction. */
+            rep->faults[F_ONE_WAY]++;
+            if (rnd(rng) % 2 == 0) {
+                for (int j = 0; j < n; j++) {
+                    if (j != leader) {
+                        proxy_block(x->px, j, leader, 1);
+                    }
+                }
+            } else {
+                proxy_block(x->px, target, (target + 1) % n, 1);
+            }
+        }
+        nap(x, rng, 800, 2500);
+        proxy_heal(x->px);
+    } else { /* every node at once */
+        rep->faults[F_RESTART_ALL]++;
+        for (int i = 0; i < n; i++) {
+            tc_signal(&x->c, i, SIGKILL);
+        }
+        for (int i = 0; i < n; i++) {
+            tc_spawn(&x->c, i);
+        }
+    }
+}
+
+static void *nemesis_main(void *arg)
+{
+    struct run *x = arg;
+    uint64_t rng = x->o->seed * 0x9e3779b97f4a7c15ull + 1;
+    while (!x->stop) {
+        nap(x, &rng, 200, 700);
+        if (!x->stop) {
+            fault(x, &rng);
+        }
+    }
+    return NULL;
+}
+
+/* --- setup and healing ---------------------------------------------------------- */
+
+/* Node i's cluster file: its own addresses as they are, every other node's
+ * peer address replaced by the proxy of link i -> j. */
+static void write_node_confs(struct run *x)
+{
+    struct tc *c = &x->c;
+    for (int i = 0; i < c->n; i++) {
+        snprintf(c->node_conf[i], sizeof(c->node_conf[i]), "%s/node%d.conf",
+                 c->dir, i + 1);
+        FILE *f = fopen(c->node_conf[i], "w");
+        if (f == NULL) {
+            abort();
+        }
+        fprintf(f, "cluster test\ndata_dir %s/data\nelection_timeout_ms 300\n"
+                   "heartbeat_ms 50\nsnapshot_interval_entries 500\n",
+                c->dir);
+        for (int j = 0; j < c->n; j++) {
+            unsigned peer = i == j ? c->cfg.nodes[j].peer.port
+                                   : proxy_port(x->px, i, j);
+            fprintf(f, "node %d 127.0.0.1:%u %s\n", j + 1, peer,
+                    c->cfg.nodes[j].client.text);
+        }
+        fclose(f);
+    }
+}
+
+static int setup(struct run *x)
+{
+    tc_setup(&x->c, x->o->nodes, NULL);
+    uint16_t ports[PROXY_NODES_MAX];
+    for (int i = 0; i < x->c.n; i++) {
+        ports[i] = x->c.cfg.nodes[i].peer.port;
+    }
+    x->px = proxy_start(x->c.n, ports);
+    write_node_confs(x);
+    for (int i = 0; i < x->c.n; i++) {
+        tc_spawn(&x->c, i);
+    }
+    if (tc_wait_leader(&x->c, 15000) < 0) {
+        return -1;
+    }
+    struct idalloc_client *cl = tc_client(&x->c, 10000);
+    int rv = idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, POOL_SIZE,
+                                 NULL);
+    rv = rv != 0 ? rv
+                 : idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0,
+                                       NULL);
+    rv = rv != 0 ? rv
+                 : idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL);
+    idalloc_client_free(cl);
+    return rv == 0 ? 0 : -1;
+}
+
+/* The state letter of process @pid (R, S, T, Z...) or '?'. */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return '?';
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p != NULL && p[1] == ' ' ? p[2] : '?';
+}
+
+static int heal(struct run *x)
+{
+    proxy_heal(x->px);
+    for (int i = 0; i < x->c.n; i++) {
+        if (x->c.pid[i] != 0) {
+            kill(x->c.pid[i], SIGCONT);
+        } else {
+            tc_spawn(&x->c, i);
+        }
+    }
+    if (tc_wait_leader(&x->c, 30000) >= 0) {
+        return 0;
+    }
+    for (int i = 0; i < x->c.n; i++) {
+        fprintf(stderr, "chaos: node %d pid %d state %c\n", i + 1,
+                (int)x->c.pid[i], proc_state(x->c.pid[i]));
+    }
+    return -1;
+}
+
+/* --- after the run: resolve, replay, read the final state ---------------------- */
+
+static struct idalloc_client *client_for(struct run *x, const uint8_t *cid)
+{
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = x->c.addrs;
+    o.client_id = cid;
+    o.call_timeout_ms = 5000;
+    struct idalloc_client *cl;
+    return idalloc_client_new(&o, &cl, NULL) == 0 ? cl : NULL;
+}
+
+/* Repeat @o with its own request id. Returns the call's code and fills
+ * @got with the answer. */
+static int replay(struct idalloc_client *cl, const struct hop *o,
+                  struct hop *got)
+{
+    *got = *o;
+    idalloc_retry_with(o->seq);
+    switch (o->kind) {
+        case H_ALLOC:
+            return idalloc_alloc(cl, "b", o->tag, &got->id, NULL);
+        case H_FREE:
+            return idalloc_free(cl, "b", o->id, o->tag, NULL);
+        case H_RESERVE:
+            return idalloc_reserve(cl, "s", o->count, &got->first);
+        case H_PREFIX:
+            return idalloc_prefix(cl, "p", o->tag, got->prefix, &got->plen,
+                                  NULL);
+        default:
+            idalloc_retry_with(0);
+            return IDA_EINVAL;
+    }
+}
+
+/* Settle an unknown op whose answer the cluster no longer keeps, by reads
+ * (tags are never reused, so "held" tells what happened). */
+static void settle_by_tag(struct idalloc_client *admin, struct hop *o)
+{
+    uint64_t id;
+    int rv;
+    switch (o->kind) {
+        case H_ALLOC:
+            rv = idalloc_lookup(admin, "b", o->tag, &id);
+            if (rv == 0) {
+                o->resolved = R_EFFECT;
+                o->id = id;
+            } else if (rv == IDA_ENOTFOUND) {
+                o->resolved = R_NO_EFFECT;
+            }
+            break;
+        case H_FREE:
+            rv = idalloc_lookup(admin, "b", o->tag, &id);
+            o->resolved = rv == IDA_ENOTFOUND ? R_EFFECT
+                          : rv == 0           ? R_NO_EFFECT
+                                              : R_NONE;
+            break;
+        case H_PREFIX: /* idempotent per tag: ask again */
+            if (idalloc_prefix(admin, "p", o->tag, o->prefix, &o->plen,
+                               NULL) == 0) {
+                o->resolved = R_EFFECT;
+            }
+            break;
+        default:
+            break; /* a reserve's block cannot be learnt: left unresolved */
+    }
+}
+
+static void resolve(struct run *x)
+{
+    struct idalloc_client *admin = tc_client(&x->c, 5000);
+    for (size_t i = 0; i < x->h.n; i++) {
+        struct hop *o = &x->h.v[i];
+        if (o->out != O_UNKNOWN) {
+            continue;
+        }
+        struct idalloc_client *cl = client_for(x, o->cid);
+        struct hop got;
+        int rv = cl != NULL ? replay(cl, o, &got) : IDA_ENOMEM;
+        if (rv == 0) {
+            got.resolved = R_EFFECT;
+            got.done_ms = now(x); /* certainly in effect from now on */
+            *o = got;
+        } else if (rv == IDA_ESESSION) {
+            settle_by_tag(admin, o);
+            o->done_ms = now(x);
+        } else if (idalloc_errclass(rv) == IDA_ERR_CLASS_DEFINITE) {
+            o->resolved = R_NO_EFFECT;
+        }
+        idalloc_client_free(cl);
+    }
+    idalloc_client_free(admin);
+}
+
+static int same_answer(const struct hop *a, const struct hop *b)
+{
+    switch (a->kind) {
+        case H_ALLOC:
+            return a->id == b->id;
+        case H_RESERVE:
+            return a->first == b->first;
+        case H_PREFIX:
+            return a->plen == b->plen && memcmp(a->prefix, b->prefix,
+                                                a->plen) == 0;
+        default:
+            return 1;
+    }
+}
+
+/* Replay each thread's last acknowledged requests: the first answer must
+ * come back (or "no longer kept"). */
+static void replay_acked(struct run *x)
+{
+    for (unsigned t = 0; t < x->o->clients; t++) {
+        int left = 8;
+        struct idalloc_client *cl = NULL;
+        for (size_t i = x->h.n; i-- > 0 && left > 0;) {
+            struct hop *o = &x->h.v[i];
+            if (o->thread != (int)t || o->out != O_OK || o->kind == H_NEXT ||
+                o->kind == H_FREE) {
+                continue;
+            }
+            if (cl == NULL && (cl = client_for(x, o->cid)) == NULL) {
+                break;
+            }
+            struct hop got;
+            int rv = replay(cl, o, &got);
+            if (rv == 0) {
+                o->replay = same_answer(o, &got) ? P_SAME : P_DIFFERENT;
+            }
+            left--;
+        }
+        idalloc_client_free(cl);
+    }
+}
+
+static void read_final(struct run *x)
+{
+    struct idalloc_client *cl = tc_client(&x->c, 5000);
+    int has_after = 0, more = 1;
+    uint64_t after = 0;
+    while (more) {
+        struct idalloc_holding *hs;
+        size_t n;
+        if (idalloc_list(cl, "b", has_after, after, 0, &hs, &n, &more) != 0) {
+            fprintf(stderr, "chaos: cannot read the final state: %s\n",
+                    idalloc_last_error());
+            x->h.final_known = 0;
+            break;
+        }
+        for (size_t i = 0; i < n; i++) {
+            history_add_final(&x->h, hs[i].tag, hs[i].id);
+        }
+        x->h.final_known = 1;
+        if (n == 0) {
+            more = 0;
+        } else {
+            after = hs[n - 1].id;
+            has_after = 1;
+        }
+        idalloc_holdings_free(hs, n);
+    }
+    idalloc_client_free(cl);
+}
+
+/* --- figures ------------------------------------------------------------------------ */
+
+static int is_write(const struct hop *o)
+{
+    return o->kind != H_NEXT;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void figures(struct run *x, uint64_t end_ms)
+{
+    uint64_t *acks = calloc(x->h.n + 1, sizeof(*acks));
+    size_t n = 0;
+    for (size_t i = 0; i < x->h.n; i++) {
+        if (x->h.v[i].out == O_OK && is_write(&x->h.v[i])) {
+            acks[n++] = x->h.v[i].done_ms;
+        }
+    }
+    qsort(acks, n, sizeof(*acks), cmp_u64);
+    uint64_t prev = 0, longest = 0;
+    for (size_t i = 0; i < n && acks[i] <= end_ms; i++) {
+        longest = acks[i] - prev > longest ? acks[i] - prev : longest;
+        prev = acks[i];
+    }
+    x->r->longest_unavailable_ms = longest;
+    uint64_t d[4096];
+    unsigned k = 0;
+    for (unsigned i = 0; i < x->n_leader_kills; i++) {
+        uint64_t t = x->leader_kills[i];
+        for (size_t j = 0; j < n; j++) {
+            if (acks[j] > t) {
+                d[k++] = acks[j] - t;
+                break;
+            }
+        }
+    }
+    qsort(d, k, sizeof(d[0]), cmp_u64);
+    x->r->kill_samples = k;
+    if (k > 0) {
+        x->r->kill_to_write_p50_ms = d[k / 2];
+        x->r->kill_to_write_p99_ms = d[(k * 99) / 100 < k ? (k * 99) / 100
+                                                           : k - 1];
+    }
+    free(acks);
+}
+
+long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
+{
+    static struct run x; /* big; one run at a time */
+    memset(&x, 0, sizeof(x));
+    memset(r, 0, sizeof(*r));
+    x.o = o;
+    x.r = r;
+    pthread_mutex_init(&x.mu, NULL);
+    history_init(&x.h, POOL_SIZE);
+    long result = -1;
+    if (setup(&x) != 0) {
+        fprintf(stderr, "chaos: the cluster did not come up\n");
+        r->setup_failed = 1;
+        goto out;
+    }
+    x.t0 = tc_now_ms();
+    static struct worker w[CLIENTS_MAX];
+    unsigned nw = o->clients < CLIENTS_MAX ? o->clients : CLIENTS_MAX;
+    pthread_t wt[CLIENTS_MAX], nt;
+    for (unsigned i = 0; i < nw; i++) {
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].x = &x;
+        w[i].thread = (int)i;
+        w[i].rng = o->seed * 1000003u + i + 1;
+        w[i].cl = tc_client(&x.c, 1500);
+        pthread_create(&wt[i], NULL, worker_main, &w[i]);
+    }
+    pthread_create(&nt, NULL, nemesis_main, &x);
+    tc_sleep_ms(o->duration_s * 1000);
+    x.stop = 1;
+    pthread_join(nt, NULL);
+    for (unsigned i = 0; i < nw; i++) {
+        pthread_join(wt[i], NULL);
+        idalloc_client_free(w[i].cl);
+    }
+    uint64_t end = now(&x);
+    if (heal(&x) != 0) {
+        fprintf(stderr, "chaos: no leader after healing\n");
+        r->setup_failed = 1;
+        goto out;
+    }
+    resolve(&x);
+    replay_acked(&x);
+    read_final(&x);
+    figures(&x, end);
+    result = (long)history_check(&x.h, &r->check);
+    if (o->history_path != NULL) {
+        FILE *f = fopen(o->history_path, "w");
+        if (f != NULL) {
+            history_write(&x.h, f);
+            fclose(f);
+        }
+    }
+out:
+    if (x.px != NULL) {
+        proxy_heal(x.px);
+    }
+    tc_destroy(&x.c);
+    if (x.px != NULL) {
+        proxy_stop(x.px);
+    }
+    history_free(&x.h);
+    pthread_mutex_destroy(&x.mu);
+    return result;
+}
+
+void chaos_report_print(const struct chaos_opts *o,
+                        const struct chaos_report *r)
+{
+    printf("chaos: %u s, %d nodes, seed %llu, %u clients\n", o->duration_s,
+           o->nodes, (unsigned long long)o->seed, o->clients);
+    printf("faults: %u total:", chaos_faults_total(r));
+    for (int i = 0; i < F_KINDS; i++) {
+        printf(" %s=%u", fault_names[i], r->faults[i]);
+    }
+    printf("\n");
+    check_report_print(&r->check, stdout);
+    printf("longest write unavailability: %llu ms\n",
+           (unsigned long long)r->longest_unavailable_ms);
+    printf("leader kill -> next acknowledged write: p50=%llu ms p99=%llu ms "
+           "(%u kills)\n",
+           (unsigned long long)r->kill_to_write_p50_ms,
+           (unsigned long long)r->kill_to_write_p99_ms, r->kill_samples);
+}

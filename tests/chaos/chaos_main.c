@@ -1,0 +1,47 @@
+/* build/prog/chaos: make chaos [DURATION=s] [NODES=3|5] [SEED=n]. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/chaos/chaos.h"
+
+int main(int argc, char **argv)
+{
+    struct chaos_opts o = {.duration_s = 60, .nodes = 3, .seed = 1,
+                           .clients = 4,
+                           .history_path = "build/chaos-history.txt"};
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        if (strcmp(k, "--duration") == 0) {
+            o.duration_s = (unsigned)atoi(v);
+        } else if (strcmp(k, "--nodes") == 0) {
+            o.nodes = atoi(v);
+        } else if (strcmp(k, "--seed") == 0) {
+            o.seed = strtoull(v, NULL, 10);
+        } else if (strcmp(k, "--clients") == 0) {
+            o.clients = (unsigned)atoi(v);
+        } else if (strcmp(k, "--history") == 0) {
+            o.history_path = v;
+        } else {
+            fprintf(stderr, "chaos: unknown option %s\n", k);
+            return 2;
+        }
+    }
+    if ((o.nodes != 3 && o.nodes != 5) || o.duration_s == 0 ||
+        o.clients == 0) {
+        fprintf(stderr, "usage: chaos --duration S --nodes 3|5 --seed N "
+                        "[--clients C] [--history FILE]\n");
+        return 2;
+    }
+    struct chaos_report r;
+    long v = chaos_run(&o, &r);
+    chaos_report_print(&o, &r);
+    printf("history: %s (check it again: build/prog/chaos_check %s)\n",
+           o.history_path, o.history_path);
+    if (v < 0) {
+        printf("chaos: FAILED to run\n");
+        return 1;
+    }
+    printf("%s\n", v == 0 ? "chaos: PASSED" : "chaos: FAILED");
+    return v == 0 ? 0 : 1;
+}

@@ -1,0 +1,311 @@
+/* The CLI and the client library against a live 3-node cluster: every
+ * command with its output and exit code, next() from 8 threads, and a
+ * leader killed in the middle of a stream of allocs. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/lib/harness.h"
+
+static struct tc c;
+static struct idalloc_client *cl;
+static char out[65536];
+
+static void setup3(void)
+{
+    tc_start(&c, 3, NULL);
+    cr_assert_geq(tc_wait_leader(&c, 10000), 0, "no leader elected");
+    cl = tc_client(&c, 10000);
+}
+
+static void teardown(void)
+{
+    if (cl != NULL) {
+        idalloc_client_free(cl);
+        cl = NULL;
+    }
+    tc_destroy(&c);
+}
+
+/* Run `idalloc --cluster ADDRS ARGS`, stdout into `out`; the exit code. */
+static int cli(const char *args)
+{
+    return tc_run(out, sizeof(out), "%s --cluster %s %s 2>/dev/null",
+                  tc_bin("idalloc"), c.addrs, args);
+}
+
+/* Same, stderr into `out`. */
+static int cli_err(const char *args)
+{
+    return tc_run(out, sizeof(out), "%s --cluster %s %s 2>&1 >/dev/null",
+                  tc_bin("idalloc"), c.addrs, args);
+}
+
+Test(cli_live, every_command, .init = setup3, .fini = teardown,
+     .timeout = 120)
+{
+    cr_assert_eq(cli("pool create users --kind bounded --size 10"), 0);
+    cr_assert_str_eq(out, "created\n");
+    cr_assert_eq(cli("pool create users --kind bounded --size 10"), 0);
+    cr_assert_str_eq(out, "exists\n");
+    cr_assert_eq(cli("alloc users --tag alice"), 0);
+    cr_assert_str_eq(out, "0\n");
+    cr_assert_eq(cli("alloc users --tag bob"), 0);
+    cr_assert_str_eq(out, "1\n");
+    cr_assert_eq(cli("alloc users --tag alice"), 0);
+    cr_assert_str_eq(out, "0\n");
+    cr_assert_eq(cli("lookup users --tag bob"), 0);
+    cr_assert_str_eq(out, "1\n");
+    cr_assert_eq(cli("lookup users --tag zed"), 1, "not found is a definite no");
+    cr_assert_eq(cli("list users"), 0);
+    cr_assert_str_eq(out, "0 alice\n1 bob\n");
+    cr_assert_eq(cli("free users 1 --tag alice"), 1, "tag mismatch");
+    cr_assert_eq(cli_err("free users 1 --tag alice"), 1);
+    cr_assert(strstr(out, "another tag") != NULL, "%s", out);
+    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s",
+                 out);
+    cr_assert_eq(cli("free users 1 --tag bob"), 0);
+    cr_assert_str_eq(out, "freed\n");
+    cr_assert_eq(cli("free users 1 --tag bob"), 0);
+    cr_assert_str_eq(out, "already free\n");
+    cr_assert_eq(cli("alloc nosuchpool --tag a"), 1);
+
+    cr_assert_eq(cli("pool create seq --kind sequence"), 0);
+    cr_assert_eq(cli("reserve seq --count 10"), 0);
+    unsigned long long f, l;
+    cr_assert_eq(sscanf(out, "%llu %llu", &f, &l), 2);
+    cr_assert_eq(l - f, 9);
+    cr_assert_eq(cli("next seq --count 3"), 0);
+    unsigned long long a, b, d;
+    cr_assert_eq(sscanf(out, "%llu\n%llu\n%llu", &a, &b, &d), 3);
+    cr_assert(a > l && b > a && d > b, "next ids: %s", out);
+    cr_assert_eq(cli("next seq --format hex"), 0);
+    cr_assert_eq(strlen(out), 20, "hex id: %s", out);
+    cr_assert_eq(out[4], '-');
+
+    cr_assert_eq(cli("pool create dirs --kind prefix"), 0);
+    cr_assert_eq(cli("prefix dirs --tag d1"), 0);
+    char first[64];
+    strcpy(first, out);
+    cr_assert_eq(cli("prefix dirs --tag d1"), 0);
+    cr_assert_str_eq(out, first, "same tag, same prefix");
+
+    cr_assert_eq(cli("status"), 0);
+    int lines = 0, leaders = 0;
+    for (char *p = out; (p = strchr(p, '\n')) != NULL; p++) {
+        lines++;
+    }
+    for (char *p = out; (p = strstr(p, "role=leader")) != NULL; p++) {
+        leaders++;
+    }
+    cr_assert_eq(lines, 3, "one line per node: %s", out);
+    cr_assert_eq(leaders, 1, "%s", out);
+
+    cr_assert_eq(cli("alloc users"), 2, "usage error");
+    cr_assert_eq(cli("pool create x --kind nope"), 2);
+    cr_assert_eq(cli("bench --op alloc --pool bp --clients 4 --duration 1"), 0);
+    cr_assert(strncmp(out, "op=alloc clients=4 ok=", 22) == 0, "%s", out);
+    cr_assert(strstr(out, "errors=0 unknown=0") != NULL, "%s", out);
+    cr_assert_eq(cli("bench --op next --pool bs --clients 2 --duration 1 "
+                     "--json"),
+                 0);
+    cr_assert(strncmp(out, "{\"op\":\"next\"", 12) == 0, "%s", out);
+}
+
+Test(cli_live, nothing_reachable_is_exit_3)
+{
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "%s --cluster 127.0.0.1:1 --timeout 300 alloc p "
+                        "--tag t 2>&1",
+                        tc_bin("idalloc")),
+                 3);
+    cr_assert(strstr(out, "outcome unknown") != NULL, "%s", out);
+}
+
+#define NEXT_THREADS 8
+#define NEXT_PER_THREAD 1000000
+static uint64_t *next_ids;
+
+static void *next_worker(void *arg)
+{
+    uint64_t *dst = arg;
+    for (int i = 0; i < NEXT_PER_THREAD; i++) {
+        if (idalloc_next(cl, "seq", &dst[i]) != 0) {
+            return (void *)1;
+        }
+    }
+    return NULL;
+}
+
+static int cmp_u64(const void *x, const void *y)
+{
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+Test(client_live, next_from_8_threads, .init = setup3, .fini = teardown,
+     .timeout = 180)
+{
+    cr_assert_eq(idalloc_pool_create(cl, "seq", IDALLOC_POOL_SEQUENCE, 0,
+                                     NULL),
+                 0);
+    next_ids = malloc(sizeof(uint64_t) * NEXT_THREADS * NEXT_PER_THREAD);
+    pthread_t t[NEXT_THREADS];
+    for (int i = 0; i < NEXT_THREADS; i++) {
+        pthread_create(&t[i], NULL, next_worker,
+                       next_ids + (size_t)i * NEXT_PER_THREAD);
+    }
+    for (int i = 0; i < NEXT_THREADS; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        cr_assert_null(r, "next failed: %s", idalloc_last_error());
+    }
+    size_t n = (size_t)NEXT_THREADS * NEXT_PER_THREAD;
+    qsort(next_ids, n, sizeof(uint64_t), cmp_u64);
+    for (size_t i = 1; i < n; i++) {
+        cr_assert_neq(next_ids[i], next_ids[i - 1], "id %llu twice",
+                      (unsigned long long)next_ids[i]);
+    }
+    free(next_ids);
+    struct idalloc_next_stats st;
+    cr_assert_eq(idalloc_next_stats(cl, "seq", &st), 0);
+    cr_assert_eq(st.handed_out, n);
+    cr_assert_eq(st.refills_max_in_flight, 1, "more than one refill at once");
+    cr_assert_lt(st.refills, 10000, "refills: %llu",
+                 (unsigned long long)st.refills);
+}
+
+/* Concurrent allocs with a deadline shorter than a failover, so calls in
+ * flight when the leader dies end "unknown". */
+#define KILL_THREADS 8
+#define KILL_PER_THREAD 150
+struct kill_op {
+    int rv;
+    uint64_t id, seq;
+};
+static struct kill_op kops[KILL_THREADS][KILL_PER_THREAD];
+static int kill_done[KILL_THREADS];
+
+static void *kill_worker(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    for (int i = 0; i < KILL_PER_THREAD; i++) {
+        char tag[32];
+        snprintf(tag, sizeof(tag), "k%d-%d", t, i);
+        kops[t][i].rv = idalloc_alloc(cl, "b", tag, &kops[t][i].id, NULL);
+        kops[t][i].seq = idalloc_last_request_seq();
+        __atomic_store_n(&kill_done[t], i + 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static int ops_done(void)
+{
+    int n = 0;
+    for (int t = 0; t < KILL_THREADS; t++) {
+        n += __atomic_load_n(&kill_done[t], __ATOMIC_ACQUIRE);
+    }
+    return n;
+}
+
+Test(client_live, leader_kill_during_allocs, .init = setup3, .fini = teardown,
+     .timeout = 180)
+{
+    struct idalloc_client *admin = cl;
+    cl = tc_client(&c, 250); /* the workers' client: short deadlines */
+    cr_assert_eq(idalloc_pool_create(admin, "b", IDALLOC_POOL_BOUNDED,
+                                     1u << 20, NULL),
+                 0);
+    pthread_t th[KILL_THREADS];
+    for (int t = 0; t < KILL_THREADS; t++) {
+        pthread_create(&th[t], NULL, kill_worker, (void *)(intptr_t)t);
+    }
+    /* Kill the leader at a third, and the next one at two thirds. */
+    const int total = KILL_THREADS * KILL_PER_THREAD;
+    for (int round = 1; round <= 2; round++) {
+        while (ops_done() < total * round / 3) {
+            tc_sleep_ms(5);
+        }
+        int l = tc_wait_leader(&c, 5000);
+        cr_assert_geq(l, 0);
+        tc_signal(&c, l, SIGKILL);
+        tc_spawn(&c, l);
+    }
+    for (int t = 0; t < KILL_THREADS; t++) {
+        pthread_join(th[t], NULL);
+    }
+    int unknown = 0;
+    for (int t = 0; t < KILL_THREADS; t++) {
+        for (int i = 0; i < KILL_PER_THREAD; i++) {
+            int rv = kops[t][i].rv;
+            cr_assert(rv == 0 || idalloc_errclass(rv) == IDA_ERR_CLASS_UNKNOWN,
+                      "alloc k%d-%d: %s", t, i, idalloc_errname(rv));
+            unknown += rv != 0;
+        }
+    }
+    cr_log_info("unknown outcomes during the kills: %d of %d", unknown,
+                total);
+    cr_assert_gt(unknown, 0, "the kills produced no unknown outcome: the "
+                             "replay path was not exercised");
+    /* Replay every unknown one with its own request id, on the same client
+     * (same client id), until it settles. */
+    cr_assert_geq(tc_wait_leader(&c, 10000), 0);
+    int replayed = 0, gone = 0;
+    for (int t = 0; t < KILL_THREADS; t++) {
+        for (int i = 0; i < KILL_PER_THREAD; i++) {
+            struct kill_op *o = &kops[t][i];
+            char tag[32];
+            snprintf(tag, sizeof(tag), "k%d-%d", t, i);
+            if (o->rv == 0) {
+                continue;
+            }
+            for (int tries = 0; o->rv != 0 && tries < 40; tries++) {
+                idalloc_retry_with(o->seq);
+                o->rv = idalloc_alloc(cl, "b", tag, &o->id, NULL);
+                cr_assert_eq(idalloc_last_request_seq(), o->seq);
+                if (o->rv == IDA_ESESSION) {
+                    break;
+                }
+            }
+            if (o->rv == IDA_ESESSION) {
+                /* The cluster no longer keeps that answer (the client sent
+                 * many newer requests): settle it by tag, which is
+                 * idempotent. */
+                gone++;
+                o->rv = idalloc_lookup(admin, "b", tag, &o->id);
+                if (o->rv == IDA_ENOTFOUND) {
+                    o->rv = idalloc_alloc(admin, "b", tag, &o->id, NULL);
+                }
+            } else {
+                replayed++;
+            }
+            cr_assert_eq(o->rv, 0, "replay of k%d-%d: %s", t, i,
+                         idalloc_errname(o->rv));
+        }
+    }
+    /* No id twice, and every tag holds the id it was answered. */
+    static uint64_t ids[KILL_THREADS * KILL_PER_THREAD];
+    int n = 0;
+    for (int t = 0; t < KILL_THREADS; t++) {
+        for (int i = 0; i < KILL_PER_THREAD; i++) {
+            char tag[32];
+            uint64_t held;
+            snprintf(tag, sizeof(tag), "k%d-%d", t, i);
+            cr_assert_eq(idalloc_lookup(admin, "b", tag, &held), 0);
+            cr_assert_eq(held, kops[t][i].id, "tag %s", tag);
+            ids[n++] = kops[t][i].id;
+        }
+    }
+    cr_log_info("replayed with their ids: %d; answer no longer kept: %d",
+                replayed, gone);
+    qsort(ids, (size_t)n, sizeof(uint64_t), cmp_u64);
+    for (int i = 1; i < n; i++) {
+        cr_assert_neq(ids[i], ids[i - 1], "id %llu twice",
+                      (unsigned long long)ids[i]);
+    }
+    idalloc_client_free(admin);
+}

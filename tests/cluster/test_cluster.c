@@ -1,0 +1,276 @@
+/* idallocd as a real 3-node cluster: operations, leader kill, restart of
+ * everything, bad frames, a foreign data directory, catch-up by snapshot. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "src/common/frame.h"
+#include "tests/lib/harness.h"
+
+static struct tc c;
+static struct idalloc_client *cl;
+
+static void setup3(void)
+{
+    tc_start(&c, 3, NULL);
+    cr_assert_geq(tc_wait_leader(&c, 10000), 0, "no leader elected");
+    cl = tc_client(&c, 10000);
+}
+
+static void teardown(void)
+{
+    if (cl != NULL) {
+        idalloc_client_free(cl);
+        cl = NULL;
+    }
+    tc_destroy(&c);
+}
+
+Test(cluster, every_operation, .init = setup3, .fini = teardown,
+     .timeout = 60)
+{
+    int created;
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 3,
+                                     &created),
+                 0, "%s", idalloc_last_error());
+    cr_assert_eq(created, 1);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 3,
+                                     &created),
+                 0);
+    cr_assert_eq(created, 0, "an identical pool already exists");
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 4, NULL),
+                 IDA_EPOOLEXISTS);
+    uint64_t id;
+    int existed;
+    const char *tags[] = {"alice", "bob", "carol"};
+    for (uint64_t i = 0; i < 3; i++) {
+        cr_assert_eq(idalloc_alloc(cl, "b", tags[i], &id, &existed), 0, "%s",
+                     idalloc_last_error());
+        cr_assert_eq(id, i, "lowest free id first");
+        cr_assert_eq(existed, 0);
+    }
+    cr_assert_eq(idalloc_alloc(cl, "b", "bob", &id, &existed), 0);
+    cr_assert_eq(id, 1);
+    cr_assert_eq(existed, 1, "the same tag gets its id back");
+    cr_assert_eq(idalloc_alloc(cl, "b", "dave", &id, NULL), IDA_EEXHAUSTED);
+    int freed;
+    cr_assert_eq(idalloc_free(cl, "b", 1, "alice", &freed), IDA_ETAGMISMATCH);
+    cr_assert_eq(idalloc_free(cl, "b", 1, "bob", &freed), 0);
+    cr_assert_eq(freed, 1);
+    cr_assert_eq(idalloc_free(cl, "b", 1, "bob", &freed), 0);
+    cr_assert_eq(freed, 0, "free is idempotent");
+    cr_assert_eq(idalloc_lookup(cl, "b", "carol", &id), 0);
+    cr_assert_eq(id, 2);
+    cr_assert_eq(idalloc_lookup(cl, "b", "bob", &id), IDA_ENOTFOUND);
+    struct idalloc_holding *h;
+    size_t n;
+    int more;
+    cr_assert_eq(idalloc_list(cl, "b", 0, 0, 0, &h, &n, &more), 0);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(h[0].id, 0);
+    cr_assert_str_eq(h[0].tag, "alice");
+    cr_assert_eq(h[1].id, 2);
+    idalloc_holdings_free(h, n);
+
+    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL),
+                 0);
+    uint64_t f1, f2;
+    cr_assert_eq(idalloc_reserve(cl, "s", 100, &f1), 0);
+    cr_assert_eq(idalloc_reserve(cl, "s", 5, &f2), 0);
+    cr_assert(f2 >= f1 + 100 || f2 + 5 <= f1, "blocks overlap");
+
+    cr_assert_eq(idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL),
+                 0);
+    uint8_t p1[9], p2[9];
+    size_t l1, l2;
+    cr_assert_eq(idalloc_prefix(cl, "p", "dir1", p1, &l1, NULL), 0);
+    cr_assert_eq(idalloc_prefix(cl, "p", "dir2", p2, &l2, NULL), 0);
+    size_t m = l1 < l2 ? l1 : l2;
+    cr_assert_neq(memcmp(p1, p2, m), 0, "one prefix is a prefix of another");
+
+    cr_assert_eq(idalloc_alloc(cl, "nope", "t", &id, NULL), IDA_ENOPOOL);
+    cr_assert_eq(idalloc_reserve(cl, "b", 1, &f1), IDA_EKIND);
+}
+
+/* Allocate @count tags "t<base+i>" in pool "b", recording their ids. */
+static void alloc_tags(int base, int count, uint64_t *ids)
+{
+    for (int i = 0; i < count; i++) {
+        char tag[32];
+        snprintf(tag, sizeof(tag), "t%d", base + i);
+        int rv = idalloc_alloc(cl, "b", tag, &ids[base + i], NULL);
+        cr_assert_eq(rv, 0, "alloc %s: %s", tag, idalloc_last_error());
+    }
+}
+
+static void check_tags(int count, const uint64_t *ids)
+{
+    for (int i = 0; i < count; i++) {
+        char tag[32];
+        uint64_t id;
+        snprintf(tag, sizeof(tag), "t%d", i);
+        cr_assert_eq(idalloc_lookup(cl, "b", tag, &id), 0, "lookup %s: %s",
+                     tag, idalloc_last_error());
+        cr_assert_eq(id, ids[i], "tag %s moved", tag);
+        for (int k = 0; k < i; k++) {
+            cr_assert_neq(ids[k], ids[i], "id %llu twice",
+                          (unsigned long long)ids[i]);
+        }
+    }
+}
+
+Test(cluster, leader_kill_loses_nothing, .init = setup3, .fini = teardown,
+     .timeout = 90)
+{
+    static uint64_t ids[400];
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000,
+                                     NULL),
+                 0);
+    alloc_tags(0, 100, ids);
+    int old = tc_wait_leader(&c, 5000);
+    cr_assert_geq(old, 0);
+    uint64_t t0 = tc_now_ms();
+    tc_signal(&c, old, SIGKILL);
+    int leader = tc_wait_leader(&c, 10000);
+    cr_assert_geq(leader, 0, "no new leader");
+    cr_assert_neq(leader, old);
+    cr_assert_lt(tc_now_ms() - t0, 10000);
+    alloc_tags(100, 100, ids);
+    tc_spawn(&c, old);
+    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 15000),
+              "the restarted node did not catch up");
+    alloc_tags(200, 50, ids);
+    check_tags(250, ids);
+}
+
+Test(cluster, restart_all_keeps_state, .init = setup3, .fini = teardown,
+     .timeout = 90)
+{
+    static uint64_t ids[100];
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000,
+                                     NULL),
+                 0);
+    alloc_tags(0, 60, ids);
+    uint64_t first;
+    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL),
+                 0);
+    cr_assert_eq(idalloc_reserve(cl, "s", 1000, &first), 0);
+    for (int i = 0; i < 3; i++) {
+        int st = tc_signal(&c, i, SIGTERM);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "node %d did not exit 0 on SIGTERM", i + 1);
+    }
+    for (int i = 0; i < 3; i++) {
+        tc_spawn(&c, i);
+    }
+    cr_assert_geq(tc_wait_leader(&c, 10000), 0);
+    check_tags(60, ids);
+    uint64_t next;
+    cr_assert_eq(idalloc_reserve(cl, "s", 10, &next), 0);
+    cr_assert_geq(next, first + 1000, "a block was handed out twice");
+}
+
+static int raw_connect(unsigned port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    return fd;
+}
+
+Test(cluster, bad_frames_do_not_hurt, .init = setup3, .fini = teardown,
+     .timeout = 60)
+{
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 10, NULL),
+                 0);
+    for (int i = 0; i < 3; i++) {
+        int fd = raw_connect(c.cfg.nodes[i].client.port);
+        cr_assert_eq(write(fd, "garbage!garbage!", 16), 16);
+        close(fd);
+        fd = raw_connect(c.cfg.nodes[i].client.port);
+        uint8_t hdr[IDA_FRAME_HEADER_BYTES];
+        ida_frame_header_encode(hdr, IDA_FRAME_CLIENT_REQUEST, 60u << 20);
+        cr_assert_eq(write(fd, hdr, sizeof(hdr)), (ssize_t)sizeof(hdr));
+        close(fd);
+        /* Peer port too: garbage from a stranger. */
+        fd = raw_connect(c.cfg.nodes[i].peer.port);
+        cr_assert_eq(write(fd, "\xa1\x03\x00\x00\x00\x02\xff\xff", 8), 8);
+        close(fd);
+    }
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(cl, "b", "x", &id, NULL), 0, "%s",
+                 idalloc_last_error());
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(kill(c.pid[i], 0), 0, "node %d died", i + 1);
+    }
+}
+
+Test(cluster, foreign_data_directory_is_refused, .init = setup3,
+     .fini = teardown, .timeout = 60)
+{
+    tc_signal(&c, 0, SIGTERM);
+    /* The same data_dir, another cluster name. */
+    char other[400], out[512];
+    snprintf(other, sizeof(other), "%s/other.conf", c.dir);
+    int rv = tc_run(out, sizeof(out), "sed 's/^cluster test/cluster other/' "
+                    "%s > %s && echo ok", c.conf, other);
+    cr_assert_eq(rv, 0);
+    rv = tc_run(out, sizeof(out), "%s --config %s --node 1 2>&1",
+                tc_bin("idallocd"), other);
+    cr_assert_eq(rv, 1, "exit %d: %s", rv, out);
+    cr_assert(strstr(out, "node1") != NULL, "names the directory: %s", out);
+    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s",
+                 out);
+    /* Nothing was overwritten: the real node starts on it again. */
+    tc_spawn(&c, 0);
+    cr_assert_geq(tc_wait_leader(&c, 10000), 0);
+    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 10000));
+}
+
+Test(cluster, bad_usage_and_config)
+{
+    char out[512];
+    cr_assert_eq(tc_run(out, sizeof(out), "%s 2>&1", tc_bin("idallocd")), 2);
+    cr_assert(strstr(out, "--config and --node are required") != NULL, "%s",
+              out);
+    cr_assert_eq(tc_run(out, sizeof(out), "%s --help", tc_bin("idallocd")), 0);
+    cr_assert(strstr(out, "usage: idallocd") != NULL);
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "%s --config /nonexistent.conf --node 1 2>&1",
+                        tc_bin("idallocd")),
+                 2);
+    cr_assert(strstr(out, "/nonexistent.conf") != NULL, "%s", out);
+}
+
+Test(cluster, follower_catches_up_by_snapshot, .fini = teardown,
+     .timeout = 120)
+{
+    tc_start(&c, 3, "snapshot_interval_entries 20\n");
+    int leader = tc_wait_leader(&c, 10000);
+    cr_assert_geq(leader, 0);
+    cl = tc_client(&c, 10000);
+    int down = (leader + 1) % 3;
+    tc_signal(&c, down, SIGKILL);
+    static uint64_t ids[300];
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000,
+                                     NULL),
+                 0);
+    alloc_tags(0, 200, ids);
+    tc_spawn(&c, down);
+    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 20000),
+              "the follower did not catch up");
+    struct idalloc_node_status s;
+    cr_assert_eq(idalloc_node_status(cl, (size_t)down, &s), 0);
+    cr_assert_gt(s.snapshot_index, 0, "the follower has no snapshot");
+    /* It can lead with what it got. */
+    tc_signal(&c, leader, SIGKILL);
+    cr_assert_geq(tc_wait_leader(&c, 10000), 0);
+    check_tags(200, ids);
+}

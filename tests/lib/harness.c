@@ -1,0 +1,263 @@
+/* _GNU_SOURCE for gettid() and close_range(): see tc_spawn(). */
+#define _GNU_SOURCE
+#include "tests/lib/harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* The harness also runs inside benchmarks (no Criterion): a failed check
+ * prints and aborts, which a Criterion test reports as a crash. */
+#define TC_CHECK(cond, ...)                                            \
+    do {                                                               \
+        if (!(cond)) {                                                 \
+            fprintf(stderr, "harness: %s:%d: ", __FILE__, __LINE__);   \
+            fprintf(stderr, __VA_ARGS__);                              \
+            fprintf(stderr, "\n");                                     \
+            abort();                                                   \
+        }                                                              \
+    } while (0)
+
+uint64_t tc_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void tc_sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000,
+                          .tv_nsec = (long)(ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+const char *tc_bin(const char *name)
+{
+    static char path[4][512];
+    static int k;
+    const char *dir = getenv("IDA_BINDIR");
+    char *p = path[k++ % 4];
+    snprintf(p, sizeof(path[0]), "%s/%s", dir != NULL ? dir : "bin", name);
+    return p;
+}
+
+static unsigned free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    TC_CHECK(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0, "bind failed");
+    socklen_t l = sizeof(a);
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+void tc_spawn(struct tc *c, int i)
+{
+    TC_CHECK(c->pid[i] == 0, "node %d already running", i + 1);
+    char log[400], id[16];
+    snprintf(log, sizeof(log), "%s/node%d.log", c->dir, i + 1);
+    snprintf(id, sizeof(id), "%d", i + 1);
+    const char *bin = tc_bin("idallocd");
+    int main_thread = getpid() == gettid();
+    pid_t pid = fork();
+    TC_CHECK(pid >= 0, "fork failed");
+    if (pid == 0) {
+        /* Die with the test: no node outlives a crashed test. The signal
+         * comes when the forking *thread* ends, so only children of the
+         * main thread can use it (the chaos nemesis restarts nodes from a
+         * thread of its own; tc_destroy() stops those). */
+        if (main_thread) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+        }
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        dup2(fd, 2);
+        dup2(fd, 1);
+        /* Nothing of the test's (sockets, pipes) leaks into the node: an
+         * inherited copy keeps a connection open after the test closed it. */
+        close_range(3, ~0u, 0);
+        const char *conf = c->node_conf[i][0] != '\0' ? c->node_conf[i]
+                                                       : c->conf;
+        execl(bin, bin, "--config", conf, "--node", id, (char *)NULL);
+        _exit(127);
+    }
+    c->pid[i] = pid;
+}
+
+void tc_setup(struct tc *c, int n, const char *extra)
+{
+    memset(c, 0, sizeof(*c));
+    c->n = n;
+    snprintf(c->dir, sizeof(c->dir), "/tmp/ida-cluster-XXXXXX");
+    TC_CHECK(mkdtemp(c->dir) != NULL, "mkdtemp failed");
+    snprintf(c->conf, sizeof(c->conf), "%s/cluster.conf", c->dir);
+    FILE *f = fopen(c->conf, "w");
+    TC_CHECK(f != NULL, "cannot write %s", c->conf);
+    fprintf(f, "cluster test\ndata_dir %s/data\n", c->dir);
+    fprintf(f, "election_timeout_ms 300\nheartbeat_ms 50\n");
+    for (int i = 0; i < n; i++) {
+        unsigned cp = free_port();
+        fprintf(f, "node %d 127.0.0.1:%u 127.0.0.1:%u\n", i + 1, free_port(),
+                cp);
+        char a[32];
+        snprintf(a, sizeof(a), "%s127.0.0.1:%u", i > 0 ? "," : "", cp);
+        strcat(c->addrs, a);
+    }
+    if (extra != NULL) {
+        fputs(extra, f);
+    }
+    fclose(f);
+    char err[IDA_ERRMSG_MAX];
+    TC_CHECK(ida_config_load(c->conf, &c->cfg, err) == 0, "%s", err);
+}
+
+void tc_start(struct tc *c, int n, const char *extra)
+{
+    tc_setup(c, n, extra);
+    for (int i = 0; i < n; i++) {
+        tc_spawn(c, i);
+    }
+}
+
+int tc_signal(struct tc *c, int i, int sig)
+{
+    if (c->pid[i] == 0) {
+        return 0;
+    }
+    kill(c->pid[i], sig);
+    if (sig != SIGKILL && sig != SIGTERM && sig != SIGINT) {
+        return 0;
+    }
+    int status = 0;
+    waitpid(c->pid[i], &status, 0);
+    c->pid[i] = 0;
+    return status;
+}
+
+void tc_destroy(struct tc *c)
+{
+    for (int i = 0; i < c->n; i++) {
+        if (c->pid[i] != 0) {
+            kill(c->pid[i], SIGCONT);
+            tc_signal(c, i, SIGKILL);
+        }
+    }
+    if (c->dir[0] != '\0' && getenv("IDA_KEEP_TEST_DIRS") == NULL) {
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", c->dir);
+        int rv = system(cmd);
+        (void)rv;
+    }
+}
+
+struct idalloc_client *tc_client(struct tc *c, unsigned call_ms)
+{
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = c->addrs;
+    o.call_timeout_ms = call_ms;
+    o.attempt_timeout_ms = call_ms < 500 ? call_ms : 500;
+    struct idalloc_client *cl;
+    char err[IDALLOC_ERRMSG_MAX];
+    TC_CHECK(idalloc_client_new(&o, &cl, err) == 0, "%s", err);
+    return cl;
+}
+
+int tc_wait_leader(struct tc *c, unsigned ms)
+{
+    struct idalloc_client *cl = tc_client(c, 300);
+    int leader = -1;
+    for (uint64_t end = tc_now_ms() + ms; tc_now_ms() < end && leader < 0;) {
+        unsigned agreed = 0, running = 0, lid = 0;
+        for (int i = 0; i < c->n; i++) {
+            if (c->pid[i] == 0) {
+                continue;
+            }
+            running++;
+            struct idalloc_node_status s;
+            if (idalloc_node_status(cl, (size_t)i, &s) != 0) {
+                continue;
+            }
+            if (strcmp(s.role, "leader") == 0) {
+                lid = s.node_id;
+            }
+            if (s.leader_id != 0 && (lid == 0 || s.leader_id == lid)) {
+                lid = s.leader_id;
+                agreed++;
+            }
+        }
+        if (lid != 0 && agreed == running && c->pid[lid - 1] != 0) {
+            leader = (int)lid - 1;
+        } else {
+            tc_sleep_ms(50);
+        }
+    }
+    idalloc_client_free(cl);
+    return leader;
+}
+
+uint64_t tc_commit_index(struct tc *c)
+{
+    struct idalloc_client *cl = tc_client(c, 300);
+    uint64_t best = 0;
+    for (int i = 0; i < c->n; i++) {
+        struct idalloc_node_status s;
+        if (c->pid[i] != 0 && idalloc_node_status(cl, (size_t)i, &s) == 0 &&
+            s.commit_index > best) {
+            best = s.commit_index;
+        }
+    }
+    idalloc_client_free(cl);
+    return best;
+}
+
+int tc_wait_applied(struct tc *c, uint64_t index, unsigned ms)
+{
+    struct idalloc_client *cl = tc_client(c, 300);
+    int ok = 0;
+    for (uint64_t end = tc_now_ms() + ms; tc_now_ms() < end && !ok;) {
+        ok = 1;
+        for (int i = 0; i < c->n; i++) {
+            struct idalloc_node_status s;
+            if (c->pid[i] != 0 &&
+                (idalloc_node_status(cl, (size_t)i, &s) != 0 ||
+                 s.applied_index < index)) {
+                ok = 0;
+            }
+        }
+        if (!ok) {
+            tc_sleep_ms(50);
+        }
+    }
+    idalloc_client_free(cl);
+    return ok;
+}
+
+int tc_run(char *out, size_t cap, const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    FILE *p = popen(cmd, "r");
+    TC_CHECK(p != NULL, "popen failed");
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}

@@ -1,0 +1,57 @@
+/* Process-level test harness: real idallocd processes on free loopback
+ * ports, in a temporary directory, driven by the client library.
+ * Every process a test starts is stopped by tc_destroy(). */
+#ifndef IDA_TEST_HARNESS_H
+#define IDA_TEST_HARNESS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "idalloc.h"
+#include "src/common/config.h"
+
+#define TC_NODES_MAX 5
+
+struct tc {
+    int n;
+    char dir[256];  /* temporary directory: config, data, logs */
+    char conf[320]; /* the cluster file */
+    char addrs[512]; /* client addresses, comma-separated */
+    pid_t pid[TC_NODES_MAX]; /* 0: not running */
+    struct ida_config cfg;
+    /* Per-node cluster files (""-: use conf). The chaos test gives each
+     * node its own view of the peers' addresses (its proxies). */
+    char node_conf[TC_NODES_MAX][320];
+};
+
+/* Write a cluster of @n nodes (extra config lines in @extra, may be NULL)
+ * and start every node. */
+void tc_start(struct tc *c, int n, const char *extra);
+/* The same without starting anything. */
+void tc_setup(struct tc *c, int n, const char *extra);
+/* Start node @i (0-based) again. */
+void tc_spawn(struct tc *c, int i);
+/* Send @sig to node @i; for SIGKILL/SIGTERM wait for it and return its exit
+ * status (as from waitpid), else 0. */
+int tc_signal(struct tc *c, int i, int sig);
+/* Kill every node (SIGKILL) and remove the directory. */
+void tc_destroy(struct tc *c);
+/* A client of the cluster (call timeouts in ms). */
+struct idalloc_client *tc_client(struct tc *c, unsigned call_ms);
+/* Wait up to @ms for a leader all running nodes agree on; its index
+ * (0-based), or -1. */
+int tc_wait_leader(struct tc *c, unsigned ms);
+/* Wait up to @ms until every running node applied at least @index. */
+int tc_wait_applied(struct tc *c, uint64_t index, unsigned ms);
+/* The highest commit index any running node reports. */
+uint64_t tc_commit_index(struct tc *c);
+/* Path of a built program (bin/idalloc...) honouring $IDA_BINDIR. */
+const char *tc_bin(const char *name);
+/* Run a shell command line, capturing stdout into @out (@cap bytes);
+ * returns the exit status. */
+int tc_run(char *out, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+uint64_t tc_now_ms(void);
+void tc_sleep_ms(unsigned ms);
+
+#endif
