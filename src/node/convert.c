@@ -5,7 +5,8 @@
 #include "ida/heap.h"
 #include "idalloc_errors.h"
 
-static int entries_to_pb(const struct ida_entry *e, size_t n,
+static int entries_to_pb(const struct ida_entry *e,
+                         size_t n,
                          struct node_pb_peer *pb)
 {
     if (n == 0) {
@@ -123,7 +124,8 @@ void node_pb_peer_release(struct node_pb_peer *pb)
 }
 
 static int entries_from_pb(const Idalloc__AppendEntries *ae,
-                           struct ida_raft_msg *m, struct ida_entry **out)
+                           struct ida_raft_msg *m,
+                           struct ida_entry **out)
 {
     *out = NULL;
     if (ae->n_entries == 0) {
@@ -153,7 +155,8 @@ static int entries_from_pb(const Idalloc__AppendEntries *ae,
     return 0;
 }
 
-int node_pb_to_raft(const Idalloc__PeerMessage *pb, struct ida_raft_msg *m,
+int node_pb_to_raft(const Idalloc__PeerMessage *pb,
+                    struct ida_raft_msg *m,
                     struct ida_entry **entries)
 {
     memset(m, 0, sizeof(*m));

@@ -8,7 +8,8 @@
 
 /* Scratch space for one PeerMessage built from a raft message; it points
  * into @m (borrowed) and into itself. */
-struct node_pb_peer {
+struct node_pb_peer
+{
     Idalloc__PeerMessage msg;
     union {
         Idalloc__RequestVote rv;
@@ -19,7 +20,7 @@ struct node_pb_peer {
         Idalloc__SnapshotResponse sr;
         Idalloc__TimeoutNow tn;
     } u;
-    Idalloc__LogEntry *entries;    /* ida_malloc'd */
+    Idalloc__LogEntry *entries;     /* ida_malloc'd */
     Idalloc__LogEntry **entry_ptrs; /* ida_malloc'd */
 };
 
@@ -31,7 +32,8 @@ void node_pb_peer_release(struct node_pb_peer *pb);
 /* Fill @m from @pb. Entries go into *@entries (ida_malloc'd, caller frees;
  * their data points into @pb, so @pb must outlive @m). Returns 0,
  * IDA_EPROTO (no or unknown message, bad entry type), IDA_ENOMEM. */
-int node_pb_to_raft(const Idalloc__PeerMessage *pb, struct ida_raft_msg *m,
+int node_pb_to_raft(const Idalloc__PeerMessage *pb,
+                    struct ida_raft_msg *m,
                     struct ida_entry **entries);
 
 #endif /* IDA_NODE_CONVERT_H */

@@ -15,14 +15,16 @@
 #define PENDING_BUCKETS 4096
 
 /* A write this node proposed, waiting for its entry to apply. */
-struct pending {
+struct pending
+{
     uint8_t client_id[16];
     uint64_t seq;
     uint64_t conn;
     struct pending *next;
 };
 
-struct fsm_proc {
+struct fsm_proc
+{
     struct ida_node *node;
     struct ida_fsm *fsm;
     ida_term applied_term;
@@ -66,7 +68,8 @@ static void add_pending(struct fsm_proc *fp, const struct nm_register *r)
 }
 
 /* Remove and return the connection waiting for (@cid, @seq), or 0. */
-static uint64_t take_pending(struct fsm_proc *fp, const uint8_t *cid,
+static uint64_t take_pending(struct fsm_proc *fp,
+                             const uint8_t *cid,
                              uint64_t seq)
 {
     struct pending **pp = &fp->buckets[bucket_of(cid, seq)];
@@ -83,7 +86,9 @@ static uint64_t take_pending(struct fsm_proc *fp, const uint8_t *cid,
     return 0;
 }
 
-static void reply(struct fsm_proc *fp, uint64_t conn, uint64_t seq,
+static void reply(struct fsm_proc *fp,
+                  uint64_t conn,
+                  uint64_t seq,
                   Idalloc__CommandResult *res)
 {
     Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
@@ -92,7 +97,9 @@ static void reply(struct fsm_proc *fp, uint64_t conn, uint64_t seq,
     ida_net_reply(fp->node->net, conn, &r);
 }
 
-static void reply_error(struct fsm_proc *fp, uint64_t conn, uint64_t seq,
+static void reply_error(struct fsm_proc *fp,
+                        uint64_t conn,
+                        uint64_t seq,
                         int err)
 {
     Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
@@ -114,7 +121,8 @@ static void lose_all_pending(struct fsm_proc *fp)
     fp->n_pending = 0;
 }
 
-/* --- reads ------------------------------------------------------------------ */
+/* --- reads ------------------------------------------------------------------
+ */
 
 static void serve_read(struct fsm_proc *fp, struct nm_read *rd)
 {
@@ -198,7 +206,8 @@ static void on_read(struct fsm_proc *fp, struct nm_read *rd)
     fp->reads[fp->n_reads++] = rd;
 }
 
-/* --- apply ------------------------------------------------------------------ */
+/* --- apply ------------------------------------------------------------------
+ */
 
 static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
 {
@@ -271,8 +280,8 @@ static void apply_entries(struct fsm_proc *fp, const struct nm_apply *a)
             continue; /* covered by a snapshot restored meanwhile */
         }
         struct ida_fsm_applied ap;
-        int rv = ida_fsm_apply(fp->fsm, e->index, e->type, e->data, e->len,
-                               &ap);
+        int rv =
+            ida_fsm_apply(fp->fsm, e->index, e->type, e->data, e->len, &ap);
         if (rv != 0) {
             /* The state may no longer match the other replicas': stop; a
              * restart rebuilds it from the snapshot and the log. */
@@ -290,7 +299,8 @@ static void apply_entries(struct fsm_proc *fp, const struct nm_apply *a)
     }
 }
 
-static void on_apply(struct fsm_proc *fp, struct ida_sender *s,
+static void on_apply(struct fsm_proc *fp,
+                     struct ida_sender *s,
                      const struct nm_apply *a)
 {
     apply_entries(fp, a);
@@ -342,8 +352,10 @@ static void fsm_ping(void *state, struct ida_sender *s)
 
 const struct ida_proc_ops ida__fsm_proc_ops = {fsm_receive, fsm_ping};
 
-int ida__fsm_proc_new(struct ida_node *n, struct ida_fsm *fsm,
-                      ida_term applied_term, struct fsm_proc **out)
+int ida__fsm_proc_new(struct ida_node *n,
+                      struct ida_fsm *fsm,
+                      ida_term applied_term,
+                      struct fsm_proc **out)
 {
     struct fsm_proc *fp = ida_calloc(1, sizeof(*fp));
     if (fp == NULL) {

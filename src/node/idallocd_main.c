@@ -65,8 +65,9 @@ static int parse_args(int argc, char **argv, struct ida_node_opts *o)
         }
     }
     if (o->config_path == NULL || o->node_id == 0) {
-        fprintf(stderr, "idallocd: --config and --node are required (see "
-                        "--help)\n");
+        fprintf(stderr,
+                "idallocd: --config and --node are required (see "
+                "--help)\n");
         return -1;
     }
     return 0;

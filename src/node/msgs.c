@@ -44,8 +44,7 @@ struct ida_entry *node_entries_copy(const struct ida_entry *e, size_t n)
     return out;
 }
 
-struct ida_raft_msg *node_raft_msgs_copy(const struct ida_raft_msg *m,
-                                         size_t n)
+struct ida_raft_msg *node_raft_msgs_copy(const struct ida_raft_msg *m, size_t n)
 {
     struct ida_raft_msg *out = ida_calloc(n > 0 ? n : 1, sizeof(*out));
     if (out == NULL) {
@@ -66,7 +65,8 @@ struct ida_raft_msg *node_raft_msgs_copy(const struct ida_raft_msg *m,
                 }
             }
         } else if (m[i].type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) {
-            const struct ida_raft_install_snapshot *is = &m[i].u.install_snapshot;
+            const struct ida_raft_install_snapshot *is =
+                &m[i].u.install_snapshot;
             uint8_t *d = ida_malloc(is->len > 0 ? is->len : 1);
             if (d == NULL) {
                 out[i].type = IDA_RAFT_MSG_TIMEOUT_NOW; /* nothing to free */
@@ -178,7 +178,9 @@ void node_outq_flush(struct node_outq *q, struct ida_sender *s)
     }
 }
 
-void node_send(struct node_outq *q, struct ida_sender *s, uint32_t to,
+void node_send(struct node_outq *q,
+               struct ida_sender *s,
+               uint32_t to,
                struct ida_msg *m)
 {
     node_outq_flush(q, s);
@@ -203,8 +205,8 @@ void node_send(struct node_outq *q, struct ida_sender *s, uint32_t to,
             return;
         }
         for (size_t i = 0; i < q->n; i++) {
-            memcpy((char *)v + i * sizeof(*q->v),
-                   &q->v[(q->head + i) % q->cap], sizeof(*q->v));
+            memcpy((char *)v + i * sizeof(*q->v), &q->v[(q->head + i) % q->cap],
+                   sizeof(*q->v));
         }
         ida_free(q->v);
         q->v = v;

@@ -39,18 +39,21 @@ enum node_msg_type {
     NM_STORAGE_FAILED,
 };
 
-struct nm_client {
+struct nm_client
+{
     uint64_t conn;
     Idalloc__ClientRequest *req; /* owned */
 };
 
-struct nm_peer_state {
+struct nm_peer_state
+{
     unsigned node_id;
     int up;
 };
 
 /* One raft batch to make durable, then what to do after. */
-struct nm_persist {
+struct nm_persist
+{
     uint64_t batch_id;
     int has_hard_state;
     struct ida_hard_state hard_state;
@@ -67,13 +70,15 @@ struct nm_persist {
                                      once durable (snapshot batches), or NULL */
 };
 
-struct nm_persisted {
+struct nm_persisted
+{
     uint64_t batch_id;
 };
 
 /* Committed entries (deep copies) for the fsm, optionally preceded by a
  * snapshot to restore. */
-struct nm_apply {
+struct nm_apply
+{
     int has_snapshot;
     ida_index snap_index;
     ida_term snap_term;
@@ -84,32 +89,37 @@ struct nm_apply {
 };
 
 /* A linearizable read, to serve once applied >= index. */
-struct nm_read {
+struct nm_read
+{
     uint64_t conn;
     ida_index index;
     Idalloc__ClientRequest *req; /* owned */
 };
 
 /* A write waiting for its entry to apply. */
-struct nm_register {
+struct nm_register
+{
     uint8_t client_id[16];
     uint64_t request_seq;
     uint64_t conn;
 };
 
-struct nm_applied {
+struct nm_applied
+{
     ida_index index;
     ida_index snapshot_index;
 };
 
-struct nm_snapshot {
+struct nm_snapshot
+{
     ida_index index;
     ida_term term;
     uint8_t *data;
     size_t len;
 };
 
-struct nm_storage_failed {
+struct nm_storage_failed
+{
     int code;
     char msg[256];
 };
@@ -131,22 +141,24 @@ struct ida_raft_msg *node_raft_msgs_copy(const struct ida_raft_msg *m,
                                          size_t n);
 void node_raft_msgs_free(struct ida_raft_msg *m, size_t n);
 
-
-
 /* Ordered sends from a processor with back-pressure: a message that finds
  * its target's inbox full waits here, and so does everything sent after it
  * (to any target), so messages never overtake each other. */
-struct node_outq {
-    struct {
+struct node_outq
+{
+    struct
+    {
         uint32_t to;
         struct ida_msg *msg;
-    } *v;
+    } * v;
     size_t head, n, cap;
 };
 
 /* Send @m to @to through @q (ownership moves in; on out-of-memory or a
  * stopping pool the message is freed and dropped, with a log line). */
-void node_send(struct node_outq *q, struct ida_sender *s, uint32_t to,
+void node_send(struct node_outq *q,
+               struct ida_sender *s,
+               uint32_t to,
                struct ida_msg *m);
 /* Retry what waits in @q; call at the start of every receive/ping. */
 void node_outq_flush(struct node_outq *q, struct ida_sender *s);

@@ -33,8 +33,10 @@ static int encode_cluster(struct ida_node *n)
 }
 
 /* Rebuild the state machine and the Raft core from storage. */
-static int restore(struct ida_node *n, struct ida_fsm *fsm,
-                   ida_term *applied_term, char *errmsg)
+static int restore(struct ida_node *n,
+                   struct ida_fsm *fsm,
+                   ida_term *applied_term,
+                   char *errmsg)
 {
     struct ida_storage *st = &n->storage;
     struct ida_raft_restore rr = {0};
@@ -77,14 +79,17 @@ static int restore(struct ida_node *n, struct ida_fsm *fsm,
         rv = ida__raft_proc_new(n, &rr, &n->raft);
     }
     if (rv != 0) {
-        snprintf(errmsg, IDA_ERRMSG_MAX, "%.200s: cannot restore the node: "
-                 "%s%s%.200s", n->dir, idalloc_strerror(rv),
-                 st->errmsg[0] ? ": " : "", st->errmsg);
+        snprintf(errmsg, IDA_ERRMSG_MAX,
+                 "%.200s: cannot restore the node: "
+                 "%s%s%.200s",
+                 n->dir, idalloc_strerror(rv), st->errmsg[0] ? ": " : "",
+                 st->errmsg);
     } else {
-        IDA_INFO("node: restored term=%llu vote=%u snapshot=%llu log=%llu..%llu",
-                 (unsigned long long)rr.hard_state.term, rr.hard_state.vote,
-                 (unsigned long long)rr.snapshot_index,
-                 (unsigned long long)lo, (unsigned long long)ls.last);
+        IDA_INFO(
+            "node: restored term=%llu vote=%u snapshot=%llu log=%llu..%llu",
+            (unsigned long long)rr.hard_state.term, rr.hard_state.vote,
+            (unsigned long long)rr.snapshot_index, (unsigned long long)lo,
+            (unsigned long long)ls.last);
     }
     ida_free(entries);
     ida_free(snap);
@@ -92,7 +97,8 @@ static int restore(struct ida_node *n, struct ida_fsm *fsm,
     return rv;
 }
 
-int ida_node_open(struct ida_node *n, const struct ida_node_opts *o,
+int ida_node_open(struct ida_node *n,
+                  const struct ida_node_opts *o,
                   char *errmsg)
 {
     memset(n, 0, sizeof(*n));
@@ -154,9 +160,11 @@ int ida_node_open(struct ida_node *n, const struct ida_node_opts *o,
     return rv;
 }
 
-/* --- net callbacks (on the net thread) ------------------------------------- */
+/* --- net callbacks (on the net thread) -------------------------------------
+ */
 
-static void net_client_request(void *arg, uint64_t conn,
+static void net_client_request(void *arg,
+                               uint64_t conn,
                                Idalloc__ClientRequest *req)
 {
     struct ida_node *n = arg;
@@ -219,18 +227,27 @@ static void net_peer_state(void *arg, unsigned id, int up)
     }
 }
 
-/* --- start and stop ---------------------------------------------------------- */
+/* --- start and stop ----------------------------------------------------------
+ */
 
 static int add_procs(struct ida_node *n)
 {
     struct ida_proc_config pc[3] = {
-        {.name = "raft", .ops = &ida__raft_proc_ops, .state = n->raft,
+        {.name = "raft",
+         .ops = &ida__raft_proc_ops,
+         .state = n->raft,
          .inbox_capacity = 65536,
          .ping_interval_us = ida__raft_proc_tick_ms(n) * 1000},
-        {.name = "storage", .ops = &ida__storage_proc_ops, .state = n->sp,
-         .inbox_capacity = 65536, .ping_interval_us = 10000},
-        {.name = "fsm", .ops = &ida__fsm_proc_ops, .state = n->fp,
-         .inbox_capacity = 65536, .ping_interval_us = 10000},
+        {.name = "storage",
+         .ops = &ida__storage_proc_ops,
+         .state = n->sp,
+         .inbox_capacity = 65536,
+         .ping_interval_us = 10000},
+        {.name = "fsm",
+         .ops = &ida__fsm_proc_ops,
+         .state = n->fp,
+         .inbox_capacity = 65536,
+         .ping_interval_us = 10000},
     };
     uint32_t *ids[3] = {&n->p_raft, &n->p_storage, &n->p_fsm};
     for (int i = 0; i < 3; i++) {
@@ -270,9 +287,10 @@ int ida_node_start(struct ida_node *n, char *errmsg)
         ida_node_close(n);
         return rv;
     }
-    IDA_INFO("node: started, cluster %s, peers on %s, clients on %s, data in "
-             "%s", n->cfg.cluster, n->self->peer.text, n->self->client.text,
-             n->dir);
+    IDA_INFO(
+        "node: started, cluster %s, peers on %s, clients on %s, data in "
+        "%s",
+        n->cfg.cluster, n->self->peer.text, n->self->client.text, n->dir);
     return 0;
 }
 

@@ -37,7 +37,8 @@
 
 #define IDA_NODE_TICK_MS_MAX 10
 
-struct ida_node_opts {
+struct ida_node_opts
+{
     const char *config_path;
     unsigned node_id;
     const char *data_dir; /* NULL: the cluster file's data_dir */
@@ -47,7 +48,8 @@ struct raft_proc;
 struct storage_proc;
 struct fsm_proc;
 
-struct ida_node {
+struct ida_node
+{
     struct ida_config cfg;
     const struct ida_config_node *self;
     char dir[IDA_PATH_MAX + 16]; /* data_dir/nodeN */
@@ -67,7 +69,8 @@ struct ida_node {
  * rebuild the Raft core and the state machine from it. Binds nothing.
  * Returns 0 or an error with a one-line message in @errmsg
  * (IDA_ERRMSG_MAX). On error nothing needs to be closed. */
-int ida_node_open(struct ida_node *n, const struct ida_node_opts *o,
+int ida_node_open(struct ida_node *n,
+                  const struct ida_node_opts *o,
                   char *errmsg);
 
 /* Bind the addresses and start the threads. On error the node is closed. */
@@ -78,7 +81,8 @@ void ida_node_close(struct ida_node *n);
 
 /* --- the processors (node internals) ------------------------------------- */
 
-int ida__raft_proc_new(struct ida_node *n, const struct ida_raft_restore *r,
+int ida__raft_proc_new(struct ida_node *n,
+                       const struct ida_raft_restore *r,
                        struct raft_proc **out);
 void ida__raft_proc_free(struct raft_proc *rp);
 extern const struct ida_proc_ops ida__raft_proc_ops;
@@ -88,8 +92,10 @@ int ida__storage_proc_new(struct ida_node *n, struct storage_proc **out);
 void ida__storage_proc_free(struct storage_proc *sp);
 extern const struct ida_proc_ops ida__storage_proc_ops;
 
-int ida__fsm_proc_new(struct ida_node *n, struct ida_fsm *fsm,
-                      ida_term applied_term, struct fsm_proc **out);
+int ida__fsm_proc_new(struct ida_node *n,
+                      struct ida_fsm *fsm,
+                      ida_term applied_term,
+                      struct fsm_proc **out);
 void ida__fsm_proc_free(struct fsm_proc *fp);
 extern const struct ida_proc_ops ida__fsm_proc_ops;
 

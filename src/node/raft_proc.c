@@ -15,16 +15,18 @@
 /* Close the open batch at this many commands or bytes even while a storage
  * step is in flight. */
 #define OPEN_COMMANDS_MAX 4096
-#define OPEN_BYTES_MAX (1u << 20)
+#define OPEN_BYTES_MAX    (1u << 20)
 
-struct pending_read {
+struct pending_read
+{
     uint64_t ctx;
     uint64_t conn;
     Idalloc__ClientRequest *req; /* owned */
     int asked;                   /* read_index accepted it */
 };
 
-struct raft_proc {
+struct raft_proc
+{
     struct ida_node *node;
     struct ida_raft raft;
     unsigned tick_ms;
@@ -73,10 +75,14 @@ unsigned ida__raft_proc_tick_ms(const struct ida_node *n)
     return t > 0 ? t : 1;
 }
 
-/* --- replies ------------------------------------------------------------------ */
+/* --- replies
+ * ------------------------------------------------------------------ */
 
-static void reply_error(struct raft_proc *rp, uint64_t conn, uint64_t seq,
-                        int err, const char *why)
+static void reply_error(struct raft_proc *rp,
+                        uint64_t conn,
+                        uint64_t seq,
+                        int err,
+                        const char *why)
 {
     struct ida_node *n = rp->node;
     Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
@@ -95,14 +101,15 @@ static void reply_error(struct raft_proc *rp, uint64_t conn, uint64_t seq,
 
 static const char *progress_state(enum ida_raft_progress_state s)
 {
-    return s == IDA_RAFT_REPLICATE ? "replicate"
+    return s == IDA_RAFT_REPLICATE  ? "replicate"
            : s == IDA_RAFT_SNAPSHOT ? "snapshot"
                                     : "probe";
 }
 
 /* Merge the pool workers' error top dumps, most frequent first. */
 static size_t read_top_errors(struct raft_proc *rp,
-                              struct ida_errtop_entry *out, size_t max)
+                              struct ida_errtop_entry *out,
+                              size_t max)
 {
     size_t n = 0;
     for (uint32_t t = 0; t < ida_pool_threads(rp->node->pool); t++) {
@@ -152,9 +159,8 @@ static void reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
     st.snapshot_index = rp->snapshot_index;
     st.snapshot_term = r->snap_term;
     size_t np = 0;
-    for (size_t i = 0; ida_raft_role(r) == IDA_RAFT_LEADER &&
-                       i < r->cfg.n_voters;
-         i++) {
+    for (size_t i = 0;
+         ida_raft_role(r) == IDA_RAFT_LEADER && i < r->cfg.n_voters; i++) {
         const struct ida_raft_progress *p = &r->prs[i];
         if (p->id == n->self->id) {
             continue;
@@ -189,7 +195,8 @@ static void reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
     ida_net_reply(n->net, conn, &resp);
 }
 
-/* --- sending ------------------------------------------------------------------ */
+/* --- sending
+ * ------------------------------------------------------------------ */
 
 static void send_peer(struct raft_proc *rp, const struct ida_raft_msg *m)
 {
@@ -200,8 +207,11 @@ static void send_peer(struct raft_proc *rp, const struct ida_raft_msg *m)
     node_pb_peer_release(&pb);
 }
 
-static void send_node_msg(struct raft_proc *rp, struct ida_sender *s,
-                          uint32_t to, enum node_msg_type type, void *payload)
+static void send_node_msg(struct raft_proc *rp,
+                          struct ida_sender *s,
+                          uint32_t to,
+                          enum node_msg_type type,
+                          void *payload)
 {
     struct ida_msg *m = node_msg_new(type, payload);
     if (m == NULL) {
@@ -212,7 +222,8 @@ static void send_node_msg(struct raft_proc *rp, struct ida_sender *s,
     node_send(&rp->q, s, to, m);
 }
 
-/* --- leadership ---------------------------------------------------------------- */
+/* --- leadership
+ * ---------------------------------------------------------------- */
 
 static void fail_reads(struct raft_proc *rp, int err)
 {
@@ -239,7 +250,8 @@ static void lose_writes(struct raft_proc *rp, struct ida_sender *s)
     }
 }
 
-static void note_soft_state(struct raft_proc *rp, struct ida_sender *s,
+static void note_soft_state(struct raft_proc *rp,
+                            struct ida_sender *s,
                             const struct ida_raft_batch *b)
 {
     if (b->role == rp->role && b->leader == rp->leader && b->term == rp->term) {
@@ -253,7 +265,8 @@ static void note_soft_state(struct raft_proc *rp, struct ida_sender *s,
                  (unsigned long long)b->term, b->leader);
     }
     if (was_leader && b->role != IDA_RAFT_LEADER) {
-        IDA_INFO("raft: lost leadership term=%llu", (unsigned long long)b->term);
+        IDA_INFO("raft: lost leadership term=%llu",
+                 (unsigned long long)b->term);
         fail_reads(rp, IDA_ELEADERLOST);
         lose_writes(rp, s);
     }
@@ -262,7 +275,8 @@ static void note_soft_state(struct raft_proc *rp, struct ida_sender *s,
     rp->term = b->term;
 }
 
-/* --- batches ---------------------------------------------------------------------- */
+/* --- batches
+ * ---------------------------------------------------------------------- */
 
 /* The fsm's part of a batch: its snapshot to restore (if any), then its
  * committed entries. */
@@ -319,8 +333,8 @@ static struct nm_persist *make_persist(const struct ida_raft_batch *b)
         }
     }
     if (b->n_msgs_after_persist > 0) {
-        p->after = node_raft_msgs_copy(b->msgs_after_persist,
-                                       b->n_msgs_after_persist);
+        p->after =
+            node_raft_msgs_copy(b->msgs_after_persist, b->n_msgs_after_persist);
         p->n_after = b->n_msgs_after_persist;
     }
     if ((b->n_entries > 0 && p->entries == NULL) ||
@@ -334,7 +348,8 @@ static struct nm_persist *make_persist(const struct ida_raft_batch *b)
 }
 
 /* Hand one batch of the core to net, storage and fsm. */
-static void handle_batch(struct raft_proc *rp, struct ida_sender *s,
+static void handle_batch(struct raft_proc *rp,
+                         struct ida_sender *s,
                          const struct ida_raft_batch *b)
 {
     struct ida_node *n = rp->node;
@@ -404,7 +419,8 @@ static void drive(struct raft_proc *rp, struct ida_sender *s)
     }
 }
 
-/* --- group commit ----------------------------------------------------------------- */
+/* --- group commit
+ * ----------------------------------------------------------------- */
 
 static void flush_open(struct raft_proc *rp, struct ida_sender *s)
 {
@@ -480,7 +496,8 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
     drive(rp, s);
 }
 
-/* --- client requests -------------------------------------------------------------- */
+/* --- client requests
+ * -------------------------------------------------------------- */
 
 static int is_write(Idalloc__ClientRequest__OpCase op)
 {
@@ -499,7 +516,8 @@ static void ask_read(struct raft_proc *rp, struct pending_read *pr)
      * next tick. Other errors are answered there too (not leader). */
 }
 
-static void add_read(struct raft_proc *rp, uint64_t conn,
+static void add_read(struct raft_proc *rp,
+                     uint64_t conn,
                      Idalloc__ClientRequest *req)
 {
     if (rp->n_reads == rp->cap_reads) {
@@ -514,13 +532,15 @@ static void add_read(struct raft_proc *rp, uint64_t conn,
         rp->cap_reads = cap;
     }
     struct pending_read *pr = &rp->reads[rp->n_reads++];
-    *pr = (struct pending_read){.ctx = ++rp->next_ctx, .conn = conn,
-                                .req = req};
+    *pr =
+        (struct pending_read){.ctx = ++rp->next_ctx, .conn = conn, .req = req};
     ask_read(rp, pr);
 }
 
-static int add_write(struct raft_proc *rp, struct ida_sender *s,
-                     uint64_t conn, Idalloc__ClientRequest *req)
+static int add_write(struct raft_proc *rp,
+                     struct ida_sender *s,
+                     uint64_t conn,
+                     Idalloc__ClientRequest *req)
 {
     if (rp->n_open == rp->cap_open) {
         size_t cap = rp->cap_open == 0 ? 256 : rp->cap_open * 2;
@@ -544,7 +564,8 @@ static int add_write(struct raft_proc *rp, struct ida_sender *s,
     return 0;
 }
 
-static void on_client(struct raft_proc *rp, struct ida_sender *s,
+static void on_client(struct raft_proc *rp,
+                      struct ida_sender *s,
                       struct nm_client *c)
 {
     Idalloc__ClientRequest *req = c->req;
@@ -584,9 +605,11 @@ static void on_client(struct raft_proc *rp, struct ida_sender *s,
     drive(rp, s); /* a ReadIndex round's heartbeats go out now */
 }
 
-/* --- the processor ------------------------------------------------------------- */
+/* --- the processor
+ * ------------------------------------------------------------- */
 
-static void on_peer(struct raft_proc *rp, struct ida_sender *s,
+static void on_peer(struct raft_proc *rp,
+                    struct ida_sender *s,
                     Idalloc__PeerMessage *pb)
 {
     struct ida_raft_msg m;
@@ -604,7 +627,8 @@ static void on_peer(struct raft_proc *rp, struct ida_sender *s,
     drive(rp, s);
 }
 
-static void on_persisted(struct raft_proc *rp, struct ida_sender *s,
+static void on_persisted(struct raft_proc *rp,
+                         struct ida_sender *s,
                          const struct nm_persisted *p)
 {
     ida_raft_persisted(&rp->raft, p->batch_id);
@@ -619,7 +643,8 @@ static void on_persisted(struct raft_proc *rp, struct ida_sender *s,
     }
 }
 
-static void on_storage_failed(struct raft_proc *rp, struct ida_sender *s,
+static void on_storage_failed(struct raft_proc *rp,
+                              struct ida_sender *s,
                               const struct nm_storage_failed *f)
 {
     if (!rp->storage_failed) {
@@ -726,7 +751,8 @@ static void raft_ping(void *state, struct ida_sender *s)
 
 const struct ida_proc_ops ida__raft_proc_ops = {raft_receive, raft_ping};
 
-int ida__raft_proc_new(struct ida_node *n, const struct ida_raft_restore *r,
+int ida__raft_proc_new(struct ida_node *n,
+                       const struct ida_raft_restore *r,
                        struct raft_proc **out)
 {
     struct raft_proc *rp = ida_calloc(1, sizeof(*rp));

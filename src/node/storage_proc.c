@@ -12,14 +12,17 @@
 #include "src/node/convert.h"
 #include "src/node/node.h"
 
-struct storage_proc {
+struct storage_proc
+{
     struct ida_node *node;
     int failed;
     struct node_outq q;
 };
 
-static void report_failure(struct storage_proc *sp, struct ida_sender *s,
-                           int code, const char *what)
+static void report_failure(struct storage_proc *sp,
+                           struct ida_sender *s,
+                           int code,
+                           const char *what)
 {
     struct ida_storage *st = &sp->node->storage;
     if (!sp->failed) {
@@ -44,8 +47,11 @@ static void report_failure(struct storage_proc *sp, struct ida_sender *s,
 }
 
 /* Write a whole snapshot durably. */
-static int write_snapshot(struct storage_proc *sp, ida_index index,
-                          ida_term term, const uint8_t *data, size_t len)
+static int write_snapshot(struct storage_proc *sp,
+                          ida_index index,
+                          ida_term term,
+                          const uint8_t *data,
+                          size_t len)
 {
     struct ida_node *n = sp->node;
     struct ida_snapshot_writer w;
@@ -64,7 +70,8 @@ static int write_snapshot(struct storage_proc *sp, ida_index index,
 
 /* One raft batch as one durable step (two when it carries a snapshot: the
  * snapshot first, then the log that follows it). */
-static int persist(struct storage_proc *sp, const struct nm_persist *p,
+static int persist(struct storage_proc *sp,
+                   const struct nm_persist *p,
                    const char **what)
 {
     struct ida_storage *st = &sp->node->storage;
@@ -95,8 +102,8 @@ static int persist(struct storage_proc *sp, const struct nm_persist *p,
     if (p->n_entries > 0 || truncate_after_snapshot) {
         struct ida_log_state ls;
         rv = ida_storage_log_state(st, &ls);
-        ida_index from = p->n_entries > 0 ? p->entries[0].index
-                                          : p->snap_index + 1;
+        ida_index from =
+            p->n_entries > 0 ? p->entries[0].index : p->snap_index + 1;
         if (rv == 0 && from <= ls.last) {
             rv = ida_storage_batch_truncate(st, &b, from);
         }
@@ -124,7 +131,8 @@ static void send_after(struct storage_proc *sp, const struct nm_persist *p)
     }
 }
 
-static void on_persist(struct storage_proc *sp, struct ida_sender *s,
+static void on_persist(struct storage_proc *sp,
+                       struct ida_sender *s,
                        struct nm_persist *p)
 {
     struct ida_node *n = sp->node;
@@ -155,7 +163,8 @@ static void on_persist(struct storage_proc *sp, struct ida_sender *s,
     nm_persist_free(p);
 }
 
-static void on_snapshot_store(struct storage_proc *sp, struct ida_sender *s,
+static void on_snapshot_store(struct storage_proc *sp,
+                              struct ida_sender *s,
                               const struct nm_snapshot *sn)
 {
     struct ida_storage *st = &sp->node->storage;
@@ -170,12 +179,14 @@ static void on_snapshot_store(struct storage_proc *sp, struct ida_sender *s,
         report_failure(sp, s, rv, "storing a snapshot");
         return;
     }
-    IDA_INFO("storage: snapshot at index %llu term %llu (%zu bytes); log "
-             "compacted", (unsigned long long)sn->index,
-             (unsigned long long)sn->term, sn->len);
+    IDA_INFO(
+        "storage: snapshot at index %llu term %llu (%zu bytes); log "
+        "compacted",
+        (unsigned long long)sn->index, (unsigned long long)sn->term, sn->len);
 }
 
-static void storage_receive(void *state, struct ida_msg *msg,
+static void storage_receive(void *state,
+                            struct ida_msg *msg,
                             struct ida_sender *s)
 {
     struct storage_proc *sp = state;

@@ -10,12 +10,12 @@
 #include "tests/chaos/proxy.h"
 #include "tests/lib/harness.h"
 
-#define POOL_SIZE (1u << 20)
+#define POOL_SIZE   (1u << 20)
 #define CLIENTS_MAX 32
 
 static const char *const fault_names[F_KINDS] = {
-    "kill", "kill-leader", "pause", "pause-leader", "isolate-leader",
-    "split", "one-way", "restart-all"};
+    "kill",           "kill-leader", "pause",   "pause-leader",
+    "isolate-leader", "split",       "one-way", "restart-all"};
 
 const char *chaos_fault_name(enum chaos_fault f)
 {
@@ -33,7 +33,8 @@ unsigned chaos_faults_total(const struct chaos_report *r)
 
 /* --- shared state of a run ------------------------------------------------ */
 
-struct run {
+struct run
+{
     const struct chaos_opts *o;
     struct tc c;
     struct proxy *px;
@@ -59,14 +60,17 @@ static uint64_t now(struct run *x)
     return tc_now_ms() - x->t0;
 }
 
-/* --- clients ----------------------------------------------------------------- */
+/* --- clients -----------------------------------------------------------------
+ */
 
-struct worker {
+struct worker
+{
     struct run *x;
     int thread;
     uint64_t rng;
     struct idalloc_client *cl;
-    struct {
+    struct
+    {
         char tag[HOP_TAG_MAX];
         uint64_t id;
     } held[512];
@@ -80,9 +84,8 @@ static enum hop_out outcome(int rv)
         return O_OK;
     }
     enum ida_err_class k = idalloc_errclass(rv);
-    return k == IDA_ERR_CLASS_UNKNOWN || k == IDA_ERR_CLASS_INTERNAL
-               ? O_UNKNOWN
-               : O_FAIL;
+    return k == IDA_ERR_CLASS_UNKNOWN || k == IDA_ERR_CLASS_INTERNAL ? O_UNKNOWN
+                                                                     : O_FAIL;
 }
 
 static void one_op(struct worker *w)
@@ -143,7 +146,8 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* --- nemesis ------------------------------------------------------------------- */
+/* --- nemesis
+ * ------------------------------------------------------------------- */
 
 /* The node that claims to lead with the highest term, or -1. */
 static int find_leader(struct run *x)
@@ -273,7 +277,8 @@ static void *nemesis_main(void *arg)
     return NULL;
 }
 
-/* --- setup and healing ---------------------------------------------------------- */
+/* --- setup and healing
+ * ---------------------------------------------------------- */
 
 /* Node i's cluster file: its own addresses as they are, every other node's
  * peer address replaced by the proxy of link i -> j. */
@@ -287,12 +292,13 @@ static void write_node_confs(struct run *x)
         if (f == NULL) {
             abort();
         }
-        fprintf(f, "cluster test\ndata_dir %s/data\nelection_timeout_ms 300\n"
-                   "heartbeat_ms 50\nsnapshot_interval_entries 500\n",
+        fprintf(f,
+                "cluster test\ndata_dir %s/data\nelection_timeout_ms 300\n"
+                "heartbeat_ms 50\nsnapshot_interval_entries 500\n",
                 c->dir);
         for (int j = 0; j < c->n; j++) {
-            unsigned peer = i == j ? c->cfg.nodes[j].peer.port
-                                   : proxy_port(x->px, i, j);
+            unsigned peer =
+                i == j ? c->cfg.nodes[j].peer.port : proxy_port(x->px, i, j);
             fprintf(f, "node %d 127.0.0.1:%u %s\n", j + 1, peer,
                     c->cfg.nodes[j].client.text);
         }
@@ -316,11 +322,10 @@ static int setup(struct run *x)
         return -1;
     }
     struct idalloc_client *cl = tc_client(&x->c, 10000);
-    int rv = idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, POOL_SIZE,
-                                 NULL);
+    int rv =
+        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, POOL_SIZE, NULL);
     rv = rv != 0 ? rv
-                 : idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0,
-                                       NULL);
+                 : idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL);
     rv = rv != 0 ? rv
                  : idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL);
     idalloc_client_free(cl);
@@ -363,7 +368,8 @@ static int heal(struct run *x)
     return -1;
 }
 
-/* --- after the run: resolve, replay, read the final state ---------------------- */
+/* --- after the run: resolve, replay, read the final state
+ * ---------------------- */
 
 static struct idalloc_client *client_for(struct run *x, const uint8_t *cid)
 {
@@ -378,7 +384,8 @@ static struct idalloc_client *client_for(struct run *x, const uint8_t *cid)
 
 /* Repeat @o with its own request id. Returns the call's code and fills
  * @got with the answer. */
-static int replay(struct idalloc_client *cl, const struct hop *o,
+static int replay(struct idalloc_client *cl,
+                  const struct hop *o,
                   struct hop *got)
 {
     *got = *o;
@@ -422,8 +429,8 @@ static void settle_by_tag(struct idalloc_client *admin, struct hop *o)
                                               : R_NONE;
             break;
         case H_PREFIX: /* idempotent per tag: ask again */
-            if (idalloc_prefix(admin, "p", o->tag, o->prefix, &o->plen,
-                               NULL) == 0) {
+            if (idalloc_prefix(admin, "p", o->tag, o->prefix, &o->plen, NULL) ==
+                0) {
                 o->resolved = R_EFFECT;
             }
             break;
@@ -466,8 +473,8 @@ static int same_answer(const struct hop *a, const struct hop *b)
         case H_RESERVE:
             return a->first == b->first;
         case H_PREFIX:
-            return a->plen == b->plen && memcmp(a->prefix, b->prefix,
-                                                a->plen) == 0;
+            return a->plen == b->plen &&
+                   memcmp(a->prefix, b->prefix, a->plen) == 0;
         default:
             return 1;
     }
@@ -529,7 +536,8 @@ static void read_final(struct run *x)
     idalloc_client_free(cl);
 }
 
-/* --- figures ------------------------------------------------------------------------ */
+/* --- figures
+ * ------------------------------------------------------------------------ */
 
 static int is_write(const struct hop *o)
 {
@@ -573,8 +581,8 @@ static void figures(struct run *x, uint64_t end_ms)
     x->r->kill_samples = k;
     if (k > 0) {
         x->r->kill_to_write_p50_ms = d[k / 2];
-        x->r->kill_to_write_p99_ms = d[(k * 99) / 100 < k ? (k * 99) / 100
-                                                           : k - 1];
+        x->r->kill_to_write_p99_ms =
+            d[(k * 99) / 100 < k ? (k * 99) / 100 : k - 1];
     }
     free(acks);
 }
@@ -658,8 +666,9 @@ void chaos_report_print(const struct chaos_opts *o,
     check_report_print(&r->check, stdout);
     printf("longest write unavailability: %llu ms\n",
            (unsigned long long)r->longest_unavailable_ms);
-    printf("leader kill -> next acknowledged write: p50=%llu ms p99=%llu ms "
-           "(%u kills)\n",
-           (unsigned long long)r->kill_to_write_p50_ms,
-           (unsigned long long)r->kill_to_write_p99_ms, r->kill_samples);
+    printf(
+        "leader kill -> next acknowledged write: p50=%llu ms p99=%llu ms "
+        "(%u kills)\n",
+        (unsigned long long)r->kill_to_write_p50_ms,
+        (unsigned long long)r->kill_to_write_p99_ms, r->kill_samples);
 }

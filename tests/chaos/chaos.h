@@ -10,9 +10,10 @@
 
 #include "tests/chaos/checker.h"
 
-struct chaos_opts {
+struct chaos_opts
+{
     unsigned duration_s;
-    int nodes;    /* 3 or 5 */
+    int nodes; /* 3 or 5 */
     uint64_t seed;
     unsigned clients; /* client threads, each with its own client object */
     const char *history_path; /* where to write the history, or NULL */
@@ -30,7 +31,8 @@ enum chaos_fault {
     F_KINDS
 };
 
-struct chaos_report {
+struct chaos_report
+{
     unsigned faults[F_KINDS];
     struct check_report check;
     uint64_t longest_unavailable_ms;

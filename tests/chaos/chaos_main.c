@@ -7,7 +7,9 @@
 
 int main(int argc, char **argv)
 {
-    struct chaos_opts o = {.duration_s = 60, .nodes = 3, .seed = 1,
+    struct chaos_opts o = {.duration_s = 60,
+                           .nodes = 3,
+                           .seed = 1,
                            .clients = 4,
                            .history_path = "build/chaos-history.txt"};
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -27,10 +29,10 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if ((o.nodes != 3 && o.nodes != 5) || o.duration_s == 0 ||
-        o.clients == 0) {
-        fprintf(stderr, "usage: chaos --duration S --nodes 3|5 --seed N "
-                        "[--clients C] [--history FILE]\n");
+    if ((o.nodes != 3 && o.nodes != 5) || o.duration_s == 0 || o.clients == 0) {
+        fprintf(stderr,
+                "usage: chaos --duration S --nodes 3|5 --seed N "
+                "[--clients C] [--history FILE]\n");
         return 2;
     }
     struct chaos_report r;

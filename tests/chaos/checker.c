@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const kind_names[] = {"?", "alloc", "free", "reserve",
-                                         "next", "prefix"};
+static const char *const kind_names[] = {"?",       "alloc", "free",
+                                         "reserve", "next",  "prefix"};
 static const char *const out_names[] = {"?", "ok", "fail", "unknown"};
 
 const char *hop_kind_name(enum hop_kind k)
@@ -136,8 +136,8 @@ static int parse_op(const char *line, struct hop *o)
                    " done %" SCNu64 " out %15s err %d tag %47s id %" SCNu64
                    " first %" SCNu64 " count %" SCNu64
                    " prefix %31s resolved %d replay %d",
-                   kind, &o->thread, cid, &o->seq, &o->inv_ms, &o->done_ms,
-                   out, &o->err, tag, &o->id, &o->first, &o->count, prefix,
+                   kind, &o->thread, cid, &o->seq, &o->inv_ms, &o->done_ms, out,
+                   &o->err, tag, &o->id, &o->first, &o->count, prefix,
                    &resolved, &replay);
     if (n != 15) {
         return -1;
@@ -180,7 +180,8 @@ int history_read(struct history *h, FILE *f)
     return 0;
 }
 
-/* --- checks ------------------------------------------------------------------ */
+/* --- checks ------------------------------------------------------------------
+ */
 
 static void violation(struct check_report *r, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -190,8 +191,7 @@ static void violation(struct check_report *r, const char *fmt, ...)
     if (r->violations < CHECK_EXAMPLES_MAX) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(r->examples[r->violations], sizeof(r->examples[0]), fmt,
-                  ap);
+        vsnprintf(r->examples[r->violations], sizeof(r->examples[0]), fmt, ap);
         va_end(ap);
     }
     r->violations++;
@@ -248,10 +248,12 @@ static int effective(const struct hop *o)
 /* Could @o have taken effect (a free whose outcome is not "no")? */
 static int maybe_effective(const struct hop *o)
 {
-    return o->out == O_OK || (o->out == O_UNKNOWN && o->resolved != R_NO_EFFECT);
+    return o->out == O_OK ||
+           (o->out == O_UNKNOWN && o->resolved != R_NO_EFFECT);
 }
 
-struct hold {
+struct hold
+{
     uint64_t id;
     uint64_t from, to; /* certainly held in [from, to) */
     const char *tag;
@@ -293,11 +295,11 @@ static void check_bounded(const struct history *h, struct check_report *r)
             continue;
         }
         if (o->id >= h->pool_size) {
-            violation(r, "alloc %s got id %" PRIu64 " outside [0, %" PRIu64
-                      ")", o->tag, o->id, h->pool_size);
+            violation(r, "alloc %s got id %" PRIu64 " outside [0, %" PRIu64 ")",
+                      o->tag, o->id, h->pool_size);
         }
-        v[n++] = (struct hold){o->id, o->done_ms,
-                               first_free(o->tag, o->id), o->tag};
+        v[n++] =
+            (struct hold){o->id, o->done_ms, first_free(o->tag, o->id), o->tag};
     }
     qsort(v, n, sizeof(*v), cmp_hold);
     /* Within one id, holds sorted by start: each must end before the next
@@ -306,7 +308,9 @@ static void check_bounded(const struct history *h, struct check_report *r)
         for (size_t k = i + 1; k < n && v[k].id == v[i].id; k++) {
             if (strcmp(v[k].tag, v[i].tag) != 0 && v[k].from < v[i].to &&
                 v[i].from < v[k].to) {
-                violation(r, "id %" PRIu64 " held by %s and %s at once "
+                violation(r,
+                          "id %" PRIu64
+                          " held by %s and %s at once "
                           "(from %" PRIu64 " and %" PRIu64 " ms)",
                           v[i].id, v[i].tag, v[k].tag, v[i].from, v[k].from);
             }
@@ -332,8 +336,7 @@ static const struct holding *final_of(const struct history *h, const char *tag)
 {
     struct holding key;
     snprintf(key.tag, sizeof(key.tag), "%s", tag);
-    return bsearch(&key, h->final, h->n_final, sizeof(*h->final),
-                   cmp_holding);
+    return bsearch(&key, h->final, h->n_final, sizeof(*h->final), cmp_holding);
 }
 
 static void check_final(struct history *h, struct check_report *r)
@@ -352,11 +355,11 @@ static void check_final(struct history *h, struct check_report *r)
             continue; /* a free of it was attempted */
         }
         if (f == NULL) {
-            violation(r, "acknowledged alloc %s -> %" PRIu64 " is lost",
-                      o->tag, o->id);
+            violation(r, "acknowledged alloc %s -> %" PRIu64 " is lost", o->tag,
+                      o->id);
         } else if (f->id != o->id) {
-            violation(r, "alloc %s was answered %" PRIu64 " but holds %"
-                      PRIu64, o->tag, o->id, f->id);
+            violation(r, "alloc %s was answered %" PRIu64 " but holds %" PRIu64,
+                      o->tag, o->id, f->id);
         }
     }
     for (size_t i = 0; i < h->n_final; i++) {
@@ -388,7 +391,8 @@ static void check_final(struct history *h, struct check_report *r)
     free(ids);
 }
 
-struct range {
+struct range
+{
     uint64_t first, end;
     const struct hop *op;
 };
@@ -414,7 +418,8 @@ static void check_sequences(const struct history *h, struct check_report *r)
     qsort(v, n, sizeof(*v), cmp_range);
     for (size_t i = 1; i < n; i++) {
         if (v[i].first < v[i - 1].end) {
-            violation(r, "%s [%" PRIu64 ", %" PRIu64 ") overlaps %s [%" PRIu64
+            violation(r,
+                      "%s [%" PRIu64 ", %" PRIu64 ") overlaps %s [%" PRIu64
                       ", %" PRIu64 ")",
                       hop_kind_name(v[i].op->kind), v[i].first, v[i].end,
                       hop_kind_name(v[i - 1].op->kind), v[i - 1].first,
@@ -446,8 +451,8 @@ static void check_prefixes(const struct history *h, struct check_report *r)
     /* Sorted, a prefix sits just before the strings it starts. */
     for (size_t i = 1; i < n; i++) {
         const struct hop *a = v[i - 1], *b = v[i];
-        int starts = a->plen <= b->plen && memcmp(a->prefix, b->prefix,
-                                                  a->plen) == 0;
+        int starts =
+            a->plen <= b->plen && memcmp(a->prefix, b->prefix, a->plen) == 0;
         if (starts && strcmp(a->tag, b->tag) != 0) {
             violation(r, "prefix of %s %s that of %s", a->tag,
                       a->plen == b->plen ? "equals" : "starts", b->tag);
@@ -485,9 +490,11 @@ size_t history_check(struct history *h, struct check_report *r)
         if (o->replay == P_SAME) {
             r->replays_same++;
         } else if (o->replay == P_DIFFERENT) {
-            violation(r, "a replay of %s %s (seq %" PRIu64 ") did not return "
-                      "its first answer", hop_kind_name(o->kind), o->tag,
-                      o->seq);
+            violation(r,
+                      "a replay of %s %s (seq %" PRIu64
+                      ") did not return "
+                      "its first answer",
+                      hop_kind_name(o->kind), o->tag, o->seq);
         }
     }
     index_tags(h);
@@ -507,7 +514,8 @@ void check_report_print(const struct check_report *r, FILE *f)
         fprintf(f, " %s=%zu/%zu/%zu", hop_kind_name((enum hop_kind)k),
                 r->ops[k][O_OK], r->ops[k][O_FAIL], r->ops[k][O_UNKNOWN]);
     }
-    fprintf(f, "\nunknown outcomes left unresolved: %zu; replays that "
+    fprintf(f,
+            "\nunknown outcomes left unresolved: %zu; replays that "
             "returned their first answer: %zu\nviolations: %zu\n",
             r->unresolved, r->replays_same, r->violations);
     for (size_t i = 0; i < r->violations && i < CHECK_EXAMPLES_MAX; i++) {

@@ -37,7 +37,8 @@ enum hop_replay { P_NONE = 0, P_SAME = 1, P_DIFFERENT = 2 };
 
 #define HOP_TAG_MAX 48
 
-struct hop {
+struct hop
+{
     enum hop_kind kind;
     int thread;
     uint8_t cid[16];
@@ -46,7 +47,7 @@ struct hop {
     enum hop_out out;
     int err;
     char tag[HOP_TAG_MAX];
-    uint64_t id;          /* alloc, free, next */
+    uint64_t id;           /* alloc, free, next */
     uint64_t first, count; /* reserve */
     uint8_t prefix[9];
     size_t plen;
@@ -54,12 +55,14 @@ struct hop {
     enum hop_replay replay;
 };
 
-struct holding {
+struct holding
+{
     char tag[HOP_TAG_MAX];
     uint64_t id;
 };
 
-struct history {
+struct history
+{
     pthread_mutex_t mu; /* guards appends while clients run */
     struct hop *v;
     size_t n, cap;
@@ -80,7 +83,8 @@ int history_read(struct history *h, FILE *f);
 
 #define CHECK_EXAMPLES_MAX 10
 
-struct check_report {
+struct check_report
+{
     size_t ops[6][4];    /* [kind][outcome] */
     size_t unresolved;   /* unknown ops whose effect could not be learnt */
     size_t replays_same; /* replays that returned the first answer */

@@ -17,12 +17,14 @@
 #define LINKS_MAX (PROXY_NODES_MAX * PROXY_NODES_MAX)
 #define PAIRS_MAX 256
 
-struct pair {
+struct pair
+{
     int link; /* -1: free slot */
     int a, b; /* a: the dialling node's side, b: towards the real port */
 };
 
-struct proxy {
+struct proxy
+{
     int n;
     uint16_t peer_port[PROXY_NODES_MAX];
     int listen_fd[LINKS_MAX];
@@ -195,16 +197,18 @@ static void *proxy_main(void *arg)
         who[nf++] = -1;
         for (int l = 0; l < LINKS_MAX; l++) {
             if (p->listen_fd[l] >= 0) {
-                fds[nf] = (struct pollfd){.fd = p->listen_fd[l],
-                                          .events = POLLIN};
+                fds[nf] =
+                    (struct pollfd){.fd = p->listen_fd[l], .events = POLLIN};
                 who[nf++] = 1000 + l;
             }
         }
         for (int k = 0; k < PAIRS_MAX; k++) {
             if (p->pairs[k].link >= 0) {
-                fds[nf] = (struct pollfd){.fd = p->pairs[k].a, .events = POLLIN};
+                fds[nf] =
+                    (struct pollfd){.fd = p->pairs[k].a, .events = POLLIN};
                 who[nf++] = 2 * k;
-                fds[nf] = (struct pollfd){.fd = p->pairs[k].b, .events = POLLIN};
+                fds[nf] =
+                    (struct pollfd){.fd = p->pairs[k].b, .events = POLLIN};
                 who[nf++] = 2 * k + 1;
             }
         }
@@ -226,8 +230,8 @@ static void *proxy_main(void *arg)
                 if (pr->link < 0) {
                     continue; /* closed earlier in this round */
                 }
-                int rv = who[i] % 2 == 0 ? pump(pr->a, pr->b)
-                                         : pump(pr->b, pr->a);
+                int rv =
+                    who[i] % 2 == 0 ? pump(pr->a, pr->b) : pump(pr->b, pr->a);
                 if (rv != 0) {
                     close_pair(pr);
                 }

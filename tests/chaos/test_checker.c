@@ -19,26 +19,36 @@ static void teardown(void)
     history_free(&h);
 }
 
-static void add(enum hop_kind k, enum hop_out out, const char *tag,
-                uint64_t id, uint64_t inv, uint64_t done)
+static void add(enum hop_kind k,
+                enum hop_out out,
+                const char *tag,
+                uint64_t id,
+                uint64_t inv,
+                uint64_t done)
 {
-    struct hop o = {.kind = k, .out = out, .id = id, .inv_ms = inv,
-                    .done_ms = done, .seq = h.n + 1};
+    struct hop o = {.kind = k,
+                    .out = out,
+                    .id = id,
+                    .inv_ms = inv,
+                    .done_ms = done,
+                    .seq = h.n + 1};
     snprintf(o.tag, sizeof(o.tag), "%s", tag);
     history_add(&h, &o);
 }
 
 static void add_block(uint64_t first, uint64_t count)
 {
-    struct hop o = {.kind = H_RESERVE, .out = O_OK, .first = first,
-                    .count = count, .seq = h.n + 1};
+    struct hop o = {.kind = H_RESERVE,
+                    .out = O_OK,
+                    .first = first,
+                    .count = count,
+                    .seq = h.n + 1};
     history_add(&h, &o);
 }
 
 static void add_prefix(const char *tag, const char *bytes, size_t n)
 {
-    struct hop o = {.kind = H_PREFIX, .out = O_OK, .plen = n,
-                    .seq = h.n + 1};
+    struct hop o = {.kind = H_PREFIX, .out = O_OK, .plen = n, .seq = h.n + 1};
     snprintf(o.tag, sizeof(o.tag), "%s", tag);
     memcpy(o.prefix, bytes, n);
     history_add(&h, &o);
@@ -60,7 +70,7 @@ Test(checker, clean_history_passes, .init = setup, .fini = teardown)
     add(H_ALLOC, O_OK, "a", 0, 1, 2);
     add(H_ALLOC, O_OK, "b", 1, 3, 4);
     add(H_FREE, O_OK, "a", 0, 5, 6);
-    add(H_ALLOC, O_OK, "c", 0, 7, 8); /* reuse after the free: fine */
+    add(H_ALLOC, O_OK, "c", 0, 7, 8);       /* reuse after the free: fine */
     add(H_ALLOC, O_UNKNOWN, "d", 0, 9, 10); /* unknown: no claim */
     add_block(1, 10);
     add_block(11, 5);
@@ -81,8 +91,7 @@ Test(checker, duplicate_id_is_caught, .init = setup, .fini = teardown)
     expect(1, "held by a and b at once");
 }
 
-Test(checker, reuse_before_the_free_is_caught, .init = setup,
-     .fini = teardown)
+Test(checker, reuse_before_the_free_is_caught, .init = setup, .fini = teardown)
 {
     add(H_ALLOC, O_OK, "a", 5, 1, 10);
     add(H_ALLOC, O_OK, "b", 5, 11, 20);
@@ -98,7 +107,9 @@ Test(checker, lost_alloc_is_caught, .init = setup, .fini = teardown)
     expect(1, "a -> 3 is lost");
 }
 
-Test(checker, moved_and_phantom_holdings_are_caught, .init = setup,
+Test(checker,
+     moved_and_phantom_holdings_are_caught,
+     .init = setup,
      .fini = teardown)
 {
     add(H_ALLOC, O_OK, "a", 3, 1, 2);
@@ -120,8 +131,7 @@ Test(checker, overlapping_blocks_are_caught, .init = setup, .fini = teardown)
     expect(1, "overlaps");
 }
 
-Test(checker, next_id_inside_a_block_is_caught, .init = setup,
-     .fini = teardown)
+Test(checker, next_id_inside_a_block_is_caught, .init = setup, .fini = teardown)
 {
     add_block(10, 10);
     add(H_NEXT, O_OK, "", 12, 1, 1);
@@ -149,8 +159,7 @@ Test(checker, repeated_prefix_is_caught, .init = setup, .fini = teardown)
     expect(1, "equals");
 }
 
-Test(checker, tag_with_two_prefixes_is_caught, .init = setup,
-     .fini = teardown)
+Test(checker, tag_with_two_prefixes_is_caught, .init = setup, .fini = teardown)
 {
     add_prefix("p", "\x01\x42", 2);
     add_prefix("z", "\x01\x50", 2);
@@ -158,11 +167,17 @@ Test(checker, tag_with_two_prefixes_is_caught, .init = setup,
     expect(1, "two different prefixes");
 }
 
-Test(checker, replay_with_another_answer_is_caught, .init = setup,
+Test(checker,
+     replay_with_another_answer_is_caught,
+     .init = setup,
      .fini = teardown)
 {
-    struct hop o = {.kind = H_RESERVE, .out = O_OK, .first = 1, .count = 2,
-                    .replay = P_DIFFERENT, .seq = 9};
+    struct hop o = {.kind = H_RESERVE,
+                    .out = O_OK,
+                    .first = 1,
+                    .count = 2,
+                    .replay = P_DIFFERENT,
+                    .seq = 9};
     history_add(&h, &o);
     expect(1, "first answer");
 }

@@ -41,12 +41,18 @@ static double fdatasync_rate(const char *dir, double secs)
     return rate;
 }
 
-static void load(struct idalloc_client *c, enum ida_cli_bench_op op,
-                 const char *pool, unsigned clients, unsigned secs)
+static void load(struct idalloc_client *c,
+                 enum ida_cli_bench_op op,
+                 const char *pool,
+                 unsigned clients,
+                 unsigned secs)
 {
-    struct ida_cli cli = {.cmd = IDA_CLI_BENCH, .bench_op = op,
-                          .pool = pool, .clients = clients,
-                          .duration_s = secs, .count = 1};
+    struct ida_cli cli = {.cmd = IDA_CLI_BENCH,
+                          .bench_op = op,
+                          .pool = pool,
+                          .clients = clients,
+                          .duration_s = secs,
+                          .count = 1};
     fflush(stdout);
     if (ida_bench_run(c, &cli) != 0) {
         printf("bench failed: %s\n", idalloc_last_error());
@@ -87,13 +93,13 @@ static void leader_kills(struct tc *c, int kills)
     }
     qsort(ms, (size_t)done, sizeof(ms[0]), cmp_u64);
     if (done > 0) {
-        printf("leader kill -> next acknowledged write over %d kills: "
-               "p50_ms=%llu p99_ms=%llu max_ms=%llu (election_timeout_ms=300)\n",
-               done, (unsigned long long)ms[done / 2],
-               (unsigned long long)ms[(done * 99) / 100 < done
-                                          ? (done * 99) / 100
-                                          : done - 1],
-               (unsigned long long)ms[done - 1]);
+        printf(
+            "leader kill -> next acknowledged write over %d kills: "
+            "p50_ms=%llu p99_ms=%llu max_ms=%llu (election_timeout_ms=300)\n",
+            done, (unsigned long long)ms[done / 2],
+            (unsigned long long)
+                ms[(done * 99) / 100 < done ? (done * 99) / 100 : done - 1],
+            (unsigned long long)ms[done - 1]);
     }
     idalloc_client_free(cl);
 }
@@ -116,8 +122,9 @@ int main(void)
     for (int i = 0; i < 4; i++) {
         load(cl, IDA_BENCH_ALLOC, "ab", levels[i], secs);
     }
-    printf("(divide ops_per_s by the fdatasync rate above: allocs per "
-           "fsync-time; > 1 only thanks to group commit)\n");
+    printf(
+        "(divide ops_per_s by the fdatasync rate above: allocs per "
+        "fsync-time; > 1 only thanks to group commit)\n");
     load(cl, IDA_BENCH_NEXT, "ns", 1, secs);
     load(cl, IDA_BENCH_NEXT, "ns", 4, secs);
     idalloc_pool_create(cl, "kb", IDALLOC_POOL_BOUNDED, 1u << 30, NULL);

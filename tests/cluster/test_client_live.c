@@ -45,8 +45,7 @@ static int cli_err(const char *args)
                   tc_bin("idalloc"), c.addrs, args);
 }
 
-Test(cli_live, every_command, .init = setup3, .fini = teardown,
-     .timeout = 120)
+Test(cli_live, every_command, .init = setup3, .fini = teardown, .timeout = 120)
 {
     cr_assert_eq(cli("pool create users --kind bounded --size 10"), 0);
     cr_assert_str_eq(out, "created\n");
@@ -60,14 +59,14 @@ Test(cli_live, every_command, .init = setup3, .fini = teardown,
     cr_assert_str_eq(out, "0\n");
     cr_assert_eq(cli("lookup users --tag bob"), 0);
     cr_assert_str_eq(out, "1\n");
-    cr_assert_eq(cli("lookup users --tag zed"), 1, "not found is a definite no");
+    cr_assert_eq(cli("lookup users --tag zed"), 1,
+                 "not found is a definite no");
     cr_assert_eq(cli("list users"), 0);
     cr_assert_str_eq(out, "0 alice\n1 bob\n");
     cr_assert_eq(cli("free users 1 --tag alice"), 1, "tag mismatch");
     cr_assert_eq(cli_err("free users 1 --tag alice"), 1);
     cr_assert(strstr(out, "another tag") != NULL, "%s", out);
-    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s",
-                 out);
+    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
     cr_assert_eq(cli("free users 1 --tag bob"), 0);
     cr_assert_str_eq(out, "freed\n");
     cr_assert_eq(cli("free users 1 --tag bob"), 0);
@@ -126,7 +125,7 @@ Test(cli_live, nothing_reachable_is_exit_3)
     cr_assert(strstr(out, "outcome unknown") != NULL, "%s", out);
 }
 
-#define NEXT_THREADS 8
+#define NEXT_THREADS    8
 #define NEXT_PER_THREAD 1000000
 static uint64_t *next_ids;
 
@@ -147,11 +146,13 @@ static int cmp_u64(const void *x, const void *y)
     return a < b ? -1 : a > b;
 }
 
-Test(client_live, next_from_8_threads, .init = setup3, .fini = teardown,
+Test(client_live,
+     next_from_8_threads,
+     .init = setup3,
+     .fini = teardown,
      .timeout = 180)
 {
-    cr_assert_eq(idalloc_pool_create(cl, "seq", IDALLOC_POOL_SEQUENCE, 0,
-                                     NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "seq", IDALLOC_POOL_SEQUENCE, 0, NULL),
                  0);
     next_ids = malloc(sizeof(uint64_t) * NEXT_THREADS * NEXT_PER_THREAD);
     pthread_t t[NEXT_THREADS];
@@ -181,9 +182,10 @@ Test(client_live, next_from_8_threads, .init = setup3, .fini = teardown,
 
 /* Concurrent allocs with a deadline shorter than a failover, so calls in
  * flight when the leader dies end "unknown". */
-#define KILL_THREADS 8
+#define KILL_THREADS    8
 #define KILL_PER_THREAD 150
-struct kill_op {
+struct kill_op
+{
     int rv;
     uint64_t id, seq;
 };
@@ -212,14 +214,17 @@ static int ops_done(void)
     return n;
 }
 
-Test(client_live, leader_kill_during_allocs, .init = setup3, .fini = teardown,
+Test(client_live,
+     leader_kill_during_allocs,
+     .init = setup3,
+     .fini = teardown,
      .timeout = 180)
 {
     struct idalloc_client *admin = cl;
     cl = tc_client(&c, 250); /* the workers' client: short deadlines */
-    cr_assert_eq(idalloc_pool_create(admin, "b", IDALLOC_POOL_BOUNDED,
-                                     1u << 20, NULL),
-                 0);
+    cr_assert_eq(
+        idalloc_pool_create(admin, "b", IDALLOC_POOL_BOUNDED, 1u << 20, NULL),
+        0);
     pthread_t th[KILL_THREADS];
     for (int t = 0; t < KILL_THREADS; t++) {
         pthread_create(&th[t], NULL, kill_worker, (void *)(intptr_t)t);
@@ -247,10 +252,10 @@ Test(client_live, leader_kill_during_allocs, .init = setup3, .fini = teardown,
             unknown += rv != 0;
         }
     }
-    cr_log_info("unknown outcomes during the kills: %d of %d", unknown,
-                total);
-    cr_assert_gt(unknown, 0, "the kills produced no unknown outcome: the "
-                             "replay path was not exercised");
+    cr_log_info("unknown outcomes during the kills: %d of %d", unknown, total);
+    cr_assert_gt(unknown, 0,
+                 "the kills produced no unknown outcome: the "
+                 "replay path was not exercised");
     /* Replay every unknown one with its own request id, on the same client
      * (same client id), until it settles. */
     cr_assert_geq(tc_wait_leader(&c, 10000), 0);

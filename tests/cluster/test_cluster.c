@@ -32,17 +32,15 @@ static void teardown(void)
     tc_destroy(&c);
 }
 
-Test(cluster, every_operation, .init = setup3, .fini = teardown,
-     .timeout = 60)
+Test(cluster, every_operation, .init = setup3, .fini = teardown, .timeout = 60)
 {
     int created;
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 3,
-                                     &created),
-                 0, "%s", idalloc_last_error());
+    cr_assert_eq(
+        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 3, &created), 0,
+        "%s", idalloc_last_error());
     cr_assert_eq(created, 1);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 3,
-                                     &created),
-                 0);
+    cr_assert_eq(
+        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 3, &created), 0);
     cr_assert_eq(created, 0, "an identical pool already exists");
     cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 4, NULL),
                  IDA_EPOOLEXISTS);
@@ -85,8 +83,7 @@ Test(cluster, every_operation, .init = setup3, .fini = teardown,
     cr_assert_eq(idalloc_reserve(cl, "s", 5, &f2), 0);
     cr_assert(f2 >= f1 + 100 || f2 + 5 <= f1, "blocks overlap");
 
-    cr_assert_eq(idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL),
-                 0);
+    cr_assert_eq(idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL), 0);
     uint8_t p1[9], p2[9];
     size_t l1, l2;
     cr_assert_eq(idalloc_prefix(cl, "p", "dir1", p1, &l1, NULL), 0);
@@ -115,8 +112,8 @@ static void check_tags(int count, const uint64_t *ids)
         char tag[32];
         uint64_t id;
         snprintf(tag, sizeof(tag), "t%d", i);
-        cr_assert_eq(idalloc_lookup(cl, "b", tag, &id), 0, "lookup %s: %s",
-                     tag, idalloc_last_error());
+        cr_assert_eq(idalloc_lookup(cl, "b", tag, &id), 0, "lookup %s: %s", tag,
+                     idalloc_last_error());
         cr_assert_eq(id, ids[i], "tag %s moved", tag);
         for (int k = 0; k < i; k++) {
             cr_assert_neq(ids[k], ids[i], "id %llu twice",
@@ -125,13 +122,15 @@ static void check_tags(int count, const uint64_t *ids)
     }
 }
 
-Test(cluster, leader_kill_loses_nothing, .init = setup3, .fini = teardown,
+Test(cluster,
+     leader_kill_loses_nothing,
+     .init = setup3,
+     .fini = teardown,
      .timeout = 90)
 {
     static uint64_t ids[400];
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000,
-                                     NULL),
-                 0);
+    cr_assert_eq(
+        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000, NULL), 0);
     alloc_tags(0, 100, ids);
     int old = tc_wait_leader(&c, 5000);
     cr_assert_geq(old, 0);
@@ -149,12 +148,14 @@ Test(cluster, leader_kill_loses_nothing, .init = setup3, .fini = teardown,
     check_tags(250, ids);
 }
 
-Test(cluster, restart_all_keeps_state, .init = setup3, .fini = teardown,
+Test(cluster,
+     restart_all_keeps_state,
+     .init = setup3,
+     .fini = teardown,
      .timeout = 90)
 {
     static uint64_t ids[100];
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000,
-                                     NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL),
                  0);
     alloc_tags(0, 60, ids);
     uint64_t first;
@@ -185,7 +186,10 @@ static int raw_connect(unsigned port)
     return fd;
 }
 
-Test(cluster, bad_frames_do_not_hurt, .init = setup3, .fini = teardown,
+Test(cluster,
+     bad_frames_do_not_hurt,
+     .init = setup3,
+     .fini = teardown,
      .timeout = 60)
 {
     cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 10, NULL),
@@ -212,22 +216,26 @@ Test(cluster, bad_frames_do_not_hurt, .init = setup3, .fini = teardown,
     }
 }
 
-Test(cluster, foreign_data_directory_is_refused, .init = setup3,
-     .fini = teardown, .timeout = 60)
+Test(cluster,
+     foreign_data_directory_is_refused,
+     .init = setup3,
+     .fini = teardown,
+     .timeout = 60)
 {
     tc_signal(&c, 0, SIGTERM);
     /* The same data_dir, another cluster name. */
     char other[400], out[512];
     snprintf(other, sizeof(other), "%s/other.conf", c.dir);
-    int rv = tc_run(out, sizeof(out), "sed 's/^cluster test/cluster other/' "
-                    "%s > %s && echo ok", c.conf, other);
+    int rv = tc_run(out, sizeof(out),
+                    "sed 's/^cluster test/cluster other/' "
+                    "%s > %s && echo ok",
+                    c.conf, other);
     cr_assert_eq(rv, 0);
     rv = tc_run(out, sizeof(out), "%s --config %s --node 1 2>&1",
                 tc_bin("idallocd"), other);
     cr_assert_eq(rv, 1, "exit %d: %s", rv, out);
     cr_assert(strstr(out, "node1") != NULL, "names the directory: %s", out);
-    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s",
-                 out);
+    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
     /* Nothing was overwritten: the real node starts on it again. */
     tc_spawn(&c, 0);
     cr_assert_geq(tc_wait_leader(&c, 10000), 0);
@@ -242,15 +250,14 @@ Test(cluster, bad_usage_and_config)
               out);
     cr_assert_eq(tc_run(out, sizeof(out), "%s --help", tc_bin("idallocd")), 0);
     cr_assert(strstr(out, "usage: idallocd") != NULL);
-    cr_assert_eq(tc_run(out, sizeof(out),
-                        "%s --config /nonexistent.conf --node 1 2>&1",
-                        tc_bin("idallocd")),
-                 2);
+    cr_assert_eq(
+        tc_run(out, sizeof(out), "%s --config /nonexistent.conf --node 1 2>&1",
+               tc_bin("idallocd")),
+        2);
     cr_assert(strstr(out, "/nonexistent.conf") != NULL, "%s", out);
 }
 
-Test(cluster, follower_catches_up_by_snapshot, .fini = teardown,
-     .timeout = 120)
+Test(cluster, follower_catches_up_by_snapshot, .fini = teardown, .timeout = 120)
 {
     tc_start(&c, 3, "snapshot_interval_entries 20\n");
     int leader = tc_wait_leader(&c, 10000);
@@ -259,9 +266,8 @@ Test(cluster, follower_catches_up_by_snapshot, .fini = teardown,
     int down = (leader + 1) % 3;
     tc_signal(&c, down, SIGKILL);
     static uint64_t ids[300];
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000,
-                                     NULL),
-                 0);
+    cr_assert_eq(
+        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000, NULL), 0);
     alloc_tags(0, 200, ids);
     tc_spawn(&c, down);
     cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 20000),

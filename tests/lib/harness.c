@@ -19,14 +19,14 @@
 
 /* The harness also runs inside benchmarks (no Criterion): a failed check
  * prints and aborts, which a Criterion test reports as a crash. */
-#define TC_CHECK(cond, ...)                                            \
-    do {                                                               \
-        if (!(cond)) {                                                 \
-            fprintf(stderr, "harness: %s:%d: ", __FILE__, __LINE__);   \
-            fprintf(stderr, __VA_ARGS__);                              \
-            fprintf(stderr, "\n");                                     \
-            abort();                                                   \
-        }                                                              \
+#define TC_CHECK(cond, ...)                                          \
+    do {                                                             \
+        if (!(cond)) {                                               \
+            fprintf(stderr, "harness: %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                            \
+            fprintf(stderr, "\n");                                   \
+            abort();                                                 \
+        }                                                            \
     } while (0)
 
 uint64_t tc_now_ms(void)
@@ -90,8 +90,8 @@ void tc_spawn(struct tc *c, int i)
         /* Nothing of the test's (sockets, pipes) leaks into the node: an
          * inherited copy keeps a connection open after the test closed it. */
         close_range(3, ~0u, 0);
-        const char *conf = c->node_conf[i][0] != '\0' ? c->node_conf[i]
-                                                       : c->conf;
+        const char *conf =
+            c->node_conf[i][0] != '\0' ? c->node_conf[i] : c->conf;
         execl(bin, bin, "--config", conf, "--node", id, (char *)NULL);
         _exit(127);
     }

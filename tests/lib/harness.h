@@ -12,11 +12,12 @@
 
 #define TC_NODES_MAX 5
 
-struct tc {
+struct tc
+{
     int n;
-    char dir[256];  /* temporary directory: config, data, logs */
-    char conf[320]; /* the cluster file */
-    char addrs[512]; /* client addresses, comma-separated */
+    char dir[256];           /* temporary directory: config, data, logs */
+    char conf[320];          /* the cluster file */
+    char addrs[512];         /* client addresses, comma-separated */
     pid_t pid[TC_NODES_MAX]; /* 0: not running */
     struct ida_config cfg;
     /* Per-node cluster files (""-: use conf). The chaos test gives each
