@@ -162,6 +162,10 @@ int idalloc_prefix(struct idalloc_client *c,
                    size_t *len,
                    int *existed);
 
+#define IDALLOC_STATUS_PEERS_MAX      8
+#define IDALLOC_STATUS_ERRORS_MAX     8
+#define IDALLOC_STATUS_ERROR_TEXT_MAX 128
+
 struct idalloc_node_status
 {
     unsigned node_id;
@@ -173,6 +177,25 @@ struct idalloc_node_status
     uint64_t applied_index;
     uint64_t log_first_index, log_last_index;
     uint64_t snapshot_index;
+    uint64_t snapshot_term;
+    /* The leader's view of each follower (empty on followers). */
+    size_t n_peers;
+    struct
+    {
+        unsigned node_id;
+        uint64_t match_index, next_index;
+        char state[16]; /* "probe", "replicate", "snapshot" */
+        int connected;
+    } peers[IDALLOC_STATUS_PEERS_MAX];
+    /* The node's most frequent errors (from its error top files). */
+    size_t n_errors;
+    struct
+    {
+        int code;
+        char text[IDALLOC_STATUS_ERROR_TEXT_MAX];
+        uint64_t count;
+        uint64_t last_seen_unix_ms;
+    } errors[IDALLOC_STATUS_ERRORS_MAX];
 };
 
 /* Number of nodes the client knows, and the status of node number @i

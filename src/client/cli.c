@@ -19,7 +19,8 @@ static const char usage_all[] =
     "  reserve POOL --count N        print \"FIRST LAST\" (inclusive)\n"
     "  next POOL [--count K] [--format dec|hex]   print K ids, one a line\n"
     "  prefix POOL --tag TAG         print the prefix as hex\n"
-    "  status                        one line per node\n"
+    "  status [--verbose]            one line per node (--verbose: peers, "
+    "errors)\n"
     "  bench --op alloc|reserve|next|prefix --pool POOL --clients C\n"
     "        --duration SECONDS [--count N] [--json]\n"
     "\n"
@@ -79,10 +80,12 @@ static const char *const usage_cmd[] = {
         "(or return the one\nit holds) and print it as "
         "hex.\n",
     [IDA_CLI_STATUS] =
-        "usage: idalloc status\n"
+        "usage: idalloc status [--verbose]\n"
         "Ask every node; print one line per node: id, address, role, term,\n"
-        "commit index, applied index (or the error for a node that did not "
-        "answer).\n",
+        "commit index, applied index, leader, log range and last snapshot (or\n"
+        "the error for a node that did not answer). --verbose adds indented\n"
+        "lines: the leader's view of each peer (match and next index,\n"
+        "replication state, connected) and the node's most frequent errors.\n",
     [IDA_CLI_BENCH] =
         "usage: idalloc bench --op alloc|reserve|next|prefix --pool POOL "
         "--clients C\n"
@@ -157,6 +160,7 @@ struct args
     const char *kind, *size, *tag, *count, *format, *op, *pool, *clients,
         *duration;
     int json;
+    int verbose;
 };
 
 /* Flags that take a value, and where it goes. */
@@ -182,6 +186,10 @@ static int collect(int argc, char **argv, int i, struct args *a, char *errmsg)
         const char *s = argv[i];
         if (strcmp(s, "--json") == 0) {
             a->json = 1;
+            continue;
+        }
+        if (strcmp(s, "--verbose") == 0) {
+            a->verbose = 1;
             continue;
         }
         if (strncmp(s, "--", 2) == 0) {
@@ -214,6 +222,7 @@ enum {
     F_COUNT = 8,
     F_FORMAT = 16,
     F_BENCH = 32,
+    F_VERBOSE = 64,
 };
 
 static int check_flags(const struct args *a,
@@ -242,6 +251,9 @@ static int check_flags(const struct args *a,
     }
     if (a->json && (allowed & F_BENCH) == 0) {
         return fail(errmsg, "%s: --json does not apply", cmd);
+    }
+    if (a->verbose && (allowed & F_VERBOSE) == 0) {
+        return fail(errmsg, "%s: --verbose does not apply", cmd);
     }
     return 0;
 }
@@ -411,7 +423,8 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
             c->pool = a->pos[0];
             return rv;
         case IDA_CLI_STATUS:
-            rv = check_flags(a, 0, "status", errmsg);
+            rv = check_flags(a, F_VERBOSE, "status", errmsg);
+            c->verbose = a->verbose;
             return rv != 0 ? rv : want_pos(a, 0, "status", errmsg);
         case IDA_CLI_RESERVE:
             rv = check_flags(a, F_COUNT, "reserve", errmsg);

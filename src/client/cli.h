@@ -57,6 +57,7 @@ struct ida_cli
     unsigned clients;
     unsigned duration_s;
     int json;
+    int verbose; /* status --verbose */
 };
 
 /* Parse argv (argv[0] is the program). Returns 0 or IDA_EINVAL with a

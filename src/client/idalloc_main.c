@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ida/heap.h"
 #include "idalloc.h"
@@ -66,7 +67,27 @@ static int cmd_next(struct idalloc_client *c, const struct ida_cli *cli)
     return 0;
 }
 
-static int cmd_status(struct idalloc_client *c)
+static void print_details(const struct idalloc_node_status *s)
+{
+    for (size_t k = 0; k < s->n_peers; k++) {
+        printf("  peer=%u match=%llu next=%llu state=%s connected=%s\n",
+               s->peers[k].node_id, (unsigned long long)s->peers[k].match_index,
+               (unsigned long long)s->peers[k].next_index, s->peers[k].state,
+               s->peers[k].connected ? "yes" : "no");
+    }
+    for (size_t k = 0; k < s->n_errors; k++) {
+        time_t t = (time_t)(s->errors[k].last_seen_unix_ms / 1000);
+        struct tm tm;
+        char when[32];
+        gmtime_r(&t, &tm);
+        strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+        printf("  error=%s count=%llu last_seen=%s text=\"%s\"\n",
+               idalloc_errname(s->errors[k].code),
+               (unsigned long long)s->errors[k].count, when, s->errors[k].text);
+    }
+}
+
+static int cmd_status(struct idalloc_client *c, int verbose)
 {
     int answered = 0, last = 0;
     for (size_t i = 0; i < idalloc_node_count(c); i++) {
@@ -83,10 +104,16 @@ static int cmd_status(struct idalloc_client *c)
         answered++;
         printf(
             "node=%u addr=%s role=%s term=%llu commit=%llu applied=%llu "
-            "leader=%u\n",
+            "leader=%u log=%llu..%llu snapshot=%llu\n",
             s.node_id, s.address, s.role, (unsigned long long)s.term,
             (unsigned long long)s.commit_index,
-            (unsigned long long)s.applied_index, s.leader_id);
+            (unsigned long long)s.applied_index, s.leader_id,
+            (unsigned long long)s.log_first_index,
+            (unsigned long long)s.log_last_index,
+            (unsigned long long)s.snapshot_index);
+        if (verbose) {
+            print_details(&s);
+        }
     }
     return answered > 0 ? 0 : report_error("status", last);
 }
@@ -143,7 +170,7 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
             }
             return rv != 0 ? report_error("prefix", rv) : 0;
         case IDA_CLI_STATUS:
-            return cmd_status(c);
+            return cmd_status(c, cli->verbose);
         case IDA_CLI_BENCH:
             rv = ida_bench_run(c, cli);
             return rv != 0 ? idalloc_exit_code(rv) : 0;

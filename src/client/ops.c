@@ -316,6 +316,28 @@ int idalloc_node_status(struct idalloc_client *c,
         out->log_first_index = s->log_first_index;
         out->log_last_index = s->log_last_index;
         out->snapshot_index = s->snapshot_index;
+        out->snapshot_term = s->snapshot_term;
+        for (size_t k = 0;
+             k < s->n_peers && out->n_peers < IDALLOC_STATUS_PEERS_MAX; k++) {
+            const Idalloc__PeerProgress *pp = s->peers[k];
+            size_t j = out->n_peers++;
+            out->peers[j].node_id = pp->node_id;
+            out->peers[j].match_index = pp->match_index;
+            out->peers[j].next_index = pp->next_index;
+            copy_str(out->peers[j].state, sizeof(out->peers[j].state),
+                     pp->state);
+            out->peers[j].connected = pp->connected;
+        }
+        for (size_t k = 0;
+             k < s->n_top_errors && out->n_errors < IDALLOC_STATUS_ERRORS_MAX;
+             k++) {
+            const Idalloc__ErrorCount *e = s->top_errors[k];
+            size_t j = out->n_errors++;
+            out->errors[j].code = (int)e->code;
+            copy_str(out->errors[j].text, sizeof(out->errors[j].text), e->text);
+            out->errors[j].count = e->count;
+            out->errors[j].last_seen_unix_ms = e->last_seen_unix_ms;
+        }
     }
     idalloc__client_response__free_unpacked(r, NULL);
     return rv;

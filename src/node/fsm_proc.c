@@ -260,7 +260,9 @@ static void answer(struct fsm_proc *fp, const struct ida_fsm_applied *ap)
     }
 }
 
-static void apply_entries(struct fsm_proc *fp, const struct nm_apply *a)
+static void apply_entries(struct fsm_proc *fp,
+                          struct ida_sender *s,
+                          const struct nm_apply *a)
 {
     if (a->has_snapshot) {
         int rv = ida_fsm_restore(fp->fsm, a->snap_data, a->snap_len);
@@ -290,6 +292,8 @@ static void apply_entries(struct fsm_proc *fp, const struct nm_apply *a)
             exit(1);
         }
         if (ap.entry_error != 0) {
+            ida_sender_error(s, ap.entry_error,
+                             "a malformed log entry was applied as a no-op");
             IDA_ERROR("fsm: entry %llu is malformed (%s); applied as a no-op",
                       (unsigned long long)e->index,
                       idalloc_strerror(ap.entry_error));
@@ -303,7 +307,7 @@ static void on_apply(struct fsm_proc *fp,
                      struct ida_sender *s,
                      const struct nm_apply *a)
 {
-    apply_entries(fp, a);
+    apply_entries(fp, s, a);
     serve_ready_reads(fp);
     maybe_snapshot(fp, s);
     struct nm_applied *done = ida_malloc(sizeof(*done));

@@ -483,6 +483,9 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
         /* Not proposed: the fsm answers the registered writes. */
         IDA_WARN("raft: proposal of %zu commands failed: %s", rp->n_open,
                  idalloc_strerror(rv));
+        ida_sender_error(s, rv,
+                         "a proposal failed (writes answered as "
+                         "unknown)");
         lose_writes(rp, s);
     }
     for (size_t i = 0; i < rp->n_open; i++) {

@@ -103,6 +103,9 @@ Test(cli, list_status_and_globals)
     bad("--timeout 0 status", "bad --timeout");
     bad("--bogus 1 status", "unknown or repeated option");
     bad("status extra", "expected 0 arguments");
+    cr_assert_eq(parse("status --verbose"), 0);
+    cr_assert_eq(cli.verbose, 1);
+    bad("alloc p --tag t --verbose", "--verbose does not apply");
     bad("", "no command");
     bad("frobnicate", "unknown command");
 }

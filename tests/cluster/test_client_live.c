@@ -103,6 +103,17 @@ Test(cli_live, every_command, .init = setup3, .fini = teardown, .timeout = 120)
     }
     cr_assert_eq(lines, 3, "one line per node: %s", out);
     cr_assert_eq(leaders, 1, "%s", out);
+    cr_assert(strstr(out, " log=") != NULL && strstr(out, " snapshot=") != NULL,
+              "%s", out);
+    /* --verbose: the leader's view of its two peers. */
+    cr_assert_eq(cli("status --verbose"), 0);
+    int peers = 0;
+    for (char *p = out; (p = strstr(p, "\n  peer=")) != NULL; p++) {
+        peers++;
+    }
+    cr_assert_eq(peers, 2, "%s", out);
+    cr_assert(strstr(out, "state=replicate") != NULL, "%s", out);
+    cr_assert_eq(cli("status --json"), 2, "--json does not apply to status");
 
     cr_assert_eq(cli("alloc users"), 2, "usage error");
     cr_assert_eq(cli("pool create x --kind nope"), 2);
