@@ -1098,10 +1098,14 @@ static int handle_install_snapshot(struct ida_raft *r,
 /* Messages with a term lower than ours. */
 static void step_stale(struct ida_raft *r, const struct ida_raft_msg *m)
 {
-    if (m->type == IDA_RAFT_MSG_APPEND_ENTRIES &&
+    if ((m->type == IDA_RAFT_MSG_APPEND_ENTRIES ||
+         m->type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) &&
         (r->cfg.check_quorum || r->cfg.pre_vote)) {
         /* A leader cut off from us kept its old term while we moved on;
-         * with pre-vote it may never hear our higher term otherwise. */
+         * with pre-vote it may never hear our higher term otherwise. A
+         * follower that fell behind gets only InstallSnapshot chunks, no
+         * appends, so those must be answered too (found by the simulator:
+         * liveness seeds 103056, 108615, 119693). */
         struct ida_raft_msg resp;
         msg_init(&resp, IDA_RAFT_MSG_APPEND_RESPONSE, m->from, r->term);
         send_now(r, &resp);

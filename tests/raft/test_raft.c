@@ -154,6 +154,54 @@ Test(raft_config, step_rejects_misaddressed_messages)
     ida_raft_close(&r);
 }
 
+/* A node that moved to a higher term must tell a stale leader, or with
+ * pre-vote and check-quorum neither side ever moves: the node's pre-votes
+ * are refused (the leader is alive) and it ignores the leader's lower-term
+ * messages. A node that fell behind gets only InstallSnapshot chunks, so
+ * those must be answered like appends (simulator liveness seed 103056). */
+Test(raft, stale_install_snapshot_is_answered_with_the_higher_term)
+{
+    struct ida_raft r;
+    struct ida_raft_config c = base_config();
+    c.pre_vote = true;
+    c.check_quorum = true;
+    struct ida_raft_restore rs = {.hard_state = {.term = 5}};
+    cr_assert_eq(ida_raft_init(&r, &c, &rs), 0);
+    static const uint8_t data[4] = {1, 2, 3, 4};
+    enum ida_raft_msg_type types[2] = {IDA_RAFT_MSG_INSTALL_SNAPSHOT,
+                                       IDA_RAFT_MSG_APPEND_ENTRIES};
+    for (int k = 0; k < 2; k++) {
+        struct ida_raft_msg m;
+        memset(&m, 0, sizeof(m));
+        m.type = types[k];
+        m.from = 2;
+        m.to = 1;
+        m.term = 2;
+        if (k == 0) {
+            m.u.install_snapshot.last_index = 48;
+            m.u.install_snapshot.last_term = 2;
+            m.u.install_snapshot.data = data;
+            m.u.install_snapshot.len = sizeof(data);
+            m.u.install_snapshot.total_size = sizeof(data);
+            m.u.install_snapshot.done = true;
+        }
+        cr_assert_eq(ida_raft_step(&r, &m), 0);
+        struct ida_raft_batch b;
+        cr_assert(ida_raft_ready(&r, &b), "no answer to a stale message");
+        bool answered = false;
+        for (size_t i = 0; i < b.n_msgs; i++) {
+            answered |= b.msgs[i].to == 2 && b.msgs[i].term == 5;
+        }
+        cr_assert(answered, "the stale leader must hear term 5 (type %d)",
+                  (int)types[k]);
+        cr_assert_eq(ida_raft_term(&r), 5, "our term does not change");
+        if (b.id != 0) {
+            ida_raft_persisted(&r, b.id);
+        }
+    }
+    ida_raft_close(&r);
+}
+
 Test(raft_config, propose_fails_fast_when_not_leader)
 {
     struct ida_raft r;
