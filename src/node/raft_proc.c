@@ -250,29 +250,33 @@ static void lose_writes(struct raft_proc *rp, struct ida_sender *s)
     }
 }
 
+/* Learn the core's role, leader and term. A batch carries them, but a
+ * change alone (a check-quorum step-down at the same term) produces no
+ * batch, so drive() also asks the core directly after every round. */
 static void note_soft_state(struct raft_proc *rp,
                             struct ida_sender *s,
-                            const struct ida_raft_batch *b)
+                            enum ida_raft_role role,
+                            ida_node_id leader,
+                            ida_term term)
 {
-    if (b->role == rp->role && b->leader == rp->leader && b->term == rp->term) {
+    if (role == rp->role && leader == rp->leader && term == rp->term) {
         return;
     }
     int was_leader = rp->role == IDA_RAFT_LEADER;
-    if (b->role == IDA_RAFT_LEADER && !was_leader) {
-        IDA_INFO("raft: became leader term=%llu", (unsigned long long)b->term);
-    } else if (b->leader != rp->leader || b->term != rp->term) {
-        IDA_INFO("raft: %s term=%llu leader=%u", ida_raft_role_name(b->role),
-                 (unsigned long long)b->term, b->leader);
+    if (role == IDA_RAFT_LEADER && !was_leader) {
+        IDA_INFO("raft: became leader term=%llu", (unsigned long long)term);
+    } else if (leader != rp->leader || term != rp->term) {
+        IDA_INFO("raft: %s term=%llu leader=%u", ida_raft_role_name(role),
+                 (unsigned long long)term, leader);
     }
-    if (was_leader && b->role != IDA_RAFT_LEADER) {
-        IDA_INFO("raft: lost leadership term=%llu",
-                 (unsigned long long)b->term);
+    if (was_leader && role != IDA_RAFT_LEADER) {
+        IDA_INFO("raft: lost leadership term=%llu", (unsigned long long)term);
         fail_reads(rp, IDA_ELEADERLOST);
         lose_writes(rp, s);
     }
-    rp->role = b->role;
-    rp->leader = b->leader;
-    rp->term = b->term;
+    rp->role = role;
+    rp->leader = leader;
+    rp->term = term;
 }
 
 /* --- batches
@@ -353,7 +357,7 @@ static void handle_batch(struct raft_proc *rp,
                          const struct ida_raft_batch *b)
 {
     struct ida_node *n = rp->node;
-    note_soft_state(rp, s, b);
+    note_soft_state(rp, s, b->role, b->leader, b->term);
     for (size_t i = 0; i < b->n_msgs; i++) {
         send_peer(rp, &b->msgs[i]);
     }
@@ -417,6 +421,8 @@ static void drive(struct raft_proc *rp, struct ida_sender *s)
     while (ida_raft_ready(&rp->raft, &b)) {
         handle_batch(rp, s, &b);
     }
+    note_soft_state(rp, s, ida_raft_role(&rp->raft), ida_raft_leader(&rp->raft),
+                    ida_raft_term(&rp->raft));
 }
 
 /* --- group commit
