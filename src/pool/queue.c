@@ -101,14 +101,27 @@ static uint32_t take_freed(struct ida_queue *q)
     return mine;
 }
 
-/* A node for a push; NIL when the queue is full. */
+/* How often node_alloc() looks again when both free stacks seem empty. */
+#define NODE_ALLOC_RETRIES 256
+
+/* A node for a push; NIL when the queue is full. Both stacks can look
+ * empty for a moment while another producer holds the nodes it just took
+ * from the consumers' stack (between take_freed's steal and its give_back):
+ * look again a bounded number of times before reporting "full", so a push
+ * fails only when the queue is full or a producer was preempted right in
+ * that window (still lock-free: the retries are bounded). */
 static uint32_t node_alloc(struct ida_queue *q)
 {
     uint64_t top = atomic_load_explicit(&q->alloc_top, memory_order_acquire);
-    for (;;) {
+    for (int retries = 0;;) {
         uint32_t i = idx_of(top);
         if (i == NIL) {
-            return take_freed(q);
+            uint32_t got = take_freed(q);
+            if (got != NIL || retries++ == NODE_ALLOC_RETRIES) {
+                return got;
+            }
+            top = atomic_load_explicit(&q->alloc_top, memory_order_acquire);
+            continue;
         }
         /* May read a node another producer just took and reused: the tag
          * on alloc_top makes the CAS below fail in that case. */

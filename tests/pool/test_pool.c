@@ -47,6 +47,8 @@ static void new_pool(uint32_t threads, uint32_t reshard_ms)
 
 #define PROCS_MAX 16
 
+#define PARKED_MAX 64
+
 struct node
 {
     _Atomic int in_use;
@@ -54,11 +56,15 @@ struct node
     uint64_t hops_sum;
     uint32_t next; /* where to forward */
     uint32_t sink; /* external target for finished tokens */
+    struct ida_msg *parked[PARKED_MAX]; /* refused by a busy inbox */
+    uint32_t parked_to[PARKED_MAX];
+    size_t n_parked;
 };
 
 static struct node nodes[PROCS_MAX];
 static _Atomic uint32_t exclusivity_violations;
 static _Atomic uint32_t send_failures;
+static _Atomic uint32_t busy_parks; /* sends retried later (IDA_EBUSY) */
 
 struct token
 {
@@ -78,6 +84,46 @@ static void leave(struct node *n)
     atomic_store(&n->in_use, 0);
 }
 
+/* pool.h: never wait for IDA_EBUSY inside a callback; keep the message and
+ * send it again later. Parked tokens keep their order; any other send error
+ * is a failure of the test. */
+static void flush_parked(struct node *n, struct ida_sender *s)
+{
+    while (n->n_parked > 0) {
+        int rv = ida_send(s, n->parked_to[0], n->parked[0]);
+        if (rv == IDA_EBUSY) {
+            return;
+        }
+        if (rv != 0) {
+            atomic_fetch_add(&send_failures, 1);
+            ida_msg_free(n->parked[0]);
+        }
+        n->n_parked--;
+        memmove(n->parked, n->parked + 1, n->n_parked * sizeof(n->parked[0]));
+        memmove(n->parked_to, n->parked_to + 1,
+                n->n_parked * sizeof(n->parked_to[0]));
+    }
+}
+
+static void send_or_park(struct node *n,
+                         struct ida_sender *s,
+                         uint32_t to,
+                         struct ida_msg *msg)
+{
+    flush_parked(n, s);
+    int rv = n->n_parked == 0 ? ida_send(s, to, msg) : IDA_EBUSY;
+    if (rv == IDA_EBUSY && n->n_parked < PARKED_MAX) {
+        n->parked[n->n_parked] = msg;
+        n->parked_to[n->n_parked++] = to;
+        atomic_fetch_add(&busy_parks, 1);
+        return;
+    }
+    if (rv != 0) {
+        atomic_fetch_add(&send_failures, 1);
+        ida_msg_free(msg);
+    }
+}
+
 static void forward_receive(void *state,
                             struct ida_msg *msg,
                             struct ida_sender *s)
@@ -94,16 +140,20 @@ static void forward_receive(void *state,
         t->hops_left--;
         t->hops_done++;
     }
-    /* Inboxes are big enough for every token of a test, so a send never
-     * meets a full inbox; waiting for one here could deadlock (pool.h). */
-    if (ida_send(s, to, msg) != 0) {
-        atomic_fetch_add(&send_failures, 1);
-        ida_msg_free(msg);
-    }
+    send_or_park(n, s, to, msg);
     leave(n);
 }
 
-static const struct ida_proc_ops forward_ops = {forward_receive, NULL};
+/* Resend what a full (or, rarely, momentarily busy) inbox refused. */
+static void forward_ping(void *state, struct ida_sender *s)
+{
+    struct node *n = state;
+    enter(n);
+    flush_parked(n, s);
+    leave(n);
+}
+
+static const struct ida_proc_ops forward_ops = {forward_receive, forward_ping};
 
 static uint32_t add_forwarders(uint32_t count, uint32_t *sink_out, bool ring)
 {
@@ -112,7 +162,9 @@ static uint32_t add_forwarders(uint32_t count, uint32_t *sink_out, bool ring)
     memset(nodes, 0, sizeof(nodes));
     uint32_t first = 0;
     for (uint32_t i = 0; i < count; i++) {
-        struct ida_proc_config c = {"fwd", &forward_ops, &nodes[i], 8192, 0};
+        /* The ping resends tokens a busy inbox refused (see
+         * send_or_park). */
+        struct ida_proc_config c = {"fwd", &forward_ops, &nodes[i], 8192, 500};
         uint32_t id;
         cr_assert_eq(ida_pool_add(pool, &c, &id), 0);
         if (i == 0) {
