@@ -40,7 +40,8 @@
  * over; push looks again a bounded number of times, so it still returns
  * IDA_EBUSY on a queue that is not full only if that producer is preempted
  * right there. IDA_EBUSY always means "keep the item and retry later": a
- * test that dropped it instead lost a token once in ~2,000 resharding runs.)
+ * test that dropped it instead lost a token and hung, once in about ten runs
+ * of make test.)
  *
  * struct ida_mqueue is the same contract on a pthread mutex and a ring
  * buffer, kept for the benchmark (tests/pool/bench_pool.c) and as a fallback.
