@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run Criterion test binaries one after another; print each binary's result
 # and a closing line "N passed, M failed" summed over all of them.
-# A binary that crashes or exits nonzero without a Synthesis line counts as
-# one failure. Exit status: 0 only when nothing failed.
+# A binary that crashes, hangs (IDA_TEST_TIMEOUT) or exits nonzero without a
+# Synthesis line counts as one failure. Exit status: 0 only when nothing failed.
 set -uo pipefail
 passed=0
 failed=0
@@ -10,8 +10,11 @@ bad=()
 for t in "$@"; do
     log=$(mktemp)
     start=$(date +%s.%N)
-    "$t" --jobs "${CRITERION_JOBS:-2}" >"$log" 2>&1
+    # A hung binary is a failure, not a stalled run: kill it after
+    # IDA_TEST_TIMEOUT seconds (default 600; the slowest takes about 60).
+    timeout -k 10 "${IDA_TEST_TIMEOUT:-600}" "$t" --jobs "${CRITERION_JOBS:-2}" >"$log" 2>&1
     rc=$?
+    [ "$rc" -eq 124 ] && echo "TIMEOUT: $t ran longer than ${IDA_TEST_TIMEOUT:-600} s" >>"$log"
     secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b-a}')
     syn=$(grep -a 'Synthesis:' "$log" | tail -1)
     if [ -n "$syn" ]; then
