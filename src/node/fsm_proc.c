@@ -102,10 +102,7 @@ static void reply_error(struct fsm_proc *fp,
                         uint64_t seq,
                         int err)
 {
-    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
-    res.error = (uint32_t)err;
-    res.error_msg = (char *)idalloc_strerror(err);
-    reply(fp, conn, seq, &res);
+    ida__node_reply_error(fp->node, conn, seq, err, NULL, 0);
 }
 
 static void lose_all_pending(struct fsm_proc *fp)
@@ -223,24 +220,14 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
                  (unsigned long long)applied);
         return;
     }
-    struct nm_snapshot *a = ida_malloc(sizeof(*a));
-    struct nm_snapshot *b = ida_malloc(sizeof(*b));
-    uint8_t *copy = ida_malloc(len > 0 ? len : 1);
-    if (a == NULL || b == NULL || copy == NULL) {
-        ida_free(a);
-        ida_free(b);
-        ida_free(copy);
+    /* One buffer: raft compacts with it, then hands it on to storage. */
+    struct nm_snapshot *sn = ida_malloc(sizeof(*sn));
+    if (sn == NULL) {
         ida_free(data);
         return;
     }
-    memcpy(copy, data, len);
-    *a = (struct nm_snapshot){applied, fp->applied_term, data, len};
-    *b = (struct nm_snapshot){applied, fp->applied_term, copy, len};
-    struct ida_msg *ma = node_msg_new(NM_SNAPSHOT_STORE, a);
-    struct ida_msg *mb = node_msg_new(NM_SNAPSHOT_TAKEN, b);
-    IDA_ASSERT(ma != NULL && mb != NULL);
-    node_send(&fp->q, s, n->p_storage, ma);
-    node_send(&fp->q, s, n->p_raft, mb);
+    *sn = (struct nm_snapshot){applied, fp->applied_term, data, len};
+    node_post(&fp->q, s, n->p_raft, NM_SNAPSHOT_TAKEN, sn);
     fp->snapshot_index = applied;
     IDA_INFO("fsm: snapshot at index %llu (%zu bytes)",
              (unsigned long long)applied, len);
@@ -314,12 +301,7 @@ static void on_apply(struct fsm_proc *fp,
     if (done != NULL) {
         done->index = ida_fsm_applied_index(fp->fsm);
         done->snapshot_index = fp->snapshot_index;
-        struct ida_msg *m = node_msg_new(NM_APPLIED, done);
-        if (m == NULL) {
-            ida_free(done);
-        } else {
-            node_send(&fp->q, s, fp->node->p_raft, m);
-        }
+        node_post(&fp->q, s, fp->node->p_raft, NM_APPLIED, done);
     }
 }
 

@@ -117,13 +117,10 @@ void nm_persist_free(struct nm_persist *p)
     ida_free(p);
 }
 
-void node_msg_free(struct ida_msg *m)
+/* Free a payload of @type, whatever it points to. */
+static void payload_free(uint32_t type, void *p)
 {
-    if (m == NULL) {
-        return;
-    }
-    void *p = node_msg_payload(m);
-    switch ((enum node_msg_type)m->type) {
+    switch ((enum node_msg_type)type) {
         case NM_CLIENT:
             if (p != NULL) {
                 idalloc__client_request__free_unpacked(
@@ -158,6 +155,14 @@ void node_msg_free(struct ida_msg *m)
             ida_free(p);
             break;
     }
+}
+
+void node_msg_free(struct ida_msg *m)
+{
+    if (m == NULL) {
+        return;
+    }
+    payload_free(m->type, node_msg_payload(m));
     ida_msg_free(m);
 }
 
@@ -217,6 +222,22 @@ void node_send(struct node_outq *q,
     q->v[tail].to = to;
     q->v[tail].msg = m;
     q->n++;
+}
+
+int node_post(struct node_outq *q,
+              struct ida_sender *s,
+              uint32_t to,
+              enum node_msg_type type,
+              void *payload)
+{
+    struct ida_msg *m = node_msg_new(type, payload);
+    if (m == NULL) {
+        IDA_ERROR("node: out of memory for an internal message");
+        payload_free(type, payload);
+        return IDA_ENOMEM;
+    }
+    node_send(q, s, to, m);
+    return 0;
 }
 
 void node_outq_close(struct node_outq *q)

@@ -8,7 +8,8 @@
  *   raft --PERSIST--> storage --PERSISTED--> raft
  *   raft --APPLY, READ, REGISTER, LEADERSHIP_LOST--> fsm
  *   storage --APPLY (after a snapshot it installed)--> fsm
- *   fsm --APPLIED, SNAPSHOT_TAKEN--> raft;  fsm --SNAPSHOT_STORE--> storage
+ *   fsm --APPLIED, SNAPSHOT_TAKEN--> raft --SNAPSHOT_STORE--> storage
+ *       (raft compacts with the snapshot, then hands the same buffer on)
  *   storage --STORAGE_FAILED--> raft
  *
  * Replies to clients and messages to peers go straight to net (thread-safe).
@@ -153,6 +154,15 @@ struct node_outq
     } * v;
     size_t head, n, cap;
 };
+
+/* Wrap @payload in a message of @type and send it to @to through @q
+ * (ownership moves in). Returns 0, or IDA_ENOMEM with the payload freed and
+ * a log line: callers that cannot afford the loss assert on it. */
+int node_post(struct node_outq *q,
+              struct ida_sender *s,
+              uint32_t to,
+              enum node_msg_type type,
+              void *payload);
 
 /* Send @m to @to through @q (ownership moves in; on out-of-memory or a
  * stopping pool the message is freed and dropped, with a log line). */

@@ -160,6 +160,27 @@ int ida_node_open(struct ida_node *n,
     return rv;
 }
 
+void ida__node_reply_error(struct ida_node *n,
+                           uint64_t conn,
+                           uint64_t seq,
+                           int err,
+                           const char *why,
+                           ida_node_id leader)
+{
+    Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
+    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    res.error = (uint32_t)err;
+    res.error_msg = (char *)(why != NULL ? why : idalloc_strerror(err));
+    r.request_seq = seq;
+    r.result = &res;
+    if (leader != 0) {
+        const struct ida_config_node *l = ida_config_node(&n->cfg, leader);
+        r.leader_id = leader;
+        r.leader_addr = l != NULL ? (char *)l->client.text : "";
+    }
+    ida_net_reply(n->net, conn, &r);
+}
+
 /* --- net callbacks (on the net thread) -------------------------------------
  */
 
@@ -180,13 +201,9 @@ static void net_client_request(void *arg,
         return;
     }
     /* Overloaded or stopping: answer at once, nothing was done. */
-    Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
-    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
-    res.error = rv == IDA_ESTOPPED ? IDA_ESTOPPED : IDA_EBUSY;
-    res.error_msg = (char *)idalloc_strerror((int)res.error);
-    r.request_seq = req->request_seq;
-    r.result = &res;
-    ida_net_reply(n->net, conn, &r);
+    ida__node_reply_error(n, conn, req->request_seq,
+                          rv == IDA_ESTOPPED ? IDA_ESTOPPED : IDA_EBUSY, NULL,
+                          0);
     if (m != NULL) {
         node_msg_free(m); /* frees c and req */
     } else {

@@ -99,6 +99,16 @@ int ida__fsm_proc_new(struct ida_node *n,
 void ida__fsm_proc_free(struct fsm_proc *fp);
 extern const struct ida_proc_ops ida__fsm_proc_ops;
 
+/* Answer client connection @conn's request @seq with error @err (@why, or
+ * the code's message when NULL); @leader != 0 adds the NOT_LEADER hint (its
+ * id and client address). Thread-safe (goes through net). */
+void ida__node_reply_error(struct ida_node *n,
+                           uint64_t conn,
+                           uint64_t seq,
+                           int err,
+                           const char *why,
+                           ida_node_id leader);
+
 /* Milliseconds of a monotonic / wall clock. */
 uint64_t ida__node_mono_ms(void);
 uint64_t ida__node_wall_ms(void);

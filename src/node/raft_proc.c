@@ -84,19 +84,8 @@ static void reply_error(struct raft_proc *rp,
                         int err,
                         const char *why)
 {
-    struct ida_node *n = rp->node;
-    Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
-    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
-    res.error = (uint32_t)err;
-    res.error_msg = (char *)(why != NULL ? why : idalloc_strerror(err));
-    r.request_seq = seq;
-    r.result = &res;
-    if (err == IDA_ENOTLEADER && rp->leader != 0) {
-        const struct ida_config_node *l = ida_config_node(&n->cfg, rp->leader);
-        r.leader_id = rp->leader;
-        r.leader_addr = l != NULL ? (char *)l->client.text : "";
-    }
-    ida_net_reply(n->net, conn, &r);
+    ida__node_reply_error(rp->node, conn, seq, err, why,
+                          err == IDA_ENOTLEADER ? rp->leader : 0);
 }
 
 static const char *progress_state(enum ida_raft_progress_state s)
@@ -207,21 +196,6 @@ static void send_peer(struct raft_proc *rp, const struct ida_raft_msg *m)
     node_pb_peer_release(&pb);
 }
 
-static void send_node_msg(struct raft_proc *rp,
-                          struct ida_sender *s,
-                          uint32_t to,
-                          enum node_msg_type type,
-                          void *payload)
-{
-    struct ida_msg *m = node_msg_new(type, payload);
-    if (m == NULL) {
-        IDA_ERROR("raft: out of memory sending to a processor");
-        ida_free(payload); /* callers pass flat payloads on this path */
-        return;
-    }
-    node_send(&rp->q, s, to, m);
-}
-
 /* --- leadership
  * ---------------------------------------------------------------- */
 
@@ -246,7 +220,7 @@ static void lose_writes(struct raft_proc *rp, struct ida_sender *s)
     rp->open_bytes = 0;
     uint8_t *flag = ida_malloc(1);
     if (flag != NULL) {
-        send_node_msg(rp, s, rp->node->p_fsm, NM_LEADERSHIP_LOST, flag);
+        node_post(&rp->q, s, rp->node->p_fsm, NM_LEADERSHIP_LOST, flag);
     }
 }
 
@@ -385,16 +359,14 @@ static void handle_batch(struct raft_proc *rp,
         if (b->id != 0) {
             rp->persist_inflight++;
         }
-        struct ida_msg *m = node_msg_new(NM_PERSIST, p);
-        IDA_ASSERT(m != NULL);
-        node_send(&rp->q, s, n->p_storage, m);
+        int rv = node_post(&rp->q, s, n->p_storage, NM_PERSIST, p);
+        IDA_ASSERT(rv == 0); /* the core would wait for it forever */
     }
     if (!route && b->n_committed > 0) {
         struct nm_apply *a = make_apply(b);
         IDA_ASSERT(a != NULL);
-        struct ida_msg *m = node_msg_new(NM_APPLY, a);
-        IDA_ASSERT(m != NULL);
-        node_send(&rp->q, s, n->p_fsm, m);
+        int rv = node_post(&rp->q, s, n->p_fsm, NM_APPLY, a);
+        IDA_ASSERT(rv == 0); /* the fsm must see every committed entry */
     }
     for (size_t i = 0; i < b->n_reads; i++) {
         for (size_t k = 0; k < rp->n_reads; k++) {
@@ -407,9 +379,8 @@ static void handle_batch(struct raft_proc *rp,
             rd->index = b->reads[i].index;
             rd->req = rp->reads[k].req;
             rp->reads[k] = rp->reads[--rp->n_reads];
-            struct ida_msg *m = node_msg_new(NM_READ, rd);
-            IDA_ASSERT(m != NULL);
-            node_send(&rp->q, s, n->p_fsm, m);
+            int rv = node_post(&rp->q, s, n->p_fsm, NM_READ, rd);
+            IDA_ASSERT(rv == 0);
             break;
         }
     }
@@ -567,7 +538,7 @@ static int add_write(struct raft_proc *rp,
     memcpy(reg->client_id, req->client_id.data, 16);
     reg->request_seq = req->request_seq;
     reg->conn = conn;
-    send_node_msg(rp, s, rp->node->p_fsm, NM_REGISTER, reg);
+    node_post(&rp->q, s, rp->node->p_fsm, NM_REGISTER, reg);
     rp->open[rp->n_open++] = req;
     rp->open_bytes += idalloc__client_request__get_packed_size(req);
     return 0;
@@ -717,7 +688,10 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
                 IDA_WARN("raft: compaction at %llu failed: %s",
                          (unsigned long long)sn->index, idalloc_strerror(rv));
             }
-            node_msg_free(msg);
+            /* The core copied what it needs: the same buffer goes on to
+             * storage (storage ignores a snapshot older than its own). */
+            msg->type = NM_SNAPSHOT_STORE;
+            node_send(&rp->q, s, rp->node->p_storage, msg);
             drive(rp, s);
             return;
         }

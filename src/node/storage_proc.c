@@ -38,12 +38,7 @@ static void report_failure(struct storage_proc *sp,
     f->code = code;
     snprintf(f->msg, sizeof(f->msg), "%.60s: %.180s", what,
              st->errmsg[0] != '\0' ? st->errmsg : idalloc_strerror(code));
-    struct ida_msg *m = node_msg_new(NM_STORAGE_FAILED, f);
-    if (m == NULL) {
-        ida_free(f);
-        return;
-    }
-    node_send(&sp->q, s, sp->node->p_raft, m);
+    node_post(&sp->q, s, sp->node->p_raft, NM_STORAGE_FAILED, f);
 }
 
 /* Write a whole snapshot durably. */
@@ -150,15 +145,14 @@ static void on_persist(struct storage_proc *sp,
         struct nm_persisted *done = ida_malloc(sizeof(*done));
         IDA_ASSERT(done != NULL);
         done->batch_id = p->batch_id;
-        struct ida_msg *m = node_msg_new(NM_PERSISTED, done);
-        IDA_ASSERT(m != NULL); /* the core would wait for it forever */
-        node_send(&sp->q, s, n->p_raft, m);
+        rv = node_post(&sp->q, s, n->p_raft, NM_PERSISTED, done);
+        IDA_ASSERT(rv == 0); /* the core would wait for it forever */
     }
     if (p->apply_after != NULL) {
-        struct ida_msg *m = node_msg_new(NM_APPLY, p->apply_after);
-        IDA_ASSERT(m != NULL);
+        struct nm_apply *a = p->apply_after;
         p->apply_after = NULL;
-        node_send(&sp->q, s, n->p_fsm, m);
+        rv = node_post(&sp->q, s, n->p_fsm, NM_APPLY, a);
+        IDA_ASSERT(rv == 0); /* the fsm must see every committed entry */
     }
     nm_persist_free(p);
 }
