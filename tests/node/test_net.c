@@ -399,7 +399,6 @@ Test(net, oversized_and_undecodable_frames, .init = setup, .fini = teardown)
 Test(net, foreign_cluster_peer_is_rejected, .init = setup, .fini = teardown)
 {
     /* A node of cluster "other" that shares node 1's addresses table. */
-    struct ida_config mine = cfg;
     strcpy(cfg.cluster, "other");
     cfg.nodes[2] = cfg.nodes[1];
     cfg.nodes[2].id = 3;
@@ -420,7 +419,6 @@ Test(net, foreign_cluster_peer_is_rejected, .init = setup, .fini = teardown)
     ida_net_get_stats(nets[0], &st);
     cr_assert_geq(st.peer_rejected, 1, "foreign cluster not rejected");
     cr_assert_eq(box[0].npeer, 0, "nothing foreign reached the handler");
-    (void)mine;
 }
 
 Test(net, address_in_use_is_a_clear_error, .init = setup, .fini = teardown)
