@@ -166,6 +166,19 @@ void node_msg_free(struct ida_msg *m)
     ida_msg_free(m);
 }
 
+/* A send that can never succeed: free the message. While the node stops
+ * (IDA_ESTOPPED) that is expected and not worth a warning. */
+static void drop(struct ida_msg *m, int rv)
+{
+    if (rv == IDA_ESTOPPED) {
+        IDA_DEBUG("node: stopping: internal message dropped");
+    } else {
+        IDA_WARN("node: dropping an internal message: %s",
+                 idalloc_strerror(rv));
+    }
+    node_msg_free(m);
+}
+
 void node_outq_flush(struct node_outq *q, struct ida_sender *s)
 {
     while (q->n > 0) {
@@ -174,9 +187,7 @@ void node_outq_flush(struct node_outq *q, struct ida_sender *s)
             return; /* still full: try again on the next call */
         }
         if (rv != 0) {
-            IDA_WARN("node: dropping an internal message: %s",
-                     idalloc_strerror(rv));
-            node_msg_free(q->v[q->head].msg);
+            drop(q->v[q->head].msg, rv);
         }
         q->head = (q->head + 1) % q->cap;
         q->n--;
@@ -195,9 +206,7 @@ void node_send(struct node_outq *q,
             return;
         }
         if (rv != IDA_EBUSY) {
-            IDA_WARN("node: dropping an internal message: %s",
-                     idalloc_strerror(rv));
-            node_msg_free(m);
+            drop(m, rv);
             return;
         }
     }

@@ -315,9 +315,12 @@ void ida_node_close(struct ida_node *n)
 {
     /* Processors first (the storage step in flight completes: a receive()
      * is never interrupted), while net still exists for their sends; then
-     * net; then the state they used. */
+     * net; then the state they used. DRAIN: what is still queued goes
+     * through receive(), which frees each payload (the pool alone would
+     * free only the message around it); sends made meanwhile are refused
+     * with IDA_ESTOPPED and freed by node_send(). */
     if (n->pool != NULL) {
-        ida_pool_stop(n->pool, IDA_POOL_STOP_DROP);
+        ida_pool_stop(n->pool, IDA_POOL_STOP_DRAIN);
     }
     if (n->net != NULL) {
         ida_net_stop(n->net);
