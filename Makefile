@@ -1,7 +1,7 @@
 # idalloc build. `make help` lists the targets; README.md explains them.
 #
 # Sources are found by convention, so a module never edits this file:
-#   src/common/ src/pool/ raft/ fsm/ storage/ src/node/ src/client/
+#   base/ src/common/ src/pool/ raft/ fsm/ storage/ src/node/ src/client/
 #       *.c (except *_main.c) go into $(BUILD)/libida.a
 #   src/node/idallocd_main.c  -> bin/idallocd        (issue 7)
 #   src/client/idalloc_main.c -> bin/idalloc          (issue 8)
@@ -57,7 +57,8 @@ PROTO_C := $(BUILD)/gen/proto/idalloc.pb-c.c
 PROTO_H := $(BUILD)/gen/proto/idalloc.pb-c.h
 PROTO_O := $(BUILD)/obj/gen/proto/idalloc.pb-c.o
 
-COMMON_SRC := $(wildcard src/common/*.c)
+BASE_SRC := $(wildcard base/*.c)
+COMMON_SRC := $(BASE_SRC) $(wildcard src/common/*.c)
 LIB_SRC := $(filter-out %_main.c,$(COMMON_SRC) $(wildcard src/pool/*.c) \
     $(wildcard raft/*.c) $(wildcard fsm/*.c) $(wildcard storage/*.c) \
     $(wildcard src/node/*.c) $(wildcard src/client/*.c))
@@ -165,7 +166,7 @@ run: all
 	  echo "make run: bin/idallocd is missing (src/node/idallocd_main.c, issue 7: node daemon)" >&2; exit 1; fi
 	@scripts/run-cluster.sh cluster-configs/local-3.conf
 
-FORMAT_SRC = $(shell find src raft fsm storage tests include -name '*.[ch]' 2>/dev/null)
+FORMAT_SRC = $(shell find base src raft fsm storage tests include -name '*.[ch]' 2>/dev/null)
 format:
 	@clang-format -i $(FORMAT_SRC)
 format-check:

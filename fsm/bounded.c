@@ -14,8 +14,8 @@
 
 #include <string.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 
 static const uint8_t *bounded_key(const void *ctx, uint32_t ref, size_t *len)

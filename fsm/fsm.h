@@ -80,7 +80,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ida/types.h"
+#include "base/types.h"
 #include "proto/idalloc.pb-c.h"
 
 /* --- limits (the client library checks the same ones) ------------------ */

@@ -13,8 +13,8 @@
 
 #include <string.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 
 /* Seed 000: start < 255 -> 64, start < 65535 -> 1024, else 8192. */

@@ -2,8 +2,8 @@
 #include <string.h>
 
 #include "fsm/fsm.h"
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 
 int ida_fsm_proc_init(struct ida_fsm_proc *p,

@@ -26,8 +26,8 @@
 #include <string.h>
 
 #include "fsm/fsm_internal.h"
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 
 /* --- writer --------------------------------------------------------------- */

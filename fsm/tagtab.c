@@ -9,8 +9,8 @@
 
 #include <string.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 
 /* FNV-1a, then a final mix so linear probing sees well-spread low bits.

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 #include "proto/idalloc.pb-c.h"
 

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ida/types.h"
+#include "base/types.h"
 
 #define IDA_RAFT_NODES_MAX 9 /* voters in one cluster */
 

@@ -9,8 +9,8 @@
 
 #include <string.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 
 /* --- helpers ------------------------------------------------------------ */

@@ -72,7 +72,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ida/types.h"
+#include "base/types.h"
 #include "raft/conf.h"
 
 #define IDA_RAFT_INFLIGHT_MAX 64 /* upper bound of max_inflight */

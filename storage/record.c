@@ -2,7 +2,7 @@
 
 #include <string.h>
 
-#include "ida/assert.h"
+#include "base/assert.h"
 #include "idalloc_errors.h"
 
 /* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), byte-wise table. */

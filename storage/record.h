@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ida/types.h"
+#include "base/types.h"
 
 #define IDA__REC_FORMAT_BYTES     12
 #define IDA__REC_HARD_STATE_BYTES 28

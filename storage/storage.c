@@ -11,10 +11,10 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
-#include "src/common/log.h"
+#include "base/log.h"
 #include "storage/record.h"
 
 #define ENV(s) ((MDB_env *)(s)->env)

@@ -68,7 +68,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ida/types.h"
+#include "base/types.h"
 
 /* The on-disk format this code writes and reads. */
 #define IDA_STORAGE_FORMAT_VERSION 1

@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 
 struct worker
 {

@@ -32,8 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "src/common/config.h"
 #include "src/common/frame.h"
 

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc.h"
 #include "src/client/bench.h"
 #include "src/client/cli.h"

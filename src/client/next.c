@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "src/client/client.h"
 #include "src/client/nextblock.h"
 

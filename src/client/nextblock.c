@@ -1,6 +1,6 @@
 #include "src/client/nextblock.h"
 
-#include "ida/assert.h"
+#include "base/assert.h"
 
 void ida_next_init(struct ida_next_blocks *b, uint64_t min, uint64_t max)
 {

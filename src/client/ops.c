@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "src/client/client.h"
 
 /* Run @req and check its answer: 0 with *out set to the response (caller

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 
 #define FIELDS_MAX            8

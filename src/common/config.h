@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/common/log.h"
+#include "base/log.h"
 
 #define IDA_CONFIG_NODES_MAX 16
 #define IDA_CLUSTER_NAME_MAX 64

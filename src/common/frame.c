@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 
 static int type_known(uint8_t t)

@@ -2,7 +2,7 @@
 
 #include <string.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 
 static int entries_to_pb(const struct ida_entry *e,

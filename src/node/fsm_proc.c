@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
-#include "src/common/log.h"
+#include "base/log.h"
 #include "src/node/node.h"
 
 #define PENDING_BUCKETS 4096

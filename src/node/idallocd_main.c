@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "idalloc_errors.h"
-#include "src/common/log.h"
+#include "base/log.h"
 #include "src/node/node.h"
 
 static const char usage[] =

@@ -2,9 +2,9 @@
 
 #include <string.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
-#include "src/common/log.h"
+#include "base/log.h"
 
 struct ida_msg *node_msg_new(enum node_msg_type type, void *payload)
 {

@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#include "ida/types.h"
+#include "base/types.h"
 #include "proto/idalloc.pb-c.h"
 #include "raft/raft.h"
 #include "src/pool/pool.h"

@@ -6,11 +6,11 @@
 #include <string.h>
 #include <uv.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 #include "src/common/frame.h"
-#include "src/common/log.h"
+#include "base/log.h"
 
 #define BUCKETS        1024
 #define READ_BUF_BYTES 16384

@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
-#include "src/common/log.h"
+#include "base/log.h"
 
 /* The cluster as an encoded ClusterConfig (stored in snapshot metas). */
 static int encode_cluster(struct ida_node *n)

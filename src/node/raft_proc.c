@@ -5,10 +5,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
-#include "src/common/log.h"
+#include "base/log.h"
 #include "src/node/convert.h"
 #include "src/node/node.h"
 

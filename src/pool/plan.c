@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "ida/assert.h"
+#include "base/assert.h"
 
 struct plan
 {

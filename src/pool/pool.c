@@ -8,10 +8,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
-#include "src/common/log.h"
+#include "base/log.h"
 
 /* Messages handled per processor per loop, so one busy inbox cannot starve
  * the worker's other processors. */

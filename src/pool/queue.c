@@ -1,7 +1,7 @@
 #include "src/pool/queue.h"
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 
 #define NIL UINT32_MAX

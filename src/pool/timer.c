@@ -2,7 +2,7 @@
 
 #include <time.h>
 
-#include "ida/assert.h"
+#include "base/assert.h"
 
 int64_t ida_clock_monotonic_ns(void *arg)
 {

@@ -22,7 +22,7 @@
 #include <time.h>
 
 #include "fsm/fsm.h"
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 #include "tests/fsm/fsm_helpers.h"
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "fsm/fsm_internal.h"
-#include "ida/heap.h"
+#include "base/heap.h"
 
 /* Support code is linked into the benchmark too, which has no Criterion:
  * a failed check prints and aborts (a crash fails the Criterion test). */

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "fsm/fsm.h"
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 #include "tests/fsm/fsm_helpers.h"
 

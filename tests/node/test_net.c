@@ -23,7 +23,7 @@ static void sleep_us(long us)
 
 #include "idalloc_errors.h"
 #include "src/common/frame.h"
-#include "src/common/log.h"
+#include "base/log.h"
 #include "src/node/net.h"
 
 /* --- fixture: up to 3 nets, each recording what it receives ----------------

@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 #include "src/pool/pool.h"
 #include "src/pool/queue.h"

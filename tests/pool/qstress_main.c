@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 #include "src/pool/queue.h"
 

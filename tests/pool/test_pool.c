@@ -13,9 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
-#include "src/common/log.h"
+#include "base/log.h"
 #include "src/pool/pool.h"
 
 /* --- fixture ----------------------------------------------------------------

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ida/assert.h"
+#include "base/assert.h"
 #include "idalloc_errors.h"
 
 struct h_cluster H;

@@ -41,8 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ida/assert.h"
-#include "ida/heap.h"
+#include "base/assert.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/raft.h"
 

@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 #include "storage/storage.h"
 #include "tests/storage/helpers.h"

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 
 int ida_test_tmpdir(char *out, size_t cap, const char *tag)
 {

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ida/types.h"
+#include "base/types.h"
 #include "storage/storage.h"
 
 /* Create a fresh temporary directory under $TMPDIR (default /tmp) into @out

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ida/heap.h"
+#include "base/heap.h"
 #include "idalloc_errors.h"
 #include "storage/storage.h"
 #include "tests/storage/helpers.h"

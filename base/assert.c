@@ -1,4 +1,4 @@
-#include "ida/assert.h"
+#include "base/assert.h"
 
 #include <execinfo.h>
 #include <stdio.h>

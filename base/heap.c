@@ -1,4 +1,4 @@
-#include "ida/heap.h"
+#include "base/heap.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

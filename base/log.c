@@ -1,4 +1,4 @@
-#include "src/common/log.h"
+#include "base/log.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
