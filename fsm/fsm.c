@@ -3,9 +3,9 @@
 
 #include <string.h>
 
-#include "fsm/fsm_internal.h"
 #include "base/assert.h"
 #include "base/heap.h"
+#include "fsm/fsm_internal.h"
 #include "idalloc_errors.h"
 
 /* --- reasons ------------------------------------------------------------- */

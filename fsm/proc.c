@@ -1,9 +1,9 @@
 /* The FSM processor protocol of seed 004 2.15 over committed entries. */
 #include <string.h>
 
-#include "fsm/fsm.h"
 #include "base/assert.h"
 #include "base/heap.h"
+#include "fsm/fsm.h"
 #include "idalloc_errors.h"
 
 int ida_fsm_proc_init(struct ida_fsm_proc *p,

@@ -25,9 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm/fsm_internal.h"
 #include "base/assert.h"
 #include "base/heap.h"
+#include "fsm/fsm_internal.h"
 #include "idalloc_errors.h"
 
 /* --- writer --------------------------------------------------------------- */

@@ -13,8 +13,8 @@
 
 #include "base/assert.h"
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
 #include "storage/record.h"
 
 #define ENV(s) ((MDB_env *)(s)->env)

@@ -8,8 +8,8 @@
 
 #include "base/assert.h"
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
 #include "src/node/node.h"
 
 #define PENDING_BUCKETS 4096

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
 #include "src/node/node.h"
 
 static const char usage[] =

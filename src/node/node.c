@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
 
 /* The cluster as an encoded ClusterConfig (stored in snapshot metas). */
 static int encode_cluster(struct ida_node *n)
@@ -279,10 +279,9 @@ static int add_procs(struct ida_node *n)
 int ida_node_start(struct ida_node *n, char *errmsg)
 {
     /* One worker per processor: a storage fsync never stalls raft or fsm. */
-    struct ida_pool_config pcfg = {.threads = 3,
-                                   .idle_wait_us = 1000,
-                                   .errtop_dir = n->dir,
-                                   .node_id = n->self->id};
+    n->errtop_where = (struct ida_errtop_where){n->dir, n->self->id};
+    struct ida_pool_config pcfg = {.threads = 3, .idle_wait_us = 1000};
+    ida_errtop_sink(&pcfg.errors, &n->errtop_where);
     int rv = ida_pool_new(&pcfg, &n->pool);
     if (rv == 0) {
         rv = add_procs(n);

@@ -30,6 +30,7 @@
 #include "fsm/fsm.h"
 #include "raft/raft.h"
 #include "src/common/config.h"
+#include "src/node/errtop.h"
 #include "src/node/msgs.h"
 #include "src/node/net.h"
 #include "src/pool/pool.h"
@@ -63,6 +64,7 @@ struct ida_node
     struct fsm_proc *fp;
     uint8_t *config_pb; /* the cluster as an encoded ClusterConfig */
     size_t config_pb_len;
+    struct ida_errtop_where errtop_where; /* for the pool's error sink */
 };
 
 /* Load the cluster file, open storage (refusing a foreign directory) and

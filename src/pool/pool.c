@@ -10,17 +10,15 @@
 
 #include "base/assert.h"
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
 
 /* Messages handled per processor per loop, so one busy inbox cannot starve
  * the worker's other processors. */
-#define BATCH_MAX               64
-#define NONE                    UINT32_MAX
-#define CONF_BIT                31u
-#define COUNT_MASK              ((1u << CONF_BIT) - 1)
-#define ERRTOP_DUMP_INTERVAL_MS 10000
-#define ERRTOP_KEEP_MS          (7LL * 24 * 3600 * 1000)
+#define BATCH_MAX  64
+#define NONE       UINT32_MAX
+#define CONF_BIT   31u
+#define COUNT_MASK ((1u << CONF_BIT) - 1)
 
 struct target
 {
@@ -57,8 +55,7 @@ struct worker
     bool can_be_updated;
     bool idle;
     struct ida_wtimer reshard_timer;
-    bool has_errtop;
-    struct ida_errtop errtop;
+    void *errctx; /* from cfg.errors.open, or NULL */
     _Atomic uint64_t delivered;
     _Atomic uint64_t pings;
 };
@@ -122,7 +119,8 @@ void ida_msg_free(struct ida_msg *msg)
 int ida_pool_new(const struct ida_pool_config *cfg, struct ida_pool **out)
 {
     IDA_ASSERT(out != NULL);
-    if (cfg == NULL || cfg->threads > IDA_POOL_THREADS_MAX) {
+    if (cfg == NULL || cfg->threads > IDA_POOL_THREADS_MAX ||
+        (cfg->errors.open != NULL && cfg->errors.add == NULL)) {
         return IDA_EINVAL;
     }
     struct ida_pool *p = ida_calloc(1, sizeof(*p));
@@ -416,8 +414,8 @@ struct ida_msg *ida_pool_external_pop(struct ida_pool *p, uint32_t id)
 
 void ida_sender_error(struct ida_sender *s, int code, const char *text)
 {
-    if (s->errtop != NULL) {
-        ida_errtop_add(s->errtop, code, text, 0);
+    if (s->errctx != NULL) {
+        s->pool->cfg.errors.add(s->errctx, code, text);
     }
 }
 
@@ -433,7 +431,7 @@ static bool run_processor(struct worker *w, uint32_t k)
     struct ida_pool *p = w->pool;
     uint32_t id = p->procs[k];
     struct target *t = p->t[id];
-    struct ida_sender s = {p, id, w->index, w->has_errtop ? &w->errtop : NULL};
+    struct ida_sender s = {p, id, w->index, w->errctx};
     bool upd = w->can_be_updated;
     bool worked = false;
     bool was_running = atomic_flag_test_and_set(&t->running);
@@ -538,8 +536,8 @@ static void *worker_main(void *arg)
         }
     }
     release_all(w);
-    if (w->has_errtop && w->errtop.dirty) {
-        (void)ida_errtop_dump(&w->errtop);
+    if (w->errctx != NULL && p->cfg.errors.flush != NULL) {
+        p->cfg.errors.flush(w->errctx);
     }
     return NULL;
 }
@@ -625,21 +623,8 @@ static int init_worker(struct ida_pool *p, struct worker *w, uint32_t i)
         pthread_mutex_destroy(&w->mu);
         return IDA_ENOMEM;
     }
-    if (p->cfg.errtop_dir != NULL) {
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/errtop-%u.pb", p->cfg.errtop_dir, i);
-        if (ida_errtop_init(&w->errtop, path, p->cfg.node_id,
-                            ERRTOP_DUMP_INTERVAL_MS, ERRTOP_KEEP_MS) != 0) {
-            pthread_cond_destroy(&w->cv);
-            pthread_mutex_destroy(&w->mu);
-            return IDA_ENOMEM;
-        }
-        int rv = ida_errtop_restore(&w->errtop);
-        if (rv != 0) {
-            IDA_WARN("pool: error top %s not restored: %s", path,
-                     idalloc_strerror(rv));
-        }
-        w->has_errtop = true;
+    if (p->cfg.errors.open != NULL) {
+        w->errctx = p->cfg.errors.open(p->cfg.errors.arg, i);
     }
     return 0;
 }
@@ -648,10 +633,10 @@ static void close_worker(struct worker *w)
 {
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
-    if (w->has_errtop) {
-        ida_errtop_close(&w->errtop);
-        w->has_errtop = false;
+    if (w->errctx != NULL && w->pool->cfg.errors.close != NULL) {
+        w->pool->cfg.errors.close(w->errctx);
     }
+    w->errctx = NULL;
 }
 
 static void join_workers(struct ida_pool *p)

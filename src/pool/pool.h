@@ -95,8 +95,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/pool/errtop.h"
 #include "src/pool/queue.h"
+#include "src/pool/timer.h"
 
 /* The sender id of messages posted from outside the pool. */
 #define IDA_POOL_OUTSIDE        UINT32_MAX
@@ -126,7 +126,7 @@ struct ida_sender
     struct ida_pool *pool;
     uint32_t self; /* the id of the processor being run */
     uint32_t thread_index;
-    struct ida_errtop *errtop; /* the running worker's, or NULL */
+    void *errctx; /* the running worker's error sink context, or NULL */
 };
 
 struct ida_proc_ops
@@ -158,6 +158,20 @@ typedef void (*ida_pool_plan_fn)(void *arg,
                                  const uint32_t *old_assign,
                                  uint32_t *new_assign);
 
+/* Where ida_sender_error() reports go. Each worker thread opens its own
+ * context at start (open() returning NULL drops that worker's errors) and
+ * uses it only from that thread, so a sink needs no locking. flush() runs on
+ * the worker as it exits; close() when the pool is closed. Any member may be
+ * NULL except add, which is required when open is set. */
+struct ida_pool_error_sink
+{
+    void *(*open)(void *arg, uint32_t worker);
+    void (*add)(void *wctx, int code, const char *text);
+    void (*flush)(void *wctx);
+    void (*close)(void *wctx);
+    void *arg;
+};
+
 struct ida_pool_config
 {
     uint32_t threads;             /* 0: number of cores; capped (see init) */
@@ -166,8 +180,7 @@ struct ida_pool_config
     uint64_t drain_max;           /* for IDA_POOL_STOP_DRAIN; 0: 1000000 */
     ida_pool_plan_fn plan;        /* NULL: the greedy plan of §2.13 */
     void *plan_arg;
-    const char *errtop_dir; /* NULL: errors are not kept (see errtop.h) */
-    uint32_t node_id;       /* written into error top dumps */
+    struct ida_pool_error_sink errors; /* all NULL: errors are dropped */
 };
 
 enum ida_pool_stop_mode {

@@ -21,8 +21,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "fsm/fsm.h"
 #include "base/heap.h"
+#include "fsm/fsm.h"
 #include "idalloc_errors.h"
 #include "tests/fsm/fsm_helpers.h"
 

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm/fsm_internal.h"
 #include "base/heap.h"
+#include "fsm/fsm_internal.h"
 
 /* Support code is linked into the benchmark too, which has no Criterion:
  * a failed check prints and aborts (a crash fails the Criterion test). */

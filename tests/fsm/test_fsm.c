@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm/fsm.h"
 #include "base/heap.h"
+#include "fsm/fsm.h"
 #include "idalloc_errors.h"
 #include "tests/fsm/fsm_helpers.h"
 

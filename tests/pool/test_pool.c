@@ -14,8 +14,9 @@
 #include <unistd.h>
 
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
+#include "src/node/errtop.h"
 #include "src/pool/pool.h"
 
 /* --- fixture ----------------------------------------------------------------
@@ -636,54 +637,6 @@ Test(plan, every_processor_gets_a_thread)
 /* --- error top in the pool
  * ----------------------------------------------------- */
 
-static void failing_receive(void *state,
-                            struct ida_msg *msg,
-                            struct ida_sender *s)
-{
-    (void)state;
-    ida_sender_error(s, IDA_EIO, "disk on fire");
-    ida_msg_free(msg);
-}
-static const struct ida_proc_ops failing_ops = {failing_receive, NULL};
-
-Test(pool, processor_errors_reach_the_workers_error_top_file)
-{
-    char dir[64];
-    snprintf(dir, sizeof(dir), "/tmp/ida-pool-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    struct ida_pool_config cfg = {0};
-    cfg.threads = 1;
-    cfg.errtop_dir = dir;
-    cfg.node_id = 2;
-    cr_assert_eq(ida_pool_new(&cfg, &pool), 0);
-    uint32_t id;
-    struct ida_proc_config c = {"failing", &failing_ops, NULL, 0, 0};
-    cr_assert_eq(ida_pool_add(pool, &c, &id), 0);
-    cr_assert_eq(ida_pool_start(pool), 0);
-    for (int i = 0; i < 7; i++) {
-        post(id, ida_msg_new(1, 0));
-    }
-    /* Drain on the stopping thread has no error top: wait until the worker
-     * handled all 7, so all are counted. */
-    struct ida_pool_stats st;
-    do {
-        sched_yield();
-        ida_pool_get_stats(pool, &st);
-    } while (st.delivered < 7);
-    ida_pool_stop(pool, IDA_POOL_STOP_DRAIN); /* the worker dumps on exit */
-    char path[128];
-    snprintf(path, sizeof(path), "%s/errtop-0.pb", dir);
-    struct ida_errtop_entry out[4];
-    size_t n = 0;
-    cr_assert_eq(ida_errtop_read_file(path, out, 4, &n), 0);
-    cr_assert_eq(n, 1);
-    cr_assert_eq(out[0].code, IDA_EIO);
-    cr_assert_str_eq(out[0].text, "disk on fire");
-    cr_assert_eq(out[0].count, 7);
-    unlink(path);
-    rmdir(dir);
-}
-
 /* --- allocation failures
  * ------------------------------------------------------ */
 
@@ -700,11 +653,12 @@ Test(pool, every_allocation_failure_is_reported_and_cleaned_up)
     int devnull = open("/dev/null", O_WRONLY);
     cr_assert_geq(devnull, 0);
     ida_log_set_fd(devnull);
+    struct ida_errtop_where where = {dir, 1};
     int successes = 0, failures = 0;
     for (int n = 0; n < 120; n++) {
         struct ida_pool_config cfg = {0};
         cfg.threads = 2;
-        cfg.errtop_dir = dir;
+        ida_errtop_sink(&cfg.errors, &where);
         struct ida_pool *p = NULL;
         ida_heap_fault_set(n, 1);
         int rv = ida_pool_new(&cfg, &p);

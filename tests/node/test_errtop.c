@@ -7,7 +7,8 @@
 #include <unistd.h>
 
 #include "idalloc_errors.h"
-#include "src/pool/errtop.h"
+#include "src/node/errtop.h"
+#include "src/pool/pool.h"
 
 /* --- fixture ----------------------------------------------------------------
  */
@@ -174,4 +175,56 @@ Test(errtop, automatic_dump_when_interval_passed)
     cr_assert_eq(access(path, F_OK), 0, "dumped without being asked");
     cr_assert_not(t.dirty);
     ida_errtop_close(&t);
+}
+
+/* --- the pool's error sink ------------------------------------------------ */
+
+static void failing_receive(void *state,
+                            struct ida_msg *msg,
+                            struct ida_sender *s)
+{
+    (void)state;
+    ida_sender_error(s, IDA_EIO, "disk on fire");
+    ida_msg_free(msg);
+}
+static const struct ida_proc_ops failing_ops = {failing_receive, NULL};
+
+Test(errtop_sink, processor_errors_reach_the_workers_error_top_file)
+{
+    char sdir[64];
+    snprintf(sdir, sizeof(sdir), "/tmp/ida-pool-XXXXXX");
+    cr_assert_not_null(mkdtemp(sdir));
+    struct ida_pool_config cfg = {0};
+    cfg.threads = 1;
+    struct ida_errtop_where where = {sdir, 2};
+    ida_errtop_sink(&cfg.errors, &where);
+    struct ida_pool *pool;
+    cr_assert_eq(ida_pool_new(&cfg, &pool), 0);
+    uint32_t id;
+    struct ida_proc_config c = {"failing", &failing_ops, NULL, 0, 0};
+    cr_assert_eq(ida_pool_add(pool, &c, &id), 0);
+    cr_assert_eq(ida_pool_start(pool), 0);
+    for (int i = 0; i < 7; i++) {
+        cr_assert_eq(ida_pool_post(pool, id, ida_msg_new(1, 0)), 0);
+    }
+    /* Drain on the stopping thread has no error top: wait until the worker
+     * handled all 7, so all are counted. */
+    struct ida_pool_stats st;
+    do {
+        sched_yield();
+        ida_pool_get_stats(pool, &st);
+    } while (st.delivered < 7);
+    ida_pool_stop(pool, IDA_POOL_STOP_DRAIN); /* the worker dumps on exit */
+    char spath[128];
+    snprintf(spath, sizeof(spath), "%s/errtop-0.pb", sdir);
+    struct ida_errtop_entry out[4];
+    size_t n = 0;
+    cr_assert_eq(ida_errtop_read_file(spath, out, 4, &n), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(out[0].code, IDA_EIO);
+    cr_assert_str_eq(out[0].text, "disk on fire");
+    cr_assert_eq(out[0].count, 7);
+    ida_pool_close(pool);
+    unlink(spath);
+    rmdir(sdir);
 }

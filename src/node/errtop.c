@@ -1,4 +1,4 @@
-#include "src/pool/errtop.h"
+#include "src/node/errtop.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,8 +10,10 @@
 
 #include "base/assert.h"
 #include "base/heap.h"
+#include "base/log.h"
 #include "idalloc_errors.h"
 #include "proto/idalloc.pb-c.h"
+#include "src/pool/pool.h"
 
 #define DUMP_VERSION   1
 #define DUMP_BYTES_MAX (1u << 20)
@@ -364,4 +366,59 @@ int ida_errtop_read_file(const char *path,
     IDA_ASSERT(path != NULL && out != NULL && count_out != NULL);
     int rv = load(path, out, max, count_out);
     return rv == IDA_ENOTFOUND ? IDA_EIO : rv;
+}
+
+/* --- the pool's error sink ------------------------------------------------ */
+
+#define SINK_DUMP_INTERVAL_MS 10000
+#define SINK_KEEP_MS          (7LL * 24 * 3600 * 1000)
+
+static void *sink_open(void *arg, uint32_t worker)
+{
+    const struct ida_errtop_where *a = arg;
+    struct ida_errtop *t = ida_malloc(sizeof(*t));
+    if (t == NULL) {
+        IDA_WARN("error top of worker %u not kept: out of memory", worker);
+        return NULL;
+    }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/errtop-%u.pb", a->dir, worker);
+    if (ida_errtop_init(t, path, a->node_id, SINK_DUMP_INTERVAL_MS,
+                        SINK_KEEP_MS) != 0) {
+        IDA_WARN("error top of worker %u not kept: out of memory", worker);
+        ida_free(t);
+        return NULL;
+    }
+    int rv = ida_errtop_restore(t);
+    if (rv != 0) {
+        IDA_WARN("error top %s not restored (%s); starting an empty one", path,
+                 idalloc_strerror(rv));
+    }
+    return t;
+}
+
+static void sink_add(void *wctx, int code, const char *text)
+{
+    ida_errtop_add(wctx, code, text, 0);
+}
+
+static void sink_flush(void *wctx)
+{
+    struct ida_errtop *t = wctx;
+    if (t->dirty) {
+        (void)ida_errtop_dump(t);
+    }
+}
+
+static void sink_close(void *wctx)
+{
+    ida_errtop_close(wctx);
+    ida_free(wctx);
+}
+
+void ida_errtop_sink(struct ida_pool_error_sink *out,
+                     const struct ida_errtop_where *where)
+{
+    *out = (struct ida_pool_error_sink){sink_open, sink_add, sink_flush,
+                                        sink_close, (void *)where};
 }

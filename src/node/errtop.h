@@ -1,26 +1,26 @@
-/* Error top keeper (seed 004 §2.11, §3.7): the most frequent distinct errors
- * of one thread, with counts and last-seen times, dumped to a file.
+/* Error top keeper: the most frequent distinct errors of one thread, with
+ * counts and last-seen times, dumped to a file that `idalloc status
+ * --verbose` shows.
  *
  * DESIGN
  *
- * One keeper per worker thread (not thread-safe; the pool gives each worker
- * its own, file "<dir>/errtop-<thread>.pb"). An error is keyed by (code,
- * text). At most IDA_ERRTOP_SIZE distinct errors are kept: when a new one
- * arrives and the table is full, the least frequent one goes (ties: the one
- * seen longest ago), which is the seed's Trim; errors not seen for keep_ms
- * are removed (RemoveOld). The seed's two ordered sets become a linear scan
- * of a fixed array: with 32 entries a scan is cheaper than tree upkeep and
- * allocates nothing.
+ * One keeper per worker thread (not thread-safe; ida_errtop_sink() gives each
+ * pool worker its own, file "<dir>/errtop-<thread>.pb"). An error is keyed by
+ * (code, text). At most IDA_ERRTOP_SIZE distinct errors are kept: when a new
+ * one arrives and the table is full, the least frequent one goes (ties: the
+ * one seen longest ago); errors not seen for keep_ms are removed. A linear
+ * scan of a fixed array: with 32 entries a scan is cheaper than keeping
+ * ordered sets and allocates nothing.
  *
  * Dump (idalloc.ErrorTopDump, proto/idalloc.proto): encode, write to
  * "<path>.tmp", fsync, rename over <path>, fsync the directory, so a reader
  * (idalloc status) sees the old or the new file, never a torn one. The keeper
  * dumps when an error was added and dump_interval_ms passed since the last
- * dump (a waiting timer, §2.8), or when asked. Last-seen stamps are unix ms
- * from a low-overhead periodic clock on CLOCK_REALTIME (§2.9).
+ * dump (a waiting timer), or when asked. Last-seen stamps are unix ms from
+ * a low-overhead periodic clock on CLOCK_REALTIME (src/pool/timer.h).
  */
-#ifndef IDA_POOL_ERRTOP_H
-#define IDA_POOL_ERRTOP_H
+#ifndef IDA_NODE_ERRTOP_H
+#define IDA_NODE_ERRTOP_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -91,4 +91,16 @@ int ida_errtop_read_file(const char *path,
                          size_t max,
                          size_t *count_out);
 
-#endif /* IDA_POOL_ERRTOP_H */
+/* The pool's error sink for a node: worker I keeps its top in
+ * "DIR/errtop-I.pb" (restored at start, dumped when due and as the worker
+ * exits). @where is borrowed for the pool's life. */
+struct ida_errtop_where
+{
+    const char *dir;
+    uint32_t node_id;
+};
+struct ida_pool_error_sink;
+void ida_errtop_sink(struct ida_pool_error_sink *out,
+                     const struct ida_errtop_where *where);
+
+#endif /* IDA_NODE_ERRTOP_H */
