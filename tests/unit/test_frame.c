@@ -225,14 +225,64 @@ Test(frame, unknown_type_is_rejected, .init = setup, .fini = teardown)
     cr_assert_null(dec.buf);
 }
 
-Test(frame, random_garbage_never_crashes, .init = setup, .fini = teardown)
+/* What a correct decoder must do with @buf (decoder maximum @max): the
+ * frames it delivers (count, lengths, payload offsets) and its final result,
+ * computed by a straightforward parse of the same bytes. */
+struct expect
 {
-    /* Random bytes (seeded): the decoder must fail cleanly or wait, and
-     * never deliver a frame larger than the maximum. */
+    int rv;
+    int count;
+    uint32_t len[FRAMES_MAX];
+    size_t off[FRAMES_MAX];
+};
+
+static struct expect reference_parse(const uint8_t *buf, size_t n, uint32_t max)
+{
+    struct expect e = {0};
+    size_t at = 0;
+    while (n - at >= IDA_FRAME_HEADER_BYTES) {
+        const uint8_t *h = buf + at;
+        if (h[0] != IDA_FRAME_MAGIC || h[1] < IDA_FRAME_CLIENT_REQUEST ||
+            h[1] > IDA_FRAME_PEER) {
+            e.rv = IDA_EPROTO;
+            return e;
+        }
+        uint32_t len = (uint32_t)h[2] << 24 | (uint32_t)h[3] << 16 |
+                       (uint32_t)h[4] << 8 | h[5];
+        if (len > max) {
+            e.rv = IDA_ETOOBIG;
+            return e;
+        }
+        if (n - at - IDA_FRAME_HEADER_BYTES < len) {
+            return e; /* waits for the rest */
+        }
+        e.len[e.count] = len;
+        e.off[e.count] = at + IDA_FRAME_HEADER_BYTES;
+        e.count++;
+        at += IDA_FRAME_HEADER_BYTES + len;
+    }
+    /* A partial header: a bad magic byte is refused at once, the type when
+     * the header is whole. */
+    if (n > at && buf[at] != IDA_FRAME_MAGIC) {
+        e.rv = IDA_EPROTO;
+    }
+    return e;
+}
+
+Test(frame, random_garbage_matches_a_reference_parse, .init = setup,
+     .fini = teardown)
+{
+    /* Random bytes (seeded), often shaped like headers with small lengths:
+     * the decoder (maximum 20 bytes, so lengths past it are common) must
+     * deliver exactly the frames a plain parse finds, byte for byte, and
+     * fail exactly where the parse fails. */
     uint64_t x = 0x9e3779b97f4a7c15ull;
-    for (int round = 0; round < 2000; round++) {
+    int frames_seen = 0, errors_seen = 0;
+    for (int round = 0; round < 5000; round++) {
         ida_frame_decoder_close(&dec);
-        setup();
+        cr_assert_eq(ida_frame_decoder_init(&dec, 20), 0);
+        memset(&got, 0, sizeof(got));
+        got.stop_at = -1;
         uint8_t buf[64];
         for (size_t i = 0; i < sizeof(buf); i++) {
             x ^= x << 13;
@@ -240,16 +290,30 @@ Test(frame, random_garbage_never_crashes, .init = setup, .fini = teardown)
             x ^= x << 17;
             buf[i] = (uint8_t)x;
         }
-        if (round % 2 == 0) {
-            buf[0] = IDA_FRAME_MAGIC; /* get past the magic half the time */
-            buf[1] = (uint8_t)(1 + round % 4);
+        /* Shape valid headers most of the time so frames get delivered. */
+        for (size_t at = 0; round % 4 != 0 && at + 6 <= sizeof(buf);) {
+            uint32_t len = buf[at + 5] % 24; /* sometimes over 20 */
+            buf[at] = IDA_FRAME_MAGIC;
+            buf[at + 1] = (uint8_t)(1 + buf[at + 1] % (round % 8 == 1 ? 4 : 3));
+            buf[at + 2] = buf[at + 3] = buf[at + 4] = 0;
+            buf[at + 5] = (uint8_t)len;
+            at += 6 + len;
         }
+        struct expect e = reference_parse(buf, sizeof(buf), 20);
         int rv = ida_frame_decoder_feed(&dec, buf, sizeof(buf), on_frame, &got);
-        cr_assert(rv == 0 || rv == IDA_EPROTO || rv == IDA_ETOOBIG);
+        cr_assert_eq(rv, e.rv, "round %d", round);
+        cr_assert_eq(got.count, e.count, "round %d", round);
         for (int k = 0; k < got.count; k++) {
-            cr_assert_leq(got.len[k], 200);
+            cr_assert_eq(got.len[k], e.len[k], "round %d frame %d", round, k);
+            cr_assert_eq(got.type[k], buf[e.off[k] - 5]);
+            cr_assert_arr_eq(got.data[k], buf + e.off[k], e.len[k]);
         }
+        frames_seen += got.count;
+        errors_seen += rv != 0;
     }
+    /* The generator reached both outcomes often. */
+    cr_assert_gt(frames_seen, 1000);
+    cr_assert_gt(errors_seen, 500);
 }
 
 Test(frame, callback_error_stops_and_sticks, .init = setup, .fini = teardown)
