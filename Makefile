@@ -172,14 +172,9 @@ format:
 format-check:
 	@clang-format --dry-run -Werror $(FORMAT_SRC)
 
-# The pure cores include nothing of the I/O world (DESIGN.md rules): no
-# libuv, LMDB, threads, clock, files or sockets. protobuf-c (pure encoding)
-# is allowed: fsm/ snapshots through the formats of proto/.
-check-layers:
-	@if grep -nE '#include *[<"](uv\.h|lmdb\.h|src/|storage/|pthread\.h|threads\.h|unistd\.h|time\.h|sys/|fcntl\.h|stdatomic\.h)' \
-	    raft/*.[ch] fsm/*.[ch] 2>/dev/null; then \
-	  echo "check-layers: raft/ and fsm/ must stay pure (see above)" >&2; exit 1; fi
-	@echo "check-layers: ok"
+# The layering rules (docs/DESIGN.md, "Layers"), on sources and objects.
+check-layers: build
+	@BUILD=$(BUILD) scripts/check-layers.sh
 
 clean:
 	rm -rf build bin lib

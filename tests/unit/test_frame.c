@@ -269,7 +269,9 @@ static struct expect reference_parse(const uint8_t *buf, size_t n, uint32_t max)
     return e;
 }
 
-Test(frame, random_garbage_matches_a_reference_parse, .init = setup,
+Test(frame,
+     random_garbage_matches_a_reference_parse,
+     .init = setup,
      .fini = teardown)
 {
     /* Random bytes (seeded), often shaped like headers with small lengths:
