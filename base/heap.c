@@ -3,6 +3,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Fault injection state: calls left before failing, failures left. */
 static atomic_int fault_delay;
@@ -60,4 +61,25 @@ char *ida_strndup(const char *src, size_t len)
     memcpy(s, src, len);
     s[len] = '\0';
     return s;
+}
+
+static void write_all(const char *s)
+{
+    size_t n = strlen(s);
+    while (n > 0) {
+        ssize_t w = write(STDERR_FILENO, s, n);
+        if (w <= 0) {
+            return;
+        }
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+_Noreturn void ida_oom(const char *what)
+{
+    write_all("fatal: out of memory (");
+    write_all(what);
+    write_all("); exiting: acknowledged state is on disk, restart the node\n");
+    _exit(IDA_OOM_EXIT);
 }

@@ -19,4 +19,22 @@ char *ida_strndup(const char *src, size_t len);
 
 void ida_heap_fault_set(int delay, int repeat);
 
+/* The out-of-memory policy.
+ *
+ * Code that can report ENOMEM does: the cores and storage return it and
+ * leave their state as it was. Where a processor cannot go on without the
+ * memory (a committed entry that must reach the fsm, a storage step the Raft
+ * core waits for), dropping the work would stall or diverge the node, and
+ * an assertion would call it a programmer error, which it is not. Such
+ * places call ida_oom(): it writes one line naming @what to stderr (without
+ * allocating) and ends the process with exit status IDA_OOM_EXIT. A node
+ * loses nothing by it: everything it acknowledged is durable, and it rejoins
+ * as after a crash when restarted. */
+#define IDA_OOM_EXIT 70
+_Noreturn void ida_oom(const char *what);
+
+/* @expr must be a pointer or return code that says whether memory was had:
+ * IDA_OOM_CHECK(p != NULL, "...") ends the process by ida_oom() when not. */
+#define IDA_OOM_CHECK(ok, what) ((ok) ? (void)0 : ida_oom(what))
+
 #endif /* IDA_HEAP_H */

@@ -351,22 +351,20 @@ static void handle_batch(struct raft_proc *rp,
                 p = NULL;
             }
         }
-        if (p == NULL) {
-            /* Without this step the core would wait forever: give up. */
-            IDA_ERROR("raft: out of memory building a storage step; exiting");
-            IDA_ASSERT(!"out of memory in the raft processor");
-        }
+        /* Without this step the core would wait forever. */
+        IDA_OOM_CHECK(p != NULL, "raft: building a storage step");
         if (b->id != 0) {
             rp->persist_inflight++;
         }
         int rv = node_post(&rp->q, s, n->p_storage, NM_PERSIST, p);
-        IDA_ASSERT(rv == 0); /* the core would wait for it forever */
+        IDA_OOM_CHECK(rv == 0, "raft: posting a storage step");
     }
     if (!route && b->n_committed > 0) {
         struct nm_apply *a = make_apply(b);
-        IDA_ASSERT(a != NULL);
+        /* The fsm must see every committed entry. */
+        IDA_OOM_CHECK(a != NULL, "raft: building an apply step");
         int rv = node_post(&rp->q, s, n->p_fsm, NM_APPLY, a);
-        IDA_ASSERT(rv == 0); /* the fsm must see every committed entry */
+        IDA_OOM_CHECK(rv == 0, "raft: posting an apply step");
     }
     for (size_t i = 0; i < b->n_reads; i++) {
         for (size_t k = 0; k < rp->n_reads; k++) {
@@ -374,13 +372,13 @@ static void handle_batch(struct raft_proc *rp,
                 continue;
             }
             struct nm_read *rd = ida_malloc(sizeof(*rd));
-            IDA_ASSERT(rd != NULL);
+            IDA_OOM_CHECK(rd != NULL, "raft: a read step");
             rd->conn = rp->reads[k].conn;
             rd->index = b->reads[i].index;
             rd->req = rp->reads[k].req;
             rp->reads[k] = rp->reads[--rp->n_reads];
             int rv = node_post(&rp->q, s, n->p_fsm, NM_READ, rd);
-            IDA_ASSERT(rv == 0);
+            IDA_OOM_CHECK(rv == 0, "raft: posting a read step");
             break;
         }
     }

@@ -142,17 +142,19 @@ static void on_persist(struct storage_proc *sp,
     }
     send_after(sp, p);
     if (p->batch_id != 0) {
+        /* The core waits for this answer forever. */
         struct nm_persisted *done = ida_malloc(sizeof(*done));
-        IDA_ASSERT(done != NULL);
+        IDA_OOM_CHECK(done != NULL, "storage: a persisted notice");
         done->batch_id = p->batch_id;
         rv = node_post(&sp->q, s, n->p_raft, NM_PERSISTED, done);
-        IDA_ASSERT(rv == 0); /* the core would wait for it forever */
+        IDA_OOM_CHECK(rv == 0, "storage: posting a persisted notice");
     }
     if (p->apply_after != NULL) {
         struct nm_apply *a = p->apply_after;
         p->apply_after = NULL;
         rv = node_post(&sp->q, s, n->p_fsm, NM_APPLY, a);
-        IDA_ASSERT(rv == 0); /* the fsm must see every committed entry */
+        /* The fsm must see every committed entry. */
+        IDA_OOM_CHECK(rv == 0, "storage: posting an apply step");
     }
     nm_persist_free(p);
 }
