@@ -3,9 +3,9 @@
 # Sources are found by convention, so a module never edits this file:
 #   base/ src/common/ src/pool/ raft/ fsm/ storage/ src/node/ src/client/
 #       *.c (except *_main.c) go into $(BUILD)/libida.a
-#   src/node/idallocd_main.c  -> bin/idallocd        (issue 7)
-#   src/client/idalloc_main.c -> bin/idalloc          (issue 8)
-#   src/client/*.c + common   -> lib/libidalloc.a/.so (issue 8)
+#   src/node/idallocd_main.c  -> bin/idallocd
+#   src/client/idalloc_main.c -> bin/idalloc
+#   src/client/*.c + base + common -> lib/libidalloc.a/.so
 #   tests/DIR/test_*.c  -> $(BUILD)/tests/DIR/test_*  Criterion binaries (make test)
 #   tests/DIR/bench_*.c -> $(BUILD)/bench/bench_*     benchmarks (make bench)
 #   tests/DIR/*_main.c  -> $(BUILD)/prog/*            helper programs (sim, chaos)
@@ -126,7 +126,7 @@ asan:
 TSAN_TESTS = $(patsubst tests/%.c,build/tsan/tests/%,$(wildcard tests/pool/test_*.c))
 tsan: deps
 	@if [ -z "$(TSAN_TESTS)" ]; then \
-	  echo "make tsan: no pool tests yet (tests/pool/test_*.c, issue 3: message-passing pool)" >&2; exit 1; fi
+	  echo "make tsan: no pool tests yet (tests/pool/test_*.c)" >&2; exit 1; fi
 	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread $(TSAN_TESTS)
 	@TSAN_OPTIONS=halt_on_error=1 IDA_BUILD=build/tsan scripts/run-tests.sh $(TSAN_TESTS)
 
@@ -145,7 +145,7 @@ MODE ?= safety
 NODES ?= 3
 sim: all
 	@if [ ! -x $(BUILD)/prog/sim ]; then \
-	  echo "make sim: the simulator is missing (tests/sim/sim_main.c, issue 4: Raft core and simulator)" >&2; exit 1; fi
+	  echo "make sim: the simulator is missing (tests/sim/sim_main.c)" >&2; exit 1; fi
 	@$(BUILD)/prog/sim --seeds $(SEEDS) --start $(START) --mode $(MODE) --nodes $(NODES)
 
 # make chaos [DURATION=seconds] [NODES=3|5] [SEED=n]
@@ -153,7 +153,7 @@ DURATION ?= 60
 SEED ?= 1
 chaos: all $(CHAOS_EXTRA)
 	@if [ ! -x $(BUILD)/prog/chaos ]; then \
-	  echo "make chaos: the cluster chaos suite is missing (tests/chaos/chaos_main.c, issue 9)" >&2; exit 1; fi
+	  echo "make chaos: the cluster chaos suite is missing (tests/chaos/chaos_main.c)" >&2; exit 1; fi
 	@IDA_BINDIR=$(BINDIR) $(BUILD)/prog/chaos --duration $(DURATION) --nodes $(NODES) --seed $(SEED)
 
 bench: all

@@ -1,4 +1,4 @@
-/* Allocation through one door so tests can fail the Nth call (STYLE.md §5).
+/* Allocation through one door so tests can fail the Nth call.
  *
  * ida_malloc() and friends behave like their libc twins. Tests arm a fault
  * with ida_heap_fault_set(delay, repeat): the next @delay calls succeed, then

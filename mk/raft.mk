@@ -1,4 +1,4 @@
-# Raft core and simulator (issue 4).
+# Raft core and simulator.
 #
 # make sim-long [SIM_LONG_SEEDS=N]: many more seeds than `make test` runs, in
 # both modes and both cluster sizes, from seeds make test never uses. Part of

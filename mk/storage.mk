@@ -1,4 +1,4 @@
-# storage/ targets (issue 5).
+# storage/ targets.
 #
 # make chaos-storage [ROUNDS=n] [SEED=s]: many more kill -9 crash rounds than
 # `make test` runs (60). Part of `make chaos`.

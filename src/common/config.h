@@ -1,4 +1,4 @@
-/* The cluster file (DESIGN.md, "Cluster file").
+/* The cluster file (README.md, "Cluster file").
  *
  * One setting per line; `#` starts a comment; blank lines are ignored;
  * fields are separated by spaces or tabs. Keys:

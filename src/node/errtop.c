@@ -53,7 +53,7 @@ static void remove_at(struct ida_errtop *t, size_t i)
     t->n--;
 }
 
-/* The seed's RemoveOld: forget errors not seen for keep_ms. */
+/* Forget errors not seen for keep_ms. */
 static void remove_old(struct ida_errtop *t, uint64_t now_ms)
 {
     if (t->keep_ms <= 0 || now_ms < (uint64_t)t->keep_ms) {

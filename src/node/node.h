@@ -1,6 +1,6 @@
 /* idallocd: one node of an idalloc cluster.
  *
- * DESIGN (DESIGN.md, "One node"): four parts, each owning its state.
+ * DESIGN (docs/DESIGN.md, "One node"): four parts, each owning its state.
  *   net      libuv on its own thread (src/node/net.h): peers and clients.
  *   raft     processor: the Raft core, group commit of client commands into
  *            log entries, ReadIndex, leadership bookkeeping, status.

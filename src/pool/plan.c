@@ -1,4 +1,4 @@
-/* The greedy resharding plan of seed 004 §2.13 (declared in pool.h). */
+/* The greedy resharding plan (declared and explained in pool.h). */
 #include "src/pool/pool.h"
 
 #include <string.h>
@@ -15,7 +15,7 @@ struct plan
     uint64_t chosen_ns;
 };
 
-/* The seed's ChooseProcessor: give @i to thread @th and account its edges
+/* Give @i to thread @th and account its edges
  * to the processors still left. */
 static void choose(struct plan *pl, uint32_t i, uint32_t th, uint32_t *out)
 {
@@ -99,7 +99,7 @@ void ida_pool_plan(uint32_t nproc,
         }
         load[th] = pl.chosen_ns;
     }
-    /* Deviation from the seed: what fits nowhere goes to the least loaded
+    /* What fits nowhere goes to the least loaded
      * thread instead of being left without one. */
     for (uint32_t i = 0; i < nproc; i++) {
         if (!pl.left[i]) {

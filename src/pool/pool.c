@@ -49,7 +49,7 @@ struct worker
     pthread_mutex_t mu;
     pthread_cond_t cv;
     _Atomic int sleeping;
-    /* Thread-local state of the seed's sharder (only this worker's thread
+    /* Thread-local state of the sharder (only this worker's thread
      * touches it while running). */
     int local; /* the assignment in use: 0, 1 or -1 (none yet) */
     bool can_be_updated;
@@ -249,7 +249,7 @@ static void build_order(struct ida_pool *p, int c)
 }
 
 /* Worker @w takes the current assignment: release the old processors, then
- * lock the new ones (the seed's SwitchConfiguration + OnSwitch). Releasing
+ * lock the new ones. Releasing
  * everything before locking anything is what rules out deadlock. */
 static void switch_assignment(struct worker *w, int cur)
 {
@@ -681,7 +681,7 @@ int ida_pool_start(struct ida_pool *p)
             p->procs[k++] = id;
         }
     }
-    /* Initial sharding: by modulo (the seed's GetInitialSharding). */
+    /* Initial sharding: by modulo. */
     for (uint32_t k = 0; k < p->nproc; k++) {
         p->assign[0][k] = k % p->nthreads;
         atomic_store(&p->t[p->procs[k]]->owner, k % p->nthreads);

@@ -1,5 +1,4 @@
-/* The message-passing pool: processors run by worker threads (seed 004
- * §2.12-2.13, §3.3, §3.8-3.9).
+/* The message-passing pool: processors run by worker threads.
  *
  * DESIGN
  *
@@ -7,18 +6,18 @@
  * with an inbox (an ida_queue, bounded). Processors talk only by sending
  * messages to each other's ids; a message's memory moves with it.
  *
- * Exclusivity: every processor has a mutex (the seed's shard lock). A worker
+ * Exclusivity: every processor has a mutex . A worker
  * thread runs a processor only while it holds that mutex, and holds it from
  * the moment the processor is assigned to it until it switches to another
  * assignment. So a processor is run by at most one thread at a time, and its
  * state needs no locks; what a processor wrote is visible to the next thread
  * that runs it (the mutex hand-over is the happens-before edge).
  *
- * Sharding with shadow paging (§2.12): there are two assignments
+ * Sharding with shadow paging: there are two assignments
  * (processor -> thread), "first" and "second"; one atomic word holds which one
  * is current plus how many threads have promised not to update statistics.
  * Each worker, every reshard_interval, makes that promise once; when all
- * threads have promised, worker 0 (the seed's "main thread") reads the
+ * threads have promised, worker 0 reads the
  * statistics (nobody writes them now), writes the new assignment into the
  * spare slot and flips the word with one CAS. Each worker notices the flip on
  * its next loop, releases the locks of its old processors and takes the locks
@@ -30,16 +29,17 @@
  * assignment. Messages are never touched by a switch: they stay in the inbox,
  * which belongs to the processor, not to a thread, so none is lost.
  *
- * Resharding policy (§2.13 greedy): a processor's weight is the time spent in
+ * Resharding policy (greedy): a processor's weight is the time spent in
  * its ping and receive calls since the last switch (measured with the
  * low-overhead start-finish timers of timer.h); an edge's weight is the time
  * the receiver spent on messages from that sender. Each thread in turn takes
  * the heaviest processor if it alone exceeds the average load, then keeps
  * adding, among the processors that still fit under the average, the one with
- * the most edge time to the processors it already has. Two deviations from the
- * seed, both needed for correctness: processors that fit nowhere go to the
- * least-loaded thread (the seed drops them), and with no measured work at all
- * the assignment is kept (the seed would put everything on thread 0).
+ * the most edge time to the processors it already has. Two rules
+ * needed for correctness: processors that fit nowhere go to the
+ * least-loaded thread (dropping them would leave processors unrun), and with
+ * no measured work at all the assignment is kept (rather than piling
+ * everything on thread 0).
  * ida_pool_plan() exposes the algorithm as a pure function.
  *
  * Idle threads: a worker whose processors' inboxes are all empty announces
@@ -178,7 +178,7 @@ struct ida_pool_config
     uint32_t idle_wait_us;        /* 0: 1000 */
     uint32_t reshard_interval_ms; /* 0: resharding off */
     uint64_t drain_max;           /* for IDA_POOL_STOP_DRAIN; 0: 1000000 */
-    ida_pool_plan_fn plan;        /* NULL: the greedy plan of §2.13 */
+    ida_pool_plan_fn plan;        /* NULL: the greedy plan below */
     void *plan_arg;
     struct ida_pool_error_sink errors; /* all NULL: errors are dropped */
 };
@@ -260,7 +260,7 @@ void ida_pool_get_stats(struct ida_pool *p, struct ida_pool_stats *out);
  * (a snapshot). */
 uint32_t ida_pool_owner(struct ida_pool *p, uint32_t id);
 
-/* The greedy plan of §2.13 as a pure function. @proc_ns[i]: time processor i
+/* The greedy plan as a pure function. @proc_ns[i]: time processor i
  * spent in its callbacks; @edge_ns[i * nproc + j]: time processor i spent
  * receiving messages from processor j; @old_assign / @new_assign: thread of
  * each processor. Every processor gets a thread < @nthreads. If all weights

@@ -1,11 +1,11 @@
-/* Bounded multi-producer multi-consumer queues of pointers (seed 004 §2.2-2.5).
+/* Bounded multi-producer multi-consumer queues of pointers.
  *
  * DESIGN
  *
  * struct ida_queue is the lock-free queue: the Michael-Scott linked queue
- * (PODC 1996, the algorithm the seed's §2.2 describes: a dummy node at the
- * head, CAS on tail->next to link, CAS on head to unlink) with the paper's own
- * reclamation scheme instead of the seed's DWCAS multi-counters:
+ * (PODC 1996: a dummy node at the head, CAS on tail->next to link, CAS on
+ * head to unlink) with the paper's own reclamation scheme instead of
+ * double-width-CAS reference counters:
  *
  *   - Nodes live in one array allocated by ida_queue_init(); a link is a
  *     32-bit node index plus a 32-bit modification tag packed in one 64-bit
@@ -22,9 +22,9 @@
  *   - Fields a slow thread may read while the node is being recycled (next,
  *     value) are atomics, so the scheme is data-race free in C11 terms.
  *
- * Why not the seed's multi-counters: they need a 128-bit CAS (pointer +
- * external count) and a heap allocation per push and per dummy node, which
- * STYLE.md §5 ("hot paths do not malloc") rules out anyway. Why not a ring
+ * Why not reference counters: they need a 128-bit CAS (pointer + external
+ * count) and a heap allocation per push and per dummy node, and hot paths do
+ * not malloc. Why not a ring
  * buffer (Vyukov): its push is not lock-free (a producer preempted between
  * claiming and publishing a slot blocks every consumer). Here push and pop are
  * lock-free: a thread retries only because another thread's CAS succeeded.
@@ -32,7 +32,7 @@
  * sleep through exactly that many operations between its load and its CAS
  * for ABA to strike (the classic counted-pointer assumption).
  *
- * Capacity (STYLE.md §7, "every queue has a fixed capacity"): the node array
+ * Capacity (every queue has a fixed capacity): the node array
  * holds @capacity + 1 nodes (one is the dummy), so at most @capacity items
  * are queued; a push into a full queue returns IDA_EBUSY and changes nothing:
  * back-pressure, never growth. (With several producers, the free nodes can
@@ -40,8 +40,7 @@
  * over; push looks again a bounded number of times, so it still returns
  * IDA_EBUSY on a queue that is not full only if that producer is preempted
  * right there. IDA_EBUSY always means "keep the item and retry later": a
- * test that dropped it instead lost a token and hung, once in about ten runs
- * of make test.)
+ * caller that drops it loses the item.)
  *
  * struct ida_mqueue is the same contract on a pthread mutex and a ring
  * buffer, kept for the benchmark (tests/pool/bench_pool.c) and as a fallback.

@@ -47,7 +47,7 @@ static int64_t max64(int64_t a, int64_t b)
     return a > b ? a : b;
 }
 
-/* Read the clock and re-plan the next period (the seed's WindUp). */
+/* Read the clock and re-plan the next period (a wind-up). */
 static void wind_up(struct ida_ptimer *t)
 {
     int64_t now = t->clock(t->clock_arg);
@@ -65,7 +65,7 @@ static void wind_up(struct ida_ptimer *t)
     }
     t->wind_up_balance += passed;
     /* Solves step = passed/last + (balance - step)/next: the next @next
-     * calls repay the balance (see the seed, §2.6). */
+     * calls repay the balance. */
     t->approx_time_step =
         (passed / t->last_wind_up_counter + t->wind_up_balance / next_counter) *
         next_counter / (next_counter + 1);

@@ -1,4 +1,4 @@
-/* Low-overhead timers (seed 004 §2.6-2.9, §3.5).
+/* Low-overhead timers.
  *
  * DESIGN
  *
@@ -71,7 +71,7 @@ void ida_ptimer_reset(struct ida_ptimer *t);
  * init/reset returns the clock's current absolute value. */
 int64_t ida_ptimer_passed(struct ida_ptimer *t);
 
-/* Start-finish timer (§2.7): durations of a code block. */
+/* Start-finish timer: durations of a code block. */
 struct ida_sftimer
 {
     struct ida_ptimer start_timer;
@@ -91,7 +91,7 @@ uint64_t ida_sftimer_count(const struct ida_sftimer *t);
 /* Sum of durations, at least IDA_PTIMER_MIN_MEASURED_NS. */
 int64_t ida_sftimer_sum(const struct ida_sftimer *t);
 
-/* Waiting timer (§2.8): "has @period_ns passed since the last reset?" */
+/* Waiting timer: "has @period_ns passed since the last reset?" */
 struct ida_wtimer
 {
     int64_t period_ns;
@@ -106,7 +106,7 @@ void ida_wtimer_init(struct ida_wtimer *t,
 void ida_wtimer_reset(struct ida_wtimer *t);
 bool ida_wtimer_check(struct ida_wtimer *t);
 
-/* Periodic clock (§2.9): an approximate, strictly increasing "now". */
+/* Periodic clock: an approximate, strictly increasing "now". */
 struct ida_pclock
 {
     int64_t now_ns;

@@ -1,15 +1,14 @@
 /* Pool benchmarks (make bench): figures, not pass/fail.
  *
- *  1. The seed's §2.5 measurement: lock-free vs mutex queue, 1 producer + 1
+ *  1. Lock-free vs mutex queue, 1 producer + 1
  *     consumer and 2 + 2, BENCH_QUEUE_MSGS messages per configuration
  *     (default 10 million), ops/s and the ratio lock-free / mutex.
  *  2. Round trip between two processors on different worker threads:
  *     median and p99 latency.
  *  3. Pool throughput on a 4-processor ring (messages delivered per second).
  *  4. Low-overhead timer cost per call against clock_gettime.
- * The seed's free-list allocator (§2.1) was measured here against glibc
- * malloc (42 ns vs 17 ns per alloc+free pair) and removed, as issue 3 asks
- * when it does not win; it is in git history (commit 668a59e).
+ * A free-list allocator lost to glibc malloc here (42 vs 17 ns per
+ * alloc+free pair) and is not used.
  *
  * Environment: BENCH_QUEUE_MSGS=N changes the queue run length. */
 
@@ -225,7 +224,7 @@ static void bench_queues(void)
         msgs = strtoull(env, NULL, 10);
     }
     printf(
-        "1. queues (seed 004 section 2.5): %lu messages per run, "
+        "1. queues: %lu messages per run, "
         "capacity 1024\n",
         (unsigned long)msgs);
     /* The machine is shared: alternate the two kinds and keep the median

@@ -622,7 +622,7 @@ Test(plan, chatty_pairs_are_put_together)
 Test(plan, every_processor_gets_a_thread)
 {
     /* 5, 5, 5 on 2 threads: average 7.5, so the third fits nowhere under
-     * the seed's rule; it must still get a thread. */
+     * a plain greedy rule; it must still get a thread. */
     uint64_t proc[3] = {5, 5, 5}, edge[9] = {0};
     uint32_t old[3] = {0, 1, 0}, out[3] = {9, 9, 9};
     ida_pool_plan(3, proc, edge, 2, old, out);

@@ -1,4 +1,4 @@
-/* Cluster file parser: the DESIGN.md example, defaults, and every kind of
+/* Cluster file parser: the README example, defaults, and every kind of
  * bad line with its file:line message. */
 #include <criterion/criterion.h>
 #include <stdio.h>
