@@ -150,241 +150,6 @@ void ida__pool_free(struct ida__pool *p)
     ida_free(p);
 }
 
-/* --- sessions
- * ------------------------------------------------------------------ */
-
-const uint8_t *ida__session_key(const void *ctx, uint32_t ref, size_t *len)
-{
-    const struct ida_fsm *f = ctx;
-    IDA_ASSERT(ref < f->sess_ref_cap && f->sess_refs[ref] != NULL);
-    *len = IDA_CLIENT_ID_BYTES;
-    return f->sess_refs[ref]->client_id;
-}
-
-struct ida__session *ida__session_find(const struct ida_fsm *f,
-                                       const uint8_t *client_id)
-{
-    uint32_t ref =
-        ida__tagtab_find(&f->sessions, client_id, IDA_CLIENT_ID_BYTES);
-    return ref == IDA__REF_NONE ? NULL : f->sess_refs[ref];
-}
-
-static void lru_unlink(struct ida_fsm *f, struct ida__session *s)
-{
-    if (s->prev != NULL) {
-        s->prev->next = s->next;
-    } else {
-        f->lru_head = s->next;
-    }
-    if (s->next != NULL) {
-        s->next->prev = s->prev;
-    } else {
-        f->lru_tail = s->prev;
-    }
-    s->prev = s->next = NULL;
-}
-
-static void lru_append(struct ida_fsm *f, struct ida__session *s)
-{
-    s->prev = f->lru_tail;
-    s->next = NULL;
-    if (f->lru_tail != NULL) {
-        f->lru_tail->next = s;
-    } else {
-        f->lru_head = s;
-    }
-    f->lru_tail = s;
-}
-
-void ida__session_touch(struct ida_fsm *f, struct ida__session *s)
-{
-    s->rank = ++f->session_clock;
-    s->last_active_ms = f->now_ms;
-    lru_unlink(f, s);
-    lru_append(f, s);
-}
-
-/* Room for one more session ref: 0 or IDA_ENOMEM. */
-static int session_ref_reserve(struct ida_fsm *f)
-{
-    if (f->sess_free_count > 0 || f->session_count < f->sess_ref_cap) {
-        return 0;
-    }
-    uint32_t ncap = f->sess_ref_cap == 0 ? 64 : f->sess_ref_cap * 2;
-    struct ida__session **nr = ida_realloc(f->sess_refs, ncap * sizeof(*nr));
-    if (nr == NULL) {
-        return IDA_ENOMEM;
-    }
-    f->sess_refs = nr;
-    uint32_t *nf = ida_realloc(f->sess_free, ncap * sizeof(*nf));
-    if (nf == NULL) {
-        return IDA_ENOMEM; /* refs grew alone: harmless */
-    }
-    f->sess_free = nf;
-    /* New refs are free, pushed so the lowest is used first. */
-    for (uint32_t r = ncap; r > f->sess_ref_cap; r--) {
-        f->sess_refs[r - 1] = NULL;
-        f->sess_free[f->sess_free_count++] = r - 1;
-    }
-    f->sess_ref_cap = ncap;
-    return 0;
-}
-
-struct ida__session *ida__session_add(struct ida_fsm *f,
-                                      const uint8_t *client_id)
-{
-    IDA_ASSERT(f->session_count < IDA_SESSIONS_MAX);
-    if (session_ref_reserve(f) != 0 || ida__tagtab_reserve(&f->sessions) != 0) {
-        return NULL;
-    }
-    struct ida__session *s = ida_calloc(1, sizeof(*s));
-    if (s == NULL) {
-        return NULL;
-    }
-    memcpy(s->client_id, client_id, IDA_CLIENT_ID_BYTES);
-    IDA_ASSERT(f->sess_free_count > 0);
-    s->ref = f->sess_free[--f->sess_free_count];
-    f->sess_refs[s->ref] = s;
-    ida__tagtab_insert(&f->sessions, s->ref);
-    f->session_count++;
-    lru_append(f, s);
-    return s;
-}
-
-static void session_drop(struct ida_fsm *f, struct ida__session *s)
-{
-    ida__tagtab_remove(&f->sessions, s->ref);
-    f->sess_refs[s->ref] = NULL;
-    f->sess_free[f->sess_free_count++] = s->ref;
-    lru_unlink(f, s);
-    f->session_count--;
-    ida_free(s);
-}
-
-/* Drop sessions idle for IDA_SESSION_TTL_MS of now_ms. The LRU list is in
- * rank order and last_active_ms never decreases along it. */
-static void sessions_expire(struct ida_fsm *f)
-{
-    while (f->lru_head != NULL &&
-           f->now_ms - f->lru_head->last_active_ms >= IDA_SESSION_TTL_MS) {
-        session_drop(f, f->lru_head);
-    }
-}
-
-static const struct ida__cached *session_lookup(const struct ida__session *s,
-                                                uint64_t seq)
-{
-    for (uint32_t i = 0; i < s->n; i++) {
-        if (s->results[i].seq == seq) {
-            return &s->results[i];
-        }
-    }
-    return NULL;
-}
-
-/* Keep @r for @seq (absent). When full, the lowest seq of the kept ones
- * and @seq is dropped and remembered in evicted_below. Results are kept in
- * no particular order (snapshots sort them): no shifting on the hot path. */
-static void session_keep(struct ida__session *s,
-                         uint64_t seq,
-                         const struct ida_fsm_result *r)
-{
-    uint32_t slot = s->n;
-    if (s->n == IDA_SESSION_RESULTS_MAX) {
-        slot = 0;
-        for (uint32_t i = 1; i < s->n; i++) {
-            if (s->results[i].seq < s->results[slot].seq) {
-                slot = i;
-            }
-        }
-        uint64_t lowest = s->results[slot].seq;
-        if (seq < lowest) {
-            /* Older than everything kept: dropped at once. */
-            if (seq > s->evicted_below) {
-                s->evicted_below = seq;
-            }
-            return;
-        }
-        if (lowest > s->evicted_below) {
-            s->evicted_below = lowest;
-        }
-    } else {
-        s->n++;
-    }
-    s->results[slot].seq = seq;
-    s->results[slot].result = *r;
-}
-
-/* --- decode arena ------------------------------------------------------- */
-
-#define ARENA_BLOCK_BYTES (64u * 1024)
-
-static void *arena_alloc(void *data, size_t size)
-{
-    struct ida_fsm *f = data;
-    size = (size + 15) & ~(size_t)15;
-    struct ida__arena_block *a = f->arena;
-    if (a == NULL || a->cap - a->used < size) {
-        size_t cap = size > ARENA_BLOCK_BYTES ? size : ARENA_BLOCK_BYTES;
-        if (a != NULL && a->cap > cap) {
-            cap = a->cap;
-        }
-        struct ida__arena_block *n = ida_malloc(sizeof(*n) + cap);
-        if (n == NULL) {
-            f->arena_failed = true;
-            return NULL;
-        }
-        n->next = a;
-        n->cap = cap;
-        n->used = 0;
-        f->arena = a = n;
-    }
-    void *p = a->data + a->used;
-    a->used += size;
-    return p;
-}
-
-static void arena_free(void *data, void *ptr)
-{
-    (void)data; /* everything goes at once in arena_reset() */
-    (void)ptr;
-}
-
-static void arena_release(struct ida_fsm *f)
-{
-    while (f->arena != NULL) {
-        struct ida__arena_block *next = f->arena->next;
-        ida_free(f->arena);
-        f->arena = next;
-    }
-}
-
-/* Empty the arena; several blocks become one of their total size, so the
- * next entry of the same size needs no allocation. */
-static void arena_reset(struct ida_fsm *f)
-{
-    f->arena_failed = false;
-    if (f->arena == NULL) {
-        return;
-    }
-    if (f->arena->next == NULL) {
-        f->arena->used = 0;
-        return;
-    }
-    size_t total = 0;
-    for (struct ida__arena_block *a = f->arena; a != NULL; a = a->next) {
-        total += a->cap;
-    }
-    arena_release(f);
-    struct ida__arena_block *n = ida_malloc(sizeof(*n) + total);
-    if (n != NULL) { /* else the next entry allocates again */
-        n->next = NULL;
-        n->cap = total;
-        n->used = 0;
-        f->arena = n;
-    }
-}
-
 /* --- lifetime
  * ----------------------------------------------------------------- */
 
@@ -417,7 +182,7 @@ void ida_fsm_free(struct ida_fsm *f)
     ida_free(f->sess_free);
     ida__tagtab_close(&f->sessions);
     ida_free(f->replies);
-    arena_release(f);
+    ida__arena_release(f);
     ida_free(f);
 }
 
@@ -675,7 +440,7 @@ static int apply_command(struct ida_fsm *f,
     }
     struct ida__session *s = ida__session_find(f, c->client_id.data);
     if (s != NULL) {
-        const struct ida__cached *k = session_lookup(s, c->request_seq);
+        const struct ida__cached *k = ida__session_lookup(s, c->request_seq);
         if (k != NULL || c->request_seq <= s->evicted_below) {
             if (k != NULL) {
                 reply->result = k->result;
@@ -690,7 +455,7 @@ static int apply_command(struct ida_fsm *f,
         /* Allocate the session before acting, so an ENOMEM here leaves the
          * command undone rather than done but unrecorded. */
         if (f->session_count >= IDA_SESSIONS_MAX) {
-            session_drop(f, f->lru_head); /* the least recently used */
+            ida__session_drop(f, f->lru_head); /* the least recently used */
         }
         s = ida__session_add(f, c->client_id.data);
         if (s == NULL) {
@@ -704,7 +469,7 @@ static int apply_command(struct ida_fsm *f,
     if (rv != IDA__R_OK) {
         ida__fsm_result_error(&reply->result, rv);
     }
-    session_keep(s, c->request_seq, &reply->result);
+    ida__session_keep(s, c->request_seq, &reply->result);
     ida__session_touch(f, s);
     return 0;
 }
@@ -739,7 +504,7 @@ static int apply_batch(struct ida_fsm *f,
     if (b->timestamp_ms > f->now_ms) {
         f->now_ms = b->timestamp_ms; /* "now" never goes back */
     }
-    sessions_expire(f);
+    ida__sessions_expire(f);
     for (size_t i = 0; i < b->n_commands; i++) {
         rv =
             apply_command(f, b->commands[i], seed_of(index, i), &f->replies[i]);
@@ -771,8 +536,8 @@ int ida_fsm_apply(struct ida_fsm *f,
     }
     if (type == IDA_ENTRY_NORMAL) {
         /* Decoded into the arena: freed all at once by the next reset. */
-        ProtobufCAllocator alloc = {arena_alloc, arena_free, f};
-        arena_reset(f);
+        ProtobufCAllocator alloc = {ida__arena_alloc, ida__arena_free, f};
+        ida__arena_reset(f);
         Idalloc__CommandBatch *b =
             idalloc__command_batch__unpack(&alloc, len, data);
         if (b == NULL && f->arena_failed) {

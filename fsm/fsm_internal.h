@@ -305,9 +305,29 @@ struct ida__session *ida__session_add(struct ida_fsm *f,
                                       const uint8_t *client_id);
 /* Put @s last in LRU order (its rank is the largest). */
 void ida__session_touch(struct ida_fsm *f, struct ida__session *s);
+/* Drop @s: out of the table and the LRU list, freed. */
+void ida__session_drop(struct ida_fsm *f, struct ida__session *s);
+/* Drop sessions idle for IDA_SESSION_TTL_MS of f->now_ms. */
+void ida__sessions_expire(struct ida_fsm *f);
+/* The result kept in @s for @seq, or NULL. */
+const struct ida__cached *ida__session_lookup(const struct ida__session *s,
+                                              uint64_t seq);
+/* Keep @r for @seq (absent from @s), evicting the lowest seq when full. */
+void ida__session_keep(struct ida__session *s,
+                       uint64_t seq,
+                       const struct ida_fsm_result *r);
 
 /* The key callback for the sessions table. */
 const uint8_t *ida__session_key(const void *ctx, uint32_t ref, size_t *len);
+
+/* Decode arena (struct ida__arena_block above): a protobuf-c allocator
+ * whose data is the struct ida_fsm. */
+void *ida__arena_alloc(void *data, size_t size);
+void ida__arena_free(void *data, void *ptr);
+/* Free all blocks. */
+void ida__arena_release(struct ida_fsm *f);
+/* Empty the arena before decoding the next entry. */
+void ida__arena_reset(struct ida_fsm *f);
 
 /* --- snapshots ---------------------------------------------------------- */
 
