@@ -68,9 +68,6 @@
  * answer), or a client_id that is not 16 bytes or request_seq 0 (no
  * session to keep it in).
  *
- * Processor protocol (seed 004 2.15: commit / add updates / get upcoming /
- * revert): see struct ida_fsm_proc below.
- *
  * Not thread-safe: one owner (the node's FSM processor) calls everything.
  */
 #ifndef IDA_FSM_H
@@ -276,55 +273,5 @@ struct ida_fsm_result_pb
  * to pack or to place in a ClientResponse; it is valid while @pb lives. */
 void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
                           struct ida_fsm_result_pb *pb);
-
-/* --- FSM processor protocol (seed 004 2.15) -------------------------------
- *
- * The seed's FSMMP keeps a write-ahead list of updates with a cleanup
- * border and an applied border, and offers AddUpdates, Commit, Comeup
- * (apply the next update), Cleanup, GetUpcoming and Revert (undo applied
- * but uncommitted updates). Here the Raft core hands the processor only
- * committed entries, so AddUpdates is always followed by Commit (as the
- * seed's Receive(add_updates) does) and is one call. Nothing uncommitted is
- * ever applied, so no answer can leak before commit and Revert is never
- * needed: it is deliberately not offered (a speculative apply would need an
- * undo log for every pool kind and session table, for no gain: answers may
- * only go out after commit anyway).
- *
- * The processor owns a bounded ring of entries (copies of the data) between
- * "added" and "applied"; Comeup applies the oldest and frees it at once
- * (Cleanup). */
-struct ida_fsm_proc
-{
-    struct ida_fsm *fsm; /* borrowed; outlives the processor */
-    struct ida_entry *ring;
-    size_t capacity;
-    size_t head;  /* next to apply (the applied border) */
-    size_t count; /* entries added, not applied yet */
-};
-
-/* Initialise @p over @fsm with room for @capacity entries (>= 1). Returns 0,
- * IDA_EINVAL or IDA_ENOMEM; a failed init leaves nothing to release. */
-int ida_fsm_proc_init(struct ida_fsm_proc *p,
-                      struct ida_fsm *fsm,
-                      size_t capacity);
-/* Release the entries still queued. */
-void ida_fsm_proc_close(struct ida_fsm_proc *p);
-
-/* AddUpdates + Commit: queue committed @entries[0..@n) (data copied; the
- * caller keeps its own). Their indexes must follow on from the last queued
- * or applied one. Returns 0; IDA_EBUSY when they do not all fit (nothing
- * queued: back-pressure); IDA_EINVAL for a gap in indexes; IDA_ENOMEM. */
-int ida_fsm_proc_add_updates(struct ida_fsm_proc *p,
-                             const struct ida_entry *entries,
-                             size_t n);
-
-/* GetUpcoming: how many committed entries wait to be applied, and the
- * index of the first (0 if none). */
-size_t ida_fsm_proc_upcoming(const struct ida_fsm_proc *p, ida_index *first);
-
-/* Comeup + Cleanup: apply the oldest queued entry and drop it. Returns
- * IDA_ENOTFOUND if none is queued, else what ida_fsm_apply() returns (on
- * IDA_ENOMEM the entry stays queued, see ida_fsm_apply). */
-int ida_fsm_proc_comeup(struct ida_fsm_proc *p, struct ida_fsm_applied *out);
 
 #endif /* IDA_FSM_H */
