@@ -1,14 +1,14 @@
-/* Bounded pools: lowest free id of [0, size) with tags (seed 002).
+/* Bounded pools: lowest free id of [0, size) with tags.
  *
- * Seed 002 builds a binary interval tree over [0, N) with the count of
- * taken ids in each inner node and the tag in each leaf; the first free id
- * is found by descending into the left child while it is not full. Here the
- * bottom 12 levels of that tree are a 4096-bit bitmap per chunk (cheaper
- * than counts for single ids), and the levels above are an implicit array
- * tree of counts over chunks. Only the chunks up to the highest held id are
+ * The lowest free id comes from a counting interval tree: a binary tree over
+ * [0, N) with the count of taken ids in each inner node, searched by
+ * descending into the left child while it is not full. Here the bottom 12
+ * levels of that tree are a 4096-bit bitmap per chunk (cheaper than counts
+ * for single ids), and the levels above are an implicit array tree of
+ * counts over chunks. Only the chunks up to the highest held id are
  * indexed, and only non-empty chunks are allocated, so memory follows the
- * allocations, not the size. Everything is one replica's memory: the seed's
- * careful write order for a DHT is not needed, a command applies atomically
+ * allocations, not the size. Everything is in one replica's memory, so no
+ * write order has to survive a crash: a command applies atomically
  * (validate and allocate first, then mutate). */
 #include "fsm/fsm_internal.h"
 

@@ -46,8 +46,7 @@ static void result_ok(struct ida_fsm_result *r, enum ida_fsm_op op)
     r->op = op;
 }
 
-/* --- validity --------------------------------------------------------------
- */
+/* --- validity ------------------------------------------------------------- */
 
 static bool name_char_ok(char c)
 {
@@ -90,8 +89,7 @@ bool ida_fsm_tag_valid(const char *tag)
     return check_tag(tag, &len) == IDA__R_OK;
 }
 
-/* --- pools
- * -------------------------------------------------------------------- */
+/* --- pools ---------------------------------------------------------------- */
 
 /* Index of the first pool whose name is >= @name. */
 static size_t pool_lower_bound(const struct ida_fsm *f, const char *name)
@@ -150,8 +148,7 @@ void ida__pool_free(struct ida__pool *p)
     ida_free(p);
 }
 
-/* --- lifetime
- * ----------------------------------------------------------------- */
+/* --- lifetime ------------------------------------------------------------- */
 
 int ida_fsm_new(struct ida_fsm **out)
 {
@@ -206,8 +203,7 @@ size_t ida_fsm_session_count(const struct ida_fsm *f)
     return f->session_count;
 }
 
-/* --- operations
- * ------------------------------------------------------------------- */
+/* --- operations ----------------------------------------------------------- */
 
 /* The pool named @name of @kind, or a reason. */
 static int pool_of(struct ida_fsm *f,
@@ -564,8 +560,7 @@ int ida_fsm_apply(struct ida_fsm *f,
     return 0;
 }
 
-/* --- reads
- * ------------------------------------------------------------------------- */
+/* --- reads ---------------------------------------------------------------- */
 
 static int reason_code(int reason)
 {
@@ -636,8 +631,7 @@ int ida_fsm_list(const struct ida_fsm *f,
     return 0;
 }
 
-/* --- protobuf view
- * ------------------------------------------------------------------- */
+/* --- protobuf view -------------------------------------------------------- */
 
 void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
                           struct ida_fsm_result_pb *pb)

@@ -24,7 +24,7 @@
  *             pool holds at most IDA_BOUNDED_HELD_MAX ids at a time (beyond
  *             that IDA_EEXHAUSTED, whatever the size). Sparse: memory grows
  *             with the highest held id, never with size.
- *   prefix    FoundationDB's high contention allocator (seeds 000/001):
+ *   prefix    FoundationDB's high contention allocator:
  *             window start and count, candidates reserved in the window,
  *             windows of 64 / 1024 / 8192 (start < 255 / < 65535 / beyond),
  *             the window advances when half full and the old window's

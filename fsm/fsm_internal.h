@@ -1,5 +1,5 @@
-/* Internals of fsm/: shared by fsm.c, bounded.c, prefix.c, tagtab.c and
- * snapshot.c. Not for other modules: use fsm/fsm.h.
+/* Internals of fsm/: shared by its .c files. Not for other modules: use
+ * fsm/fsm.h.
  *
  * Memory layout of a bounded pool (the 64-bytes-per-tag target):
  *   - a tag record [len][tag bytes][NUL] (len <= 128) sits in the pool's
@@ -8,8 +8,8 @@
  *     (id -> tag), allocated when the first id of the chunk is taken and
  *     freed when the last one is released;
  *   - a counting tree over chunks (an implicit binary tree of uint32
- *     counts, seed 002's counting interval tree with its leaves compressed
- *     into the chunk bitmaps) finds the lowest free id in O(log n);
+ *     counts, a counting interval tree with its leaves compressed into the
+ *     chunk bitmaps) finds the lowest free id in O(log n);
  *   - the tag -> id index is an open-addressing table of 64-bit slots (32
  *     bits of hash, 32-bit id; no pointers): the key is read back through
  *     id -> tag only when the hash bits match.
@@ -137,8 +137,7 @@ static inline const char *ida__tagrec_str(const uint8_t *rec)
     return (const char *)rec + 1;
 }
 
-/* --- bounded pool -----------------------------------------------------------
- */
+/* --- bounded pool --------------------------------------------------------- */
 
 #define IDA__CHUNK_SHIFT 12
 #define IDA__CHUNK_IDS   (1u << IDA__CHUNK_SHIFT)
@@ -190,8 +189,7 @@ int ida__bounded_put(struct ida__bounded *b, uint64_t id, uint8_t *rec);
 /* The lowest free id (may be >= size). */
 uint64_t ida__bounded_lowest_free(const struct ida__bounded *b);
 
-/* --- prefix pool ------------------------------------------------------------
- */
+/* --- prefix pool ---------------------------------------------------------- */
 
 #define IDA__WINDOW_MAX 8192
 
@@ -225,8 +223,7 @@ int ida__prefix_alloc(struct ida__prefix *p,
 /* Append a (record, value) during restore: 0 or -IDA_ENOMEM. */
 int ida__prefix_put(struct ida__prefix *p, uint8_t *rec, uint64_t value);
 
-/* --- pools and sessions ------------------------------------------------------
- */
+/* --- pools and sessions --------------------------------------------------- */
 
 struct ida__pool
 {

@@ -1,5 +1,5 @@
-/* Prefix pools: FoundationDB's high contention allocator (seeds 000/001),
- * made deterministic.
+/* Prefix pools: FoundationDB's high contention allocator, made
+ * deterministic.
  *
  * In FoundationDB many clients race: each picks a random candidate in the
  * current window so that concurrent transactions rarely conflict, and the
@@ -17,7 +17,8 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 
-/* Seed 000: start < 255 -> 64, start < 65535 -> 1024, else 8192. */
+/* FoundationDB's window sizes: start < 255 -> 64, start < 65535 -> 1024,
+ * else 8192. */
 uint64_t ida__prefix_window(uint64_t start)
 {
     if (start < 255) {

@@ -8,8 +8,7 @@
 #include "fsm/fsm_internal.h"
 #include "idalloc_errors.h"
 
-/* --- sessions
- * ------------------------------------------------------------------ */
+/* --- sessions ------------------------------------------------------------- */
 
 const uint8_t *ida__session_key(const void *ctx, uint32_t ref, size_t *len)
 {

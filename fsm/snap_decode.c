@@ -332,8 +332,7 @@ err_after_pool:
     return rv;
 }
 
-/* --- sessions
- * ------------------------------------------------------------------------- */
+/* --- sessions ------------------------------------------------------------- */
 
 /* Convert a kept CommandResult back; CORRUPT if it is not one this state
  * machine could have produced. */
@@ -491,8 +490,7 @@ static int relink_sessions(struct ida_fsm *f)
     return rv;
 }
 
-/* --- restore
- * ------------------------------------------------------------------------ */
+/* --- restore -------------------------------------------------------------- */
 
 /* Decode @r into the empty @f. */
 static int dec_state(struct ida_fsm *f, struct ida__rbuf r)

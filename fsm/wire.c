@@ -90,8 +90,7 @@ void ida__w_msg_sized(struct ida__wbuf *w,
     IDA_ASSERT(w->len - before == size);
 }
 
-/* --- reader
- * ----------------------------------------------------------------------- */
+/* --- reader --------------------------------------------------------------- */
 
 int ida__r_varint(struct ida__rbuf *r, uint64_t *v)
 {
