@@ -186,6 +186,74 @@ static void enc_pool(struct ida__wbuf *w, const void *arg)
     ida__w_msg_sized(w, field, fn, inner, a->inner_size);
 }
 
+/* The stored form of a kept answer: a CommandResult (dec_result() in
+ * snap_decode.c is the inverse). The node builds its client replies with its
+ * own conversion (src/node/convert.c), so the snapshot format is fixed here
+ * whatever the replies become. The CommandResult points into the struct
+ * only (no allocation). */
+struct result_pb
+{
+    Idalloc__CommandResult msg;
+    union {
+        Idalloc__PoolCreateResult pool_create;
+        Idalloc__AllocResult alloc;
+        Idalloc__FreeResult free;
+        Idalloc__ReserveResult reserve;
+        Idalloc__PrefixResult prefix;
+    } u;
+    uint8_t prefix[IDA_PREFIX_BYTES_MAX];
+};
+
+static void result_to_pb(const struct ida_fsm_result *r, struct result_pb *pb)
+{
+    memset(pb, 0, sizeof(*pb));
+    idalloc__command_result__init(&pb->msg);
+    pb->msg.error = (uint32_t)r->error;
+    pb->msg.error_msg = (char *)(r->error_msg != NULL ? r->error_msg : "");
+    if (r->error != 0) {
+        return;
+    }
+    switch (r->op) {
+        case IDA_FSM_OP_POOL_CREATE:
+            idalloc__pool_create_result__init(&pb->u.pool_create);
+            pb->u.pool_create.created = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_POOL_CREATE;
+            pb->msg.pool_create = &pb->u.pool_create;
+            break;
+        case IDA_FSM_OP_ALLOC:
+            idalloc__alloc_result__init(&pb->u.alloc);
+            pb->u.alloc.id = r->id;
+            pb->u.alloc.existed = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_ALLOC;
+            pb->msg.alloc = &pb->u.alloc;
+            break;
+        case IDA_FSM_OP_FREE:
+            idalloc__free_result__init(&pb->u.free);
+            pb->u.free.freed = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_FREE;
+            pb->msg.free = &pb->u.free;
+            break;
+        case IDA_FSM_OP_RESERVE:
+            idalloc__reserve_result__init(&pb->u.reserve);
+            pb->u.reserve.first = r->id;
+            pb->u.reserve.count = r->count;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_RESERVE;
+            pb->msg.reserve = &pb->u.reserve;
+            break;
+        case IDA_FSM_OP_PREFIX_ALLOC:
+            idalloc__prefix_result__init(&pb->u.prefix);
+            memcpy(pb->prefix, r->prefix, r->prefix_len);
+            pb->u.prefix.prefix.data = pb->prefix;
+            pb->u.prefix.prefix.len = r->prefix_len;
+            pb->u.prefix.existed = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC;
+            pb->msg.prefix_alloc = &pb->u.prefix;
+            break;
+        default:
+            IDA_UNREACHABLE();
+    }
+}
+
 struct result_arg
 {
     uint64_t seq;
@@ -195,8 +263,8 @@ struct result_arg
 static void enc_result(struct ida__wbuf *w, const void *arg)
 {
     const struct result_arg *a = arg;
-    struct ida_fsm_result_pb pb;
-    ida_fsm_result_to_pb(a->r, &pb);
+    struct result_pb pb;
+    result_to_pb(a->r, &pb);
     ida__w_u64(w, 1, a->seq);
     size_t n = idalloc__command_result__get_packed_size(&pb.msg);
     ida__w_key(w, 2, IDA__WT_LEN);
