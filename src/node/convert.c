@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "base/assert.h"
 #include "base/heap.h"
 #include "idalloc_errors.h"
 
@@ -223,5 +224,56 @@ int node_pb_to_raft(const Idalloc__PeerMessage *pb,
             return 0;
         default:
             return IDA_EPROTO;
+    }
+}
+
+void node_fsm_result_to_pb(const struct ida_fsm_result *r,
+                           struct node_pb_result *pb)
+{
+    memset(pb, 0, sizeof(*pb));
+    idalloc__command_result__init(&pb->msg);
+    pb->msg.error = (uint32_t)r->error;
+    pb->msg.error_msg = (char *)(r->error_msg != NULL ? r->error_msg : "");
+    if (r->error != 0) {
+        return;
+    }
+    switch (r->op) {
+        case IDA_FSM_OP_POOL_CREATE:
+            idalloc__pool_create_result__init(&pb->u.pool_create);
+            pb->u.pool_create.created = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_POOL_CREATE;
+            pb->msg.pool_create = &pb->u.pool_create;
+            break;
+        case IDA_FSM_OP_ALLOC:
+            idalloc__alloc_result__init(&pb->u.alloc);
+            pb->u.alloc.id = r->id;
+            pb->u.alloc.existed = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_ALLOC;
+            pb->msg.alloc = &pb->u.alloc;
+            break;
+        case IDA_FSM_OP_FREE:
+            idalloc__free_result__init(&pb->u.free);
+            pb->u.free.freed = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_FREE;
+            pb->msg.free = &pb->u.free;
+            break;
+        case IDA_FSM_OP_RESERVE:
+            idalloc__reserve_result__init(&pb->u.reserve);
+            pb->u.reserve.first = r->id;
+            pb->u.reserve.count = r->count;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_RESERVE;
+            pb->msg.reserve = &pb->u.reserve;
+            break;
+        case IDA_FSM_OP_PREFIX_ALLOC:
+            idalloc__prefix_result__init(&pb->u.prefix);
+            memcpy(pb->prefix, r->prefix, r->prefix_len);
+            pb->u.prefix.prefix.data = pb->prefix;
+            pb->u.prefix.prefix.len = r->prefix_len;
+            pb->u.prefix.existed = r->flag;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC;
+            pb->msg.prefix_alloc = &pb->u.prefix;
+            break;
+        default:
+            IDA_UNREACHABLE();
     }
 }

@@ -1,8 +1,10 @@
 /* Translation between the Raft core's message structs and proto
- * PeerMessage, and between client requests and log commands. */
+ * PeerMessage, between client requests and log commands, and from state
+ * machine results to client replies. */
 #ifndef IDA_NODE_CONVERT_H
 #define IDA_NODE_CONVERT_H
 
+#include "fsm/fsm.h"
 #include "proto/idalloc.pb-c.h"
 #include "raft/raft.h"
 
@@ -35,5 +37,24 @@ void node_pb_peer_release(struct node_pb_peer *pb);
 int node_pb_to_raft(const Idalloc__PeerMessage *pb,
                     struct ida_raft_msg *m,
                     struct ida_entry **entries);
+
+/* A CommandResult that points into this struct only (no allocation). */
+struct node_pb_result
+{
+    Idalloc__CommandResult msg;
+    union {
+        Idalloc__PoolCreateResult pool_create;
+        Idalloc__AllocResult alloc;
+        Idalloc__FreeResult free;
+        Idalloc__ReserveResult reserve;
+        Idalloc__PrefixResult prefix;
+    } u;
+    uint8_t prefix[IDA_PREFIX_BYTES_MAX];
+};
+
+/* Fill @pb (caller-owned, may live anywhere) from @r. pb->msg is then ready
+ * to pack or to place in a ClientResponse; it is valid while @pb lives. */
+void node_fsm_result_to_pb(const struct ida_fsm_result *r,
+                           struct node_pb_result *pb);
 
 #endif /* IDA_NODE_CONVERT_H */

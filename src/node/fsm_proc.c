@@ -10,6 +10,7 @@
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
+#include "src/node/convert.h"
 #include "src/node/node.h"
 
 #define PENDING_BUCKETS 4096
@@ -241,8 +242,8 @@ static void answer(struct fsm_proc *fp, const struct ida_fsm_applied *ap)
         if (conn == 0) {
             continue; /* another node's client, or nobody waits any more */
         }
-        struct ida_fsm_result_pb pb;
-        ida_fsm_result_to_pb(&r->result, &pb);
+        struct node_pb_result pb;
+        node_fsm_result_to_pb(&r->result, &pb);
         reply(fp, conn, r->request_seq, &pb.msg);
     }
 }

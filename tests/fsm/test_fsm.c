@@ -780,32 +780,6 @@ Test(fsm, malformed_commands_get_einval)
     cr_assert_eq(out.replies[3].result.id, 1, "nothing else acted");
 }
 
-Test(fsm, result_to_pb_roundtrips_through_protobuf)
-{
-    assert_ok(create("x", PFX, 0));
-    struct ida_fsm_result r = prefix("x", "a");
-    struct ida_fsm_result_pb pb;
-    ida_fsm_result_to_pb(&r, &pb);
-    uint8_t buf[128];
-    size_t n = idalloc__command_result__pack(&pb.msg, buf);
-    Idalloc__CommandResult *m = idalloc__command_result__unpack(NULL, n, buf);
-    cr_assert_not_null(m);
-    cr_assert_eq(m->error, 0);
-    cr_assert_eq(m->result_case, IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC);
-    cr_assert_eq(m->prefix_alloc->prefix.len, r.prefix_len);
-    cr_assert_eq(memcmp(m->prefix_alloc->prefix.data, r.prefix, r.prefix_len),
-                 0);
-    idalloc__command_result__free_unpacked(m, NULL);
-    r = alloc("nope", "t");
-    ida_fsm_result_to_pb(&r, &pb);
-    n = idalloc__command_result__pack(&pb.msg, buf);
-    m = idalloc__command_result__unpack(NULL, n, buf);
-    cr_assert_eq(m->error, IDA_ENOPOOL);
-    cr_assert_str_eq(m->error_msg, r.error_msg);
-    cr_assert_eq(m->result_case, IDALLOC__COMMAND_RESULT__RESULT__NOT_SET);
-    idalloc__command_result__free_unpacked(m, NULL);
-}
-
 /* --- out of memory
  * ----------------------------------------------------------------------- */
 

@@ -1,0 +1,50 @@
+/* Conversions of src/node/convert.c that need no network: state machine
+ * results to the CommandResult of a client reply. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "fsm/fsm.h"
+#include "idalloc_errors.h"
+#include "src/node/convert.h"
+
+/* Pack @pb->msg and unpack it again with protobuf-c (caller frees). */
+static Idalloc__CommandResult *roundtrip(const struct node_pb_result *pb)
+{
+    uint8_t buf[128];
+    size_t n = idalloc__command_result__get_packed_size(&pb->msg);
+    cr_assert_leq(n, sizeof(buf));
+    idalloc__command_result__pack(&pb->msg, buf);
+    Idalloc__CommandResult *m = idalloc__command_result__unpack(NULL, n, buf);
+    cr_assert_not_null(m);
+    return m;
+}
+
+Test(convert, result_to_pb_roundtrips_through_protobuf)
+{
+    struct ida_fsm_result r;
+    memset(&r, 0, sizeof(r));
+    r.error_msg = "";
+    r.op = IDA_FSM_OP_PREFIX_ALLOC;
+    r.prefix_len = 2;
+    r.prefix[0] = 1;
+    r.prefix[1] = 0x2a;
+    struct node_pb_result pb;
+    node_fsm_result_to_pb(&r, &pb);
+    Idalloc__CommandResult *m = roundtrip(&pb);
+    cr_assert_eq(m->error, 0);
+    cr_assert_eq(m->result_case, IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC);
+    cr_assert_eq(m->prefix_alloc->prefix.len, r.prefix_len);
+    cr_assert_eq(memcmp(m->prefix_alloc->prefix.data, r.prefix, r.prefix_len),
+                 0);
+    idalloc__command_result__free_unpacked(m, NULL);
+
+    memset(&r, 0, sizeof(r));
+    r.error = IDA_ENOPOOL;
+    r.error_msg = "no pool with this name";
+    node_fsm_result_to_pb(&r, &pb);
+    m = roundtrip(&pb);
+    cr_assert_eq(m->error, IDA_ENOPOOL);
+    cr_assert_str_eq(m->error_msg, r.error_msg);
+    cr_assert_eq(m->result_case, IDALLOC__COMMAND_RESULT__RESULT__NOT_SET);
+    idalloc__command_result__free_unpacked(m, NULL);
+}
