@@ -1,4 +1,4 @@
-/* IDA_ASSERT: invariants crash, input does not (docs/STYLE.md, "Errors").
+/* IDA_ASSERT: invariants crash, input does not (docs/STYLE.md, "Assertions").
  *
  * IDA_ASSERT stays on in release builds. On failure it prints the
  * expression, file, line and a backtrace to stderr and aborts. Use it only

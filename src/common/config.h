@@ -3,9 +3,12 @@
  * One setting per line; `#` starts a comment; blank lines are ignored;
  * fields are separated by spaces or tabs. Keys:
  *
- *   cluster NAME                      required, once; [A-Za-z0-9._-], 1-64
- * chars node ID PEER_ADDR CLIENT_ADDR     required, 1 to IDA_CONFIG_NODES_MAX
- * lines; ID in [1, 65535]; addresses are IPv4:PORT or [IPv6]:PORT, numeric only
+ *   cluster NAME                      required, once; [A-Za-z0-9._-],
+ *                                     1-64 chars
+ *   node ID PEER_ADDR CLIENT_ADDR     required, 1 to IDA_CONFIG_NODES_MAX
+ *                                     lines; ID in [1, 65535]; addresses
+ *                                     are IPv4:PORT or [IPv6]:PORT,
+ *                                     numeric only
  *   data_dir PATH                     optional, once; default "data"; node N
  *                                     keeps its files in PATH/nodeN; a
  *                                     relative PATH is relative to the

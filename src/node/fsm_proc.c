@@ -272,6 +272,7 @@ static void apply_entries(struct fsm_proc *fp,
         struct ida_fsm_applied ap;
         int rv =
             ida_fsm_apply(fp->fsm, e->index, e->type, e->data, e->len, &ap);
+        IDA_OOM_CHECK(rv != IDA_ENOMEM, "fsm: applying a committed entry");
         if (rv != 0) {
             /* The state may no longer match the other replicas': stop; a
              * restart rebuilds it from the snapshot and the log. */

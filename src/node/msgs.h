@@ -157,7 +157,8 @@ struct node_outq
 
 /* Wrap @payload in a message of @type and send it to @to through @q
  * (ownership moves in). Returns 0, or IDA_ENOMEM with the payload freed and
- * a log line: callers that cannot afford the loss assert on it. */
+ * a log line: callers that cannot afford the loss end the process with
+ * IDA_OOM_CHECK (base/heap.h). */
 int node_post(struct node_outq *q,
               struct ida_sender *s,
               uint32_t to,

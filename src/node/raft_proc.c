@@ -536,7 +536,9 @@ static int add_write(struct raft_proc *rp,
     memcpy(reg->client_id, req->client_id.data, 16);
     reg->request_seq = req->request_seq;
     reg->conn = conn;
-    node_post(&rp->q, s, rp->node->p_fsm, NM_REGISTER, reg);
+    if (node_post(&rp->q, s, rp->node->p_fsm, NM_REGISTER, reg) != 0) {
+        return IDA_EBUSY; /* nobody would answer it: the client retries */
+    }
     rp->open[rp->n_open++] = req;
     rp->open_bytes += idalloc__client_request__get_packed_size(req);
     return 0;

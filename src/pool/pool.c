@@ -1,4 +1,6 @@
-/* The message-passing pool; the design is in pool.h. */
+/* The message-passing pool; the design is in pool.h. About 800 lines in one
+ * file on purpose: the worker loop, the sharder and start/stop all work on the
+ * private worker and target structs defined here. */
 #include "src/pool/pool.h"
 
 #include <errno.h>
