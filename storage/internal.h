@@ -1,0 +1,105 @@
+/* Declarations shared by the .c files of storage/ (not part of its API;
+ * see storage/storage.h for the design). */
+#ifndef IDA_STORAGE_INTERNAL_H
+#define IDA_STORAGE_INTERNAL_H
+
+#include <lmdb.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "base/assert.h"
+#include "base/types.h"
+#include "storage/storage.h"
+
+#define ENV(s) ((MDB_env *)(s)->env)
+
+/* Below this much free space a failed write is reported as a full disk. */
+#define DISK_FULL_BYTES (1u << 20)
+
+/* Keys of the meta database. */
+#define KEY_FORMAT     "format"
+#define KEY_IDENTITY   "identity"
+#define KEY_HARD_STATE "hard_state"
+#define KEY_LOG_PREV   "log_prev"
+#define KEY_SNAPSHOT   "snapshot"
+
+/* Every call must come from the process that opened the environment: an
+ * LMDB environment must never be used across fork(). */
+#define CHECK_PROCESS(s) IDA_ASSERT((long)getpid() == (s)->pid)
+
+/* A transaction function's return value meaning "refused by a check":
+ * s->refused holds the IDA code and s->errmsg the message; the transaction is
+ * aborted and the storage stays healthy. Outside LMDB's and errno's ranges. */
+#define RC_REFUSED (-1)
+
+/* Our own check found a stored record with a bad checksum or size (the
+ * record is named in a log line). */
+#define RC_CORRUPT (-2)
+
+/* refuse(s, dir, code, fmt, ...): ida__storage_fail() that also records
+ * s->refused. */
+#define refuse(s, ...) ((s)->refused = ida__storage_fail((s), __VA_ARGS__))
+
+typedef int (*txn_fn)(struct ida_storage *s, MDB_txn *txn, void *arg);
+
+/* --- errors (storage/lmdb_util.c) --- */
+
+/* Format "DIR: what" into s->errmsg and return @code. */
+__attribute__((format(printf, 4, 5))) int ida__storage_fail(
+    struct ida_storage *s,
+    const char *dir,
+    int code,
+    const char *fmt,
+    ...);
+
+/* The project code for an LMDB (or errno) return value. */
+int ida__storage_from_lmdb(int rc);
+
+/* --- small LMDB helpers (storage/lmdb_util.c) --- */
+
+MDB_val ida__storage_mkval(const void *p, size_t len);
+
+/* Every put goes through here so tests can fail the Nth one. */
+int ida__storage_put(struct ida_storage *s,
+                     MDB_txn *txn,
+                     MDB_dbi dbi,
+                     MDB_val *k,
+                     MDB_val *v,
+                     unsigned flags);
+
+int ida__storage_put_meta(struct ida_storage *s,
+                          MDB_txn *txn,
+                          const char *key,
+                          const void *p,
+                          size_t len);
+
+int ida__storage_get_meta(struct ida_storage *s,
+                          MDB_txn *txn,
+                          const char *key,
+                          MDB_val *v);
+
+void ida__storage_chunk_key(uint8_t out[16], uint64_t id, uint64_t chunk);
+
+/* --- transactions (storage/lmdb_util.c) --- */
+
+int ida__storage_read_begin(struct ida_storage *s, MDB_txn **txn);
+void ida__storage_read_end(struct ida_storage *s, MDB_txn *txn);
+
+/* Run @fn in one write transaction and commit it durably. On MDB_MAP_FULL
+ * (from @fn or the commit) the transaction is aborted, the map grown and @fn
+ * run again from scratch. Returns 0 or an IDA code with s->errmsg set;
+ * commit failures make the storage sticky-failed. */
+int ida__storage_run_write(struct ida_storage *s,
+                           const char *what,
+                           txn_fn fn,
+                           void *arg);
+
+/* --- log (storage/log.c) --- */
+
+/* The log's bounds as seen by @txn. MDB rc or RC_CORRUPT. */
+int ida__storage_read_log_state(struct ida_storage *s,
+                                MDB_txn *txn,
+                                struct ida_log_state *out);
+
+#endif /* IDA_STORAGE_INTERNAL_H */

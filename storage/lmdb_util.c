@@ -1,0 +1,279 @@
+#include "storage/storage.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "base/assert.h"
+#include "base/log.h"
+#include "idalloc_errors.h"
+#include "storage/internal.h"
+#include "storage/record.h"
+
+/* --- errors --- */
+
+/* Format "DIR: what" into s->errmsg and return @code. */
+__attribute__((format(printf, 4, 5))) int ida__storage_fail(
+    struct ida_storage *s,
+    const char *dir,
+    int code,
+    const char *fmt,
+    ...)
+{
+    int n = snprintf(s->errmsg, sizeof(s->errmsg), "%s: ", dir);
+    if (n < 0 || (size_t)n >= sizeof(s->errmsg)) {
+        return code; /* the directory name alone fills the message */
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->errmsg + n, sizeof(s->errmsg) - (size_t)n, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* The project code for an LMDB (or errno) return value. */
+int ida__storage_from_lmdb(int rc)
+{
+    switch (rc) {
+        case 0:
+            return 0;
+        case MDB_MAP_FULL:
+        case ENOSPC:
+        case EDQUOT:
+            return IDA_ENOSPC;
+        case ENOMEM:
+            return IDA_ENOMEM;
+        case MDB_TXN_FULL:
+        case MDB_BAD_VALSIZE:
+            return IDA_ETOOBIG;
+        case RC_CORRUPT:
+        case MDB_CORRUPTED:
+        case MDB_PAGE_NOTFOUND:
+            return IDA_ECORRUPT;
+        case MDB_INVALID:
+        case MDB_INCOMPATIBLE:
+            return IDA_EFOREIGN;
+        case MDB_VERSION_MISMATCH:
+            return IDA_EVERSION;
+        case MDB_NOTFOUND:
+            return IDA_ENOTFOUND;
+        default:
+            return IDA_EIO;
+    }
+}
+
+/* LMDB's message for @rc, or ours for RC_CORRUPT. */
+static const char *rc_text(int rc)
+{
+    if (rc == RC_CORRUPT) {
+        return "a stored record fails its checksum or has a wrong size";
+    }
+    return mdb_strerror(rc);
+}
+
+/* --- small LMDB helpers --- */
+
+MDB_val ida__storage_mkval(const void *p, size_t len)
+{
+    MDB_val v = {.mv_size = len, .mv_data = (void *)p};
+    return v;
+}
+
+/* Every put goes through here so tests can fail the Nth one. */
+int ida__storage_put(struct ida_storage *s,
+                     MDB_txn *txn,
+                     MDB_dbi dbi,
+                     MDB_val *k,
+                     MDB_val *v,
+                     unsigned flags)
+{
+    if (s->fault_put_after == 0) {
+        s->fault_put_after = -1;
+        return s->fault_code;
+    }
+    if (s->fault_put_after > 0) {
+        s->fault_put_after--;
+    }
+    return mdb_put(txn, dbi, k, v, flags);
+}
+
+int ida__storage_put_meta(struct ida_storage *s,
+                          MDB_txn *txn,
+                          const char *key,
+                          const void *p,
+                          size_t len)
+{
+    MDB_val k = ida__storage_mkval(key, strlen(key));
+    MDB_val v = ida__storage_mkval(p, len);
+    return ida__storage_put(s, txn, s->dbi_meta, &k, &v, 0);
+}
+
+int ida__storage_get_meta(struct ida_storage *s,
+                          MDB_txn *txn,
+                          const char *key,
+                          MDB_val *v)
+{
+    MDB_val k = ida__storage_mkval(key, strlen(key));
+    return mdb_get(txn, s->dbi_meta, &k, v);
+}
+
+void ida__storage_chunk_key(uint8_t out[16], uint64_t id, uint64_t chunk)
+{
+    ida__put_be64(out, id);
+    ida__put_be64(out + 8, chunk);
+}
+
+/* --- read transactions (any thread) --- */
+
+int ida__storage_read_begin(struct ida_storage *s, MDB_txn **txn)
+{
+    CHECK_PROCESS(s);
+    pthread_rwlock_rdlock(&s->resize_lock);
+    int rc = mdb_txn_begin(ENV(s), NULL, MDB_RDONLY, txn);
+    if (rc != 0) {
+        pthread_rwlock_unlock(&s->resize_lock);
+        IDA_ERROR("storage %s: cannot begin a read transaction: %s", s->dir,
+                  mdb_strerror(rc));
+    }
+    return rc;
+}
+
+void ida__storage_read_end(struct ida_storage *s, MDB_txn *txn)
+{
+    mdb_txn_abort(txn);
+    pthread_rwlock_unlock(&s->resize_lock);
+}
+
+/* --- write transactions (owner) --- */
+
+/* Double the map, up to the maximum. 0, or nonzero when it cannot grow. */
+static int grow_map(struct ida_storage *s)
+{
+    if (s->map_size_bytes >= s->map_size_max_bytes) {
+        return -1;
+    }
+    uint64_t want = s->map_size_bytes * 2;
+    if (want > s->map_size_max_bytes || want < s->map_size_bytes) {
+        want = s->map_size_max_bytes;
+    }
+    /* LMDB may resize only with no transaction active in the process:
+     * readers on other threads hold this lock shared. */
+    pthread_rwlock_wrlock(&s->resize_lock);
+    int rc = mdb_env_set_mapsize(ENV(s), (size_t)want);
+    pthread_rwlock_unlock(&s->resize_lock);
+    if (rc != 0) {
+        IDA_ERROR("storage %s: cannot grow the map to %llu bytes: %s", s->dir,
+                  (unsigned long long)want, mdb_strerror(rc));
+        return rc;
+    }
+    IDA_INFO("storage %s: map grown from %llu to %llu bytes", s->dir,
+             (unsigned long long)s->map_size_bytes, (unsigned long long)want);
+    s->map_size_bytes = want;
+    return 0;
+}
+
+/* Codes a failed transaction leaves the storage healthy with: nothing was
+ * written and retrying later may succeed. */
+static int is_transient(int rc)
+{
+    return rc == MDB_TXN_FULL || rc == MDB_BAD_VALSIZE || rc == ENOMEM;
+}
+
+/* Run @fn in one write transaction and commit it durably. On MDB_MAP_FULL
+ * (from @fn or the commit) the transaction is aborted, the map grown and @fn
+ * run again from scratch. Returns 0 or an IDA code with s->errmsg set;
+ * commit failures make the storage sticky-failed. */
+int ida__storage_run_write(struct ida_storage *s,
+                           const char *what,
+                           txn_fn fn,
+                           void *arg)
+{
+    CHECK_PROCESS(s);
+    if (s->failed != 0) {
+        return s->failed;
+    }
+    for (;;) {
+        MDB_txn *txn;
+        int rc = mdb_txn_begin(ENV(s), NULL, 0, &txn);
+        if (rc != 0) {
+            s->failed = ida__storage_from_lmdb(rc);
+            return ida__storage_fail(s, s->dir, s->failed,
+                                     "%s: cannot begin: %s", what,
+                                     mdb_strerror(rc));
+        }
+        int committing = 0;
+        s->refused = 0;
+        rc = fn(s, txn, arg);
+        if (rc == RC_REFUSED) {
+            mdb_txn_abort(txn);
+            IDA_ASSERT(s->refused != 0);
+            return s->refused;
+        }
+        if (rc != 0) {
+            mdb_txn_abort(txn);
+        } else if (s->fault_commit_after == 0) {
+            /* Injected: behave as a commit whose write or fsync failed. */
+            s->fault_commit_after = -1;
+            mdb_txn_abort(txn);
+            rc = s->fault_code;
+            committing = 1;
+        } else {
+            if (s->fault_commit_after > 0) {
+                s->fault_commit_after--;
+            }
+            rc = mdb_txn_commit(txn);
+            committing = 1;
+        }
+        if (rc == 0) {
+            return 0;
+        }
+        if (rc == MDB_MAP_FULL) {
+            int grc = grow_map(s);
+            if (grc == 0) {
+                continue;
+            }
+            if (grc > 0 || grc < -1) {
+                s->failed = IDA_EIO;
+                return ida__storage_fail(s, s->dir, IDA_EIO,
+                                         "%s: cannot grow the map: %s", what,
+                                         mdb_strerror(grc));
+            }
+            return ida__storage_fail(
+                s, s->dir, IDA_ENOSPC,
+                "%s: map full at its maximum of %llu bytes; nothing "
+                "of it was written",
+                what, (unsigned long long)s->map_size_max_bytes);
+        }
+        if (!committing && is_transient(rc)) {
+            return ida__storage_fail(s, s->dir, ida__storage_from_lmdb(rc),
+                                     "%s: %s; nothing written", what,
+                                     mdb_strerror(rc));
+        }
+        /* After a failed write or fsync the file's state is unknown: refuse
+         * every later write rather than acknowledge what may be lost. */
+        s->failed = ida__storage_from_lmdb(rc);
+        if (s->failed == IDA_ENOTFOUND || s->failed == IDA_EFOREIGN) {
+            s->failed = IDA_EIO;
+        }
+        /* LMDB reports a short write - what a full disk usually gives - as
+         * EIO: say so when the file system is (nearly) out of space. */
+        struct statvfs vfs;
+        if (rc == EIO && statvfs(s->dir, &vfs) == 0 &&
+            (uint64_t)vfs.f_bavail * vfs.f_frsize < DISK_FULL_BYTES) {
+            s->failed = IDA_ENOSPC;
+            return ida__storage_fail(
+                s, s->dir, s->failed,
+                "%s failed: %s (the file system is full: %llu bytes "
+                "free); storage stopped",
+                what, rc_text(rc),
+                (unsigned long long)vfs.f_bavail * vfs.f_frsize);
+        }
+        return ida__storage_fail(s, s->dir, s->failed,
+                                 "%s failed: %s; storage stopped", what,
+                                 rc_text(rc));
+    }
+}

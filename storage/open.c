@@ -1,0 +1,554 @@
+#include "storage/storage.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "base/assert.h"
+#include "base/heap.h"
+#include "base/log.h"
+#include "idalloc_errors.h"
+#include "storage/internal.h"
+#include "storage/record.h"
+
+/* --- one open per process --- */
+
+#define REGISTRY_MAX 64
+static struct
+{
+    dev_t dev;
+    ino_t ino;
+    int used;
+} registry[REGISTRY_MAX];
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Claim directory (@dev, @ino) for this process. 0 or IDA_EEXIST. */
+static int registry_claim(dev_t dev, ino_t ino)
+{
+    int rv = IDA_EEXIST;
+    int free_slot = -1;
+    pthread_mutex_lock(&registry_lock);
+    for (int i = 0; i < REGISTRY_MAX; i++) {
+        if (registry[i].used && registry[i].dev == dev &&
+            registry[i].ino == ino) {
+            goto out;
+        }
+        if (!registry[i].used && free_slot < 0) {
+            free_slot = i;
+        }
+    }
+    if (free_slot < 0) {
+        rv = IDA_ENOMEM;
+        goto out;
+    }
+    registry[free_slot].dev = dev;
+    registry[free_slot].ino = ino;
+    registry[free_slot].used = 1;
+    rv = 0;
+out:
+    pthread_mutex_unlock(&registry_lock);
+    return rv;
+}
+
+static void registry_release(dev_t dev, ino_t ino)
+{
+    pthread_mutex_lock(&registry_lock);
+    for (int i = 0; i < REGISTRY_MAX; i++) {
+        if (registry[i].used && registry[i].dev == dev &&
+            registry[i].ino == ino) {
+            registry[i].used = 0;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+/* --- open --- */
+
+/* mkdir -p @dir. 0 or an errno. */
+static int make_dirs(const char *dir)
+{
+    char path[4096];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof(path)) {
+        return ENAMETOOLONG;
+    }
+    memcpy(path, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != '\0') {
+            continue;
+        }
+        char c = path[i];
+        path[i] = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            return errno;
+        }
+        path[i] = c;
+    }
+    return 0;
+}
+
+/* A directory without data.mdb may hold nothing but a leftover lock.mdb:
+ * anything else means it belongs to someone else. */
+static int check_empty_dir(struct ida_storage *s, const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        return ida__storage_fail(
+            s, dir, IDA_EIO, "cannot read the directory: %s", strerror(errno));
+    }
+    int rv = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+            strcmp(de->d_name, "lock.mdb") == 0) {
+            continue;
+        }
+        rv = ida__storage_fail(
+            s, dir, IDA_EFOREIGN,
+            "not empty and holds no idalloc storage (found \"%s\"); "
+            "refusing to write to it",
+            de->d_name);
+        break;
+    }
+    closedir(d);
+    return rv;
+}
+
+struct open_args
+{
+    const struct ida_storage_opts *o;
+};
+
+/* Create the databases and the identity of a new environment. */
+static int init_fresh(struct ida_storage *s, MDB_txn *txn, void *arg)
+{
+    struct open_args *a = arg;
+    int rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &s->dbi_meta);
+    if (rc == 0) {
+        rc = mdb_dbi_open(txn, "log", MDB_CREATE, &s->dbi_log);
+    }
+    if (rc == 0) {
+        rc = mdb_dbi_open(txn, "snap", MDB_CREATE, &s->dbi_snap);
+    }
+    uint8_t fmt[IDA__REC_FORMAT_BYTES];
+    ida__rec_format_encode(fmt, IDA_STORAGE_FORMAT_VERSION);
+    if (rc == 0) {
+        rc = ida__storage_put_meta(s, txn, KEY_FORMAT, fmt, sizeof(fmt));
+    }
+    uint8_t ident[IDA__REC_IDENTITY_FIXED + IDA_STORAGE_CLUSTER_MAX];
+    size_t n = ida__rec_identity_encode(ident, a->o->node_id, a->o->cluster,
+                                        strlen(a->o->cluster));
+    if (rc == 0) {
+        rc = ida__storage_put_meta(s, txn, KEY_IDENTITY, ident, n);
+    }
+    uint8_t hs[IDA__REC_HARD_STATE_BYTES];
+    struct ida_hard_state zero = {0, 0, 0};
+    ida__rec_hard_state_encode(hs, &zero);
+    if (rc == 0) {
+        rc = ida__storage_put_meta(s, txn, KEY_HARD_STATE, hs, sizeof(hs));
+    }
+    uint8_t prev[IDA__REC_LOG_PREV_BYTES];
+    ida__rec_log_prev_encode(prev, 0, 0);
+    if (rc == 0) {
+        rc = ida__storage_put_meta(s, txn, KEY_LOG_PREV, prev, sizeof(prev));
+    }
+    return rc;
+}
+
+/* Check format and identity of an existing environment. MDB rc, or
+ * RC_REFUSED with s->refused and s->errmsg set by a failed check. */
+static int check_identity(struct ida_storage *s,
+                          MDB_txn *txn,
+                          struct open_args *a)
+{
+    MDB_val v;
+    int rc = ida__storage_get_meta(s, txn, KEY_FORMAT, &v);
+    uint32_t version;
+    if (rc == MDB_NOTFOUND) {
+        refuse(s, s->dir, IDA_EFOREIGN,
+               "no format record: not idalloc storage");
+        return RC_REFUSED;
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    if (ida__rec_format_decode(v.mv_data, v.mv_size, &version) != 0) {
+        refuse(s, s->dir, IDA_ECORRUPT, "format record fails its checksum");
+        return RC_REFUSED;
+    }
+    if (version != IDA_STORAGE_FORMAT_VERSION) {
+        refuse(s, s->dir, IDA_EVERSION,
+               version > IDA_STORAGE_FORMAT_VERSION
+                   ? "format version %u is newer than this program's "
+                     "(%u); upgrade idalloc"
+                   : "unknown format version %u (this program reads %u)",
+               version, IDA_STORAGE_FORMAT_VERSION);
+        return RC_REFUSED;
+    }
+    rc = ida__storage_get_meta(s, txn, KEY_IDENTITY, &v);
+    if (rc != 0) {
+        return rc == MDB_NOTFOUND ? RC_CORRUPT : rc;
+    }
+    ida_node_id node;
+    const char *name;
+    size_t name_len;
+    if (ida__rec_identity_decode(v.mv_data, v.mv_size, &node, &name,
+                                 &name_len) != 0) {
+        refuse(s, s->dir, IDA_ECORRUPT, "identity record fails its checksum");
+        return RC_REFUSED;
+    }
+    if (name_len != strlen(a->o->cluster) ||
+        memcmp(name, a->o->cluster, name_len) != 0) {
+        refuse(s, s->dir, IDA_EFOREIGN,
+               "belongs to cluster \"%.*s\", not \"%s\"", (int)name_len, name,
+               a->o->cluster);
+        return RC_REFUSED;
+    }
+    if (node != a->o->node_id) {
+        refuse(s, s->dir, IDA_EFOREIGN, "belongs to node %u, not node %u",
+               (unsigned)node, (unsigned)a->o->node_id);
+        return RC_REFUSED;
+    }
+    return 0;
+}
+
+/* Delete every snapshot chunk whose id is not @keep (unfinished or replaced
+ * snapshots of a crashed run); remember the highest id seen. */
+static int collect_chunks(struct ida_storage *s,
+                          MDB_txn *txn,
+                          uint64_t keep,
+                          uint64_t *max_id)
+{
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(txn, s->dbi_snap, &cur);
+    if (rc != 0) {
+        return rc;
+    }
+    uint64_t dropped = 0;
+    uint8_t kb[16];
+    ida__storage_chunk_key(kb, 0, 0);
+    for (;;) {
+        MDB_val k = ida__storage_mkval(kb, 16), v;
+        rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+        if (rc != 0) {
+            break;
+        }
+        if (k.mv_size != 16) {
+            rc = RC_CORRUPT;
+            break;
+        }
+        uint64_t id = ida__get_be64(k.mv_data);
+        if (id > *max_id) {
+            *max_id = id;
+        }
+        if (id == keep) {
+            ida__storage_chunk_key(kb, id + 1,
+                                   0); /* skip past the kept snapshot */
+            if (id == UINT64_MAX) {
+                break;
+            }
+            continue;
+        }
+        uint64_t chunk = ida__get_be64((const uint8_t *)k.mv_data + 8);
+        rc = mdb_cursor_del(cur, 0);
+        if (rc != 0) {
+            break;
+        }
+        dropped++;
+        ida__storage_chunk_key(kb, id, chunk);
+    }
+    mdb_cursor_close(cur);
+    if (dropped > 0) {
+        IDA_INFO("storage %s: dropped %llu chunks of unfinished snapshots",
+                 s->dir, (unsigned long long)dropped);
+    }
+    return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
+/* Load the owner's cache from an existing environment. */
+static int load_state(struct ida_storage *s, MDB_txn *txn)
+{
+    MDB_val v;
+    int rc = ida__storage_get_meta(s, txn, KEY_HARD_STATE, &v);
+    if (rc != 0) {
+        return rc == MDB_NOTFOUND ? RC_CORRUPT : rc;
+    }
+    if (ida__rec_hard_state_decode(v.mv_data, v.mv_size, &s->hard_state) != 0) {
+        return RC_CORRUPT;
+    }
+    rc = ida__storage_read_log_state(s, txn, &s->log);
+    if (rc != 0) {
+        return rc;
+    }
+    s->has_snapshot = 0;
+    rc = ida__storage_get_meta(s, txn, KEY_SNAPSHOT, &v);
+    if (rc == 0) {
+        struct ida__rec_snapshot r;
+        if (ida__rec_snapshot_decode(v.mv_data, v.mv_size, &r) != 0) {
+            return RC_CORRUPT;
+        }
+        s->has_snapshot = 1;
+        s->snapshot_id = r.id;
+        s->snapshot_index = r.index;
+        s->snapshot_term = r.term;
+    } else if (rc != MDB_NOTFOUND) {
+        return rc;
+    }
+    uint64_t max_id = s->has_snapshot ? s->snapshot_id : 0;
+    rc = collect_chunks(s, txn, s->has_snapshot ? s->snapshot_id : 0, &max_id);
+    s->next_snapshot_id = max_id + 1;
+    return rc;
+}
+
+static int open_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
+{
+    struct open_args *a = arg;
+    MDB_dbi main_dbi;
+    int rc = mdb_dbi_open(txn, NULL, 0, &main_dbi);
+    if (rc != 0) {
+        return rc;
+    }
+    MDB_stat st;
+    rc = mdb_stat(txn, main_dbi, &st);
+    if (rc != 0) {
+        return rc;
+    }
+    if (st.ms_entries == 0) {
+        /* Empty environment: a new directory, or a first start that died
+         * before its initialising commit. Nothing here to overwrite. */
+        rc = init_fresh(s, txn, a);
+        if (rc == 0) {
+            rc = load_state(s, txn);
+        }
+        return rc;
+    }
+    rc = mdb_dbi_open(txn, "meta", 0, &s->dbi_meta);
+    if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE) {
+        refuse(s, s->dir, IDA_EFOREIGN,
+               "holds an LMDB database that is not idalloc storage");
+        return RC_REFUSED;
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    rc = check_identity(s, txn, a);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = mdb_dbi_open(txn, "log", 0, &s->dbi_log);
+    if (rc == 0) {
+        rc = mdb_dbi_open(txn, "snap", 0, &s->dbi_snap);
+    }
+    if (rc == MDB_NOTFOUND) {
+        return RC_CORRUPT;
+    }
+    if (rc == 0) {
+        rc = load_state(s, txn);
+    }
+    return rc;
+}
+
+static int check_opts(struct ida_storage *s,
+                      const char *dir,
+                      const struct ida_storage_opts *o)
+{
+    if (dir == NULL || dir[0] == '\0' || o == NULL) {
+        return ida__storage_fail(s, dir ? dir : "(null)", IDA_EINVAL,
+                                 "no directory");
+    }
+    size_t n = o->cluster ? strlen(o->cluster) : 0;
+    if (n == 0 || n > IDA_STORAGE_CLUSTER_MAX) {
+        return ida__storage_fail(s, dir, IDA_EINVAL,
+                                 "cluster name must be 1-%d bytes",
+                                 IDA_STORAGE_CLUSTER_MAX);
+    }
+    if (o->node_id == 0) {
+        return ida__storage_fail(s, dir, IDA_EINVAL, "node id must be nonzero");
+    }
+    uint64_t map =
+        o->map_size_bytes ? o->map_size_bytes : IDA_STORAGE_MAP_SIZE_DEFAULT;
+    uint64_t max = o->map_size_max_bytes ? o->map_size_max_bytes
+                                         : IDA_STORAGE_MAP_SIZE_MAX_DEFAULT;
+    if (map > max || map < 64 * 1024 || max > SIZE_MAX) {
+        return ida__storage_fail(
+            s, dir, IDA_EINVAL,
+            "map size %llu must be >= 64 KiB and <= its maximum %llu",
+            (unsigned long long)map, (unsigned long long)max);
+    }
+    s->map_size_bytes = map;
+    s->map_size_max_bytes = max;
+    return 0;
+}
+
+/* Create the environment handle and open it. An existing environment
+ * opens with the map size it last had (LMDB adopts the size recorded in the
+ * file when none is set), so a grown map stays grown across restarts. */
+static int env_open(struct ida_storage *s, const char *dir, int fresh)
+{
+    MDB_env *env;
+    int rc = mdb_env_create(&env);
+    if (rc != 0) {
+        return ida__storage_fail(s, dir, ida__storage_from_lmdb(rc),
+                                 "cannot create an environment: %s",
+                                 mdb_strerror(rc));
+    }
+    mdb_env_set_maxdbs(env, 4);
+    if (fresh) {
+        rc = mdb_env_set_mapsize(env, (size_t)s->map_size_bytes);
+    }
+    if (rc == 0) {
+        rc = mdb_env_open(env, dir, MDB_NOTLS, 0644);
+    }
+    MDB_envinfo info;
+    if (rc == 0) {
+        rc = mdb_env_info(env, &info);
+    }
+    if (rc == 0 && info.me_mapsize < s->map_size_bytes) {
+        rc = mdb_env_set_mapsize(env, (size_t)s->map_size_bytes);
+        info.me_mapsize = s->map_size_bytes;
+    }
+    if (rc != 0) {
+        mdb_env_close(env);
+        int code = ida__storage_from_lmdb(rc);
+        if (code == IDA_EFOREIGN) {
+            return ida__storage_fail(
+                s, dir, code,
+                "data.mdb is not an LMDB environment (%s); refusing "
+                "to touch it",
+                mdb_strerror(rc));
+        }
+        return ida__storage_fail(s, dir, code == IDA_ENOTFOUND ? IDA_EIO : code,
+                                 "cannot open the LMDB environment: %s",
+                                 mdb_strerror(rc));
+    }
+    s->env = env;
+    s->map_size_bytes = info.me_mapsize;
+    if (s->map_size_max_bytes < s->map_size_bytes) {
+        s->map_size_max_bytes = s->map_size_bytes;
+    }
+    int dead = 0;
+    if (mdb_reader_check(env, &dead) == 0 && dead > 0) {
+        IDA_INFO("storage %s: cleared %d stale reader slots", dir, dead);
+    }
+    return 0;
+}
+
+int ida_storage_open(struct ida_storage *s,
+                     const char *dir,
+                     const struct ida_storage_opts *o)
+{
+    IDA_ASSERT(s != NULL);
+    memset(s, 0, sizeof(*s));
+    s->fault_put_after = -1;
+    s->fault_commit_after = -1;
+    s->pid = (long)getpid();
+    int rv = check_opts(s, dir, o);
+    if (rv != 0) {
+        return rv;
+    }
+    int erc = make_dirs(dir);
+    struct stat st;
+    if (erc == 0 && stat(dir, &st) != 0) {
+        erc = errno;
+    }
+    if (erc == 0 && !S_ISDIR(st.st_mode)) {
+        erc = ENOTDIR;
+    }
+    if (erc != 0) {
+        return ida__storage_fail(s, dir, erc == ENOSPC ? IDA_ENOSPC : IDA_EIO,
+                                 "cannot create the directory: %s",
+                                 strerror(erc));
+    }
+    rv = registry_claim(st.st_dev, st.st_ino);
+    if (rv != 0) {
+        return ida__storage_fail(s, dir, rv,
+                                 rv == IDA_EEXIST
+                                     ? "already open in this process"
+                                     : "too many storages open in this "
+                                       "process");
+    }
+    s->dir_dev = (uint64_t)st.st_dev;
+    s->dir_ino = (uint64_t)st.st_ino;
+    struct open_args a = {.o = o};
+    char path[4096 + 16];
+    snprintf(path, sizeof(path), "%s/data.mdb", dir);
+    int fresh = access(path, F_OK) != 0;
+    if (fresh) {
+        rv = check_empty_dir(s, dir);
+        if (rv != 0) {
+            goto err_after_claim;
+        }
+    }
+    s->dir = ida_strndup(dir, strlen(dir));
+    if (s->dir == NULL) {
+        rv = ida__storage_fail(s, dir, IDA_ENOMEM, "out of memory");
+        goto err_after_claim;
+    }
+    if (pthread_rwlock_init(&s->resize_lock, NULL) != 0) {
+        rv = ida__storage_fail(s, dir, IDA_ENOMEM, "cannot create a lock");
+        goto err_after_dir;
+    }
+    rv = env_open(s, dir, fresh);
+    if (rv != 0) {
+        goto err_after_lock;
+    }
+    rv = ida__storage_run_write(s, "open", open_txn, &a);
+    if (rv != 0) {
+        goto err_after_env;
+    }
+    IDA_ASSERT(s->log.first == s->log.prev_index + 1);
+    IDA_ASSERT(s->log.last >= s->log.prev_index);
+    return 0;
+
+err_after_env:
+    mdb_env_close(ENV(s));
+    s->env = NULL;
+err_after_lock:
+    pthread_rwlock_destroy(&s->resize_lock);
+err_after_dir:
+    ida_free(s->dir);
+    s->dir = NULL;
+err_after_claim:
+    registry_release(st.st_dev, st.st_ino);
+    s->failed = rv;
+    return rv;
+}
+
+void ida_storage_close(struct ida_storage *s)
+{
+    IDA_ASSERT(s != NULL && s->env != NULL);
+    CHECK_PROCESS(s);
+    IDA_ASSERT(!s->writer_active);
+    mdb_env_close(ENV(s));
+    s->env = NULL;
+    registry_release((dev_t)s->dir_dev, (ino_t)s->dir_ino);
+    pthread_rwlock_destroy(&s->resize_lock);
+    ida_free(s->dir);
+    s->dir = NULL;
+}
+
+int ida_storage_failed(const struct ida_storage *s)
+{
+    return s->failed;
+}
+
+uint64_t ida_storage_map_size(const struct ida_storage *s)
+{
+    return s->map_size_bytes;
+}
+
+void ida__storage_fault_set(struct ida_storage *s,
+                            int put_after,
+                            int commit_after,
+                            int code)
+{
+    s->fault_put_after = put_after;
+    s->fault_commit_after = commit_after;
+    s->fault_code = code;
+}

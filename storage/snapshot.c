@@ -1,0 +1,457 @@
+#include "storage/storage.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/assert.h"
+#include "base/heap.h"
+#include "base/log.h"
+#include "idalloc_errors.h"
+#include "storage/internal.h"
+#include "storage/record.h"
+
+/* --- snapshots: reads --- */
+
+/* The current snapshot record. MDB_NOTFOUND when there is none. */
+static int read_snapshot_rec(struct ida_storage *s,
+                             MDB_txn *txn,
+                             struct ida__rec_snapshot *r)
+{
+    MDB_val v;
+    int rc = ida__storage_get_meta(s, txn, KEY_SNAPSHOT, &v);
+    if (rc != 0) {
+        return rc;
+    }
+    if (ida__rec_snapshot_decode(v.mv_data, v.mv_size, r) != 0) {
+        IDA_ERROR("storage %s: snapshot meta fails its checksum", s->dir);
+        return RC_CORRUPT;
+    }
+    return 0;
+}
+
+/* Fetch and check chunk @c of snapshot @r; @data and @len point into LMDB. */
+static int read_chunk(struct ida_storage *s,
+                      MDB_txn *txn,
+                      const struct ida__rec_snapshot *r,
+                      uint64_t c,
+                      const uint8_t **data,
+                      size_t *len)
+{
+    uint8_t kb[16];
+    ida__storage_chunk_key(kb, r->id, c);
+    MDB_val k = ida__storage_mkval(kb, 16), v;
+    int rc = mdb_get(txn, s->dbi_snap, &k, &v);
+    if (rc != 0) {
+        if (rc == MDB_NOTFOUND) {
+            IDA_ERROR("storage %s: snapshot %llu chunk %llu is missing", s->dir,
+                      (unsigned long long)r->id, (unsigned long long)c);
+            return RC_CORRUPT;
+        }
+        return rc;
+    }
+    uint64_t want = IDA_STORAGE_CHUNK_BYTES;
+    if (c == r->chunks - 1) {
+        want = r->size - (r->chunks - 1) * (uint64_t)IDA_STORAGE_CHUNK_BYTES;
+    }
+    const uint8_t *p = v.mv_data;
+    if (v.mv_size != IDA__REC_CHUNK_HDR_BYTES + want ||
+        ida__get_be32(p) !=
+            ida__rec_chunk_crc(r->id, c, p + IDA__REC_CHUNK_HDR_BYTES, want)) {
+        IDA_ERROR("storage %s: snapshot %llu chunk %llu fails its checksum",
+                  s->dir, (unsigned long long)r->id, (unsigned long long)c);
+        return RC_CORRUPT;
+    }
+    *data = p + IDA__REC_CHUNK_HDR_BYTES;
+    *len = (size_t)want;
+    return 0;
+}
+
+/* Fill @out from @r, copying the configuration. */
+static int meta_from_rec(const struct ida__rec_snapshot *r,
+                         struct ida_snapshot_meta *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->config = ida_malloc(r->config_len > 0 ? r->config_len : 1);
+    if (out->config == NULL) {
+        return ENOMEM;
+    }
+    if (r->config_len > 0) {
+        memcpy(out->config, r->config, r->config_len);
+    }
+    out->config_len = r->config_len;
+    out->id = r->id;
+    out->index = r->index;
+    out->term = r->term;
+    out->data_size = r->size;
+    out->data_crc32c = r->data_crc;
+    return 0;
+}
+
+void ida_snapshot_meta_release(struct ida_snapshot_meta *m)
+{
+    ida_free(m->config);
+    m->config = NULL;
+    m->config_len = 0;
+}
+
+int ida_storage_snapshot_meta(struct ida_storage *s,
+                              struct ida_snapshot_meta *out)
+{
+    IDA_ASSERT(s != NULL && out != NULL);
+    memset(out, 0, sizeof(*out));
+    MDB_txn *txn;
+    int rc = ida__storage_read_begin(s, &txn);
+    if (rc != 0) {
+        return ida__storage_from_lmdb(rc);
+    }
+    struct ida__rec_snapshot r;
+    rc = read_snapshot_rec(s, txn, &r);
+    if (rc == 0) {
+        rc = meta_from_rec(&r, out);
+    }
+    ida__storage_read_end(s, txn);
+    return ida__storage_from_lmdb(rc);
+}
+
+/* Copy bytes [@offset, @offset + @len) of snapshot @r (clipped at its end)
+ * into @buf; *n gets the count. */
+static int copy_range(struct ida_storage *s,
+                      MDB_txn *txn,
+                      const struct ida__rec_snapshot *r,
+                      uint64_t offset,
+                      uint8_t *buf,
+                      size_t len,
+                      size_t *n)
+{
+    size_t done = 0;
+    while (done < len && offset < r->size) {
+        uint64_t c = offset / IDA_STORAGE_CHUNK_BYTES;
+        size_t in = (size_t)(offset % IDA_STORAGE_CHUNK_BYTES);
+        const uint8_t *data;
+        size_t clen;
+        int rc = read_chunk(s, txn, r, c, &data, &clen);
+        if (rc != 0) {
+            return rc;
+        }
+        size_t take = clen - in;
+        if (take > len - done) {
+            take = len - done;
+        }
+        memcpy(buf + done, data + in, take);
+        done += take;
+        offset += take;
+    }
+    *n = done;
+    return 0;
+}
+
+int ida_storage_snapshot_read(struct ida_storage *s,
+                              uint64_t id,
+                              uint64_t offset,
+                              uint8_t *buf,
+                              size_t len,
+                              size_t *n)
+{
+    IDA_ASSERT(s != NULL && n != NULL && (buf != NULL || len == 0));
+    *n = 0;
+    MDB_txn *txn;
+    int rc = ida__storage_read_begin(s, &txn);
+    if (rc != 0) {
+        return ida__storage_from_lmdb(rc);
+    }
+    struct ida__rec_snapshot r;
+    int rv = 0;
+    rc = read_snapshot_rec(s, txn, &r);
+    if (rc == 0 && r.id != id) {
+        rc = MDB_NOTFOUND; /* replaced by a newer snapshot */
+    }
+    if (rc == 0 && offset > r.size) {
+        rv = IDA_EINVAL;
+    } else if (rc == 0) {
+        rc = copy_range(s, txn, &r, offset, buf, len, n);
+    }
+    ida__storage_read_end(s, txn);
+    return rv != 0 ? rv : ida__storage_from_lmdb(rc);
+}
+
+int ida_storage_snapshot_load(struct ida_storage *s,
+                              struct ida_snapshot_meta *out,
+                              uint8_t **data)
+{
+    IDA_ASSERT(s != NULL && out != NULL && data != NULL);
+    memset(out, 0, sizeof(*out));
+    *data = NULL;
+    MDB_txn *txn;
+    int rc = ida__storage_read_begin(s, &txn);
+    if (rc != 0) {
+        return ida__storage_from_lmdb(rc);
+    }
+    struct ida__rec_snapshot r;
+    uint8_t *buf = NULL;
+    rc = read_snapshot_rec(s, txn, &r);
+    if (rc == 0 && r.size > SIZE_MAX) {
+        rc = ENOMEM;
+    }
+    if (rc == 0 && r.size > 0) {
+        buf = ida_malloc((size_t)r.size);
+        rc = buf == NULL ? ENOMEM : 0;
+    }
+    size_t n = 0;
+    if (rc == 0) {
+        rc = copy_range(s, txn, &r, 0, buf, (size_t)r.size, &n);
+    }
+    if (rc == 0 && (n != r.size || ida__crc32c(0, buf, n) != r.data_crc)) {
+        IDA_ERROR("storage %s: snapshot %llu state fails its checksum", s->dir,
+                  (unsigned long long)r.id);
+        rc = RC_CORRUPT;
+    }
+    if (rc == 0) {
+        rc = meta_from_rec(&r, out);
+    }
+    ida__storage_read_end(s, txn);
+    if (rc != 0) {
+        ida_free(buf);
+        return ida__storage_from_lmdb(rc);
+    }
+    *data = buf;
+    return 0;
+}
+
+/* --- snapshots: writing --- */
+
+int ida_storage_snapshot_begin(struct ida_storage *s,
+                               struct ida_snapshot_writer *w,
+                               ida_index index,
+                               ida_term term,
+                               const uint8_t *config,
+                               size_t config_len)
+{
+    IDA_ASSERT(s != NULL && w != NULL);
+    CHECK_PROCESS(s);
+    memset(w, 0, sizeof(*w));
+    if (s->failed != 0) {
+        return s->failed;
+    }
+    if (s->writer_active) {
+        return ida__storage_fail(s, s->dir, IDA_EBUSY,
+                                 "a snapshot is already being written");
+    }
+    if (index == 0 || term == 0 || (config == NULL && config_len > 0)) {
+        return ida__storage_fail(
+            s, s->dir, IDA_EINVAL,
+            "snapshot at index %llu term %llu: both must be nonzero",
+            (unsigned long long)index, (unsigned long long)term);
+    }
+    if (s->has_snapshot && index < s->snapshot_index) {
+        return ida__storage_fail(
+            s, s->dir, IDA_EINVAL,
+            "snapshot at %llu is older than the current one at %llu",
+            (unsigned long long)index, (unsigned long long)s->snapshot_index);
+    }
+    if (config_len > IDA_STORAGE_CONFIG_BYTES_MAX) {
+        return ida__storage_fail(s, s->dir, IDA_ETOOBIG,
+                                 "snapshot config of %zu bytes", config_len);
+    }
+    w->buf = ida_malloc(IDA_STORAGE_CHUNK_BYTES);
+    w->config = ida_malloc(config_len > 0 ? config_len : 1);
+    if (w->buf == NULL || w->config == NULL) {
+        ida_free(w->buf);
+        ida_free(w->config);
+        memset(w, 0, sizeof(*w));
+        return ida__storage_fail(s, s->dir, IDA_ENOMEM,
+                                 "snapshot: out of memory");
+    }
+    if (config_len > 0) {
+        memcpy(w->config, config, config_len);
+    }
+    w->config_len = config_len;
+    w->id = s->next_snapshot_id++;
+    w->index = index;
+    w->term = term;
+    s->writer_active = 1;
+    return 0;
+}
+
+static void writer_release(struct ida_storage *s, struct ida_snapshot_writer *w)
+{
+    ida_free(w->buf);
+    ida_free(w->config);
+    memset(w, 0, sizeof(*w));
+    s->writer_active = 0;
+}
+
+static int put_chunk(struct ida_storage *s,
+                     MDB_txn *txn,
+                     uint64_t id,
+                     uint64_t c,
+                     const uint8_t *data,
+                     size_t len)
+{
+    uint8_t kb[16];
+    ida__storage_chunk_key(kb, id, c);
+    MDB_val k = ida__storage_mkval(kb, 16);
+    MDB_val v = ida__storage_mkval(NULL, IDA__REC_CHUNK_HDR_BYTES + len);
+    int rc = ida__storage_put(s, txn, s->dbi_snap, &k, &v, MDB_RESERVE);
+    if (rc != 0) {
+        return rc;
+    }
+    uint8_t *p = v.mv_data;
+    ida__put_be32(p, ida__rec_chunk_crc(id, c, data, len));
+    memcpy(p + IDA__REC_CHUNK_HDR_BYTES, data, len);
+    return 0;
+}
+
+/* Chunks to store in one transaction: the writer's full buffer, then
+ * @full whole chunks straight from @data. */
+struct write_args
+{
+    struct ida_snapshot_writer *w;
+    const uint8_t *data;
+    size_t full;
+};
+
+static int write_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
+{
+    struct write_args *a = arg;
+    uint64_t c = a->w->chunk_count;
+    int rc = put_chunk(s, txn, a->w->id, c++, a->w->buf, a->w->buf_len);
+    for (size_t i = 0; rc == 0 && i < a->full; i++) {
+        rc = put_chunk(s, txn, a->w->id, c++,
+                       a->data + i * IDA_STORAGE_CHUNK_BYTES,
+                       IDA_STORAGE_CHUNK_BYTES);
+    }
+    return rc;
+}
+
+int ida_storage_snapshot_write(struct ida_storage *s,
+                               struct ida_snapshot_writer *w,
+                               const uint8_t *data,
+                               size_t len)
+{
+    IDA_ASSERT(s != NULL && w != NULL && s->writer_active && w->buf != NULL);
+    IDA_ASSERT(data != NULL || len == 0);
+    w->crc = ida__crc32c(w->crc, data, len);
+    w->size += len;
+    size_t k = IDA_STORAGE_CHUNK_BYTES - w->buf_len;
+    if (k > len) {
+        k = len;
+    }
+    memcpy(w->buf + w->buf_len, data, k);
+    w->buf_len += k;
+    if (w->buf_len < IDA_STORAGE_CHUNK_BYTES) {
+        return 0; /* all absorbed by the buffer */
+    }
+    struct write_args a = {
+        .w = w,
+        .data = data + k,
+        .full = (len - k) / IDA_STORAGE_CHUNK_BYTES,
+    };
+    int rv = ida__storage_run_write(s, "snapshot write", write_txn, &a);
+    if (rv != 0) {
+        return rv;
+    }
+    w->chunk_count += 1 + a.full;
+    size_t rest = len - k - a.full * IDA_STORAGE_CHUNK_BYTES;
+    memcpy(w->buf, a.data + a.full * IDA_STORAGE_CHUNK_BYTES, rest);
+    w->buf_len = rest;
+    return 0;
+}
+
+/* Delete every chunk of snapshot @id. The cursor is re-positioned with
+ * MDB_SET_RANGE after each delete: its position after deleting the last
+ * record is not one MDB_GET_CURRENT can use. */
+static int delete_chunks(struct ida_storage *s, MDB_txn *txn, uint64_t id)
+{
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(txn, s->dbi_snap, &cur);
+    if (rc != 0) {
+        return rc;
+    }
+    uint8_t kb[16];
+    ida__storage_chunk_key(kb, id, 0);
+    for (;;) {
+        MDB_val k = ida__storage_mkval(kb, 16), v;
+        rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+        if (rc != 0 || k.mv_size != 16 || ida__get_be64(k.mv_data) != id) {
+            break;
+        }
+        rc = mdb_cursor_del(cur, 0);
+        if (rc != 0) {
+            break;
+        }
+    }
+    mdb_cursor_close(cur);
+    return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
+static int finish_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
+{
+    struct ida_snapshot_writer *w = arg;
+    int rc = 0;
+    uint64_t chunks = w->chunk_count;
+    if (w->buf_len > 0) {
+        rc = put_chunk(s, txn, w->id, chunks++, w->buf, w->buf_len);
+    }
+    if (rc == 0 && s->has_snapshot) {
+        rc = delete_chunks(s, txn, s->snapshot_id);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    struct ida__rec_snapshot r = {
+        .id = w->id,
+        .index = w->index,
+        .term = w->term,
+        .size = w->size,
+        .data_crc = w->crc,
+        .chunks = chunks,
+        .config = w->config,
+        .config_len = (uint32_t)w->config_len,
+    };
+    size_t cap = IDA__REC_SNAPSHOT_FIXED + w->config_len;
+    uint8_t *rec = ida_malloc(cap);
+    if (rec == NULL) {
+        return ENOMEM;
+    }
+    size_t n = ida__rec_snapshot_encode(rec, &r);
+    IDA_ASSERT(n == cap);
+    rc = ida__storage_put_meta(s, txn, KEY_SNAPSHOT, rec, n);
+    ida_free(rec);
+    return rc;
+}
+
+int ida_storage_snapshot_finish(struct ida_storage *s,
+                                struct ida_snapshot_writer *w)
+{
+    IDA_ASSERT(s != NULL && w != NULL && s->writer_active);
+    int rv = ida__storage_run_write(s, "snapshot finish", finish_txn, w);
+    if (rv != 0) {
+        ida_storage_snapshot_abort(s, w);
+        return rv;
+    }
+    s->has_snapshot = 1;
+    s->snapshot_id = w->id;
+    s->snapshot_index = w->index;
+    s->snapshot_term = w->term;
+    writer_release(s, w);
+    return 0;
+}
+
+static int abort_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
+{
+    return delete_chunks(s, txn, *(uint64_t *)arg);
+}
+
+void ida_storage_snapshot_abort(struct ida_storage *s,
+                                struct ida_snapshot_writer *w)
+{
+    IDA_ASSERT(s != NULL && w != NULL && s->writer_active);
+    uint64_t id = w->id;
+    writer_release(s, w);
+    if (s->failed == 0 &&
+        ida__storage_run_write(s, "snapshot abort", abort_txn, &id) != 0) {
+        IDA_WARN("%s (its chunks are dropped at the next open)", s->errmsg);
+    }
+}
