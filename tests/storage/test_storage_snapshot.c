@@ -1,0 +1,283 @@
+/* storage/: snapshots in chunks, the snapshot writer, compaction, two
+ * storages in one process. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <lmdb.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/heap.h"
+#include "idalloc_errors.h"
+#include "storage/record.h"
+#include "storage/storage.h"
+#include "tests/storage/helpers.h"
+
+#include "tests/storage/fixture.h"
+
+TestSuite(storage, .init = setup, .fini = teardown);
+
+/* --- snapshots and compaction --- */
+
+Test(storage, snapshot_round_trip_in_chunks)
+{
+    open_ok();
+    size_t size = 3 * IDA_STORAGE_CHUNK_BYTES + 12345;
+    save_snapshot(10, 2, size);
+    expect_snapshot(10, 2, size);
+    struct ida_snapshot_meta m;
+    cr_assert_eq(ida_storage_snapshot_meta(&st, &m), 0);
+    uint64_t id = m.id;
+    uint8_t *want = make_state(size);
+    cr_assert_eq(m.data_crc32c, ida__crc32c(0, want, size));
+    ida_snapshot_meta_release(&m);
+    /* Offset reads across chunk boundaries. */
+    uint8_t buf[5000];
+    uint64_t offs[] = {0, IDA_STORAGE_CHUNK_BYTES - 100,
+                       2 * IDA_STORAGE_CHUNK_BYTES - 1, size - 10};
+    for (size_t i = 0; i < 4; i++) {
+        size_t n;
+        cr_assert_eq(
+            ida_storage_snapshot_read(&st, id, offs[i], buf, sizeof(buf), &n),
+            0);
+        size_t expect =
+            size - offs[i] < sizeof(buf) ? size - offs[i] : sizeof(buf);
+        cr_assert_eq(n, expect);
+        cr_assert_eq(memcmp(buf, want + offs[i], n), 0, "offset %llu",
+                     (unsigned long long)offs[i]);
+    }
+    size_t n;
+    cr_assert_eq(ida_storage_snapshot_read(&st, id, size, buf, 10, &n), 0);
+    cr_assert_eq(n, 0, "end of the state");
+    cr_assert_eq(ida_storage_snapshot_read(&st, id, size + 1, buf, 10, &n),
+                 IDA_EINVAL);
+    free(want);
+    reopen();
+    expect_snapshot(10, 2, size);
+    /* A newer snapshot replaces it; readers of the old id are told. */
+    save_snapshot(12, 2, 100);
+    cr_assert_eq(ida_storage_snapshot_read(&st, id, 0, buf, 10, &n),
+                 IDA_ENOTFOUND);
+    expect_snapshot(12, 2, 100);
+    close_st();
+    cr_assert_eq(count_records(dir, "snap"), 1, "old chunks deleted");
+    open_ok();
+    save_snapshot(13, 3, 0); /* an empty state */
+    expect_snapshot(13, 3, 0);
+}
+
+Test(storage, snapshot_writer_rules)
+{
+    open_ok();
+    struct ida_snapshot_writer w, w2;
+    cr_assert_eq(ida_storage_snapshot_begin(&st, &w, 0, 1, NULL, 0),
+                 IDA_EINVAL);
+    cr_assert_eq(ida_storage_snapshot_begin(&st, &w, 5, 0, NULL, 0),
+                 IDA_EINVAL);
+    cr_assert_eq(
+        ida_storage_snapshot_begin(&st, &w, 5, 1, (const uint8_t *)"x",
+                                   (size_t)IDA_STORAGE_CONFIG_BYTES_MAX + 1),
+        IDA_ETOOBIG);
+    cr_assert_eq(ida_storage_snapshot_begin(&st, &w, 5, 1, NULL, 0), 0);
+    cr_assert_eq(ida_storage_snapshot_begin(&st, &w2, 5, 1, NULL, 0),
+                 IDA_EBUSY);
+    uint8_t *state = make_state(3 * IDA_STORAGE_CHUNK_BYTES);
+    cr_assert_eq(
+        ida_storage_snapshot_write(&st, &w, state, 3 * IDA_STORAGE_CHUNK_BYTES),
+        0);
+    ida_storage_snapshot_abort(&st, &w);
+    free(state);
+    struct ida_snapshot_meta m;
+    cr_assert_eq(ida_storage_snapshot_meta(&st, &m), IDA_ENOTFOUND);
+    save_snapshot(8, 1, 10);
+    cr_assert_eq(ida_storage_snapshot_begin(&st, &w, 7, 1, NULL, 0), IDA_EINVAL,
+                 "older than the current snapshot");
+    close_st();
+    cr_assert_eq(count_records(dir, "snap"), 1, "aborted chunks deleted");
+}
+
+Test(storage, unfinished_snapshot_of_a_killed_process_is_collected)
+{
+    open_ok();
+    save_snapshot(5, 1, 1000);
+    close_st();
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        struct ida_storage s;
+        if (ida_storage_open(&s, dir, &opts) != 0) {
+            child_finish(fds[1], 1);
+        }
+        struct ida_snapshot_writer w;
+        uint8_t *state = make_state(4 * IDA_STORAGE_CHUNK_BYTES);
+        if (ida_storage_snapshot_begin(&s, &w, 9, 1, NULL, 0) != 0 ||
+            ida_storage_snapshot_write(&s, &w, state,
+                                       4 * IDA_STORAGE_CHUNK_BYTES) != 0) {
+            child_finish(fds[1], 2);
+        }
+        child_finish(fds[1], 0); /* dies before finishing: no close, no abort */
+    }
+    close(fds[1]);
+    cr_assert_eq(child_result(pid, fds[0]), 0);
+    cr_assert_eq(count_records(dir, "snap"), 5, "1 + 4 unfinished chunks");
+    open_ok();
+    expect_snapshot(5, 1, 1000);
+    close_st();
+    cr_assert_eq(count_records(dir, "snap"), 1, "leftovers collected");
+}
+
+Test(storage, compact_then_reopen)
+{
+    open_ok();
+    append(1, 100, 1);
+    append(101, 20, 2);
+    set_hs(2, 1, 90);
+    cr_assert_eq(ida_storage_compact(&st, 50), IDA_EINVAL, "no snapshot yet");
+    save_snapshot(80, 1, 5000);
+    cr_assert_eq(ida_storage_compact(&st, 81), IDA_EINVAL, "beyond snapshot");
+    cr_assert_eq(ida_storage_compact(&st, 60), 0, "%s", st.errmsg);
+    struct ida_log_state ls = log_state();
+    cr_assert_eq(ls.first, 61);
+    cr_assert_eq(ls.prev_index, 60);
+    cr_assert_eq(ls.prev_term, 1);
+    cr_assert_eq(ls.last, 120);
+    reopen();
+    ls = log_state();
+    cr_assert_eq(ls.first, 61);
+    cr_assert_eq(ls.last, 120);
+    ida_term t;
+    cr_assert_eq(ida_storage_term_at(&st, 60, &t), 0);
+    cr_assert_eq(t, 1);
+    cr_assert_eq(ida_storage_term_at(&st, 59, &t), IDA_ENOTFOUND);
+    struct ida_entry *es;
+    size_t n;
+    cr_assert_eq(ida_storage_entries(&st, 60, 62, 0, &es, &n), IDA_ENOTFOUND);
+    expect_entries(61, 100, 1);
+    expect_entries(101, 120, 2);
+    cr_assert_eq(ida_storage_compact(&st, 40), 0, "below first: no-op");
+    cr_assert_eq(ida_storage_compact(&st, 80), 0);
+    cr_assert_eq(log_state().first, 81);
+    /* A truncation may not reach into the compacted prefix. */
+    struct ida_storage_batch b;
+    ida_storage_batch_init(&st, &b);
+    cr_assert_eq(ida_storage_batch_truncate(&st, &b, 80), IDA_EINVAL);
+    append(121, 3, 2);
+    reopen();
+    expect_entries(81, 100, 1);
+    expect_entries(101, 123, 2);
+}
+
+Test(storage, snapshot_beyond_the_log_discards_it)
+{
+    open_ok();
+    append(1, 10, 1);
+    save_snapshot(50, 3, 64); /* installed from a leader */
+    cr_assert_eq(ida_storage_compact(&st, 50), 0, "%s", st.errmsg);
+    struct ida_log_state ls = log_state();
+    cr_assert_eq(ls.first, 51);
+    cr_assert_eq(ls.last, 50);
+    cr_assert_eq(ls.last_term, 3);
+    append(51, 2, 3);
+    reopen();
+    ls = log_state();
+    cr_assert_eq(ls.prev_index, 50);
+    cr_assert_eq(ls.prev_term, 3);
+    expect_entries(51, 52, 3);
+}
+
+Test(storage, snapshot_with_a_conflicting_term_discards_the_log)
+{
+    open_ok();
+    append(1, 10, 1);
+    save_snapshot(5, 2, 64); /* the leader's entry 5 has term 2, ours 1 */
+    cr_assert_eq(ida_storage_compact(&st, 5), 0, "%s", st.errmsg);
+    struct ida_log_state ls = log_state();
+    cr_assert_eq(ls.prev_index, 5);
+    cr_assert_eq(ls.prev_term, 2);
+    cr_assert_eq(ls.last, 5, "entries 6..10 followed a conflicting entry");
+}
+
+Test(storage, snapshot_write_grows_the_map)
+{
+    opts.map_size_bytes = 128 * 1024;
+    open_ok();
+    save_snapshot(1, 1, 2 << 20);
+    cr_assert_gt(ida_storage_map_size(&st), 2 << 20);
+    expect_snapshot(1, 1, 2 << 20);
+}
+
+Test(storage, snapshot_and_compaction_fail_cleanly_at_every_put)
+{
+    open_ok();
+    append(1, 30, 1);
+    save_snapshot(10, 1, 100);
+    size_t size = 2 * IDA_STORAGE_CHUNK_BYTES + 5;
+    uint8_t *state = make_state(size);
+    const uint8_t config[] = {0x0a, 0x03, 0x08, 0x01, 0x20};
+    int failures = 0;
+    for (int n = 0;; n++) {
+        struct ida_snapshot_writer w;
+        cr_assert_eq(ida_storage_snapshot_begin(&st, &w, 20, 1, config, 5), 0);
+        /* ENOMEM from the (n+1)-th put: transient, nothing written. */
+        ida__storage_fault_set(&st, n, -1, ENOMEM);
+        int rv = ida_storage_snapshot_write(&st, &w, state, size);
+        if (rv == 0) {
+            rv = ida_storage_snapshot_finish(&st, &w);
+        } else {
+            ida_storage_snapshot_abort(&st, &w);
+        }
+        ida__storage_fault_set(&st, -1, -1, 0);
+        if (rv == 0) {
+            break;
+        }
+        failures++;
+        cr_assert_eq(rv, IDA_ENOMEM, "put %d: %s", n, st.errmsg);
+        expect_snapshot(10, 1, 100); /* the old one, intact */
+    }
+    free(state);
+    cr_assert_eq(failures, 4, "3 chunks and the meta record");
+    struct ida_snapshot_meta m;
+    cr_assert_eq(ida_storage_snapshot_meta(&st, &m), 0);
+    cr_assert_eq(m.index, 20);
+    ida_snapshot_meta_release(&m);
+    close_st();
+    cr_assert_eq(count_records(dir, "snap"), 3, "no chunk of a failed try");
+    open_ok();
+    /* Compaction: one put (log_prev) besides the deletes. */
+    ida__storage_fault_set(&st, 0, -1, ENOMEM);
+    cr_assert_eq(ida_storage_compact(&st, 15), IDA_ENOMEM);
+    cr_assert_eq(log_state().first, 1, "nothing compacted");
+    expect_entries(1, 30, 1);
+    /* A failed commit of a compaction is sticky and compacts nothing. */
+    ida__storage_fault_set(&st, -1, 0, EIO);
+    cr_assert_eq(ida_storage_compact(&st, 15), IDA_EIO);
+    reopen();
+    cr_assert_eq(log_state().first, 1);
+    expect_entries(1, 30, 1);
+    cr_assert_eq(ida_storage_compact(&st, 15), 0);
+    cr_assert_eq(log_state().first, 16);
+}
+
+Test(storage, two_nodes_in_one_process)
+{
+    open_ok();
+    char dir2[320];
+    snprintf(dir2, sizeof(dir2), "%s/data/node2", tmp);
+    struct ida_storage two;
+    struct ida_storage_opts o2 = {.cluster = "test", .node_id = 2};
+    cr_assert_eq(ida_storage_open(&two, dir2, &o2), 0, "%s", two.errmsg);
+    append(1, 3, 1);
+    struct ida_log_state ls;
+    cr_assert_eq(ida_storage_log_state(&two, &ls), 0);
+    cr_assert_eq(ls.last, 0, "separate environments");
+    ida_storage_close(&two);
+}
