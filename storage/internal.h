@@ -100,6 +100,6 @@ int ida__storage_run_write(struct ida_storage *s,
 /* The log's bounds as seen by @txn. MDB rc or RC_CORRUPT. */
 int ida__storage_read_log_state(struct ida_storage *s,
                                 MDB_txn *txn,
-                                struct ida_log_state *out);
+                                struct ida_storage_log_state *out);
 
 #endif /* IDA_STORAGE_INTERNAL_H */

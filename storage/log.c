@@ -60,7 +60,7 @@ static int read_entry_term(struct ida_storage *s,
 /* The log's bounds as seen by @txn. MDB rc or RC_CORRUPT. */
 int ida__storage_read_log_state(struct ida_storage *s,
                                 MDB_txn *txn,
-                                struct ida_log_state *out)
+                                struct ida_storage_log_state *out)
 {
     int rc = read_log_prev(s, txn, &out->prev_index, &out->prev_term);
     if (rc != 0) {
@@ -450,7 +450,8 @@ int ida_storage_compact(struct ida_storage *s, ida_index upto)
 
 /* --- reads --- */
 
-int ida_storage_log_state(struct ida_storage *s, struct ida_log_state *out)
+int ida_storage_log_state(struct ida_storage *s,
+                          struct ida_storage_log_state *out)
 {
     IDA_ASSERT(s != NULL && out != NULL);
     MDB_txn *txn;

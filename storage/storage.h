@@ -98,7 +98,7 @@ struct ida_storage_opts
  * last == prev_index (then first == last + 1). prev_index/prev_term name the
  * entry just before first (compacted into a snapshot), 0/0 before any
  * compaction; last_term is the term of the last entry, or prev_term. */
-struct ida_log_state
+struct ida_storage_log_state
 {
     ida_index first;
     ida_index last;
@@ -168,7 +168,7 @@ struct ida_storage
     uint64_t map_size_max_bytes;
     pthread_rwlock_t resize_lock;
     /* Owner's cache of what is durable; readers use read transactions. */
-    struct ida_log_state log;
+    struct ida_storage_log_state log;
     struct ida_hard_state hard_state;
     int has_snapshot;
     uint64_t snapshot_id;
@@ -289,7 +289,8 @@ int ida_storage_compact(struct ida_storage *s, ida_index upto);
  * reported with a log line naming it, and the code says what kind. */
 
 /* The log's bounds, as of one consistent read. Returns 0 or IDA_EIO. */
-int ida_storage_log_state(struct ida_storage *s, struct ida_log_state *out);
+int ida_storage_log_state(struct ida_storage *s,
+                          struct ida_storage_log_state *out);
 
 /* The durable hard state ({0, 0, 0} on a new node). Returns 0, IDA_ECORRUPT
  * or IDA_EIO. */

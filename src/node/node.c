@@ -61,7 +61,7 @@ static int restore(struct ida_node *n,
         }
     }
     *applied_term = meta.term;
-    struct ida_log_state ls;
+    struct ida_storage_log_state ls;
     if (rv == 0) {
         rv = ida_storage_log_state(st, &ls);
     }

@@ -83,7 +83,7 @@ static int persist(struct storage_proc *sp,
             return rv;
         }
         /* The snapshot replaces the whole stored log (raft.h contract 1). */
-        struct ida_log_state ls;
+        struct ida_storage_log_state ls;
         rv = ida_storage_log_state(st, &ls);
         if (rv != 0) {
             return rv;
@@ -95,7 +95,7 @@ static int persist(struct storage_proc *sp,
     ida_storage_batch_init(st, &b);
     rv = 0;
     if (p->n_entries > 0 || truncate_after_snapshot) {
-        struct ida_log_state ls;
+        struct ida_storage_log_state ls;
         rv = ida_storage_log_state(st, &ls);
         ida_index from =
             p->n_entries > 0 ? p->entries[0].index : p->snap_index + 1;

@@ -298,7 +298,7 @@ static int matches(struct ida_storage *s,
                    char *err,
                    size_t errcap)
 {
-    struct ida_log_state ls;
+    struct ida_storage_log_state ls;
     struct ida_hard_state hs;
     if (ida_storage_log_state(s, &ls) != 0 ||
         ida_storage_hard_state(s, &hs) != 0) {

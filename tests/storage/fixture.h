@@ -94,9 +94,9 @@ static inline void set_hs(ida_term term, ida_node_id vote, ida_index commit)
     cr_assert_eq(ida_storage_batch_commit(&st, &b), 0, "%s", st.errmsg);
 }
 
-static inline struct ida_log_state log_state(void)
+static inline struct ida_storage_log_state log_state(void)
 {
-    struct ida_log_state ls;
+    struct ida_storage_log_state ls;
     cr_assert_eq(ida_storage_log_state(&st, &ls), 0);
     return ls;
 }

@@ -29,7 +29,7 @@ static void *entries_reader(void *arg)
     (void)arg;
     long reads = 0;
     while (!atomic_load(&stop) || reads == 0) {
-        struct ida_log_state ls;
+        struct ida_storage_log_state ls;
         if (ida_storage_log_state(&st, &ls) != 0) {
             return (void *)-1;
         }

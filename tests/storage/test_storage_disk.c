@@ -133,7 +133,7 @@ static int disk_full_child(void)
     ida_storage_close(&s);
     /* Everything acknowledged is there after a reopen. */
     CHILD_CHECK(ida_storage_open(&s, dir, &opts) == 0, "reopen: %s", s.errmsg);
-    struct ida_log_state ls;
+    struct ida_storage_log_state ls;
     CHILD_CHECK(ida_storage_log_state(&s, &ls) == 0 && ls.last == next - 1,
                 "last %llu, acknowledged %llu", (unsigned long long)ls.last,
                 (unsigned long long)(next - 1));

@@ -28,7 +28,7 @@ Test(storage, append_read_and_reopen_round_trip)
     set_hs(2, 3, 12);
     expect_entries(1, 10, 1);
     expect_entries(11, 15, 2);
-    struct ida_log_state ls = log_state();
+    struct ida_storage_log_state ls = log_state();
     cr_assert_eq(ls.first, 1);
     cr_assert_eq(ls.last, 15);
     cr_assert_eq(ls.last_term, 2);
@@ -162,7 +162,7 @@ Test(storage, truncate_then_append_in_one_batch)
     cr_assert_eq(ida_storage_batch_set_hard_state(&st, &b, &hs), 0);
     cr_assert_eq(ida_storage_batch_commit(&st, &b), 0, "%s", st.errmsg);
     ida_free(block);
-    struct ida_log_state ls = log_state();
+    struct ida_storage_log_state ls = log_state();
     cr_assert_eq(ls.last, 8);
     cr_assert_eq(ls.last_term, 2);
     expect_entries(1, 5, 1);
@@ -208,7 +208,7 @@ Test(storage, a_failing_put_leaves_nothing_of_the_batch)
         failures++;
         cr_assert_eq(rv, IDA_ENOMEM, "put %d: %s", n, st.errmsg);
         cr_assert_eq(ida_storage_failed(&st), 0, "not sticky");
-        struct ida_log_state ls = log_state();
+        struct ida_storage_log_state ls = log_state();
         cr_assert_eq(ls.last, 4, "put %d: nothing of the batch", n);
         expect_entries(1, 4, 1);
         struct ida_hard_state now;
@@ -287,7 +287,7 @@ Test(storage, full_map_at_its_maximum_fails_cleanly)
     struct ida_entry es[100];
     ida_index next = 1;
     int rv = 0;
-    struct ida_log_state before;
+    struct ida_storage_log_state before;
     while (rv == 0) {
         before = log_state();
         uint8_t *block = ida_test_make_entries(es, 100, next, 1, DATA_MAX);
@@ -305,7 +305,7 @@ Test(storage, full_map_at_its_maximum_fails_cleanly)
     expect_msg("map full at its maximum of 524288 bytes");
     cr_assert_eq(ida_storage_map_size(&st), 512 * 1024);
     cr_assert_eq(ida_storage_failed(&st), 0, "a full map is not sticky");
-    struct ida_log_state after = log_state();
+    struct ida_storage_log_state after = log_state();
     cr_assert_eq(after.last, before.last, "nothing half-written");
     cr_assert_eq(after.last, next - 1);
     expect_entries(1, next - 1, 1);

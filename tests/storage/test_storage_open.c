@@ -27,7 +27,7 @@ TestSuite(storage, .init = setup, .fini = teardown);
 Test(storage, first_open_creates_an_empty_node)
 {
     open_ok();
-    struct ida_log_state ls = log_state();
+    struct ida_storage_log_state ls = log_state();
     cr_assert_eq(ls.first, 1);
     cr_assert_eq(ls.last, 0);
     cr_assert_eq(ls.last_term, 0);
@@ -206,7 +206,7 @@ Test(storage, using_the_environment_after_fork_aborts)
     if (pid == 0) {
         int devnull = open("/dev/null", 1);
         dup2(devnull, 2); /* keep the expected backtrace out of the log */
-        struct ida_log_state ls;
+        struct ida_storage_log_state ls;
         ida_storage_log_state(&st, &ls);
         _exit(0);
     }

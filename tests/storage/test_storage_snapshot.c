@@ -145,7 +145,7 @@ Test(storage, compact_then_reopen)
     save_snapshot(80, 1, 5000);
     cr_assert_eq(ida_storage_compact(&st, 81), IDA_EINVAL, "beyond snapshot");
     cr_assert_eq(ida_storage_compact(&st, 60), 0, "%s", st.errmsg);
-    struct ida_log_state ls = log_state();
+    struct ida_storage_log_state ls = log_state();
     cr_assert_eq(ls.first, 61);
     cr_assert_eq(ls.prev_index, 60);
     cr_assert_eq(ls.prev_term, 1);
@@ -182,7 +182,7 @@ Test(storage, snapshot_beyond_the_log_discards_it)
     append(1, 10, 1);
     save_snapshot(50, 3, 64); /* installed from a leader */
     cr_assert_eq(ida_storage_compact(&st, 50), 0, "%s", st.errmsg);
-    struct ida_log_state ls = log_state();
+    struct ida_storage_log_state ls = log_state();
     cr_assert_eq(ls.first, 51);
     cr_assert_eq(ls.last, 50);
     cr_assert_eq(ls.last_term, 3);
@@ -200,7 +200,7 @@ Test(storage, snapshot_with_a_conflicting_term_discards_the_log)
     append(1, 10, 1);
     save_snapshot(5, 2, 64); /* the leader's entry 5 has term 2, ours 1 */
     cr_assert_eq(ida_storage_compact(&st, 5), 0, "%s", st.errmsg);
-    struct ida_log_state ls = log_state();
+    struct ida_storage_log_state ls = log_state();
     cr_assert_eq(ls.prev_index, 5);
     cr_assert_eq(ls.prev_term, 2);
     cr_assert_eq(ls.last, 5, "entries 6..10 followed a conflicting entry");
@@ -276,7 +276,7 @@ Test(storage, two_nodes_in_one_process)
     struct ida_storage_opts o2 = {.cluster = "test", .node_id = 2};
     cr_assert_eq(ida_storage_open(&two, dir2, &o2), 0, "%s", two.errmsg);
     append(1, 3, 1);
-    struct ida_log_state ls;
+    struct ida_storage_log_state ls;
     cr_assert_eq(ida_storage_log_state(&two, &ls), 0);
     cr_assert_eq(ls.last, 0, "separate environments");
     ida_storage_close(&two);
