@@ -127,15 +127,13 @@ void ida__storage_chunk_key(uint8_t out[16], uint64_t id, uint64_t chunk)
     ida__put_be64(out + 8, chunk);
 }
 
-/* --- read transactions (any thread) --- */
+/* --- read transactions --- */
 
 int ida__storage_read_begin(struct ida_storage *s, MDB_txn **txn)
 {
     CHECK_PROCESS(s);
-    pthread_rwlock_rdlock(&s->resize_lock);
     int rc = mdb_txn_begin(ENV(s), NULL, MDB_RDONLY, txn);
     if (rc != 0) {
-        pthread_rwlock_unlock(&s->resize_lock);
         IDA_ERROR("storage %s: cannot begin a read transaction: %s", s->dir,
                   mdb_strerror(rc));
     }
@@ -144,8 +142,8 @@ int ida__storage_read_begin(struct ida_storage *s, MDB_txn **txn)
 
 void ida__storage_read_end(struct ida_storage *s, MDB_txn *txn)
 {
+    (void)s;
     mdb_txn_abort(txn);
-    pthread_rwlock_unlock(&s->resize_lock);
 }
 
 /* --- write transactions (owner) --- */
@@ -160,11 +158,9 @@ static int grow_map(struct ida_storage *s)
     if (want > s->map_size_max_bytes || want < s->map_size_bytes) {
         want = s->map_size_max_bytes;
     }
-    /* LMDB may resize only with no transaction active in the process:
-     * readers on other threads hold this lock shared. */
-    pthread_rwlock_wrlock(&s->resize_lock);
+    /* LMDB may resize only with no transaction active in the process: the
+     * caller has just ended its write, and reads never outlive a call. */
     int rc = mdb_env_set_mapsize(ENV(s), (size_t)want);
-    pthread_rwlock_unlock(&s->resize_lock);
     if (rc != 0) {
         IDA_ERROR("storage %s: cannot grow the map to %llu bytes: %s", s->dir,
                   (unsigned long long)want, mdb_strerror(rc));

@@ -490,13 +490,9 @@ int ida_storage_open(struct ida_storage *s,
         rv = ida__storage_fail(s, dir, IDA_ENOMEM, "out of memory");
         goto err_after_claim;
     }
-    if (pthread_rwlock_init(&s->resize_lock, NULL) != 0) {
-        rv = ida__storage_fail(s, dir, IDA_ENOMEM, "cannot create a lock");
-        goto err_after_dir;
-    }
     rv = env_open(s, dir, fresh);
     if (rv != 0) {
-        goto err_after_lock;
+        goto err_after_dir;
     }
     rv = ida__storage_run_write(s, "open", open_txn, &a);
     if (rv != 0) {
@@ -509,8 +505,6 @@ int ida_storage_open(struct ida_storage *s,
 err_after_env:
     mdb_env_close(ENV(s));
     s->env = NULL;
-err_after_lock:
-    pthread_rwlock_destroy(&s->resize_lock);
 err_after_dir:
     ida_free(s->dir);
     s->dir = NULL;
@@ -528,7 +522,6 @@ void ida_storage_close(struct ida_storage *s)
     mdb_env_close(ENV(s));
     s->env = NULL;
     registry_release((dev_t)s->dir_dev, (ino_t)s->dir_ino);
-    pthread_rwlock_destroy(&s->resize_lock);
     ida_free(s->dir);
     s->dir = NULL;
 }

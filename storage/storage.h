@@ -44,17 +44,12 @@
  *
  * THREADING
  *
- * The thread that opened the storage - or the one storage-processor thread
- * that owns it afterwards - is the only one to call the "owner" functions
- * below (batches, snapshot writing, compaction, close); they are never called
- * concurrently. Write transactions live inside one owner call, so the owner
- * may migrate between threads between calls. The "any thread" functions
- * (reading entries, terms, log bounds, hard state, snapshot meta and chunks)
- * may be called from any thread concurrently with the owner: each opens and
- * closes its own read transaction within the call. A read-write lock inside
- * guards map growth, which LMDB allows only with no transaction active in the
- * process: readers hold it shared for the length of one read transaction, the
- * owner takes it exclusive only while resizing.
+ * One thread at a time owns the storage: the thread that opened it, then the
+ * one storage-processor thread it is handed to. Only the owner calls the
+ * functions below, never two at once. Every transaction, read or write, lives
+ * inside one call, so the owner may move between threads between calls, and
+ * the map can grow inside a write (LMDB resizes only with no transaction
+ * active in the process).
  *
  * No transaction is ever held across a call, so none is held across network
  * I/O. The environment must not cross fork(): every call asserts it runs in
@@ -64,7 +59,6 @@
 #ifndef IDA_STORAGE_H
 #define IDA_STORAGE_H
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -108,8 +102,8 @@ struct ida_storage_log_state
 };
 
 /* A durable snapshot. @id names this snapshot's chunks (a new snapshot gets a
- * new id), so chunk reads from other threads can tell when the snapshot they
- * were reading has been replaced. */
+ * new id), so a chunked read (ida_storage_snapshot_read()) can tell when the
+ * snapshot it was reading has been replaced. */
 struct ida_snapshot_meta
 {
     uint64_t id;
@@ -166,7 +160,6 @@ struct ida_storage
     long pid;                  /* the process that opened it */
     uint64_t map_size_bytes;
     uint64_t map_size_max_bytes;
-    pthread_rwlock_t resize_lock;
     /* Owner's cache of what is durable; readers use read transactions. */
     struct ida_storage_log_state log;
     struct ida_hard_state hard_state;
@@ -213,8 +206,8 @@ int ida_storage_open(struct ida_storage *s,
                      const char *dir,
                      const struct ida_storage_opts *o);
 
-/* Close @s (owner; no snapshot writer may be active, no reader may be
- * running). Everything committed is already durable. */
+/* Close @s (owner; no snapshot writer may be active). Everything committed
+ * is already durable. */
 void ida_storage_close(struct ida_storage *s);
 
 /* The sticky error code (0 while healthy); s->errmsg says why. */
@@ -283,10 +276,13 @@ int ida_storage_batch_commit(struct ida_storage *s,
  * error as ida_storage_batch_commit(). */
 int ida_storage_compact(struct ida_storage *s, ida_index upto);
 
-/* --- reads (any thread) --- */
+/* --- reads (owner) --- */
 
-/* These never write s->errmsg (other threads use it): a corrupt record is
- * reported with a log line naming it, and the code says what kind. */
+/* Each read runs in its own read transaction. The node reads storage at
+ * start only (its Raft core keeps the log tail and the snapshot bytes in
+ * memory); the entry and term reads are kept for reading old entries when
+ * the in-memory log is bounded. These never write s->errmsg: a corrupt record
+ * is reported with a log line naming it, and the code says what kind. */
 
 /* The log's bounds, as of one consistent read. Returns 0 or IDA_EIO. */
 int ida_storage_log_state(struct ida_storage *s,
