@@ -93,7 +93,9 @@ Test(storage, read_only_directory_gives_a_clear_error_and_loses_nothing)
     close_st(); /* the environment must not cross fork */
     int rv = in_namespace(read_only_child);
     if (rv == 77) {
-        cr_skip_test("cannot create a private mount namespace here");
+        cr_skip_test(
+            "cannot create a private mount namespace here (needs "
+            "CAP_SYS_ADMIN: run as root)");
     }
     cr_assert_eq(rv, 0, "read-only child failed (see its stderr)");
     open_ok();
@@ -158,7 +160,9 @@ Test(storage, full_disk_stops_writes_and_keeps_what_was_acknowledged)
 {
     int rv = in_namespace(disk_full_child);
     if (rv == 77) {
-        cr_skip_test("cannot create a private mount namespace here");
+        cr_skip_test(
+            "cannot create a private mount namespace here (needs "
+            "CAP_SYS_ADMIN: run as root)");
     }
     cr_assert_eq(rv, 0, "disk-full child failed (see its stderr)");
 }
