@@ -1,3 +1,5 @@
+/* storage/: error codes and messages, small LMDB helpers, read and write
+ * transactions, and map growth, shared by the other storage files. */
 #include "storage/storage.h"
 
 #include <errno.h>

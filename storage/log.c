@@ -1,3 +1,6 @@
+/* storage/: the log and the hard state: bounds, group commit (truncate,
+ * append, hard state in one durable commit), compaction, entry and term
+ * reads. */
 #include "storage/storage.h"
 
 #include <errno.h>

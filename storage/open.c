@@ -1,3 +1,5 @@
+/* storage/: open and close, one open per directory and process, identity and
+ * format checks, and collection of unfinished snapshot chunks at open. */
 #include "storage/storage.h"
 
 #include <dirent.h>

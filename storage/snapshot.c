@@ -1,3 +1,5 @@
+/* storage/: snapshots: chunked writing, and reading the meta, a byte range or
+ * the whole state back with every chunk checked. */
 #include "storage/storage.h"
 
 #include <errno.h>
