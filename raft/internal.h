@@ -36,6 +36,10 @@ void ida__raft_msg_init(struct ida_raft_msg *m,
 void ida__raft_begin(struct ida_raft *r);
 
 /* raft/membership.c */
+int ida__raft_conf_decode(const struct ida_raft_config *cfg,
+                          const uint8_t *data,
+                          size_t len,
+                          struct ida_raft_conf *out);
 int ida__raft_voter_slot(const struct ida_raft *r, ida_node_id id);
 size_t ida__raft_n_members(const struct ida_raft *r);
 ida_node_id ida__raft_member_id(const struct ida_raft *r, size_t i);

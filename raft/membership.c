@@ -40,6 +40,18 @@ size_t ida__raft_quorum(const struct ida_raft *r)
     return r->conf.n / 2 + 1;
 }
 
+/* Decode the membership in @data through the application's decoder and
+ * check it, so a faulty decoder cannot overflow the core's member arrays.
+ * Returns 0, IDA_EPROTO, IDA_ENOMEM; on error @out is unspecified. */
+int ida__raft_conf_decode(const struct ida_raft_config *cfg,
+                          const uint8_t *data,
+                          size_t len,
+                          struct ida_raft_conf *out)
+{
+    int rv = cfg->conf_decode(data, len, out);
+    return rv != 0 ? rv : ida_raft_conf_check(out);
+}
+
 /* Make @c the membership in effect (from the entry at @index, 0: from the
  * snapshot or bootstrap). Progress of voters that stay is kept. */
 void ida__raft_conf_apply(struct ida_raft *r,
@@ -84,7 +96,7 @@ int ida__raft_conf_refresh(struct ida_raft *r)
     for (ida_index i = r->snap_index + r->n_log; i > r->snap_index; i--) {
         const struct ida_entry *e = &r->log[i - r->snap_index - 1];
         if (e->type == IDA_ENTRY_CONFIG) {
-            int rv = ida_raft_conf_decode(e->data, e->len, &c);
+            int rv = ida__raft_conf_decode(&r->cfg, e->data, e->len, &c);
             if (rv != 0) {
                 return rv;
             }
@@ -93,7 +105,8 @@ int ida__raft_conf_refresh(struct ida_raft *r)
         }
     }
     if (r->snap_conf_len > 0) {
-        int rv = ida_raft_conf_decode(r->snap_conf, r->snap_conf_len, &c);
+        int rv =
+            ida__raft_conf_decode(&r->cfg, r->snap_conf, r->snap_conf_len, &c);
         if (rv != 0) {
             return rv;
         }

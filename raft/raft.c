@@ -85,7 +85,8 @@ static int check_config(const struct ida_raft_config *cfg)
         cfg->n_voters > IDA_RAFT_NODES_MAX || cfg->heartbeat_ticks == 0 ||
         cfg->election_ticks < 2 * cfg->heartbeat_ticks ||
         cfg->max_inflight == 0 || cfg->max_inflight > IDA_RAFT_INFLIGHT_MAX ||
-        cfg->max_msg_entries == 0 || cfg->snapshot_chunk_bytes == 0) {
+        cfg->max_msg_entries == 0 || cfg->snapshot_chunk_bytes == 0 ||
+        cfg->conf_decode == NULL) {
         return IDA_EINVAL;
     }
     for (size_t i = 0; i < cfg->n_voters; i++) {
@@ -104,7 +105,6 @@ static int check_config(const struct ida_raft_config *cfg)
 static int check_restore(const struct ida_raft_config *cfg,
                          const struct ida_raft_restore *st)
 {
-    (void)cfg;
     if ((st->snapshot_index == 0) != (st->snapshot_term == 0) ||
         (st->snapshot_len > 0 && st->snapshot_data == NULL) ||
         (st->snapshot_config_len > 0 && st->snapshot_config == NULL)) {
@@ -112,8 +112,8 @@ static int check_restore(const struct ida_raft_config *cfg,
     }
     struct ida_raft_conf c;
     if (st->snapshot_config_len > 0 &&
-        ida_raft_conf_decode(st->snapshot_config, st->snapshot_config_len,
-                             &c) != 0) {
+        ida__raft_conf_decode(cfg, st->snapshot_config, st->snapshot_config_len,
+                              &c) != 0) {
         return IDA_EINVAL;
     }
     ida_term prev_term = st->snapshot_term;
@@ -125,7 +125,7 @@ static int check_restore(const struct ida_raft_config *cfg,
             return IDA_EINVAL;
         }
         if (e->type == IDA_ENTRY_CONFIG &&
-            ida_raft_conf_decode(e->data, e->len, &c) != 0) {
+            ida__raft_conf_decode(cfg, e->data, e->len, &c) != 0) {
             return IDA_EINVAL;
         }
         prev_term = e->term;

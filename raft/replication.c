@@ -338,7 +338,7 @@ int ida__raft_handle_append(struct ida_raft *r, const struct ida_raft_msg *m)
         }
         if (e->type == IDA_ENTRY_CONFIG) {
             struct ida_raft_conf c;
-            int rv = ida_raft_conf_decode(e->data, e->len, &c);
+            int rv = ida__raft_conf_decode(&r->cfg, e->data, e->len, &c);
             if (rv != 0) {
                 return rv;
             }
@@ -428,7 +428,7 @@ int ida_raft_propose(struct ida_raft *r,
             ida__raft_term_at(r, r->commit) != r->term) {
             return IDA_EBUSY;
         }
-        int rv = ida_raft_conf_decode(data, len, &c);
+        int rv = ida__raft_conf_decode(&r->cfg, data, len, &c);
         if (rv == IDA_ENOMEM) {
             return rv;
         }

@@ -165,7 +165,8 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
         }
         if (is->config_len > 0) {
             struct ida_raft_conf c;
-            int rv = ida_raft_conf_decode(is->config, is->config_len, &c);
+            int rv =
+                ida__raft_conf_decode(&r->cfg, is->config, is->config_len, &c);
             if (rv != 0) {
                 return rv;
             }

@@ -1,5 +1,6 @@
 /* Translation between the Raft core's message structs and proto
- * PeerMessage, and between client requests and log commands. */
+ * PeerMessage, between client requests and log commands, and between the
+ * core's membership (struct ida_raft_conf) and idalloc.ClusterConfig. */
 #ifndef IDA_NODE_CONVERT_H
 #define IDA_NODE_CONVERT_H
 
@@ -35,5 +36,23 @@ void node_pb_peer_release(struct node_pb_peer *pb);
 int node_pb_to_raft(const Idalloc__PeerMessage *pb,
                     struct ida_raft_msg *m,
                     struct ida_entry **entries);
+
+/* Decode an encoded idalloc.ClusterConfig into @out (in the encoded order):
+ * members with `voter` set are voters, the others learners; addresses are
+ * the node's business and are skipped. The node hands this to the core as
+ * ida_raft_config.conf_decode. Returns 0, IDA_EPROTO (malformed, id 0,
+ * duplicate ids, no voter, more than IDA_RAFT_NODES_MAX voters or
+ * learners); on error @out is unchanged. */
+int node_conf_decode(const uint8_t *data,
+                     size_t len,
+                     struct ida_raft_conf *out);
+
+/* Encode @c as an idalloc.ClusterConfig without addresses into
+ * @buf (capacity @cap); *@len gets the size. For tests and tools; the node
+ * encodes its own configs with addresses. Returns 0 or IDA_ETOOBIG. */
+int node_conf_encode(const struct ida_raft_conf *c,
+                     uint8_t *buf,
+                     size_t cap,
+                     size_t *len);
 
 #endif /* IDA_NODE_CONVERT_H */

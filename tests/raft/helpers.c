@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "raft/raft.h"
+#include "src/node/convert.h"
 #include "tests/raft/harness.h"
 
 /* --- fixture -------------------------------------------------------------- */
@@ -33,6 +34,7 @@ struct ida_raft_config base_config(void)
         .max_inflight = 4,
         .max_msg_entries = 8,
         .snapshot_chunk_bytes = 8,
+        .conf_decode = node_conf_decode,
     };
     return c;
 }

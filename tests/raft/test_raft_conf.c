@@ -6,6 +6,7 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/raft.h"
+#include "src/node/convert.h"
 #include "tests/raft/harness.h"
 #include "tests/raft/helpers.h"
 
@@ -147,7 +148,7 @@ Test(raft_conf, truncated_config_entry_is_undone)
     uint8_t buf[64];
     size_t len;
     struct ida_raft_conf c = {.voters = {1, 2}, .n = 2};
-    cr_assert_eq(ida_raft_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    cr_assert_eq(node_conf_encode(&c, buf, sizeof(buf), &len), 0);
     struct ida_entry e = {.term = 1,
                           .index = 1,
                           .type = IDA_ENTRY_CONFIG,
@@ -229,7 +230,7 @@ Test(raft_conf, learner_catches_up_without_voting_then_is_promoted)
         .voters = {1, 2, 3}, .n = 3, .learners = {4}, .n_learners = 1};
     uint8_t buf[128];
     size_t len;
-    cr_assert_eq(ida_raft_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    cr_assert_eq(node_conf_encode(&c, buf, sizeof(buf), &len), 0);
     cr_assert_eq(
         ida_raft_propose(&H.r[1], IDA_ENTRY_CONFIG, buf, len, NULL, NULL), 0);
     h_collect(1);
@@ -259,7 +260,7 @@ Test(raft_conf, learner_catches_up_without_voting_then_is_promoted)
     c.voters[3] = 4;
     c.n = 4;
     c.n_learners = 0;
-    cr_assert_eq(ida_raft_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    cr_assert_eq(node_conf_encode(&c, buf, sizeof(buf), &len), 0);
     cr_assert_eq(
         ida_raft_propose(&H.r[1], IDA_ENTRY_CONFIG, buf, len, NULL, NULL), 0);
     h_collect(1);

@@ -11,6 +11,7 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/raft.h"
+#include "src/node/convert.h"
 #include "tests/sim/sim_internal.h"
 
 struct node *sim__find_leader(struct sim *s)
@@ -104,7 +105,7 @@ static void membership_change(struct sim *s, struct node *ld)
     }
     uint8_t buf[256];
     size_t len;
-    if (ida_raft_conf_encode(&next, buf, sizeof(buf), &len) != 0) {
+    if (node_conf_encode(&next, buf, sizeof(buf), &len) != 0) {
         s->oom = true;
         return;
     }

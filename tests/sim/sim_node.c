@@ -11,6 +11,7 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/raft.h"
+#include "src/node/convert.h"
 #include "tests/sim/sim_internal.h"
 
 static void fail_pending(struct sim *s, struct node *nd)
@@ -385,6 +386,7 @@ int sim__node_start(struct sim *s, struct node *nd)
         .max_msg_entries = 8,
         .snapshot_chunk_bytes = 40,
         .bugs = s->o.bugs,
+        .conf_decode = node_conf_decode,
     };
     for (int k = 0; k < s->n_boot; k++) {
         cfg.voters[k] = (ida_node_id)(k + 1);
