@@ -8,6 +8,7 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/internal.h"
+#include "raft/testing.h"
 
 static uint64_t rng_next(struct ida_raft *r)
 {
@@ -164,7 +165,7 @@ void ida__raft_handle_request_vote(struct ida_raft *r,
     bool up_to_date = rv->last_log_term > ida__raft_last_term(r) ||
                       (rv->last_log_term == ida__raft_last_term(r) &&
                        rv->last_log_index >= ida__raft_last_index(r));
-    if (r->cfg.bugs & IDA_RAFT_BUG_VOTE_NO_LOG_CHECK) {
+    if (r->bugs & IDA_RAFT_BUG_VOTE_NO_LOG_CHECK) {
         up_to_date = true;
     }
     bool grant = can_vote && up_to_date;

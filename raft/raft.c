@@ -166,9 +166,6 @@ static int restore_state(struct ida_raft *r, const struct ida_raft_restore *st)
     }
     r->term = st->hard_state.term;
     r->vote = st->hard_state.vote;
-    if (r->cfg.bugs & IDA_RAFT_BUG_FORGET_VOTE) {
-        r->vote = 0;
-    }
     r->commit = st->hard_state.commit;
     if (r->commit < r->snap_index) {
         r->commit = r->snap_index;

@@ -78,19 +78,6 @@
 #define IDA_RAFT_INFLIGHT_MAX 64 /* upper bound of max_inflight */
 #define IDA_RAFT_PENDING_MAX  64 /* batches handed out, not yet persisted */
 
-/* Test-only switches that break the core on purpose (negative controls of
- * the simulator). Never set in production: config.bugs must be 0. */
-enum ida_raft_bug {
-    /* Grant votes without the "log at least as up to date" check (§5.4.1). */
-    IDA_RAFT_BUG_VOTE_NO_LOG_CHECK = 1u << 0,
-    /* Put acknowledgements and votes in batch.msgs (sent before persist). */
-    IDA_RAFT_BUG_ACK_BEFORE_PERSIST = 1u << 1,
-    /* Drop the stored vote in ida_raft_init() (forget the vote on restart). */
-    IDA_RAFT_BUG_FORGET_VOTE = 1u << 2,
-    /* Commit by counting replicas of entries of any term (Figure 8). */
-    IDA_RAFT_BUG_COMMIT_OLD_TERM = 1u << 3,
-};
-
 enum ida_raft_role {
     IDA_RAFT_FOLLOWER = 0,
     IDA_RAFT_PRE_CANDIDATE = 1,
@@ -202,7 +189,6 @@ struct ida_raft_config
     unsigned max_inflight;       /* 1..IDA_RAFT_INFLIGHT_MAX */
     size_t max_msg_entries;      /* entries per append, >= 1 */
     size_t snapshot_chunk_bytes; /* InstallSnapshot chunk, >= 1 */
-    uint32_t bugs;               /* enum ida_raft_bug; test only */
     /* Decode the membership carried by an IDA_ENTRY_CONFIG entry or a
      * snapshot config (the application's bytes; the core only passes them
      * through) into @out. Returns 0, IDA_EPROTO for bytes that do not
@@ -299,6 +285,7 @@ struct ida_raft_batch
 struct ida_raft
 {
     struct ida_raft_config cfg;
+    uint32_t bugs; /* enum ida_raft_bug (raft/testing.h), 0 in production */
     uint64_t rng;
     /* Persistent state (Figure 2), as seen by the core. */
     ida_term term;

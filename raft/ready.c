@@ -8,6 +8,7 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/internal.h"
+#include "raft/testing.h"
 
 /* Queue @m. On allocation failure the message is dropped: Raft tolerates
  * that exactly like a message lost by the network. */
@@ -37,7 +38,7 @@ void ida__raft_send_now(struct ida_raft *r, struct ida_raft_msg *m)
 /* Messages that depend on this node's durable state (votes, acks). */
 void ida__raft_send_after_persist(struct ida_raft *r, struct ida_raft_msg *m)
 {
-    if (r->cfg.bugs & IDA_RAFT_BUG_ACK_BEFORE_PERSIST) {
+    if (r->bugs & IDA_RAFT_BUG_ACK_BEFORE_PERSIST) {
         ida__raft_send_now(r, m);
         return;
     }

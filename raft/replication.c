@@ -8,6 +8,7 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/internal.h"
+#include "raft/testing.h"
 
 struct ida_raft_progress *ida__raft_progress_of(struct ida_raft *r,
                                                 ida_node_id id)
@@ -187,7 +188,7 @@ bool ida__raft_maybe_commit(struct ida_raft *r)
     if (n <= r->commit) {
         return false;
     }
-    bool old_ok = (r->cfg.bugs & IDA_RAFT_BUG_COMMIT_OLD_TERM) != 0;
+    bool old_ok = (r->bugs & IDA_RAFT_BUG_COMMIT_OLD_TERM) != 0;
     if (ida__raft_term_at(r, n) != r->term && !old_ok) {
         return false;
     }

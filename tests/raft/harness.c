@@ -9,6 +9,7 @@
 
 #include "base/assert.h"
 #include "idalloc_errors.h"
+#include "raft/testing.h"
 #include "src/node/convert.h"
 
 struct h_cluster H;
@@ -197,7 +198,6 @@ void h_start(ida_node_id id)
         .max_inflight = 4,
         .max_msg_entries = H.max_msg_entries,
         .snapshot_chunk_bytes = 8,
-        .bugs = H.bugs,
         .conf_decode = node_conf_decode,
     };
     cfg.n_voters = (size_t)(H.bootstrap_n ? H.bootstrap_n : H.n);
@@ -216,6 +216,7 @@ void h_start(ida_node_id id)
     };
     int rv = ida_raft_init(&H.r[id], &cfg, &st);
     IDA_ASSERT(rv == 0);
+    ida_raft_testing_set_bugs(&H.r[id], H.bugs);
     H.up[id] = true;
     H.applied[id] = d->snap_index;
 }

@@ -7,6 +7,7 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/raft.h"
+#include "raft/testing.h"
 #include "tests/raft/harness.h"
 #include "tests/raft/helpers.h"
 

@@ -11,6 +11,7 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/raft.h"
+#include "raft/testing.h"
 #include "src/node/convert.h"
 #include "tests/sim/sim_internal.h"
 
@@ -385,7 +386,6 @@ int sim__node_start(struct sim *s, struct node *nd)
         .max_inflight = 4,
         .max_msg_entries = 8,
         .snapshot_chunk_bytes = 40,
-        .bugs = s->o.bugs,
         .conf_decode = node_conf_decode,
     };
     for (int k = 0; k < s->n_boot; k++) {
@@ -407,6 +407,7 @@ int sim__node_start(struct sim *s, struct node *nd)
     if (rv != 0) {
         return rv;
     }
+    ida_raft_testing_set_bugs(&nd->raft, s->o.bugs);
     memset(&nd->fsm, 0, sizeof(nd->fsm));
     if (d->snap_index > 0) {
         restore_fsm(s, nd, d->snap, d->snap_len, d->snap_index);
