@@ -51,6 +51,7 @@ void ida__raft_become_follower(struct ida_raft *r,
     reset(r, term);
     r->role = IDA_RAFT_FOLLOWER;
     r->leader = lead;
+    ida__raft_check_invariants(r);
 }
 
 static void become_leader(struct ida_raft *r)
@@ -75,6 +76,7 @@ static void become_leader(struct ida_raft *r)
         ida__raft_log_push(r, r->term, IDA_ENTRY_NOOP, NULL, 0);
     }
     r->broadcast = true;
+    ida__raft_check_invariants(r);
 }
 
 static bool record_vote(struct ida_raft *r,
@@ -241,5 +243,6 @@ int ida_raft_transfer(struct ida_raft *r, ida_node_id to)
     } else {
         ida__raft_send_append(r, pr, true);
     }
+    ida__raft_check_invariants(r);
     return 0;
 }

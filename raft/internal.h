@@ -93,4 +93,8 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
 /* raft/read.c */
 void ida__raft_check_reads(struct ida_raft *r);
 
+/* raft/invariants.c */
+/* Assert the core's own invariants (crash if one is broken). */
+void ida__raft_check_invariants(const struct ida_raft *r);
+
 #endif /* IDA_RAFT_INTERNAL_H */

@@ -213,6 +213,7 @@ int ida_raft_init(struct ida_raft *r,
     r->next_batch_id = 1;
     r->role = IDA_RAFT_FOLLOWER;
     ida__raft_randomize_timeout(r);
+    ida__raft_check_invariants(r);
     return 0;
 }
 
@@ -233,7 +234,7 @@ void ida_raft_close(struct ida_raft *r)
     memset(r, 0, sizeof(*r));
 }
 
-void ida_raft_tick(struct ida_raft *r)
+static void tick(struct ida_raft *r)
 {
     ida__raft_begin(r);
     if (r->role != IDA_RAFT_LEADER) {
@@ -267,6 +268,12 @@ void ida_raft_tick(struct ida_raft *r)
     }
 }
 
+void ida_raft_tick(struct ida_raft *r)
+{
+    tick(r);
+    ida__raft_check_invariants(r);
+}
+
 static bool valid_msg(const struct ida_raft *r, const struct ida_raft_msg *m)
 {
     /* Messages from non-members are fine: a new leader's config may not
@@ -290,7 +297,7 @@ static bool valid_msg(const struct ida_raft *r, const struct ida_raft_msg *m)
            m->type <= IDA_RAFT_MSG_TIMEOUT_NOW;
 }
 
-int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m)
+static int step(struct ida_raft *r, const struct ida_raft_msg *m)
 {
     IDA_ASSERT(r != NULL);
     IDA_ASSERT(m != NULL);
@@ -325,6 +332,13 @@ int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m)
     }
     int rv = step_role(r, m);
     ida__raft_step_down_if_removed(r);
+    return rv;
+}
+
+int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m)
+{
+    int rv = step(r, m);
+    ida__raft_check_invariants(r);
     return rv;
 }
 

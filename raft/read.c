@@ -76,5 +76,6 @@ int ida_raft_read_index(struct ida_raft *r, uint64_t ctx)
         ida__raft_send_heartbeat(r, &r->prs[i]);
     }
     ida__raft_check_reads(r); /* a single voter is its own quorum */
+    ida__raft_check_invariants(r);
     return 0;
 }

@@ -179,6 +179,7 @@ bool ida_raft_ready(struct ida_raft *r, struct ida_raft_batch *b)
     b->role = r->role;
     b->leader = r->leader;
     b->term = r->term;
+    ida__raft_check_invariants(r);
     return work || b->n_msgs > 0 || b->n_committed > 0 || b->n_reads > 0;
 }
 
@@ -201,4 +202,5 @@ void ida_raft_persisted(struct ida_raft *r, uint64_t id)
         ida__raft_broadcast_append(r, true);
     }
     ida__raft_step_down_if_removed(r);
+    ida__raft_check_invariants(r);
 }

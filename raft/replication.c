@@ -458,5 +458,6 @@ int ida_raft_propose(struct ida_raft *r,
     if (term != NULL) {
         *term = r->term;
     }
+    ida__raft_check_invariants(r);
     return 0;
 }

@@ -258,5 +258,6 @@ int ida_raft_compact(struct ida_raft *r,
     ida_free(r->snap_data);
     r->snap_data = d;
     r->snap_len = len;
+    ida__raft_check_invariants(r);
     return 0;
 }
