@@ -22,8 +22,8 @@ static void step_stale(struct ida_raft *r, const struct ida_raft_msg *m)
         /* A leader cut off from us kept its old term while we moved on;
          * with pre-vote it may never hear our higher term otherwise. A
          * follower that fell behind gets only InstallSnapshot chunks, no
-         * appends, so those must be answered too (found by the simulator:
-         * liveness seeds 103056, 108615, 119693). */
+         * appends, so those must be answered too, or a stale leader sending
+         * a snapshot is never told to step down. */
         struct ida_raft_msg resp;
         ida__raft_msg_init(&resp, IDA_RAFT_MSG_APPEND_RESPONSE, m->from,
                            r->term);

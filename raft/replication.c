@@ -422,9 +422,10 @@ int ida_raft_propose(struct ida_raft *r,
     }
     struct ida_raft_conf c;
     if (type == IDA_ENTRY_CONFIG) {
-        /* §4.1: one server at a time, one change at a time; and (the fix
-         * of the single-server change bug, raft-dev 2015) only after this
-         * leader committed an entry of its own term. */
+        /* §4.1: one server at a time, one change at a time; and only
+         * after this leader committed an entry of its own term, so its
+         * change cannot overlap an uncommitted change of an earlier leader
+         * (two such changes need not share a majority). */
         if (r->conf_index > r->commit ||
             ida__raft_term_at(r, r->commit) != r->term) {
             return IDA_EBUSY;

@@ -12,8 +12,9 @@
 
 TestSuite(raft, .init = setup3, .fini = teardown);
 
-/* --- allocation failures (STYLE.md §9) -------------------------------------
- */
+/* --- allocation failures ------------------------------------------------ */
+
+/* Each failed allocation returns a code and changes nothing. */
 
 Test(raft, failed_allocations_change_nothing)
 {
