@@ -241,7 +241,7 @@ static void conf_pb_free(void *data, void *p)
 }
 
 static ProtobufCAllocator conf_pb_allocator = {conf_pb_alloc, conf_pb_free,
-                                                    NULL};
+                                               NULL};
 
 int node_conf_decode(const uint8_t *data, size_t len, struct ida_raft_conf *out)
 {
