@@ -1,11 +1,12 @@
 /* Cluster membership as the Raft core sees it: voters and learners.
  *
- * ENTRY_CONFIG entries and snapshot configs carry an encoded
- * idalloc.ClusterConfig (proto/idalloc.proto): members with `voter` set
- * vote and count in quorums; the others are learners (non-voting members,
- * dissertation §4.2.1) that receive the log, so a new server can catch up
- * before it becomes a voter. Addresses are the node's business: the core
- * passes the bytes through unchanged. */
+ * Members listed as voters vote and count in quorums; learners
+ * (non-voting members, dissertation §4.2.1) receive the log, so a new
+ * server can catch up before it becomes a voter. The core never sees how a
+ * membership is encoded: ENTRY_CONFIG entries and snapshot configs carry
+ * the application's bytes, which the core passes through unchanged and
+ * decodes only through ida_raft_config.conf_decode (the node's decoder is
+ * node_conf_decode() in src/node/convert.h). */
 #ifndef IDA_RAFT_CONF_H
 #define IDA_RAFT_CONF_H
 
@@ -24,20 +25,10 @@ struct ida_raft_conf
     size_t n_learners;
 };
 
-/* Decode an encoded idalloc.ClusterConfig into @out (in the encoded order).
- * Returns 0, IDA_EPROTO (malformed, id 0, duplicate ids, no voter, more
- * than IDA_RAFT_NODES_MAX voters or learners). */
-int ida_raft_conf_decode(const uint8_t *data,
-                         size_t len,
-                         struct ida_raft_conf *out);
-
-/* Encode @c as an idalloc.ClusterConfig without addresses into
- * @buf (capacity @cap); *@len gets the size. For tests and tools; the node
- * encodes its own configs with addresses. Returns 0 or IDA_ETOOBIG. */
-int ida_raft_conf_encode(const struct ida_raft_conf *c,
-                         uint8_t *buf,
-                         size_t cap,
-                         size_t *len);
+/* 0 if @c is a valid membership: 1..IDA_RAFT_NODES_MAX voters, at most
+ * IDA_RAFT_NODES_MAX learners, no id 0, no id listed twice; else
+ * IDA_EPROTO. */
+int ida_raft_conf_check(const struct ida_raft_conf *c);
 
 /* The slot of voter @id in @c, -1 if @id is not a voter. */
 int ida_raft_conf_slot(const struct ida_raft_conf *c, ida_node_id id);

@@ -78,19 +78,6 @@
 #define IDA_RAFT_INFLIGHT_MAX 64 /* upper bound of max_inflight */
 #define IDA_RAFT_PENDING_MAX  64 /* batches handed out, not yet persisted */
 
-/* Test-only switches that break the core on purpose (negative controls of
- * the simulator). Never set in production: config.bugs must be 0. */
-enum ida_raft_bug {
-    /* Grant votes without the "log at least as up to date" check (§5.4.1). */
-    IDA_RAFT_BUG_VOTE_NO_LOG_CHECK = 1u << 0,
-    /* Put acknowledgements and votes in batch.msgs (sent before persist). */
-    IDA_RAFT_BUG_ACK_BEFORE_PERSIST = 1u << 1,
-    /* Drop the stored vote in ida_raft_init() (forget the vote on restart). */
-    IDA_RAFT_BUG_FORGET_VOTE = 1u << 2,
-    /* Commit by counting replicas of entries of any term (Figure 8). */
-    IDA_RAFT_BUG_COMMIT_OLD_TERM = 1u << 3,
-};
-
 enum ida_raft_role {
     IDA_RAFT_FOLLOWER = 0,
     IDA_RAFT_PRE_CANDIDATE = 1,
@@ -98,7 +85,7 @@ enum ida_raft_role {
     IDA_RAFT_LEADER = 3,
 };
 
-/* Message types, 1:1 with the oneof of proto PeerMessage. */
+/* Message types (the node maps them to its wire format). */
 enum ida_raft_msg_type {
     IDA_RAFT_MSG_REQUEST_VOTE = 1,
     IDA_RAFT_MSG_RESPONSE_VOTE = 2,
@@ -147,8 +134,8 @@ struct ida_raft_install_snapshot
 {
     ida_index last_index;
     ida_term last_term;
-    /* proto InstallSnapshot.config: the encoded idalloc.ClusterConfig in
-     * effect at last_index; empty: the bootstrap voters. Borrowed (see
+    /* The encoded membership (see cfg.conf_decode) in effect at
+     * last_index; empty: the bootstrap voters. Borrowed (see
      * MEMORY). */
     const uint8_t *config;
     size_t config_len;
@@ -167,7 +154,7 @@ struct ida_raft_snapshot_response
     bool success;
 };
 
-/* One peer message; maps 1:1 to proto PeerMessage (from, to, term, msg). */
+/* One peer message: from, to, term and one of the bodies above. */
 struct ida_raft_msg
 {
     enum ida_raft_msg_type type;
@@ -202,7 +189,14 @@ struct ida_raft_config
     unsigned max_inflight;       /* 1..IDA_RAFT_INFLIGHT_MAX */
     size_t max_msg_entries;      /* entries per append, >= 1 */
     size_t snapshot_chunk_bytes; /* InstallSnapshot chunk, >= 1 */
-    uint32_t bugs;               /* enum ida_raft_bug; test only */
+    /* Decode the membership carried by an IDA_ENTRY_CONFIG entry or a
+     * snapshot config (the application's bytes; the core only passes them
+     * through) into @out. Returns 0, IDA_EPROTO for bytes that do not
+     * decode, IDA_ENOMEM. Must be deterministic. Required; the node's is
+     * node_conf_decode() (src/node/convert.h). */
+    int (*conf_decode)(const uint8_t *data,
+                       size_t len,
+                       struct ida_raft_conf *out);
 };
 
 /* What storage holds, handed to ida_raft_init() on (re)start. */
@@ -213,7 +207,7 @@ struct ida_raft_restore
     ida_term snapshot_term;
     const uint8_t *snapshot_data; /* copied */
     size_t snapshot_len;
-    const uint8_t *snapshot_config; /* encoded ClusterConfig; copied */
+    const uint8_t *snapshot_config; /* encoded membership; copied */
     size_t snapshot_config_len;     /* 0: the bootstrap voters */
     const struct ida_entry
         *entries; /* snapshot_index+1.. consecutive; copied */
@@ -226,7 +220,7 @@ struct ida_raft_snapshot
     ida_term term;
     const uint8_t *data; /* borrowed (see MEMORY) */
     size_t len;
-    const uint8_t *config; /* encoded ClusterConfig at index, borrowed */
+    const uint8_t *config; /* encoded membership at index, borrowed */
     size_t config_len;     /* 0: the bootstrap voters */
 };
 
@@ -291,6 +285,7 @@ struct ida_raft_batch
 struct ida_raft
 {
     struct ida_raft_config cfg;
+    uint32_t bugs; /* enum ida_raft_bug (raft/testing.h), 0 in production */
     uint64_t rng;
     /* Persistent state (Figure 2), as seen by the core. */
     ida_term term;
@@ -398,16 +393,15 @@ int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m);
  * *@term say where it sits: it is committed if an applied entry at @index
  * has @term, and lost if that entry has another term.
  * IDA_ENTRY_CONFIG (membership change, dissertation §4.1): @data is an
- * encoded idalloc.ClusterConfig whose voters differ from the current ones by
- * exactly one added or removed voter (or only the learners change); it takes
- * effect at once (when appended), one change at a time. A leader removed by
- * it keeps leading until the entry commits, then steps down. To replace a
- * server: add the new one as a learner (voter = false), promote it once it
- * caught up (ida_raft_progress_of() match reaches the commit index), then
- * remove the old one.
- * Returns 0, IDA_ENOTLEADER (not leader; batch.leader names the leader if
- * known), IDA_EBUSY (a leadership transfer is under way; or for a config:
- * the previous config change or this leader's first entry has not
+ * encoded membership (decoded by cfg.conf_decode) whose voters differ from the
+ * current ones by exactly one added or removed voter (or only the learners
+ * change); it takes effect at once (when appended), one change at a time. A
+ * leader removed by it keeps leading until the entry commits, then steps down.
+ * To replace a server: add the new one as a learner (voter = false), promote it
+ * once it caught up (ida_raft_progress_of() match reaches the commit index),
+ * then remove the old one. Returns 0, IDA_ENOTLEADER (not leader; batch.leader
+ * names the leader if known), IDA_EBUSY (a leadership transfer is under way; or
+ * for a config: the previous config change or this leader's first entry has not
  * committed yet), IDA_EINVAL (bad type, or a config that does not decode or
  * is not a single-server change), IDA_ENOMEM. On error nothing changed. */
 int ida_raft_propose(struct ida_raft *r,
@@ -458,14 +452,14 @@ ida_node_id ida_raft_leader(const struct ida_raft *r);
 ida_term ida_raft_term(const struct ida_raft *r);
 ida_index ida_raft_commit(const struct ida_raft *r);
 ida_index ida_raft_last_index(const struct ida_raft *r);
-/* The encoded idalloc.ClusterConfig in effect at the snapshot index (the
+/* The encoded membership in effect at the snapshot index (the
  * one ida_raft_compact() or an installed snapshot recorded); *@len 0 and
  * NULL: the bootstrap voters. Storage keeps it with the snapshot and hands
  * it back in ida_raft_restore. Borrowed (see MEMORY). */
 const uint8_t *ida_raft_snapshot_config(const struct ida_raft *r, size_t *len);
 /* The leader's replication progress of member @id (voter or learner), NULL
  * if this node is not leader or @id is not a member. For status output
- * (proto PeerProgress) and to decide when a learner caught up. Borrowed. */
+ * and to decide when a learner caught up. Borrowed. */
 const struct ida_raft_progress *ida_raft_progress_of(const struct ida_raft *r,
                                                      ida_node_id id);
 /* The voters in effect. */

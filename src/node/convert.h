@@ -1,5 +1,6 @@
 /* Translation between the Raft core's message structs and proto
- * PeerMessage, between client requests and log commands, and from state
+ * PeerMessage, between client requests and log commands, between the core's
+ * membership (struct ida_raft_conf) and idalloc.ClusterConfig, and from state
  * machine results to client replies. */
 #ifndef IDA_NODE_CONVERT_H
 #define IDA_NODE_CONVERT_H
@@ -56,5 +57,23 @@ struct node_pb_result
  * to pack or to place in a ClientResponse; it is valid while @pb lives. */
 void node_fsm_result_to_pb(const struct ida_fsm_result *r,
                            struct node_pb_result *pb);
+
+/* Decode an encoded idalloc.ClusterConfig into @out (in the encoded order):
+ * members with `voter` set are voters, the others learners; addresses are
+ * the node's business and are skipped. The node hands this to the core as
+ * ida_raft_config.conf_decode. Returns 0, IDA_EPROTO (malformed, id 0,
+ * duplicate ids, no voter, more than IDA_RAFT_NODES_MAX voters or
+ * learners); on error @out is unchanged. */
+int node_conf_decode(const uint8_t *data,
+                     size_t len,
+                     struct ida_raft_conf *out);
+
+/* Encode @c as an idalloc.ClusterConfig without addresses into
+ * @buf (capacity @cap); *@len gets the size. For tests and tools; the node
+ * encodes its own configs with addresses. Returns 0 or IDA_ETOOBIG. */
+int node_conf_encode(const struct ida_raft_conf *c,
+                     uint8_t *buf,
+                     size_t cap,
+                     size_t *len);
 
 #endif /* IDA_NODE_CONVERT_H */

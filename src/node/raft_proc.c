@@ -754,6 +754,7 @@ int ida__raft_proc_new(struct ida_node *n,
         .max_inflight = 32,
         .max_msg_entries = 256,
         .snapshot_chunk_bytes = 512 * 1024,
+        .conf_decode = node_conf_decode,
     };
     if (rc.heartbeat_ticks == 0) {
         rc.heartbeat_ticks = 1;

@@ -9,6 +9,8 @@
 
 #include "base/assert.h"
 #include "idalloc_errors.h"
+#include "raft/testing.h"
+#include "src/node/convert.h"
 
 struct h_cluster H;
 
@@ -196,7 +198,7 @@ void h_start(ida_node_id id)
         .max_inflight = 4,
         .max_msg_entries = H.max_msg_entries,
         .snapshot_chunk_bytes = 8,
-        .bugs = H.bugs,
+        .conf_decode = node_conf_decode,
     };
     cfg.n_voters = (size_t)(H.bootstrap_n ? H.bootstrap_n : H.n);
     for (size_t k = 0; k < cfg.n_voters; k++) {
@@ -214,6 +216,7 @@ void h_start(ida_node_id id)
     };
     int rv = ida_raft_init(&H.r[id], &cfg, &st);
     IDA_ASSERT(rv == 0);
+    ida_raft_testing_set_bugs(&H.r[id], H.bugs);
     H.up[id] = true;
     H.applied[id] = d->snap_index;
 }
@@ -397,7 +400,7 @@ int h_propose_conf(ida_node_id id, const ida_node_id *voters, size_t n)
     memcpy(c.voters, voters, n * sizeof(*voters));
     uint8_t buf[256];
     size_t len;
-    IDA_ASSERT(ida_raft_conf_encode(&c, buf, sizeof(buf), &len) == 0);
+    IDA_ASSERT(node_conf_encode(&c, buf, sizeof(buf), &len) == 0);
     int rv = ida_raft_propose(&H.r[id], IDA_ENTRY_CONFIG, buf, len, NULL, NULL);
     h_collect(id);
     return rv;

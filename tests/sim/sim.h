@@ -1,4 +1,4 @@
-/* The deterministic cluster simulator (issue 4).
+/* The deterministic cluster simulator.
  *
  * One process, one thread, a seeded PRNG and a virtual clock in
  * milliseconds. 3 or 5 nodes each run the real Raft core (raft/raft.h)

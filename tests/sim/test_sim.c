@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "raft/raft.h"
+#include "raft/testing.h"
 #include "tests/sim/sim.h"
 
 /* --- helpers -------------------------------------------------------------- */

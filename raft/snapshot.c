@@ -1,0 +1,263 @@
+/* Snapshots: chunked InstallSnapshot both ways and compaction. Internal
+ * helpers: raft/internal.h. */
+#include "raft/raft.h"
+
+#include <string.h>
+
+#include "base/assert.h"
+#include "base/heap.h"
+#include "idalloc_errors.h"
+#include "raft/internal.h"
+
+void ida__raft_send_snapshot_chunk(struct ida_raft *r,
+                                   struct ida_raft_progress *pr)
+{
+    if (pr->snap_sent) {
+        return;
+    }
+    if (pr->snap_index != r->snap_index) {
+        /* A newer snapshot replaced the one being sent: start over. */
+        pr->snap_index = r->snap_index;
+        pr->snap_offset = 0;
+    }
+    uint64_t left = r->snap_len - pr->snap_offset;
+    size_t len = left < r->cfg.snapshot_chunk_bytes
+                     ? (size_t)left
+                     : r->cfg.snapshot_chunk_bytes;
+    struct ida_raft_msg m;
+    ida__raft_msg_init(&m, IDA_RAFT_MSG_INSTALL_SNAPSHOT, pr->id, r->term);
+    m.u.install_snapshot.last_index = r->snap_index;
+    m.u.install_snapshot.last_term = r->snap_term;
+    m.u.install_snapshot.offset = pr->snap_offset;
+    m.u.install_snapshot.len = len;
+    m.u.install_snapshot.done = pr->snap_offset + len == r->snap_len;
+    m.u.install_snapshot.total_size = r->snap_len;
+    ida__raft_send_now(r, &m);
+    pr->snap_sent = true;
+}
+
+void ida__raft_start_snapshot(struct ida_raft *r, struct ida_raft_progress *pr)
+{
+    pr->state = IDA_RAFT_SNAPSHOT;
+    pr->snap_index = r->snap_index;
+    pr->snap_offset = 0;
+    pr->snap_sent = false;
+    ida__raft_send_snapshot_chunk(r, pr);
+}
+
+void ida__raft_handle_snapshot_response(struct ida_raft *r,
+                                        const struct ida_raft_msg *m)
+{
+    struct ida_raft_progress *pr = ida__raft_progress_of(r, m->from);
+    const struct ida_raft_snapshot_response *sr = &m->u.snapshot_response;
+    if (pr == NULL) {
+        return;
+    }
+    pr->recent_active = true;
+    if (pr->state != IDA_RAFT_SNAPSHOT || sr->last_index != pr->snap_index) {
+        return;
+    }
+    if (sr->done && sr->success) {
+        if (pr->snap_index > pr->match) {
+            pr->match = pr->snap_index;
+        }
+        ida__raft_become_probe(pr);
+        if (ida__raft_maybe_commit(r)) {
+            ida__raft_broadcast_append(r, true);
+        }
+        ida__raft_send_append(r, pr, true);
+        return;
+    }
+    pr->snap_sent = false;
+    pr->snap_offset =
+        sr->success && sr->next_offset <= r->snap_len ? sr->next_offset : 0;
+    ida__raft_send_snapshot_chunk(r, pr);
+}
+
+static void snapshot_reply(struct ida_raft *r,
+                           const struct ida_raft_msg *m,
+                           uint64_t next_offset,
+                           bool done,
+                           bool after_persist)
+{
+    struct ida_raft_msg resp;
+    ida__raft_msg_init(&resp, IDA_RAFT_MSG_SNAPSHOT_RESPONSE, m->from, r->term);
+    resp.u.snapshot_response.last_index = m->u.install_snapshot.last_index;
+    resp.u.snapshot_response.next_offset = next_offset;
+    resp.u.snapshot_response.done = done;
+    resp.u.snapshot_response.success = true;
+    if (after_persist) {
+        ida__raft_send_after_persist(r, &resp);
+    } else {
+        ida__raft_send_now(r, &resp);
+    }
+}
+
+static void install_snapshot(struct ida_raft *r)
+{
+    ida_index s = r->rcv_index;
+    ida_term t = r->rcv_term;
+    if (s <= ida__raft_last_index(r) && ida__raft_term_at(r, s) == t) {
+        /* §5: "If existing log entry has same index and term as snapshot's
+         * last included entry, retain log entries following it". */
+        ida__raft_log_compact(r, s, t);
+    } else {
+        /* The whole log is older or conflicting: drop it. */
+        for (size_t i = 0; i < r->n_log; i++) {
+            ida_free(r->log[i].data);
+        }
+        r->n_log = 0;
+        ida__raft_log_compact(r, s, t);
+    }
+    /* The snapshot batch rewrites the whole stored log (raft.h rule 1), so
+     * the retained suffix goes out again with it, and nothing after the
+     * snapshot counts as durable (or is applied) before that batch is. */
+    r->unsent = s + 1;
+    if (r->stable > s) {
+        r->stable = s;
+    }
+    for (unsigned k = 0; k < r->pending_count; k++) {
+        unsigned p = (r->pending_head + k) % IDA_RAFT_PENDING_MAX;
+        if (r->pending[p].last > s) {
+            r->pending[p].last = s;
+        }
+    }
+    ida_free(r->snap_data);
+    r->snap_data = r->rcv_data;
+    r->snap_len = r->rcv_len;
+    r->rcv_data = NULL;
+    r->rcv_len = r->rcv_cap = 0;
+    r->rcv_index = 0;
+    ida_free(r->snap_conf);
+    r->snap_conf = r->rcv_conf;
+    r->snap_conf_len = r->rcv_conf_len;
+    r->rcv_conf = NULL;
+    r->rcv_conf_len = 0;
+    r->snap_unsent = true;
+    if (r->conf_index <= s) {
+        r->conf_index = 0;
+    }
+    r->commit = s;
+    r->applied = s; /* the state machine restores the snapshot */
+}
+
+int ida__raft_handle_install_snapshot(struct ida_raft *r,
+                                      const struct ida_raft_msg *m)
+{
+    const struct ida_raft_install_snapshot *is = &m->u.install_snapshot;
+    if (is->last_index <= r->commit) {
+        /* We already hold (and match) everything it covers. */
+        snapshot_reply(r, m, 0, true, false);
+        return 0;
+    }
+    if (is->offset == 0) {
+        if (is->total_size > SIZE_MAX / 2) {
+            return IDA_EPROTO;
+        }
+        if (r->rcv_cap < is->total_size || r->rcv_data == NULL) {
+            size_t cap = is->total_size ? (size_t)is->total_size : 1;
+            uint8_t *d = ida_realloc(r->rcv_data, cap);
+            if (d == NULL) {
+                return IDA_ENOMEM;
+            }
+            r->rcv_data = d;
+            r->rcv_cap = cap;
+        }
+        if (is->config_len > 0) {
+            struct ida_raft_conf c;
+            int rv =
+                ida__raft_conf_decode(&r->cfg, is->config, is->config_len, &c);
+            if (rv != 0) {
+                return rv;
+            }
+        }
+        uint8_t *conf;
+        int rv = ida__raft_copy_data(is->config, is->config_len, &conf);
+        if (rv != 0) {
+            return rv;
+        }
+        ida_free(r->rcv_conf);
+        r->rcv_conf = conf;
+        r->rcv_conf_len = is->config_len;
+        r->rcv_index = is->last_index;
+        r->rcv_term = is->last_term;
+        r->rcv_len = 0;
+    }
+    if (r->rcv_index != is->last_index || r->rcv_term != is->last_term ||
+        is->offset != r->rcv_len) {
+        /* Another snapshot or a gap: tell the leader where we are. */
+        snapshot_reply(r, m, r->rcv_index == is->last_index ? r->rcv_len : 0,
+                       false, false);
+        return 0;
+    }
+    if (r->rcv_len + is->len > r->rcv_cap ||
+        r->rcv_len + is->len > is->total_size) {
+        return IDA_EPROTO;
+    }
+    if (is->len > 0) {
+        memcpy(r->rcv_data + r->rcv_len, is->data, is->len);
+    }
+    r->rcv_len += is->len;
+    if (!is->done) {
+        snapshot_reply(r, m, r->rcv_len, false, false);
+        return 0;
+    }
+    if (r->rcv_len != is->total_size) {
+        return IDA_EPROTO;
+    }
+    size_t len = r->rcv_len;
+    install_snapshot(r);
+    /* The config was validated at offset 0: only allocation can fail; the
+     * snapshot stands and the membership is recomputed at the next change
+     * or restart. */
+    (void)ida__raft_conf_refresh(r);
+    snapshot_reply(r, m, len, true, true);
+    return 0;
+}
+
+int ida_raft_compact(struct ida_raft *r,
+                     ida_index index,
+                     const uint8_t *data,
+                     size_t len)
+{
+    IDA_ASSERT(r != NULL);
+    ida__raft_begin(r);
+    if (index > r->applied || index <= r->snap_index ||
+        (len > 0 && data == NULL)) {
+        return IDA_EINVAL;
+    }
+    uint8_t *d;
+    int rv = ida__raft_copy_data(data, len, &d);
+    if (rv != 0) {
+        return rv;
+    }
+    /* The snapshot keeps the config in effect at @index. */
+    const struct ida_entry *ce = NULL;
+    for (ida_index i = index; i > r->snap_index && ce == NULL; i--) {
+        if (ida__raft_entry_at(r, i)->type == IDA_ENTRY_CONFIG) {
+            ce = ida__raft_entry_at(r, i);
+        }
+    }
+    uint8_t *conf = NULL;
+    if (ce != NULL) {
+        rv = ida__raft_copy_data(ce->data, ce->len, &conf);
+        if (rv != 0) {
+            ida_free(d);
+            return rv;
+        }
+        ida_free(r->snap_conf);
+        r->snap_conf = conf;
+        r->snap_conf_len = ce->len;
+    }
+    ida_term t = ida__raft_term_at(r, index);
+    IDA_ASSERT(t != 0);
+    ida__raft_log_compact(r, index, t);
+    if (r->conf_index <= index) {
+        r->conf_index = 0; /* now the snapshot's config */
+    }
+    ida_free(r->snap_data);
+    r->snap_data = d;
+    r->snap_len = len;
+    ida__raft_check_invariants(r);
+    return 0;
+}

@@ -1,0 +1,99 @@
+/* The simulated disk: a durable image plus written-but-unsynced
+ * batches. */
+#include "tests/sim/sim.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/assert.h"
+#include "base/heap.h"
+#include "idalloc_errors.h"
+#include "raft/raft.h"
+#include "tests/sim/sim_internal.h"
+
+void sim__disk_free_entries_from(struct disk *d, size_t k)
+{
+    for (size_t i = k; i < d->n; i++) {
+        ida_free(d->ents[i].data);
+    }
+    if (k < d->n) {
+        d->n = k;
+    }
+}
+
+static ida_index disk_last(const struct disk *d)
+{
+    return d->snap_index + d->n;
+}
+
+ida_term sim__disk_term_at(const struct disk *d, ida_index i)
+{
+    if (i == d->snap_index) {
+        return d->snap_term;
+    }
+    if (i < d->snap_index || i > disk_last(d)) {
+        return 0;
+    }
+    return d->ents[i - d->snap_index - 1].term;
+}
+
+void sim__write_free(struct write *w)
+{
+    ida_free(w->snap);
+    ida_free(w->snap_conf);
+    for (size_t i = 0; i < w->n_ents; i++) {
+        ida_free(w->ents[i].data);
+    }
+    ida_free(w->ents);
+    for (size_t i = 0; i < w->n_msgs; i++) {
+        sim__packet_free(&w->msgs[i]);
+    }
+    ida_free(w->msgs);
+    memset(w, 0, sizeof(*w));
+}
+
+/* Make @w durable: rule 1 of the persistence contract. Takes ownership of
+ * the write's data. */
+void sim__disk_apply(struct sim *s, struct node *nd, struct write *w)
+{
+    struct disk *d = &nd->disk;
+    if (w->has_hs) {
+        d->hs = w->hs;
+    }
+    if (w->has_snap) {
+        ida_free(d->snap);
+        d->snap = w->snap;
+        w->snap = NULL;
+        d->snap_len = w->snap_len;
+        d->snap_index = w->snap_index;
+        d->snap_term = w->snap_term;
+        ida_free(d->snap_conf);
+        d->snap_conf = w->snap_conf;
+        d->snap_conf_len = w->snap_conf_len;
+        w->snap_conf = NULL;
+        sim__disk_free_entries_from(d, 0);
+    }
+    if (w->n_ents > 0) {
+        ida_index first = w->ents[0].index;
+        if (first > disk_last(d) + 1) {
+            sim__violation(s,
+                           "node %u: batch entries from %" PRIu64
+                           " leave a gap after stored index %" PRIu64,
+                           nd->id, first, disk_last(d));
+        }
+        if (first > d->snap_index) {
+            sim__disk_free_entries_from(d, (size_t)(first - d->snap_index - 1));
+        }
+        d->ents =
+            sim__grow(s, d->ents, &d->cap, d->n + w->n_ents, sizeof(*d->ents));
+        for (size_t i = 0; i < w->n_ents && d->ents != NULL; i++) {
+            if (w->ents[i].index <= d->snap_index) {
+                continue; /* inside the stored snapshot */
+            }
+            d->ents[d->n++] = w->ents[i];
+            w->ents[i].data = NULL;
+        }
+    }
+}

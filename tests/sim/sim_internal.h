@@ -1,0 +1,239 @@
+/* Declarations shared by the simulator's files (tests/sim/sim*.c): its
+ * constants, state and the helpers one part calls in another. Not for the
+ * tests: they use tests/sim/sim.h. */
+#ifndef IDA_SIM_INTERNAL_H
+#define IDA_SIM_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/types.h"
+#include "raft/raft.h"
+#include "tests/sim/sim.h"
+
+#define NODES_MAX         8 /* slots: 5 + replacements */
+#define CLIENTS           4
+#define TICK_MS           10
+#define ELECTION_TICKS    10
+#define HEARTBEAT_TICKS   2
+#define CLIENT_TIMEOUT_MS 400
+#define LIVENESS_BOUND_MS 3000
+#define SNAPSHOT_EVERY    24 /* applied entries between app snapshots */
+#define NEVER             UINT64_MAX
+
+/* --- the test state machine ---------------------------------------------
+ * A counter handing out ids, with a session table: (client, seq) applied
+ * twice answers the first id. Commands are 12 bytes: client u32, seq u64.
+ * This is the seam where fsm/ plugs in: apply, snapshot, restore, read. */
+struct fsm
+{
+    ida_index applied;
+    uint64_t counter;
+    uint64_t last_seq[CLIENTS];
+    uint64_t last_result[CLIENTS];
+};
+
+struct packet
+{
+    uint64_t at;
+    uint64_t seq;
+    struct ida_raft_msg m; /* entries / data point into the copies below */
+    struct ida_entry *ents;
+    uint8_t *blob;
+    uint8_t *conf; /* InstallSnapshot config bytes */
+};
+
+struct write
+{
+    uint64_t id;
+    bool has_hs;
+    struct ida_hard_state hs;
+    bool has_snap;
+    ida_index snap_index;
+    ida_term snap_term;
+    uint8_t *snap;
+    size_t snap_len;
+    uint8_t *snap_conf;
+    size_t snap_conf_len;
+    struct ida_entry *ents;
+    size_t n_ents;
+    struct packet *msgs; /* after-persist messages, not yet scheduled */
+    size_t n_msgs;
+};
+
+struct disk
+{
+    struct ida_hard_state hs;
+    ida_index snap_index;
+    ida_term snap_term;
+    uint8_t *snap;
+    size_t snap_len;
+    uint8_t *snap_conf; /* the snapshot's encoded config, NULL: bootstrap */
+    size_t snap_conf_len;
+    struct ida_entry *ents;
+    size_t n, cap;
+};
+
+struct proposal
+{
+    int client;
+    uint64_t seq;
+    ida_index index;
+    ida_term term;
+};
+
+struct pread
+{
+    int client;
+    uint64_t ctx;
+    ida_index index; /* 0 until the core confirmed it */
+};
+
+struct node
+{
+    ida_node_id id;
+    bool up;
+    bool dead; /* removed from the cluster for good */
+    struct ida_raft raft;
+    struct disk disk;
+    struct write *writes;
+    size_t n_writes, cap_writes;
+    uint64_t sync_at;
+    uint64_t next_tick;
+    uint64_t restart_at;
+    struct fsm fsm;
+    ida_index last_commit; /* this incarnation */
+    enum ida_raft_role last_role;
+    struct proposal props[64];
+    size_t n_props;
+    struct pread reads[16];
+    size_t n_reads;
+};
+
+struct client
+{
+    uint64_t seq; /* current request */
+    bool busy;
+    bool is_read;
+    uint64_t read_floor; /* max id acked when the read started */
+    uint64_t sent_at;
+    uint64_t timeout_at;
+    uint64_t next_at;  /* next send / resend */
+    int target;        /* node index */
+    uint64_t *answers; /* by seq; 0: none */
+    size_t cap_answers;
+    bool done_after_heal;
+};
+
+struct lm_slot
+{
+    ida_index index;
+    ida_term term;
+    uint64_t hash;
+    ida_term prev_term;
+};
+
+struct sim
+{
+    struct sim_opts o;
+    struct sim_result *res;
+    uint64_t rng;
+    uint64_t now;
+    int n;      /* node slots in use (ids 1..n) */
+    int n_boot; /* the bootstrap cluster: ids 1..n_boot */
+    struct node nodes[NODES_MAX];
+    struct client clients[CLIENTS];
+    /* network */
+    struct packet *net;
+    size_t n_net, cap_net;
+    uint64_t pkt_seq;
+    bool blocked[NODES_MAX][NODES_MAX];
+    unsigned loss_pct, dup_pct, delay_max_ms;
+    uint64_t next_fault;
+    uint64_t heal_at;
+    uint64_t healed_at; /* NEVER until the faults healed */
+    bool faults_on;
+    ida_node_id retire; /* a removed leader: dies once it stepped down */
+    bool pre_vote;      /* per seed: both settings must be safe */
+    bool check_quorum;
+    /* global knowledge */
+    ida_term *glob_term; /* committed entries by index */
+    uint64_t *glob_hash;
+    uint64_t *glob_counter; /* fsm counter after applying index, 0: unknown */
+    size_t glob_len, glob_cap;
+    size_t glob_applied;
+    ida_node_id *leaders; /* by term */
+    size_t cap_leaders;
+    struct lm_slot *lm; /* log matching table, open addressing */
+    size_t lm_cap, lm_used;
+    uint64_t max_acked_id;
+    uint64_t *ids_seen; /* bitmap over ids handed out to clients */
+    size_t ids_cap;
+    bool failed;
+    bool oom;
+};
+
+#define CTX_SHIFT 48 /* read ctx: client << CTX_SHIFT | seq */
+
+/* tests/sim/sim.c */
+uint64_t sim__rnd(uint64_t *s);
+uint64_t sim__below(uint64_t *s, uint64_t n);
+bool sim__chance(uint64_t *s, unsigned percent);
+void sim__hash_in(struct sim *s,
+                  uint64_t a,
+                  uint64_t b,
+                  uint64_t c,
+                  uint64_t d);
+void sim__tracef(struct sim *s, const char *fmt, ...);
+void sim__violation(struct sim *s, const char *fmt, ...);
+void *sim__grow(struct sim *s, void *p, size_t *cap, size_t need, size_t elem);
+uint64_t sim__entry_hash(const struct ida_entry *e);
+
+/* tests/sim/sim_fsm.c */
+void sim__cmd_encode(uint8_t out[12], uint32_t client, uint64_t seq);
+uint64_t sim__fsm_apply(struct fsm *f, const struct ida_entry *e);
+
+/* tests/sim/sim_net.c */
+void sim__packet_free(struct packet *p);
+bool sim__packet_copy(struct packet *p, const struct ida_raft_msg *m);
+int sim__node_slot(const struct sim *s, ida_node_id id);
+const char *sim__msg_desc(const struct ida_raft_msg *m, char *buf, size_t n);
+void sim__net_send(struct sim *s, struct packet *p);
+
+/* tests/sim/sim_disk.c */
+void sim__disk_free_entries_from(struct disk *d, size_t k);
+ida_term sim__disk_term_at(const struct disk *d, ida_index i);
+void sim__write_free(struct write *w);
+void sim__disk_apply(struct sim *s, struct node *nd, struct write *w);
+
+/* tests/sim/sim_check.c */
+void sim__lm_check(struct sim *s, struct node *nd, const struct ida_entry *e);
+void sim__check_leader(struct sim *s, struct node *nd);
+void sim__check_commit(struct sim *s, struct node *nd);
+
+/* tests/sim/sim_client.c */
+void sim__client_answer(struct sim *s, int ci, uint64_t seq, uint64_t id);
+void sim__client_retry(struct sim *s, int ci, ida_node_id hint);
+void sim__client_read_answer(struct sim *s, int ci, uint64_t ctx, uint64_t v);
+void sim__client_tick(struct sim *s, int ci);
+
+/* tests/sim/sim_node.c */
+void sim__serve_reads(struct sim *s, struct node *nd);
+void sim__drain(struct sim *s, struct node *nd);
+void sim__node_step(struct sim *s,
+                    struct node *nd,
+                    const struct ida_raft_msg *m);
+void sim__node_sync(struct sim *s, struct node *nd);
+int sim__node_start(struct sim *s, struct node *nd);
+void sim__node_crash(struct sim *s, struct node *nd);
+
+/* tests/sim/sim_fault.c */
+struct node *sim__find_leader(struct sim *s);
+void sim__retire_removed_leader(struct sim *s);
+void sim__fault(struct sim *s);
+void sim__heal(struct sim *s);
+bool sim__liveness_done(struct sim *s);
+void sim__liveness_final_check(struct sim *s);
+
+#endif /* IDA_SIM_INTERNAL_H */
