@@ -36,7 +36,8 @@ struct idalloc_options
 {
     /* Where the cluster is: a comma-separated list of client addresses
      * ("127.0.0.1:7201,127.0.0.1:7202"), or a cluster file whose `node`
-     * lines give them. Exactly one must be set. */
+     * lines give them. Exactly one must be set. One reachable member is
+     * enough: the client learns the others from the cluster. */
     const char *addresses;
     const char *config_path;
     /* One attempt against one node; on expiry the call moves on to another
@@ -199,7 +200,11 @@ struct idalloc_node_status
 };
 
 /* Number of nodes the client knows, and the status of node number @i
- * (0-based, in the order of the options' addresses) asked directly. */
+ * (0-based) asked directly. The client knows the addresses of its options
+ * first (in their order), then those the cluster named: a NOT_LEADER hint
+ * is followed to any address, and NOT_LEADER and status answers list every
+ * member's client address, so the count can grow after a call (at most
+ * 16 nodes). */
 size_t idalloc_node_count(const struct idalloc_client *c);
 int idalloc_node_status(struct idalloc_client *c,
                         size_t i,

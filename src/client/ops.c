@@ -301,6 +301,7 @@ int idalloc_node_status(struct idalloc_client *c,
                               idalloc_strerror(rv));
         return rv;
     }
+    ida__client_learn_members(c, r); /* status lists every member */
     const Idalloc__CommandResult *res = r->result;
     if (res == NULL || res->error != 0 ||
         res->result_case != IDALLOC__COMMAND_RESULT__RESULT_STATUS) {

@@ -169,6 +169,11 @@ void ida__node_reply_error(struct ida_node *n,
 {
     Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
     Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    char *members[IDA_CONFIG_NODES_MAX];
+    if (err == IDA_ENOTLEADER) {
+        r.member_addrs = members;
+        r.n_member_addrs = ida__node_member_addrs(n, members);
+    }
     res.error = (uint32_t)err;
     res.error_msg = (char *)(why != NULL ? why : idalloc_strerror(err));
     r.request_seq = seq;
@@ -179,6 +184,14 @@ void ida__node_reply_error(struct ida_node *n,
         r.leader_addr = l != NULL ? (char *)l->client.text : "";
     }
     ida_net_reply(n->net, conn, &r);
+}
+
+size_t ida__node_member_addrs(struct ida_node *n, char **out)
+{
+    for (unsigned i = 0; i < n->cfg.node_count; i++) {
+        out[i] = (char *)n->cfg.nodes[i].client.text;
+    }
+    return n->cfg.node_count;
 }
 
 /* --- net callbacks (on the net thread) -------------------------------------

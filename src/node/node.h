@@ -109,6 +109,11 @@ void ida__node_reply_error(struct ida_node *n,
                            const char *why,
                            ida_node_id leader);
 
+/* Point @out (IDA_CONFIG_NODES_MAX slots) at the client address of every
+ * member (borrowed from the node's config); returns how many. A client that
+ * was given one address learns the others from these. */
+size_t ida__node_member_addrs(struct ida_node *n, char **out);
+
 /* Milliseconds of a monotonic / wall clock. */
 uint64_t ida__node_mono_ms(void);
 uint64_t ida__node_wall_ms(void);

@@ -181,6 +181,9 @@ static void reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
     resp.request_seq = seq;
     resp.result = &res;
     resp.leader_id = ida_raft_leader(r);
+    char *members[IDA_CONFIG_NODES_MAX];
+    resp.member_addrs = members;
+    resp.n_member_addrs = ida__node_member_addrs(n, members);
     ida_net_reply(n->net, conn, &resp);
 }
 

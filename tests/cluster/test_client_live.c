@@ -325,3 +325,49 @@ Test(client_live,
     }
     idalloc_client_free(admin);
 }
+
+/* A client given only a follower's address follows the NOT_LEADER hint to
+ * the leader (an address it was not given) and learns every member. */
+Test(client_live,
+     follower_address_alone_is_enough,
+     .init = setup3,
+     .fini = teardown,
+     .timeout = 60)
+{
+    int leader = tc_wait_leader(&c, 10000);
+    cr_assert_geq(leader, 0);
+    int follower = (leader + 1) % 3;
+    char addr[64];
+    snprintf(addr, sizeof(addr), "%s", c.cfg.nodes[follower].client.text);
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = addr;
+    o.call_timeout_ms = 20000;
+    struct idalloc_client *one;
+    cr_assert_eq(idalloc_client_new(&o, &one, NULL), 0);
+    cr_assert_eq(idalloc_node_count(one), 1);
+    uint64_t t0 = tc_now_ms();
+    cr_assert_eq(idalloc_pool_create(one, "f", IDALLOC_POOL_BOUNDED, 10, NULL),
+                 0, "%s", idalloc_last_error());
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(one, "f", "x", &id, NULL), 0, "%s",
+                 idalloc_last_error());
+    /* One attempt per node at most; a timeout would take seconds. */
+    cr_assert_lt(tc_now_ms() - t0, 3000, "took %llu ms",
+                 (unsigned long long)(tc_now_ms() - t0));
+    cr_assert_eq(idalloc_node_count(one), 3, "members not learned");
+    idalloc_client_free(one);
+
+    /* The CLI too: status lists all three nodes from one address. */
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "%s --cluster %s --timeout 10000 alloc f --tag y",
+                        tc_bin("idalloc"), addr),
+                 0, "%s", out);
+    cr_assert_str_eq(out, "1\n");
+    tc_run(out, sizeof(out), "%s --cluster %s status", tc_bin("idalloc"), addr);
+    int lines = 0;
+    for (const char *p = out; (p = strstr(p, "node=")) != NULL; p++) {
+        lines++;
+    }
+    cr_assert_eq(lines, 3, "status from one address:\n%s", out);
+}
