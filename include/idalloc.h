@@ -19,12 +19,20 @@
 #include <stdint.h>
 
 #include "idalloc_errors.h"
+#include "idalloc_version.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define IDALLOC_ERRMSG_MAX 512
+
+/* The largest block idalloc_reserve() takes: 2^24 ids (the cluster's limit,
+ * IDA_RESERVE_COUNT_MAX of fsm/fsm.h; src/node checks they agree). */
+#define IDALLOC_RESERVE_COUNT_MAX (UINT64_C(1) << 24)
+
+/* The library's version, IDALLOC_VERSION of the build ("0.2.0"). */
+const char *idalloc_version(void);
 
 enum idalloc_pool_kind {
     IDALLOC_POOL_SEQUENCE = 1,
@@ -143,7 +151,8 @@ int idalloc_list(struct idalloc_client *c,
                  int *more);
 void idalloc_holdings_free(struct idalloc_holding *h, size_t count);
 
-/* Sequence pool: reserve @count ids [*first, *first + @count). */
+/* Sequence pool: reserve @count ids [*first, *first + @count). @count must
+ * be in [1, IDALLOC_RESERVE_COUNT_MAX] (else IDA_EINVAL, nothing sent). */
 int idalloc_reserve(struct idalloc_client *c,
                     const char *pool,
                     uint64_t count,

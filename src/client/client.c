@@ -8,6 +8,11 @@
  * flight on one connection at once (pipelining). A response whose waiter
  * gave up is dropped.
  *
+ * Outcome: a call that ends without an answer is IDA_EUNAVAIL when the
+ * request never reached a node, or reached only nodes that answered "not
+ * leader" (not carried out, retrying is safe), else IDA_ETIMEDOUT (it may
+ * have taken effect: retry with the same request id).
+ *
  * Retries: a call has a request_seq fixed for its whole life. On a timeout,
  * a dead connection or an answer that does not settle it (not leader, busy,
  * leadership lost) it moves on to another node with the SAME client_id and
@@ -40,6 +45,11 @@
 static _Thread_local char last_error[IDALLOC_ERRMSG_MAX];
 static _Thread_local uint64_t last_seq;
 static _Thread_local uint64_t retry_seq; /* 0: none */
+
+const char *idalloc_version(void)
+{
+    return IDALLOC_VERSION;
+}
 
 uint64_t idalloc_last_request_seq(void)
 {
@@ -464,7 +474,7 @@ int ida__client_call(struct idalloc_client *c,
     uint64_t deadline = ida__client_now_ms() + c->opts.call_timeout_ms;
     size_t target = atomic_load(&c->leader) % atomic_load(&c->nconns);
     uint64_t backoff = 10;
-    int maybe_sent = 0;
+    int maybe_sent = 0, any_sent = 0;
     char why[160] = "no attempt made";
     for (;;) {
         uint64_t now = ida__client_now_ms();
@@ -479,7 +489,11 @@ int ida__client_call(struct idalloc_client *c,
         int sent;
         Idalloc__ClientResponse *r = NULL;
         rv = attempt(c, k, &f, budget, &r, &sent);
-        maybe_sent |= sent;
+        /* Sent and not answered "not leader" (which means not carried
+         * out): it may have taken effect. */
+        maybe_sent |= sent && !(rv == 0 && r->result != NULL &&
+                                r->result->error == IDA_ENOTLEADER);
+        any_sent |= sent;
         last_seq = req->request_seq;
         if (rv == IDA_ETOOBIG || rv == IDA_ENOMEM) {
             ida__client_set_error("request too large or out of memory");
@@ -516,7 +530,7 @@ int ida__client_call(struct idalloc_client *c,
             return 0;
         } else {
             snprintf(why, sizeof(why), "%s: %s", k->addr.text,
-                     idalloc_strerror(rv));
+                     sent ? idalloc_strerror(rv) : "cannot connect");
             target = next;
         }
         uint64_t left = deadline - ida__client_now_ms();
@@ -526,10 +540,20 @@ int ida__client_call(struct idalloc_client *c,
         backoff = backoff * 2 > 200 ? 200 : backoff * 2;
     }
     ida_free(f.buf);
-    ida__client_set_error("no answer within %u ms (last: %s)%s",
-                          c->opts.call_timeout_ms, why,
-                          maybe_sent ? "; outcome unknown" : "");
-    return maybe_sent ? IDA_ETIMEDOUT : IDA_EUNAVAIL;
+    if (maybe_sent) {
+        ida__client_set_error(
+            "no answer within %u ms (last: %s); outcome "
+            "unknown",
+            c->opts.call_timeout_ms, why);
+        return IDA_ETIMEDOUT;
+    }
+    ida__client_set_error(
+        any_sent ? "no node accepted it within %u ms, it was not carried out "
+                   "(last: %s); retrying is safe"
+                 : "nothing was sent: no node reachable within %u ms (last "
+                   "tried %s); retrying is safe",
+        c->opts.call_timeout_ms, why);
+    return IDA_EUNAVAIL;
 }
 
 /* --- lifecycle --------------------------------------------------------------

@@ -47,7 +47,9 @@ struct idalloc_client
  * request id until the call deadline. On 0, *resp is the decoded answer
  * (free with idalloc__client_response__free_unpacked); its result may still
  * carry a definite error. Else IDA_ETIMEDOUT (the request may have taken
- * effect), IDA_EUNAVAIL (no node reachable), IDA_ETOOBIG or IDA_ENOMEM. */
+ * effect), IDA_EUNAVAIL (nothing
+ * was sent, or only "not leader" answers came: not carried out), IDA_ETOOBIG or
+ * IDA_ENOMEM. */
 int ida__client_call(struct idalloc_client *c,
                      Idalloc__ClientRequest *req,
                      Idalloc__ClientResponse **resp);

@@ -8,9 +8,14 @@
 
 #include "base/assert.h"
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc.h"
+#include "idalloc_errors.h"
 #include "src/node/node.h"
+
+/* The client library states the cluster's reserve limit to its users. */
+_Static_assert(IDALLOC_RESERVE_COUNT_MAX == IDA_RESERVE_COUNT_MAX,
+               "include/idalloc.h and fsm/fsm.h disagree on the reserve limit");
 
 #define PENDING_BUCKETS 4096
 
@@ -155,7 +160,10 @@ static void serve_read(struct fsm_proc *fp, struct nm_read *rd)
     if (rv != 0) {
         res.result_case = IDALLOC__COMMAND_RESULT__RESULT__NOT_SET;
         res.error = (uint32_t)rv;
-        res.error_msg = (char *)idalloc_strerror(rv);
+        /* Like the writes' answers, say what kind the read needs. */
+        res.error_msg =
+            (char *)(rv == IDA_EKIND ? "operation needs a bounded pool"
+                                     : idalloc_strerror(rv));
     }
     reply(fp, rd->conn, q->request_seq, &res);
 }
