@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
 
 /* The cluster as an encoded ClusterConfig (stored in snapshot metas). */
 static int encode_cluster(struct ida_node *n)
@@ -184,6 +184,20 @@ void ida__node_reply_error(struct ida_node *n,
         r.leader_addr = l != NULL ? (char *)l->client.text : "";
     }
     ida_net_reply(n->net, conn, &r);
+}
+
+void ida__node_req_name(const uint8_t *client_id,
+                        size_t len,
+                        uint64_t seq,
+                        char out[IDA_NODE_REQ_NAME_MAX])
+{
+    char hex[9] = "????????";
+    for (size_t i = 0; i < 4 && i < len; i++) {
+        snprintf(hex + 2 * i, 3, "%02x", client_id[i]);
+    }
+    hex[8] = '\0';
+    snprintf(out, IDA_NODE_REQ_NAME_MAX, "%s/%llu", hex,
+             (unsigned long long)seq);
 }
 
 size_t ida__node_member_addrs(struct ida_node *n, char **out)

@@ -114,6 +114,14 @@ void ida__node_reply_error(struct ida_node *n,
  * was given one address learns the others from these. */
 size_t ida__node_member_addrs(struct ida_node *n, char **out);
 
+/* "0a1b2c3d/1234": the first 4 bytes of a client id in hex and a request
+ * seq, how debug logs name one request from receipt to answer. */
+#define IDA_NODE_REQ_NAME_MAX 32
+void ida__node_req_name(const uint8_t *client_id,
+                        size_t len,
+                        uint64_t seq,
+                        char out[IDA_NODE_REQ_NAME_MAX]);
+
 /* Milliseconds of a monotonic / wall clock. */
 uint64_t ida__node_mono_ms(void);
 uint64_t ida__node_wall_ms(void);

@@ -196,6 +196,15 @@ static int encode(const struct ida_errtop *t, uint8_t **buf_out, size_t *len)
     return 0;
 }
 
+void ida_errtop_tick(struct ida_errtop *t)
+{
+    if (t->path != NULL && t->dirty && ida_wtimer_check(&t->dump_timer)) {
+        if (ida_errtop_dump(t) == 0) {
+            ida_wtimer_reset(&t->dump_timer);
+        }
+    }
+}
+
 int ida_errtop_dump(struct ida_errtop *t)
 {
     IDA_ASSERT(t != NULL);

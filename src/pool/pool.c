@@ -10,8 +10,8 @@
 
 #include "base/assert.h"
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
 
 /* Messages handled per processor per loop, so one busy inbox cannot starve
  * the worker's other processors. */
@@ -19,7 +19,7 @@
 #define NONE                    UINT32_MAX
 #define CONF_BIT                31u
 #define COUNT_MASK              ((1u << CONF_BIT) - 1)
-#define ERRTOP_DUMP_INTERVAL_MS 10000
+#define ERRTOP_DUMP_INTERVAL_MS 1000
 #define ERRTOP_KEEP_MS          (7LL * 24 * 3600 * 1000)
 
 struct target
@@ -527,6 +527,11 @@ static void *worker_main(void *arg)
             if (run_processor(w, ord[i])) {
                 w->idle = false;
             }
+        }
+        if (w->has_errtop) {
+            /* Errors of a burst reach the file (and `idalloc status`) even
+             * when no further error comes to trigger the dump. */
+            ida_errtop_tick(&w->errtop);
         }
         if (resharding) {
             if (w->can_be_updated && ida_wtimer_check(&w->reshard_timer)) {
