@@ -63,10 +63,13 @@ struct ida_node
     struct fsm_proc *fp;
     uint8_t *config_pb; /* the cluster as an encoded ClusterConfig */
     size_t config_pb_len;
+    int lock_fd; /* the data directory, flock'ed while the node lives; -1 */
 };
 
-/* Load the cluster file, open storage (refusing a foreign directory) and
- * rebuild the Raft core and the state machine from it. Binds nothing.
+/* Load the cluster file, lock the data directory (flock on the directory:
+ * a second idallocd for the same directory fails with one line, before it
+ * reads or writes anything else), open storage (refusing a foreign directory)
+ * and rebuild the Raft core and the state machine from it. Binds nothing.
  * Returns 0 or an error with a one-line message in @errmsg
  * (IDA_ERRMSG_MAX). On error nothing needs to be closed. */
 int ida_node_open(struct ida_node *n,
