@@ -268,9 +268,13 @@ $(BINDIR)/idallocd: $(BUILD)/obj/src/node/idallocd_main.o $(LIBIDA)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+# The client side needs only protobuf-c and pthreads (README, "The client
+# library"): no libuv, no LMDB.
+CLIENT_LDLIBS := -lprotobuf-c
+
 $(BINDIR)/idalloc: $(BUILD)/obj/src/client/idalloc_main.o $(LIBDIR)/libidalloc.a
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(CLIENT_LDLIBS)
 
 $(LIBDIR)/libidalloc.a: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
 	@mkdir -p $(@D)
@@ -278,6 +282,6 @@ $(LIBDIR)/libidalloc.a: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
 
 $(LIBDIR)/libidalloc.so: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
 	@mkdir -p $(@D)
-	$(CC) -shared $(LDFLAGS) $^ -o $@ -luv -lprotobuf-c -lm
+	$(CC) -shared $(LDFLAGS) $^ -o $@ $(CLIENT_LDLIBS)
 
 -include $(ALL_OBJ:.o=.d)
