@@ -3,8 +3,8 @@
 #include <string.h>
 
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
 
 struct ida_msg *node_msg_new(enum node_msg_type type, void *payload)
 {

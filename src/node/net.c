@@ -8,9 +8,9 @@
 
 #include "base/assert.h"
 #include "base/heap.h"
+#include "base/log.h"
 #include "idalloc_errors.h"
 #include "src/common/frame.h"
-#include "base/log.h"
 
 #define BUCKETS        1024
 #define READ_BUF_BYTES 16384

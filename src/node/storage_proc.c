@@ -7,8 +7,8 @@
 
 #include "base/assert.h"
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
 #include "src/node/convert.h"
 #include "src/node/node.h"
 

@@ -21,9 +21,9 @@ static void sleep_us(long us)
     nanosleep(&ts, NULL);
 }
 
+#include "base/log.h"
 #include "idalloc_errors.h"
 #include "src/common/frame.h"
-#include "base/log.h"
 #include "src/node/net.h"
 
 /* --- fixture: up to 3 nets, each recording what it receives ----------------

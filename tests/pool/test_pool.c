@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "base/heap.h"
-#include "idalloc_errors.h"
 #include "base/log.h"
+#include "idalloc_errors.h"
 #include "src/pool/pool.h"
 
 /* --- fixture ----------------------------------------------------------------
