@@ -98,8 +98,8 @@ CHAOS_EXTRA :=
 -include mk/*.mk
 
 # --- public targets ---------------------------------------------------------
-.PHONY: all build deps test asan tsan valgrind sim chaos bench run format \
-    format-check check-layers clean help test-run
+.PHONY: all build deps programs build-programs test asan tsan valgrind sim chaos bench run node \
+    format format-check check-layers clean help test-run
 
 all: deps
 	@$(MAKE) --no-print-directory build
@@ -108,6 +108,13 @@ deps:
 	@scripts/deps.sh
 
 build: $(LIBIDA) $(PROGRAMS) $(TEST_BINS) $(BENCH_BINS) $(PROG_BINS)
+
+# Only what users run: bin/idallocd, bin/idalloc and lib/libidalloc.{a,so}.
+programs: deps
+	@$(MAKE) --no-print-directory build-programs
+
+build-programs: $(PROGRAMS)
+	@:
 
 test: deps
 	@$(MAKE) --no-print-directory build
@@ -161,10 +168,16 @@ bench: all
 	  echo "make bench: no benchmarks yet (tests/*/bench_*.c)" >&2; exit 1; fi
 	@set -e; for b in $(BENCH_BINS); do echo "== $$b"; IDA_BINDIR=$(BINDIR) $$b; done
 
-run: all
-	@if [ ! -x $(BINDIR)/idallocd ]; then \
-	  echo "make run: bin/idallocd is missing (src/node/idallocd_main.c, issue 7: node daemon)" >&2; exit 1; fi
-	@scripts/run-cluster.sh cluster-configs/local-3.conf
+# make run [CONF=FILE]: every node of the cluster file in the foreground.
+# make node N=ID [CONF=FILE]: node ID alone (restart one that died).
+CONF ?= cluster-configs/local-3.conf
+run: programs
+	@scripts/run-cluster.sh $(CONF)
+
+node: programs
+	@if [ -z "$(N)" ]; then \
+	  echo "make node: say which node, e.g. make node N=2 (CONF=$(CONF))" >&2; exit 2; fi
+	@scripts/run-cluster.sh --node $(N) $(CONF)
 
 FORMAT_SRC = $(shell find base src raft fsm storage tests include -name '*.[ch]' 2>/dev/null)
 format:
@@ -180,7 +193,27 @@ clean:
 	rm -rf build bin lib
 
 help:
-	@echo "targets: all test run sim chaos bench asan tsan valgrind format format-check check-layers clean"
+	@echo "make targets (README.md, \"Make targets\", has the details):"
+	@echo "  all           check dependencies; build programs, library, tests, benchmarks (default)"
+	@echo "  programs      build only bin/idallocd, bin/idalloc and lib/libidalloc.{a,so}"
+	@echo "  test          all, then every test binary; ends with \"N passed, M failed\""
+	@echo "  run           run every node of CONF (default $(CONF)) in the foreground"
+	@echo "  node N=ID     run node ID of CONF alone, e.g. to restart one that died"
+	@echo "  sim           the Raft simulator: SEEDS=N START=S [MODE=safety|liveness] [NODES=3|5]"
+	@echo "  chaos         long fault runs: [DURATION=s] [NODES=3|5] [SEED=n]"
+	@echo "  bench         every benchmark, with same-run baselines"
+	@echo "  asan          the tests under AddressSanitizer + UBSan (build/asan/)"
+	@echo "  tsan          the pool's tests under ThreadSanitizer (build/tsan/)"
+	@echo "  fsm-soak      longer fsm property runs [FSM_COMMANDS=n] [FSM_SEED=s]"
+	@echo "  pool-stress   long lock-free queue stress [POOL_STRESS_SECONDS=n]"
+	@echo "  sim-long      many more simulator seeds [SIM_LONG_SEEDS=N]"
+	@echo "  chaos-storage many more storage crash rounds [ROUNDS=n] [SEED=s]"
+	@echo "  valgrind      the unit tests under valgrind"
+	@echo "  format        clang-format the sources"
+	@echo "  format-check  fail if a source file is not formatted"
+	@echo "  check-layers  fail if raft/ or fsm/ include anything of the I/O world"
+	@echo "  clean         remove build/, bin/, lib/"
+	@echo "  help          this list"
 
 # --- rules ------------------------------------------------------------------
 $(PROTO_C) $(PROTO_H) &: proto/idalloc.proto
@@ -229,9 +262,13 @@ $(BINDIR)/idallocd: $(BUILD)/obj/src/node/idallocd_main.o $(LIBIDA)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+# The client side needs only protobuf-c and pthreads (README, "The client
+# library"): no libuv, no LMDB.
+CLIENT_LDLIBS := -lprotobuf-c
+
 $(BINDIR)/idalloc: $(BUILD)/obj/src/client/idalloc_main.o $(LIBDIR)/libidalloc.a
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(CLIENT_LDLIBS)
 
 $(LIBDIR)/libidalloc.a: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
 	@mkdir -p $(@D)
@@ -239,6 +276,6 @@ $(LIBDIR)/libidalloc.a: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
 
 $(LIBDIR)/libidalloc.so: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
 	@mkdir -p $(@D)
-	$(CC) -shared $(LDFLAGS) $^ -o $@ -luv -lprotobuf-c -lm
+	$(CC) -shared $(LDFLAGS) $^ -o $@ $(CLIENT_LDLIBS)
 
 -include $(ALL_OBJ:.o=.d)

@@ -19,12 +19,20 @@
 #include <stdint.h>
 
 #include "idalloc_errors.h"
+#include "idalloc_version.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define IDALLOC_ERRMSG_MAX 512
+
+/* The largest block idalloc_reserve() takes: 2^24 ids (the cluster's limit,
+ * IDA_RESERVE_COUNT_MAX of fsm/fsm.h; src/node checks they agree). */
+#define IDALLOC_RESERVE_COUNT_MAX (UINT64_C(1) << 24)
+
+/* The library's version, IDALLOC_VERSION of the build ("0.2.0"). */
+const char *idalloc_version(void);
 
 enum idalloc_pool_kind {
     IDALLOC_POOL_SEQUENCE = 1,
@@ -36,7 +44,8 @@ struct idalloc_options
 {
     /* Where the cluster is: a comma-separated list of client addresses
      * ("127.0.0.1:7201,127.0.0.1:7202"), or a cluster file whose `node`
-     * lines give them. Exactly one must be set. */
+     * lines give them. Exactly one must be set. One reachable member is
+     * enough: the client learns the others from the cluster. */
     const char *addresses;
     const char *config_path;
     /* One attempt against one node; on expiry the call moves on to another
@@ -142,7 +151,8 @@ int idalloc_list(struct idalloc_client *c,
                  int *more);
 void idalloc_holdings_free(struct idalloc_holding *h, size_t count);
 
-/* Sequence pool: reserve @count ids [*first, *first + @count). */
+/* Sequence pool: reserve @count ids [*first, *first + @count). @count must
+ * be in [1, IDALLOC_RESERVE_COUNT_MAX] (else IDA_EINVAL, nothing sent). */
 int idalloc_reserve(struct idalloc_client *c,
                     const char *pool,
                     uint64_t count,
@@ -199,7 +209,11 @@ struct idalloc_node_status
 };
 
 /* Number of nodes the client knows, and the status of node number @i
- * (0-based, in the order of the options' addresses) asked directly. */
+ * (0-based) asked directly. The client knows the addresses of its options
+ * first (in their order), then those the cluster named: a NOT_LEADER hint
+ * is followed to any address, and NOT_LEADER and status answers list every
+ * member's client address, so the count can grow after a call (at most
+ * 16 nodes). */
 size_t idalloc_node_count(const struct idalloc_client *c);
 int idalloc_node_status(struct idalloc_client *c,
                         size_t i,

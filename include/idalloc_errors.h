@@ -22,36 +22,36 @@ extern "C" {
 #endif
 
 /* X(name, value, class, message) */
-#define IDA_ERRORS(X)                                                    \
-    X(IDA_EINVAL, 1, USAGE, "invalid argument")                          \
-    X(IDA_ENOMEM, 2, INTERNAL, "out of memory")                          \
-    X(IDA_ENOTLEADER, 3, UNKNOWN, "this node is not the leader")         \
-    X(IDA_EEXHAUSTED, 4, DEFINITE, "pool is exhausted")                  \
-    X(IDA_ENOPOOL, 5, DEFINITE, "no such pool")                          \
-    X(IDA_EPOOLEXISTS, 6, DEFINITE,                                      \
-      "a pool with this name already exists with other parameters")      \
-    X(IDA_EKIND, 7, DEFINITE, "operation does not fit the pool's kind")  \
-    X(IDA_ENOTFOUND, 8, DEFINITE, "not found")                           \
-    X(IDA_ETAGMISMATCH, 9, DEFINITE, "id is held by another tag")        \
-    X(IDA_ETOOBIG, 10, USAGE, "message or value too large")              \
-    X(IDA_EPROTO, 11, USAGE, "malformed message")                        \
-    X(IDA_EIO, 12, INTERNAL, "I/O error")                                \
-    X(IDA_ECORRUPT, 13, INTERNAL, "corrupt data")                        \
-    X(IDA_EFOREIGN, 14, INTERNAL,                                        \
-      "data directory belongs to another cluster or node")               \
-    X(IDA_EVERSION, 15, INTERNAL, "unsupported format version")          \
-    X(IDA_ECONFIG, 16, USAGE, "bad configuration")                       \
-    X(IDA_ETIMEDOUT, 17, UNKNOWN, "timed out, outcome unknown")          \
-    X(IDA_EUNAVAIL, 18, UNKNOWN, "no leader reachable, outcome unknown") \
-    X(IDA_ELEADERLOST, 19, UNKNOWN,                                      \
-      "leadership lost before the request committed, outcome unknown")   \
-    X(IDA_EBUSY, 20, UNKNOWN, "node overloaded, try again")              \
-    X(IDA_ESESSION, 21, UNKNOWN,                                         \
-      "the answer to this request is no longer kept, outcome unknown")   \
-    X(IDA_ESTOPPED, 22, UNKNOWN, "node is stopping or cannot persist")   \
-    X(IDA_ENOSPC, 23, INTERNAL, "no space left for data")                \
-    X(IDA_ECLOSED, 24, UNKNOWN, "connection closed, outcome unknown")    \
-    X(IDA_EEXIST, 25, DEFINITE, "already exists")                        \
+#define IDA_ERRORS(X)                                                     \
+    X(IDA_EINVAL, 1, USAGE, "invalid argument")                           \
+    X(IDA_ENOMEM, 2, INTERNAL, "out of memory")                           \
+    X(IDA_ENOTLEADER, 3, UNKNOWN, "this node is not the leader")          \
+    X(IDA_EEXHAUSTED, 4, DEFINITE, "pool is exhausted")                   \
+    X(IDA_ENOPOOL, 5, DEFINITE, "no such pool")                           \
+    X(IDA_EPOOLEXISTS, 6, DEFINITE,                                       \
+      "a pool with this name already exists with other parameters")       \
+    X(IDA_EKIND, 7, DEFINITE, "operation does not fit the pool's kind")   \
+    X(IDA_ENOTFOUND, 8, DEFINITE, "not found")                            \
+    X(IDA_ETAGMISMATCH, 9, DEFINITE, "id is held by another tag")         \
+    X(IDA_ETOOBIG, 10, USAGE, "message or value too large")               \
+    X(IDA_EPROTO, 11, USAGE, "malformed message")                         \
+    X(IDA_EIO, 12, INTERNAL, "I/O error")                                 \
+    X(IDA_ECORRUPT, 13, INTERNAL, "corrupt data")                         \
+    X(IDA_EFOREIGN, 14, INTERNAL,                                         \
+      "data directory belongs to another cluster or node")                \
+    X(IDA_EVERSION, 15, INTERNAL, "unsupported format version")           \
+    X(IDA_ECONFIG, 16, USAGE, "bad configuration")                        \
+    X(IDA_ETIMEDOUT, 17, UNKNOWN, "timed out, outcome unknown")           \
+    X(IDA_EUNAVAIL, 18, UNKNOWN, "no leader reachable, nothing was done") \
+    X(IDA_ELEADERLOST, 19, UNKNOWN,                                       \
+      "leadership lost before the request committed, outcome unknown")    \
+    X(IDA_EBUSY, 20, UNKNOWN, "node overloaded, try again")               \
+    X(IDA_ESESSION, 21, UNKNOWN,                                          \
+      "the answer to this request is no longer kept, outcome unknown")    \
+    X(IDA_ESTOPPED, 22, UNKNOWN, "node is stopping or cannot persist")    \
+    X(IDA_ENOSPC, 23, INTERNAL, "no space left for data")                 \
+    X(IDA_ECLOSED, 24, UNKNOWN, "connection closed, outcome unknown")     \
+    X(IDA_EEXIST, 25, DEFINITE, "already exists")                         \
     X(IDA_EINTERNAL, 26, INTERNAL, "internal error")
 
 enum ida_err {

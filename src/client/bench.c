@@ -21,6 +21,7 @@ struct worker
     unsigned index;
     atomic_int *stop;
     atomic_uint_fast64_t ok, errors, unknown, ids;
+    atomic_int last_err; /* the last failure's code, 0 if none */
     uint32_t *lat_us;
     size_t nlat, cap;
     int oom;
@@ -87,8 +88,10 @@ static void *worker_main(void *arg)
         } else if (idalloc_errclass(rv) == IDA_ERR_CLASS_DEFINITE ||
                    idalloc_errclass(rv) == IDA_ERR_CLASS_USAGE) {
             atomic_fetch_add(&w->errors, 1);
+            atomic_store(&w->last_err, rv);
         } else {
             atomic_fetch_add(&w->unknown, 1);
+            atomic_store(&w->last_err, rv);
         }
     }
     return NULL;
@@ -109,6 +112,12 @@ double ida_bench_quantile_ms(const uint32_t *sorted_us, size_t n, double q)
     return sorted_us[k < n ? k : n - 1] / 1000.0;
 }
 
+static const char *const kind_names[] = {"", "sequence", "bounded", "prefix"};
+static const char *const op_names[] = {"", "alloc", "reserve", "next",
+                                       "prefix"};
+
+/* Create the pool, or check that the one there fits --op: one operation of
+ * the run's kind, so a wrong kind is refused before the run starts. */
 static int ensure_pool(struct idalloc_client *c, const struct ida_cli *cli)
 {
     enum idalloc_pool_kind kind =
@@ -117,14 +126,28 @@ static int ensure_pool(struct idalloc_client *c, const struct ida_cli *cli)
                                             : IDALLOC_POOL_SEQUENCE;
     uint64_t size = kind == IDALLOC_POOL_BOUNDED ? (1ull << 40) : 0;
     int rv = idalloc_pool_create(c, cli->pool, kind, size, NULL);
-    if (rv == IDA_EPOOLEXISTS) {
-        fprintf(stderr,
-                "bench: pool %s exists with other parameters; using "
-                "it as it is\n",
-                cli->pool);
-        return 0;
+    if (rv != IDA_EPOOLEXISTS) {
+        if (rv != 0) {
+            fprintf(stderr, "idalloc: bench: cannot create pool %s: %s\n",
+                    cli->pool, idalloc_strerror(rv));
+        }
+        return rv;
     }
-    return rv;
+    struct worker probe = {.c = c, .cli = cli, .index = UINT32_MAX};
+    uint64_t ids;
+    rv = one_op(&probe, 0, &ids);
+    if (rv == IDA_EKIND) {
+        fprintf(stderr,
+                "idalloc: bench: pool %s is not a %s pool, which --op %s "
+                "needs; give another --pool name (bench creates it)\n",
+                cli->pool, kind_names[kind], op_names[cli->bench_op]);
+        return rv;
+    }
+    fprintf(stderr,
+            "bench: pool %s exists (a %s pool, perhaps of another size); "
+            "using it as it is\n",
+            cli->pool, kind_names[kind]);
+    return 0;
 }
 
 struct totals
@@ -170,8 +193,6 @@ int ida_bench_run(struct idalloc_client *c, const struct ida_cli *cli)
 {
     int rv = ensure_pool(c, cli);
     if (rv != 0) {
-        fprintf(stderr, "idalloc: bench: cannot create pool %s: %s\n",
-                cli->pool, idalloc_strerror(rv));
         return rv;
     }
     atomic_int stop = 0;
@@ -226,7 +247,21 @@ int ida_bench_run(struct idalloc_client *c, const struct ida_cli *cli)
                     "of memory)\n");
         }
         qsort(all, n, sizeof(*all), cmp_u32);
-        report(cli, sum(w, started), secs, all, n);
+        struct totals x = sum(w, started);
+        report(cli, x, secs, all, n);
+        if (x.ok == 0) {
+            int last = 0;
+            for (unsigned i = 0; i < started; i++) {
+                last = atomic_load(&w[i].last_err) != 0
+                           ? atomic_load(&w[i].last_err)
+                           : last;
+            }
+            rv = last != 0 ? last : IDA_ETIMEDOUT;
+            fprintf(stderr,
+                    "idalloc: bench: no request succeeded (last error: %s); "
+                    "check the pool and `idalloc status`\n",
+                    idalloc_strerror(rv));
+        }
     }
     ida_free(all);
     ida_free(w);

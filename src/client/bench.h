@@ -8,8 +8,10 @@
 #include "src/client/cli.h"
 
 /* Run the benchmark described by @cli on @c: progress on stderr each
- * second, the summary line (or JSON) on stdout. Returns 0 when the run
- * finished (whatever its error counts), else an IDA_E* code. */
+ * second, the summary line (or JSON) on stdout. Returns 0 when at least one
+ * request succeeded; IDA_EKIND (before the run) when the pool exists with a
+ * kind that does not fit the op; the last error when no request succeeded;
+ * else an IDA_E* code. Errors are explained on stderr. */
 int ida_bench_run(struct idalloc_client *c, const struct ida_cli *cli);
 
 /* The @q quantile (0..1) of @n sorted latencies in microseconds, in ms. */

@@ -8,6 +8,7 @@
 static const char usage_all[] =
     "usage: idalloc [--cluster ADDR,ADDR,...|--config FILE] [--timeout MS] "
     "COMMAND [ARGS]\n"
+    "       idalloc -h|--help | --version | COMMAND --help\n"
     "\n"
     "commands:\n"
     "  pool create NAME --kind sequence|bounded|prefix [--size N]\n"
@@ -17,7 +18,7 @@ static const char usage_all[] =
     "  list POOL                     print \"ID TAG\" per holding, in id "
     "order\n"
     "  reserve POOL --count N        print \"FIRST LAST\" (inclusive)\n"
-    "  next POOL [--count K] [--format dec|hex]   print K ids, one a line\n"
+    "  next POOL [--count K] [--format dec|hex]   reserve K ids, one a line\n"
     "  prefix POOL --tag TAG         print the prefix as hex\n"
     "  status [--verbose]            one line per node (--verbose: peers, "
     "errors)\n"
@@ -25,21 +26,26 @@ static const char usage_all[] =
     "        --duration SECONDS [--count N] [--json]\n"
     "\n"
     "options:\n"
-    "  --cluster ADDR,...  client addresses of the nodes (default: "
+    "  --cluster ADDR,...  client addresses of nodes (default: "
     "$IDALLOC_CLUSTER,\n"
     "                      else " IDA_CLI_DEFAULT_CLUSTER
-    ")\n"
+    ");\n"
+    "                      one reachable node is enough: the others are "
+    "learned\n"
     "  --config FILE       take the client addresses from a cluster file\n"
     "  --timeout MS        give up a call after MS milliseconds, retries "
     "included\n"
     "                      (default 5000)\n"
-    "  --help              this text; `idalloc COMMAND --help` for one "
+    "  -h, --help          this text; `idalloc COMMAND --help` for one "
     "command\n"
+    "  --version           print the version\n"
     "\n"
     "exit codes: 0 success; 1 a definite no (not found, pool exhausted, tag\n"
-    "mismatch, no such pool); 2 bad usage or input; 3 outcome unknown (no "
-    "leader\n"
-    "reachable, timeout): retrying is safe.\n";
+    "mismatch, no such pool, wrong kind of pool); 2 bad usage or input; 3 "
+    "outcome\n"
+    "unknown (no leader reachable, timeout): retrying is safe. `status` has "
+    "its own\n"
+    "(see idalloc status --help).\n";
 
 static const char *const usage_cmd[] = {
     [IDA_CLI_HELP] = usage_all,
@@ -66,13 +72,13 @@ static const char *const usage_cmd[] = {
         "TAG\", in id order.\n",
     [IDA_CLI_RESERVE] =
         "usage: idalloc reserve POOL --count N\n"
-        "Reserve N consecutive ids of sequence pool POOL; print \"FIRST "
-        "LAST\".\n",
+        "Reserve N (1 to 16777216 = 2^24) consecutive ids of sequence pool "
+        "POOL;\nprint \"FIRST LAST\".\n",
     [IDA_CLI_NEXT] =
         "usage: idalloc next POOL [--count K] [--format dec|hex]\n"
-        "Print K (default 1) ids of sequence pool POOL, one a line, from "
-        "blocks\nreserved by the client library. hex prints "
-        "0000-0000-0000-0001 style ids\nwhose string order is their numeric "
+        "Reserve exactly K (default 1, at most 10000000) ids of sequence pool "
+        "POOL\nin one request and print them, one a line. hex prints "
+        "0000-0000-0000-0001\nstyle ids whose string order is their numeric "
         "order.\n",
     [IDA_CLI_PREFIX] =
         "usage: idalloc prefix POOL --tag TAG\n"
@@ -85,7 +91,11 @@ static const char *const usage_cmd[] = {
         "commit index, applied index, leader, log range and last snapshot (or\n"
         "the error for a node that did not answer). --verbose adds indented\n"
         "lines: the leader's view of each peer (match and next index,\n"
-        "replication state, connected) and the node's most frequent errors.\n",
+        "replication state, connected) and the node's most frequent errors.\n"
+        "Nodes the cluster names are asked too, not only those given.\n"
+        "\n"
+        "exit codes: 0 a leader is known and every node answered; 1 a leader\n"
+        "serves but some node did not answer; 3 no leader reachable.\n",
     [IDA_CLI_BENCH] =
         "usage: idalloc bench --op alloc|reserve|next|prefix --pool POOL "
         "--clients C\n"
@@ -93,9 +103,13 @@ static const char *const usage_cmd[] = {
         "Drive load for SECONDS with C requests in flight (C threads sharing "
         "one\nclient object, so requests are pipelined on one connection per "
         "node),\ncreating POOL if it does not exist. --count is the reserve "
-        "block size\n(default 1). Progress goes to stderr each second; the "
+        "block size\n(1 to 16777216, default 1). Progress goes to stderr each "
+        "second; the "
         "summary line\n(or a JSON object with --json) to stdout. Only ids the "
-        "cluster\nacknowledged are counted.\n",
+        "cluster\nacknowledged are counted. A POOL of the wrong kind for --op "
+        "is "
+        "refused\nbefore the run (exit 1); a run in which no request succeeded "
+        "exits 1\n(definite errors) or 3 (outcomes unknown).\n",
 };
 
 const char *ida_cli_usage(enum ida_cli_cmd cmd)
@@ -180,7 +194,12 @@ static const char **flag_slot(struct args *a, const char *flag)
     return NULL;
 }
 
-static int collect(int argc, char **argv, int i, struct args *a, char *errmsg)
+static int collect(int argc,
+                   char **argv,
+                   int i,
+                   const char *cmd,
+                   struct args *a,
+                   char *errmsg)
 {
     for (; i < argc; i++) {
         const char *s = argv[i];
@@ -192,22 +211,29 @@ static int collect(int argc, char **argv, int i, struct args *a, char *errmsg)
             a->verbose = 1;
             continue;
         }
-        if (strncmp(s, "--", 2) == 0) {
+        if (s[0] == '-' && s[1] != '\0') {
             const char **slot = flag_slot(a, s);
             if (slot == NULL) {
-                return fail(errmsg, "unknown option %s", s);
+                return fail(errmsg,
+                            "%s: unknown option %s (see idalloc %s --help)",
+                            cmd, s, cmd);
             }
             if (i + 1 >= argc) {
-                return fail(errmsg, "%s needs a value", s);
+                return fail(errmsg,
+                            "%s: %s needs a value (see idalloc %s --help)", cmd,
+                            s, cmd);
             }
             if (*slot != NULL) {
-                return fail(errmsg, "%s given twice", s);
+                return fail(errmsg, "%s: %s given twice", cmd, s);
             }
             *slot = argv[++i];
             continue;
         }
         if (a->npos == 4) {
-            return fail(errmsg, "unexpected argument \"%s\"", s);
+            return fail(
+                errmsg,
+                "%s: unexpected argument \"%s\" (see idalloc %s --help)", cmd,
+                s, cmd);
         }
         a->pos[a->npos++] = s;
     }
@@ -372,7 +398,8 @@ static int parse_bench(struct args *a, struct ida_cli *c, char *errmsg)
     c->duration_s = (unsigned)v;
     c->count = 1;
     if (a->count != NULL) {
-        rv = parse_count(a->count, UINT32_MAX, "bench", &c->count, errmsg);
+        rv = parse_count(a->count, IDALLOC_RESERVE_COUNT_MAX, "bench",
+                         &c->count, errmsg);
     }
     c->json = a->json;
     return rv;
@@ -432,8 +459,8 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
             rv = rv != 0 ? rv : need(a->count, "--count", "reserve", errmsg);
             c->pool = a->pos[0];
             return rv != 0 ? rv
-                           : parse_count(a->count, UINT64_MAX, "reserve",
-                                         &c->count, errmsg);
+                           : parse_count(a->count, IDALLOC_RESERVE_COUNT_MAX,
+                                         "reserve", &c->count, errmsg);
         case IDA_CLI_NEXT:
             rv = check_flags(a, F_COUNT | F_FORMAT, "next", errmsg);
             rv = rv != 0 ? rv : want_pos(a, 1, "next", errmsg);
@@ -457,45 +484,57 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
         case IDA_CLI_BENCH:
             return parse_bench(a, c, errmsg);
         case IDA_CLI_HELP:
+        case IDA_CLI_VERSION:
             break;
     }
     return 0;
 }
 
+static int is_help(const char *s)
+{
+    return strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0;
+}
+
 /* Global options before the command; *at is the index of the command,
- * *help is set by --help. */
+ * *done is set by --help or --version (out->cmd says which). */
 static int parse_globals(int argc,
                          char **argv,
                          struct ida_cli *c,
                          char *errmsg,
                          int *at,
-                         int *help)
+                         int *done)
 {
     int i = 1;
-    while (i < argc && strncmp(argv[i], "--", 2) == 0) {
+    while (i < argc && argv[i][0] == '-' && argv[i][1] != '\0') {
         const char *s = argv[i];
-        if (strcmp(s, "--help") == 0) {
-            *help = 1;
+        if (is_help(s) || strcmp(s, "--version") == 0) {
+            c->cmd = is_help(s) ? IDA_CLI_HELP : IDA_CLI_VERSION;
+            *done = 1;
             *at = argc;
             return 0;
         }
+        const char **slot = strcmp(s, "--cluster") == 0  ? &c->cluster
+                            : strcmp(s, "--config") == 0 ? &c->config
+                                                         : NULL;
+        if (slot == NULL && strcmp(s, "--timeout") != 0) {
+            return fail(errmsg, "unknown option %s (see idalloc --help)", s);
+        }
         if (i + 1 >= argc) {
-            return fail(errmsg, "%s needs a value", s);
+            return fail(errmsg, "%s needs a value (see idalloc --help)", s);
         }
         const char *v = argv[i + 1];
         uint64_t t;
-        if (strcmp(s, "--cluster") == 0 && c->cluster == NULL) {
-            c->cluster = v;
-        } else if (strcmp(s, "--config") == 0 && c->config == NULL) {
-            c->config = v;
-        } else if (strcmp(s, "--timeout") == 0) {
+        if (slot != NULL) {
+            if (*slot != NULL) {
+                return fail(errmsg, "%s given twice", s);
+            }
+            *slot = v;
+        } else {
             if (parse_u64(v, &t) != 0 || t == 0 || t > 3600000) {
                 return fail(errmsg, "bad --timeout \"%s\" (1 to 3600000 ms)",
                             v);
             }
             c->timeout_ms = (unsigned)t;
-        } else {
-            return fail(errmsg, "unknown or repeated option %s", s);
         }
         i += 2;
     }
@@ -510,10 +549,10 @@ int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
 {
     memset(out, 0, sizeof(*out));
     errmsg[0] = '\0';
-    int i = argc, help = 0;
-    int rv = parse_globals(argc, argv, out, errmsg, &i, &help);
-    if (rv != 0 || help) {
-        return rv; /* out->cmd is IDA_CLI_HELP */
+    int i = argc, done = 0;
+    int rv = parse_globals(argc, argv, out, errmsg, &i, &done);
+    if (rv != 0 || done) {
+        return rv; /* out->cmd is IDA_CLI_HELP or IDA_CLI_VERSION */
     }
     if (i >= argc) {
         return fail(errmsg, "no command (see idalloc --help)");
@@ -536,13 +575,15 @@ int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
         }
     }
     for (int k = i; k < argc; k++) {
-        if (strcmp(argv[k], "--help") == 0) {
+        if (is_help(argv[k])) {
             out->help_for = out->cmd;
             out->cmd = IDA_CLI_HELP;
             return 0;
         }
     }
     struct args a = {0};
-    rv = collect(argc, argv, i, &a, errmsg);
+    rv = collect(argc, argv, i,
+                 out->cmd == IDA_CLI_POOL_CREATE ? "pool create" : name, &a,
+                 errmsg);
     return rv != 0 ? rv : parse_command(&a, out, errmsg);
 }

@@ -29,6 +29,7 @@ enum ida_cli_cmd {
     IDA_CLI_PREFIX,
     IDA_CLI_STATUS,
     IDA_CLI_BENCH,
+    IDA_CLI_VERSION, /* --version */
 };
 
 enum ida_cli_bench_op {
@@ -61,9 +62,9 @@ struct ida_cli
 };
 
 /* Parse argv (argv[0] is the program). Returns 0 or IDA_EINVAL with a
- * one-line message in @errmsg (IDALLOC_ERRMSG_MAX bytes). `--help` anywhere
- * gives cmd = IDA_CLI_HELP with help_for set. Pointers in @out borrow
- * argv. */
+ * one-line message in @errmsg (IDALLOC_ERRMSG_MAX bytes). `-h` or `--help`
+ * anywhere gives cmd = IDA_CLI_HELP with help_for set; `--version` before
+ * the command gives IDA_CLI_VERSION. Pointers in @out borrow argv. */
 int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg);
 
 /* The usage text of @cmd (IDA_CLI_HELP: the overview). */

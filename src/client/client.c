@@ -8,6 +8,11 @@
  * flight on one connection at once (pipelining). A response whose waiter
  * gave up is dropped.
  *
+ * Outcome: a call that ends without an answer is IDA_EUNAVAIL when the
+ * request never reached a node, or reached only nodes that answered "not
+ * leader" (not carried out, retrying is safe), else IDA_ETIMEDOUT (it may
+ * have taken effect: retry with the same request id).
+ *
  * Retries: a call has a request_seq fixed for its whole life. On a timeout,
  * a dead connection or an answer that does not settle it (not leader, busy,
  * leadership lost) it moves on to another node with the SAME client_id and
@@ -40,6 +45,11 @@
 static _Thread_local char last_error[IDALLOC_ERRMSG_MAX];
 static _Thread_local uint64_t last_seq;
 static _Thread_local uint64_t retry_seq; /* 0: none */
+
+const char *idalloc_version(void)
+{
+    return IDALLOC_VERSION;
+}
 
 uint64_t idalloc_last_request_seq(void)
 {
@@ -381,12 +391,48 @@ static int attempt(struct idalloc_client *c,
 static size_t conn_by_client_addr(const struct idalloc_client *c,
                                   const char *addr)
 {
-    for (size_t i = 0; i < c->nconns; i++) {
+    size_t n = atomic_load(&c->nconns);
+    for (size_t i = 0; i < n; i++) {
         if (strcmp(c->conns[i].addr.text, addr) == 0) {
             return i;
         }
     }
     return SIZE_MAX;
+}
+
+size_t ida__client_learn(struct idalloc_client *c, const char *addr)
+{
+    struct ida_addr a;
+    if (addr == NULL || ida_addr_parse(addr, &a) != 0) {
+        return SIZE_MAX;
+    }
+    size_t i = conn_by_client_addr(c, a.text);
+    if (i != SIZE_MAX) {
+        return i;
+    }
+    pthread_mutex_lock(&c->conns_mu);
+    i = conn_by_client_addr(c, a.text); /* another thread may have added it */
+    size_t n = atomic_load(&c->nconns);
+    if (i == SIZE_MAX && n < IDA_CONFIG_NODES_MAX) {
+        struct ida_client_conn *k = &c->conns[n];
+        k->addr = a;
+        k->fd = -1;
+        k->dead = 0;
+        k->waiters = NULL;
+        pthread_mutex_init(&k->mu, NULL);
+        atomic_store(&c->nconns, n + 1); /* publishes the filled slot */
+        i = n;
+    }
+    pthread_mutex_unlock(&c->conns_mu);
+    return i;
+}
+
+void ida__client_learn_members(struct idalloc_client *c,
+                               const Idalloc__ClientResponse *r)
+{
+    for (size_t i = 0; i < r->n_member_addrs; i++) {
+        (void)ida__client_learn(c, r->member_addrs[i]);
+    }
 }
 
 /* Answers that do not settle a request: try elsewhere with the same id. */
@@ -426,9 +472,9 @@ int ida__client_call(struct idalloc_client *c,
     struct call_frame f = {.req = req};
     int rv = 0;
     uint64_t deadline = ida__client_now_ms() + c->opts.call_timeout_ms;
-    size_t target = atomic_load(&c->leader) % c->nconns;
+    size_t target = atomic_load(&c->leader) % atomic_load(&c->nconns);
     uint64_t backoff = 10;
-    int maybe_sent = 0;
+    int maybe_sent = 0, any_sent = 0;
     char why[160] = "no attempt made";
     for (;;) {
         uint64_t now = ida__client_now_ms();
@@ -443,17 +489,26 @@ int ida__client_call(struct idalloc_client *c,
         int sent;
         Idalloc__ClientResponse *r = NULL;
         rv = attempt(c, k, &f, budget, &r, &sent);
-        maybe_sent |= sent;
+        /* Sent and not answered "not leader" (which means not carried
+         * out): it may have taken effect. */
+        maybe_sent |= sent && !(rv == 0 && r->result != NULL &&
+                                r->result->error == IDA_ENOTLEADER);
+        any_sent |= sent;
         last_seq = req->request_seq;
         if (rv == IDA_ETOOBIG || rv == IDA_ENOMEM) {
             ida__client_set_error("request too large or out of memory");
             ida_free(f.buf);
             return rv;
         }
-        size_t next = (target + 1) % c->nconns;
+        if (rv == 0) {
+            ida__client_learn_members(c, r);
+        }
+        size_t next = (target + 1) % atomic_load(&c->nconns);
         if (rv == 0 && r->result != NULL && retryable(r->result->error)) {
+            /* Follow the hint wherever it points, even to a node we were
+             * not given: the cluster knows its members. */
             size_t hint = r->leader_addr[0] != '\0'
-                              ? conn_by_client_addr(c, r->leader_addr)
+                              ? ida__client_learn(c, r->leader_addr)
                               : SIZE_MAX;
             snprintf(why, sizeof(why), "%s: %s", k->addr.text,
                      idalloc_strerror((int)r->result->error));
@@ -475,7 +530,7 @@ int ida__client_call(struct idalloc_client *c,
             return 0;
         } else {
             snprintf(why, sizeof(why), "%s: %s", k->addr.text,
-                     idalloc_strerror(rv));
+                     sent ? idalloc_strerror(rv) : "cannot connect");
             target = next;
         }
         uint64_t left = deadline - ida__client_now_ms();
@@ -485,10 +540,20 @@ int ida__client_call(struct idalloc_client *c,
         backoff = backoff * 2 > 200 ? 200 : backoff * 2;
     }
     ida_free(f.buf);
-    ida__client_set_error("no answer within %u ms (last: %s)%s",
-                          c->opts.call_timeout_ms, why,
-                          maybe_sent ? "; outcome unknown" : "");
-    return maybe_sent ? IDA_ETIMEDOUT : IDA_EUNAVAIL;
+    if (maybe_sent) {
+        ida__client_set_error(
+            "no answer within %u ms (last: %s); outcome "
+            "unknown",
+            c->opts.call_timeout_ms, why);
+        return IDA_ETIMEDOUT;
+    }
+    ida__client_set_error(
+        any_sent ? "no node accepted it within %u ms, it was not carried out "
+                   "(last: %s); retrying is safe"
+                 : "nothing was sent: no node reachable within %u ms (last "
+                   "tried %s); retrying is safe",
+        c->opts.call_timeout_ms, why);
+    return IDA_EUNAVAIL;
 }
 
 /* --- lifecycle --------------------------------------------------------------
@@ -517,9 +582,12 @@ static int add_conn(struct idalloc_client *c, const char *addr, char *errmsg)
                  "bad address \"%s\": expected IPv4:PORT or [IPv6]:PORT", addr);
         return IDA_EINVAL;
     }
+    if (conn_by_client_addr(c, k->addr.text) != SIZE_MAX) {
+        return 0; /* listed twice: one connection is enough */
+    }
     k->fd = -1;
     pthread_mutex_init(&k->mu, NULL);
-    c->nconns++;
+    atomic_store(&c->nconns, c->nconns + 1);
     return 0;
 }
 
@@ -612,7 +680,9 @@ int idalloc_client_new(const struct idalloc_options *o,
     atomic_init(&c->next_seq,
                 (uint64_t)now.tv_sec * 1000000 + (uint64_t)now.tv_nsec / 1000);
     atomic_init(&c->leader, 0);
+    atomic_init(&c->nconns, 0);
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->conns_mu, NULL);
     int rv = o->addresses != NULL ? parse_addresses(c, o->addresses, errmsg)
                                   : load_config(c, o->config_path, errmsg);
     if (rv == 0 && o->client_id != NULL) {
@@ -649,6 +719,7 @@ void idalloc_client_free(struct idalloc_client *c)
         pthread_mutex_destroy(&k->mu);
     }
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->conns_mu);
     ida_free(c);
 }
 

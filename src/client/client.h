@@ -28,9 +28,13 @@ struct idalloc_client
     uint8_t client_id[16];
     atomic_uint_fast64_t next_seq;
     atomic_size_t leader; /* index of the node that last answered */
+    /* The nodes known: the configured addresses, then those the cluster
+     * named (NOT_LEADER hints, member lists), at most IDA_CONFIG_NODES_MAX.
+     * A slot is filled before nconns counts it and never changes after. */
     struct ida_client_conn conns[IDA_CONFIG_NODES_MAX];
-    size_t nconns;
-    pthread_mutex_t mu; /* guards the next() pool list and refill queue */
+    atomic_size_t nconns;
+    pthread_mutex_t conns_mu; /* serialises adding a node */
+    pthread_mutex_t mu;       /* guards the next() pool list and refill queue */
     struct ida_next_pool *next_pools;
     pthread_cond_t refill_cond; /* wakes the refiller */
     pthread_t refiller;
@@ -43,10 +47,21 @@ struct idalloc_client
  * request id until the call deadline. On 0, *resp is the decoded answer
  * (free with idalloc__client_response__free_unpacked); its result may still
  * carry a definite error. Else IDA_ETIMEDOUT (the request may have taken
- * effect), IDA_EUNAVAIL (no node reachable), IDA_ETOOBIG or IDA_ENOMEM. */
+ * effect), IDA_EUNAVAIL (nothing
+ * was sent, or only "not leader" answers came: not carried out), IDA_ETOOBIG or
+ * IDA_ENOMEM. */
 int ida__client_call(struct idalloc_client *c,
                      Idalloc__ClientRequest *req,
                      Idalloc__ClientResponse **resp);
+
+/* The index of the node with client address @addr, adding it to the known
+ * nodes if it is new (bounded: SIZE_MAX when the table is full or @addr is
+ * not an address). */
+size_t ida__client_learn(struct idalloc_client *c, const char *addr);
+
+/* Learn every member address a response carries. */
+void ida__client_learn_members(struct idalloc_client *c,
+                               const Idalloc__ClientResponse *r);
 
 /* One attempt at node @node only, no retries (status). */
 int ida__client_call_node(struct idalloc_client *c,

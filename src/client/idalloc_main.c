@@ -14,7 +14,10 @@
 static int report_error(const char *what, int rv)
 {
     const char *detail = idalloc_last_error();
-    if (detail[0] != '\0' && strcmp(detail, idalloc_strerror(rv)) != 0) {
+    if (rv == IDA_EUNAVAIL && detail[0] != '\0') {
+        /* The detail says it all: whether anything was sent, and why. */
+        fprintf(stderr, "idalloc: %s: %s\n", what, detail);
+    } else if (detail[0] != '\0' && strcmp(detail, idalloc_strerror(rv)) != 0) {
         fprintf(stderr, "idalloc: %s: %s (%s)\n", what, idalloc_strerror(rv),
                 detail);
     } else {
@@ -48,14 +51,16 @@ static int cmd_list(struct idalloc_client *c, const char *pool)
     return 0;
 }
 
+/* Exactly K ids in one reserve: taking them through idalloc_next() would
+ * reserve whole blocks and throw the rest away when the process exits. */
 static int cmd_next(struct idalloc_client *c, const struct ida_cli *cli)
 {
-    for (uint64_t i = 0; i < cli->count; i++) {
-        uint64_t id;
-        int rv = idalloc_next(c, cli->pool, &id);
-        if (rv != 0) {
-            return report_error("next", rv);
-        }
+    uint64_t first;
+    int rv = idalloc_reserve(c, cli->pool, cli->count, &first);
+    if (rv != 0) {
+        return report_error("next", rv);
+    }
+    for (uint64_t id = first; id < first + cli->count; id++) {
         if (cli->hex) {
             char buf[IDALLOC_HEX_ID_LEN + 1];
             idalloc_format_hex(id, buf);
@@ -87,9 +92,12 @@ static void print_details(const struct idalloc_node_status *s)
     }
 }
 
+/* Exit 0: a leader is known and every node answered; 1: a leader serves
+ * but some node did not answer; 3: no leader reachable. The node count can
+ * grow while asking: answers name every member. */
 static int cmd_status(struct idalloc_client *c, int verbose)
 {
-    int answered = 0, last = 0;
+    int answered = 0, missing = 0, leader = 0, last = 0;
     for (size_t i = 0; i < idalloc_node_count(c); i++) {
         struct idalloc_node_status s;
         int rv = idalloc_node_status(c, i, &s);
@@ -99,9 +107,11 @@ static int cmd_status(struct idalloc_client *c, int verbose)
                        ? "unreachable"
                        : idalloc_strerror(rv));
             last = rv;
+            missing++;
             continue;
         }
         answered++;
+        leader |= strcmp(s.role, "leader") == 0;
         printf(
             "node=%u addr=%s role=%s term=%llu commit=%llu applied=%llu "
             "leader=%u log=%llu..%llu snapshot=%llu\n",
@@ -115,7 +125,29 @@ static int cmd_status(struct idalloc_client *c, int verbose)
             print_details(&s);
         }
     }
-    return answered > 0 ? 0 : report_error("status", last);
+    if (answered == 0) {
+        fprintf(stderr,
+                "idalloc: status: no node answered (last: %s); is the "
+                "cluster running at these addresses? (`make run` starts the "
+                "local one)\n",
+                idalloc_last_error());
+        return idalloc_exit_code(last) == 3 ? 3 : idalloc_exit_code(last);
+    }
+    if (!leader) {
+        fprintf(stderr,
+                "idalloc: status: no leader among the nodes that answered "
+                "(an election may be under way, or a majority is down); "
+                "try again\n");
+        return 3;
+    }
+    if (missing > 0) {
+        fprintf(stderr,
+                "idalloc: status: %d node(s) did not answer; the leader "
+                "serves without them\n",
+                missing);
+        return 1;
+    }
+    return 0;
 }
 
 static int run(struct idalloc_client *c, const struct ida_cli *cli)
@@ -129,6 +161,12 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
             rv = idalloc_pool_create(c, cli->pool, cli->kind, cli->size, &flag);
             if (rv == 0) {
                 puts(flag ? "created" : "exists");
+            } else if (rv == IDA_EPOOLEXISTS) {
+                fprintf(stderr,
+                        "idalloc: pool create: pool \"%s\" already exists "
+                        "with another kind or size; pick another name\n",
+                        cli->pool);
+                return idalloc_exit_code(rv);
             }
             return rv != 0 ? report_error("pool create", rv) : 0;
         case IDA_CLI_ALLOC:
@@ -175,6 +213,7 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
             rv = ida_bench_run(c, cli);
             return rv != 0 ? idalloc_exit_code(rv) : 0;
         case IDA_CLI_HELP:
+        case IDA_CLI_VERSION:
             break;
     }
     return 0;
@@ -186,10 +225,14 @@ int main(int argc, char **argv)
     char err[IDALLOC_ERRMSG_MAX];
     if (ida_cli_parse(argc, argv, &cli, err) != 0) {
         fprintf(stderr, "idalloc: %s\n", err);
-        return 2;
+        return 2; /* usage */
     }
     if (cli.cmd == IDA_CLI_HELP) {
         fputs(ida_cli_usage(cli.help_for), stdout);
+        return 0;
+    }
+    if (cli.cmd == IDA_CLI_VERSION) {
+        printf("idalloc %s\n", idalloc_version());
         return 0;
     }
     struct idalloc_options o;

@@ -219,6 +219,13 @@ int idalloc_reserve(struct idalloc_client *c,
     if (pool == NULL || first == NULL || count == 0) {
         return bad_args("reserve: a pool and a count > 0 are needed");
     }
+    if (count > IDALLOC_RESERVE_COUNT_MAX) {
+        ida__client_set_error(
+            "reserve: %llu ids asked, at most %llu per reserve",
+            (unsigned long long)count,
+            (unsigned long long)IDALLOC_RESERVE_COUNT_MAX);
+        return IDA_EINVAL;
+    }
     REQUEST(req);
     Idalloc__Reserve op = IDALLOC__RESERVE__INIT;
     op.pool = (char *)pool;
@@ -301,6 +308,7 @@ int idalloc_node_status(struct idalloc_client *c,
                               idalloc_strerror(rv));
         return rv;
     }
+    ida__client_learn_members(c, r); /* status lists every member */
     const Idalloc__CommandResult *res = r->result;
     if (res == NULL || res->error != 0 ||
         res->result_case != IDALLOC__COMMAND_RESULT__RESULT_STATUS) {

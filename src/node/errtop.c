@@ -198,6 +198,15 @@ static int encode(const struct ida_errtop *t, uint8_t **buf_out, size_t *len)
     return 0;
 }
 
+void ida_errtop_tick(struct ida_errtop *t)
+{
+    if (t->path != NULL && t->dirty && ida_wtimer_check(&t->dump_timer)) {
+        if (ida_errtop_dump(t) == 0) {
+            ida_wtimer_reset(&t->dump_timer);
+        }
+    }
+}
+
 int ida_errtop_dump(struct ida_errtop *t)
 {
     IDA_ASSERT(t != NULL);
@@ -370,7 +379,7 @@ int ida_errtop_read_file(const char *path,
 
 /* --- the pool's error sink ------------------------------------------------ */
 
-#define SINK_DUMP_INTERVAL_MS 10000
+#define SINK_DUMP_INTERVAL_MS 1000
 #define SINK_KEEP_MS          (7LL * 24 * 3600 * 1000)
 
 static void *sink_open(void *arg, uint32_t worker)
@@ -402,6 +411,11 @@ static void sink_add(void *wctx, int code, const char *text)
     ida_errtop_add(wctx, code, text, 0);
 }
 
+static void sink_tick(void *wctx)
+{
+    ida_errtop_tick(wctx);
+}
+
 static void sink_flush(void *wctx)
 {
     struct ida_errtop *t = wctx;
@@ -419,6 +433,6 @@ static void sink_close(void *wctx)
 void ida_errtop_sink(struct ida_pool_error_sink *out,
                      const struct ida_errtop_where *where)
 {
-    *out = (struct ida_pool_error_sink){sink_open, sink_add, sink_flush,
-                                        sink_close, (void *)where};
+    *out = (struct ida_pool_error_sink){sink_open,  sink_add,   sink_tick,
+                                        sink_flush, sink_close, (void *)where};
 }

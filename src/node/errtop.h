@@ -69,6 +69,12 @@ void ida_errtop_add(struct ida_errtop *t,
                     const char *text,
                     uint64_t now_ms);
 
+/* Dump now if errors were added since the last dump and dump_interval_ms
+ * has passed (a failed dump is retried on a later call). The owner calls
+ * it regularly: without it, errors added within an interval of the last
+ * dump would wait for the next add, or for the end of the process. */
+void ida_errtop_tick(struct ida_errtop *t);
+
 /* The entry for (@code, @text), or NULL. Borrowed until the next add. */
 const struct ida_errtop_entry *ida_errtop_find(const struct ida_errtop *t,
                                                int code,

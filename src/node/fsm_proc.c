@@ -9,9 +9,14 @@
 #include "base/assert.h"
 #include "base/heap.h"
 #include "base/log.h"
+#include "idalloc.h"
 #include "idalloc_errors.h"
 #include "src/node/convert.h"
 #include "src/node/node.h"
+
+/* The client library states the cluster's reserve limit to its users. */
+_Static_assert(IDALLOC_RESERVE_COUNT_MAX == IDA_RESERVE_COUNT_MAX,
+               "include/idalloc.h and fsm/fsm.h disagree on the reserve limit");
 
 #define PENDING_BUCKETS 4096
 
@@ -156,7 +161,18 @@ static void serve_read(struct fsm_proc *fp, struct nm_read *rd)
     if (rv != 0) {
         res.result_case = IDALLOC__COMMAND_RESULT__RESULT__NOT_SET;
         res.error = (uint32_t)rv;
-        res.error_msg = (char *)idalloc_strerror(rv);
+        /* Like the writes' answers, say what kind the read needs. */
+        res.error_msg =
+            (char *)(rv == IDA_EKIND ? "operation needs a bounded pool"
+                                     : idalloc_strerror(rv));
+    }
+    if (ida_log_get_level() == IDA_LOG_DEBUG) {
+        char name[IDA_NODE_REQ_NAME_MAX];
+        ida__node_req_name(q->client_id.data, q->client_id.len, q->request_seq,
+                           name);
+        IDA_DEBUG("req %s: read served at index %llu, answered %s", name,
+                  (unsigned long long)rd->index,
+                  rv != 0 ? idalloc_errname(rv) : "ok");
     }
     reply(fp, rd->conn, q->request_seq, &res);
 }
@@ -234,13 +250,32 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
              (unsigned long long)applied, len);
 }
 
-static void answer(struct fsm_proc *fp, const struct ida_fsm_applied *ap)
+static void answer(struct fsm_proc *fp,
+                   struct ida_sender *s,
+                   const struct ida_fsm_applied *ap)
 {
     for (size_t i = 0; i < ap->count; i++) {
         const struct ida_fsm_reply *r = &ap->replies[i];
         uint64_t conn = take_pending(fp, r->client_id, r->request_seq);
         if (conn == 0) {
             continue; /* another node's client, or nobody waits any more */
+        }
+        if (r->result.error != 0) {
+            /* What clients were refused shows in `status --verbose`. */
+            ida_sender_error(s, r->result.error,
+                             r->result.error_msg[0] != '\0'
+                                 ? r->result.error_msg
+                                 : idalloc_strerror(r->result.error));
+        }
+        if (ida_log_get_level() == IDA_LOG_DEBUG) {
+            char name[IDA_NODE_REQ_NAME_MAX];
+            ida__node_req_name(r->client_id, sizeof(r->client_id),
+                               r->request_seq, name);
+            IDA_DEBUG(
+                "req %s: applied at entry %llu, answered %s%s", name,
+                (unsigned long long)ap->index,
+                r->result.error != 0 ? idalloc_errname(r->result.error) : "ok",
+                r->cached ? " (a retry: its first answer)" : "");
         }
         struct node_pb_result pb;
         node_fsm_result_to_pb(&r->result, &pb);
@@ -288,7 +323,7 @@ static void apply_entries(struct fsm_proc *fp,
                       idalloc_strerror(ap.entry_error));
         }
         fp->applied_term = e->term;
-        answer(fp, &ap);
+        answer(fp, s, &ap);
     }
 }
 

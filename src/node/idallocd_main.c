@@ -13,10 +13,12 @@
 
 #include "base/log.h"
 #include "idalloc_errors.h"
+#include "idalloc_version.h"
 #include "src/node/node.h"
 
 static const char usage[] =
     "usage: idallocd --config FILE --node ID [--data DIR]\n"
+    "       idallocd -h|--help | --version\n"
     "\n"
     "Run node ID of the cluster described by FILE (see README.md, \"Cluster\n"
     "file\"). The node keeps its Raft log, hard state and snapshots in\n"
@@ -26,7 +28,8 @@ static const char usage[] =
     "  --config FILE  the cluster file (required)\n"
     "  --node ID      this node's id in the cluster file (required)\n"
     "  --data DIR     keep data in DIR/nodeID instead of data_dir/nodeID\n"
-    "  --help         this text\n"
+    "  -h, --help     this text\n"
+    "  --version      print the version\n"
     "\n"
     "SIGINT or SIGTERM: stop accepting requests, finish the storage step in\n"
     "flight, close the data files, exit 0. Exit 2: bad usage or cluster\n"
@@ -41,6 +44,15 @@ static int parse_args(int argc, char **argv, struct ida_node_opts *o)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(usage, stdout);
             exit(0);
+        }
+        if (strcmp(a, "--version") == 0) {
+            printf("idallocd %s\n", IDALLOC_VERSION);
+            exit(0);
+        }
+        if (strcmp(a, "--config") != 0 && strcmp(a, "--data") != 0 &&
+            strcmp(a, "--node") != 0) {
+            fprintf(stderr, "idallocd: unknown option %s (see --help)\n", a);
+            return -1;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "idallocd: %s needs a value (see --help)\n", a);
@@ -59,9 +71,6 @@ static int parse_args(int argc, char **argv, struct ida_node_opts *o)
                 return -1;
             }
             o->node_id = (unsigned)id;
-        } else {
-            fprintf(stderr, "idallocd: unknown option %s (see --help)\n", a);
-            return -1;
         }
     }
     if (o->config_path == NULL || o->node_id == 0) {

@@ -1,8 +1,14 @@
 /* idallocd: assembling a node from its parts (see node.h). */
 #include "src/node/node.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include "base/heap.h"
 #include "base/log.h"
@@ -29,6 +35,101 @@ static int encode_cluster(struct ida_node *n)
         return IDA_ENOMEM;
     }
     idalloc__cluster_config__pack(&cc, n->config_pb);
+    return 0;
+}
+
+/* mkdir -p @dir (its last component included). 0 or an errno. */
+static int make_dirs(const char *dir)
+{
+    char path[IDA_PATH_MAX + 16];
+    snprintf(path, sizeof(path), "%s", dir);
+    for (char *p = path + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+                return errno;
+            }
+            *p = c;
+            if (c == '\0') {
+                return 0;
+            }
+        }
+    }
+}
+
+/* The pid holding a flock on the file @fd refers to, from /proc/locks
+ * (Linux); 0 if not found. */
+static long flock_holder(int fd)
+{
+    struct stat st;
+    FILE *f = fstat(fd, &st) == 0 ? fopen("/proc/locks", "r") : NULL;
+    long found = 0;
+    char line[256];
+    while (f != NULL && found == 0 && fgets(line, sizeof(line), f) != NULL) {
+        long pid;
+        unsigned maj, min;
+        unsigned long ino;
+        /* "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234567 0 EOF" */
+        if (sscanf(line, "%*d: FLOCK %*s %*s %ld %x:%x:%lu", &pid, &maj, &min,
+                   &ino) == 4 &&
+            maj == major(st.st_dev) && min == minor(st.st_dev) &&
+            ino == (unsigned long)st.st_ino) {
+            found = pid;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return found;
+}
+
+/* Take an exclusive flock on the data directory itself before anything
+ * reads it: two processes on one LMDB environment and one Raft log would
+ * each take the other's writes for their own. The fd stays open (and
+ * locked) for the life of the process; the kernel drops the lock when it
+ * dies, kill -9 included, so nothing stale ever blocks a restart. The
+ * directory itself is locked, not a LOCK file in it: storage refuses a new
+ * directory holding anything but its own files. */
+static int lock_dir(struct ida_node *n, char *errmsg)
+{
+    int err = make_dirs(n->dir);
+    if (err != 0) {
+        snprintf(errmsg, IDA_ERRMSG_MAX,
+                 "cannot create data directory %.300s: %s", n->dir,
+                 strerror(err));
+        return IDA_EIO;
+    }
+    int fd = open(n->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(errmsg, IDA_ERRMSG_MAX,
+                 "cannot open data directory %.300s: %s", n->dir,
+                 strerror(errno));
+        return IDA_EIO;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        long pid = e == EWOULDBLOCK ? flock_holder(fd) : 0;
+        close(fd);
+        if (e != EWOULDBLOCK) {
+            snprintf(errmsg, IDA_ERRMSG_MAX, "cannot lock %.300s: %s", n->dir,
+                     strerror(e));
+        } else if (pid > 0) {
+            snprintf(errmsg, IDA_ERRMSG_MAX,
+                     "data directory %.300s is in use by another idallocd "
+                     "(pid %ld); stop it first, or give this node another "
+                     "directory (--data)",
+                     n->dir, pid);
+        } else {
+            snprintf(errmsg, IDA_ERRMSG_MAX,
+                     "data directory %.300s is in use by another idallocd; "
+                     "stop it first, or give this node another directory "
+                     "(--data)",
+                     n->dir);
+        }
+        return IDA_EIO;
+    }
+    n->lock_fd = fd;
     return 0;
 }
 
@@ -102,6 +203,7 @@ int ida_node_open(struct ida_node *n,
                   char *errmsg)
 {
     memset(n, 0, sizeof(*n));
+    n->lock_fd = -1;
     int rv = ida_config_load(o->config_path, &n->cfg, errmsg);
     if (rv != 0) {
         return IDA_ECONFIG; /* unreadable or bad: a usage problem either way */
@@ -126,11 +228,16 @@ int ida_node_open(struct ida_node *n,
     }
     snprintf(n->dir, sizeof(n->dir), "%.*s/node%u", IDA_PATH_MAX - 1, data,
              o->node_id);
+    rv = lock_dir(n, errmsg);
+    if (rv != 0) {
+        return rv;
+    }
     struct ida_storage_opts so = {.cluster = n->cfg.cluster,
                                   .node_id = o->node_id};
     rv = ida_storage_open(&n->storage, n->dir, &so);
     if (rv != 0) {
         snprintf(errmsg, IDA_ERRMSG_MAX, "%s", n->storage.errmsg);
+        ida_node_close(n); /* releases the lock */
         return rv;
     }
     n->storage_open = 1;
@@ -169,6 +276,11 @@ void ida__node_reply_error(struct ida_node *n,
 {
     Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
     Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    char *members[IDA_CONFIG_NODES_MAX];
+    if (err == IDA_ENOTLEADER) {
+        r.member_addrs = members;
+        r.n_member_addrs = ida__node_member_addrs(n, members);
+    }
     res.error = (uint32_t)err;
     res.error_msg = (char *)(why != NULL ? why : idalloc_strerror(err));
     r.request_seq = seq;
@@ -179,6 +291,28 @@ void ida__node_reply_error(struct ida_node *n,
         r.leader_addr = l != NULL ? (char *)l->client.text : "";
     }
     ida_net_reply(n->net, conn, &r);
+}
+
+void ida__node_req_name(const uint8_t *client_id,
+                        size_t len,
+                        uint64_t seq,
+                        char out[IDA_NODE_REQ_NAME_MAX])
+{
+    char hex[9] = "????????";
+    for (size_t i = 0; i < 4 && i < len; i++) {
+        snprintf(hex + 2 * i, 3, "%02x", client_id[i]);
+    }
+    hex[8] = '\0';
+    snprintf(out, IDA_NODE_REQ_NAME_MAX, "%s/%llu", hex,
+             (unsigned long long)seq);
+}
+
+size_t ida__node_member_addrs(struct ida_node *n, char **out)
+{
+    for (unsigned i = 0; i < n->cfg.node_count; i++) {
+        out[i] = (char *)n->cfg.nodes[i].client.text;
+    }
+    return n->cfg.node_count;
 }
 
 /* --- net callbacks (on the net thread) -------------------------------------
@@ -341,4 +475,8 @@ void ida_node_close(struct ida_node *n)
     }
     ida_free(n->config_pb);
     n->config_pb = NULL;
+    if (n->lock_fd >= 0) {
+        close(n->lock_fd); /* last: the directory is ours until here */
+        n->lock_fd = -1;
+    }
 }

@@ -65,10 +65,13 @@ struct ida_node
     uint8_t *config_pb; /* the cluster as an encoded ClusterConfig */
     size_t config_pb_len;
     struct ida_errtop_where errtop_where; /* for the pool's error sink */
+    int lock_fd; /* the data directory, flock'ed while the node lives; -1 */
 };
 
-/* Load the cluster file, open storage (refusing a foreign directory) and
- * rebuild the Raft core and the state machine from it. Binds nothing.
+/* Load the cluster file, lock the data directory (flock on the directory:
+ * a second idallocd for the same directory fails with one line, before it
+ * reads or writes anything else), open storage (refusing a foreign directory)
+ * and rebuild the Raft core and the state machine from it. Binds nothing.
  * Returns 0 or an error with a one-line message in @errmsg
  * (IDA_ERRMSG_MAX). On error nothing needs to be closed. */
 int ida_node_open(struct ida_node *n,
@@ -110,6 +113,19 @@ void ida__node_reply_error(struct ida_node *n,
                            int err,
                            const char *why,
                            ida_node_id leader);
+
+/* Point @out (IDA_CONFIG_NODES_MAX slots) at the client address of every
+ * member (borrowed from the node's config); returns how many. A client that
+ * was given one address learns the others from these. */
+size_t ida__node_member_addrs(struct ida_node *n, char **out);
+
+/* "0a1b2c3d/1234": the first 4 bytes of a client id in hex and a request
+ * seq, how debug logs name one request from receipt to answer. */
+#define IDA_NODE_REQ_NAME_MAX 32
+void ida__node_req_name(const uint8_t *client_id,
+                        size_t len,
+                        uint64_t seq,
+                        char out[IDA_NODE_REQ_NAME_MAX]);
 
 /* Milliseconds of a monotonic / wall clock. */
 uint64_t ida__node_mono_ms(void);

@@ -181,6 +181,9 @@ static void reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
     resp.request_seq = seq;
     resp.result = &res;
     resp.leader_id = ida_raft_leader(r);
+    char *members[IDA_CONFIG_NODES_MAX];
+    resp.member_addrs = members;
+    resp.n_member_addrs = ida__node_member_addrs(n, members);
     ida_net_reply(n->net, conn, &resp);
 }
 
@@ -237,6 +240,12 @@ static void note_soft_state(struct raft_proc *rp,
         return;
     }
     int was_leader = rp->role == IDA_RAFT_LEADER;
+    if (role != rp->role &&
+        (role == IDA_RAFT_CANDIDATE || role == IDA_RAFT_PRE_CANDIDATE)) {
+        IDA_DEBUG("raft: election started: %s term=%llu (was %s, leader=%u)",
+                  ida_raft_role_name(role), (unsigned long long)term,
+                  ida_raft_role_name(rp->role), rp->leader);
+    }
     if (role == IDA_RAFT_LEADER && !was_leader) {
         IDA_INFO("raft: became leader term=%llu", (unsigned long long)term);
     } else if (leader != rp->leader || term != rp->term) {
@@ -325,6 +334,38 @@ static struct nm_persist *make_persist(const struct ida_raft_batch *b)
     return p;
 }
 
+/* Debug trace of an election as this node takes part in it: the votes it
+ * asks for, grants and refuses (the core decides; we only watch its
+ * messages), and the answers it gets. */
+static void trace_vote(const struct ida_raft_msg *m, int incoming)
+{
+    if (ida_log_get_level() != IDA_LOG_DEBUG) {
+        return;
+    }
+    if (m->type == IDA_RAFT_MSG_REQUEST_VOTE) {
+        const struct ida_raft_request_vote *v = &m->u.request_vote;
+        IDA_DEBUG(
+            "raft: %s %svote request %s node %u term=%llu "
+            "last_log=%llu/%llu",
+            incoming ? "got" : "sent", v->pre_vote ? "pre-" : "",
+            incoming ? "from" : "to", incoming ? m->from : m->to,
+            (unsigned long long)m->term, (unsigned long long)v->last_log_index,
+            (unsigned long long)v->last_log_term);
+    } else if (m->type == IDA_RAFT_MSG_RESPONSE_VOTE) {
+        const struct ida_raft_response_vote *v = &m->u.response_vote;
+        if (incoming) {
+            IDA_DEBUG("raft: node %u %s our %svote request term=%llu", m->from,
+                      v->granted ? "granted" : "refused",
+                      v->pre_vote ? "pre-" : "", (unsigned long long)m->term);
+        } else {
+            IDA_DEBUG("raft: %s %svote to node %u term=%llu",
+                      v->granted ? "granted" : "refused",
+                      v->pre_vote ? "pre-" : "", m->to,
+                      (unsigned long long)m->term);
+        }
+    }
+}
+
 /* Hand one batch of the core to net, storage and fsm. */
 static void handle_batch(struct raft_proc *rp,
                          struct ida_sender *s,
@@ -333,7 +374,16 @@ static void handle_batch(struct raft_proc *rp,
     struct ida_node *n = rp->node;
     note_soft_state(rp, s, b->role, b->leader, b->term);
     for (size_t i = 0; i < b->n_msgs; i++) {
+        trace_vote(&b->msgs[i], 0);
         send_peer(rp, &b->msgs[i]);
+    }
+    for (size_t i = 0; i < b->n_msgs_after_persist; i++) {
+        trace_vote(&b->msgs_after_persist[i], 0); /* sent once durable */
+    }
+    if (b->n_committed > 0) {
+        IDA_DEBUG("raft: entries %llu..%llu committed",
+                  (unsigned long long)b->committed[0].index,
+                  (unsigned long long)b->committed[b->n_committed - 1].index);
     }
     if (b->has_snapshot) {
         rp->route_until = b->id;
@@ -453,6 +503,17 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
         ida_term term;
         rv = ida_raft_propose(&rp->raft, IDA_ENTRY_NORMAL, buf, len, &idx,
                               &term);
+        for (size_t i = 0;
+             rv == 0 && ida_log_get_level() == IDA_LOG_DEBUG && i < rp->n_open;
+             i++) {
+            char name[IDA_NODE_REQ_NAME_MAX];
+            ida__node_req_name(rp->open[i]->client_id.data,
+                               rp->open[i]->client_id.len,
+                               rp->open[i]->request_seq, name);
+            IDA_DEBUG("req %s: proposed in entry %llu term=%llu (%zu commands)",
+                      name, (unsigned long long)idx, (unsigned long long)term,
+                      rp->n_open);
+        }
     }
     if (rv != 0) {
         /* Not proposed: the fsm answers the registered writes. */
@@ -552,6 +613,13 @@ static void on_client(struct raft_proc *rp,
     uint64_t seq = req->request_seq;
     int err = 0;
     const char *why = NULL;
+    char name[IDA_NODE_REQ_NAME_MAX] = "";
+    if (ida_log_get_level() == IDA_LOG_DEBUG) {
+        ida__node_req_name(req->client_id.data, req->client_id.len, seq, name);
+        IDA_DEBUG("req %s: received (%s) on connection %llu", name,
+                  is_write(req->op_case) ? "write" : "read/status",
+                  (unsigned long long)c->conn);
+    }
     if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_STATUS) {
         reply_status(rp, c->conn, seq);
     } else if (req->op_case == IDALLOC__CLIENT_REQUEST__OP__NOT_SET) {
@@ -576,6 +644,11 @@ static void on_client(struct raft_proc *rp,
         }
     }
     if (err != 0) {
+        IDA_DEBUG("req %s: answered %s%s%s", name, idalloc_errname(err),
+                  err == IDA_ENOTLEADER ? ", leader=" : "",
+                  err == IDA_ENOTLEADER
+                      ? (rp->leader != 0 ? "known" : "unknown")
+                      : "");
         reply_error(rp, c->conn, seq, err, why);
     }
     if (req != NULL) {
@@ -595,6 +668,7 @@ static void on_peer(struct raft_proc *rp,
     struct ida_raft_msg m;
     struct ida_entry *entries;
     if (node_pb_to_raft(pb, &m, &entries) == 0) {
+        trace_vote(&m, 1);
         int rv = ida_raft_step(&rp->raft, &m);
         if (rv == IDA_EPROTO) {
             IDA_ERROR("raft: peer %u broke the protocol (message ignored)",

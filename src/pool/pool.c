@@ -528,6 +528,11 @@ static void *worker_main(void *arg)
                 w->idle = false;
             }
         }
+        if (w->errctx != NULL && p->cfg.errors.tick != NULL) {
+            /* Errors of a burst reach the sink's output even when no
+             * further error comes to trigger it. */
+            p->cfg.errors.tick(w->errctx);
+        }
         if (resharding) {
             if (w->can_be_updated && ida_wtimer_check(&w->reshard_timer)) {
                 promise_no_update(w);

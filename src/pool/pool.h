@@ -160,13 +160,15 @@ typedef void (*ida_pool_plan_fn)(void *arg,
 
 /* Where ida_sender_error() reports go. Each worker thread opens its own
  * context at start (open() returning NULL drops that worker's errors) and
- * uses it only from that thread, so a sink needs no locking. flush() runs on
+ * uses it only from that thread, so a sink needs no locking. tick() runs on
+ * every loop of the worker (keep it cheap); flush() runs on
  * the worker as it exits; close() when the pool is closed. Any member may be
  * NULL except add, which is required when open is set. */
 struct ida_pool_error_sink
 {
     void *(*open)(void *arg, uint32_t worker);
     void (*add)(void *wctx, int code, const char *text);
+    void (*tick)(void *wctx); /* every loop of the worker; may be NULL */
     void (*flush)(void *wctx);
     void (*close)(void *wctx);
     void *arg;

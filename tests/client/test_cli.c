@@ -101,7 +101,8 @@ Test(cli, list_status_and_globals)
     cr_assert_str_eq(cli.config, "c.conf");
     bad("--cluster a --config b status", "not both");
     bad("--timeout 0 status", "bad --timeout");
-    bad("--bogus 1 status", "unknown or repeated option");
+    bad("--bogus 1 status", "unknown option --bogus");
+    bad("--cluster a --cluster b status", "--cluster given twice");
     bad("status extra", "expected 0 arguments");
     cr_assert_eq(parse("status --verbose"), 0);
     cr_assert_eq(cli.verbose, 1);
@@ -119,6 +120,16 @@ Test(cli, help_everywhere)
     cr_assert_eq(cli.cmd, IDA_CLI_HELP);
     cr_assert_eq(cli.help_for, IDA_CLI_ALLOC);
     cr_assert(strstr(ida_cli_usage(IDA_CLI_ALLOC), "--tag TAG") != NULL);
+    const char *helps[] = {"-h",
+                           "alloc -h",
+                           "status -h",
+                           "pool create -h",
+                           "bench --op alloc -h",
+                           "next s --help"};
+    for (size_t i = 0; i < sizeof(helps) / sizeof(helps[0]); i++) {
+        cr_assert_eq(parse(helps[i]), 0, "%s: %s", helps[i], err);
+        cr_assert_eq(cli.cmd, IDA_CLI_HELP, "%s", helps[i]);
+    }
     for (int c = IDA_CLI_HELP; c <= IDA_CLI_BENCH; c++) {
         cr_assert(
             strncmp(ida_cli_usage((enum ida_cli_cmd)c), "usage: ", 7) == 0,
@@ -145,4 +156,25 @@ Test(cli, bench)
     bad("bench --op alloc --pool b --clients 0 --duration 1", "bad --clients");
     bad("bench --op alloc --pool b --clients 1 --duration 0", "bad --duration");
     bad("status --json", "--json does not apply");
+}
+
+Test(cli, conventions)
+{
+    cr_assert_eq(parse("--version"), 0);
+    cr_assert_eq(cli.cmd, IDA_CLI_VERSION);
+    /* Unknown options are named as unknown, wherever they are. */
+    bad("--foo", "unknown option --foo");
+    bad("--foo status", "unknown option --foo");
+    bad("-x status", "unknown option -x");
+    bad("status -x", "unknown option -x");
+    bad("alloc p --tag t --colour red", "unknown option --colour");
+    bad("alloc p --tag", "--tag needs a value");
+    /* Limits are the real ones: reserve takes up to 2^24 ids. */
+    bad("reserve s --count 0", "(1 to 16777216)");
+    bad("reserve s --count 16777217", "(1 to 16777216)");
+    cr_assert_eq(parse("reserve s --count 16777216"), 0, "%s", err);
+    cr_assert_eq(cli.count, 16777216);
+    bad("bench --op reserve --pool s --clients 1 --duration 1 --count 0",
+        "(1 to 16777216)");
+    bad("next s --count 10000001", "(1 to 10000000)");
 }

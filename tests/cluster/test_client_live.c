@@ -126,6 +126,8 @@ Test(cli_live, every_command, .init = setup3, .fini = teardown, .timeout = 120)
     cr_assert(strncmp(out, "{\"op\":\"next\"", 12) == 0, "%s", out);
 }
 
+/* Nothing listening: nothing was sent, so the outcome is known (not done)
+ * and retrying is safe; still exit 3 like every "try again". */
 Test(cli_live, nothing_reachable_is_exit_3)
 {
     cr_assert_eq(tc_run(out, sizeof(out),
@@ -133,7 +135,86 @@ Test(cli_live, nothing_reachable_is_exit_3)
                         "--tag t 2>&1",
                         tc_bin("idalloc")),
                  3);
-    cr_assert(strstr(out, "outcome unknown") != NULL, "%s", out);
+    cr_assert(strstr(out, "nothing was sent") != NULL, "%s", out);
+    cr_assert(strstr(out, "retrying is safe") != NULL, "%s", out);
+    cr_assert(strstr(out, "outcome unknown") == NULL, "%s", out);
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "%s --cluster 127.0.0.1:1 --timeout 300 status",
+                        tc_bin("idalloc")),
+                 3, "status with no leader reachable");
+}
+
+Test(cli_live, conventions, .init = setup3, .fini = teardown, .timeout = 120)
+{
+    const char *progs[] = {"idalloc", "idallocd"};
+    for (int i = 0; i < 2; i++) {
+        for (int h = 0; h < 2; h++) {
+            cr_assert_eq(tc_run(out, sizeof(out), "%s %s", tc_bin(progs[i]),
+                                h ? "-h" : "--help"),
+                         0);
+            cr_assert(strncmp(out, "usage: ", 7) == 0, "%s", out);
+        }
+        cr_assert_eq(tc_run(out, sizeof(out), "%s --version", tc_bin(progs[i])),
+                     0);
+        char want[64];
+        snprintf(want, sizeof(want), "%s %s\n", progs[i], idalloc_version());
+        cr_assert_str_eq(out, want);
+        cr_assert_eq(
+            tc_run(out, sizeof(out), "%s --foo 2>&1", tc_bin(progs[i])), 2);
+        cr_assert(strstr(out, "unknown option --foo") != NULL, "%s", out);
+    }
+    cr_assert_str_eq(idalloc_version(), IDALLOC_VERSION);
+    cr_assert_eq(cli("alloc --help"), 0);
+    cr_assert(strncmp(out, "usage: idalloc alloc", 20) == 0, "%s", out);
+
+    /* next --count K reserves exactly K: a reserve after it goes on at K+1. */
+    cr_assert_eq(cli("pool create s --kind sequence"), 0);
+    cr_assert_eq(cli("next s --count 3"), 0);
+    cr_assert_str_eq(out, "1\n2\n3\n");
+    cr_assert_eq(cli("reserve s --count 2"), 0);
+    cr_assert_str_eq(out, "4 5\n");
+    cr_assert_eq(cli_err("reserve s --count 0"), 2);
+    cr_assert(strstr(out, "16777216") != NULL, "%s", out);
+
+    /* Wrong kinds say which kind is needed, list included. */
+    cr_assert_eq(cli_err("list s"), 1);
+    cr_assert(strstr(out, "needs a bounded pool") != NULL, "%s", out);
+    cr_assert_eq(cli_err("alloc s --tag t"), 1);
+    cr_assert(strstr(out, "needs a bounded pool") != NULL, "%s", out);
+
+    /* A pool conflict is said once. */
+    cr_assert_eq(cli_err("pool create s --kind bounded --size 3"), 1);
+    cr_assert(strstr(out, "already exists") != NULL, "%s", out);
+    cr_assert_null(strstr(strstr(out, "exists") + 1, "exists"),
+                   "said twice: %s", out);
+
+    /* bench: a pool of the wrong kind is refused before the run; a run in
+     * which nothing succeeded exits non-zero. */
+    cr_assert_eq(cli_err("bench --op alloc --pool s --clients 1 --duration 1"),
+                 1);
+    cr_assert(strstr(out, "not a bounded pool") != NULL, "%s", out);
+    cr_assert(strstr(out, "bench: 1s") == NULL, "the run started: %s", out);
+    cr_assert_eq(cli("pool create full --kind bounded --size 1"), 0);
+    cr_assert_eq(cli("alloc full --tag only"), 0);
+    cr_assert_eq(cli_err("bench --op alloc --pool full --clients 1 "
+                         "--duration 1"),
+                 1);
+    cr_assert(strstr(out, "no request succeeded") != NULL, "%s", out);
+}
+
+/* status: 0 with a leader and every node; 1 when a node is down. */
+Test(cli_live,
+     status_exit_codes,
+     .init = setup3,
+     .fini = teardown,
+     .timeout = 120)
+{
+    cr_assert_eq(cli("status"), 0, "%s", out);
+    int leader = tc_wait_leader(&c, 10000);
+    cr_assert_geq(leader, 0);
+    tc_signal(&c, (leader + 1) % 3, SIGKILL);
+    cr_assert_eq(cli("status"), 1, "%s", out);
+    cr_assert(strstr(out, "unreachable") != NULL, "%s", out);
 }
 
 #define NEXT_THREADS    8
@@ -324,4 +405,50 @@ Test(client_live,
                       (unsigned long long)ids[i]);
     }
     idalloc_client_free(admin);
+}
+
+/* A client given only a follower's address follows the NOT_LEADER hint to
+ * the leader (an address it was not given) and learns every member. */
+Test(client_live,
+     follower_address_alone_is_enough,
+     .init = setup3,
+     .fini = teardown,
+     .timeout = 60)
+{
+    int leader = tc_wait_leader(&c, 10000);
+    cr_assert_geq(leader, 0);
+    int follower = (leader + 1) % 3;
+    char addr[64];
+    snprintf(addr, sizeof(addr), "%s", c.cfg.nodes[follower].client.text);
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = addr;
+    o.call_timeout_ms = 20000;
+    struct idalloc_client *one;
+    cr_assert_eq(idalloc_client_new(&o, &one, NULL), 0);
+    cr_assert_eq(idalloc_node_count(one), 1);
+    uint64_t t0 = tc_now_ms();
+    cr_assert_eq(idalloc_pool_create(one, "f", IDALLOC_POOL_BOUNDED, 10, NULL),
+                 0, "%s", idalloc_last_error());
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(one, "f", "x", &id, NULL), 0, "%s",
+                 idalloc_last_error());
+    /* One attempt per node at most; a timeout would take seconds. */
+    cr_assert_lt(tc_now_ms() - t0, 3000, "took %llu ms",
+                 (unsigned long long)(tc_now_ms() - t0));
+    cr_assert_eq(idalloc_node_count(one), 3, "members not learned");
+    idalloc_client_free(one);
+
+    /* The CLI too: status lists all three nodes from one address. */
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "%s --cluster %s --timeout 10000 alloc f --tag y",
+                        tc_bin("idalloc"), addr),
+                 0, "%s", out);
+    cr_assert_str_eq(out, "1\n");
+    tc_run(out, sizeof(out), "%s --cluster %s status", tc_bin("idalloc"), addr);
+    int lines = 0;
+    for (const char *p = out; (p = strstr(p, "node=")) != NULL; p++) {
+        lines++;
+    }
+    cr_assert_eq(lines, 3, "status from one address:\n%s", out);
 }
