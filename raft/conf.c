@@ -25,15 +25,32 @@ int ida_raft_conf_learner_slot(const struct ida_raft_conf *c, ida_node_id id)
     return -1;
 }
 
+/* Voter @i of @a is also a voter of @b with a compatible incarnation (equal,
+ * or unbound in @a). */
+static int voter_kept(const struct ida_raft_conf *a,
+                      size_t i,
+                      const struct ida_raft_conf *b)
+{
+    int s = ida_raft_conf_slot(b, a->voters[i]);
+    return s >= 0 &&
+           (a->voter_inc[i] == 0 || a->voter_inc[i] == b->voter_inc[s]);
+}
+
 int ida_raft_conf_one_change(const struct ida_raft_conf *a,
                              const struct ida_raft_conf *b)
 {
-    size_t only_a = 0, only_b = 0;
+    size_t only_a = 0, only_b = 0, bound = 0;
     for (size_t i = 0; i < a->n; i++) {
-        only_a += ida_raft_conf_slot(b, a->voters[i]) < 0;
+        only_a += !voter_kept(a, i, b);
     }
     for (size_t i = 0; i < b->n; i++) {
-        only_b += ida_raft_conf_slot(a, b->voters[i]) < 0;
+        int s = ida_raft_conf_slot(a, b->voters[i]);
+        if (s < 0 ||
+            (a->voter_inc[s] != 0 && a->voter_inc[s] != b->voter_inc[i])) {
+            only_b++;
+        } else if (a->voter_inc[s] != b->voter_inc[i]) {
+            bound++;
+        }
     }
     if (only_a + only_b == 1) {
         return 1;
@@ -41,12 +58,16 @@ int ida_raft_conf_one_change(const struct ida_raft_conf *a,
     if (only_a + only_b > 1) {
         return 0;
     }
+    if (bound > 0) {
+        return 1;
+    }
     /* Same voters: a change only if the learners differ. */
     if (a->n_learners != b->n_learners) {
         return 1;
     }
     for (size_t i = 0; i < b->n_learners; i++) {
-        if (ida_raft_conf_learner_slot(a, b->learners[i]) < 0) {
+        int s = ida_raft_conf_learner_slot(a, b->learners[i]);
+        if (s < 0 || a->learner_inc[s] != b->learner_inc[i]) {
             return 1;
         }
     }

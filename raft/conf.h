@@ -23,6 +23,9 @@ struct ida_raft_conf
     size_t n;
     ida_node_id learners[IDA_RAFT_NODES_MAX];
     size_t n_learners;
+    /* Each member's incarnation (raft/admission.h), 0: not bound. */
+    uint64_t voter_inc[IDA_RAFT_NODES_MAX];
+    uint64_t learner_inc[IDA_RAFT_NODES_MAX];
 };
 
 /* 0 if @c is a valid membership: 1..IDA_RAFT_NODES_MAX voters, at most
@@ -38,7 +41,9 @@ int ida_raft_conf_learner_slot(const struct ida_raft_conf *c, ida_node_id id);
 
 /* Nonzero if @b is a single-server change of @a (dissertation §4.1): the
  * voter sets differ by exactly one added or removed voter, or the voters
- * are the same and only the learners changed. */
+ * are the same and only the learners (or unbound incarnations becoming
+ * bound) changed. A voter is identified by (id, incarnation): a voter
+ * whose bound incarnation changes counts as one removed and one added. */
 int ida_raft_conf_one_change(const struct ida_raft_conf *a,
                              const struct ida_raft_conf *b);
 

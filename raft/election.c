@@ -170,7 +170,13 @@ void ida__raft_handle_request_vote(struct ida_raft *r,
     if (r->bugs & IDA_RAFT_BUG_VOTE_NO_LOG_CHECK) {
         up_to_date = true;
     }
-    bool grant = can_vote && up_to_date;
+    /* Rule A1 of raft/admission.h: a node that is not a voter of its own
+     * membership under its incarnation (a new, empty incarnation, or a
+     * learner) promised nothing and may not vote. */
+    bool grant = can_vote && up_to_date && ida_raft_admitted(r);
+    if (!grant && r->term == 0) {
+        return; /* a refusal at term 0 tells nothing and is not valid */
+    }
     struct ida_raft_msg resp;
     ida__raft_msg_init(&resp, IDA_RAFT_MSG_RESPONSE_VOTE, m->from,
                        grant ? m->term : r->term);

@@ -8,6 +8,7 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/internal.h"
+#include "raft/testing.h"
 
 int ida__raft_voter_slot(const struct ida_raft *r, ida_node_id id)
 {
@@ -84,6 +85,7 @@ static void conf_bootstrap(const struct ida_raft *r, struct ida_raft_conf *c)
 {
     memset(c, 0, sizeof(*c));
     memcpy(c->voters, r->cfg.voters, sizeof(c->voters));
+    memcpy(c->voter_inc, r->cfg.voter_inc, sizeof(c->voter_inc));
     c->n = r->cfg.n_voters;
 }
 
@@ -117,9 +119,41 @@ int ida__raft_conf_refresh(struct ida_raft *r)
     return 0;
 }
 
+/* Rule A1 of raft/admission.h: only an admitted node campaigns. */
 bool ida__raft_promotable(const struct ida_raft *r)
 {
-    return ida__raft_voter_slot(r, r->cfg.id) >= 0;
+    return ida_raft_admitted(r);
+}
+
+bool ida_raft_admitted(const struct ida_raft *r)
+{
+    int s = ida__raft_voter_slot(r, r->cfg.id);
+    if (s < 0) {
+        return false;
+    }
+    if (r->bugs & IDA_RAFT_BUG_IGNORE_INCARNATION) {
+        return true;
+    }
+    uint64_t inc = r->conf.voter_inc[s];
+    return inc == 0 || inc == r->cfg.incarnation;
+}
+
+uint64_t ida_raft_conf_inc(const struct ida_raft_conf *c, ida_node_id id)
+{
+    int s = ida_raft_conf_slot(c, id);
+    if (s >= 0) {
+        return c->voter_inc[s];
+    }
+    s = ida_raft_conf_learner_slot(c, id);
+    return s >= 0 ? c->learner_inc[s] : 0;
+}
+
+bool ida_raft_conf_inc_ok(const struct ida_raft_conf *c,
+                          ida_node_id id,
+                          uint64_t inc)
+{
+    uint64_t bound = ida_raft_conf_inc(c, id);
+    return bound == 0 || bound == inc;
 }
 
 /* §4.2.2: a leader that is not part of the configuration steps down once

@@ -12,6 +12,7 @@
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "raft/internal.h"
+#include "raft/testing.h"
 
 /* Messages with a term lower than ours. */
 static void step_stale(struct ida_raft *r, const struct ida_raft_msg *m)
@@ -304,6 +305,12 @@ static int step(struct ida_raft *r, const struct ida_raft_msg *m)
     ida__raft_begin(r);
     if (!valid_msg(r, m)) {
         return IDA_EINVAL;
+    }
+    /* Rule A2 of raft/admission.h: another incarnation of a member speaks
+     * for nothing the member promised. */
+    if (!(r->bugs & IDA_RAFT_BUG_IGNORE_INCARNATION) &&
+        !ida_raft_conf_inc_ok(&r->conf, m->from, m->from_inc)) {
+        return IDA_EFOREIGN;
     }
     bool is_vote = m->type == IDA_RAFT_MSG_REQUEST_VOTE;
     if (m->term > r->term) {

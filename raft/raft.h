@@ -73,6 +73,7 @@
 #include <stdint.h>
 
 #include "base/types.h"
+#include "raft/admission.h"
 #include "raft/conf.h"
 
 #define IDA_RAFT_INFLIGHT_MAX 64 /* upper bound of max_inflight */
@@ -161,6 +162,7 @@ struct ida_raft_msg
     ida_node_id from;
     ida_node_id to;
     ida_term term;
+    uint64_t from_inc; /* the sender's incarnation (raft/admission.h) */
     union {
         struct ida_raft_request_vote request_vote;
         struct ida_raft_response_vote response_vote;
@@ -180,7 +182,11 @@ struct ida_raft_config
     /* Bootstrap voters: the membership until the log or a snapshot holds a
      * config (a node that joins later may leave itself out). */
     ida_node_id voters[IDA_RAFT_NODES_MAX];
-    size_t n_voters;             /* 1..IDA_RAFT_NODES_MAX */
+    uint64_t voter_inc[IDA_RAFT_NODES_MAX]; /* their incarnations, 0: unbound */
+    size_t n_voters;                        /* 1..IDA_RAFT_NODES_MAX */
+    /* This node's incarnation (raft/admission.h): sent in every message;
+     * the node votes and campaigns only while its membership names it. */
+    uint64_t incarnation;
     unsigned election_ticks;     /* >= 2 * heartbeat_ticks */
     unsigned heartbeat_ticks;    /* >= 1 */
     uint64_t seed;               /* election timeout PRNG */
@@ -381,12 +387,14 @@ void ida_raft_tick(struct ida_raft *r);
 
 /* Feed one message. @m and what it points to are borrowed for the call
  * (entry data is copied). Returns 0 (also for stale or ignored messages),
- * IDA_EINVAL for a message not addressed to this node, from a non-member,
- * with term 0 or inconsistent fields, IDA_EPROTO for a message that breaks
- * the protocol (e.g. a leader contradicting a committed entry: the message
- * is ignored; the simulator counts this as a safety violation), IDA_ENOMEM
- * (the message is then treated as lost; a valid prefix of its entries may
- * have been appended, which is safe since nothing was acknowledged). */
+ * IDA_EINVAL for a message not addressed to this node, from itself or node
+ * 0, with term 0 or inconsistent fields, IDA_EFOREIGN for a message from
+ * another incarnation of a member (dropped unread: raft/admission.h),
+ * IDA_EPROTO for a message that breaks the protocol (e.g. a leader
+ * contradicting a committed entry: the message is ignored; the simulator counts
+ * this as a safety violation), IDA_ENOMEM (the message is then treated as lost;
+ * a valid prefix of its entries may have been appended, which is safe since
+ * nothing was acknowledged). */
 int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m);
 
 /* Append a new entry (leader only); @data is copied. On success *@index and

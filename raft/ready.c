@@ -32,6 +32,7 @@ static void queue_msg(struct ida_raft_msg **arr,
 void ida__raft_send_now(struct ida_raft *r, struct ida_raft_msg *m)
 {
     m->from = r->cfg.id;
+    m->from_inc = r->cfg.incarnation;
     queue_msg(&r->msgs, &r->n_msgs, &r->cap_msgs, m);
 }
 
@@ -43,6 +44,7 @@ void ida__raft_send_after_persist(struct ida_raft *r, struct ida_raft_msg *m)
         return;
     }
     m->from = r->cfg.id;
+    m->from_inc = r->cfg.incarnation;
     queue_msg(&r->msgs_ap, &r->n_msgs_ap, &r->cap_msgs_ap, m);
 }
 

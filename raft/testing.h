@@ -21,6 +21,9 @@ enum ida_raft_bug {
     IDA_RAFT_BUG_FORGET_VOTE = 1u << 2,
     /* Commit by counting replicas of entries of any term (Figure 8). */
     IDA_RAFT_BUG_COMMIT_OLD_TERM = 1u << 3,
+    /* Ignore incarnations: a node with a new, empty incarnation votes and
+     * counts as its old self (raft/admission.h rules A1 and A2 off). */
+    IDA_RAFT_BUG_IGNORE_INCARNATION = 1u << 4,
 };
 
 /* Turn on the bugs in @bugs (a mask of enum ida_raft_bug) in @r. Call it

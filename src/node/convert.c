@@ -40,6 +40,7 @@ int node_raft_to_pb(const struct ida_raft_msg *m, struct node_pb_peer *pb)
     pb->msg.from = m->from;
     pb->msg.to = m->to;
     pb->msg.term = m->term;
+    pb->msg.from_incarnation = m->from_inc;
     switch (m->type) {
         case IDA_RAFT_MSG_REQUEST_VOTE:
             idalloc__request_vote__init(&pb->u.rv);
@@ -165,6 +166,7 @@ int node_pb_to_raft(const Idalloc__PeerMessage *pb,
     m->from = pb->from;
     m->to = pb->to;
     m->term = pb->term;
+    m->from_inc = pb->from_incarnation;
     switch (pb->msg_case) {
         case IDALLOC__PEER_MESSAGE__MSG_REQUEST_VOTE:
             m->type = IDA_RAFT_MSG_REQUEST_VOTE;
@@ -312,8 +314,10 @@ int node_conf_decode(const uint8_t *data, size_t len, struct ida_raft_conf *out)
             ida_raft_conf_learner_slot(&c, m->id) >= 0) {
             rv = IDA_EPROTO;
         } else if (m->voter && c.n < IDA_RAFT_NODES_MAX) {
+            c.voter_inc[c.n] = m->incarnation;
             c.voters[c.n++] = m->id;
         } else if (!m->voter && c.n_learners < IDA_RAFT_NODES_MAX) {
+            c.learner_inc[c.n_learners] = m->incarnation;
             c.learners[c.n_learners++] = m->id;
         } else {
             rv = IDA_EPROTO;
@@ -341,12 +345,14 @@ int node_conf_encode(const struct ida_raft_conf *c,
     for (size_t i = 0; i < c->n && i < IDA_RAFT_NODES_MAX; i++, k++) {
         idalloc__member__init(&ms[k]);
         ms[k].id = c->voters[i];
+        ms[k].incarnation = c->voter_inc[i];
         ms[k].voter = 1;
         mp[k] = &ms[k];
     }
     for (size_t i = 0; i < c->n_learners && i < IDA_RAFT_NODES_MAX; i++, k++) {
         idalloc__member__init(&ms[k]);
         ms[k].id = c->learners[i];
+        ms[k].incarnation = c->learner_inc[i];
         ms[k].voter = 0;
         mp[k] = &ms[k];
     }

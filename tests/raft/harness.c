@@ -4,6 +4,7 @@
  * ida_heap_fault_set() to fail the core's allocations, not the harness's. */
 #include "tests/raft/harness.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -203,7 +204,9 @@ void h_start(ida_node_id id)
     cfg.n_voters = (size_t)(H.bootstrap_n ? H.bootstrap_n : H.n);
     for (size_t k = 0; k < cfg.n_voters; k++) {
         cfg.voters[k] = (ida_node_id)(k + 1);
+        cfg.voter_inc[k] = H.bind_incs ? H.boot_inc[k + 1] : 0;
     }
+    cfg.incarnation = H.inc[id];
     struct h_disk *d = &H.disk[id];
     struct ida_raft_restore st = {
         .hard_state = d->hs,
@@ -242,6 +245,20 @@ void h_crash(ida_node_id id)
     ida_raft_close(&H.r[id]);
     H.up[id] = false;
     H.hold[id] = false;
+}
+
+void h_wipe(ida_node_id id, uint64_t inc)
+{
+    if (H.up[id]) {
+        h_crash(id);
+    }
+    struct h_disk *d = &H.disk[id];
+    for (size_t i = 0; i < d->n; i++) {
+        free(d->ents[i].data);
+    }
+    free(d->snap);
+    memset(d, 0, sizeof(*d));
+    H.inc[id] = inc;
 }
 
 void h_close(void)
@@ -347,7 +364,12 @@ bool h_deliver_one(void)
             H.snapshot_chunks++;
         }
         int rv = ida_raft_step(&H.r[to], &p.m);
-        IDA_ASSERT(rv == 0 || rv == IDA_ENOMEM);
+        if (!(rv == 0 || rv == IDA_ENOMEM || rv == IDA_EFOREIGN)) {
+            fprintf(stderr, "step %u->%u type %d: %s\n", p.m.from, to, p.m.type,
+                    idalloc_errname(rv));
+        }
+        IDA_ASSERT(rv == 0 || rv == IDA_ENOMEM || rv == IDA_EFOREIGN);
+        H.foreign += rv == IDA_EFOREIGN;
         h_collect(to);
     }
     pkt_free(&p);

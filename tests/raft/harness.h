@@ -39,8 +39,14 @@ struct h_cluster
     int bootstrap_n; /* bootstrap voters are 1..bootstrap_n (default n) */
     size_t max_msg_entries;
     uint32_t bugs;
+    /* Incarnations: inc[id] is node id's (0: none); with bind_incs the
+     * bootstrap membership binds every voter to its inc at h_init() time. */
+    uint64_t inc[H_NODES_MAX + 1];
+    uint64_t boot_inc[H_NODES_MAX + 1];
+    bool bind_incs;
     /* Counters for assertions. */
     size_t appends_sent;       /* AppendEntries carrying entries */
+    size_t foreign;            /* messages dropped as another incarnation's */
     size_t rejects;            /* AppendResponse with success=false */
     size_t snapshot_chunks;    /* InstallSnapshot delivered */
     size_t max_entries_in_msg; /* largest AppendEntries seen */
@@ -56,6 +62,9 @@ void h_start(ida_node_id id);
 void h_start_all(void);
 /* Crash @id: unpersisted batches and queued messages to/from it are lost. */
 void h_crash(ida_node_id id);
+/* Crash @id and give it an empty disk and a new incarnation @inc, as after
+ * a replaced disk; start it again with h_start(). */
+void h_wipe(ida_node_id id, uint64_t inc);
 /* Free everything. */
 void h_close(void);
 /* Drain @id's batches (persisting them unless held). */

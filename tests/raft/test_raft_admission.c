@@ -1,0 +1,218 @@
+/* Admission (raft/admission.h): a node with a new incarnation never votes,
+ * campaigns or counts as its old self; the lost-disk scenario loses nothing;
+ * with the rule switched off (negative control) it loses the entry. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "idalloc_errors.h"
+#include "raft/raft.h"
+#include "raft/testing.h"
+#include "tests/raft/harness.h"
+#include "tests/raft/helpers.h"
+
+/* A 3-node harness whose bootstrap membership binds incarnations 11, 22,
+ * 33 to nodes 1, 2, 3. */
+static void setup_bound(void)
+{
+    h_init(3);
+    H.bind_incs = true;
+    for (int k = 1; k <= 3; k++) {
+        H.inc[k] = H.boot_inc[k] = 11u * (uint64_t)k;
+    }
+}
+
+TestSuite(admission, .init = setup_bound, .fini = teardown);
+
+/* The count of messages of @type that @id sends in its next batches. */
+static size_t sent_by(ida_node_id id, enum ida_raft_msg_type type)
+{
+    size_t n = 0;
+    struct ida_raft_batch b;
+    while (ida_raft_ready(&H.r[id], &b)) {
+        for (size_t i = 0; i < b.n_msgs; i++) {
+            n += b.msgs[i].type == type;
+        }
+        for (size_t i = 0; i < b.n_msgs_after_persist; i++) {
+            n += b.msgs_after_persist[i].type == type;
+        }
+        if (b.id != 0) {
+            ida_raft_persisted(&H.r[id], b.id);
+        }
+    }
+    return n;
+}
+
+Test(admission, bound_members_are_admitted_and_elect_as_before)
+{
+    h_start_all();
+    for (int k = 1; k <= 3; k++) {
+        cr_assert(ida_raft_admitted(&H.r[k]), "node %d", k);
+    }
+    h_elect(1);
+    cr_assert_eq(the_leader(), 1);
+    h_propose(1, 3);
+    h_deliver_all();
+    cr_assert_eq(ida_raft_commit(&H.r[1]), 4);
+}
+
+Test(admission, a_new_incarnation_never_campaigns)
+{
+    H.inc[2] = 99; /* its directory is not the one the membership names */
+    h_start((ida_node_id)2);
+    cr_assert_not(ida_raft_admitted(&H.r[2]));
+    size_t asks = 0;
+    for (int i = 0; i < 200; i++) {
+        ida_raft_tick(&H.r[2]);
+        asks += sent_by(2, IDA_RAFT_MSG_REQUEST_VOTE);
+    }
+    cr_assert_eq(asks, 0, "it asked for votes");
+    cr_assert_eq(ida_raft_role(&H.r[2]), IDA_RAFT_FOLLOWER);
+    cr_assert_eq(ida_raft_term(&H.r[2]), 0);
+}
+
+static bool vote_granted_by(ida_node_id id, bool pre)
+{
+    struct ida_raft_msg m = vote_req(1, id, 5, 10, 4);
+    m.from_inc = 11;
+    m.u.request_vote.pre_vote = pre;
+    cr_assert_eq(ida_raft_step(&H.r[id], &m), 0);
+    struct ida_raft_batch b;
+    if (!ida_raft_ready(&H.r[id], &b)) {
+        return false; /* no answer at all: nothing granted */
+    }
+    const struct ida_raft_msg *r =
+        find_msg(&b, IDA_RAFT_MSG_RESPONSE_VOTE, !pre);
+    if (r == NULL) {
+        return false;
+    }
+    cr_assert_eq(H.r[id].vote, r->u.response_vote.granted && !pre ? 1 : 0);
+    return r->u.response_vote.granted;
+}
+
+Test(admission, a_new_incarnation_grants_no_vote_nor_pre_vote)
+{
+    H.inc[2] = 99;
+    h_start((ida_node_id)2);
+    cr_assert_not(vote_granted_by(2, true));
+    cr_assert_not(vote_granted_by(2, false));
+}
+
+Test(admission, control_the_old_incarnation_grants_the_same_vote)
+{
+    h_start((ida_node_id)2);
+    cr_assert(vote_granted_by(2, true));
+    cr_assert(vote_granted_by(2, false));
+}
+
+Test(admission, a_message_from_another_incarnation_changes_nothing)
+{
+    h_start((ida_node_id)1);
+    /* Node 2's new incarnation asks for votes at a high term. */
+    struct ida_raft_msg m = vote_req(2, 1, 50, 100, 40);
+    m.from_inc = 99;
+    cr_assert_eq(ida_raft_step(&H.r[1], &m), IDA_EFOREIGN);
+    cr_assert_eq(ida_raft_term(&H.r[1]), 0, "the term moved");
+    struct ida_raft_batch b;
+    cr_assert_not(ida_raft_ready(&H.r[1], &b), "it answered");
+    /* The same request from the bound incarnation is looked at. */
+    m.from_inc = 22;
+    cr_assert_eq(ida_raft_step(&H.r[1], &m), 0);
+    cr_assert_eq(ida_raft_term(&H.r[1]), 50);
+}
+
+Test(admission, acks_of_another_incarnation_do_not_commit)
+{
+    h_start_all();
+    h_elect(1);
+    h_propose(1, 1);
+    h_deliver_all();
+    ida_index before = ida_raft_commit(&H.r[1]);
+    /* Only node 2 could ack (3 is cut off); node 2's acks now come from
+     * another incarnation: the leader must not count them. */
+    h_isolate(3);
+    h_crash(2);
+    H.inc[2] = 99; /* same disk, but it claims another incarnation */
+    h_start((ida_node_id)2);
+    h_propose(1, 2);
+    for (int i = 0; i < 30; i++) {
+        h_tick(1, 1);
+        h_deliver_all();
+    }
+    cr_assert_eq(ida_raft_commit(&H.r[1]), before, "foreign acks counted");
+    cr_assert_gt(H.foreign, 0, "node 2 answered: its answers were dropped");
+}
+
+/* The lost-disk scenario: 1 leads; 3 is cut off while entry e is
+ * acknowledged by 1 and 2; 1 dies; 2 comes back with an empty disk (a new
+ * incarnation); 3 is reconnected. Returns whether e survives on a node that
+ * could lead, and whether 3 was elected. */
+static void lost_disk(bool *elected3, bool *e_lost)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_isolate(3);
+    h_propose(1, 1);
+    h_deliver_all();
+    ida_index e = ida_raft_last_index(&H.r[1]);
+    ida_term e_term = ida_raft_term_at(&H.r[1], e);
+    cr_assert_eq(ida_raft_commit(&H.r[1]), e, "e committed by 1 and 2");
+    h_crash(1);
+    h_wipe(2, 999);
+    h_start((ida_node_id)2);
+    h_heal();
+    H.cut[1][2] = H.cut[2][1] = H.cut[1][3] = H.cut[3][1] = true;
+    *elected3 = false;
+    for (int i = 0; i < 300; i++) {
+        h_tick(3, 1);
+        h_tick(2, 1);
+        h_deliver_all();
+        *elected3 |= ida_raft_role(&H.r[3]) == IDA_RAFT_LEADER;
+    }
+    /* e is lost if node 3 committed another entry at e's index. */
+    *e_lost =
+        ida_raft_commit(&H.r[3]) >= e && ida_raft_term_at(&H.r[3], e) != e_term;
+}
+
+Test(admission, lost_disk_cannot_elect_a_stale_leader)
+{
+    bool elected3, e_lost;
+    lost_disk(&elected3, &e_lost);
+    cr_assert_not(elected3, "the stale node was elected with the empty one");
+    cr_assert_not(e_lost);
+    /* The empty node never voted: its term may not move past 0 by voting. */
+    cr_assert_eq(ida_raft_role(&H.r[2]), IDA_RAFT_FOLLOWER);
+}
+
+Test(admission, negative_control_without_the_rule_the_entry_is_lost)
+{
+    H.bugs = IDA_RAFT_BUG_IGNORE_INCARNATION;
+    bool elected3, e_lost;
+    lost_disk(&elected3, &e_lost);
+    cr_assert(elected3, "without the rule the empty node elects node 3");
+    cr_assert(e_lost, "and node 3 commits over the acknowledged entry");
+}
+
+Test(admission, rebinding_a_voter_is_two_changes_binding_is_one)
+{
+    struct ida_raft_conf a = {
+        .voters = {1, 2, 3}, .n = 3, .voter_inc = {11, 22, 33}};
+    struct ida_raft_conf b = a;
+    b.voter_inc[1] = 99;
+    cr_assert_not(ida_raft_conf_one_change(&a, &b));
+    struct ida_raft_conf removed = {
+        .voters = {1, 3}, .n = 2, .voter_inc = {11, 33}};
+    cr_assert(ida_raft_conf_one_change(&a, &removed));
+    struct ida_raft_conf learner = removed;
+    learner.learners[0] = 2;
+    learner.learner_inc[0] = 99;
+    learner.n_learners = 1;
+    cr_assert(ida_raft_conf_one_change(&removed, &learner));
+    struct ida_raft_conf promoted = {
+        .voters = {1, 3, 2}, .n = 3, .voter_inc = {11, 33, 99}};
+    cr_assert(ida_raft_conf_one_change(&learner, &promoted));
+    struct ida_raft_conf unbound = {.voters = {1, 2, 3}, .n = 3};
+    cr_assert(ida_raft_conf_one_change(&unbound, &a), "binding");
+    cr_assert_not(ida_raft_conf_one_change(&a, &a));
+}
