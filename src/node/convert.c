@@ -88,6 +88,8 @@ int node_raft_to_pb(const struct ida_raft_msg *m, struct node_pb_peer *pb)
             pb->u.is.last_index = s->last_index;
             pb->u.is.last_term = s->last_term;
             pb->u.is.offset = s->offset;
+            pb->u.is.config.data = (uint8_t *)s->config;
+            pb->u.is.config.len = s->config_len;
             pb->u.is.data.data = (uint8_t *)s->data;
             pb->u.is.data.len = s->len;
             pb->u.is.done = s->done;
@@ -206,6 +208,8 @@ int node_pb_to_raft(const Idalloc__PeerMessage *pb,
             m->u.install_snapshot.last_index = s->last_index;
             m->u.install_snapshot.last_term = s->last_term;
             m->u.install_snapshot.offset = s->offset;
+            m->u.install_snapshot.config = s->config.data;
+            m->u.install_snapshot.config_len = s->config.len;
             m->u.install_snapshot.data = s->data.data;
             m->u.install_snapshot.len = s->data.len;
             m->u.install_snapshot.done = s->done;

@@ -243,7 +243,7 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
         ida_free(data);
         return;
     }
-    *sn = (struct nm_snapshot){applied, fp->applied_term, data, len};
+    *sn = (struct nm_snapshot){applied, fp->applied_term, data, len, NULL, 0};
     node_post(&fp->q, s, n->p_raft, NM_SNAPSHOT_TAKEN, sn);
     fp->snapshot_index = applied;
     IDA_INFO("fsm: snapshot at index %llu (%zu bytes)",

@@ -112,6 +112,7 @@ void nm_persist_free(struct nm_persist *p)
     }
     ida_free(p->entries);
     ida_free(p->snap_data);
+    ida_free(p->snap_conf);
     node_raft_msgs_free(p->after, p->n_after);
     nm_apply_free(p->apply_after);
     ida_free(p);
@@ -148,6 +149,7 @@ static void payload_free(uint32_t type, void *p)
         case NM_SNAPSHOT_STORE:
             if (p != NULL) {
                 ida_free(((struct nm_snapshot *)p)->data);
+                ida_free(((struct nm_snapshot *)p)->conf);
             }
             ida_free(p);
             break;

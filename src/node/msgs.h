@@ -65,6 +65,8 @@ struct nm_persist
     ida_term snap_term;
     uint8_t *snap_data;
     size_t snap_len;
+    uint8_t *snap_conf; /* its membership (encoded), NULL: bootstrap */
+    size_t snap_conf_len;
     struct ida_raft_msg *after; /* msgs_after_persist, deep copies */
     size_t n_after;
     struct nm_apply *apply_after; /* committed entries to forward to fsm
@@ -117,6 +119,8 @@ struct nm_snapshot
     ida_term term;
     uint8_t *data;
     size_t len;
+    uint8_t *conf; /* the membership at index (encoded), NULL: bootstrap */
+    size_t conf_len;
 };
 
 struct nm_storage_failed

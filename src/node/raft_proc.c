@@ -318,6 +318,15 @@ static struct nm_persist *make_persist(const struct ida_raft_batch *b)
         if (p->snap_data != NULL && b->snapshot.len > 0) {
             memcpy(p->snap_data, b->snapshot.data, b->snapshot.len);
         }
+        if (b->snapshot.config_len > 0) {
+            p->snap_conf = ida_malloc(b->snapshot.config_len);
+            if (p->snap_conf == NULL) {
+                nm_persist_free(p);
+                return NULL;
+            }
+            memcpy(p->snap_conf, b->snapshot.config, b->snapshot.config_len);
+            p->snap_conf_len = b->snapshot.config_len;
+        }
     }
     if (b->n_msgs_after_persist > 0) {
         p->after =
@@ -761,6 +770,20 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
             if (rv != 0 && rv != IDA_EINVAL) {
                 IDA_WARN("raft: compaction at %llu failed: %s",
                          (unsigned long long)sn->index, idalloc_strerror(rv));
+            }
+            /* Storage keeps the membership in effect at the snapshot's
+             * index with it (raft.h persistence contract 5). */
+            size_t clen = 0;
+            const uint8_t *conf = ida_raft_snapshot_config(&rp->raft, &clen);
+            if (rv == 0 && clen > 0) {
+                sn->conf = ida_malloc(clen);
+                if (sn->conf == NULL) {
+                    node_msg_free(msg); /* storage keeps the older one */
+                    drive(rp, s);
+                    return;
+                }
+                memcpy(sn->conf, conf, clen);
+                sn->conf_len = clen;
             }
             /* The core copied what it needs: the same buffer goes on to
              * storage (storage ignores a snapshot older than its own). */

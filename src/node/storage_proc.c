@@ -46,12 +46,14 @@ static int write_snapshot(struct storage_proc *sp,
                           ida_index index,
                           ida_term term,
                           const uint8_t *data,
-                          size_t len)
+                          size_t len,
+                          const uint8_t *conf,
+                          size_t conf_len)
 {
     struct ida_node *n = sp->node;
     struct ida_snapshot_writer w;
-    int rv = ida_storage_snapshot_begin(&n->storage, &w, index, term,
-                                        n->config_pb, n->config_pb_len);
+    int rv = ida_storage_snapshot_begin(&n->storage, &w, index, term, conf,
+                                        conf_len);
     if (rv != 0) {
         return rv;
     }
@@ -75,7 +77,7 @@ static int persist(struct storage_proc *sp,
     if (p->has_snapshot) {
         *what = "installing a snapshot";
         rv = write_snapshot(sp, p->snap_index, p->snap_term, p->snap_data,
-                            p->snap_len);
+                            p->snap_len, p->snap_conf, p->snap_conf_len);
         if (rv == 0) {
             rv = ida_storage_compact(st, p->snap_index);
         }
@@ -167,7 +169,8 @@ static void on_snapshot_store(struct storage_proc *sp,
     if (sp->failed || sn->index <= st->snapshot_index) {
         return;
     }
-    int rv = write_snapshot(sp, sn->index, sn->term, sn->data, sn->len);
+    int rv = write_snapshot(sp, sn->index, sn->term, sn->data, sn->len,
+                            sn->conf, sn->conf_len);
     if (rv == 0) {
         rv = ida_storage_compact(st, sn->index);
     }
