@@ -458,6 +458,12 @@ static int open_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
         return rc;
     }
     rc = mdb_dbi_open(txn, "meta", 0, &s->dbi_meta);
+    if ((rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE) && a->have_idfile) {
+        s->refused = lost_state(s, s->dir, a,
+                                "was replaced by one that is not idalloc "
+                                "storage");
+        return RC_REFUSED;
+    }
     if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE) {
         refuse(s, s->dir, IDA_EFOREIGN,
                "holds an LMDB database that is not idalloc storage");
