@@ -55,8 +55,8 @@ static uint64_t hash_dir(const char *d)
         }
         char p[600];
         path_in(p, sizeof(p), d, de->d_name);
-        uint64_t h = fnv(14695981039346656037ull, de->d_name,
-                         strlen(de->d_name));
+        uint64_t h =
+            fnv(14695981039346656037ull, de->d_name, strlen(de->d_name));
         FILE *f = fopen(p, "rb");
         cr_assert_not_null(f, "%s", p);
         uint8_t buf[4096];
@@ -161,8 +161,9 @@ static void expect_lost(const char *what, uint64_t inc)
              "initialized as node 1 incarnation %016llx of cluster \"test\"",
              (unsigned long long)inc);
     expect_msg(want);
-    expect_msg("must not rejoin as its old self; remove the directory to "
-               "rejoin as a new incarnation");
+    expect_msg(
+        "must not rejoin as its old self; remove the directory to "
+        "rejoin as a new incarnation");
 }
 
 /* --- incarnation --- */
