@@ -68,9 +68,9 @@
  *
  * IDENTITY is written after the first commit, not before the environment is
  * created, so that a first start killed at any point leaves a directory the
- * next open completes rather than refuses. A write to a directory whose
- * IDENTITY is gone cannot be told from a first start, so it is not detected
- * here.
+ * next open completes rather than refuses. A directory that lost IDENTITY
+ * and data.mdb together looks new and is created again as a new
+ * incarnation.
  *
  * Before LMDB maps data.mdb, open reads its two meta pages with read(2):
  * the file must be whole pages, at least two, both meta pages must carry
@@ -79,9 +79,10 @@
  * (LMDB writes transaction N to meta page N % 2 and opens the one with the
  * higher id, so a damaged older page could silently roll back the last
  * commit). Anything else is IDA_ECORRUPT with one line, never a SIGBUS from
- * touching pages past the end of a truncated file. LMDB's own comment allows
- * a file shorter than its last page when the final pages are free; this
- * never happened in our workloads and is refused as truncation.
+ * touching pages past the end of a truncated file. A known limit: LMDB's own
+ * comment on mm_last_pg allows a file shorter than its last page when the
+ * final pages are free (never written); such a file is refused as
+ * truncated.
  *
  * Not detectable here: a copy of the whole directory taken earlier and put
  * back (a rollback) is self-consistent, IDENTITY included. Rolled-back
