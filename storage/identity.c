@@ -397,6 +397,16 @@ int ida__storage_check_data(struct ida_storage *s,
     uint64_t t0 = le64(m0 + M_TXNID), t1 = le64(m1 + M_TXNID);
     int ok = (t0 == 0 && t1 == 0) ||
              (t0 % 2 == 0 && t1 % 2 == 1 && (t1 == t0 + 1 || t0 == t1 + 1));
+    /* LMDB 0.9 never lowers its last page, so the newer meta page names
+     * at least as many pages as the older one. */
+    uint64_t l0 = le64(m0 + M_LAST_PG), l1 = le64(m1 + M_LAST_PG);
+    if (ok && (t1 > t0 ? l1 < l0 : l0 < l1)) {
+        rv = DAMAGED(
+            "data.mdb meta page %d (transaction %llu) names fewer "
+            "pages than the older one: one meta page is "
+            "damaged" DAMAGE_TAIL,
+            t1 > t0 ? 1 : 0, (unsigned long long)(t1 > t0 ? t1 : t0));
+    }
     if (!ok) {
         rv = DAMAGED(
             "data.mdb meta pages hold transaction ids %llu and %llu, "

@@ -577,3 +577,51 @@ Test(identity, a_damaged_meta_page_magic_is_corrupt)
     open_ok();
     expect_entries(1, 50, 1);
 }
+
+static uint64_t get_le64(int fd, off_t off)
+{
+    uint8_t b[8];
+    cr_assert_eq(pread(fd, b, 8, off), 8);
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = v << 8 | b[i];
+    }
+    return v;
+}
+
+static void put_le64(int fd, off_t off, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) {
+        b[i] = (uint8_t)(v >> (8 * i));
+    }
+    cr_assert_eq(pwrite(fd, b, 8, off), 8);
+}
+
+Test(identity, an_older_meta_page_passed_off_as_the_newest_is_corrupt)
+{
+    /* The older meta's txnid damaged into newer + 1: consecutive and of the
+     * right parity, but it names fewer pages than the commit it would hide
+     * (the last commit grew the file). */
+    open_ok();
+    append(1, 10, 1);
+    append(11, 200, 1);
+    close_st();
+    char p[600];
+    data_path(p, sizeof(p));
+    uint32_t psize = page_size(p);
+    int fd = open(p, O_RDWR);
+    uint64_t t0 = get_le64(fd, 144), t1 = get_le64(fd, (off_t)psize + 144);
+    uint64_t l0 = get_le64(fd, 136), l1 = get_le64(fd, (off_t)psize + 136);
+    off_t older = t0 < t1 ? 0 : (off_t)psize;
+    uint64_t newer_t = t0 < t1 ? t1 : t0;
+    cr_assert_lt(t0 < t1 ? l0 : l1, t0 < t1 ? l1 : l0,
+                 "the last commit grew the file");
+    put_le64(fd, older + 144, newer_t + 1);
+    close(fd);
+    uint64_t before = hash_dir(dir);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ECORRUPT, "%s",
+                 st.errmsg);
+    expect_msg("names fewer pages than the older one");
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+}
