@@ -52,7 +52,8 @@ extern "C" {
     X(IDA_ENOSPC, 23, INTERNAL, "no space left for data")                 \
     X(IDA_ECLOSED, 24, UNKNOWN, "connection closed, outcome unknown")     \
     X(IDA_EEXIST, 25, DEFINITE, "already exists")                         \
-    X(IDA_EINTERNAL, 26, INTERNAL, "internal error")
+    X(IDA_EINTERNAL, 26, INTERNAL, "internal error")                      \
+    X(IDA_ELOSTSTATE, 27, INTERNAL, "data directory lost its state")
 
 enum ida_err {
     IDA_OK = 0,

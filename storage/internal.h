@@ -95,6 +95,47 @@ int ida__storage_run_write(struct ida_storage *s,
                            txn_fn fn,
                            void *arg);
 
+/* --- identity and damage checks before LMDB opens (storage/identity.c) --- */
+
+struct ida__rec_identity;
+
+/* A fresh random nonzero incarnation id and the current unix time in ms.
+ * 0 or IDA_EIO with s->errmsg set. */
+int ida__storage_mint(struct ida_storage *s,
+                      const char *dir,
+                      uint64_t *incarnation,
+                      uint64_t *now_ms);
+
+/* Read @dir/IDENTITY into @out (its name points into @buf, @cap bytes).
+ * *present is 0 when there is no such file. 0, IDA_ECORRUPT (bad length or
+ * checksum) or IDA_EIO, with s->errmsg set. */
+int ida__storage_idfile_read(struct ida_storage *s,
+                             const char *dir,
+                             uint8_t *buf,
+                             size_t cap,
+                             struct ida__rec_identity *out,
+                             int *present);
+
+/* Write @dir/IDENTITY atomically and durably (temporary file, fsync,
+ * rename, fsync of the directory). 0, IDA_EIO or IDA_ENOSPC. */
+int ida__storage_idfile_write(struct ida_storage *s,
+                              const char *dir,
+                              const struct ida__rec_identity *r);
+
+enum ida__data_state {
+    IDA__DATA_ABSENT,
+    IDA__DATA_EMPTY, /* 0 bytes */
+    IDA__DATA_PRESENT,
+};
+
+/* Check @dir/data.mdb with plain reads before LMDB maps it: whole pages,
+ * at least two, both meta pages sound and consistent, their last page and
+ * roots inside the file, consecutive txnids. 0 (with *state) or
+ * IDA_ECORRUPT, IDA_EFOREIGN (not LMDB at all), IDA_EIO, with s->errmsg. */
+int ida__storage_check_data(struct ida_storage *s,
+                            const char *dir,
+                            enum ida__data_state *state);
+
 /* --- log (storage/log.c) --- */
 
 /* The log's bounds as seen by @txn. MDB rc or RC_CORRUPT. */

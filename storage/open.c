@@ -1,5 +1,6 @@
 /* storage/: open and close, one open per directory and process, identity and
- * format checks, and collection of unfinished snapshot chunks at open. */
+ * format checks (with storage/identity.c), the upgrade from format 1, and
+ * collection of unfinished snapshot chunks at open. */
 #include "storage/storage.h"
 
 #include <dirent.h>
@@ -95,8 +96,9 @@ static int make_dirs(const char *dir)
     return 0;
 }
 
-/* A directory without data.mdb may hold nothing but a leftover lock.mdb:
- * anything else means it belongs to someone else. */
+/* A directory without data.mdb may hold nothing but a leftover lock.mdb or
+ * IDENTITY.tmp (of a first start killed while writing it): anything else
+ * means it belongs to someone else. */
 static int check_empty_dir(struct ida_storage *s, const char *dir)
 {
     DIR *d = opendir(dir);
@@ -108,7 +110,8 @@ static int check_empty_dir(struct ida_storage *s, const char *dir)
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
-            strcmp(de->d_name, "lock.mdb") == 0) {
+            strcmp(de->d_name, "lock.mdb") == 0 ||
+            strcmp(de->d_name, IDA_STORAGE_IDENTITY_TMP) == 0) {
             continue;
         }
         rv = ida__storage_fail(
@@ -125,7 +128,68 @@ static int check_empty_dir(struct ida_storage *s, const char *dir)
 struct open_args
 {
     const struct ida_storage_opts *o;
+    int have_idfile;             /* IDENTITY was there and matches @o */
+    struct ida__rec_identity id; /* its contents */
+    uint64_t minted;             /* a new incarnation, when no IDENTITY */
+    uint64_t minted_ms;
+    uint8_t idbuf[IDA__REC_IDFILE_FIXED + IDA_STORAGE_CLUSTER_MAX + 1];
 };
+
+/* Refuse with IDA_ELOSTSTATE: IDENTITY says who lived here, but the
+ * database (@what) does not hold that node's state. */
+static int lost_state(struct ida_storage *s,
+                      const char *dir,
+                      const struct open_args *a,
+                      const char *what)
+{
+    return ida__storage_fail(
+        s, dir, IDA_ELOSTSTATE,
+        "data directory initialized as node %u incarnation %016llx of "
+        "cluster \"%.*s\" but its database %s: the node must not rejoin as "
+        "its old self; remove the directory to rejoin as a new incarnation "
+        "(see README, Runbook)",
+        (unsigned)a->id.node_id, (unsigned long long)a->id.incarnation,
+        (int)a->id.name_len, a->id.name, what);
+}
+
+/* Record who the open directory is. */
+static void set_identity(struct ida_storage *s,
+                         const struct ida_storage_opts *o,
+                         uint64_t incarnation,
+                         uint64_t created_at_ms)
+{
+    snprintf(s->identity.cluster, sizeof(s->identity.cluster), "%s",
+             o->cluster);
+    s->identity.node_id = o->node_id;
+    s->identity.incarnation = incarnation;
+    s->identity.created_at_ms = created_at_ms;
+}
+
+/* Put the format-2 format and identity records (new incarnation @a->minted). */
+static int put_identity(struct ida_storage *s,
+                        MDB_txn *txn,
+                        const struct open_args *a)
+{
+    uint8_t fmt[IDA__REC_FORMAT_BYTES];
+    ida__rec_format_encode(fmt, IDA_STORAGE_FORMAT_VERSION);
+    int rc = ida__storage_put_meta(s, txn, KEY_FORMAT, fmt, sizeof(fmt));
+    struct ida__rec_identity r = {
+        .node_id = a->o->node_id,
+        .incarnation = a->minted,
+        .created_at_ms = a->minted_ms,
+        .name = a->o->cluster,
+        .name_len = strlen(a->o->cluster),
+    };
+    uint8_t ident[IDA__REC_IDENTITY2_FIXED + IDA_STORAGE_CLUSTER_MAX];
+    size_t n = ida__rec_identity2_encode(ident, &r);
+    if (rc == 0) {
+        rc = ida__storage_put_meta(s, txn, KEY_IDENTITY, ident, n);
+    }
+    if (rc == 0) {
+        set_identity(s, a->o, a->minted, a->minted_ms);
+    }
+    return rc;
+}
 
 /* Create the databases and the identity of a new environment. */
 static int init_fresh(struct ida_storage *s, MDB_txn *txn, void *arg)
@@ -138,16 +202,8 @@ static int init_fresh(struct ida_storage *s, MDB_txn *txn, void *arg)
     if (rc == 0) {
         rc = mdb_dbi_open(txn, "snap", MDB_CREATE, &s->dbi_snap);
     }
-    uint8_t fmt[IDA__REC_FORMAT_BYTES];
-    ida__rec_format_encode(fmt, IDA_STORAGE_FORMAT_VERSION);
     if (rc == 0) {
-        rc = ida__storage_put_meta(s, txn, KEY_FORMAT, fmt, sizeof(fmt));
-    }
-    uint8_t ident[IDA__REC_IDENTITY_FIXED + IDA_STORAGE_CLUSTER_MAX];
-    size_t n = ida__rec_identity_encode(ident, a->o->node_id, a->o->cluster,
-                                        strlen(a->o->cluster));
-    if (rc == 0) {
-        rc = ida__storage_put_meta(s, txn, KEY_IDENTITY, ident, n);
+        rc = put_identity(s, txn, a);
     }
     uint8_t hs[IDA__REC_HARD_STATE_BYTES];
     struct ida_hard_state zero = {0, 0, 0};
@@ -159,6 +215,50 @@ static int init_fresh(struct ida_storage *s, MDB_txn *txn, void *arg)
     ida__rec_log_prev_encode(prev, 0, 0);
     if (rc == 0) {
         rc = ida__storage_put_meta(s, txn, KEY_LOG_PREV, prev, sizeof(prev));
+    }
+    if (rc == 0) {
+        s->identity.created = 1;
+    }
+    return rc;
+}
+
+/* A format-1 identity record: same cluster and node, or refused. With an
+ * IDENTITY file (always format 2) a format-1 database is not the one it
+ * describes. Otherwise upgrade in place: the directory is the genuine old
+ * state, so it gets a new incarnation now. */
+static int check_identity_v1(struct ida_storage *s,
+                             MDB_txn *txn,
+                             struct open_args *a,
+                             const MDB_val *v)
+{
+    ida_node_id node;
+    const char *name;
+    size_t name_len;
+    if (ida__rec_identity_decode(v->mv_data, v->mv_size, &node, &name,
+                                 &name_len) != 0) {
+        refuse(s, s->dir, IDA_ECORRUPT, "identity record fails its checksum");
+        return RC_REFUSED;
+    }
+    if (a->have_idfile) {
+        s->refused =
+            lost_state(s, s->dir, a, "was replaced by a format-1 database");
+        return RC_REFUSED;
+    }
+    if (name_len != strlen(a->o->cluster) ||
+        memcmp(name, a->o->cluster, name_len) != 0) {
+        refuse(s, s->dir, IDA_EFOREIGN,
+               "belongs to cluster \"%.*s\", not \"%s\"", (int)name_len, name,
+               a->o->cluster);
+        return RC_REFUSED;
+    }
+    if (node != a->o->node_id) {
+        refuse(s, s->dir, IDA_EFOREIGN, "belongs to node %u, not node %u",
+               (unsigned)node, (unsigned)a->o->node_id);
+        return RC_REFUSED;
+    }
+    int rc = put_identity(s, txn, a);
+    if (rc == 0) {
+        s->identity.upgraded_from = 1;
     }
     return rc;
 }
@@ -184,7 +284,7 @@ static int check_identity(struct ida_storage *s,
         refuse(s, s->dir, IDA_ECORRUPT, "format record fails its checksum");
         return RC_REFUSED;
     }
-    if (version != IDA_STORAGE_FORMAT_VERSION) {
+    if (version != IDA_STORAGE_FORMAT_VERSION && version != 1) {
         refuse(s, s->dir, IDA_EVERSION,
                version > IDA_STORAGE_FORMAT_VERSION
                    ? "format version %u is newer than this program's "
@@ -194,29 +294,51 @@ static int check_identity(struct ida_storage *s,
         return RC_REFUSED;
     }
     rc = ida__storage_get_meta(s, txn, KEY_IDENTITY, &v);
+    if (rc == MDB_NOTFOUND && a->have_idfile) {
+        s->refused = lost_state(s, s->dir, a, "holds no identity record");
+        return RC_REFUSED;
+    }
     if (rc != 0) {
         return rc == MDB_NOTFOUND ? RC_CORRUPT : rc;
     }
-    ida_node_id node;
-    const char *name;
-    size_t name_len;
-    if (ida__rec_identity_decode(v.mv_data, v.mv_size, &node, &name,
-                                 &name_len) != 0) {
+    if (version == 1) {
+        return check_identity_v1(s, txn, a, &v);
+    }
+    struct ida__rec_identity r;
+    if (ida__rec_identity2_decode(v.mv_data, v.mv_size, &r) != 0) {
         refuse(s, s->dir, IDA_ECORRUPT, "identity record fails its checksum");
         return RC_REFUSED;
     }
-    if (name_len != strlen(a->o->cluster) ||
-        memcmp(name, a->o->cluster, name_len) != 0) {
+    if (a->have_idfile &&
+        (r.incarnation != a->id.incarnation || r.node_id != a->id.node_id ||
+         r.name_len != a->id.name_len ||
+         memcmp(r.name, a->id.name, r.name_len) != 0)) {
+        char what[160];
+        snprintf(what, sizeof(what),
+                 "was replaced (it holds node %u incarnation %016llx of "
+                 "cluster \"%.*s\")",
+                 (unsigned)r.node_id, (unsigned long long)r.incarnation,
+                 (int)r.name_len, r.name);
+        s->refused = lost_state(s, s->dir, a, what);
+        return RC_REFUSED;
+    }
+    if (r.name_len != strlen(a->o->cluster) ||
+        memcmp(r.name, a->o->cluster, r.name_len) != 0) {
         refuse(s, s->dir, IDA_EFOREIGN,
-               "belongs to cluster \"%.*s\", not \"%s\"", (int)name_len, name,
-               a->o->cluster);
+               "belongs to cluster \"%.*s\", not \"%s\"", (int)r.name_len,
+               r.name, a->o->cluster);
         return RC_REFUSED;
     }
-    if (node != a->o->node_id) {
+    if (r.node_id != a->o->node_id) {
         refuse(s, s->dir, IDA_EFOREIGN, "belongs to node %u, not node %u",
-               (unsigned)node, (unsigned)a->o->node_id);
+               (unsigned)r.node_id, (unsigned)a->o->node_id);
         return RC_REFUSED;
     }
+    if (r.incarnation == 0) {
+        refuse(s, s->dir, IDA_ECORRUPT, "identity record has incarnation 0");
+        return RC_REFUSED;
+    }
+    set_identity(s, a->o, r.incarnation, r.created_at_ms);
     return 0;
 }
 
@@ -323,7 +445,12 @@ static int open_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
     }
     if (st.ms_entries == 0) {
         /* Empty environment: a new directory, or a first start that died
-         * before its initialising commit. Nothing here to overwrite. */
+         * before its initialising commit. Nothing here to overwrite. But
+         * with an IDENTITY file the node's state was here and is gone. */
+        if (a->have_idfile) {
+            s->refused = lost_state(s, s->dir, a, "is empty");
+            return RC_REFUSED;
+        }
         rc = init_fresh(s, txn, a);
         if (rc == 0) {
             rc = load_state(s, txn);
@@ -331,6 +458,12 @@ static int open_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
         return rc;
     }
     rc = mdb_dbi_open(txn, "meta", 0, &s->dbi_meta);
+    if ((rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE) && a->have_idfile) {
+        s->refused = lost_state(s, s->dir, a,
+                                "was replaced by one that is not idalloc "
+                                "storage");
+        return RC_REFUSED;
+    }
     if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE) {
         refuse(s, s->dir, IDA_EFOREIGN,
                "holds an LMDB database that is not idalloc storage");
@@ -354,6 +487,47 @@ static int open_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
         rc = load_state(s, txn);
     }
     return rc;
+}
+
+/* Read IDENTITY (if any) into @a; it must describe @a->o's node. */
+static int check_before_env(struct ida_storage *s,
+                            const char *dir,
+                            struct open_args *a)
+{
+    int rv = ida__storage_idfile_read(s, dir, a->idbuf, sizeof(a->idbuf),
+                                      &a->id, &a->have_idfile);
+    if (rv != 0 || !a->have_idfile) {
+        return rv;
+    }
+    if (a->id.format > IDA_STORAGE_FORMAT_VERSION) {
+        return ida__storage_fail(s, dir, IDA_EVERSION,
+                                 "%s has format version %u, newer than this "
+                                 "program's (%u); upgrade idalloc",
+                                 IDA_STORAGE_IDENTITY_FILE, a->id.format,
+                                 IDA_STORAGE_FORMAT_VERSION);
+    }
+    if (a->id.name_len != strlen(a->o->cluster) ||
+        memcmp(a->id.name, a->o->cluster, a->id.name_len) != 0) {
+        return ida__storage_fail(
+            s, dir, IDA_EFOREIGN,
+            "belongs to cluster \"%.*s\", not \"%s\" (%s); refusing to "
+            "touch it",
+            (int)a->id.name_len, a->id.name, a->o->cluster,
+            IDA_STORAGE_IDENTITY_FILE);
+    }
+    if (a->id.node_id != a->o->node_id) {
+        return ida__storage_fail(s, dir, IDA_EFOREIGN,
+                                 "belongs to node %u, not node %u (%s); "
+                                 "refusing to touch it",
+                                 (unsigned)a->id.node_id,
+                                 (unsigned)a->o->node_id,
+                                 IDA_STORAGE_IDENTITY_FILE);
+    }
+    if (a->id.incarnation == 0) {
+        return ida__storage_fail(s, dir, IDA_ECORRUPT, "%s has incarnation 0",
+                                 IDA_STORAGE_IDENTITY_FILE);
+    }
+    return 0;
 }
 
 static int check_opts(struct ida_storage *s,
@@ -478,11 +652,30 @@ int ida_storage_open(struct ida_storage *s,
     s->dir_dev = (uint64_t)st.st_dev;
     s->dir_ino = (uint64_t)st.st_ino;
     struct open_args a = {.o = o};
-    char path[4096 + 16];
-    snprintf(path, sizeof(path), "%s/data.mdb", dir);
-    int fresh = access(path, F_OK) != 0;
-    if (fresh) {
+    rv = check_before_env(s, dir, &a);
+    if (rv != 0) {
+        goto err_after_claim;
+    }
+    enum ida__data_state data;
+    rv = ida__storage_check_data(s, dir, &data);
+    if (rv != 0) {
+        goto err_after_claim;
+    }
+    if (a.have_idfile && data != IDA__DATA_PRESENT) {
+        rv = lost_state(s, dir, &a,
+                        data == IDA__DATA_ABSENT ? "(data.mdb) is missing"
+                                                 : "(data.mdb) is empty");
+        goto err_after_claim;
+    }
+    int fresh = data != IDA__DATA_PRESENT;
+    if (data == IDA__DATA_ABSENT) {
         rv = check_empty_dir(s, dir);
+        if (rv != 0) {
+            goto err_after_claim;
+        }
+    }
+    if (!a.have_idfile) {
+        rv = ida__storage_mint(s, dir, &a.minted, &a.minted_ms);
         if (rv != 0) {
             goto err_after_claim;
         }
@@ -499,6 +692,21 @@ int ida_storage_open(struct ida_storage *s,
     rv = ida__storage_run_write(s, "open", open_txn, &a);
     if (rv != 0) {
         goto err_after_env;
+    }
+    if (!a.have_idfile) {
+        /* After the commit that holds the identity: see storage.h. */
+        struct ida__rec_identity r = {
+            .format = IDA_STORAGE_FORMAT_VERSION,
+            .node_id = s->identity.node_id,
+            .incarnation = s->identity.incarnation,
+            .created_at_ms = s->identity.created_at_ms,
+            .name = s->identity.cluster,
+            .name_len = strlen(s->identity.cluster),
+        };
+        rv = ida__storage_idfile_write(s, dir, &r);
+        if (rv != 0) {
+            goto err_after_env;
+        }
     }
     IDA_ASSERT(s->log.first == s->log.prev_index + 1);
     IDA_ASSERT(s->log.last >= s->log.prev_index);
@@ -526,6 +734,11 @@ void ida_storage_close(struct ida_storage *s)
     registry_release((dev_t)s->dir_dev, (ino_t)s->dir_ino);
     ida_free(s->dir);
     s->dir = NULL;
+}
+
+uint64_t ida_storage_incarnation(const struct ida_storage *s)
+{
+    return s->identity.incarnation;
 }
 
 int ida_storage_failed(const struct ida_storage *s)

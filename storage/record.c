@@ -143,6 +143,78 @@ int ida__rec_identity_decode(const uint8_t *p,
     return 0;
 }
 
+size_t ida__rec_identity2_encode(uint8_t *out,
+                                 const struct ida__rec_identity *r)
+{
+    IDA_ASSERT(r->name_len <= UINT16_MAX);
+    memcpy(out, "IDAN", 4);
+    ida__put_be32(out + 4, r->node_id);
+    ida__put_be64(out + 8, r->incarnation);
+    ida__put_be64(out + 16, r->created_at_ms);
+    out[24] = (uint8_t)(r->name_len >> 8);
+    out[25] = (uint8_t)r->name_len;
+    memcpy(out + 26, r->name, r->name_len);
+    size_t len = IDA__REC_IDENTITY2_FIXED + r->name_len;
+    seal(out, len);
+    return len;
+}
+
+int ida__rec_identity2_decode(const uint8_t *p,
+                              size_t len,
+                              struct ida__rec_identity *r)
+{
+    if (len < IDA__REC_IDENTITY2_FIXED || check_sealed(p, len, "IDAN") != 0) {
+        return IDA_ECORRUPT;
+    }
+    size_t n = ((size_t)p[24] << 8) | p[25];
+    if (len != IDA__REC_IDENTITY2_FIXED + n) {
+        return IDA_ECORRUPT;
+    }
+    r->format = 0;
+    r->node_id = ida__get_be32(p + 4);
+    r->incarnation = ida__get_be64(p + 8);
+    r->created_at_ms = ida__get_be64(p + 16);
+    r->name = (const char *)p + 26;
+    r->name_len = n;
+    return 0;
+}
+
+size_t ida__rec_idfile_encode(uint8_t *out, const struct ida__rec_identity *r)
+{
+    IDA_ASSERT(r->name_len <= UINT16_MAX);
+    memcpy(out, "IDAY", 4);
+    ida__put_be32(out + 4, r->format);
+    ida__put_be32(out + 8, r->node_id);
+    ida__put_be64(out + 12, r->incarnation);
+    ida__put_be64(out + 20, r->created_at_ms);
+    out[28] = (uint8_t)(r->name_len >> 8);
+    out[29] = (uint8_t)r->name_len;
+    memcpy(out + 30, r->name, r->name_len);
+    size_t len = IDA__REC_IDFILE_FIXED + r->name_len;
+    seal(out, len);
+    return len;
+}
+
+int ida__rec_idfile_decode(const uint8_t *p,
+                           size_t len,
+                           struct ida__rec_identity *r)
+{
+    if (len < IDA__REC_IDFILE_FIXED || check_sealed(p, len, "IDAY") != 0) {
+        return IDA_ECORRUPT;
+    }
+    size_t n = ((size_t)p[28] << 8) | p[29];
+    if (len != IDA__REC_IDFILE_FIXED + n) {
+        return IDA_ECORRUPT;
+    }
+    r->format = ida__get_be32(p + 4);
+    r->node_id = ida__get_be32(p + 8);
+    r->incarnation = ida__get_be64(p + 12);
+    r->created_at_ms = ida__get_be64(p + 20);
+    r->name = (const char *)p + 30;
+    r->name_len = n;
+    return 0;
+}
+
 void ida__rec_hard_state_encode(uint8_t out[IDA__REC_HARD_STATE_BYTES],
                                 const struct ida_hard_state *hs)
 {

@@ -5,7 +5,9 @@
  * detected by its checksum and its exact length, never trusted.
  *
  *   format     "IDAF" | u32 version | u32 crc                       12 bytes
- *   identity   "IDAI" | u32 node_id | u16 name_len | name | u32 crc
+ *   identity   (format 2) "IDAN" | u32 node_id | u64 incarnation
+ *              | u64 created_at_ms | u16 name_len | name | u32 crc
+ *   identity   (format 1) "IDAI" | u32 node_id | u16 name_len | name | u32 crc
  *   hard_state "IDAH" | u64 term | u32 vote | u64 commit | u32 crc  28 bytes
  *   log_prev   "IDAP" | u64 index | u64 term | u32 crc              24 bytes
  *   snapshot   "IDAS" | u64 id | u64 index | u64 term | u64 size
@@ -15,6 +17,11 @@
  *              | u32 zero | data                     24-byte header + len
  *              crc covers the entry's index (the key), term, type, len, data
  *   chunk      u32 crc | data   crc covers snapshot id, chunk number, data
+ *
+ * and the file IDENTITY next to data.mdb (not in LMDB):
+ *
+ *   IDENTITY   "IDAY" | u32 format | u32 node_id | u64 incarnation
+ *              | u64 created_at_ms | u16 name_len | name | u32 crc
  *
  * The format record is read first, on its own, so a future layout of the
  * other records can never be misread by this version.
@@ -34,6 +41,8 @@
 #define IDA__REC_CHUNK_HDR_BYTES  4
 #define IDA__REC_SNAPSHOT_FIXED   (4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 4)
 #define IDA__REC_IDENTITY_FIXED   (4 + 4 + 2 + 4)
+#define IDA__REC_IDENTITY2_FIXED  (4 + 4 + 8 + 8 + 2 + 4)
+#define IDA__REC_IDFILE_FIXED     (4 + 4 + 4 + 8 + 8 + 2 + 4)
 
 uint32_t ida__crc32c(uint32_t crc, const void *data, size_t len);
 
@@ -59,6 +68,29 @@ int ida__rec_identity_decode(const uint8_t *p,
                              ida_node_id *node_id,
                              const char **name,
                              size_t *name_len);
+
+/* The identity of format 2, in LMDB ("IDAN") and in the IDENTITY file
+ * ("IDAY", which also carries the format). */
+struct ida__rec_identity
+{
+    uint32_t format; /* IDENTITY file only */
+    ida_node_id node_id;
+    uint64_t incarnation;
+    uint64_t created_at_ms;
+    const char *name; /* borrowed; not NUL-terminated when decoded */
+    size_t name_len;
+};
+/* @out must hold IDA__REC_IDENTITY2_FIXED + name_len bytes. */
+size_t ida__rec_identity2_encode(uint8_t *out,
+                                 const struct ida__rec_identity *r);
+int ida__rec_identity2_decode(const uint8_t *p,
+                              size_t len,
+                              struct ida__rec_identity *r);
+/* @out must hold IDA__REC_IDFILE_FIXED + name_len bytes. */
+size_t ida__rec_idfile_encode(uint8_t *out, const struct ida__rec_identity *r);
+int ida__rec_idfile_decode(const uint8_t *p,
+                           size_t len,
+                           struct ida__rec_identity *r);
 
 void ida__rec_hard_state_encode(uint8_t out[IDA__REC_HARD_STATE_BYTES],
                                 const struct ida_hard_state *hs);

@@ -5,8 +5,9 @@
  * One environment per node, in its own directory (data_dir/nodeN), holding
  * three named databases:
  *
- *   meta  "format"     format version of the directory
- *         "identity"   cluster name and node id, written on first start
+ *   meta  "format"     format version of the directory (2)
+ *         "identity"   cluster name, node id, incarnation id and creation
+ *                      time (unix ms), written on first start
  *         "hard_state" term, vote, commit (struct ida_hard_state)
  *         "log_prev"   index and term of the entry just before the first one
  *                      kept (both 0 until the log is first compacted)
@@ -42,6 +43,51 @@
  * state of the file is unknown and must not be acknowledged. The node must
  * stop acknowledging writes and restart.
  *
+ * IDENTITY AND DAMAGE
+ *
+ * A directory is created with a random 64-bit nonzero incarnation id
+ * (getrandom(2)). Besides the identity record inside LMDB, the same identity
+ * is kept in the small file IDENTITY next to data.mdb (format, cluster, node
+ * id, incarnation, creation time, CRC-32C; storage/record.h). It is written
+ * once, atomically (temporary file, fsync, rename, fsync of the directory),
+ * right after the first commit of a new environment, and never rewritten.
+ * It lets open tell a database that lost its state from a new directory:
+ *
+ *   IDENTITY  data.mdb                        open
+ *   absent    absent, 0 bytes or no commit    creates a new incarnation
+ *   absent    format 1 identity               upgrades in place: mints an
+ *                                             incarnation for it (the genuine
+ *                                             old state), writes format 2,
+ *                                             then IDENTITY
+ *   absent    format 2 identity               writes IDENTITY from it (a
+ *                                             first start killed before)
+ *   present   absent, 0 bytes, no identity,   IDA_ELOSTSTATE: the node must
+ *             or another incarnation, node    not rejoin as its old self;
+ *             or cluster                      nothing is written
+ *   foreign or damaged                        IDA_EFOREIGN / IDA_ECORRUPT
+ *
+ * IDENTITY is written after the first commit, not before the environment is
+ * created, so that a first start killed at any point leaves a directory the
+ * next open completes rather than refuses. A directory that lost IDENTITY
+ * and data.mdb together looks new and is created again as a new
+ * incarnation.
+ *
+ * Before LMDB maps data.mdb, open reads its two meta pages with read(2):
+ * the file must be whole pages, at least two, both meta pages must carry
+ * LMDB's magic, data version, page header and page size, name a last page
+ * and root pages inside the file, and hold consecutive transaction ids
+ * (LMDB writes transaction N to meta page N % 2 and opens the one with the
+ * higher id, so a damaged older page could silently roll back the last
+ * commit). Anything else is IDA_ECORRUPT with one line, never a SIGBUS from
+ * touching pages past the end of a truncated file. A known limit: LMDB's own
+ * comment on mm_last_pg allows a file shorter than its last page when the
+ * final pages are free (never written); such a file is refused as
+ * truncated.
+ *
+ * Not detectable here: a copy of the whole directory taken earlier and put
+ * back (a rollback) is self-consistent, IDENTITY included. Rolled-back
+ * state is detected by the leader and the peers, not by storage.
+ *
  * THREADING
  *
  * One thread at a time owns the storage: the thread that opened it, then the
@@ -65,7 +111,10 @@
 #include "base/types.h"
 
 /* The on-disk format this code writes and reads. */
-#define IDA_STORAGE_FORMAT_VERSION 1
+#define IDA_STORAGE_FORMAT_VERSION 2
+/* The file holding the directory's identity, and its temporary name. */
+#define IDA_STORAGE_IDENTITY_FILE "IDENTITY"
+#define IDA_STORAGE_IDENTITY_TMP  "IDENTITY.tmp"
 /* Snapshot state bytes are stored in values of at most this size. */
 #define IDA_STORAGE_CHUNK_BYTES (64u * 1024u)
 /* Largest entry data accepted (the peer frame maximum). */
@@ -151,8 +200,22 @@ struct ida_snapshot_writer
     uint32_t crc;         /* CRC-32C of those bytes */
 };
 
+/* Who a storage directory is (filled by ida_storage_open()). */
+struct ida_storage_identity
+{
+    char cluster[IDA_STORAGE_CLUSTER_MAX + 1];
+    ida_node_id node_id;
+    uint64_t incarnation;   /* random, nonzero, fixed at creation */
+    uint64_t created_at_ms; /* unix ms of creation (of the upgrade from
+                               format 1 for an upgraded directory) */
+    int created;            /* this open created the directory */
+    uint32_t upgraded_from; /* 0, or the format this open upgraded from
+                               (the caller logs it) */
+};
+
 struct ida_storage
 {
+    struct ida_storage_identity identity;
     void *env; /* MDB_env */
     unsigned dbi_meta, dbi_log, dbi_snap;
     char *dir;
@@ -187,15 +250,24 @@ struct ida_storage
  * carry the same cluster and node id and a known format. Stale reader slots
  * of dead processes are cleared (mdb_reader_check). @o is copied.
  *
+ * A new directory gets a fresh incarnation id and the IDENTITY file; a
+ * format-1 directory is upgraded (see IDENTITY AND DAMAGE above). On success
+ * s->identity says who the directory is and whether this open created or
+ * upgraded it.
+ *
  * Returns 0 or, with a one-line message naming @dir and the problem in
  * s->errmsg (the only field valid after a failure; nothing to release):
  *   IDA_EINVAL   bad options
+ *   IDA_ELOSTSTATE IDENTITY says this node was created here but data.mdb is
+ *                missing, empty or replaced (nothing is written)
  *   IDA_EFOREIGN another cluster or node id, a non-empty directory that
  *                holds no idalloc storage, a data.mdb that is not LMDB, or
  *                an LMDB environment of another program (nothing is
  *                written to any of them)
  *   IDA_EVERSION a newer or unknown format version
- *   IDA_ECORRUPT an identity or meta record that fails its checksum
+ *   IDA_ECORRUPT an identity or meta record or the IDENTITY file that
+ *                fails its checksum, or a truncated or damaged data.mdb
+ *                (checked before it is mapped; nothing is written)
  *   IDA_EEXIST   @dir is already open in this process
  *   IDA_EIO      the directory or environment cannot be created or opened
  *                (read-only file system, permissions...), with the
@@ -212,6 +284,9 @@ void ida_storage_close(struct ida_storage *s);
 
 /* The sticky error code (0 while healthy); s->errmsg says why. */
 int ida_storage_failed(const struct ida_storage *s);
+
+/* The incarnation id of the open directory (nonzero). */
+uint64_t ida_storage_incarnation(const struct ida_storage *s);
 
 /* Current map size in bytes (owner). */
 uint64_t ida_storage_map_size(const struct ida_storage *s);

@@ -243,6 +243,18 @@ int ida_node_open(struct ida_node *n,
         return rv;
     }
     n->storage_open = 1;
+    const struct ida_storage_identity *id = &n->storage.identity;
+    if (id->upgraded_from != 0) {
+        IDA_WARN(
+            "storage %s: upgraded from format %u to %u; minted "
+            "incarnation %016llx for it",
+            n->dir, (unsigned)id->upgraded_from,
+            (unsigned)IDA_STORAGE_FORMAT_VERSION,
+            (unsigned long long)id->incarnation);
+    }
+    IDA_INFO("storage %s: node %u incarnation %016llx%s", n->dir,
+             (unsigned)id->node_id, (unsigned long long)id->incarnation,
+             id->created ? " (new data directory)" : "");
     struct ida_fsm *fsm = NULL;
     ida_term applied_term = 0;
     rv = encode_cluster(n);

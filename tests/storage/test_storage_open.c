@@ -94,7 +94,7 @@ Test(storage, newer_or_unknown_format_is_refused_and_never_overwritten)
     ida__rec_format_encode(rec, 7);
     poke(dir, "meta", "format", 6, rec, sizeof(rec));
     cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_EVERSION);
-    expect_msg("format version 7 is newer than this program's (1)");
+    expect_msg("format version 7 is newer than this program's (2)");
     uint8_t back[64];
     cr_assert_eq(peek(dir, "meta", "format", 6, back, sizeof(back)),
                  sizeof(rec));

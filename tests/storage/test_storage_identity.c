@@ -1,0 +1,627 @@
+/* storage/: the incarnation id, the IDENTITY file, lost state (an emptied,
+ * deleted or replaced data.mdb), the upgrade from format 1, and the check of
+ * data.mdb's meta pages before LMDB maps it (truncated or damaged files). */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <lmdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/heap.h"
+#include "idalloc_errors.h"
+#include "storage/record.h"
+#include "storage/storage.h"
+#include "tests/storage/helpers.h"
+
+#include "tests/storage/fixture.h"
+
+TestSuite(identity, .init = setup, .fini = teardown);
+
+/* --- helpers --- */
+
+static void path_in(char *out, size_t cap, const char *d, const char *name)
+{
+    snprintf(out, cap, "%s/%s", d, name);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t len)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < len; i++) {
+        h = (h ^ b[i]) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* A hash of every file's name, size and content in @d except lock.mdb
+ * (LMDB's reader table, which any open of the environment touches). */
+static uint64_t hash_dir(const char *d)
+{
+    DIR *dp = opendir(d);
+    cr_assert_not_null(dp);
+    uint64_t sum = 0;
+    struct dirent *de;
+    while ((de = readdir(dp)) != NULL) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+            strcmp(de->d_name, "lock.mdb") == 0) {
+            continue;
+        }
+        char p[600];
+        path_in(p, sizeof(p), d, de->d_name);
+        uint64_t h =
+            fnv(14695981039346656037ull, de->d_name, strlen(de->d_name));
+        FILE *f = fopen(p, "rb");
+        cr_assert_not_null(f, "%s", p);
+        uint8_t buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) {
+            h = fnv(h, buf, n);
+        }
+        fclose(f);
+        sum += h; /* order independent */
+    }
+    closedir(dp);
+    return sum;
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb");
+    FILE *out = fopen(to, "wb");
+    cr_assert(in != NULL && out != NULL, "%s -> %s", from, to);
+    uint8_t buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), in)) > 0) {
+        cr_assert_eq(fwrite(buf, 1, n, out), n);
+    }
+    fclose(in);
+    cr_assert_eq(fclose(out), 0);
+}
+
+static off_t file_size(const char *p)
+{
+    struct stat sb;
+    cr_assert_eq(stat(p, &sb), 0, "%s", p);
+    return sb.st_size;
+}
+
+static void data_path(char *out, size_t cap)
+{
+    path_in(out, cap, dir, "data.mdb");
+}
+
+/* Open @d with @o in a forked child; returns the code it reported (-1 when
+ * it died without reporting, e.g. by SIGBUS) and its message in @msg. */
+static int open_in_child(const char *d,
+                         const struct ida_storage_opts *o,
+                         char *msg,
+                         size_t cap)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        close(fds[0]);
+        struct ida_storage s;
+        int rv = ida_storage_open(&s, d, o);
+        unsigned char c = (unsigned char)rv;
+        if (write(fds[1], &c, 1) != 1 ||
+            write(fds[1], s.errmsg, strlen(s.errmsg)) < 0) {
+            _exit(1);
+        }
+        close(fds[1]);
+        raise(SIGKILL); /* see child_finish() in fixture.h */
+        _exit(1);
+    }
+    close(fds[1]);
+    unsigned char c;
+    ssize_t n = read(fds[0], &c, 1);
+    size_t got = 0;
+    if (n == 1) {
+        ssize_t m;
+        while (got + 1 < cap &&
+               (m = read(fds[0], msg + got, cap - 1 - got)) > 0) {
+            got += (size_t)m;
+        }
+    }
+    msg[got] = '\0';
+    close(fds[0]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+              "the child must end by its own SIGKILL, not by signal %d",
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    return n == 1 ? c : -1;
+}
+
+/* A node with some history: entries, a hard state, a snapshot. */
+static uint64_t make_node(void)
+{
+    open_ok();
+    append(1, 50, 1);
+    set_hs(2, 1, 40);
+    uint64_t inc = ida_storage_incarnation(&st);
+    close_st();
+    return inc;
+}
+
+static void expect_lost(const char *what, uint64_t inc)
+{
+    expect_msg(what);
+    char want[128];
+    snprintf(want, sizeof(want),
+             "initialized as node 1 incarnation %016llx of cluster \"test\"",
+             (unsigned long long)inc);
+    expect_msg(want);
+    expect_msg(
+        "must not rejoin as its old self; remove the directory to "
+        "rejoin as a new incarnation");
+}
+
+/* --- incarnation --- */
+
+Test(identity, a_new_directory_mints_a_nonzero_incarnation_kept_on_reopen)
+{
+    open_ok();
+    uint64_t inc = ida_storage_incarnation(&st);
+    cr_assert_neq(inc, 0);
+    cr_assert_eq(st.identity.incarnation, inc);
+    cr_assert_eq(st.identity.created, 1);
+    cr_assert_eq(st.identity.upgraded_from, 0);
+    cr_assert_eq(st.identity.node_id, 1);
+    cr_assert_str_eq(st.identity.cluster, "test");
+    cr_assert_gt(st.identity.created_at_ms, 1600000000000ull, "unix ms");
+    uint64_t created = st.identity.created_at_ms;
+    char p[600];
+    path_in(p, sizeof(p), dir, IDA_STORAGE_IDENTITY_FILE);
+    cr_assert_eq(file_size(p), IDA__REC_IDFILE_FIXED + 4, "IDENTITY written");
+    path_in(p, sizeof(p), dir, IDA_STORAGE_IDENTITY_TMP);
+    cr_assert_neq(access(p, F_OK), 0, "no temporary file left");
+    append(1, 3, 1);
+    reopen();
+    cr_assert_eq(ida_storage_incarnation(&st), inc);
+    cr_assert_eq(st.identity.created_at_ms, created);
+    cr_assert_eq(st.identity.created, 0);
+    expect_entries(1, 3, 1);
+
+    /* Another directory: another incarnation. */
+    close_st();
+    char dir2[400];
+    snprintf(dir2, sizeof(dir2), "%s/data/node1b", tmp);
+    struct ida_storage s2;
+    cr_assert_eq(ida_storage_open(&s2, dir2, &opts), 0, "%s", s2.errmsg);
+    cr_assert_neq(ida_storage_incarnation(&s2), 0);
+    cr_assert_neq(ida_storage_incarnation(&s2), inc);
+    ida_storage_close(&s2);
+}
+
+Test(identity, identity_file_lost_after_the_first_commit_is_rewritten)
+{
+    /* A first start killed between its first commit and writing IDENTITY. */
+    uint64_t inc = make_node();
+    char p[600];
+    path_in(p, sizeof(p), dir, IDA_STORAGE_IDENTITY_FILE);
+    cr_assert_eq(unlink(p), 0);
+    open_ok();
+    cr_assert_eq(ida_storage_incarnation(&st), inc);
+    cr_assert_eq(access(p, F_OK), 0, "IDENTITY written again");
+    expect_entries(1, 50, 1);
+}
+
+/* --- lost state --- */
+
+Test(identity, an_emptied_data_mdb_is_refused_and_nothing_changes)
+{
+    uint64_t inc = make_node();
+    char p[600];
+    data_path(p, sizeof(p));
+    cr_assert_eq(truncate(p, 0), 0);
+    uint64_t before = hash_dir(dir);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ELOSTSTATE, "%s",
+                 st.errmsg);
+    expect_lost("its database (data.mdb) is empty", inc);
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+    cr_assert_eq(file_size(p), 0);
+    cr_assert_eq(idalloc_errclass(IDA_ELOSTSTATE), IDA_ERR_CLASS_INTERNAL);
+    cr_assert_str_eq(idalloc_strerror(IDA_ELOSTSTATE),
+                     "data directory lost its state");
+}
+
+Test(identity, a_deleted_data_mdb_is_refused_and_not_recreated)
+{
+    uint64_t inc = make_node();
+    char p[600], lock[600];
+    data_path(p, sizeof(p));
+    path_in(lock, sizeof(lock), dir, "lock.mdb");
+    cr_assert_eq(unlink(p), 0);
+    cr_assert_eq(access(lock, F_OK), 0, "lock.mdb stays");
+    uint64_t before = hash_dir(dir);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ELOSTSTATE, "%s",
+                 st.errmsg);
+    expect_lost("its database (data.mdb) is missing", inc);
+    cr_assert_neq(access(p, F_OK), 0, "data.mdb not recreated");
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+}
+
+/* Put @from's data.mdb in place of the fixture node's. */
+static void replace_data_with(const char *from)
+{
+    char src[600], dst[600];
+    path_in(src, sizeof(src), from, "data.mdb");
+    data_path(dst, sizeof(dst));
+    copy_file(src, dst);
+}
+
+Test(identity, another_nodes_data_mdb_of_the_same_cluster_is_refused)
+{
+    uint64_t inc = make_node();
+    char other[400];
+    snprintf(other, sizeof(other), "%s/data/node2", tmp);
+    struct ida_storage s2;
+    struct ida_storage_opts o2 = opts;
+    o2.node_id = 2;
+    cr_assert_eq(ida_storage_open(&s2, other, &o2), 0, "%s", s2.errmsg);
+    uint64_t inc2 = ida_storage_incarnation(&s2);
+    ida_storage_close(&s2);
+    replace_data_with(other);
+    uint64_t before = hash_dir(dir);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ELOSTSTATE, "%s",
+                 st.errmsg);
+    char what[160];
+    snprintf(what, sizeof(what),
+             "its database was replaced (it holds node 2 incarnation %016llx "
+             "of cluster \"test\")",
+             (unsigned long long)inc2);
+    expect_lost(what, inc);
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+}
+
+Test(identity, an_earlier_incarnation_of_the_same_node_is_refused)
+{
+    /* Node 1's directory re-created (a new incarnation), then the data.mdb
+     * of the old one put back. */
+    char old[400];
+    snprintf(old, sizeof(old), "%s/data/old1", tmp);
+    struct ida_storage s2;
+    cr_assert_eq(ida_storage_open(&s2, old, &opts), 0, "%s", s2.errmsg);
+    uint64_t old_inc = ida_storage_incarnation(&s2);
+    ida_storage_close(&s2);
+    uint64_t inc = make_node();
+    replace_data_with(old);
+    uint64_t before = hash_dir(dir);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ELOSTSTATE, "%s",
+                 st.errmsg);
+    char what[160];
+    snprintf(what, sizeof(what), "holds node 1 incarnation %016llx",
+             (unsigned long long)old_inc);
+    expect_lost(what, inc);
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+}
+
+Test(identity, a_data_mdb_replaced_by_a_new_empty_environment_is_refused)
+{
+    uint64_t inc = make_node();
+    char p[600], lock[600];
+    data_path(p, sizeof(p));
+    path_in(lock, sizeof(lock), dir, "lock.mdb");
+    cr_assert_eq(unlink(p), 0);
+    cr_assert_eq(unlink(lock), 0);
+    MDB_env *env; /* what LMDB leaves after creating an environment */
+    cr_assert_eq(mdb_env_create(&env), 0);
+    cr_assert_eq(mdb_env_open(env, dir, 0, 0644), 0);
+    mdb_env_close(env);
+    uint64_t before = hash_dir(dir);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ELOSTSTATE, "%s",
+                 st.errmsg);
+    expect_lost("its database is empty", inc);
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+}
+
+/* --- the IDENTITY file itself --- */
+
+Test(identity, a_damaged_identity_file_is_refused)
+{
+    make_node();
+    char p[600];
+    path_in(p, sizeof(p), dir, IDA_STORAGE_IDENTITY_FILE);
+    int fd = open(p, O_RDWR);
+    cr_assert_geq(fd, 0);
+    uint8_t b;
+    cr_assert_eq(pread(fd, &b, 1, 13), 1);
+    b ^= 0x10; /* a bit of the incarnation */
+    cr_assert_eq(pwrite(fd, &b, 1, 13), 1);
+    close(fd);
+    uint64_t before = hash_dir(dir);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ECORRUPT, "%s",
+                 st.errmsg);
+    expect_msg("IDENTITY is damaged");
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+
+    cr_assert_eq(truncate(p, 10), 0);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ECORRUPT, "%s",
+                 st.errmsg);
+    expect_msg("IDENTITY is damaged (10 bytes");
+}
+
+Test(identity, another_nodes_identity_file_is_refused)
+{
+    make_node();
+    char other[400], src[600], dst[600];
+    snprintf(other, sizeof(other), "%s/data/node2", tmp);
+    struct ida_storage s2;
+    struct ida_storage_opts o2 = opts;
+    o2.node_id = 2;
+    cr_assert_eq(ida_storage_open(&s2, other, &o2), 0, "%s", s2.errmsg);
+    ida_storage_close(&s2);
+    path_in(src, sizeof(src), other, IDA_STORAGE_IDENTITY_FILE);
+    path_in(dst, sizeof(dst), dir, IDA_STORAGE_IDENTITY_FILE);
+    copy_file(src, dst);
+    uint64_t before = hash_dir(dir);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_EFOREIGN, "%s",
+                 st.errmsg);
+    expect_msg("belongs to node 2, not node 1 (IDENTITY)");
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+}
+
+/* --- upgrade from format 1 --- */
+
+/* Create a format-1 directory as the format-1 code did: format 1, the
+ * format-1 identity record, a hard state, log_prev, empty log and snap. */
+static void make_v1_dir(const char *d)
+{
+    char sub[400];
+    snprintf(sub, sizeof(sub), "%s/data", tmp);
+    mkdir(sub, 0755);
+    cr_assert_eq(mkdir(d, 0755), 0);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi meta, log, snap;
+    cr_assert_eq(mdb_env_create(&env), 0);
+    mdb_env_set_maxdbs(env, 4);
+    cr_assert_eq(mdb_env_open(env, d, MDB_NOTLS, 0644), 0);
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "meta", MDB_CREATE, &meta), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "log", MDB_CREATE, &log), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "snap", MDB_CREATE, &snap), 0);
+    uint8_t fmt[IDA__REC_FORMAT_BYTES], id[IDA__REC_IDENTITY_FIXED + 8];
+    uint8_t hs[IDA__REC_HARD_STATE_BYTES], prev[IDA__REC_LOG_PREV_BYTES];
+    ida__rec_format_encode(fmt, 1);
+    size_t idn = ida__rec_identity_encode(id, 1, "test", 4);
+    struct ida_hard_state h = {3, 1, 0};
+    ida__rec_hard_state_encode(hs, &h);
+    ida__rec_log_prev_encode(prev, 0, 0);
+    struct
+    {
+        const char *k;
+        void *v;
+        size_t n;
+    } recs[] = {{"format", fmt, sizeof(fmt)},
+                {"identity", id, idn},
+                {"hard_state", hs, sizeof(hs)},
+                {"log_prev", prev, sizeof(prev)}};
+    for (size_t i = 0; i < 4; i++) {
+        MDB_val k = {strlen(recs[i].k), (void *)recs[i].k};
+        MDB_val v = {recs[i].n, recs[i].v};
+        cr_assert_eq(mdb_put(txn, meta, &k, &v, 0), 0);
+    }
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+Test(identity, a_format_1_directory_is_upgraded_with_an_incarnation)
+{
+    make_v1_dir(dir);
+    open_ok();
+    uint64_t inc = ida_storage_incarnation(&st);
+    cr_assert_neq(inc, 0);
+    cr_assert_eq(st.identity.upgraded_from, 1);
+    cr_assert_eq(st.identity.created, 0);
+    struct ida_hard_state hs;
+    cr_assert_eq(ida_storage_hard_state(&st, &hs), 0);
+    cr_assert_eq(hs.term, 3, "the old state is kept");
+    cr_assert_eq(hs.vote, 1);
+    append(1, 5, 3);
+    close_st();
+
+    uint8_t back[128];
+    uint32_t version;
+    size_t n = peek(dir, "meta", "format", 6, back, sizeof(back));
+    cr_assert_eq(ida__rec_format_decode(back, n, &version), 0);
+    cr_assert_eq(version, 2);
+    n = peek(dir, "meta", "identity", 8, back, sizeof(back));
+    struct ida__rec_identity r;
+    cr_assert_eq(ida__rec_identity2_decode(back, n, &r), 0);
+    cr_assert_eq(r.incarnation, inc);
+    cr_assert_eq(r.node_id, 1);
+
+    char p[600];
+    path_in(p, sizeof(p), dir, IDA_STORAGE_IDENTITY_FILE);
+    cr_assert_eq(access(p, F_OK), 0, "IDENTITY written by the upgrade");
+    open_ok();
+    cr_assert_eq(ida_storage_incarnation(&st), inc);
+    cr_assert_eq(st.identity.upgraded_from, 0);
+    expect_entries(1, 5, 3);
+}
+
+Test(identity, a_format_1_database_under_an_identity_file_is_refused)
+{
+    uint64_t inc = make_node();
+    char v1[400];
+    snprintf(v1, sizeof(v1), "%s/data/v1", tmp);
+    make_v1_dir(v1);
+    replace_data_with(v1);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ELOSTSTATE, "%s",
+                 st.errmsg);
+    expect_lost("was replaced by a format-1 database", inc);
+}
+
+/* --- a damaged data.mdb --- */
+
+/* The page size LMDB recorded (meta page 0's mm_psize, at byte 40). */
+static uint32_t page_size(const char *p)
+{
+    int fd = open(p, O_RDONLY);
+    uint8_t b[4];
+    cr_assert_eq(pread(fd, b, 4, 40), 4);
+    close(fd);
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+           (uint32_t)b[3] << 24;
+}
+
+static void expect_corrupt_in_child(off_t size, const char *what)
+{
+    char p[600], msg[IDA_STORAGE_ERRMSG_MAX + 1];
+    data_path(p, sizeof(p));
+    cr_assert_eq(truncate(p, size), 0);
+    uint64_t before = hash_dir(dir);
+    int rv = open_in_child(dir, &opts, msg, sizeof(msg));
+    cr_assert_eq(rv, IDA_ECORRUPT, "size %lld: %s (%s)", (long long)size,
+                 rv < 0 ? "no answer" : idalloc_errname(rv), msg);
+    cr_assert(strstr(msg, what) != NULL, "\"%s\" lacks \"%s\"", msg, what);
+    cr_assert(strstr(msg, "data.mdb") != NULL, "%s", msg);
+    cr_assert_null(strchr(msg, '\n'));
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+}
+
+Test(identity, a_truncated_data_mdb_is_corrupt_not_a_signal)
+{
+    open_ok();
+    for (int i = 0; i < 20; i++) {
+        append(1 + (ida_index)i * 100, 100, 1);
+    }
+    close_st();
+    char p[600];
+    data_path(p, sizeof(p));
+    off_t size = file_size(p);
+    uint32_t psize = page_size(p);
+    cr_assert_gt(size, 20 * (off_t)psize, "a file of many pages");
+    off_t half = size / 2 / psize * psize;
+    expect_corrupt_in_child(half, "(truncated?)");
+    expect_corrupt_in_child(half - 100, "not a whole number");
+    expect_corrupt_in_child(psize, "not a whole number (at least 2)");
+    expect_corrupt_in_child(100, "shorter than one LMDB meta page");
+}
+
+/* Offset of the txnid of the meta page with the lower one (the older). */
+static off_t older_txnid_offset(const char *p, uint32_t psize)
+{
+    int fd = open(p, O_RDONLY);
+    uint8_t a[8], b[8];
+    cr_assert_eq(pread(fd, a, 8, 144), 8);
+    cr_assert_eq(pread(fd, b, 8, (off_t)psize + 144), 8);
+    close(fd);
+    uint64_t ta = 0, tb = 0;
+    for (int i = 7; i >= 0; i--) {
+        ta = ta << 8 | a[i];
+        tb = tb << 8 | b[i];
+    }
+    cr_assert(ta + 1 == tb || tb + 1 == ta, "LMDB's meta txnids %llu %llu",
+              (unsigned long long)ta, (unsigned long long)tb);
+    return ta < tb ? 144 : (off_t)psize + 144;
+}
+
+Test(identity, a_flipped_txnid_in_the_older_meta_page_is_corrupt)
+{
+    make_node();
+    char p[600];
+    data_path(p, sizeof(p));
+    uint32_t psize = page_size(p);
+    off_t off = older_txnid_offset(p, psize);
+    /* Without the check LMDB would open the older meta page as the newest
+     * one and silently drop the last commit. */
+    int fd = open(p, O_RDWR);
+    uint8_t b;
+    cr_assert_eq(pread(fd, &b, 1, off + 3), 1);
+    b ^= 0x01;
+    cr_assert_eq(pwrite(fd, &b, 1, off + 3), 1);
+    close(fd);
+    uint64_t before = hash_dir(dir);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ECORRUPT, "%s",
+                 st.errmsg);
+    expect_msg("data.mdb meta pages hold transaction ids");
+    expect_msg("not consecutive");
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+}
+
+Test(identity, a_damaged_meta_page_magic_is_corrupt)
+{
+    make_node();
+    char p[600];
+    data_path(p, sizeof(p));
+    uint32_t psize = page_size(p);
+    for (int page = 1; page >= 0; page--) {
+        int fd = open(p, O_RDWR);
+        uint8_t b;
+        off_t off = (off_t)page * psize + 16;
+        cr_assert_eq(pread(fd, &b, 1, off), 1);
+        b ^= 0xff;
+        cr_assert_eq(pwrite(fd, &b, 1, off), 1);
+        close(fd);
+        cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ECORRUPT, "%s",
+                     st.errmsg);
+        expect_msg(page == 1 ? "data.mdb meta page 1 has a bad magic number"
+                             : "data.mdb meta page 0 has a bad magic number");
+        fd = open(p, O_RDWR);
+        b ^= 0xff;
+        cr_assert_eq(pwrite(fd, &b, 1, off), 1);
+        close(fd);
+    }
+    open_ok();
+    expect_entries(1, 50, 1);
+}
+
+static uint64_t get_le64(int fd, off_t off)
+{
+    uint8_t b[8];
+    cr_assert_eq(pread(fd, b, 8, off), 8);
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = v << 8 | b[i];
+    }
+    return v;
+}
+
+static void put_le64(int fd, off_t off, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) {
+        b[i] = (uint8_t)(v >> (8 * i));
+    }
+    cr_assert_eq(pwrite(fd, b, 8, off), 8);
+}
+
+Test(identity, an_older_meta_page_passed_off_as_the_newest_is_corrupt)
+{
+    /* The older meta's txnid damaged into newer + 1: consecutive and of the
+     * right parity, but it names fewer pages than the commit it would hide
+     * (the last commit grew the file). */
+    open_ok();
+    append(1, 10, 1);
+    append(11, 200, 1);
+    close_st();
+    char p[600];
+    data_path(p, sizeof(p));
+    uint32_t psize = page_size(p);
+    int fd = open(p, O_RDWR);
+    uint64_t t0 = get_le64(fd, 144), t1 = get_le64(fd, (off_t)psize + 144);
+    uint64_t l0 = get_le64(fd, 136), l1 = get_le64(fd, (off_t)psize + 136);
+    off_t older = t0 < t1 ? 0 : (off_t)psize;
+    uint64_t newer_t = t0 < t1 ? t1 : t0;
+    cr_assert_lt(t0 < t1 ? l0 : l1, t0 < t1 ? l1 : l0,
+                 "the last commit grew the file");
+    put_le64(fd, older + 144, newer_t + 1);
+    close(fd);
+    uint64_t before = hash_dir(dir);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ECORRUPT, "%s",
+                 st.errmsg);
+    expect_msg("names fewer pages than the older one");
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+}
