@@ -307,8 +307,10 @@ static int step(struct ida_raft *r, const struct ida_raft_msg *m)
         return IDA_EINVAL;
     }
     /* Rule A2 of raft/admission.h: another incarnation of a member speaks
-     * for nothing the member promised. */
-    if (!(r->bugs & IDA_RAFT_BUG_IGNORE_INCARNATION) &&
+     * for nothing the member promised. A node that is not admitted counts
+     * and grants nothing anyway, and must hear the current members even if
+     * the membership it started from is stale. */
+    if (!(r->bugs & IDA_RAFT_BUG_IGNORE_INCARNATION) && ida_raft_admitted(r) &&
         !ida_raft_conf_inc_ok(&r->conf, m->from, m->from_inc)) {
         return IDA_EFOREIGN;
     }

@@ -460,4 +460,16 @@ void ida__storage_fault_set(struct ida_storage *s,
                             int commit_after,
                             int code);
 
+/* The first membership ("membership0" in meta): the encoded configuration,
+ * with every member's incarnation, that the node uses until its log or a
+ * snapshot holds one (raft/admission.h). Written once when the cluster is
+ * created or the node joins one, durably, before the node takes part.
+ * _set returns 0, IDA_EINVAL (empty or over 64 KiB) or a commit error;
+ * membership0 returns 0 with *@out ida_malloc'd (the caller frees it),
+ * IDA_ENOTFOUND (never written), IDA_ECORRUPT, IDA_ENOMEM, IDA_EIO. */
+int ida_storage_membership0_set(struct ida_storage *s,
+                                const uint8_t *data,
+                                size_t len);
+int ida_storage_membership0(struct ida_storage *s, uint8_t **out, size_t *len);
+
 #endif /* IDA_STORAGE_H */
