@@ -10,11 +10,11 @@
 #include "storage/internal.h"
 #include "storage/record.h"
 
-#define KEY         "membership0"
-#define MAGIC       "IDAM"
-#define HEADER      8
-#define TRAILER     4
-#define MAX_BYTES   (64u * 1024u)
+#define KEY       "membership0"
+#define MAGIC     "IDAM"
+#define HEADER    8
+#define TRAILER   4
+#define MAX_BYTES (64u * 1024u)
 
 struct put_arg
 {

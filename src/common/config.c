@@ -22,7 +22,7 @@ struct parser
     char *errmsg;
     /* Line where each single-valued key was first seen, 0 if not yet. */
     unsigned seen_cluster, seen_data_dir, seen_election, seen_heartbeat;
-    unsigned seen_snapshot, seen_log_level;
+    unsigned seen_snapshot, seen_log_level, seen_rejoin;
 };
 
 static int perr(struct parser *p, const char *fmt, ...)
@@ -276,6 +276,17 @@ static int parse_line(struct parser *p, struct ida_config *c, char **f, int nf)
         }
         return 0;
     }
+    if (strcmp(k, "auto_rejoin") == 0) {
+        if ((rv = once(p, &p->seen_rejoin, k)) != 0 ||
+            (rv = want_fields(p, nf, 2, "auto_rejoin on|off")) != 0) {
+            return rv;
+        }
+        if (strcmp(f[1], "on") != 0 && strcmp(f[1], "off") != 0) {
+            return perr(p, "bad auto_rejoin \"%s\": expected on or off", f[1]);
+        }
+        c->auto_rejoin = strcmp(f[1], "on") == 0;
+        return 0;
+    }
     if (strcmp(k, "election_timeout_ms") == 0) {
         rv = parse_number_key(p, f, nf, &p->seen_election, 10, 600000, &v);
         c->election_timeout_ms = (unsigned)v;
@@ -321,6 +332,7 @@ static void set_defaults(struct ida_config *c)
     c->heartbeat_ms = 50;
     c->snapshot_interval_entries = 10000;
     c->log_level = IDA_LOG_INFO;
+    c->auto_rejoin = 1;
 }
 
 /* Checks that need the whole file. */

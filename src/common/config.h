@@ -20,6 +20,10 @@
  *                                     a node snapshots every N applied entries
  *   log_level LEVEL                   optional; debug|info|warn|error;
  *                                     default info
+ *   auto_rejoin on|off                optional; default on: a leader
+ *                                     re-admits a member that came back
+ *                                     with a new, empty data directory
+ *                                     (src/node/member.h)
  *
  * Every error names the file and line: `local-3.conf:7: unknown key
  * "heartbeat"`. Parsing validates everything before returning; on error
@@ -65,6 +69,7 @@ struct ida_config
     unsigned heartbeat_ms;
     uint64_t snapshot_interval_entries;
     enum ida_log_level log_level;
+    int auto_rejoin; /* re-admit a member's new incarnation (default 1) */
 };
 
 /* Parse @text (@len bytes; need not be NUL-terminated) read from a file

@@ -145,6 +145,13 @@ static void payload_free(uint32_t type, void *p)
         case NM_APPLY:
             nm_apply_free(p);
             break;
+        case NM_MEMBERSHIP0:
+        case NM_MEMBERSHIP0_DONE:
+            if (p != NULL) {
+                ida_free(((struct nm_membership0 *)p)->data);
+            }
+            ida_free(p);
+            break;
         case NM_SNAPSHOT_TAKEN:
         case NM_SNAPSHOT_STORE:
             if (p != NULL) {

@@ -38,6 +38,8 @@ enum node_msg_type {
     NM_SNAPSHOT_TAKEN,
     NM_SNAPSHOT_STORE,
     NM_STORAGE_FAILED,
+    NM_MEMBERSHIP0,      /* raft -> storage: write the first membership */
+    NM_MEMBERSHIP0_DONE, /* storage -> raft: written (or why not) */
 };
 
 struct nm_client
@@ -121,6 +123,14 @@ struct nm_snapshot
     size_t len;
     uint8_t *conf; /* the membership at index (encoded), NULL: bootstrap */
     size_t conf_len;
+};
+
+/* NM_MEMBERSHIP0 and NM_MEMBERSHIP0_DONE. */
+struct nm_membership0
+{
+    int rv; /* in the answer: 0 or why it was not written */
+    uint8_t *data;
+    size_t len;
 };
 
 struct nm_storage_failed

@@ -179,6 +179,15 @@ static int restore(struct ida_node *n,
         rr.n_entries = count;
     }
     if (rv == 0) {
+        n->incarnation = ida_storage_incarnation(st);
+        rv = ida_storage_membership0(st, &n->membership0, &n->membership0_len);
+        if (rv == IDA_ENOTFOUND) {
+            rv = 0;
+            n->fresh = rr.hard_state.term == 0 && rr.snapshot_index == 0 &&
+                       rr.n_entries == 0;
+        }
+    }
+    if (rv == 0) {
         rv = ida__raft_proc_new(n, &rr, &n->raft);
     }
     if (rv != 0) {
@@ -489,6 +498,8 @@ void ida_node_close(struct ida_node *n)
     }
     ida_free(n->config_pb);
     n->config_pb = NULL;
+    ida_free(n->membership0);
+    n->membership0 = NULL;
     if (n->lock_fd >= 0) {
         close(n->lock_fd); /* last: the directory is ours until here */
         n->lock_fd = -1;

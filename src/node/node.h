@@ -66,6 +66,10 @@ struct ida_node
     size_t config_pb_len;
     struct ida_errtop_where errtop_where; /* for the pool's error sink */
     int lock_fd; /* the data directory, flock'ed while the node lives; -1 */
+    uint64_t incarnation; /* this data directory's (storage) */
+    uint8_t *membership0; /* the first membership (storage), or NULL */
+    size_t membership0_len;
+    int fresh; /* a new directory: no membership, log, snapshot or vote */
 };
 
 /* Load the cluster file, lock the data directory (flock on the directory:

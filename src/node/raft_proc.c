@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "idalloc_errors.h"
 #include "src/node/convert.h"
+#include "src/node/member.h"
 #include "src/node/node.h"
 
 /* Close the open batch at this many commands or bytes even while a storage
@@ -49,6 +50,8 @@ struct raft_proc
     ida_term term;
     int storage_failed;
     int peer_up[IDA_CONFIG_NODES_MAX + 1];
+    struct node_members mem;     /* joining, re-admission (src/node/member.h) */
+    struct ida_raft_config base; /* what the core was started with */
     struct node_outq q;
 };
 
@@ -670,15 +673,180 @@ static void on_client(struct raft_proc *rp,
 /* --- the processor
  * ------------------------------------------------------------- */
 
+/* --- membership (src/node/member.h) -------------------------------------- */
+
+static void send_hello(struct raft_proc *rp, unsigned to, bool reply)
+{
+    Idalloc__PeerMessage pm;
+    Idalloc__Hello h;
+    uint8_t *buf = NULL;
+    const struct ida_raft *r = rp->mem.joining ? NULL : &rp->raft;
+    if (node_hello_make(rp->node, r, to, reply, &pm, &h, &buf) == 0) {
+        ida_net_send_peer(rp->node->net, to, &pm);
+    }
+    ida_free(buf);
+}
+
+/* A joining node asks often; a member that is not admitted announces its
+ * incarnation now and then, so a leader can re-admit it. */
+static void hello_all(struct raft_proc *rp, uint64_t now)
+{
+    uint64_t every = rp->mem.joining ? 200 : 1000;
+    if (now - rp->mem.last_hello_ms < every) {
+        return;
+    }
+    rp->mem.last_hello_ms = now;
+    const struct ida_config *cfg = &rp->node->cfg;
+    for (unsigned i = 0; i < cfg->node_count; i++) {
+        if (cfg->nodes[i].id != rp->node->self->id) {
+            send_hello(rp, cfg->nodes[i].id, false);
+        }
+    }
+}
+
+/* Member @id spoke with incarnation @inc: if the membership names another
+ * one (or no longer names @id), it came back with a new data directory. */
+static void note_incarnation(struct raft_proc *rp, unsigned id, uint64_t inc)
+{
+    const struct ida_raft_conf *c = ida_raft_voters(&rp->raft);
+    bool member = ida_raft_conf_slot(c, id) >= 0 ||
+                  ida_raft_conf_learner_slot(c, id) >= 0;
+    uint64_t bound = ida_raft_conf_inc(c, id);
+    if (inc == 0 || (member && (bound == 0 || bound == inc))) {
+        return;
+    }
+    if (!member && rp->mem.rejoin_id != id) {
+        bool in_file = false;
+        for (unsigned i = 0; i < rp->node->cfg.node_count; i++) {
+            in_file |= rp->node->cfg.nodes[i].id == id;
+        }
+        if (!in_file) {
+            return;
+        }
+    }
+    if (rp->mem.warned_id != id || rp->mem.warned_inc != inc) {
+        rp->mem.warned_id = id;
+        rp->mem.warned_inc = inc;
+        IDA_WARN(
+            "membership: node %u speaks as incarnation %016llx, not as "
+            "the member the cluster knows (%016llx): its data directory "
+            "was replaced. It may not vote or count until it is "
+            "re-admitted%s",
+            id, (unsigned long long)inc, (unsigned long long)bound,
+            rp->node->cfg.auto_rejoin
+                ? " (auto_rejoin on: the leader does it)"
+                : " (auto_rejoin off: see README, Runbook)");
+    }
+    if (rp->node->cfg.auto_rejoin && rp->role == IDA_RAFT_LEADER) {
+        rp->mem.rejoin_id = id;
+        rp->mem.rejoin_inc = inc;
+    }
+}
+
+static void start_membership0(struct raft_proc *rp,
+                              struct ida_sender *s,
+                              const struct ida_raft_conf *c)
+{
+    struct nm_membership0 *m = ida_calloc(1, sizeof(*m));
+    if (m == NULL ||
+        node_conf_encode_full(rp->node, c, &m->data, &m->len) != 0) {
+        ida_free(m);
+        return; /* the next Hello answer tries again */
+    }
+    rp->mem.m0_pending = true;
+    if (node_post(&rp->q, s, rp->node->p_storage, NM_MEMBERSHIP0, m) != 0) {
+        rp->mem.m0_pending = false;
+    }
+}
+
+static void on_membership0_done(struct raft_proc *rp, struct nm_membership0 *m)
+{
+    rp->mem.m0_pending = false;
+    struct ida_raft_conf c;
+    if (m->rv != 0 || node_conf_decode(m->data, m->len, &c) != 0) {
+        IDA_ERROR("membership: the first membership was not stored: %s",
+                  idalloc_strerror(m->rv != 0 ? m->rv : IDA_EPROTO));
+        return;
+    }
+    struct ida_raft_config rc = rp->base;
+    rc.n_voters = c.n;
+    memcpy(rc.voters, c.voters, sizeof(rc.voters));
+    memcpy(rc.voter_inc, c.voter_inc, sizeof(rc.voter_inc));
+    /* Nothing was stepped while joining: the core starts afresh. */
+    ida_raft_close(&rp->raft);
+    int rv = ida_raft_init(&rp->raft, &rc, NULL);
+    IDA_OOM_CHECK(rv != IDA_ENOMEM, "raft: starting the core");
+    IDA_ASSERT(rv == 0);
+    rp->base = rc;
+    rp->mem.joining = false;
+    bool admitted = ida_raft_admitted(&rp->raft);
+    IDA_INFO("membership: %s (%zu voters); this node is incarnation %016llx%s",
+             admitted ? "created the cluster" : "joined the cluster", c.n,
+             (unsigned long long)rp->node->incarnation,
+             admitted ? "" : ", not admitted yet: waiting for the leader");
+}
+
+static void on_hello(struct raft_proc *rp,
+                     struct ida_sender *s,
+                     const Idalloc__PeerMessage *pb)
+{
+    if (!pb->hello->reply) {
+        send_hello(rp, pb->from, true);
+    }
+    if (rp->mem.joining) {
+        struct ida_raft_conf c;
+        if (!rp->mem.m0_pending &&
+            node_hello_learn(&rp->mem, rp->node, pb, &c)) {
+            start_membership0(rp, s, &c);
+        }
+        return;
+    }
+    note_incarnation(rp, pb->from, pb->from_incarnation);
+}
+
+static void rejoin_step(struct raft_proc *rp, uint64_t now)
+{
+    struct ida_raft_conf c;
+    if (!rp->node->cfg.auto_rejoin ||
+        !node_rejoin_step(&rp->mem, &rp->raft, now, &c)) {
+        return;
+    }
+    uint8_t *buf;
+    size_t len;
+    if (node_conf_encode_full(rp->node, &c, &buf, &len) != 0) {
+        return;
+    }
+    int rv =
+        ida_raft_propose(&rp->raft, IDA_ENTRY_CONFIG, buf, len, NULL, NULL);
+    ida_free(buf);
+    if (rv == 0) {
+        IDA_INFO(
+            "membership: re-admitting node %u incarnation %016llx: "
+            "proposed %zu voters, %zu learners",
+            rp->mem.rejoin_id, (unsigned long long)rp->mem.rejoin_inc, c.n,
+            c.n_learners);
+    } else if (rv != IDA_EBUSY) {
+        IDA_WARN("membership: re-admission step refused: %s",
+                 idalloc_strerror(rv));
+    }
+}
+
 static void on_peer(struct raft_proc *rp,
                     struct ida_sender *s,
                     Idalloc__PeerMessage *pb)
 {
     struct ida_raft_msg m;
-    struct ida_entry *entries;
-    if (node_pb_to_raft(pb, &m, &entries) == 0) {
+    struct ida_entry *entries = NULL;
+    if (pb->msg_case == IDALLOC__PEER_MESSAGE__MSG_HELLO) {
+        on_hello(rp, s, pb);
+    } else if (rp->mem.joining) {
+        /* Takes no part until it knows the cluster (member.h). */
+    } else if (node_pb_to_raft(pb, &m, &entries) == 0) {
         trace_vote(&m, 1);
         int rv = ida_raft_step(&rp->raft, &m);
+        if (rv == IDA_EFOREIGN) {
+            note_incarnation(rp, pb->from, pb->from_incarnation);
+        }
         if (rv == IDA_EPROTO) {
             IDA_ERROR("raft: peer %u broke the protocol (message ignored)",
                       pb->from);
@@ -796,6 +964,11 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
             on_storage_failed(rp, s, p);
             ida_free(p);
             break;
+        case NM_MEMBERSHIP0_DONE:
+            on_membership0_done(rp, p);
+            node_msg_free(msg);
+            drive(rp, s);
+            return;
         default:
             node_msg_free(msg);
             return;
@@ -812,6 +985,10 @@ static void raft_ping(void *state, struct ida_sender *s)
         ida_raft_tick(&rp->raft);
         rp->last_tick_ms += rp->tick_ms;
     }
+    if (rp->mem.joining || !ida_raft_admitted(&rp->raft)) {
+        hello_all(rp, now);
+    }
+    rejoin_step(rp, now);
     drive(rp, s);
     /* Reads that could not start yet, or whose leader is gone. */
     for (size_t i = 0; i < rp->n_reads; i++) {
@@ -830,6 +1007,42 @@ static void raft_ping(void *state, struct ida_sender *s)
 }
 
 const struct ida_proc_ops ida__raft_proc_ops = {raft_receive, raft_ping};
+
+/* The voters the core starts from (before its log or a snapshot holds a
+ * membership): membership0; for a directory older than incarnations, the
+ * cluster file's nodes unbound; for a new directory, the cluster file's
+ * nodes bound to an incarnation nobody has, so the node takes no part until
+ * it learned the cluster (src/node/member.h). */
+static int first_voters(struct raft_proc *rp, struct ida_raft_config *rc)
+{
+    struct ida_node *n = rp->node;
+    rc->incarnation = n->incarnation;
+    struct ida_raft_conf c;
+    if (n->membership0 != NULL) {
+        int rv = node_conf_decode(n->membership0, n->membership0_len, &c);
+        if (rv != 0) {
+            IDA_ERROR("node: the stored first membership does not decode");
+            return IDA_ECORRUPT;
+        }
+    } else {
+        uint64_t none[IDA_CONFIG_NODES_MAX];
+        for (unsigned i = 0; i < IDA_CONFIG_NODES_MAX; i++) {
+            none[i] = n->fresh ? UINT64_MAX : 0;
+        }
+        node_conf_first(n, none, &c);
+        rp->mem.joining = n->fresh;
+        if (!n->fresh) {
+            IDA_WARN(
+                "node: this data directory predates incarnations: the "
+                "membership is unbound until it changes, so a member "
+                "whose disk is replaced is not told apart yet");
+        }
+    }
+    rc->n_voters = c.n;
+    memcpy(rc->voters, c.voters, sizeof(rc->voters));
+    memcpy(rc->voter_inc, c.voter_inc, sizeof(rc->voter_inc));
+    return 0;
+}
 
 int ida__raft_proc_new(struct ida_node *n,
                        const struct ida_raft_restore *r,
@@ -859,13 +1072,20 @@ int ida__raft_proc_new(struct ida_node *n,
     if (rc.election_ticks < 2 * rc.heartbeat_ticks) {
         rc.election_ticks = 2 * rc.heartbeat_ticks;
     }
-    for (unsigned i = 0; i < n->cfg.node_count && i < IDA_RAFT_NODES_MAX; i++) {
-        rc.voters[rc.n_voters++] = n->cfg.nodes[i].id;
+    int rv = first_voters(rp, &rc);
+    if (rv == 0) {
+        rv = ida_raft_init(&rp->raft, &rc, r);
     }
-    int rv = ida_raft_init(&rp->raft, &rc, r);
     if (rv != 0) {
         ida_free(rp);
         return rv;
+    }
+    rp->base = rc;
+    for (unsigned i = 0; i < n->cfg.node_count; i++) {
+        if (n->cfg.nodes[i].id == n->self->id) {
+            rp->mem.heard[i] = rp->mem.fresh[i] = true;
+            rp->mem.inc[i] = n->incarnation;
+        }
     }
     rp->applied = r != NULL ? r->snapshot_index : 0;
     rp->snapshot_index = rp->applied;

@@ -198,6 +198,14 @@ static void storage_receive(void *state,
     if (msg->type == NM_SNAPSHOT_STORE) {
         on_snapshot_store(sp, s, node_msg_payload(msg));
     }
+    if (msg->type == NM_MEMBERSHIP0) {
+        struct nm_membership0 *m = node_msg_payload(msg);
+        m->rv =
+            ida_storage_membership0_set(&sp->node->storage, m->data, m->len);
+        msg->type = NM_MEMBERSHIP0_DONE;
+        node_send(&sp->q, s, sp->node->p_raft, msg);
+        return;
+    }
     node_msg_free(msg);
 }
 
