@@ -279,18 +279,11 @@ static void wipe(struct sim *s, struct node *nd, uint64_t restart_in)
 
 bool sim__boot_from_peer(struct sim *s, struct node *nd)
 {
+    /* From the leader: a lagging peer may still bind another member's
+     * previous incarnation, and a node whose log holds no membership drops
+     * every message of that member's current incarnation (A2) for good. */
     struct node *peer = sim__find_leader(s);
-    if (peer == nd) {
-        peer = NULL;
-    }
-    int start = (int)sim__below(&s->rng, (uint64_t)s->n);
-    for (int i = 0; i < s->n && peer == NULL; i++) {
-        struct node *u = &s->nodes[(start + i) % s->n];
-        if (u != nd && u->up && !u->dead) {
-            peer = u;
-        }
-    }
-    if (peer == NULL) {
+    if (peer == NULL || peer == nd) {
         return false;
     }
     const struct ida_raft_conf *c = ida_raft_voters(&peer->raft);
