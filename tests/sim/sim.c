@@ -143,6 +143,12 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
 static uint64_t next_time(struct sim *s)
 {
     uint64_t t = min_u64(s->next_fault, s->heal_at);
+    if (s->rejoin != 0) {
+        t = min_u64(t, s->rejoin_next);
+    }
+    if (s->scen_phase != 0) {
+        t = min_u64(t, s->scen_at);
+    }
     for (int k = 0; k < s->n; k++) {
         struct node *nd = &s->nodes[k];
         if (nd->up) {
@@ -208,9 +214,16 @@ static void run_instant(struct sim *s, uint64_t deadline)
     if (s->now >= s->next_fault) {
         sim__fault(s);
     }
+    if (s->scen_phase != 0 && s->now >= s->scen_at) {
+        sim__scenario_step(s);
+    }
     for (int k = 0; k < s->n && !s->failed; k++) {
         struct node *nd = &s->nodes[k];
         if (!nd->up && !nd->dead && s->now >= nd->restart_at) {
+            if (nd->needs_boot && !sim__boot_from_peer(s, nd)) {
+                nd->restart_at = s->now + 50; /* no live peer yet */
+                continue;
+            }
             sim__tracef(s, "node %u restart", nd->id);
             sim__hash_in(s, 12, nd->id, 0, 0);
             if (sim__node_start(s, nd) != 0) {
@@ -225,6 +238,9 @@ static void run_instant(struct sim *s, uint64_t deadline)
     }
     deliver_due(s);
     sim__retire_removed_leader(s);
+    if (s->rejoin != 0 && s->now >= s->rejoin_next && !s->failed) {
+        sim__rejoin_step(s);
+    }
     for (int k = 0; k < s->n && !s->failed; k++) {
         struct node *nd = &s->nodes[k];
         if (nd->up && s->now >= nd->next_tick) {
@@ -253,6 +269,8 @@ static void sim_free(struct sim *s)
         ida_free(nd->disk.ents);
         ida_free(nd->disk.snap);
         ida_free(nd->disk.snap_conf);
+        sim__disk_free(&nd->old);
+        sim__disk_free(&nd->lost);
     }
     for (size_t i = 0; i < s->n_net; i++) {
         sim__packet_free(&s->net[i]);
@@ -297,8 +315,15 @@ int sim_run(const struct sim_opts *opts, struct sim_result *res)
     s->pre_vote = sim__chance(&s->rng, 70);
     s->check_quorum = sim__chance(&s->rng, 70);
     uint64_t end = opts->mode == SIM_LIVENESS ? dur + LIVENESS_BOUND_MS : dur;
+    struct ida_raft_conf boot = {.n = (size_t)s->n};
+    for (int k = 0; k < s->n; k++) {
+        s->nodes[k].inc = sim__new_inc(s);
+        boot.voters[k] = (ida_node_id)(k + 1);
+        boot.voter_inc[k] = s->nodes[k].inc;
+    }
     for (int k = 0; k < s->n; k++) {
         s->nodes[k].id = (ida_node_id)(k + 1);
+        s->nodes[k].boot = boot;
         if (sim__node_start(s, &s->nodes[k]) != 0) {
             s->oom = true;
         }

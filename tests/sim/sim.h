@@ -35,6 +35,13 @@ struct sim_opts
     uint32_t bugs;        /* enum ida_raft_bug, negative controls only */
     uint64_t duration_ms; /* virtual run length; 0: the default */
     FILE *trace;          /* NULL: no readable trace */
+    /* Faults off by default. no_wipe: never restart a node with an empty
+     * disk (a new incarnation). rollback: restart nodes from an older copy
+     * of their own disk (same incarnation); this can lose acknowledged
+     * entries (raft/admission.h "What this does not catch"), so it is not
+     * part of the safety runs. */
+    bool no_wipe;
+    bool rollback;
 };
 
 struct sim_result
@@ -50,6 +57,11 @@ struct sim_result
     uint64_t snapshots_sent;  /* InstallSnapshot chunks delivered */
     uint64_t members_changed; /* voters removed or added */
     uint64_t transfers;       /* TimeoutNow delivered */
+    uint64_t wipes;           /* restarts with an empty disk */
+    uint64_t readmitted;      /* emptied nodes voters again */
+    uint64_t scenarios;       /* scripted lost-disk scenarios run */
+    uint64_t rollbacks;       /* restarts from an older disk copy */
+    uint64_t foreign;         /* messages dropped as IDA_EFOREIGN */
     uint64_t end_ms;
 };
 

@@ -167,8 +167,17 @@ void sim__check_commit(struct sim *s, struct node *nd)
         const struct ida_raft_conf *v = ida_raft_voters(&nd->raft);
         size_t have = 0;
         for (size_t k = 0; k < v->n; k++) {
-            const struct disk *d =
-                &s->nodes[sim__node_slot(s, v->voters[k])].disk;
+            /* The disk of the incarnation the membership binds: an
+             * acknowledgement of an incarnation whose disk was emptied
+             * since counts with the image it had. */
+            const struct node *u = &s->nodes[sim__node_slot(s, v->voters[k])];
+            const struct disk *d = &u->disk;
+            if (v->voter_inc[k] != 0 && v->voter_inc[k] != u->inc) {
+                if (v->voter_inc[k] != u->lost_inc) {
+                    continue;
+                }
+                d = &u->lost;
+            }
             if (d->snap_index >= c ||
                 sim__disk_term_at(d, c) == s->glob_term[c]) {
                 have++;

@@ -97,3 +97,57 @@ void sim__disk_apply(struct sim *s, struct node *nd, struct write *w)
         }
     }
 }
+
+void sim__disk_free(struct disk *d)
+{
+    sim__disk_free_entries_from(d, 0);
+    ida_free(d->ents);
+    ida_free(d->snap);
+    ida_free(d->snap_conf);
+    memset(d, 0, sizeof(*d));
+}
+
+/* A deep copy of @src into @dst (which holds nothing). */
+bool sim__disk_copy(struct disk *dst, const struct disk *src)
+{
+    memset(dst, 0, sizeof(*dst));
+    dst->hs = src->hs;
+    dst->snap_index = src->snap_index;
+    dst->snap_term = src->snap_term;
+    if (src->snap_len > 0) {
+        dst->snap = ida_malloc(src->snap_len);
+        if (dst->snap == NULL) {
+            return false;
+        }
+        memcpy(dst->snap, src->snap, src->snap_len);
+        dst->snap_len = src->snap_len;
+    }
+    if (src->snap_conf_len > 0) {
+        dst->snap_conf = ida_malloc(src->snap_conf_len);
+        if (dst->snap_conf == NULL) {
+            return false;
+        }
+        memcpy(dst->snap_conf, src->snap_conf, src->snap_conf_len);
+        dst->snap_conf_len = src->snap_conf_len;
+    }
+    if (src->n > 0) {
+        dst->ents = ida_calloc(src->n, sizeof(*dst->ents));
+        if (dst->ents == NULL) {
+            return false;
+        }
+        dst->cap = src->n;
+        for (size_t i = 0; i < src->n; i++) {
+            dst->ents[i] = src->ents[i];
+            dst->ents[i].data = NULL;
+            dst->n = i + 1;
+            if (src->ents[i].len > 0) {
+                dst->ents[i].data = ida_malloc(src->ents[i].len);
+                if (dst->ents[i].data == NULL) {
+                    return false;
+                }
+                memcpy(dst->ents[i].data, src->ents[i].data, src->ents[i].len);
+            }
+        }
+    }
+    return true;
+}

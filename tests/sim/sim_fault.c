@@ -60,13 +60,53 @@ static void restart_all(struct sim *s)
     }
 }
 
+/* Membership edits that keep each member's bound incarnation with it. */
+static void conf_remove_voter(struct ida_raft_conf *c, int k)
+{
+    c->n--;
+    c->voters[k] = c->voters[c->n];
+    c->voter_inc[k] = c->voter_inc[c->n];
+}
+
+static void conf_promote(struct ida_raft_conf *c, int j)
+{
+    c->voters[c->n] = c->learners[j];
+    c->voter_inc[c->n++] = c->learner_inc[j];
+    c->n_learners--;
+    c->learners[j] = c->learners[c->n_learners];
+    c->learner_inc[j] = c->learner_inc[c->n_learners];
+}
+
+static void conf_add_learner(struct ida_raft_conf *c,
+                             ida_node_id id,
+                             uint64_t inc)
+{
+    c->learners[c->n_learners] = id;
+    c->learner_inc[c->n_learners++] = inc;
+}
+
+/* Propose @next at leader @ld. Returns the core's answer. */
+static int propose_conf(struct sim *s,
+                        struct node *ld,
+                        const struct ida_raft_conf *next)
+{
+    uint8_t buf[512];
+    size_t len;
+    if (node_conf_encode(next, buf, sizeof(buf), &len) != 0) {
+        s->oom = true;
+        return IDA_ENOMEM;
+    }
+    return ida_raft_propose(&ld->raft, IDA_ENTRY_CONFIG, buf, len, NULL, NULL);
+}
+
 /* Replace a node (dissertation §4.1/§4.2.1, one server at a time): remove a
  * voter (it dies for good); add a fresh node with an empty disk as a
  * learner; promote the learner to voter once it caught up. At most one
  * dead voter is ever in a configuration, so a majority can stay alive. */
 static void membership_change(struct sim *s, struct node *ld)
 {
-    const struct ida_raft_conf *cur = ida_raft_voters(&ld->raft);
+    const struct ida_raft_conf before = *ida_raft_voters(&ld->raft);
+    const struct ida_raft_conf *cur = &before;
     struct ida_raft_conf next = *cur;
     int dead_voter = -1;
     for (size_t i = 0; i < cur->n; i++) {
@@ -84,8 +124,7 @@ static void membership_change(struct sim *s, struct node *ld)
             return;
         }
         promoted = l;
-        next.learners[0] = next.learners[--next.n_learners];
-        next.voters[next.n++] = l;
+        conf_promote(&next, 0);
     } else if (dead_voter >= 0) {
         victim = cur->voters[dead_voter];
     } else if ((int)cur->n < s->n_boot) {
@@ -93,24 +132,20 @@ static void membership_change(struct sim *s, struct node *ld)
             return;
         }
         added = (ida_node_id)(s->n + 1);
-        next.learners[next.n_learners++] = added;
+        s->nodes[s->n].inc = sim__new_inc(s);
+        conf_add_learner(&next, added, s->nodes[s->n].inc);
     } else if (cur->n > 1) {
         victim = cur->voters[sim__below(&s->rng, cur->n)];
     } else {
         return;
     }
     if (victim != 0) {
-        int k = ida_raft_conf_slot(&next, victim);
-        next.voters[k] = next.voters[--next.n];
+        conf_remove_voter(&next, ida_raft_conf_slot(&next, victim));
     }
-    uint8_t buf[256];
-    size_t len;
-    if (node_conf_encode(&next, buf, sizeof(buf), &len) != 0) {
-        s->oom = true;
+    int rv = propose_conf(s, ld, &next);
+    if (s->oom) {
         return;
     }
-    int rv =
-        ida_raft_propose(&ld->raft, IDA_ENTRY_CONFIG, buf, len, NULL, NULL);
     sim__tracef(s, "fault: leader %u proposes %s node %u: %s", ld->id,
                 victim  ? "removing"
                 : added ? "adding learner"
@@ -126,8 +161,14 @@ static void membership_change(struct sim *s, struct node *ld)
     s->res->members_changed++;
     if (added != 0) {
         struct node *nd = &s->nodes[s->n++];
+        uint64_t inc = nd->inc;
         memset(nd, 0, sizeof(*nd));
         nd->id = added;
+        nd->inc = inc;
+        /* A joining node learns the membership from the cluster. */
+        nd->boot.n = cur->n;
+        memcpy(nd->boot.voters, cur->voters, sizeof(cur->voters));
+        memcpy(nd->boot.voter_inc, cur->voter_inc, sizeof(cur->voter_inc));
         if (sim__node_start(s, nd) != 0) {
             s->oom = true;
             return;
@@ -169,12 +210,263 @@ void sim__retire_removed_leader(struct sim *s)
     s->retire = 0;
 }
 
+/* --- lost disks (raft/admission.h) --------------------------------------- */
+
+/* The membership a down node @u restarts with: the latest config entry on
+ * its disk, else its snapshot's, else its bootstrap one. */
+static bool disk_conf(const struct node *u, struct ida_raft_conf *out)
+{
+    if (u->needs_boot) {
+        return false;
+    }
+    const struct disk *d = &u->disk;
+    for (size_t i = d->n; i-- > 0;) {
+        if (d->ents[i].type == IDA_ENTRY_CONFIG) {
+            memset(out, 0, sizeof(*out));
+            return node_conf_decode(d->ents[i].data, d->ents[i].len, out) == 0;
+        }
+    }
+    memset(out, 0, sizeof(*out));
+    if (d->snap_conf_len > 0) {
+        return node_conf_decode(d->snap_conf, d->snap_conf_len, out) == 0;
+    }
+    *out = u->boot;
+    return true;
+}
+
+/* Whether node @nd may lose its disk now: no other node is emptied and not
+ * yet re-admitted, no membership change of the replacement procedure is
+ * under way, and every live node's membership is the full cluster with
+ * @nd as a voter and no dead member. Then the others stay a majority of
+ * admitted voters: the cluster stays able to re-admit @nd. */
+static bool wipe_ok(struct sim *s, const struct node *nd)
+{
+    if (s->rejoin != 0 || s->retire != 0 || nd->dead || nd->needs_boot) {
+        return false;
+    }
+    for (int k = 0; k < s->n; k++) {
+        const struct node *u = &s->nodes[k];
+        struct ida_raft_conf dc;
+        const struct ida_raft_conf *c = &dc;
+        if (u->dead) {
+            continue;
+        }
+        if (u->up) {
+            c = ida_raft_voters(&u->raft);
+        } else if (!disk_conf(u, &dc)) {
+            return false;
+        }
+        if ((int)c->n != s->n_boot || c->n_learners != 0 ||
+            ida_raft_conf_slot(c, nd->id) < 0) {
+            return false;
+        }
+        for (size_t i = 0; i < c->n; i++) {
+            if (s->nodes[sim__node_slot(s, c->voters[i])].dead) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+static void wipe(struct sim *s, struct node *nd, uint64_t restart_in)
+{
+    sim__node_wipe(s, nd);
+    nd->restart_at = s->now + restart_in;
+    s->rejoin = nd->id;
+    s->rejoin_next = s->now + 20;
+}
+
+bool sim__boot_from_peer(struct sim *s, struct node *nd)
+{
+    /* From the leader: a lagging peer may still bind another member's
+     * previous incarnation, and a node whose log holds no membership drops
+     * every message of that member's current incarnation (A2) for good. */
+    struct node *peer = sim__find_leader(s);
+    if (peer == NULL || peer == nd) {
+        return false;
+    }
+    const struct ida_raft_conf *c = ida_raft_voters(&peer->raft);
+    memset(&nd->boot, 0, sizeof(nd->boot));
+    nd->boot.n = c->n;
+    memcpy(nd->boot.voters, c->voters, sizeof(c->voters));
+    memcpy(nd->boot.voter_inc, c->voter_inc, sizeof(c->voter_inc));
+    nd->needs_boot = false;
+    sim__hash_in(s, 16, nd->id, peer->id, c->n);
+    sim__tracef(s, "node %u learns the membership (%zu voters) from node %u",
+                nd->id, c->n, peer->id);
+    return true;
+}
+
+/* The operator's (or auto-rejoin's) procedure for an emptied node, one
+ * single-server change at a time at the leader (A3): remove the old
+ * incarnation, add the new one as a learner, promote it once it caught
+ * up. Each step waits until the previous change committed (EBUSY). */
+void sim__rejoin_step(struct sim *s)
+{
+    s->rejoin_next = s->now + 20 + sim__below(&s->rng, 30);
+    struct node *w = &s->nodes[sim__node_slot(s, s->rejoin)];
+    struct node *ld = sim__find_leader(s);
+    if (w->dead) {
+        s->rejoin = 0;
+        return;
+    }
+    if (!w->up || ld == NULL) {
+        return;
+    }
+    const struct ida_raft_conf *cur = ida_raft_voters(&ld->raft);
+    struct ida_raft_conf next = *cur;
+    int vs = ida_raft_conf_slot(cur, w->id);
+    int ls = ida_raft_conf_learner_slot(cur, w->id);
+    const char *what;
+    if (vs >= 0 && cur->voter_inc[vs] == w->inc) {
+        if (ld->raft.conf_index <= ida_raft_commit(&ld->raft)) {
+            sim__tracef(s, "node %u re-admitted", w->id);
+            sim__hash_in(s, 17, w->id, ida_raft_commit(&ld->raft), 0);
+            s->res->readmitted++;
+            s->rejoin = 0;
+        }
+        return;
+    }
+    if (ld == w) {
+        return; /* only a core that ignores incarnations gets here */
+    }
+    if (vs >= 0) {
+        what = "removing the old incarnation of";
+        conf_remove_voter(&next, vs);
+    } else if (ls >= 0 && cur->learner_inc[ls] == w->inc) {
+        const struct ida_raft_progress *pr =
+            ida_raft_progress_of(&ld->raft, w->id);
+        if (pr == NULL || pr->match < ida_raft_commit(&ld->raft)) {
+            return;
+        }
+        what = "promoting";
+        conf_promote(&next, ls);
+    } else if (ls >= 0) {
+        what = "rebinding learner";
+        next.learner_inc[ls] = w->inc;
+    } else {
+        what = "adding as a learner";
+        conf_add_learner(&next, w->id, w->inc);
+    }
+    int rv = propose_conf(s, ld, &next);
+    if (s->oom) {
+        return;
+    }
+    sim__tracef(s, "rejoin: leader %u proposes %s node %u: %s", ld->id, what,
+                w->id, rv ? idalloc_errname(rv) : "ok");
+    sim__hash_in(s, 18, ld->id, w->id, (uint64_t)rv);
+    if (rv == 0) {
+        s->res->members_changed++;
+    }
+    sim__drain(s, ld);
+}
+
+/* The scripted lost-disk scenario (the one admission.h describes): phase 1
+ * isolates a follower C of leader L; phase 2, once L and the other
+ * followers acknowledged entries C lacks, crashes L, empties the disk of a
+ * follower B whose log matched L's, and reconnects C. Without admission,
+ * B votes for C as its old self and C leads without the entries. */
+static void scenario_start(struct sim *s, struct node *ld)
+{
+    int l = sim__node_slot(s, ld->id);
+    int c = (int)sim__below(&s->rng, (uint64_t)s->n);
+    if (c == l || s->nodes[c].dead || !wipe_ok(s, &s->nodes[c])) {
+        return;
+    }
+    for (int b = 0; b < s->n; b++) {
+        block(s, c, b);
+        block(s, b, c);
+    }
+    s->scen_phase = 1;
+    s->scen_l = ld->id;
+    s->scen_c = (ida_node_id)(c + 1);
+    s->scen_at = s->now + 50 + sim__below(&s->rng, 250);
+    sim__tracef(s, "fault: scenario: isolate follower %d of leader %u", c + 1,
+                ld->id);
+}
+
+void sim__scenario_step(struct sim *s)
+{
+    s->scen_phase = 0;
+    struct node *ld = &s->nodes[sim__node_slot(s, s->scen_l)];
+    int c = sim__node_slot(s, s->scen_c);
+    for (int b = 0; b < s->n; b++) {
+        s->blocked[c][b] = s->blocked[b][c] = false;
+    }
+    if (!ld->up || ida_raft_role(&ld->raft) != IDA_RAFT_LEADER) {
+        return;
+    }
+    ida_index last = ida_raft_last_index(&ld->raft);
+    struct node *victim = NULL;
+    for (int k = 0; k < s->n; k++) {
+        struct node *u = &s->nodes[k];
+        const struct ida_raft_progress *pr =
+            ida_raft_progress_of(&ld->raft, u->id);
+        if (u != ld && k != c && u->up && pr != NULL && pr->match == last &&
+            wipe_ok(s, u)) {
+            victim = u;
+        }
+    }
+    if (victim == NULL) {
+        return;
+    }
+    sim__tracef(s,
+                "fault: scenario: leader %u crashes, node %u loses its "
+                "disk, node %d reconnects",
+                ld->id, victim->id, c + 1);
+    sim__hash_in(s, 19, ld->id, victim->id, (uint64_t)c);
+    s->res->scenarios++;
+    sim__node_crash(s, ld);
+    ld->restart_at = s->now + 200 + sim__below(&s->rng, 800);
+    wipe(s, victim, 1 + sim__below(&s->rng, 20));
+}
+
+/* Restart node @nd from the older copy of its own disk (same incarnation):
+ * not caught by admission (raft/admission.h), so only with opts.rollback. */
+static void rollback(struct sim *s, struct node *nd)
+{
+    if (!nd->has_old || nd->dead || s->rejoin == nd->id) {
+        return;
+    }
+    if (nd->up) {
+        sim__node_crash(s, nd);
+    }
+    sim__disk_free(&nd->disk);
+    nd->disk = nd->old;
+    memset(&nd->old, 0, sizeof(nd->old));
+    nd->has_old = false;
+    nd->restart_at = s->now + 5 + sim__below(&s->rng, 200);
+    s->res->rollbacks++;
+    sim__hash_in(s, 20, nd->id, nd->disk.snap_index + nd->disk.n, 0);
+    sim__tracef(s,
+                "fault: node %u restarts from an older copy of its disk "
+                "(last index %" PRIu64 ")",
+                nd->id, nd->disk.snap_index + nd->disk.n);
+}
+
 void sim__fault(struct sim *s)
 {
     unsigned k = (unsigned)sim__below(&s->rng, 100);
     int a = (int)sim__below(&s->rng, (uint64_t)s->n);
     struct node *ld = sim__find_leader(s);
     sim__hash_in(s, 10, k, (uint64_t)a, 0);
+    unsigned extra = (unsigned)sim__below(&s->rng, 100);
+    if (!s->o.no_wipe && extra < 8) {
+        if (extra < 4 && ld != NULL && s->scen_phase == 0) {
+            scenario_start(s, ld);
+        } else if (extra >= 4 && s->scen_phase == 0 &&
+                   wipe_ok(s, &s->nodes[a])) {
+            wipe(s, &s->nodes[a], 5 + sim__below(&s->rng, 300));
+        }
+        s->next_fault = s->now + 20 + sim__below(&s->rng, 400);
+        return;
+    }
+    if (s->o.rollback && extra >= 8 && extra < 14) {
+        rollback(s, &s->nodes[a]);
+        s->next_fault = s->now + 20 + sim__below(&s->rng, 400);
+        return;
+    }
     if (k < 18) {
         if (s->nodes[a].up) {
             sim__node_crash(s, &s->nodes[a]);
@@ -232,7 +524,8 @@ void sim__fault(struct sim *s)
             sim__drain(s, ld);
         }
     } else if (k < 98) {
-        if (ld != NULL && s->retire == 0) {
+        if (ld != NULL && s->retire == 0 && s->rejoin == 0 &&
+            s->scen_phase == 0) {
             membership_change(s, ld);
         }
     } else {
@@ -246,6 +539,7 @@ void sim__heal(struct sim *s)
     sim__tracef(s, "heal: all faults end");
     s->healed_at = s->now;
     s->faults_on = false;
+    s->scen_phase = 0;
     heal_links(s);
     s->loss_pct = 0;
     s->dup_pct = 0;
@@ -266,6 +560,9 @@ bool sim__liveness_done(struct sim *s)
     if (ida_raft_term_at(&ld->raft, c) != ida_raft_term(&ld->raft) ||
         ld->fsm.applied < c) {
         return false;
+    }
+    if (s->rejoin != 0) {
+        return false; /* the emptied node is not re-admitted yet */
     }
     for (int k = 0; k < CLIENTS; k++) {
         if (!s->clients[k].done_after_heal) {

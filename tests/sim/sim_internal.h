@@ -95,6 +95,21 @@ struct node
     ida_node_id id;
     bool up;
     bool dead; /* removed from the cluster for good */
+    /* The data directory's incarnation (raft/admission.h), never 0, and the
+     * bootstrap membership written when the directory was created: the
+     * first cluster's, or the one a live peer had when the node (re)joined.
+     * Both survive crashes; an emptied disk gets new ones. */
+    uint64_t inc;
+    struct ida_raft_conf boot;
+    bool needs_boot; /* emptied: learn the membership from a peer first */
+    /* An older copy of the durable image (the rollback fault). */
+    struct disk old;
+    bool has_old;
+    /* The image the previous incarnation had when its disk was emptied: the
+     * commit durability check judges acknowledgements of that incarnation
+     * against what it held. */
+    struct disk lost;
+    uint64_t lost_inc;
     struct ida_raft raft;
     struct disk disk;
     struct write *writes;
@@ -155,7 +170,17 @@ struct sim
     uint64_t healed_at; /* NEVER until the faults healed */
     bool faults_on;
     ida_node_id retire; /* a removed leader: dies once it stepped down */
-    bool pre_vote;      /* per seed: both settings must be safe */
+    /* The emptied node being re-admitted (raft/admission.h A3), 0: none. At
+     * most one at a time, so a majority of every membership stays able to
+     * vote. */
+    ida_node_id rejoin;
+    uint64_t rejoin_next;
+    /* The scripted lost-disk scenario (sim_fault.c): phase 1 isolated
+     * follower scen_c of leader scen_l; phase 2 runs at scen_at. */
+    int scen_phase;
+    ida_node_id scen_l, scen_c;
+    uint64_t scen_at;
+    bool pre_vote; /* per seed: both settings must be safe */
     bool check_quorum;
     /* global knowledge */
     ida_term *glob_term; /* committed entries by index */
@@ -227,12 +252,19 @@ void sim__node_step(struct sim *s,
 void sim__node_sync(struct sim *s, struct node *nd);
 int sim__node_start(struct sim *s, struct node *nd);
 void sim__node_crash(struct sim *s, struct node *nd);
+void sim__node_wipe(struct sim *s, struct node *nd);
+void sim__disk_free(struct disk *d);
+bool sim__disk_copy(struct disk *dst, const struct disk *src);
+uint64_t sim__new_inc(struct sim *s);
 
 /* tests/sim/sim_fault.c */
 struct node *sim__find_leader(struct sim *s);
 void sim__retire_removed_leader(struct sim *s);
 void sim__fault(struct sim *s);
 void sim__heal(struct sim *s);
+void sim__rejoin_step(struct sim *s);
+void sim__scenario_step(struct sim *s);
+bool sim__boot_from_peer(struct sim *s, struct node *nd);
 bool sim__liveness_done(struct sim *s);
 void sim__liveness_final_check(struct sim *s);
 

@@ -1,7 +1,7 @@
 /* build/prog/sim: run simulator seeds (make sim SEEDS=N START=S MODE=...).
  *
  *   sim --seeds N --start S --mode safety|liveness --nodes 3|5
- *       [--trace] [--duration MS] [--bugs MASK]
+ *       [--trace] [--duration MS] [--bugs MASK] [--no-wipe] [--rollback]
  *
  * Prints each failing seed with the command that replays it with a trace,
  * then "N passed, M failed"; exits 1 if any seed failed. --trace prints the
@@ -26,7 +26,8 @@ static int usage(void)
 {
     fprintf(stderr,
             "usage: sim --seeds N --start S --mode safety|liveness "
-            "--nodes 3|5 [--trace] [--duration MS] [--bugs MASK]\n");
+            "--nodes 3|5 [--trace] [--duration MS] [--bugs MASK] "
+            "[--no-wipe] [--rollback]\n");
     return 2;
 }
 
@@ -41,6 +42,14 @@ int main(int argc, char **argv)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--trace") == 0) {
             trace = true;
+            continue;
+        }
+        if (strcmp(a, "--no-wipe") == 0) {
+            o.no_wipe = true;
+            continue;
+        }
+        if (strcmp(a, "--rollback") == 0) {
+            o.rollback = true;
             continue;
         }
         if (v == NULL) {
@@ -75,7 +84,8 @@ int main(int argc, char **argv)
     }
     o.duration_ms = duration;
     o.trace = trace ? stdout : NULL;
-    uint64_t passed = 0, failed = 0, acked = 0;
+    uint64_t passed = 0, failed = 0, acked = 0, wipes = 0, readmitted = 0;
+    uint64_t scenarios = 0, rollbacks = 0, foreign = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (uint64_t sd = start; sd < start + seeds; sd++) {
@@ -83,6 +93,11 @@ int main(int argc, char **argv)
         o.seed = sd;
         int rv = sim_run(&o, &r);
         acked += r.acked;
+        wipes += r.wipes;
+        readmitted += r.readmitted;
+        scenarios += r.scenarios;
+        rollbacks += r.rollbacks;
+        foreign += r.foreign;
         if (rv == 0 && r.ok) {
             passed++;
             if (trace) {
@@ -98,9 +113,12 @@ int main(int argc, char **argv)
             continue;
         }
         failed++;
-        char bugs[32] = "";
+        char bugs[64] = "";
+        snprintf(bugs, sizeof(bugs), "%s%s%s", o.no_wipe ? " --no-wipe" : "",
+                 o.rollback ? " --rollback" : "", "");
         if (o.bugs != 0) {
-            snprintf(bugs, sizeof(bugs), " --bugs 0x%x", o.bugs);
+            size_t bl = strlen(bugs);
+            snprintf(bugs + bl, sizeof(bugs) - bl, " --bugs 0x%x", o.bugs);
         }
         printf("FAIL seed %" PRIu64
                ": %s\n  replay: build/prog/sim --seeds 1 "
@@ -112,8 +130,13 @@ int main(int argc, char **argv)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) +
                   (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    fprintf(stderr, "%.1f seeds/s, %" PRIu64 " requests acked\n",
-            secs > 0 ? (double)seeds / secs : 0.0, acked);
+    fprintf(stderr,
+            "%.1f seeds/s, %" PRIu64 " requests acked, %" PRIu64
+            " disks emptied (%" PRIu64 " in the scripted scenario), %" PRIu64
+            " re-admitted, %" PRIu64 " foreign messages dropped, %" PRIu64
+            " rollbacks\n",
+            secs > 0 ? (double)seeds / secs : 0.0, acked, wipes, scenarios,
+            readmitted, foreign, rollbacks);
     printf("%" PRIu64 " passed, %" PRIu64 " failed\n", passed, failed);
     return failed ? 1 : 0;
 }

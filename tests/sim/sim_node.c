@@ -316,7 +316,14 @@ void sim__node_step(struct sim *s,
                     const struct ida_raft_msg *m)
 {
     int rv = ida_raft_step(&nd->raft, m);
-    if (rv == IDA_EPROTO || rv == IDA_EINVAL) {
+    if (rv == IDA_EFOREIGN) {
+        /* Another incarnation of a member (raft/admission.h A2). */
+        s->res->foreign++;
+        sim__hash_in(s, 14, nd->id, m->from, m->from_inc);
+        sim__tracef(s,
+                    "node %u dropped a message of %u's incarnation %016" PRIx64,
+                    nd->id, m->from, m->from_inc);
+    } else if (rv == IDA_EPROTO || rv == IDA_EINVAL) {
         sim__violation(s,
                        "node %u rejected a message from %u (type %d term "
                        "%" PRIu64 "): %s",
@@ -343,6 +350,15 @@ void sim__node_sync(struct sim *s, struct node *nd)
         last_id = w->id;
     }
     sim__hash_in(s, 7, nd->id, last_id, n);
+    if (s->o.rollback && sim__chance(&s->rng, 3)) {
+        /* Keep a copy of the durable image: the "older copy of the disk"
+         * a rollback restarts from. */
+        sim__disk_free(&nd->old);
+        nd->has_old = sim__disk_copy(&nd->old, &nd->disk);
+        if (!nd->has_old) {
+            s->oom = true;
+        }
+    }
     for (size_t i = 0; i < n; i++) {
         struct write *w = &nd->writes[i];
         for (size_t k = 0; k < w->n_msgs; k++) {
@@ -377,7 +393,8 @@ int sim__node_start(struct sim *s, struct node *nd)
 {
     struct ida_raft_config cfg = {
         .id = nd->id,
-        .n_voters = (size_t)s->n_boot,
+        .n_voters = nd->boot.n,
+        .incarnation = nd->inc,
         .election_ticks = ELECTION_TICKS,
         .heartbeat_ticks = HEARTBEAT_TICKS,
         .seed = sim__rnd(&s->rng),
@@ -388,8 +405,10 @@ int sim__node_start(struct sim *s, struct node *nd)
         .snapshot_chunk_bytes = 40,
         .conf_decode = node_conf_decode,
     };
-    for (int k = 0; k < s->n_boot; k++) {
-        cfg.voters[k] = (ida_node_id)(k + 1);
+    IDA_ASSERT(nd->inc != 0 && nd->boot.n > 0 && !nd->needs_boot);
+    for (size_t k = 0; k < nd->boot.n; k++) {
+        cfg.voters[k] = nd->boot.voters[k];
+        cfg.voter_inc[k] = nd->boot.voter_inc[k];
     }
     struct disk *d = &nd->disk;
     struct ida_raft_restore st = {
@@ -443,4 +462,36 @@ void sim__node_crash(struct sim *s, struct node *nd)
     nd->sync_at = NEVER;
     nd->next_tick = NEVER;
     s->res->crashes++;
+}
+
+uint64_t sim__new_inc(struct sim *s)
+{
+    uint64_t inc;
+    do {
+        inc = sim__rnd(&s->rng);
+    } while (inc == 0);
+    return inc;
+}
+
+/* The disk is replaced: the node (crashed if it was up) comes back with an
+ * empty data directory, a new incarnation and no bootstrap membership yet
+ * (it learns one from a live peer when it restarts). */
+void sim__node_wipe(struct sim *s, struct node *nd)
+{
+    if (nd->up) {
+        sim__node_crash(s, nd);
+    }
+    sim__disk_free(&nd->lost);
+    nd->lost = nd->disk;
+    nd->lost_inc = nd->inc;
+    memset(&nd->disk, 0, sizeof(nd->disk));
+    sim__disk_free(&nd->old);
+    nd->has_old = false;
+    nd->inc = sim__new_inc(s);
+    memset(&nd->boot, 0, sizeof(nd->boot));
+    nd->needs_boot = true;
+    s->res->wipes++;
+    sim__hash_in(s, 15, nd->id, nd->inc, 0);
+    sim__tracef(s, "node %u disk emptied: new incarnation %016" PRIx64, nd->id,
+                nd->inc);
 }
