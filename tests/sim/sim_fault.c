@@ -99,6 +99,27 @@ static int propose_conf(struct sim *s,
     return ida_raft_propose(&ld->raft, IDA_ENTRY_CONFIG, buf, len, NULL, NULL);
 }
 
+/* Whether every running node's membership is the full cluster, with no
+ * learner and no re-admission under way: only then may a replacement start
+ * by removing a live voter, so that a re-admission and a replacement never
+ * leave a two-voter membership that one more death stops for good. */
+static bool confs_settled(const struct sim *s)
+{
+    if (s->rejoin != 0) {
+        return false;
+    }
+    for (int k = 0; k < s->n; k++) {
+        const struct node *u = &s->nodes[k];
+        if (u->up && !u->dead) {
+            const struct ida_raft_conf *c = ida_raft_voters(&u->raft);
+            if ((int)c->n != s->n_boot || c->n_learners != 0) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 /* Replace a node (dissertation §4.1/§4.2.1, one server at a time): remove a
  * voter (it dies for good); add a fresh node with an empty disk as a
  * learner; promote the learner to voter once it caught up. At most one
@@ -134,7 +155,7 @@ static void membership_change(struct sim *s, struct node *ld)
         added = (ida_node_id)(s->n + 1);
         s->nodes[s->n].inc = sim__new_inc(s);
         conf_add_learner(&next, added, s->nodes[s->n].inc);
-    } else if (cur->n > 1) {
+    } else if (cur->n > 1 && confs_settled(s)) {
         victim = cur->voters[sim__below(&s->rng, cur->n)];
     } else {
         return;
