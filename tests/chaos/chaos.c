@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +15,8 @@
 #define CLIENTS_MAX 32
 
 static const char *const fault_names[F_KINDS] = {
-    "kill",           "kill-leader", "pause",   "pause-leader",
-    "isolate-leader", "split",       "one-way", "restart-all"};
+    "kill",  "kill-leader", "pause",       "pause-leader", "isolate-leader",
+    "split", "one-way",     "restart-all", "wipe"};
 
 const char *chaos_fault_name(enum chaos_fault f)
 {
@@ -45,6 +46,10 @@ struct run
     pthread_mutex_t mu; /* guards leader_kills */
     uint64_t leader_kills[4096];
     unsigned n_leader_kills;
+    /* A wiped node not yet re-admitted: how many promotions the nodes had
+     * logged when it was wiped (re-admission ends with one more). */
+    int wipe_pending;
+    long promotions_at_wipe;
 };
 
 static uint64_t rnd(uint64_t *s)
@@ -187,6 +192,48 @@ static void isolate(struct run *x, int node, int both_ways)
     }
 }
 
+/* Promotions of a new incarnation logged by all nodes so far. */
+static long promotions(struct run *x)
+{
+    char out[64];
+    if (tc_run(
+            out, sizeof(out),
+            "cat %s/node*.log 2>/dev/null | grep -c 're-admitting.*0 learners'",
+            x->c.dir) > 1) {
+        return -1;
+    }
+    return atol(out);
+}
+
+/* Delete a follower's data directory and restart it empty, as after a
+ * replaced disk: the leader re-admits it (auto_rejoin). Only one at a time,
+ * and only when the previous one was re-admitted: two lost disks of three
+ * are a lost majority, which no system survives without losing data. */
+static bool wipe(struct run *x, int leader, int target)
+{
+    if (x->wipe_pending) {
+        long p = promotions(x);
+        if (p < 0 || p <= x->promotions_at_wipe) {
+            return false;
+        }
+        x->wipe_pending = 0;
+    }
+    if (leader < 0 || target == leader || x->c.pid[target] == 0) {
+        return false;
+    }
+    long p = promotions(x);
+    if (p < 0) {
+        return false;
+    }
+    tc_signal(&x->c, target, SIGKILL);
+    char out[64];
+    tc_run(out, sizeof(out), "rm -rf %s/data/node%d", x->c.dir, target + 1);
+    tc_spawn(&x->c, target);
+    x->wipe_pending = 1;
+    x->promotions_at_wipe = p;
+    return true;
+}
+
 static void fault(struct run *x, uint64_t *rng)
 {
     int n = x->c.n;
@@ -194,7 +241,10 @@ static void fault(struct run *x, uint64_t *rng)
     int r = (int)(rnd(rng) % 100);
     int target = (int)(rnd(rng) % (uint64_t)n);
     struct chaos_report *rep = x->r;
-    if (r < 50) { /* kill -9, the leader at least a third of the time */
+    if (r < 12 && wipe(x, leader, target)) {
+        rep->faults[F_WIPE]++;
+        nap(x, rng, 500, 1500);
+    } else if (r < 50) { /* kill -9, the leader at least a third of the time */
         int lead = leader >= 0 && rnd(rng) % 100 < 70;
         target = lead ? leader : target;
         if (lead) {

@@ -28,6 +28,7 @@ enum chaos_fault {
     F_SPLIT,
     F_ONE_WAY,
     F_RESTART_ALL,
+    F_WIPE, /* a follower's data directory deleted, the node restarted */
     F_KINDS
 };
 
