@@ -232,9 +232,9 @@ static const char **flag_slot(struct args *a, const char *flag)
     static const char *const names[] = {
         "--kind", "--size",    "--tag",      "--count", "--format",
         "--op",   "--clients", "--duration", "--pool",  "--to"};
-    const char **slots[] = {&a->kind,    &a->size,    &a->tag, &a->count,
-                            &a->format,  &a->op,      &a->clients,
-                            &a->duration, &a->pool,   &a->to};
+    const char **slots[] = {&a->kind,   &a->size, &a->tag,     &a->count,
+                            &a->format, &a->op,   &a->clients, &a->duration,
+                            &a->pool,   &a->to};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(flag, names[i]) == 0) {
             return slots[i];
@@ -658,8 +658,9 @@ static int parse_group(const char *name,
         }
     }
     if (out->cmd == IDA_CLI_HELP && sub[0] != '\0') {
-        return fail(errmsg, "%s: unknown subcommand \"%s\" (see idalloc %s "
-                            "--help)",
+        return fail(errmsg,
+                    "%s: unknown subcommand \"%s\" (see idalloc %s "
+                    "--help)",
                     name, sub, name);
     }
     return 0;

@@ -63,7 +63,7 @@ struct ida_cli
     unsigned clients;
     unsigned duration_s;
     int json;
-    int verbose; /* status --verbose */
+    int verbose;   /* status --verbose */
     unsigned node; /* member add/remove/promote ID, leader transfer --to */
 };
 

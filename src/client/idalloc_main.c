@@ -163,16 +163,17 @@ static int cmd_member_list(struct idalloc_client *c)
     }
     for (size_t i = 0; i < l->n; i++) {
         const struct idalloc_member *m = &l->members[i];
-        printf("id=%u role=%s incarnation=%016llx match=%llu connected=%s "
-               "peer=%s client=%s%s\n",
-               m->id,
-               m->waiting ? "waiting"
-               : m->voter ? "voter"
-                          : "learner",
-               (unsigned long long)m->incarnation,
-               (unsigned long long)m->match_index,
-               m->connected ? "yes" : "no", m->peer_addr, m->client_addr,
-               m->id == l->leader_id && !m->waiting ? " leader" : "");
+        printf(
+            "id=%u role=%s incarnation=%016llx match=%llu connected=%s "
+            "peer=%s client=%s%s\n",
+            m->id,
+            m->waiting ? "waiting"
+            : m->voter ? "voter"
+                       : "learner",
+            (unsigned long long)m->incarnation,
+            (unsigned long long)m->match_index, m->connected ? "yes" : "no",
+            m->peer_addr, m->client_addr,
+            m->id == l->leader_id && !m->waiting ? " leader" : "");
     }
     ida_free(l);
     return 0;
@@ -186,11 +187,10 @@ static int cmd_member_change(struct idalloc_client *c,
     static const char *const done[] = {"added", "removed", "promoted"};
     static const char *const already[] = {"already a member", "not a member",
                                           "already a voter"};
-    enum idalloc_member_op op = cli->cmd == IDA_CLI_MEMBER_ADD
-                                    ? IDALLOC_MEMBER_ADD
-                                : cli->cmd == IDA_CLI_MEMBER_REMOVE
-                                    ? IDALLOC_MEMBER_REMOVE
-                                    : IDALLOC_MEMBER_PROMOTE;
+    enum idalloc_member_op op =
+        cli->cmd == IDA_CLI_MEMBER_ADD      ? IDALLOC_MEMBER_ADD
+        : cli->cmd == IDA_CLI_MEMBER_REMOVE ? IDALLOC_MEMBER_REMOVE
+                                            : IDALLOC_MEMBER_PROMOTE;
     int k = cli->cmd == IDA_CLI_MEMBER_ADD      ? 0
             : cli->cmd == IDA_CLI_MEMBER_REMOVE ? 1
                                                 : 2;

@@ -370,8 +370,7 @@ int idalloc_member_list(struct idalloc_client *c,
     const Idalloc__MemberListResult *ml = r->result->member_list;
     out->leader_id = ml->leader_id;
     out->commit_index = ml->commit_index;
-    for (size_t k = 0; k < ml->n_members && out->n < IDALLOC_MEMBERS_MAX;
-         k++) {
+    for (size_t k = 0; k < ml->n_members && out->n < IDALLOC_MEMBERS_MAX; k++) {
         const Idalloc__MemberInfo *mi = ml->members[k];
         struct idalloc_member *m = &out->members[out->n++];
         m->id = mi->id;
@@ -393,8 +392,9 @@ int idalloc_member_change(struct idalloc_client *c,
                           int *changed)
 {
     if (op < IDALLOC_MEMBER_REMOVE || op > IDALLOC_MEMBER_PROMOTE || id == 0) {
-        return bad_args("member change: a known operation and a node id "
-                        "are needed");
+        return bad_args(
+            "member change: a known operation and a node id "
+            "are needed");
     }
     REQUEST(req);
     Idalloc__MemberChange mc = IDALLOC__MEMBER_CHANGE__INIT;
