@@ -271,9 +271,10 @@ enum idalloc_member_op {
  * learner not caught up (promote), and so on, with the reason in
  * idalloc_last_error(). Removing the leader hands leadership to a
  * caught-up voter first; the library then retries at the new leader.
- * Another change or a transfer under way: retried until the call deadline,
- * then IDA_EUNAVAIL (not carried out). IDA_ETIMEDOUT / IDA_ELEADERLOST:
- * outcome unknown, repeat the call to find out. */
+ * Another change or a transfer under way (IDA_EBUSY at the leader):
+ * retried until the call deadline, then IDA_ETIMEDOUT. IDA_ETIMEDOUT,
+ * IDA_ELEADERLOST: outcome unknown; repeating the call is safe (a change
+ * already made answers 0 with *changed = 0). */
 int idalloc_member_change(struct idalloc_client *c,
                           enum idalloc_member_op op,
                           unsigned id,
