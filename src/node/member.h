@@ -150,8 +150,15 @@ int node_rejoin_step(struct node_members *m,
  * change that committed). IDA_EBUSY (retryable) while another change or
  * transfer is under way; IDA_ELEADERLOST when leadership is lost before
  * the entry committed (outcome unknown; a retry finds out). A transfer is
- * answered when this node is no longer leader, or IDA_ETIMEDOUT after
- * three election timeouts. */
+ * answered when this node is no longer leader (and knows the new one), or
+ * IDA_EREFUSED when it still leads after three election timeouts.
+ *
+ * A node removed by an operator keeps its incarnation; note_incarnation
+ * does not re-admit a non-member that speaks with the incarnation a
+ * membership seen here last bound it to (node_members_may_readmit()).
+ * That memory is not durable: a leader that never saw the node in a
+ * membership since it started (it restarted after the removal) takes it
+ * for a replaced disk and, with auto_rejoin on, re-admits it. */
 
 /* Every peer message: node @id spoke with incarnation @inc. */
 void node_members_heard(struct node_members *m,
