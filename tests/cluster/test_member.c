@@ -110,7 +110,7 @@ Test(member, list_remove_readd_transfer, .fini = teardown, .timeout = 180)
     cr_assert_geq(lead, 0);
     int f = (lead + 1) % 3; /* removed and re-added */
     int g = (lead + 2) % 3; /* killed once f is back */
-    uint64_t f_inc = find(&l, (unsigned)f + 1, 0)->incarnation;
+    uint64_t f_inc = find(&l, (unsigned)f + 1, 0)->incarnation; /* above */
 
     /* Remove a follower: two voters; writes still work. */
     int changed = 0;
@@ -150,7 +150,9 @@ Test(member, list_remove_readd_transfer, .fini = teardown, .timeout = 180)
               "the re-added node was not promoted");
     cr_assert_eq(list_members(cl, &l, 10000), 0);
     cr_assert_eq(count_voters(&l), 3);
-    cr_assert_eq(find(&l, (unsigned)f + 1, 0)->incarnation, f_inc);
+    const struct idalloc_member *fm = find(&l, (unsigned)f + 1, 0);
+    cr_assert(fm != NULL);
+    cr_assert_eq(fm->incarnation, f_inc);
 
     /* It counts again: writes work with g down. */
     tc_signal(&c, g, SIGKILL);
@@ -175,7 +177,7 @@ Test(member, list_remove_readd_transfer, .fini = teardown, .timeout = 180)
         }
     }
     cr_assert_eq(rv, 0, "transfer: %s", idalloc_last_error());
-    int moved = 0;
+    int moved = got == (unsigned)to + 1; /* the old leader saw it */
     for (uint64_t end = tc_now_ms() + 20000; tc_now_ms() < end && !moved;) {
         moved = tc_wait_leader(&c, 2000) == to;
     }
@@ -259,8 +261,12 @@ Test(member, wiped_node_readmitted_by_hand, .fini = teardown, .timeout = 180)
               "re-admitted with auto_rejoin off:\n%s", out);
     struct idalloc_member_list l;
     cr_assert_eq(list_members(cl, &l, 10000), 0);
-    uint64_t new_inc = find(&l, (unsigned)w + 1, 1)->incarnation;
-    cr_assert_neq(new_inc, find(&l, (unsigned)w + 1, 0)->incarnation);
+    const struct idalloc_member *nw = find(&l, (unsigned)w + 1, 1);
+    const struct idalloc_member *old = find(&l, (unsigned)w + 1, 0);
+    cr_assert(nw != NULL && old != NULL, "node %d: no waiting line", w + 1);
+    uint64_t new_inc = nw->incarnation;
+    cr_assert_neq(new_inc, old->incarnation);
+    cr_assert(old->voter, "the old incarnation is still a voter");
 
     /* Adding it while the old incarnation is a member is refused. */
     int rc = tc_run(out, sizeof(out), "%s --config %s member add %d 2>&1",
@@ -289,7 +295,9 @@ Test(member, wiped_node_readmitted_by_hand, .fini = teardown, .timeout = 180)
     cr_assert_eq(rc, 0, "member promote: %s", out);
     cr_assert(cli_lists("voter", w + 1, out, sizeof(out)), "%s", out);
     cr_assert_eq(list_members(cl, &l, 10000), 0);
-    cr_assert_eq(find(&l, (unsigned)w + 1, 0)->incarnation, new_inc);
+    old = find(&l, (unsigned)w + 1, 0);
+    cr_assert(old != NULL && old->voter);
+    cr_assert_eq(old->incarnation, new_inc);
     cr_assert_null(find(&l, (unsigned)w + 1, 1), "still waiting");
 
     /* w counts: with o gone the cluster still serves, and every
