@@ -219,6 +219,76 @@ int idalloc_node_status(struct idalloc_client *c,
                         size_t i,
                         struct idalloc_node_status *out);
 
+/* --- membership (README, "Runbook") --------------------------------------
+ *
+ * Served by the leader (the library finds it). Only nodes of the cluster
+ * file can be members; new node ids and new addresses are not supported. */
+
+#define IDALLOC_MEMBERS_MAX 48
+
+struct idalloc_member
+{
+    unsigned id;
+    uint64_t incarnation; /* its data directory's; 0: not bound */
+    char peer_addr[64];   /* from the leader's cluster file */
+    char client_addr[64];
+    int voter;   /* 1: voter; 0: learner (or waiting) */
+    int waiting; /* 1: not a member with this incarnation: a cluster-file
+                  * node that spoke with it (a replaced data directory
+                  * waiting for re-admission, or a removed node) */
+    uint64_t match_index; /* the leader's replication progress */
+    int connected;        /* the leader has a connection to it */
+};
+
+struct idalloc_member_list
+{
+    unsigned leader_id;
+    uint64_t commit_index;
+    size_t n;
+    struct idalloc_member members[IDALLOC_MEMBERS_MAX];
+};
+
+/* The membership in effect at the leader: voters, then learners, then
+ * waiting nodes. Returns 0 or an error as for reads. */
+int idalloc_member_list(struct idalloc_client *c,
+                        struct idalloc_member_list *out);
+
+enum idalloc_member_op {
+    IDALLOC_MEMBER_REMOVE = 1,  /* voter or learner @id leaves */
+    IDALLOC_MEMBER_ADD = 2,     /* cluster-file node @id joins as a learner,
+                                 * bound to the incarnation it last spoke
+                                 * with; promoted automatically once caught
+                                 * up when the cluster file says
+                                 * auto_rejoin on */
+    IDALLOC_MEMBER_PROMOTE = 3, /* caught-up learner @id becomes a voter */
+};
+
+/* One single-server membership change. Returns 0 once the change
+ * committed (*changed = 1), or at once when the membership already is so
+ * (*changed = 0; so a retry of a change that committed succeeds); @changed
+ * may be NULL. IDA_EREFUSED (definite, nothing changed): the last voter,
+ * a node not in the cluster file, a node never heard from (add), a
+ * learner not caught up (promote), and so on, with the reason in
+ * idalloc_last_error(). Removing the leader hands leadership to a
+ * caught-up voter first; the library then retries at the new leader.
+ * Another change or a transfer under way (IDA_EBUSY at the leader):
+ * retried until the call deadline, then IDA_ETIMEDOUT. IDA_ETIMEDOUT,
+ * IDA_ELEADERLOST: outcome unknown; repeating the call is safe (a change
+ * already made answers 0 with *changed = 0). */
+int idalloc_member_change(struct idalloc_client *c,
+                          enum idalloc_member_op op,
+                          unsigned id,
+                          int *changed);
+
+/* Hand leadership to voter @to (0: any caught-up voter). Returns 0 once
+ * the old leader stepped down, *leader (may be NULL) the new leader (0 if
+ * not known yet); IDA_EREFUSED (definite: @to is not another voter, no
+ * voter is caught up, or the transfer did not complete within three
+ * election timeouts and the old leader still leads). */
+int idalloc_leader_transfer(struct idalloc_client *c,
+                            unsigned to,
+                            unsigned *leader);
+
 /* --- next() statistics, for tests and benchmarks ------------------------- */
 
 struct idalloc_next_stats

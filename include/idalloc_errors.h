@@ -53,7 +53,8 @@ extern "C" {
     X(IDA_ECLOSED, 24, UNKNOWN, "connection closed, outcome unknown")     \
     X(IDA_EEXIST, 25, DEFINITE, "already exists")                         \
     X(IDA_EINTERNAL, 26, INTERNAL, "internal error")                      \
-    X(IDA_ELOSTSTATE, 27, INTERNAL, "data directory lost its state")
+    X(IDA_ELOSTSTATE, 27, INTERNAL, "data directory lost its state")      \
+    X(IDA_EREFUSED, 28, DEFINITE, "membership change refused")
 
 enum ida_err {
     IDA_OK = 0,

@@ -24,6 +24,10 @@ static const char usage_all[] =
     "errors)\n"
     "  bench --op alloc|reserve|next|prefix --pool POOL --clients C\n"
     "        --duration SECONDS [--count N] [--json]\n"
+    "  member list                   one line per member (and waiting node)\n"
+    "  member add|remove|promote ID  change the membership (README, "
+    "Runbook)\n"
+    "  leader transfer [--to ID]     hand leadership to another voter\n"
     "\n"
     "options:\n"
     "  --cluster ADDR,...  client addresses of nodes (default: "
@@ -110,6 +114,51 @@ static const char *const usage_cmd[] = {
         "is "
         "refused\nbefore the run (exit 1); a run in which no request succeeded "
         "exits 1\n(definite errors) or 3 (outcomes unknown).\n",
+    [IDA_CLI_MEMBER_LIST] =
+        "usage: idalloc member list\n"
+        "       idalloc member add|remove|promote ID\n"
+        "Ask the leader for the membership in effect; print one line per "
+        "member:\n"
+        "  id=ID role=voter|learner incarnation=HEX match=INDEX "
+        "connected=yes|no\n"
+        "  peer=ADDR client=ADDR\n"
+        "then one line with role=waiting per cluster-file node that is not a "
+        "member\nwith the incarnation it speaks with (a replaced data "
+        "directory waiting\nfor re-admission, or a removed node). match is "
+        "the leader's replication\nprogress. Only nodes of the cluster file "
+        "can be members (README, Runbook).\n",
+    [IDA_CLI_MEMBER_ADD] =
+        "usage: idalloc member add ID\n"
+        "Add cluster-file node ID as a learner, bound to the incarnation it "
+        "last\nspoke with (it must be running). With `auto_rejoin on` in the "
+        "cluster file\nthe leader promotes it to voter once caught up; else "
+        "use `member promote`.\nPrints \"added\" once the change committed, "
+        "or \"already a member\".\nexit codes: 0 done; 1 refused (reason on "
+        "stderr); 2 usage; 3 outcome\nunknown or no leader: retrying is "
+        "safe.\n",
+    [IDA_CLI_MEMBER_REMOVE] =
+        "usage: idalloc member remove ID\n"
+        "Remove member ID (voter or learner). The last voter cannot be "
+        "removed.\nRemoving the leader hands leadership to a caught-up voter "
+        "first; the new\nleader removes it. A removed node keeps running "
+        "and is listed as waiting;\nit is not re-admitted until `member "
+        "add`. Prints \"removed\" once the\nchange committed, or \"not a "
+        "member\".\nexit codes: 0 done; 1 refused; 2 usage; 3 outcome "
+        "unknown or no leader.\n",
+    [IDA_CLI_MEMBER_PROMOTE] =
+        "usage: idalloc member promote ID\n"
+        "Make learner ID a voter. Refused (exit 1) while it has not caught "
+        "up\n(its match index, in `member list`, is below the commit index). "
+        "Prints\n\"promoted\" once the change committed, or \"already a "
+        "voter\".\nexit codes: 0 done; 1 refused; 2 usage; 3 outcome unknown "
+        "or no leader.\n",
+    [IDA_CLI_LEADER_TRANSFER] =
+        "usage: idalloc leader transfer [--to ID]\n"
+        "Hand leadership to voter ID (default: a caught-up voter). Prints\n"
+        "\"leader=N\" once the old leader stepped down (N: the new leader, 0 "
+        "if not\nknown yet). exit codes: 0 done; 1 refused or the transfer "
+        "did not complete\n(the old leader still leads); 2 usage; 3 no "
+        "leader reachable.\n",
 };
 
 const char *ida_cli_usage(enum ida_cli_cmd cmd)
@@ -172,7 +221,7 @@ struct args
     const char *pos[4];
     int npos;
     const char *kind, *size, *tag, *count, *format, *op, *pool, *clients,
-        *duration;
+        *duration, *to;
     int json;
     int verbose;
 };
@@ -180,12 +229,12 @@ struct args
 /* Flags that take a value, and where it goes. */
 static const char **flag_slot(struct args *a, const char *flag)
 {
-    static const char *const names[] = {"--kind",  "--size",    "--tag",
-                                        "--count", "--format",  "--op",
-                                        "--pool",  "--clients", "--duration"};
-    const char **slots[] = {&a->kind,  &a->size,    &a->tag,
-                            &a->count, &a->format,  &a->op,
-                            &a->pool,  &a->clients, &a->duration};
+    static const char *const names[] = {
+        "--kind", "--size",    "--tag",      "--count", "--format",
+        "--op",   "--clients", "--duration", "--pool",  "--to"};
+    const char **slots[] = {&a->kind,   &a->size, &a->tag,     &a->count,
+                            &a->format, &a->op,   &a->clients, &a->duration,
+                            &a->pool,   &a->to};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(flag, names[i]) == 0) {
             return slots[i];
@@ -249,6 +298,7 @@ enum {
     F_FORMAT = 16,
     F_BENCH = 32,
     F_VERBOSE = 64,
+    F_TO = 128,
 };
 
 static int check_flags(const struct args *a,
@@ -269,7 +319,8 @@ static int check_flags(const struct args *a,
              {a->op, F_BENCH, "--op"},
              {a->pool, F_BENCH, "--pool"},
              {a->clients, F_BENCH, "--clients"},
-             {a->duration, F_BENCH, "--duration"}};
+             {a->duration, F_BENCH, "--duration"},
+             {a->to, F_TO, "--to"}};
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
         if (f[i].v != NULL && (allowed & f[i].bit) == 0) {
             return fail(errmsg, "%s: %s does not apply", cmd, f[i].name);
@@ -430,10 +481,49 @@ static int parse_tagged(struct args *a,
     return 0;
 }
 
+static int parse_node_id(const char *s,
+                         const char *cmd,
+                         unsigned *out,
+                         char *errmsg)
+{
+    uint64_t v;
+    if (parse_u64(s, &v) != 0 || v == 0 || v > UINT32_MAX) {
+        return fail(errmsg, "%s: bad node id \"%s\" (1 to %u)", cmd, s,
+                    (unsigned)UINT32_MAX);
+    }
+    *out = (unsigned)v;
+    return 0;
+}
+
+static int parse_member(struct args *a, struct ida_cli *c, char *errmsg)
+{
+    static const char *const names[] = {"member list", "member add",
+                                        "member remove", "member promote"};
+    const char *cmd = names[c->cmd - IDA_CLI_MEMBER_LIST];
+    int rv = check_flags(a, 0, cmd, errmsg);
+    if (c->cmd == IDA_CLI_MEMBER_LIST) {
+        return rv != 0 ? rv : want_pos(a, 0, cmd, errmsg);
+    }
+    rv = rv != 0 ? rv : want_pos(a, 1, cmd, errmsg);
+    return rv != 0 ? rv : parse_node_id(a->pos[0], cmd, &c->node, errmsg);
+}
+
 static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
 {
     int rv;
     switch (c->cmd) {
+        case IDA_CLI_MEMBER_LIST:
+        case IDA_CLI_MEMBER_ADD:
+        case IDA_CLI_MEMBER_REMOVE:
+        case IDA_CLI_MEMBER_PROMOTE:
+            return parse_member(a, c, errmsg);
+        case IDA_CLI_LEADER_TRANSFER:
+            rv = check_flags(a, F_TO, "leader transfer", errmsg);
+            rv = rv != 0 ? rv : want_pos(a, 0, "leader transfer", errmsg);
+            if (rv == 0 && a->to != NULL) {
+                rv = parse_node_id(a->to, "leader transfer", &c->node, errmsg);
+            }
+            return rv;
         case IDA_CLI_POOL_CREATE:
             return parse_pool_create(a, c, errmsg);
         case IDA_CLI_ALLOC:
@@ -545,6 +635,37 @@ static int parse_globals(int argc,
     return 0;
 }
 
+/* `member SUB` and `leader SUB`: out->cmd, or IDA_CLI_HELP when @sub is
+ * "" or --help follows (the group's usage). */
+static int parse_group(const char *name,
+                       const char *sub,
+                       struct ida_cli *out,
+                       char *errmsg)
+{
+    static const struct cmd_name subs[] = {
+        {"member list", IDA_CLI_MEMBER_LIST},
+        {"member add", IDA_CLI_MEMBER_ADD},
+        {"member remove", IDA_CLI_MEMBER_REMOVE},
+        {"member promote", IDA_CLI_MEMBER_PROMOTE},
+        {"leader transfer", IDA_CLI_LEADER_TRANSFER},
+    };
+    char full[64];
+    snprintf(full, sizeof(full), "%s %s", name, sub);
+    out->cmd = IDA_CLI_HELP;
+    for (size_t k = 0; k < sizeof(subs) / sizeof(subs[0]); k++) {
+        if (strcmp(full, subs[k].name) == 0) {
+            out->cmd = subs[k].cmd;
+        }
+    }
+    if (out->cmd == IDA_CLI_HELP && sub[0] != '\0') {
+        return fail(errmsg,
+                    "%s: unknown subcommand \"%s\" (see idalloc %s "
+                    "--help)",
+                    name, sub, name);
+    }
+    return 0;
+}
+
 int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
 {
     memset(out, 0, sizeof(*out));
@@ -558,7 +679,34 @@ int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
         return fail(errmsg, "no command (see idalloc --help)");
     }
     const char *name = argv[i++];
-    if (strcmp(name, "pool") == 0) {
+    const char *sub = i < argc && argv[i][0] != '-' ? argv[i] : "";
+    char full[64] = "";
+    if (strcmp(name, "member") == 0 || strcmp(name, "leader") == 0) {
+        rv = parse_group(name, sub, out, errmsg);
+        if (rv != 0) {
+            return rv;
+        }
+        snprintf(full, sizeof(full), "%s %s", name, sub);
+        if (out->cmd != IDA_CLI_HELP) {
+            i++;
+            name = full;
+        } else {
+            int help = 0;
+            for (int k = i; k < argc; k++) {
+                help |= is_help(argv[k]);
+            }
+            if (!help) {
+                return fail(errmsg,
+                            "%s: a subcommand is needed (see idalloc %s "
+                            "--help)",
+                            name, name);
+            }
+            out->help_for = strcmp(name, "member") == 0
+                                ? IDA_CLI_MEMBER_LIST
+                                : IDA_CLI_LEADER_TRANSFER;
+            return 0;
+        }
+    } else if (strcmp(name, "pool") == 0) {
         out->cmd = IDA_CLI_POOL_CREATE;
     } else if (strcmp(name, "help") == 0) {
         out->cmd = IDA_CLI_HELP;

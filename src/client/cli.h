@@ -30,6 +30,11 @@ enum ida_cli_cmd {
     IDA_CLI_STATUS,
     IDA_CLI_BENCH,
     IDA_CLI_VERSION, /* --version */
+    IDA_CLI_MEMBER_LIST,
+    IDA_CLI_MEMBER_ADD,
+    IDA_CLI_MEMBER_REMOVE,
+    IDA_CLI_MEMBER_PROMOTE,
+    IDA_CLI_LEADER_TRANSFER,
 };
 
 enum ida_cli_bench_op {
@@ -58,7 +63,8 @@ struct ida_cli
     unsigned clients;
     unsigned duration_s;
     int json;
-    int verbose; /* status --verbose */
+    int verbose;   /* status --verbose */
+    unsigned node; /* member add/remove/promote ID, leader transfer --to */
 };
 
 /* Parse argv (argv[0] is the program). Returns 0 or IDA_EINVAL with a

@@ -150,6 +150,59 @@ static int cmd_status(struct idalloc_client *c, int verbose)
     return 0;
 }
 
+static int cmd_member_list(struct idalloc_client *c)
+{
+    struct idalloc_member_list *l = ida_malloc(sizeof(*l));
+    if (l == NULL) {
+        return report_error("member list", IDA_ENOMEM);
+    }
+    int rv = idalloc_member_list(c, l);
+    if (rv != 0) {
+        ida_free(l);
+        return report_error("member list", rv);
+    }
+    for (size_t i = 0; i < l->n; i++) {
+        const struct idalloc_member *m = &l->members[i];
+        printf(
+            "id=%u role=%s incarnation=%016llx match=%llu connected=%s "
+            "peer=%s client=%s%s\n",
+            m->id,
+            m->waiting ? "waiting"
+            : m->voter ? "voter"
+                       : "learner",
+            (unsigned long long)m->incarnation,
+            (unsigned long long)m->match_index, m->connected ? "yes" : "no",
+            m->peer_addr, m->client_addr,
+            m->id == l->leader_id && !m->waiting ? " leader" : "");
+    }
+    ida_free(l);
+    return 0;
+}
+
+static int cmd_member_change(struct idalloc_client *c,
+                             const struct ida_cli *cli)
+{
+    static const char *const what[] = {"member add", "member remove",
+                                       "member promote"};
+    static const char *const done[] = {"added", "removed", "promoted"};
+    static const char *const already[] = {"already a member", "not a member",
+                                          "already a voter"};
+    enum idalloc_member_op op =
+        cli->cmd == IDA_CLI_MEMBER_ADD      ? IDALLOC_MEMBER_ADD
+        : cli->cmd == IDA_CLI_MEMBER_REMOVE ? IDALLOC_MEMBER_REMOVE
+                                            : IDALLOC_MEMBER_PROMOTE;
+    int k = cli->cmd == IDA_CLI_MEMBER_ADD      ? 0
+            : cli->cmd == IDA_CLI_MEMBER_REMOVE ? 1
+                                                : 2;
+    int changed = 0;
+    int rv = idalloc_member_change(c, op, cli->node, &changed);
+    if (rv != 0) {
+        return report_error(what[k], rv);
+    }
+    puts(changed ? done[k] : already[k]);
+    return 0;
+}
+
 static int run(struct idalloc_client *c, const struct ida_cli *cli)
 {
     uint64_t id, first;
@@ -212,6 +265,20 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
         case IDA_CLI_BENCH:
             rv = ida_bench_run(c, cli);
             return rv != 0 ? idalloc_exit_code(rv) : 0;
+        case IDA_CLI_MEMBER_LIST:
+            return cmd_member_list(c);
+        case IDA_CLI_MEMBER_ADD:
+        case IDA_CLI_MEMBER_REMOVE:
+        case IDA_CLI_MEMBER_PROMOTE:
+            return cmd_member_change(c, cli);
+        case IDA_CLI_LEADER_TRANSFER: {
+            unsigned leader = 0;
+            rv = idalloc_leader_transfer(c, cli->node, &leader);
+            if (rv == 0) {
+                printf("leader=%u\n", leader);
+            }
+            return rv != 0 ? report_error("leader transfer", rv) : 0;
+        }
         case IDA_CLI_HELP:
         case IDA_CLI_VERSION:
             break;

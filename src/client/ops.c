@@ -351,6 +351,88 @@ int idalloc_node_status(struct idalloc_client *c,
     return rv;
 }
 
+int idalloc_member_list(struct idalloc_client *c,
+                        struct idalloc_member_list *out)
+{
+    if (out == NULL) {
+        return bad_args("member list: out is needed");
+    }
+    memset(out, 0, sizeof(*out));
+    REQUEST(req);
+    Idalloc__MemberList op = IDALLOC__MEMBER_LIST__INIT;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_MEMBER_LIST;
+    req.member_list = &op;
+    Idalloc__ClientResponse *r;
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_MEMBER_LIST, &r);
+    if (rv != 0) {
+        return rv;
+    }
+    const Idalloc__MemberListResult *ml = r->result->member_list;
+    out->leader_id = ml->leader_id;
+    out->commit_index = ml->commit_index;
+    for (size_t k = 0; k < ml->n_members && out->n < IDALLOC_MEMBERS_MAX; k++) {
+        const Idalloc__MemberInfo *mi = ml->members[k];
+        struct idalloc_member *m = &out->members[out->n++];
+        m->id = mi->id;
+        m->incarnation = mi->incarnation;
+        copy_str(m->peer_addr, sizeof(m->peer_addr), mi->peer_addr);
+        copy_str(m->client_addr, sizeof(m->client_addr), mi->client_addr);
+        m->voter = mi->voter;
+        m->waiting = mi->waiting;
+        m->match_index = mi->match_index;
+        m->connected = mi->connected;
+    }
+    idalloc__client_response__free_unpacked(r, NULL);
+    return 0;
+}
+
+int idalloc_member_change(struct idalloc_client *c,
+                          enum idalloc_member_op op,
+                          unsigned id,
+                          int *changed)
+{
+    if (op < IDALLOC_MEMBER_REMOVE || op > IDALLOC_MEMBER_PROMOTE || id == 0) {
+        return bad_args(
+            "member change: a known operation and a node id "
+            "are needed");
+    }
+    REQUEST(req);
+    Idalloc__MemberChange mc = IDALLOC__MEMBER_CHANGE__INIT;
+    mc.op = (Idalloc__MemberChange__Op)op;
+    mc.id = id;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_MEMBER_CHANGE;
+    req.member_change = &mc;
+    Idalloc__ClientResponse *r;
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_MEMBER_CHANGE, &r);
+    if (rv == 0) {
+        if (changed != NULL) {
+            *changed = r->result->member_change->changed;
+        }
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    return rv;
+}
+
+int idalloc_leader_transfer(struct idalloc_client *c,
+                            unsigned to,
+                            unsigned *leader)
+{
+    REQUEST(req);
+    Idalloc__LeaderTransfer lt = IDALLOC__LEADER_TRANSFER__INIT;
+    lt.to = to;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_LEADER_TRANSFER;
+    req.leader_transfer = &lt;
+    Idalloc__ClientResponse *r;
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LEADER_TRANSFER, &r);
+    if (rv == 0) {
+        if (leader != NULL) {
+            *leader = r->result->leader_transfer->leader_id;
+        }
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    return rv;
+}
+
 void idalloc_format_hex(uint64_t id, char *buf)
 {
     static const char digits[] = "0123456789abcdef";

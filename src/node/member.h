@@ -68,6 +68,22 @@ struct node_members
     /* Foreign incarnations already logged (one line each). */
     ida_node_id warned_id;
     uint64_t warned_inc;
+    /* Operator commands (src/node/member_ops.c). By index in the cluster
+     * file: the incarnation each node last spoke with (any peer message),
+     * and the last one a membership in effect here bound it to. */
+    uint64_t announced[IDA_CONFIG_NODES_MAX];
+    uint64_t last_bound[IDA_CONFIG_NODES_MAX];
+    /* The one membership change or transfer a client waits for. */
+    struct
+    {
+        int kind; /* 0: none; 1: change; 2: transfer */
+        uint64_t conn, seq;
+        ida_index index;
+        ida_term term;
+        uint64_t inc;
+        ida_node_id to;
+        uint64_t started_ms;
+    } op;
 };
 
 /* Encode @c as an idalloc.ClusterConfig with the cluster file's addresses
@@ -108,5 +124,74 @@ int node_rejoin_step(struct node_members *m,
                      const struct ida_raft *r,
                      uint64_t now_ms,
                      struct ida_raft_conf *out);
+
+/* --- operator commands (src/node/member_ops.c) ---------------------------
+ *
+ * MemberList, MemberChange and LeaderTransfer client requests, served by
+ * the leader (raft_proc answers NOT_LEADER elsewhere).
+ *
+ *  - list: every member of the membership in effect (incarnation, cluster
+ *    file addresses, voter or learner, the leader's match index, connected),
+ *    then every cluster-file node that is not a member but spoke with an
+ *    incarnation (waiting: a new data directory, or a removed node).
+ *  - remove ID: the membership without ID. Refused (IDA_EREFUSED) for the
+ *    last voter. ID being this leader: leadership is handed to a caught-up
+ *    voter first and the request is answered IDA_ENOTLEADER (retryable: the
+ *    library retries it at the new leader, which removes ID).
+ *  - add ID: a cluster-file node that is not a member becomes a learner
+ *    bound to the incarnation it last spoke with (IDA_EREFUSED if none was
+ *    heard). With auto_rejoin on, the leader promotes it once caught up.
+ *  - promote ID: a learner whose match index reached the commit index
+ *    becomes a voter (IDA_EREFUSED with the reason otherwise).
+ *  - transfer [to]: ida_raft_transfer() to @to or a caught-up voter.
+ *
+ * A change is answered when its entry committed (changed = true), or at
+ * once when the membership is already so (changed = false: a retry of a
+ * change that committed). IDA_EBUSY (retryable) while another change or
+ * transfer is under way; IDA_ELEADERLOST when leadership is lost before
+ * the entry committed (outcome unknown; a retry finds out). A transfer is
+ * answered when this node is no longer leader (and knows the new one), or
+ * IDA_EREFUSED when it still leads after three election timeouts.
+ *
+ * A node removed by an operator keeps its incarnation; note_incarnation
+ * does not re-admit a non-member that speaks with the incarnation a
+ * membership seen here last bound it to (node_members_may_readmit()).
+ * That memory is not durable: a leader that never saw the node in a
+ * membership since it started (it restarted after the removal) takes it
+ * for a replaced disk and, with auto_rejoin on, re-admits it. */
+
+/* Every peer message: node @id spoke with incarnation @inc. */
+void node_members_heard(struct node_members *m,
+                        const struct ida_node *n,
+                        ida_node_id id,
+                        uint64_t inc);
+
+/* Each round: track the membership in effect; with auto_rejoin, pick a
+ * learner to promote. */
+void node_members_track(struct node_members *m,
+                        const struct ida_node *n,
+                        const struct ida_raft *r);
+
+/* Whether @id is a cluster-file node that was not removed by an operator
+ * with this incarnation (note_incarnation may re-admit it on its own). */
+bool node_members_may_readmit(const struct node_members *m,
+                              const struct ida_node *n,
+                              ida_node_id id,
+                              uint64_t inc);
+
+/* Serve a membership request (@req: member_list, member_change or
+ * leader_transfer) from connection @conn; answers now or later
+ * (node_members_settle()). */
+void node_members_request(struct node_members *m,
+                          struct ida_node *n,
+                          struct ida_raft *r,
+                          const int *peer_up,
+                          uint64_t conn,
+                          const Idalloc__ClientRequest *req);
+
+/* Answer the waiting change or transfer once its outcome is known. */
+void node_members_settle(struct node_members *m,
+                         struct ida_node *n,
+                         const struct ida_raft *r);
 
 #endif /* IDA_NODE_MEMBER_H */

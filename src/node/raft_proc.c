@@ -559,6 +559,13 @@ static int is_write(Idalloc__ClientRequest__OpCase op)
            op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
 }
 
+static int is_member_op(Idalloc__ClientRequest__OpCase op)
+{
+    return op == IDALLOC__CLIENT_REQUEST__OP_MEMBER_LIST ||
+           op == IDALLOC__CLIENT_REQUEST__OP_MEMBER_CHANGE ||
+           op == IDALLOC__CLIENT_REQUEST__OP_LEADER_TRANSFER;
+}
+
 static void ask_read(struct raft_proc *rp, struct pending_read *pr)
 {
     int rv = ida_raft_read_index(&rp->raft, pr->ctx);
@@ -642,6 +649,9 @@ static void on_client(struct raft_proc *rp,
     } else if (req->client_id.len != IDA_CLIENT_ID_BYTES) {
         err = IDA_EINVAL;
         why = "client_id must be 16 bytes";
+    } else if (is_member_op(req->op_case)) {
+        node_members_request(&rp->mem, rp->node, &rp->raft, rp->peer_up,
+                             c->conn, req);
     } else if (!is_write(req->op_case)) {
         add_read(rp, c->conn, req);
         req = NULL;
@@ -715,14 +725,9 @@ static void note_incarnation(struct raft_proc *rp, unsigned id, uint64_t inc)
     if (inc == 0 || (member && (bound == 0 || bound == inc))) {
         return;
     }
-    if (!member && rp->mem.rejoin_id != id) {
-        bool in_file = false;
-        for (unsigned i = 0; i < rp->node->cfg.node_count; i++) {
-            in_file |= rp->node->cfg.nodes[i].id == id;
-        }
-        if (!in_file) {
-            return;
-        }
+    if (!member && rp->mem.rejoin_id != id &&
+        !node_members_may_readmit(&rp->mem, rp->node, id, inc)) {
+        return; /* not in the file, or removed with this incarnation */
     }
     if (rp->mem.warned_id != id || rp->mem.warned_inc != inc) {
         rp->mem.warned_id = id;
@@ -837,6 +842,7 @@ static void on_peer(struct raft_proc *rp,
 {
     struct ida_raft_msg m;
     struct ida_entry *entries = NULL;
+    node_members_heard(&rp->mem, rp->node, pb->from, pb->from_incarnation);
     if (pb->msg_case == IDALLOC__PEER_MESSAGE__MSG_HELLO) {
         on_hello(rp, s, pb);
     } else if (rp->mem.joining) {
@@ -988,8 +994,12 @@ static void raft_ping(void *state, struct ida_sender *s)
     if (rp->mem.joining || !ida_raft_admitted(&rp->raft)) {
         hello_all(rp, now);
     }
+    if (!rp->mem.joining) {
+        node_members_track(&rp->mem, rp->node, &rp->raft);
+    }
     rejoin_step(rp, now);
     drive(rp, s);
+    node_members_settle(&rp->mem, rp->node, &rp->raft);
     /* Reads that could not start yet, or whose leader is gone. */
     for (size_t i = 0; i < rp->n_reads; i++) {
         if (!rp->reads[i].asked) {

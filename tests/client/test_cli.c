@@ -178,3 +178,39 @@ Test(cli, conventions)
         "(1 to 16777216)");
     bad("next s --count 10000001", "(1 to 10000000)");
 }
+
+Test(cli, membership)
+{
+    cr_assert_eq(parse("member list"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_MEMBER_LIST);
+    cr_assert_eq(parse("member add 3"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_MEMBER_ADD);
+    cr_assert_eq(cli.node, 3);
+    cr_assert_eq(parse("--config c.conf member remove 2"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_MEMBER_REMOVE);
+    cr_assert_eq(cli.node, 2);
+    cr_assert_eq(parse("member promote 1"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_MEMBER_PROMOTE);
+    cr_assert_eq(parse("leader transfer"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_LEADER_TRANSFER);
+    cr_assert_eq(cli.node, 0);
+    cr_assert_eq(parse("leader transfer --to 2"), 0, "%s", err);
+    cr_assert_eq(cli.node, 2);
+    cr_assert_eq(parse("member add --help"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_HELP);
+    cr_assert_eq(cli.help_for, IDA_CLI_MEMBER_ADD);
+    cr_assert_eq(parse("member --help"), 0, "%s", err);
+    cr_assert_eq(cli.help_for, IDA_CLI_MEMBER_LIST);
+    cr_assert_eq(parse("leader transfer -h"), 0, "%s", err);
+    cr_assert_eq(cli.help_for, IDA_CLI_LEADER_TRANSFER);
+    cr_assert(strstr(ida_cli_usage(IDA_CLI_MEMBER_PROMOTE), "caught") != NULL);
+    bad("member", "a subcommand is needed");
+    bad("member join 2", "unknown subcommand");
+    bad("member add", "expected 1 argument");
+    bad("member add 0", "bad node id");
+    bad("member remove x", "bad node id");
+    bad("member list 2", "expected 0 arguments");
+    bad("member add 2 --to 3", "--to does not apply");
+    bad("leader transfer --to 0", "bad node id");
+    bad("leader elect", "unknown subcommand");
+}
