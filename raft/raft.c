@@ -69,8 +69,10 @@ static int step_role(struct ida_raft *r, const struct ida_raft_msg *m)
                        ? ida__raft_handle_snapshot_response(r, m)
                        : 0;
         case IDA_RAFT_MSG_TIMEOUT_NOW:
-            /* §3.10: the leader asks us to start an election at once. */
-            if (r->role == IDA_RAFT_FOLLOWER && ida__raft_promotable(r)) {
+            /* §3.10: the leader asks us to start an election at once; only
+             * the leader we follow in this term may. */
+            if (r->role == IDA_RAFT_FOLLOWER && r->leader == m->from &&
+                ida__raft_promotable(r)) {
                 ida__raft_campaign(r, false, true);
             }
             return 0;
