@@ -447,8 +447,9 @@ static struct ida_raft_msg garbage(ida_node_id from, ida_node_id to)
         case IDA_RAFT_MSG_APPEND_ENTRIES: {
             struct ida_raft_append_entries *ae = &m.u.append_entries;
             ae->prev_log_index = pick_index(last);
-            ae->prev_log_term = rnd() % 2 ? ida_raft_term_at(r, ae->prev_log_index)
-                                          : pick_term(cur);
+            ae->prev_log_term = rnd() % 2
+                                    ? ida_raft_term_at(r, ae->prev_log_index)
+                                    : pick_term(cur);
             ae->commit_index = pick_index(last);
             ae->read_ctx = rnd() % 2 ? rnd() : 0;
             ae->n_entries = rnd() % 9;
@@ -525,9 +526,9 @@ static void check_committed(void)
 
 static void assert_code(int rv)
 {
-    cr_assert(rv == 0 || rv == IDA_EINVAL || rv == IDA_EPROTO ||
-                  rv == IDA_EFOREIGN,
-              "rv %d", rv);
+    cr_assert(
+        rv == 0 || rv == IDA_EINVAL || rv == IDA_EPROTO || rv == IDA_EFOREIGN,
+        "rv %d", rv);
 }
 
 /* A non-member (id 4, never in the membership) sends thousands of random
@@ -627,8 +628,8 @@ Test(raft_hostile, members_with_wrong_fields_change_nothing)
                     m.u.install_snapshot.data = g_data;
                     m.u.install_snapshot.len = 1 + rnd() % 8;
                     m.u.install_snapshot.total_size =
-                        m.u.install_snapshot.offset +
-                        m.u.install_snapshot.len - 1;
+                        m.u.install_snapshot.offset + m.u.install_snapshot.len -
+                        1;
                     break;
                 case 5:
                     /* To the leader, in its term: past its log. */
