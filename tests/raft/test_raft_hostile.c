@@ -277,6 +277,40 @@ Test(raft_hostile, snapshot_chunks_only_in_order_and_consistent)
     cr_assert_eq(memcmp(H.r[2].snap_data, d, 16), 0);
 }
 
+Test(raft_hostile, snapshot_response_past_the_snapshot_is_dropped)
+{
+    running(2);
+    h_isolate(3);
+    h_propose(1, 20);
+    h_deliver_all();
+    const uint8_t data[] = "a snapshot of 24 bytes..";
+    ida_index s = ida_raft_commit(&H.r[1]);
+    cr_assert_eq(ida_raft_compact(&H.r[1], s, data, sizeof(data)), 0);
+    h_heal();
+    h_drop_all();
+    h_tick(1, 1); /* the heartbeat finds the log compacted: snapshot mode */
+    const struct ida_raft_progress *pr = ida_raft_progress_of(&H.r[1], 3);
+    cr_assert_eq(pr->state, IDA_RAFT_SNAPSHOT);
+    ida_term t = ida_raft_term(&H.r[1]);
+    struct snap before = snap_of(1);
+    struct ida_raft_msg m = msg(IDA_RAFT_MSG_SNAPSHOT_RESPONSE, 3, 1, t);
+    m.u.snapshot_response.success = true;
+    m.u.snapshot_response.last_index = s + 1;
+    cr_assert_eq(inject(1, &m), IDA_EPROTO, "a snapshot never sent");
+    m.u.snapshot_response.last_index = s;
+    m.u.snapshot_response.next_offset = sizeof(data) + 1;
+    cr_assert_eq(inject(1, &m), IDA_EPROTO, "past the snapshot's end");
+    m.u.snapshot_response.next_offset = UINT64_MAX;
+    cr_assert_eq(inject(1, &m), IDA_EINVAL);
+    cr_assert_eq(pr->state, IDA_RAFT_SNAPSHOT);
+    cr_assert_eq(pr->snap_offset, 0);
+    assert_same(1, &before, "bad snapshot responses");
+    /* The follower still gets the snapshot and the log. */
+    settle(10);
+    cr_assert_eq(H.disk[3].snap_index, s);
+    cr_assert_eq(ida_raft_commit(&H.r[3]), ida_raft_last_index(&H.r[1]));
+}
+
 /* --- AppendEntries to a follower ----------------------------------------- */
 
 Test(raft_hostile, entries_must_follow_prev_and_the_term)
