@@ -105,6 +105,11 @@ static bool record_vote(struct ida_raft *r,
 void ida__raft_campaign(struct ida_raft *r, bool pre, bool transfer)
 {
     ida_term vote_term;
+    if (r->term >= IDA_RAFT_TERM_MAX) {
+        /* The term space is used up (only a peer could have brought us
+         * here): term + 1 would be refused by everyone, or wrap. */
+        return;
+    }
     if (pre) {
         /* §9.6 pre-vote: ask first whether we could win, without touching
          * the term, so a partitioned node cannot disrupt the cluster. */

@@ -77,16 +77,16 @@ void ida__raft_broadcast_append(struct ida_raft *r, bool allow_empty);
 void ida__raft_tick_heartbeat_peer(struct ida_raft *r,
                                    struct ida_raft_progress *pr);
 bool ida__raft_maybe_commit(struct ida_raft *r);
-void ida__raft_handle_append_response(struct ida_raft *r,
-                                      const struct ida_raft_msg *m);
+int ida__raft_handle_append_response(struct ida_raft *r,
+                                     const struct ida_raft_msg *m);
 int ida__raft_handle_append(struct ida_raft *r, const struct ida_raft_msg *m);
 
 /* raft/snapshot.c */
 void ida__raft_send_snapshot_chunk(struct ida_raft *r,
                                    struct ida_raft_progress *pr);
 void ida__raft_start_snapshot(struct ida_raft *r, struct ida_raft_progress *pr);
-void ida__raft_handle_snapshot_response(struct ida_raft *r,
-                                        const struct ida_raft_msg *m);
+int ida__raft_handle_snapshot_response(struct ida_raft *r,
+                                       const struct ida_raft_msg *m);
 int ida__raft_handle_install_snapshot(struct ida_raft *r,
                                       const struct ida_raft_msg *m);
 

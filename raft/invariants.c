@@ -49,6 +49,7 @@ static void check_role(const struct ida_raft *r)
     IDA_ASSERT(r->conf.n <= IDA_RAFT_NODES_MAX);
     IDA_ASSERT(r->conf.n_learners <= IDA_RAFT_NODES_MAX);
     IDA_ASSERT(r->pending_count <= IDA_RAFT_PENDING_MAX);
+    IDA_ASSERT(r->term <= IDA_RAFT_TERM_MAX); /* term + 1 never wraps */
     if (r->role == IDA_RAFT_CANDIDATE || r->role == IDA_RAFT_LEADER) {
         IDA_ASSERT(r->vote == r->cfg.id);
     }
@@ -62,6 +63,8 @@ static void check_role(const struct ida_raft *r)
         /* A peer's claim above our last index is ignored, and a leader's
          * log never shrinks. */
         IDA_ASSERT(pr->match <= ida__raft_last_index(r));
+        /* send_append reads the log from next - 1. */
+        IDA_ASSERT(pr->next <= ida__raft_last_index(r) + 1);
         IDA_ASSERT(pr->inflight_count <= r->cfg.max_inflight);
         IDA_ASSERT(pr->read_ack <= r->read_seq);
     }

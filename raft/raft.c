@@ -61,18 +61,18 @@ static int step_role(struct ida_raft *r, const struct ida_raft_msg *m)
                        ? ida__raft_handle_append(r, m)
                        : ida__raft_handle_install_snapshot(r, m);
         case IDA_RAFT_MSG_APPEND_RESPONSE:
-            if (r->role == IDA_RAFT_LEADER) {
-                ida__raft_handle_append_response(r, m);
-            }
-            return 0;
+            return r->role == IDA_RAFT_LEADER
+                       ? ida__raft_handle_append_response(r, m)
+                       : 0;
         case IDA_RAFT_MSG_SNAPSHOT_RESPONSE:
-            if (r->role == IDA_RAFT_LEADER) {
-                ida__raft_handle_snapshot_response(r, m);
-            }
-            return 0;
+            return r->role == IDA_RAFT_LEADER
+                       ? ida__raft_handle_snapshot_response(r, m)
+                       : 0;
         case IDA_RAFT_MSG_TIMEOUT_NOW:
-            /* §3.10: the leader asks us to start an election at once. */
-            if (r->role == IDA_RAFT_FOLLOWER && ida__raft_promotable(r)) {
+            /* §3.10: the leader asks us to start an election at once; only
+             * the leader we follow in this term may. */
+            if (r->role == IDA_RAFT_FOLLOWER && r->leader == m->from &&
+                ida__raft_promotable(r)) {
                 ida__raft_campaign(r, false, true);
             }
             return 0;
@@ -107,6 +107,7 @@ static int check_restore(const struct ida_raft_config *cfg,
                          const struct ida_raft_restore *st)
 {
     if ((st->snapshot_index == 0) != (st->snapshot_term == 0) ||
+        st->hard_state.term > IDA_RAFT_TERM_MAX ||
         (st->snapshot_len > 0 && st->snapshot_data == NULL) ||
         (st->snapshot_config_len > 0 && st->snapshot_config == NULL)) {
         return IDA_EINVAL;
@@ -275,27 +276,117 @@ void ida_raft_tick(struct ida_raft *r)
     ida__raft_check_invariants(r);
 }
 
-static bool valid_msg(const struct ida_raft *r, const struct ida_raft_msg *m)
+/* The entries of an AppendEntries follow prev_log_index one by one, with
+ * terms that never decrease from prev_log_term and never exceed the
+ * message's term (Figure 2: a leader sends entries of its log, whose terms
+ * are at most its own). */
+static bool valid_entries(const struct ida_raft_msg *m)
 {
-    /* Messages from non-members are fine: a new leader's config may not
-     * have reached us yet (dissertation §4.1). */
+    const struct ida_raft_append_entries *ae = &m->u.append_entries;
+    if (ae->n_entries > 0 && ae->entries == NULL) {
+        return false;
+    }
+    if (ae->n_entries > IDA_RAFT_INDEX_MAX - ae->prev_log_index) {
+        return false; /* prev + n would pass the index bound (or wrap) */
+    }
+    ida_term prev_t = ae->prev_log_term;
+    for (size_t j = 0; j < ae->n_entries; j++) {
+        const struct ida_entry *e = &ae->entries[j];
+        if (e->index != ae->prev_log_index + 1 + j || e->term < prev_t ||
+            e->term > m->term || e->term == 0 ||
+            (e->len > 0 && e->data == NULL)) {
+            return false;
+        }
+        prev_t = e->term;
+    }
+    return true;
+}
+
+/* InstallSnapshot: a chunk [offset, offset + len) of a snapshot of
+ * total_size bytes, which the config bounds; done on the last chunk. */
+static bool valid_snapshot_chunk(const struct ida_raft *r,
+                                 const struct ida_raft_msg *m)
+{
+    const struct ida_raft_install_snapshot *is = &m->u.install_snapshot;
+    size_t max = r->cfg.snapshot_bytes_max ? r->cfg.snapshot_bytes_max
+                                           : IDA_RAFT_SNAPSHOT_BYTES_DEFAULT;
+    if (is->last_index == 0 || is->last_index > IDA_RAFT_INDEX_MAX ||
+        is->last_term == 0 || is->last_term > m->term ||
+        (is->len > 0 && is->data == NULL) ||
+        (is->config_len > 0 && is->config == NULL)) {
+        return false;
+    }
+    if (is->total_size > max || is->offset > is->total_size ||
+        is->len > is->total_size - is->offset) {
+        return false; /* offset + len <= total_size <= max, no wrap */
+    }
+    return !is->done || is->offset + is->len == is->total_size;
+}
+
+/* Checks of a message against itself and the config, before anything of
+ * the core is touched. Checks against the receiver's state (its log, its
+ * progress of the sender) are made by the handlers, also before they
+ * change anything. Returns 0 or IDA_EINVAL. */
+static int valid_msg(const struct ida_raft *r, const struct ida_raft_msg *m)
+{
+    /* Messages from non-members are read: a new leader's config may not
+     * have reached us yet (dissertation §4.1); see step(). */
     if (m->to != r->cfg.id || m->from == r->cfg.id || m->from == 0 ||
-        m->term == 0) {
-        return false;
+        m->term == 0 || m->term > IDA_RAFT_TERM_MAX) {
+        return IDA_EINVAL;
     }
-    if (m->type == IDA_RAFT_MSG_APPEND_ENTRIES &&
-        m->u.append_entries.n_entries > 0 &&
-        m->u.append_entries.entries == NULL) {
-        return false;
+    switch (m->type) {
+        case IDA_RAFT_MSG_REQUEST_VOTE:
+            /* The candidate's log ends at or below its (pre-vote) term. */
+            if (m->u.request_vote.last_log_index > IDA_RAFT_INDEX_MAX ||
+                m->u.request_vote.last_log_term > m->term ||
+                (m->u.request_vote.last_log_index == 0) !=
+                    (m->u.request_vote.last_log_term == 0)) {
+                return IDA_EINVAL;
+            }
+            return 0;
+        case IDA_RAFT_MSG_RESPONSE_VOTE:
+        case IDA_RAFT_MSG_TIMEOUT_NOW:
+            return 0;
+        case IDA_RAFT_MSG_APPEND_ENTRIES: {
+            const struct ida_raft_append_entries *ae = &m->u.append_entries;
+            if (ae->prev_log_index > IDA_RAFT_INDEX_MAX ||
+                ae->commit_index > IDA_RAFT_INDEX_MAX ||
+                ae->prev_log_term > m->term ||
+                (ae->prev_log_index == 0) != (ae->prev_log_term == 0) ||
+                !valid_entries(m)) {
+                return IDA_EINVAL;
+            }
+            return 0;
+        }
+        case IDA_RAFT_MSG_APPEND_RESPONSE: {
+            const struct ida_raft_append_response *ar = &m->u.append_response;
+            if (ar->match_index > IDA_RAFT_INDEX_MAX ||
+                ar->reject_index > IDA_RAFT_INDEX_MAX ||
+                ar->conflict_index > IDA_RAFT_INDEX_MAX ||
+                ar->conflict_term > m->term) {
+                return IDA_EINVAL;
+            }
+            return 0;
+        }
+        case IDA_RAFT_MSG_INSTALL_SNAPSHOT:
+            return valid_snapshot_chunk(r, m) ? 0 : IDA_EINVAL;
+        case IDA_RAFT_MSG_SNAPSHOT_RESPONSE:
+            if (m->u.snapshot_response.last_index > IDA_RAFT_INDEX_MAX ||
+                m->u.snapshot_response.next_offset > IDA_RAFT_INDEX_MAX) {
+                return IDA_EINVAL;
+            }
+            return 0;
     }
-    if (m->type == IDA_RAFT_MSG_INSTALL_SNAPSHOT &&
-        (m->u.install_snapshot.last_index == 0 ||
-         (m->u.install_snapshot.len > 0 &&
-          m->u.install_snapshot.data == NULL))) {
-        return false;
-    }
-    return m->type >= IDA_RAFT_MSG_REQUEST_VOTE &&
-           m->type <= IDA_RAFT_MSG_TIMEOUT_NOW;
+    return IDA_EINVAL;
+}
+
+/* §9.6 leader stickiness: this node heard from a leader within an election
+ * timeout (a leader counts itself). */
+static bool in_lease(const struct ida_raft *r)
+{
+    return r->cfg.check_quorum && r->leader != 0 &&
+           r->election_elapsed < r->cfg.election_ticks;
 }
 
 static int step(struct ida_raft *r, const struct ida_raft_msg *m)
@@ -303,8 +394,9 @@ static int step(struct ida_raft *r, const struct ida_raft_msg *m)
     IDA_ASSERT(r != NULL);
     IDA_ASSERT(m != NULL);
     ida__raft_begin(r);
-    if (!valid_msg(r, m)) {
-        return IDA_EINVAL;
+    int rv = valid_msg(r, m);
+    if (rv != 0) {
+        return rv;
     }
     /* Rule A2 of raft/admission.h: another incarnation of a member speaks
      * for nothing the member promised. A node that is not admitted counts
@@ -316,12 +408,18 @@ static int step(struct ida_raft *r, const struct ida_raft_msg *m)
     }
     bool is_vote = m->type == IDA_RAFT_MSG_REQUEST_VOTE;
     if (m->term > r->term) {
+        /* A node outside our membership may lead a configuration our log
+         * has not reached yet (§4.1), so its term is not ignored for good;
+         * but while we hear from a leader we know, nothing it says can be
+         * needed: it waits out the lease, as a disruptive candidate does.
+         * So a stranger cannot push up the terms of a healthy cluster. */
+        if (ida__raft_member_slot(&r->conf, m->from) < 0 && in_lease(r)) {
+            return 0;
+        }
         if (is_vote) {
             /* §4.2.3 / §9.6: while we hear from a leader, ignore vote
              * requests, unless the leader itself asked for this election. */
-            bool in_lease = r->cfg.check_quorum && r->leader != 0 &&
-                            r->election_elapsed < r->cfg.election_ticks;
-            if (in_lease && !m->u.request_vote.transfer) {
+            if (in_lease(r) && !m->u.request_vote.transfer) {
                 return 0;
             }
         }
@@ -338,8 +436,12 @@ static int step(struct ida_raft *r, const struct ida_raft_msg *m)
     } else if (m->term < r->term) {
         step_stale(r, m);
         return 0;
+    } else if ((m->type == IDA_RAFT_MSG_APPEND_ENTRIES ||
+                m->type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) &&
+               r->leader != 0 && r->leader != m->from) {
+        return IDA_EPROTO; /* Election Safety: one leader per term */
     }
-    int rv = step_role(r, m);
+    rv = step_role(r, m);
     ida__raft_step_down_if_removed(r);
     return rv;
 }
@@ -347,6 +449,9 @@ static int step(struct ida_raft *r, const struct ida_raft_msg *m)
 int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m)
 {
     int rv = step(r, m);
+    if (rv == IDA_EINVAL || rv == IDA_EPROTO) {
+        r->dropped++;
+    }
     ida__raft_check_invariants(r);
     return rv;
 }
@@ -374,6 +479,11 @@ ida_index ida_raft_commit(const struct ida_raft *r)
 ida_index ida_raft_last_index(const struct ida_raft *r)
 {
     return ida__raft_last_index(r);
+}
+
+uint64_t ida_raft_dropped(const struct ida_raft *r)
+{
+    return r->dropped;
 }
 
 const uint8_t *ida_raft_snapshot_config(const struct ida_raft *r, size_t *len)

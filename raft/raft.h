@@ -78,6 +78,14 @@
 
 #define IDA_RAFT_INFLIGHT_MAX 64 /* upper bound of max_inflight */
 #define IDA_RAFT_PENDING_MAX  64 /* batches handed out, not yet persisted */
+/* Terms at or above this are refused in peer messages (so term + 1, the
+ * pre-vote term included, never overflows) and never reached. */
+#define IDA_RAFT_TERM_MAX (UINT64_MAX - 2)
+/* Indexes (and snapshot offsets) above this in a peer message are refused:
+ * no log gets there, and index + 1 or index + n never wraps. */
+#define IDA_RAFT_INDEX_MAX (UINT64_MAX >> 2)
+/* Default of ida_raft_config.snapshot_bytes_max (when 0): 1 GiB. */
+#define IDA_RAFT_SNAPSHOT_BYTES_DEFAULT ((size_t)1 << 30)
 
 enum ida_raft_role {
     IDA_RAFT_FOLLOWER = 0,
@@ -195,6 +203,10 @@ struct ida_raft_config
     unsigned max_inflight;       /* 1..IDA_RAFT_INFLIGHT_MAX */
     size_t max_msg_entries;      /* entries per append, >= 1 */
     size_t snapshot_chunk_bytes; /* InstallSnapshot chunk, >= 1 */
+    /* Largest snapshot accepted from a leader (InstallSnapshot total_size);
+     * 0: IDA_RAFT_SNAPSHOT_BYTES_DEFAULT (1 GiB). The receive buffer grows
+     * with the chunks that arrived, never to a size only announced. */
+    size_t snapshot_bytes_max;
     /* Decode the membership carried by an IDA_ENTRY_CONFIG entry or a
      * snapshot config (the application's bytes; the core only passes them
      * through) into @out. Returns 0, IDA_EPROTO for bytes that do not
@@ -369,6 +381,9 @@ struct ida_raft
     ida_term rcv_term;
     uint8_t *rcv_conf;
     size_t rcv_conf_len;
+    uint64_t rcv_total; /* total_size announced at offset 0 */
+    /* Peer messages refused by ida_raft_step() (IDA_EINVAL, IDA_EPROTO). */
+    uint64_t dropped;
 };
 
 /* Initialize @r from @cfg and what storage holds (@restore may be NULL for a
@@ -386,15 +401,42 @@ void ida_raft_close(struct ida_raft *r);
 void ida_raft_tick(struct ida_raft *r);
 
 /* Feed one message. @m and what it points to are borrowed for the call
- * (entry data is copied). Returns 0 (also for stale or ignored messages),
- * IDA_EINVAL for a message not addressed to this node, from itself or node
- * 0, with term 0 or inconsistent fields, IDA_EFOREIGN for a message from
- * another incarnation of a member (dropped unread: raft/admission.h),
- * IDA_EPROTO for a message that breaks the protocol (e.g. a leader
- * contradicting a committed entry: the message is ignored; the simulator counts
- * this as a safety violation), IDA_ENOMEM (the message is then treated as lost;
- * a valid prefix of its entries may have been appended, which is safe since
- * nothing was acknowledged). */
+ * (entry data is copied). The core trusts no field of @m: every index, term
+ * and length is checked against what this node knows before it is used.
+ * Returns:
+ *  0            also for stale or ignored messages; among the ignored: while
+ *               this node hears from a leader (check_quorum lease, §9.6) a
+ *               message with a higher term from an id that is not a member of
+ *               its membership (so a non-member cannot move its term; once
+ *               the lease runs out it can, as a new leader this node's lagging
+ *               log does not name yet must, dissertation §4.1); and a
+ *               TimeoutNow from anyone but the leader this node follows;
+ *  IDA_EINVAL   a message not addressed to this node, from itself or node 0,
+ *               or with fields inconsistent in themselves: term 0 or
+ *               > IDA_RAFT_TERM_MAX, an index > IDA_RAFT_INDEX_MAX, entries
+ *               that do not follow prev_log_index or whose terms decrease or
+ *               exceed the message term, a last_log_term / prev_log_term /
+ *               snapshot last_term above the message term, an InstallSnapshot
+ *               chunk with offset + len > total_size, total_size >
+ *               cfg.snapshot_bytes_max or done without offset + len ==
+ *               total_size;
+ *  IDA_EFOREIGN a message from another incarnation of a member (dropped
+ *               unread: raft/admission.h);
+ *  IDA_EPROTO   a message that contradicts what this node knows: an
+ *               AppendResponse whose match / reject / conflict index is past
+ *               the leader's last index (or the conflict index past the
+ *               reject index), whose read_ctx was never sent; a snapshot
+ *               response offset past the snapshot; a second leader in a
+ *               term; a chunk of a snapshot whose total_size changed; a
+ *               leader contradicting a committed entry (the simulator counts
+ *               every IDA_EPROTO / IDA_EINVAL as a safety violation);
+ *  IDA_ENOMEM   the message is then treated as lost; a valid prefix of its
+ *               entries may have been appended, which is safe since nothing
+ *               was acknowledged.
+ * On IDA_EINVAL and IDA_EPROTO the message was dropped and counted
+ * (ida_raft_dropped()); except for a leader contradicting a committed entry
+ * (found after the term was adopted) it changed nothing. No field of a
+ * message can make the core assert. */
 int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m);
 
 /* Append a new entry (leader only); @data is copied. On success *@index and
@@ -460,6 +502,8 @@ ida_node_id ida_raft_leader(const struct ida_raft *r);
 ida_term ida_raft_term(const struct ida_raft *r);
 ida_index ida_raft_commit(const struct ida_raft *r);
 ida_index ida_raft_last_index(const struct ida_raft *r);
+/* Peer messages ida_raft_step() refused (IDA_EINVAL or IDA_EPROTO). */
+uint64_t ida_raft_dropped(const struct ida_raft *r);
 /* The encoded membership in effect at the snapshot index (the
  * one ida_raft_compact() or an installed snapshot recorded); *@len 0 and
  * NULL: the bootstrap voters. Storage keeps it with the snapshot and hands

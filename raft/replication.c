@@ -69,6 +69,7 @@ void ida__raft_send_append(struct ida_raft *r,
         ida__raft_start_snapshot(r, pr);
         return;
     }
+    IDA_ASSERT(prev <= ida__raft_last_index(r)); /* next <= last + 1 */
     ida_index avail = ida__raft_last_index(r) - prev;
     size_t n =
         avail < r->cfg.max_msg_entries ? (size_t)avail : r->cfg.max_msg_entries;
@@ -197,23 +198,49 @@ bool ida__raft_maybe_commit(struct ida_raft *r)
     return true;
 }
 
-void ida__raft_handle_append_response(struct ida_raft *r,
-                                      const struct ida_raft_msg *m)
+/* Checks of an AppendResponse against the leader's log and its progress of
+ * the sender, before anything is changed. A follower answers appends of
+ * this leader (same term), which carry entries of its log: the indexes it
+ * reports are at most the last index, the conflict hint at most the
+ * rejected index, and read_ctx a sequence number this leader sent. */
+static int check_append_response(const struct ida_raft *r,
+                                 const struct ida_raft_append_response *ar)
+{
+    ida_index last = ida__raft_last_index(r);
+    if (ar->read_ctx > r->read_seq) {
+        return IDA_EPROTO;
+    }
+    if (ar->success) {
+        return ar->match_index > last ? IDA_EPROTO : 0;
+    }
+    if (ar->reject_index > last) {
+        return IDA_EPROTO;
+    }
+    if (ar->reject_index != 0 &&
+        (ar->conflict_index == 0 || ar->conflict_index > ar->reject_index)) {
+        return IDA_EPROTO;
+    }
+    return 0;
+}
+
+int ida__raft_handle_append_response(struct ida_raft *r,
+                                     const struct ida_raft_msg *m)
 {
     struct ida_raft_progress *pr = ida__raft_progress_of(r, m->from);
     const struct ida_raft_append_response *ar = &m->u.append_response;
     if (pr == NULL) {
-        return; /* not (or no longer) a member */
+        return 0; /* not (or no longer) a member */
+    }
+    int rv = check_append_response(r, ar);
+    if (rv != 0) {
+        return rv;
     }
     pr->recent_active = true;
-    if (ar->read_ctx > pr->read_ack && ar->read_ctx <= r->read_seq) {
+    if (ar->read_ctx > pr->read_ack) {
         pr->read_ack = ar->read_ctx;
         ida__raft_check_reads(r);
     }
     if (ar->success) {
-        if (ar->match_index > ida__raft_last_index(r)) {
-            return; /* impossible from a correct peer: ignore */
-        }
         if (ar->match_index > pr->match) {
             pr->match = ar->match_index;
             pr->acked = true;
@@ -237,25 +264,23 @@ void ida__raft_handle_append_response(struct ida_raft *r,
             pr->probe_sent = false;
         }
         ida__raft_send_append(r, pr, false);
-        return;
+        return 0;
     }
     /* Rejected. Ignore answers to appends the progress no longer expects
      * (reordered or duplicated messages). */
     if (ar->reject_index <= pr->match) {
-        return;
+        return 0;
     }
     if (pr->state == IDA_RAFT_PROBE && ar->reject_index != pr->next - 1) {
-        return;
+        return 0;
     }
     if (pr->state == IDA_RAFT_SNAPSHOT) {
-        return;
+        return 0;
     }
     /* Fast backtracking (§5.3): skip a whole conflicting term at once. */
     ida_index next = ar->conflict_index;
     if (ar->conflict_term != 0) {
-        ida_index i = ar->reject_index < ida__raft_last_index(r)
-                          ? ar->reject_index
-                          : ida__raft_last_index(r);
+        ida_index i = ar->reject_index;
         while (i > r->snap_index &&
                ida__raft_term_at(r, i) > ar->conflict_term) {
             i--;
@@ -267,12 +292,19 @@ void ida__raft_handle_append_response(struct ida_raft *r,
     if (next > ar->reject_index) {
         next = ar->reject_index;
     }
+    /* pr->next stays in [match + 1, last + 1]: send_append reads the log
+     * from next - 1 (a next past last + 1 would make it count entries that
+     * do not exist, and the follower would get bogus probes for good). */
     if (next < pr->match + 1) {
         next = pr->match + 1;
+    }
+    if (next > ida__raft_last_index(r) + 1) {
+        next = ida__raft_last_index(r) + 1;
     }
     ida__raft_become_probe(pr);
     pr->next = next;
     ida__raft_send_append(r, pr, true);
+    return 0;
 }
 
 static void reject_append(struct ida_raft *r,
@@ -328,15 +360,10 @@ int ida__raft_handle_append(struct ida_raft *r, const struct ida_raft_msg *m)
         reject_append(r, m, first, t);
         return 0;
     }
-    /* Validate first: consecutive indexes, terms never decreasing and
-     * never above the sender's term. */
-    ida_term prev_t = ae->prev_log_term;
+    /* Indexes and terms of the entries were checked by valid_msg()
+     * (raft/raft.c); the configs they carry must decode. */
     for (size_t j = 0; j < ae->n_entries; j++) {
         const struct ida_entry *e = &ae->entries[j];
-        if (e->index != prev + 1 + j || e->term < prev_t || e->term > m->term ||
-            (e->len > 0 && e->data == NULL)) {
-            return IDA_EPROTO;
-        }
         if (e->type == IDA_ENTRY_CONFIG) {
             struct ida_raft_conf c;
             int rv = ida__raft_conf_decode(&r->cfg, e->data, e->len, &c);
@@ -344,7 +371,6 @@ int ida__raft_handle_append(struct ida_raft *r, const struct ida_raft_msg *m)
                 return rv;
             }
         }
-        prev_t = e->term;
     }
     /* Find the first new or conflicting entry. */
     size_t k = 0;

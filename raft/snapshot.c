@@ -45,17 +45,24 @@ void ida__raft_start_snapshot(struct ida_raft *r, struct ida_raft_progress *pr)
     ida__raft_send_snapshot_chunk(r, pr);
 }
 
-void ida__raft_handle_snapshot_response(struct ida_raft *r,
-                                        const struct ida_raft_msg *m)
+int ida__raft_handle_snapshot_response(struct ida_raft *r,
+                                       const struct ida_raft_msg *m)
 {
     struct ida_raft_progress *pr = ida__raft_progress_of(r, m->from);
     const struct ida_raft_snapshot_response *sr = &m->u.snapshot_response;
     if (pr == NULL) {
-        return;
+        return 0;
+    }
+    /* A follower answers chunks of snapshots this leader sent: never one
+     * past our own snapshot, never an offset past the one being sent. */
+    if (sr->last_index > r->snap_index ||
+        (pr->state == IDA_RAFT_SNAPSHOT && sr->last_index == pr->snap_index &&
+         pr->snap_index == r->snap_index && sr->next_offset > r->snap_len)) {
+        return IDA_EPROTO;
     }
     pr->recent_active = true;
     if (pr->state != IDA_RAFT_SNAPSHOT || sr->last_index != pr->snap_index) {
-        return;
+        return 0;
     }
     if (sr->done && sr->success) {
         if (pr->snap_index > pr->match) {
@@ -66,12 +73,13 @@ void ida__raft_handle_snapshot_response(struct ida_raft *r,
             ida__raft_broadcast_append(r, true);
         }
         ida__raft_send_append(r, pr, true);
-        return;
+        return 0;
     }
     pr->snap_sent = false;
     pr->snap_offset =
         sr->success && sr->next_offset <= r->snap_len ? sr->next_offset : 0;
     ida__raft_send_snapshot_chunk(r, pr);
+    return 0;
 }
 
 static void snapshot_reply(struct ida_raft *r,
@@ -128,6 +136,7 @@ static void install_snapshot(struct ida_raft *r)
     r->rcv_data = NULL;
     r->rcv_len = r->rcv_cap = 0;
     r->rcv_index = 0;
+    r->rcv_total = 0;
     ida_free(r->snap_conf);
     r->snap_conf = r->rcv_conf;
     r->snap_conf_len = r->rcv_conf_len;
@@ -141,6 +150,35 @@ static void install_snapshot(struct ida_raft *r)
     r->applied = s; /* the state machine restores the snapshot */
 }
 
+/* Make room for @need bytes of the snapshot being received: the buffer
+ * grows with what arrived (doubling, up to the announced total), never to
+ * a size a message only announces. */
+static int rcv_reserve(struct ida_raft *r, size_t need)
+{
+    if (need <= r->rcv_cap && r->rcv_data != NULL) {
+        return 0;
+    }
+    size_t cap = r->rcv_cap ? r->rcv_cap : 64;
+    while (cap < need) {
+        cap *= 2;
+    }
+    if (cap > r->rcv_total && r->rcv_total >= need) {
+        cap = r->rcv_total ? (size_t)r->rcv_total : 1;
+    }
+    uint8_t *d = ida_realloc(r->rcv_data, cap);
+    if (d == NULL) {
+        return IDA_ENOMEM;
+    }
+    r->rcv_data = d;
+    r->rcv_cap = cap;
+    return 0;
+}
+
+/* Figure 13 InstallSnapshot receiver. The chunk's own consistency (offset
+ * + len <= total_size <= cfg.snapshot_bytes_max, done on the last byte,
+ * last_term <= term) was checked by valid_msg() (raft/raft.c). Chunks are
+ * taken in order only; the log and the state machine are given up only
+ * once the whole snapshot arrived. */
 int ida__raft_handle_install_snapshot(struct ida_raft *r,
                                       const struct ida_raft_msg *m)
 {
@@ -151,18 +189,6 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
         return 0;
     }
     if (is->offset == 0) {
-        if (is->total_size > SIZE_MAX / 2) {
-            return IDA_EPROTO;
-        }
-        if (r->rcv_cap < is->total_size || r->rcv_data == NULL) {
-            size_t cap = is->total_size ? (size_t)is->total_size : 1;
-            uint8_t *d = ida_realloc(r->rcv_data, cap);
-            if (d == NULL) {
-                return IDA_ENOMEM;
-            }
-            r->rcv_data = d;
-            r->rcv_cap = cap;
-        }
         if (is->config_len > 0) {
             struct ida_raft_conf c;
             int rv =
@@ -181,6 +207,7 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
         r->rcv_conf_len = is->config_len;
         r->rcv_index = is->last_index;
         r->rcv_term = is->last_term;
+        r->rcv_total = is->total_size;
         r->rcv_len = 0;
     }
     if (r->rcv_index != is->last_index || r->rcv_term != is->last_term ||
@@ -190,9 +217,13 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
                        false, false);
         return 0;
     }
-    if (r->rcv_len + is->len > r->rcv_cap ||
-        r->rcv_len + is->len > is->total_size) {
+    if (is->total_size != r->rcv_total) {
+        /* One leader sends one snapshot per index, of one size. */
         return IDA_EPROTO;
+    }
+    int rv = rcv_reserve(r, r->rcv_len + is->len);
+    if (rv != 0) {
+        return rv;
     }
     if (is->len > 0) {
         memcpy(r->rcv_data + r->rcv_len, is->data, is->len);
@@ -202,9 +233,7 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
         snapshot_reply(r, m, r->rcv_len, false, false);
         return 0;
     }
-    if (r->rcv_len != is->total_size) {
-        return IDA_EPROTO;
-    }
+    IDA_ASSERT(r->rcv_len == r->rcv_total); /* done: offset + len == total */
     size_t len = r->rcv_len;
     install_snapshot(r);
     /* The config was validated at offset 0: only allocation can fail; the

@@ -165,7 +165,10 @@ Test(raft_conf, truncated_config_entry_is_undone)
     cr_assert_eq(ida_raft_step(&H.r[2], &m), 0);
     const ida_node_id v12[] = {1, 2}, v123[] = {1, 2, 3};
     cr_assert(voters_are(2, v12, 2), "in effect when appended");
-    /* A leader of term 2 overwrites index 1: the config is undone. */
+    /* A leader of term 2 overwrites index 1: the config is undone. Node 3
+     * is not in {1, 2}: node 2 hears it once it stopped hearing from 1
+     * (ida_raft_step(): non-members wait out the lease). */
+    h_tick(2, 10);
     struct ida_entry e2 = {.term = 2, .index = 1, .type = IDA_ENTRY_NOOP};
     m.from = 3;
     m.term = 2;
