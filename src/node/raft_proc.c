@@ -12,48 +12,12 @@
 #include "src/node/convert.h"
 #include "src/node/member.h"
 #include "src/node/node.h"
+#include "src/node/raft_proc.h"
 
 /* Close the open batch at this many commands or bytes even while a storage
  * step is in flight. */
 #define OPEN_COMMANDS_MAX 4096
 #define OPEN_BYTES_MAX    (1u << 20)
-
-struct pending_read
-{
-    uint64_t ctx;
-    uint64_t conn;
-    Idalloc__ClientRequest *req; /* owned */
-    int asked;                   /* read_index accepted it */
-};
-
-struct raft_proc
-{
-    struct ida_node *node;
-    struct ida_raft raft;
-    unsigned tick_ms;
-    uint64_t last_tick_ms;
-    /* The open batch: requests whose ops go into the next entry. */
-    Idalloc__ClientRequest **open;
-    size_t n_open, cap_open, open_bytes;
-    unsigned persist_inflight;
-    /* Reads waiting for their ReadIndex round. */
-    struct pending_read *reads;
-    size_t n_reads, cap_reads;
-    uint64_t next_ctx;
-    /* Route committed entries through storage until this batch is durable
-     * (after a snapshot batch: the restore must precede them). */
-    uint64_t route_until;
-    /* What we know of the others. */
-    ida_index applied, snapshot_index;
-    enum ida_raft_role role;
-    ida_node_id leader;
-    ida_term term;
-    int storage_failed;
-    int peer_up[IDA_CONFIG_NODES_MAX + 1];
-    struct node_members mem;     /* joining, re-admission (src/node/member.h) */
-    struct ida_raft_config base; /* what the core was started with */
-    struct node_outq q;
-};
 
 uint64_t ida__node_mono_ms(void)
 {
@@ -90,108 +54,6 @@ static void reply_error(struct raft_proc *rp,
     ida__node_reply_error(rp->node, conn, seq, err, why,
                           err == IDA_ENOTLEADER ? rp->leader : 0);
 }
-
-static const char *progress_state(enum ida_raft_progress_state s)
-{
-    return s == IDA_RAFT_REPLICATE  ? "replicate"
-           : s == IDA_RAFT_SNAPSHOT ? "snapshot"
-                                    : "probe";
-}
-
-/* Merge the pool workers' error top dumps, most frequent first. */
-static size_t read_top_errors(struct raft_proc *rp,
-                              struct ida_errtop_entry *out,
-                              size_t max)
-{
-    size_t n = 0;
-    for (uint32_t t = 0; t < ida_pool_threads(rp->node->pool); t++) {
-        char path[IDA_PATH_MAX + 64];
-        struct ida_errtop_entry e[8];
-        size_t k = 0;
-        snprintf(path, sizeof(path), "%s/errtop-%u.pb", rp->node->dir, t);
-        if (ida_errtop_read_file(path, e, 8, &k) != 0) {
-            continue;
-        }
-        for (size_t i = 0; i < k && n < max; i++) {
-            out[n++] = e[i];
-        }
-    }
-    for (size_t i = 1; i < n; i++) { /* insertion sort by count */
-        struct ida_errtop_entry x = out[i];
-        size_t j = i;
-        while (j > 0 && out[j - 1].count < x.count) {
-            out[j] = out[j - 1];
-            j--;
-        }
-        out[j] = x;
-    }
-    return n;
-}
-
-static void reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
-{
-    struct ida_node *n = rp->node;
-    struct ida_raft *r = &rp->raft;
-    Idalloc__ClientResponse resp = IDALLOC__CLIENT_RESPONSE__INIT;
-    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
-    Idalloc__NodeStatus st = IDALLOC__NODE_STATUS__INIT;
-    Idalloc__PeerProgress pp[IDA_RAFT_NODES_MAX], *ppp[IDA_RAFT_NODES_MAX];
-    Idalloc__ErrorCount ec[8], *ecp[8];
-    struct ida_errtop_entry top[8];
-    st.node_id = n->self->id;
-    st.peer_addr = (char *)n->self->peer.text;
-    st.client_addr = (char *)n->self->client.text;
-    st.role = (char *)ida_raft_role_name(ida_raft_role(r));
-    st.term = ida_raft_term(r);
-    st.leader_id = ida_raft_leader(r);
-    st.commit_index = ida_raft_commit(r);
-    st.applied_index = rp->applied;
-    st.log_first_index = r->snap_index + 1;
-    st.log_last_index = ida_raft_last_index(r);
-    st.snapshot_index = rp->snapshot_index;
-    st.snapshot_term = r->snap_term;
-    size_t np = 0;
-    for (size_t i = 0;
-         ida_raft_role(r) == IDA_RAFT_LEADER && i < r->cfg.n_voters; i++) {
-        const struct ida_raft_progress *p = &r->prs[i];
-        if (p->id == n->self->id) {
-            continue;
-        }
-        idalloc__peer_progress__init(&pp[np]);
-        pp[np].node_id = p->id;
-        pp[np].match_index = p->match;
-        pp[np].next_index = p->next;
-        pp[np].state = (char *)progress_state(p->state);
-        pp[np].connected = p->id <= IDA_CONFIG_NODES_MAX && rp->peer_up[p->id];
-        ppp[np] = &pp[np];
-        np++;
-    }
-    st.peers = ppp;
-    st.n_peers = np;
-    size_t ne = read_top_errors(rp, top, 8);
-    for (size_t i = 0; i < ne; i++) {
-        idalloc__error_count__init(&ec[i]);
-        ec[i].code = top[i].code;
-        ec[i].text = top[i].text;
-        ec[i].count = top[i].count;
-        ec[i].last_seen_unix_ms = top[i].last_seen_ms;
-        ecp[i] = &ec[i];
-    }
-    st.top_errors = ecp;
-    st.n_top_errors = ne;
-    res.result_case = IDALLOC__COMMAND_RESULT__RESULT_STATUS;
-    res.status = &st;
-    resp.request_seq = seq;
-    resp.result = &res;
-    resp.leader_id = ida_raft_leader(r);
-    char *members[IDA_CONFIG_NODES_MAX];
-    resp.member_addrs = members;
-    resp.n_member_addrs = ida__node_member_addrs(n, members);
-    ida_net_reply(n->net, conn, &resp);
-}
-
-/* --- sending
- * ------------------------------------------------------------------ */
 
 static void send_peer(struct raft_proc *rp, const struct ida_raft_msg *m)
 {
@@ -640,7 +502,7 @@ static void on_client(struct raft_proc *rp,
                   (unsigned long long)c->conn);
     }
     if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_STATUS) {
-        reply_status(rp, c->conn, seq);
+        ida__rp_reply_status(rp, c->conn, seq);
     } else if (req->op_case == IDALLOC__CLIENT_REQUEST__OP__NOT_SET) {
         err = IDA_EINVAL;
         why = "request has no operation";
@@ -683,159 +545,6 @@ static void on_client(struct raft_proc *rp,
 /* --- the processor
  * ------------------------------------------------------------- */
 
-/* --- membership (src/node/member.h) -------------------------------------- */
-
-static void send_hello(struct raft_proc *rp, unsigned to, bool reply)
-{
-    Idalloc__PeerMessage pm;
-    Idalloc__Hello h;
-    uint8_t *buf = NULL;
-    const struct ida_raft *r = rp->mem.joining ? NULL : &rp->raft;
-    if (node_hello_make(rp->node, r, to, reply, &pm, &h, &buf) == 0) {
-        ida_net_send_peer(rp->node->net, to, &pm);
-    }
-    ida_free(buf);
-}
-
-/* A joining node asks often; a member that is not admitted announces its
- * incarnation now and then, so a leader can re-admit it. */
-static void hello_all(struct raft_proc *rp, uint64_t now)
-{
-    uint64_t every = rp->mem.joining ? 200 : 1000;
-    if (now - rp->mem.last_hello_ms < every) {
-        return;
-    }
-    rp->mem.last_hello_ms = now;
-    const struct ida_config *cfg = &rp->node->cfg;
-    for (unsigned i = 0; i < cfg->node_count; i++) {
-        if (cfg->nodes[i].id != rp->node->self->id) {
-            send_hello(rp, cfg->nodes[i].id, false);
-        }
-    }
-}
-
-/* Member @id spoke with incarnation @inc: if the membership names another
- * one (or no longer names @id), it came back with a new data directory. */
-static void note_incarnation(struct raft_proc *rp, unsigned id, uint64_t inc)
-{
-    const struct ida_raft_conf *c = ida_raft_voters(&rp->raft);
-    bool member = ida_raft_conf_slot(c, id) >= 0 ||
-                  ida_raft_conf_learner_slot(c, id) >= 0;
-    uint64_t bound = ida_raft_conf_inc(c, id);
-    if (inc == 0 || (member && (bound == 0 || bound == inc))) {
-        return;
-    }
-    if (!member && rp->mem.rejoin_id != id &&
-        !node_members_may_readmit(&rp->mem, rp->node, id, inc)) {
-        return; /* not in the file, or removed with this incarnation */
-    }
-    if (rp->mem.warned_id != id || rp->mem.warned_inc != inc) {
-        rp->mem.warned_id = id;
-        rp->mem.warned_inc = inc;
-        IDA_WARN(
-            "membership: node %u speaks as incarnation %016llx, not as "
-            "the member the cluster knows (%016llx): its data directory "
-            "was replaced. It may not vote or count until it is "
-            "re-admitted%s",
-            id, (unsigned long long)inc, (unsigned long long)bound,
-            rp->node->cfg.auto_rejoin
-                ? " (auto_rejoin on: the leader does it)"
-                : " (auto_rejoin off: see README, Runbook)");
-    }
-    if (rp->node->cfg.auto_rejoin && rp->role == IDA_RAFT_LEADER) {
-        rp->mem.rejoin_id = id;
-        rp->mem.rejoin_inc = inc;
-    }
-}
-
-static void start_membership0(struct raft_proc *rp,
-                              struct ida_sender *s,
-                              const struct ida_raft_conf *c)
-{
-    struct nm_membership0 *m = ida_calloc(1, sizeof(*m));
-    if (m == NULL ||
-        node_conf_encode_full(rp->node, c, &m->data, &m->len) != 0) {
-        ida_free(m);
-        return; /* the next Hello answer tries again */
-    }
-    rp->mem.m0_pending = true;
-    if (node_post(&rp->q, s, rp->node->p_storage, NM_MEMBERSHIP0, m) != 0) {
-        rp->mem.m0_pending = false;
-    }
-}
-
-static void on_membership0_done(struct raft_proc *rp, struct nm_membership0 *m)
-{
-    rp->mem.m0_pending = false;
-    struct ida_raft_conf c;
-    if (m->rv != 0 || node_conf_decode(m->data, m->len, &c) != 0) {
-        IDA_ERROR("membership: the first membership was not stored: %s",
-                  idalloc_strerror(m->rv != 0 ? m->rv : IDA_EPROTO));
-        return;
-    }
-    struct ida_raft_config rc = rp->base;
-    rc.n_voters = c.n;
-    memcpy(rc.voters, c.voters, sizeof(rc.voters));
-    memcpy(rc.voter_inc, c.voter_inc, sizeof(rc.voter_inc));
-    /* Nothing was stepped while joining: the core starts afresh. */
-    ida_raft_close(&rp->raft);
-    int rv = ida_raft_init(&rp->raft, &rc, NULL);
-    IDA_OOM_CHECK(rv != IDA_ENOMEM, "raft: starting the core");
-    IDA_ASSERT(rv == 0);
-    rp->base = rc;
-    rp->mem.joining = false;
-    bool admitted = ida_raft_admitted(&rp->raft);
-    IDA_INFO("membership: %s (%zu voters); this node is incarnation %016llx%s",
-             admitted ? "created the cluster" : "joined the cluster", c.n,
-             (unsigned long long)rp->node->incarnation,
-             admitted ? "" : ", not admitted yet: waiting for the leader");
-}
-
-static void on_hello(struct raft_proc *rp,
-                     struct ida_sender *s,
-                     const Idalloc__PeerMessage *pb)
-{
-    if (!pb->hello->reply) {
-        send_hello(rp, pb->from, true);
-    }
-    if (rp->mem.joining) {
-        struct ida_raft_conf c;
-        if (!rp->mem.m0_pending &&
-            node_hello_learn(&rp->mem, rp->node, pb, &c)) {
-            start_membership0(rp, s, &c);
-        }
-        return;
-    }
-    note_incarnation(rp, pb->from, pb->from_incarnation);
-}
-
-static void rejoin_step(struct raft_proc *rp, uint64_t now)
-{
-    struct ida_raft_conf c;
-    if (!rp->node->cfg.auto_rejoin ||
-        !node_rejoin_step(&rp->mem, &rp->raft, now, &c)) {
-        return;
-    }
-    uint8_t *buf;
-    size_t len;
-    if (node_conf_encode_full(rp->node, &c, &buf, &len) != 0) {
-        return;
-    }
-    int rv =
-        ida_raft_propose(&rp->raft, IDA_ENTRY_CONFIG, buf, len, NULL, NULL);
-    ida_free(buf);
-    if (rv == 0) {
-        IDA_INFO(
-            "membership: re-admitting node %u incarnation %016llx: "
-            "proposed %zu voters, %zu learners",
-            rp->mem.rejoin_id, (unsigned long long)rp->mem.rejoin_inc, c.n,
-            c.n_learners);
-    } else if (rv != IDA_EBUSY) {
-        IDA_WARN("membership: re-admission step refused: %s",
-                 idalloc_strerror(rv));
-    }
-}
-
 static void on_peer(struct raft_proc *rp,
                     struct ida_sender *s,
                     Idalloc__PeerMessage *pb)
@@ -844,14 +553,14 @@ static void on_peer(struct raft_proc *rp,
     struct ida_entry *entries = NULL;
     node_members_heard(&rp->mem, rp->node, pb->from, pb->from_incarnation);
     if (pb->msg_case == IDALLOC__PEER_MESSAGE__MSG_HELLO) {
-        on_hello(rp, s, pb);
+        ida__rp_on_hello(rp, s, pb);
     } else if (rp->mem.joining) {
         /* Takes no part until it knows the cluster (member.h). */
     } else if (node_pb_to_raft(pb, &m, &entries) == 0) {
         trace_vote(&m, 1);
         int rv = ida_raft_step(&rp->raft, &m);
         if (rv == IDA_EFOREIGN) {
-            note_incarnation(rp, pb->from, pb->from_incarnation);
+            ida__rp_note_incarnation(rp, pb->from, pb->from_incarnation);
         }
         if (rv == IDA_EPROTO) {
             IDA_ERROR("raft: peer %u broke the protocol (message ignored)",
@@ -971,7 +680,7 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
             ida_free(p);
             break;
         case NM_MEMBERSHIP0_DONE:
-            on_membership0_done(rp, p);
+            ida__rp_on_membership0_done(rp, p);
             node_msg_free(msg);
             drive(rp, s);
             return;
@@ -992,12 +701,12 @@ static void raft_ping(void *state, struct ida_sender *s)
         rp->last_tick_ms += rp->tick_ms;
     }
     if (rp->mem.joining || !ida_raft_admitted(&rp->raft)) {
-        hello_all(rp, now);
+        ida__rp_hello_all(rp, now);
     }
     if (!rp->mem.joining) {
         node_members_track(&rp->mem, rp->node, &rp->raft);
     }
-    rejoin_step(rp, now);
+    ida__rp_rejoin_step(rp, now);
     drive(rp, s);
     node_members_settle(&rp->mem, rp->node, &rp->raft);
     /* Reads that could not start yet, or whose leader is gone. */
@@ -1017,42 +726,6 @@ static void raft_ping(void *state, struct ida_sender *s)
 }
 
 const struct ida_proc_ops ida__raft_proc_ops = {raft_receive, raft_ping};
-
-/* The voters the core starts from (before its log or a snapshot holds a
- * membership): membership0; for a directory older than incarnations, the
- * cluster file's nodes unbound; for a new directory, the cluster file's
- * nodes bound to an incarnation nobody has, so the node takes no part until
- * it learned the cluster (src/node/member.h). */
-static int first_voters(struct raft_proc *rp, struct ida_raft_config *rc)
-{
-    struct ida_node *n = rp->node;
-    rc->incarnation = n->incarnation;
-    struct ida_raft_conf c;
-    if (n->membership0 != NULL) {
-        int rv = node_conf_decode(n->membership0, n->membership0_len, &c);
-        if (rv != 0) {
-            IDA_ERROR("node: the stored first membership does not decode");
-            return IDA_ECORRUPT;
-        }
-    } else {
-        uint64_t none[IDA_CONFIG_NODES_MAX];
-        for (unsigned i = 0; i < IDA_CONFIG_NODES_MAX; i++) {
-            none[i] = n->fresh ? UINT64_MAX : 0;
-        }
-        node_conf_first(n, none, &c);
-        rp->mem.joining = n->fresh;
-        if (!n->fresh) {
-            IDA_WARN(
-                "node: this data directory predates incarnations: the "
-                "membership is unbound until it changes, so a member "
-                "whose disk is replaced is not told apart yet");
-        }
-    }
-    rc->n_voters = c.n;
-    memcpy(rc->voters, c.voters, sizeof(rc->voters));
-    memcpy(rc->voter_inc, c.voter_inc, sizeof(rc->voter_inc));
-    return 0;
-}
 
 int ida__raft_proc_new(struct ida_node *n,
                        const struct ida_raft_restore *r,
@@ -1082,7 +755,7 @@ int ida__raft_proc_new(struct ida_node *n,
     if (rc.election_ticks < 2 * rc.heartbeat_ticks) {
         rc.election_ticks = 2 * rc.heartbeat_ticks;
     }
-    int rv = first_voters(rp, &rc);
+    int rv = ida__rp_first_voters(rp, &rc);
     if (rv == 0) {
         rv = ida_raft_init(&rp->raft, &rc, r);
     }

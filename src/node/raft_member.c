@@ -1,0 +1,200 @@
+/* Joining and re-admission at the raft processor (src/node/member.h).
+ * Internal: src/node/raft_proc.h. */
+#include <stdio.h>
+#include <string.h>
+
+#include "base/assert.h"
+#include "base/heap.h"
+#include "base/log.h"
+#include "idalloc_errors.h"
+#include "src/node/convert.h"
+#include "src/node/raft_proc.h"
+
+/* --- membership (src/node/member.h) -------------------------------------- */
+
+static void send_hello(struct raft_proc *rp, unsigned to, bool reply)
+{
+    Idalloc__PeerMessage pm;
+    Idalloc__Hello h;
+    uint8_t *buf = NULL;
+    const struct ida_raft *r = rp->mem.joining ? NULL : &rp->raft;
+    if (node_hello_make(rp->node, r, to, reply, &pm, &h, &buf) == 0) {
+        ida_net_send_peer(rp->node->net, to, &pm);
+    }
+    ida_free(buf);
+}
+
+/* A joining node asks often; a member that is not admitted announces its
+ * incarnation now and then, so a leader can re-admit it. */
+void ida__rp_hello_all(struct raft_proc *rp, uint64_t now)
+{
+    uint64_t every = rp->mem.joining ? 200 : 1000;
+    if (now - rp->mem.last_hello_ms < every) {
+        return;
+    }
+    rp->mem.last_hello_ms = now;
+    const struct ida_config *cfg = &rp->node->cfg;
+    for (unsigned i = 0; i < cfg->node_count; i++) {
+        if (cfg->nodes[i].id != rp->node->self->id) {
+            send_hello(rp, cfg->nodes[i].id, false);
+        }
+    }
+}
+
+/* Member @id spoke with incarnation @inc: if the membership names another
+ * one (or no longer names @id), it came back with a new data directory. */
+void ida__rp_note_incarnation(struct raft_proc *rp, unsigned id, uint64_t inc)
+{
+    const struct ida_raft_conf *c = ida_raft_voters(&rp->raft);
+    bool member = ida_raft_conf_slot(c, id) >= 0 ||
+                  ida_raft_conf_learner_slot(c, id) >= 0;
+    uint64_t bound = ida_raft_conf_inc(c, id);
+    if (inc == 0 || (member && (bound == 0 || bound == inc))) {
+        return;
+    }
+    if (!member && rp->mem.rejoin_id != id &&
+        !node_members_may_readmit(&rp->mem, rp->node, id, inc)) {
+        return; /* not in the file, or removed with this incarnation */
+    }
+    if (rp->mem.warned_id != id || rp->mem.warned_inc != inc) {
+        rp->mem.warned_id = id;
+        rp->mem.warned_inc = inc;
+        IDA_WARN(
+            "membership: node %u speaks as incarnation %016llx, not as "
+            "the member the cluster knows (%016llx): its data directory "
+            "was replaced. It may not vote or count until it is "
+            "re-admitted%s",
+            id, (unsigned long long)inc, (unsigned long long)bound,
+            rp->node->cfg.auto_rejoin
+                ? " (auto_rejoin on: the leader does it)"
+                : " (auto_rejoin off: see README, Runbook)");
+    }
+    if (rp->node->cfg.auto_rejoin && rp->role == IDA_RAFT_LEADER) {
+        rp->mem.rejoin_id = id;
+        rp->mem.rejoin_inc = inc;
+    }
+}
+
+static void start_membership0(struct raft_proc *rp,
+                              struct ida_sender *s,
+                              const struct ida_raft_conf *c)
+{
+    struct nm_membership0 *m = ida_calloc(1, sizeof(*m));
+    if (m == NULL ||
+        node_conf_encode_full(rp->node, c, &m->data, &m->len) != 0) {
+        ida_free(m);
+        return; /* the next Hello answer tries again */
+    }
+    rp->mem.m0_pending = true;
+    if (node_post(&rp->q, s, rp->node->p_storage, NM_MEMBERSHIP0, m) != 0) {
+        rp->mem.m0_pending = false;
+    }
+}
+
+void ida__rp_on_membership0_done(struct raft_proc *rp, struct nm_membership0 *m)
+{
+    rp->mem.m0_pending = false;
+    struct ida_raft_conf c;
+    if (m->rv != 0 || node_conf_decode(m->data, m->len, &c) != 0) {
+        IDA_ERROR("membership: the first membership was not stored: %s",
+                  idalloc_strerror(m->rv != 0 ? m->rv : IDA_EPROTO));
+        return;
+    }
+    struct ida_raft_config rc = rp->base;
+    rc.n_voters = c.n;
+    memcpy(rc.voters, c.voters, sizeof(rc.voters));
+    memcpy(rc.voter_inc, c.voter_inc, sizeof(rc.voter_inc));
+    /* Nothing was stepped while joining: the core starts afresh. */
+    ida_raft_close(&rp->raft);
+    int rv = ida_raft_init(&rp->raft, &rc, NULL);
+    IDA_OOM_CHECK(rv != IDA_ENOMEM, "raft: starting the core");
+    IDA_ASSERT(rv == 0);
+    rp->base = rc;
+    rp->mem.joining = false;
+    bool admitted = ida_raft_admitted(&rp->raft);
+    IDA_INFO("membership: %s (%zu voters); this node is incarnation %016llx%s",
+             admitted ? "created the cluster" : "joined the cluster", c.n,
+             (unsigned long long)rp->node->incarnation,
+             admitted ? "" : ", not admitted yet: waiting for the leader");
+}
+
+void ida__rp_on_hello(struct raft_proc *rp,
+                      struct ida_sender *s,
+                      const Idalloc__PeerMessage *pb)
+{
+    if (!pb->hello->reply) {
+        send_hello(rp, pb->from, true);
+    }
+    if (rp->mem.joining) {
+        struct ida_raft_conf c;
+        if (!rp->mem.m0_pending &&
+            node_hello_learn(&rp->mem, rp->node, pb, &c)) {
+            start_membership0(rp, s, &c);
+        }
+        return;
+    }
+    ida__rp_note_incarnation(rp, pb->from, pb->from_incarnation);
+}
+
+void ida__rp_rejoin_step(struct raft_proc *rp, uint64_t now)
+{
+    struct ida_raft_conf c;
+    if (!rp->node->cfg.auto_rejoin ||
+        !node_rejoin_step(&rp->mem, &rp->raft, now, &c)) {
+        return;
+    }
+    uint8_t *buf;
+    size_t len;
+    if (node_conf_encode_full(rp->node, &c, &buf, &len) != 0) {
+        return;
+    }
+    int rv =
+        ida_raft_propose(&rp->raft, IDA_ENTRY_CONFIG, buf, len, NULL, NULL);
+    ida_free(buf);
+    if (rv == 0) {
+        IDA_INFO(
+            "membership: re-admitting node %u incarnation %016llx: "
+            "proposed %zu voters, %zu learners",
+            rp->mem.rejoin_id, (unsigned long long)rp->mem.rejoin_inc, c.n,
+            c.n_learners);
+    } else if (rv != IDA_EBUSY) {
+        IDA_WARN("membership: re-admission step refused: %s",
+                 idalloc_strerror(rv));
+    }
+}
+
+/* The voters the core starts from (before its log or a snapshot holds a
+ * membership): membership0; for a directory older than incarnations, the
+ * cluster file's nodes unbound; for a new directory, the cluster file's
+ * nodes bound to an incarnation nobody has, so the node takes no part until
+ * it learned the cluster (src/node/member.h). */
+int ida__rp_first_voters(struct raft_proc *rp, struct ida_raft_config *rc)
+{
+    struct ida_node *n = rp->node;
+    rc->incarnation = n->incarnation;
+    struct ida_raft_conf c;
+    if (n->membership0 != NULL) {
+        int rv = node_conf_decode(n->membership0, n->membership0_len, &c);
+        if (rv != 0) {
+            IDA_ERROR("node: the stored first membership does not decode");
+            return IDA_ECORRUPT;
+        }
+    } else {
+        uint64_t none[IDA_CONFIG_NODES_MAX];
+        for (unsigned i = 0; i < IDA_CONFIG_NODES_MAX; i++) {
+            none[i] = n->fresh ? UINT64_MAX : 0;
+        }
+        node_conf_first(n, none, &c);
+        rp->mem.joining = n->fresh;
+        if (!n->fresh) {
+            IDA_WARN(
+                "node: this data directory predates incarnations: the "
+                "membership is unbound until it changes, so a member "
+                "whose disk is replaced is not told apart yet");
+        }
+    }
+    rc->n_voters = c.n;
+    memcpy(rc->voters, c.voters, sizeof(rc->voters));
+    memcpy(rc->voter_inc, c.voter_inc, sizeof(rc->voter_inc));
+    return 0;
+}

@@ -1,0 +1,69 @@
+/* The raft processor's state and the functions its files share; internal
+ * to src/node (the processor's entry points are in src/node/node.h).
+ * raft_proc.c: batches, client requests, peer messages, ticks;
+ * raft_member.c: joining and re-admission (src/node/member.h);
+ * raft_status.c: status answers. */
+#ifndef IDA_NODE_RAFT_PROC_H
+#define IDA_NODE_RAFT_PROC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "proto/idalloc.pb-c.h"
+#include "raft/raft.h"
+#include "src/node/member.h"
+#include "src/node/msgs.h"
+#include "src/node/node.h"
+
+struct pending_read
+{
+    uint64_t ctx;
+    uint64_t conn;
+    Idalloc__ClientRequest *req; /* owned */
+    int asked;                   /* read_index accepted it */
+};
+
+struct raft_proc
+{
+    struct ida_node *node;
+    struct ida_raft raft;
+    unsigned tick_ms;
+    uint64_t last_tick_ms;
+    /* The open batch: requests whose ops go into the next entry. */
+    Idalloc__ClientRequest **open;
+    size_t n_open, cap_open, open_bytes;
+    unsigned persist_inflight;
+    /* Reads waiting for their ReadIndex round. */
+    struct pending_read *reads;
+    size_t n_reads, cap_reads;
+    uint64_t next_ctx;
+    /* Route committed entries through storage until this batch is durable
+     * (after a snapshot batch: the restore must precede them). */
+    uint64_t route_until;
+    /* What we know of the others. */
+    ida_index applied, snapshot_index;
+    enum ida_raft_role role;
+    ida_node_id leader;
+    ida_term term;
+    int storage_failed;
+    int peer_up[IDA_CONFIG_NODES_MAX + 1];
+    struct node_members mem;     /* joining, re-admission (src/node/member.h) */
+    struct ida_raft_config base; /* what the core was started with */
+    struct node_outq q;
+};
+
+/* raft_status.c */
+void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq);
+
+/* raft_member.c */
+void ida__rp_hello_all(struct raft_proc *rp, uint64_t now);
+void ida__rp_note_incarnation(struct raft_proc *rp, unsigned id, uint64_t inc);
+void ida__rp_on_hello(struct raft_proc *rp,
+                      struct ida_sender *s,
+                      const Idalloc__PeerMessage *pb);
+void ida__rp_on_membership0_done(struct raft_proc *rp,
+                                 struct nm_membership0 *m);
+void ida__rp_rejoin_step(struct raft_proc *rp, uint64_t now);
+int ida__rp_first_voters(struct raft_proc *rp, struct ida_raft_config *rc);
+
+#endif /* IDA_NODE_RAFT_PROC_H */
