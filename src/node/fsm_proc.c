@@ -37,7 +37,7 @@ struct fsm_proc
     ida_index snapshot_index;
     struct pending *buckets[PENDING_BUCKETS];
     size_t n_pending;
-    struct nm_read **reads; /* FIFO; indexes never decrease */
+    struct ida_nm_read **reads; /* FIFO; indexes never decrease */
     size_t n_reads, cap_reads;
     struct node_outq q;
 };
@@ -51,7 +51,7 @@ static size_t bucket_of(const uint8_t *cid, uint64_t seq)
     return (size_t)(h % PENDING_BUCKETS);
 }
 
-static void add_pending(struct fsm_proc *fp, const struct nm_register *r)
+static void add_pending(struct fsm_proc *fp, const struct ida_nm_register *r)
 {
     size_t b = bucket_of(r->client_id, r->request_seq);
     for (struct pending *p = fp->buckets[b]; p != NULL; p = p->next) {
@@ -127,7 +127,7 @@ static void lose_all_pending(struct fsm_proc *fp)
 /* --- reads ------------------------------------------------------------------
  */
 
-static void serve_read(struct fsm_proc *fp, struct nm_read *rd)
+static void serve_read(struct fsm_proc *fp, struct ida_nm_read *rd)
 {
     const Idalloc__ClientRequest *q = rd->req;
     Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
@@ -177,7 +177,7 @@ static void serve_read(struct fsm_proc *fp, struct nm_read *rd)
     reply(fp, rd->conn, q->request_seq, &res);
 }
 
-static void free_read(struct nm_read *rd)
+static void free_read(struct ida_nm_read *rd)
 {
     idalloc__client_request__free_unpacked(rd->req, NULL);
     ida_free(rd);
@@ -199,7 +199,7 @@ static void serve_ready_reads(struct fsm_proc *fp)
     }
 }
 
-static void on_read(struct fsm_proc *fp, struct nm_read *rd)
+static void on_read(struct fsm_proc *fp, struct ida_nm_read *rd)
 {
     if (rd->index <= ida_fsm_applied_index(fp->fsm) && fp->n_reads == 0) {
         serve_read(fp, rd);
@@ -208,7 +208,7 @@ static void on_read(struct fsm_proc *fp, struct nm_read *rd)
     }
     if (fp->n_reads == fp->cap_reads) {
         size_t cap = fp->cap_reads == 0 ? 64 : fp->cap_reads * 2;
-        struct nm_read **v = ida_realloc(fp->reads, cap * sizeof(*v));
+        struct ida_nm_read **v = ida_realloc(fp->reads, cap * sizeof(*v));
         if (v == NULL) {
             reply_error(fp, rd->conn, rd->req->request_seq, IDA_EBUSY);
             free_read(rd);
@@ -238,13 +238,14 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
         return;
     }
     /* One buffer: raft compacts with it, then hands it on to storage. */
-    struct nm_snapshot *sn = ida_malloc(sizeof(*sn));
+    struct ida_nm_snapshot *sn = ida_malloc(sizeof(*sn));
     if (sn == NULL) {
         ida_free(data);
         return;
     }
-    *sn = (struct nm_snapshot){applied, fp->applied_term, data, len, NULL, 0};
-    node_post(&fp->q, s, n->p_raft, NM_SNAPSHOT_TAKEN, sn);
+    *sn =
+        (struct ida_nm_snapshot){applied, fp->applied_term, data, len, NULL, 0};
+    node_post(&fp->q, s, n->p_raft, IDA_NM_SNAPSHOT_TAKEN, sn);
     fp->snapshot_index = applied;
     IDA_INFO("fsm: snapshot at index %llu (%zu bytes)",
              (unsigned long long)applied, len);
@@ -285,7 +286,7 @@ static void answer(struct fsm_proc *fp,
 
 static void apply_entries(struct fsm_proc *fp,
                           struct ida_sender *s,
-                          const struct nm_apply *a)
+                          const struct ida_nm_apply *a)
 {
     if (a->has_snapshot) {
         int rv = ida_fsm_restore(fp->fsm, a->snap_data, a->snap_len);
@@ -329,16 +330,16 @@ static void apply_entries(struct fsm_proc *fp,
 
 static void on_apply(struct fsm_proc *fp,
                      struct ida_sender *s,
-                     const struct nm_apply *a)
+                     const struct ida_nm_apply *a)
 {
     apply_entries(fp, s, a);
     serve_ready_reads(fp);
     maybe_snapshot(fp, s);
-    struct nm_applied *done = ida_malloc(sizeof(*done));
+    struct ida_nm_applied *done = ida_malloc(sizeof(*done));
     if (done != NULL) {
         done->index = ida_fsm_applied_index(fp->fsm);
         done->snapshot_index = fp->snapshot_index;
-        node_post(&fp->q, s, fp->node->p_raft, NM_APPLIED, done);
+        node_post(&fp->q, s, fp->node->p_raft, IDA_NM_APPLIED, done);
     }
 }
 
@@ -348,17 +349,17 @@ static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
     void *p = node_msg_payload(msg);
     node_outq_flush(&fp->q, s);
     switch ((enum node_msg_type)msg->type) {
-        case NM_APPLY:
+        case IDA_NM_APPLY:
             on_apply(fp, s, p);
             break;
-        case NM_READ:
+        case IDA_NM_READ:
             on_read(fp, p);
             ida_msg_free(msg);
             return;
-        case NM_REGISTER:
+        case IDA_NM_REGISTER:
             add_pending(fp, p);
             break;
-        case NM_LEADERSHIP_LOST:
+        case IDA_NM_LEADERSHIP_LOST:
             lose_all_pending(fp);
             break;
         default:

@@ -95,7 +95,7 @@ void node_raft_msgs_free(struct ida_raft_msg *m, size_t n)
     ida_free(m);
 }
 
-void nm_apply_free(struct nm_apply *a)
+void ida_nm_apply_free(struct ida_nm_apply *a)
 {
     if (a == NULL) {
         return;
@@ -105,7 +105,7 @@ void nm_apply_free(struct nm_apply *a)
     ida_free(a);
 }
 
-void nm_persist_free(struct nm_persist *p)
+void ida_nm_persist_free(struct ida_nm_persist *p)
 {
     if (p == NULL) {
         return;
@@ -114,7 +114,7 @@ void nm_persist_free(struct nm_persist *p)
     ida_free(p->snap_data);
     ida_free(p->snap_conf);
     node_raft_msgs_free(p->after, p->n_after);
-    nm_apply_free(p->apply_after);
+    ida_nm_apply_free(p->apply_after);
     ida_free(p);
 }
 
@@ -122,41 +122,41 @@ void nm_persist_free(struct nm_persist *p)
 static void payload_free(uint32_t type, void *p)
 {
     switch ((enum node_msg_type)type) {
-        case NM_CLIENT:
+        case IDA_NM_CLIENT:
             if (p != NULL) {
                 idalloc__client_request__free_unpacked(
-                    ((struct nm_client *)p)->req, NULL);
+                    ((struct ida_nm_client *)p)->req, NULL);
             }
             ida_free(p);
             break;
-        case NM_READ:
+        case IDA_NM_READ:
             if (p != NULL) {
                 idalloc__client_request__free_unpacked(
-                    ((struct nm_read *)p)->req, NULL);
+                    ((struct ida_nm_read *)p)->req, NULL);
             }
             ida_free(p);
             break;
-        case NM_PEER:
+        case IDA_NM_PEER:
             idalloc__peer_message__free_unpacked(p, NULL);
             break;
-        case NM_PERSIST:
-            nm_persist_free(p);
+        case IDA_NM_PERSIST:
+            ida_nm_persist_free(p);
             break;
-        case NM_APPLY:
-            nm_apply_free(p);
+        case IDA_NM_APPLY:
+            ida_nm_apply_free(p);
             break;
-        case NM_MEMBERSHIP0:
-        case NM_MEMBERSHIP0_DONE:
+        case IDA_NM_MEMBERSHIP0:
+        case IDA_NM_MEMBERSHIP0_DONE:
             if (p != NULL) {
-                ida_free(((struct nm_membership0 *)p)->data);
+                ida_free(((struct ida_nm_membership0 *)p)->data);
             }
             ida_free(p);
             break;
-        case NM_SNAPSHOT_TAKEN:
-        case NM_SNAPSHOT_STORE:
+        case IDA_NM_SNAPSHOT_TAKEN:
+        case IDA_NM_SNAPSHOT_STORE:
             if (p != NULL) {
-                ida_free(((struct nm_snapshot *)p)->data);
-                ida_free(((struct nm_snapshot *)p)->conf);
+                ida_free(((struct ida_nm_snapshot *)p)->data);
+                ida_free(((struct ida_nm_snapshot *)p)->conf);
             }
             ida_free(p);
             break;

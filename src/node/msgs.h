@@ -25,37 +25,37 @@
 #include "src/pool/pool.h"
 
 enum node_msg_type {
-    NM_CLIENT = 1,
-    NM_PEER,
-    NM_PEER_STATE,
-    NM_PERSIST,
-    NM_PERSISTED,
-    NM_APPLY,
-    NM_READ,
-    NM_REGISTER,
-    NM_LEADERSHIP_LOST,
-    NM_APPLIED,
-    NM_SNAPSHOT_TAKEN,
-    NM_SNAPSHOT_STORE,
-    NM_STORAGE_FAILED,
-    NM_MEMBERSHIP0,      /* raft -> storage: write the first membership */
-    NM_MEMBERSHIP0_DONE, /* storage -> raft: written (or why not) */
+    IDA_NM_CLIENT = 1,
+    IDA_NM_PEER,
+    IDA_NM_PEER_STATE,
+    IDA_NM_PERSIST,
+    IDA_NM_PERSISTED,
+    IDA_NM_APPLY,
+    IDA_NM_READ,
+    IDA_NM_REGISTER,
+    IDA_NM_LEADERSHIP_LOST,
+    IDA_NM_APPLIED,
+    IDA_NM_SNAPSHOT_TAKEN,
+    IDA_NM_SNAPSHOT_STORE,
+    IDA_NM_STORAGE_FAILED,
+    IDA_NM_MEMBERSHIP0,      /* raft -> storage: write the first membership */
+    IDA_NM_MEMBERSHIP0_DONE, /* storage -> raft: written (or why not) */
 };
 
-struct nm_client
+struct ida_nm_client
 {
     uint64_t conn;
     Idalloc__ClientRequest *req; /* owned */
 };
 
-struct nm_peer_state
+struct ida_nm_peer_state
 {
     unsigned node_id;
     int up;
 };
 
 /* One raft batch to make durable, then what to do after. */
-struct nm_persist
+struct ida_nm_persist
 {
     uint64_t batch_id;
     int has_hard_state;
@@ -71,18 +71,18 @@ struct nm_persist
     size_t snap_conf_len;
     struct ida_raft_msg *after; /* msgs_after_persist, deep copies */
     size_t n_after;
-    struct nm_apply *apply_after; /* committed entries to forward to fsm
+    struct ida_nm_apply *apply_after; /* committed entries to forward to fsm
                                      once durable (snapshot batches), or NULL */
 };
 
-struct nm_persisted
+struct ida_nm_persisted
 {
     uint64_t batch_id;
 };
 
 /* Committed entries (deep copies) for the fsm, optionally preceded by a
  * snapshot to restore. */
-struct nm_apply
+struct ida_nm_apply
 {
     int has_snapshot;
     ida_index snap_index;
@@ -94,7 +94,7 @@ struct nm_apply
 };
 
 /* A linearizable read, to serve once applied >= index. */
-struct nm_read
+struct ida_nm_read
 {
     uint64_t conn;
     ida_index index;
@@ -102,20 +102,20 @@ struct nm_read
 };
 
 /* A write waiting for its entry to apply. */
-struct nm_register
+struct ida_nm_register
 {
     uint8_t client_id[16];
     uint64_t request_seq;
     uint64_t conn;
 };
 
-struct nm_applied
+struct ida_nm_applied
 {
     ida_index index;
     ida_index snapshot_index;
 };
 
-struct nm_snapshot
+struct ida_nm_snapshot
 {
     ida_index index;
     ida_term term;
@@ -125,15 +125,15 @@ struct nm_snapshot
     size_t conf_len;
 };
 
-/* NM_MEMBERSHIP0 and NM_MEMBERSHIP0_DONE. */
-struct nm_membership0
+/* IDA_NM_MEMBERSHIP0 and IDA_NM_MEMBERSHIP0_DONE. */
+struct ida_nm_membership0
 {
     int rv; /* in the answer: 0 or why it was not written */
     uint8_t *data;
     size_t len;
 };
 
-struct nm_storage_failed
+struct ida_nm_storage_failed
 {
     int code;
     char msg[256];
@@ -147,8 +147,8 @@ void *node_msg_payload(const struct ida_msg *m);
 /* Free @m and its payload, whatever its type. */
 void node_msg_free(struct ida_msg *m);
 
-void nm_persist_free(struct nm_persist *p);
-void nm_apply_free(struct nm_apply *a);
+void ida_nm_persist_free(struct ida_nm_persist *p);
+void ida_nm_apply_free(struct ida_nm_apply *a);
 
 /* Deep copies (one allocation each); NULL when out of memory. */
 struct ida_entry *node_entries_copy(const struct ida_entry *e, size_t n);

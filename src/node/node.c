@@ -346,8 +346,8 @@ static void net_client_request(void *arg,
                                Idalloc__ClientRequest *req)
 {
     struct ida_node *n = arg;
-    struct nm_client *c = ida_malloc(sizeof(*c));
-    struct ida_msg *m = c != NULL ? node_msg_new(NM_CLIENT, c) : NULL;
+    struct ida_nm_client *c = ida_malloc(sizeof(*c));
+    struct ida_msg *m = c != NULL ? node_msg_new(IDA_NM_CLIENT, c) : NULL;
     int rv = m == NULL ? IDA_ENOMEM : 0;
     if (m != NULL) {
         c->conn = conn;
@@ -372,7 +372,7 @@ static void net_client_request(void *arg,
 static void net_peer_message(void *arg, Idalloc__PeerMessage *pm)
 {
     struct ida_node *n = arg;
-    struct ida_msg *m = node_msg_new(NM_PEER, pm);
+    struct ida_msg *m = node_msg_new(IDA_NM_PEER, pm);
     if (m == NULL) {
         idalloc__peer_message__free_unpacked(pm, NULL);
         return;
@@ -385,13 +385,13 @@ static void net_peer_message(void *arg, Idalloc__PeerMessage *pm)
 static void net_peer_state(void *arg, unsigned id, int up)
 {
     struct ida_node *n = arg;
-    struct nm_peer_state *ps = ida_malloc(sizeof(*ps));
+    struct ida_nm_peer_state *ps = ida_malloc(sizeof(*ps));
     if (ps == NULL) {
         return;
     }
     ps->node_id = id;
     ps->up = up;
-    struct ida_msg *m = node_msg_new(NM_PEER_STATE, ps);
+    struct ida_msg *m = node_msg_new(IDA_NM_PEER_STATE, ps);
     if (m == NULL || ida_pool_post(n->pool, n->p_raft, m) != 0) {
         if (m != NULL) {
             node_msg_free(m);

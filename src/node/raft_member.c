@@ -79,19 +79,20 @@ static void start_membership0(struct raft_proc *rp,
                               struct ida_sender *s,
                               const struct ida_raft_conf *c)
 {
-    struct nm_membership0 *m = ida_calloc(1, sizeof(*m));
+    struct ida_nm_membership0 *m = ida_calloc(1, sizeof(*m));
     if (m == NULL ||
         node_conf_encode_full(rp->node, c, &m->data, &m->len) != 0) {
         ida_free(m);
         return; /* the next Hello answer tries again */
     }
     rp->mem.m0_pending = true;
-    if (node_post(&rp->q, s, rp->node->p_storage, NM_MEMBERSHIP0, m) != 0) {
+    if (node_post(&rp->q, s, rp->node->p_storage, IDA_NM_MEMBERSHIP0, m) != 0) {
         rp->mem.m0_pending = false;
     }
 }
 
-void ida__rp_on_membership0_done(struct raft_proc *rp, struct nm_membership0 *m)
+void ida__rp_on_membership0_done(struct raft_proc *rp,
+                                 struct ida_nm_membership0 *m)
 {
     rp->mem.m0_pending = false;
     struct ida_raft_conf c;

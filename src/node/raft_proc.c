@@ -88,7 +88,7 @@ static void lose_writes(struct raft_proc *rp, struct ida_sender *s)
     rp->open_bytes = 0;
     uint8_t *flag = ida_malloc(1);
     if (flag != NULL) {
-        node_post(&rp->q, s, rp->node->p_fsm, NM_LEADERSHIP_LOST, flag);
+        node_post(&rp->q, s, rp->node->p_fsm, IDA_NM_LEADERSHIP_LOST, flag);
     }
 }
 
@@ -132,9 +132,9 @@ static void note_soft_state(struct raft_proc *rp,
 
 /* The fsm's part of a batch: its snapshot to restore (if any), then its
  * committed entries. */
-static struct nm_apply *make_apply(const struct ida_raft_batch *b)
+static struct ida_nm_apply *make_apply(const struct ida_raft_batch *b)
 {
-    struct nm_apply *a = ida_calloc(1, sizeof(*a));
+    struct ida_nm_apply *a = ida_calloc(1, sizeof(*a));
     if (a == NULL) {
         return NULL;
     }
@@ -153,7 +153,7 @@ static struct nm_apply *make_apply(const struct ida_raft_batch *b)
     if (b->n_committed > 0) {
         a->entries = node_entries_copy(b->committed, b->n_committed);
         if (a->entries == NULL) {
-            nm_apply_free(a);
+            ida_nm_apply_free(a);
             return NULL;
         }
         a->n_entries = b->n_committed;
@@ -161,9 +161,9 @@ static struct nm_apply *make_apply(const struct ida_raft_batch *b)
     return a;
 }
 
-static struct nm_persist *make_persist(const struct ida_raft_batch *b)
+static struct ida_nm_persist *make_persist(const struct ida_raft_batch *b)
 {
-    struct nm_persist *p = ida_calloc(1, sizeof(*p));
+    struct ida_nm_persist *p = ida_calloc(1, sizeof(*p));
     if (p == NULL) {
         return NULL;
     }
@@ -186,7 +186,7 @@ static struct nm_persist *make_persist(const struct ida_raft_batch *b)
         if (b->snapshot.config_len > 0) {
             p->snap_conf = ida_malloc(b->snapshot.config_len);
             if (p->snap_conf == NULL) {
-                nm_persist_free(p);
+                ida_nm_persist_free(p);
                 return NULL;
             }
             memcpy(p->snap_conf, b->snapshot.config, b->snapshot.config_len);
@@ -202,7 +202,7 @@ static struct nm_persist *make_persist(const struct ida_raft_batch *b)
         (b->has_snapshot && p->snap_data == NULL) ||
         (b->n_msgs_after_persist > 0 && p->after == NULL)) {
         p->n_after = p->after == NULL ? 0 : p->n_after;
-        nm_persist_free(p);
+        ida_nm_persist_free(p);
         return NULL;
     }
     return p;
@@ -267,11 +267,11 @@ static void handle_batch(struct raft_proc *rp,
     int route = rp->route_until != 0;
     int fsm_part = b->n_committed > 0 || b->has_snapshot;
     if (b->id != 0 || (route && fsm_part)) {
-        struct nm_persist *p = make_persist(b);
+        struct ida_nm_persist *p = make_persist(b);
         if (p != NULL && route && fsm_part) {
             p->apply_after = make_apply(b);
             if (p->apply_after == NULL) {
-                nm_persist_free(p);
+                ida_nm_persist_free(p);
                 p = NULL;
             }
         }
@@ -280,14 +280,14 @@ static void handle_batch(struct raft_proc *rp,
         if (b->id != 0) {
             rp->persist_inflight++;
         }
-        int rv = node_post(&rp->q, s, n->p_storage, NM_PERSIST, p);
+        int rv = node_post(&rp->q, s, n->p_storage, IDA_NM_PERSIST, p);
         IDA_OOM_CHECK(rv == 0, "raft: posting a storage step");
     }
     if (!route && b->n_committed > 0) {
-        struct nm_apply *a = make_apply(b);
+        struct ida_nm_apply *a = make_apply(b);
         /* The fsm must see every committed entry. */
         IDA_OOM_CHECK(a != NULL, "raft: building an apply step");
-        int rv = node_post(&rp->q, s, n->p_fsm, NM_APPLY, a);
+        int rv = node_post(&rp->q, s, n->p_fsm, IDA_NM_APPLY, a);
         IDA_OOM_CHECK(rv == 0, "raft: posting an apply step");
     }
     for (size_t i = 0; i < b->n_reads; i++) {
@@ -295,13 +295,13 @@ static void handle_batch(struct raft_proc *rp,
             if (rp->reads[k].ctx != b->reads[i].ctx) {
                 continue;
             }
-            struct nm_read *rd = ida_malloc(sizeof(*rd));
+            struct ida_nm_read *rd = ida_malloc(sizeof(*rd));
             IDA_OOM_CHECK(rd != NULL, "raft: a read step");
             rd->conn = rp->reads[k].conn;
             rd->index = b->reads[i].index;
             rd->req = rp->reads[k].req;
             rp->reads[k] = rp->reads[--rp->n_reads];
-            int rv = node_post(&rp->q, s, n->p_fsm, NM_READ, rd);
+            int rv = node_post(&rp->q, s, n->p_fsm, IDA_NM_READ, rd);
             IDA_OOM_CHECK(rv == 0, "raft: posting a read step");
             break;
         }
@@ -471,14 +471,14 @@ static int add_write(struct raft_proc *rp,
         rp->open = v;
         rp->cap_open = cap;
     }
-    struct nm_register *reg = ida_malloc(sizeof(*reg));
+    struct ida_nm_register *reg = ida_malloc(sizeof(*reg));
     if (reg == NULL) {
         return IDA_EBUSY;
     }
     memcpy(reg->client_id, req->client_id.data, 16);
     reg->request_seq = req->request_seq;
     reg->conn = conn;
-    if (node_post(&rp->q, s, rp->node->p_fsm, NM_REGISTER, reg) != 0) {
+    if (node_post(&rp->q, s, rp->node->p_fsm, IDA_NM_REGISTER, reg) != 0) {
         return IDA_EBUSY; /* nobody would answer it: the client retries */
     }
     rp->open[rp->n_open++] = req;
@@ -488,7 +488,7 @@ static int add_write(struct raft_proc *rp,
 
 static void on_client(struct raft_proc *rp,
                       struct ida_sender *s,
-                      struct nm_client *c)
+                      struct ida_nm_client *c)
 {
     Idalloc__ClientRequest *req = c->req;
     uint64_t seq = req->request_seq;
@@ -575,7 +575,7 @@ static void on_peer(struct raft_proc *rp,
 
 static void on_persisted(struct raft_proc *rp,
                          struct ida_sender *s,
-                         const struct nm_persisted *p)
+                         const struct ida_nm_persisted *p)
 {
     ida_raft_persisted(&rp->raft, p->batch_id);
     IDA_ASSERT(rp->persist_inflight > 0);
@@ -591,7 +591,7 @@ static void on_persisted(struct raft_proc *rp,
 
 static void on_storage_failed(struct raft_proc *rp,
                               struct ida_sender *s,
-                              const struct nm_storage_failed *f)
+                              const struct ida_nm_storage_failed *f)
 {
     if (!rp->storage_failed) {
         IDA_ERROR("raft: storage failed (%s): refusing writes", f->msg);
@@ -622,33 +622,33 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
     void *p = node_msg_payload(msg);
     node_outq_flush(&rp->q, s);
     switch ((enum node_msg_type)msg->type) {
-        case NM_CLIENT:
+        case IDA_NM_CLIENT:
             on_client(rp, s, p);
             break;
-        case NM_PEER:
+        case IDA_NM_PEER:
             on_peer(rp, s, p);
             break;
-        case NM_PEER_STATE: {
-            const struct nm_peer_state *ps = p;
+        case IDA_NM_PEER_STATE: {
+            const struct ida_nm_peer_state *ps = p;
             if (ps->node_id <= IDA_CONFIG_NODES_MAX) {
                 rp->peer_up[ps->node_id] = ps->up;
             }
             ida_free(p);
             break;
         }
-        case NM_PERSISTED:
+        case IDA_NM_PERSISTED:
             on_persisted(rp, s, p);
             ida_free(p);
             break;
-        case NM_APPLIED: {
-            const struct nm_applied *a = p;
+        case IDA_NM_APPLIED: {
+            const struct ida_nm_applied *a = p;
             rp->applied = a->index;
             rp->snapshot_index = a->snapshot_index;
             ida_free(p);
             break;
         }
-        case NM_SNAPSHOT_TAKEN: {
-            struct nm_snapshot *sn = p;
+        case IDA_NM_SNAPSHOT_TAKEN: {
+            struct ida_nm_snapshot *sn = p;
             int rv = ida_raft_compact(&rp->raft, sn->index, sn->data, sn->len);
             if (rv != 0 && rv != IDA_EINVAL) {
                 IDA_WARN("raft: compaction at %llu failed: %s",
@@ -670,16 +670,16 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
             }
             /* The core copied what it needs: the same buffer goes on to
              * storage (storage ignores a snapshot older than its own). */
-            msg->type = NM_SNAPSHOT_STORE;
+            msg->type = IDA_NM_SNAPSHOT_STORE;
             node_send(&rp->q, s, rp->node->p_storage, msg);
             drive(rp, s);
             return;
         }
-        case NM_STORAGE_FAILED:
+        case IDA_NM_STORAGE_FAILED:
             on_storage_failed(rp, s, p);
             ida_free(p);
             break;
-        case NM_MEMBERSHIP0_DONE:
+        case IDA_NM_MEMBERSHIP0_DONE:
             ida__rp_on_membership0_done(rp, p);
             node_msg_free(msg);
             drive(rp, s);

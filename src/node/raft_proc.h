@@ -62,7 +62,7 @@ void ida__rp_on_hello(struct raft_proc *rp,
                       struct ida_sender *s,
                       const Idalloc__PeerMessage *pb);
 void ida__rp_on_membership0_done(struct raft_proc *rp,
-                                 struct nm_membership0 *m);
+                                 struct ida_nm_membership0 *m);
 void ida__rp_rejoin_step(struct raft_proc *rp, uint64_t now);
 int ida__rp_first_voters(struct raft_proc *rp, struct ida_raft_config *rc);
 

@@ -31,14 +31,14 @@ static void report_failure(struct storage_proc *sp,
     }
     sp->failed = 1;
     ida_sender_error(s, code, st->errmsg[0] != '\0' ? st->errmsg : what);
-    struct nm_storage_failed *f = ida_calloc(1, sizeof(*f));
+    struct ida_nm_storage_failed *f = ida_calloc(1, sizeof(*f));
     if (f == NULL) {
         return;
     }
     f->code = code;
     snprintf(f->msg, sizeof(f->msg), "%.60s: %.180s", what,
              st->errmsg[0] != '\0' ? st->errmsg : idalloc_strerror(code));
-    node_post(&sp->q, s, sp->node->p_raft, NM_STORAGE_FAILED, f);
+    node_post(&sp->q, s, sp->node->p_raft, IDA_NM_STORAGE_FAILED, f);
 }
 
 /* Write a whole snapshot durably. */
@@ -68,7 +68,7 @@ static int write_snapshot(struct storage_proc *sp,
 /* One raft batch as one durable step (two when it carries a snapshot: the
  * snapshot first, then the log that follows it). */
 static int persist(struct storage_proc *sp,
-                   const struct nm_persist *p,
+                   const struct ida_nm_persist *p,
                    const char **what)
 {
     struct ida_storage *st = &sp->node->storage;
@@ -117,7 +117,7 @@ static int persist(struct storage_proc *sp,
     return rv;
 }
 
-static void send_after(struct storage_proc *sp, const struct nm_persist *p)
+static void send_after(struct storage_proc *sp, const struct ida_nm_persist *p)
 {
     for (size_t i = 0; i < p->n_after; i++) {
         struct node_pb_peer pb;
@@ -130,7 +130,7 @@ static void send_after(struct storage_proc *sp, const struct nm_persist *p)
 
 static void on_persist(struct storage_proc *sp,
                        struct ida_sender *s,
-                       struct nm_persist *p)
+                       struct ida_nm_persist *p)
 {
     struct ida_node *n = sp->node;
     const char *what = "persisting a raft batch";
@@ -139,31 +139,31 @@ static void on_persist(struct storage_proc *sp,
         /* Nothing that depends on this step may happen: no deferred
          * messages, no "persisted". The node stops accepting writes. */
         report_failure(sp, s, rv, what);
-        nm_persist_free(p);
+        ida_nm_persist_free(p);
         return;
     }
     send_after(sp, p);
     if (p->batch_id != 0) {
         /* The core waits for this answer forever. */
-        struct nm_persisted *done = ida_malloc(sizeof(*done));
+        struct ida_nm_persisted *done = ida_malloc(sizeof(*done));
         IDA_OOM_CHECK(done != NULL, "storage: a persisted notice");
         done->batch_id = p->batch_id;
-        rv = node_post(&sp->q, s, n->p_raft, NM_PERSISTED, done);
+        rv = node_post(&sp->q, s, n->p_raft, IDA_NM_PERSISTED, done);
         IDA_OOM_CHECK(rv == 0, "storage: posting a persisted notice");
     }
     if (p->apply_after != NULL) {
-        struct nm_apply *a = p->apply_after;
+        struct ida_nm_apply *a = p->apply_after;
         p->apply_after = NULL;
-        rv = node_post(&sp->q, s, n->p_fsm, NM_APPLY, a);
+        rv = node_post(&sp->q, s, n->p_fsm, IDA_NM_APPLY, a);
         /* The fsm must see every committed entry. */
         IDA_OOM_CHECK(rv == 0, "storage: posting an apply step");
     }
-    nm_persist_free(p);
+    ida_nm_persist_free(p);
 }
 
 static void on_snapshot_store(struct storage_proc *sp,
                               struct ida_sender *s,
-                              const struct nm_snapshot *sn)
+                              const struct ida_nm_snapshot *sn)
 {
     struct ida_storage *st = &sp->node->storage;
     if (sp->failed || sn->index <= st->snapshot_index) {
@@ -190,19 +190,19 @@ static void storage_receive(void *state,
 {
     struct storage_proc *sp = state;
     node_outq_flush(&sp->q, s);
-    if (msg->type == NM_PERSIST) {
+    if (msg->type == IDA_NM_PERSIST) {
         on_persist(sp, s, node_msg_payload(msg));
         ida_msg_free(msg);
         return;
     }
-    if (msg->type == NM_SNAPSHOT_STORE) {
+    if (msg->type == IDA_NM_SNAPSHOT_STORE) {
         on_snapshot_store(sp, s, node_msg_payload(msg));
     }
-    if (msg->type == NM_MEMBERSHIP0) {
-        struct nm_membership0 *m = node_msg_payload(msg);
+    if (msg->type == IDA_NM_MEMBERSHIP0) {
+        struct ida_nm_membership0 *m = node_msg_payload(msg);
         m->rv =
             ida_storage_membership0_set(&sp->node->storage, m->data, m->len);
-        msg->type = NM_MEMBERSHIP0_DONE;
+        msg->type = IDA_NM_MEMBERSHIP0_DONE;
         node_send(&sp->q, s, sp->node->p_raft, msg);
         return;
     }
