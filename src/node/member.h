@@ -60,7 +60,8 @@ struct node_members
     bool fresh[IDA_CONFIG_NODES_MAX];
     uint64_t inc[IDA_CONFIG_NODES_MAX];
     uint64_t last_hello_ms;
-    bool m0_pending; /* membership0 is being written */
+    bool m0_pending;           /* membership0 is being written */
+    uint64_t last_wait_log_ms; /* joining: the last "waiting" log line */
     /* Re-admission target (leader). */
     ida_node_id rejoin_id;
     uint64_t rejoin_inc;

@@ -34,10 +34,25 @@ void ida__rp_hello_all(struct raft_proc *rp, uint64_t now)
     }
     rp->mem.last_hello_ms = now;
     const struct ida_config *cfg = &rp->node->cfg;
+    char missing[128] = "";
+    size_t len = 0;
     for (unsigned i = 0; i < cfg->node_count; i++) {
         if (cfg->nodes[i].id != rp->node->self->id) {
             send_hello(rp, cfg->nodes[i].id, false);
         }
+        if (!rp->mem.heard[i] && len + 8 < sizeof(missing)) {
+            len +=
+                (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u",
+                                 len > 0 ? ", " : "", cfg->nodes[i].id);
+        }
+    }
+    if (rp->mem.joining && len > 0 && now - rp->mem.last_wait_log_ms >= 5000) {
+        rp->mem.last_wait_log_ms = now;
+        IDA_INFO(
+            "membership: new data directory: waiting to hear from "
+            "node(s) %s (the first start of a cluster needs every node "
+            "of the cluster file; a replaced disk needs the leader)",
+            missing);
     }
 }
 
