@@ -215,6 +215,14 @@ struct ida_raft_config
     int (*conf_decode)(const uint8_t *data,
                        size_t len,
                        struct ida_raft_conf *out);
+    /* Check the state bytes of a snapshot received from a leader, once all
+     * of it arrived and before the core gives up its log for it: nonzero
+     * refuses it (the core keeps its log and state, answers the leader
+     * "not installed, start again from byte 0", and ida_raft_step() returns
+     * IDA_EPROTO). NULL: no
+     * check. The node's restores the bytes into a scratch state machine. */
+    int (*snapshot_check)(void *arg, const uint8_t *data, size_t len);
+    void *snapshot_check_arg;
 };
 
 /* What storage holds, handed to ida_raft_init() on (re)start. */

@@ -235,6 +235,18 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
     }
     IDA_ASSERT(r->rcv_len == r->rcv_total); /* done: offset + len == total */
     size_t len = r->rcv_len;
+    if (r->cfg.snapshot_check != NULL &&
+        r->cfg.snapshot_check(r->cfg.snapshot_check_arg, r->rcv_data, len) !=
+            0) {
+        /* Nothing was given up: forget what arrived, keep the log. */
+        ida_free(r->rcv_data);
+        r->rcv_data = NULL;
+        r->rcv_len = r->rcv_cap = 0;
+        r->rcv_index = 0;
+        r->rcv_total = 0;
+        snapshot_reply(r, m, 0, false, false);
+        return IDA_EPROTO;
+    }
     install_snapshot(r);
     /* The config was validated at offset 0: only allocation can fail; the
      * snapshot stands and the membership is recomputed at the next change

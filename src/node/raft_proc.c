@@ -727,6 +727,27 @@ static void raft_ping(void *state, struct ida_sender *s)
 
 const struct ida_proc_ops ida__raft_proc_ops = {raft_receive, raft_ping};
 
+/* A snapshot from a leader is restored into a scratch state machine before
+ * the core gives up its log for it: bytes that do not restore (damaged or
+ * forged) are refused and the node keeps running on what it had. */
+static int snapshot_check(void *arg, const uint8_t *data, size_t len)
+{
+    (void)arg;
+    struct ida_fsm *f;
+    int rv = ida_fsm_new(&f);
+    if (rv == 0) {
+        rv = ida_fsm_restore(f, data, len);
+        ida_fsm_free(f);
+    }
+    if (rv != 0) {
+        IDA_WARN(
+            "raft: refused a snapshot of %zu bytes from the leader: %s; "
+            "keeping the log and state this node has",
+            len, idalloc_strerror(rv));
+    }
+    return rv;
+}
+
 int ida__raft_proc_new(struct ida_node *n,
                        const struct ida_raft_restore *r,
                        struct raft_proc **out)
@@ -748,6 +769,7 @@ int ida__raft_proc_new(struct ida_node *n,
         .max_msg_entries = 256,
         .snapshot_chunk_bytes = 512 * 1024,
         .conf_decode = node_conf_decode,
+        .snapshot_check = snapshot_check,
     };
     if (rc.heartbeat_ticks == 0) {
         rc.heartbeat_ticks = 1;

@@ -50,3 +50,94 @@ Test(raft, lagging_follower_gets_a_chunked_snapshot)
     cr_assert_eq(ida_raft_last_index(&H.r[3]), 31);
     cr_assert_eq(ida_raft_term_at(&H.r[3], 20), 1);
 }
+
+/* --- the application's check of a received snapshot ---------------------- */
+
+static int refuse_all(void *arg, const uint8_t *data, size_t len)
+{
+    (void)data;
+    (void)len;
+    (*(int *)arg)++;
+    return IDA_ECORRUPT;
+}
+
+static int accept_all(void *arg, const uint8_t *data, size_t len)
+{
+    (void)data;
+    (void)len;
+    (*(int *)arg)++;
+    return 0;
+}
+
+/* Node 2 holds entries 1..3 of term 1; leader 1 sends a whole snapshot at
+ * index 10 in one chunk. Returns what step() said. */
+static int offer_snapshot(struct ida_raft *r,
+                          int (*check)(void *, const uint8_t *, size_t),
+                          int *calls)
+{
+    struct ida_raft_config cfg = base_config();
+    cfg.id = 2;
+    cfg.snapshot_check = check;
+    cfg.snapshot_check_arg = calls;
+    static const uint8_t d[1] = {7};
+    struct ida_entry ents[3];
+    for (int i = 0; i < 3; i++) {
+        ents[i] = (struct ida_entry){.term = 1,
+                                     .index = (ida_index)i + 1,
+                                     .type = IDA_ENTRY_NORMAL,
+                                     .data = (uint8_t *)d,
+                                     .len = 1};
+    }
+    struct ida_raft_restore st = {
+        .hard_state = {.term = 1}, .entries = ents, .n_entries = 3};
+    cr_assert_eq(ida_raft_init(r, &cfg, &st), 0);
+    static const uint8_t junk[22] = "22 bytes of junk here";
+    struct ida_raft_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = IDA_RAFT_MSG_INSTALL_SNAPSHOT;
+    m.from = 1;
+    m.to = 2;
+    m.term = 2;
+    m.u.install_snapshot.last_index = 10;
+    m.u.install_snapshot.last_term = 2;
+    m.u.install_snapshot.data = junk;
+    m.u.install_snapshot.len = sizeof(junk);
+    m.u.install_snapshot.total_size = sizeof(junk);
+    m.u.install_snapshot.done = true;
+    return ida_raft_step(r, &m);
+}
+
+Test(snapshot_check, a_refused_snapshot_gives_up_nothing)
+{
+    struct ida_raft r;
+    int calls = 0;
+    cr_assert_eq(offer_snapshot(&r, refuse_all, &calls), IDA_EPROTO);
+    cr_assert_eq(calls, 1);
+    cr_assert_eq(ida_raft_last_index(&r), 3, "the log was given up");
+    cr_assert_not_null(ida_raft_entry(&r, 1));
+    struct ida_raft_batch b;
+    while (ida_raft_ready(&r, &b)) {
+        cr_assert_not(b.has_snapshot, "a refused snapshot went to storage");
+        for (size_t i = 0; i < b.n_msgs; i++) {
+            if (b.msgs[i].type == IDA_RAFT_MSG_SNAPSHOT_RESPONSE) {
+                /* "not installed, start again from byte 0" */
+                cr_assert_not(b.msgs[i].u.snapshot_response.done);
+                cr_assert_eq(b.msgs[i].u.snapshot_response.next_offset, 0);
+            }
+        }
+        if (b.id != 0) {
+            ida_raft_persisted(&r, b.id);
+        }
+    }
+    ida_raft_close(&r);
+}
+
+Test(snapshot_check, control_an_accepted_snapshot_is_installed)
+{
+    struct ida_raft r;
+    int calls = 0;
+    cr_assert_eq(offer_snapshot(&r, accept_all, &calls), 0);
+    cr_assert_eq(calls, 1);
+    cr_assert_eq(ida_raft_last_index(&r), 10);
+    ida_raft_close(&r);
+}
