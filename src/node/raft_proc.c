@@ -566,6 +566,10 @@ static void on_peer(struct raft_proc *rp,
             IDA_ERROR("raft: peer %u broke the protocol (message ignored)",
                       pb->from);
             ida_sender_error(s, rv, "peer message broke the Raft protocol");
+        } else if (rv == IDA_EINVAL) {
+            /* Counted in the error top (status --verbose), not logged per
+             * message: a flood of them must not flood the log. */
+            ida_sender_error(s, rv, "peer message failed a field check");
         }
     }
     ida_free(entries);
