@@ -253,4 +253,27 @@ int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len);
  * breaks an invariant), or IDA_ENOMEM; on error @f is unchanged. */
 int ida_fsm_restore(struct ida_fsm *f, const uint8_t *data, size_t len);
 
+/* --- protobuf view of a result ------------------------------------------- */
+
+/* A CommandResult that points into this struct only (no allocation). It is
+ * the form the state machine keeps answers in inside its snapshots, and the
+ * form the node sends to clients: one conversion for both. */
+struct ida_fsm_result_pb
+{
+    Idalloc__CommandResult msg;
+    union {
+        Idalloc__PoolCreateResult pool_create;
+        Idalloc__AllocResult alloc;
+        Idalloc__FreeResult free;
+        Idalloc__ReserveResult reserve;
+        Idalloc__PrefixResult prefix;
+    } u;
+    uint8_t prefix[IDA_PREFIX_BYTES_MAX];
+};
+
+/* Fill @pb (caller-owned, may live anywhere) from @r. pb->msg is then ready
+ * to pack or to place in a ClientResponse; it is valid while @pb lives. */
+void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
+                          struct ida_fsm_result_pb *pb);
+
 #endif /* IDA_FSM_H */

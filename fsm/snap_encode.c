@@ -186,25 +186,10 @@ static void enc_pool(struct ida__wbuf *w, const void *arg)
     ida__w_msg_sized(w, field, fn, inner, a->inner_size);
 }
 
-/* The stored form of a kept answer: a CommandResult (dec_result() in
- * snap_decode.c is the inverse). The node builds its client replies with its
- * own conversion (src/node/convert.c), so the snapshot format is fixed here
- * whatever the replies become. The CommandResult points into the struct
- * only (no allocation). */
-struct result_pb
-{
-    Idalloc__CommandResult msg;
-    union {
-        Idalloc__PoolCreateResult pool_create;
-        Idalloc__AllocResult alloc;
-        Idalloc__FreeResult free;
-        Idalloc__ReserveResult reserve;
-        Idalloc__PrefixResult prefix;
-    } u;
-    uint8_t prefix[IDA_PREFIX_BYTES_MAX];
-};
-
-static void result_to_pb(const struct ida_fsm_result *r, struct result_pb *pb)
+/* The stored form of a kept answer is a CommandResult (dec_result() in
+ * snap_decode.c is the inverse); the node sends the same form to clients. */
+void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
+                          struct ida_fsm_result_pb *pb)
 {
     memset(pb, 0, sizeof(*pb));
     idalloc__command_result__init(&pb->msg);
@@ -263,8 +248,8 @@ struct result_arg
 static void enc_result(struct ida__wbuf *w, const void *arg)
 {
     const struct result_arg *a = arg;
-    struct result_pb pb;
-    result_to_pb(a->r, &pb);
+    struct ida_fsm_result_pb pb;
+    ida_fsm_result_to_pb(a->r, &pb);
     ida__w_u64(w, 1, a->seq);
     size_t n = idalloc__command_result__get_packed_size(&pb.msg);
     ida__w_key(w, 2, IDA__WT_LEN);

@@ -233,57 +233,6 @@ int node_pb_to_raft(const Idalloc__PeerMessage *pb,
     }
 }
 
-void node_fsm_result_to_pb(const struct ida_fsm_result *r,
-                           struct node_pb_result *pb)
-{
-    memset(pb, 0, sizeof(*pb));
-    idalloc__command_result__init(&pb->msg);
-    pb->msg.error = (uint32_t)r->error;
-    pb->msg.error_msg = (char *)(r->error_msg != NULL ? r->error_msg : "");
-    if (r->error != 0) {
-        return;
-    }
-    switch (r->op) {
-        case IDA_FSM_OP_POOL_CREATE:
-            idalloc__pool_create_result__init(&pb->u.pool_create);
-            pb->u.pool_create.created = r->flag;
-            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_POOL_CREATE;
-            pb->msg.pool_create = &pb->u.pool_create;
-            break;
-        case IDA_FSM_OP_ALLOC:
-            idalloc__alloc_result__init(&pb->u.alloc);
-            pb->u.alloc.id = r->id;
-            pb->u.alloc.existed = r->flag;
-            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_ALLOC;
-            pb->msg.alloc = &pb->u.alloc;
-            break;
-        case IDA_FSM_OP_FREE:
-            idalloc__free_result__init(&pb->u.free);
-            pb->u.free.freed = r->flag;
-            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_FREE;
-            pb->msg.free = &pb->u.free;
-            break;
-        case IDA_FSM_OP_RESERVE:
-            idalloc__reserve_result__init(&pb->u.reserve);
-            pb->u.reserve.first = r->id;
-            pb->u.reserve.count = r->count;
-            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_RESERVE;
-            pb->msg.reserve = &pb->u.reserve;
-            break;
-        case IDA_FSM_OP_PREFIX_ALLOC:
-            idalloc__prefix_result__init(&pb->u.prefix);
-            memcpy(pb->prefix, r->prefix, r->prefix_len);
-            pb->u.prefix.prefix.data = pb->prefix;
-            pb->u.prefix.prefix.len = r->prefix_len;
-            pb->u.prefix.existed = r->flag;
-            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC;
-            pb->msg.prefix_alloc = &pb->u.prefix;
-            break;
-        default:
-            IDA_UNREACHABLE();
-    }
-}
-
 /* --- cluster configs ----------------------------------------------------- */
 
 static void *conf_pb_alloc(void *data, size_t size)
@@ -337,6 +286,39 @@ int node_conf_decode(const uint8_t *data, size_t len, struct ida_raft_conf *out)
     return rv;
 }
 
+/* The members of @c as protobuf (pointing into @ms, @mp and @file), with
+ * the addresses of @file (NULL: none). */
+static void conf_pb(const struct ida_config *file,
+                    const struct ida_raft_conf *c,
+                    Idalloc__Member *ms,
+                    Idalloc__Member **mp,
+                    Idalloc__ClusterConfig *cc)
+{
+    idalloc__cluster_config__init(cc);
+    size_t k = 0;
+    for (size_t i = 0; i < c->n + c->n_learners; i++) {
+        bool voter = i < c->n;
+        if ((voter ? i : i - c->n) >= IDA_RAFT_NODES_MAX) {
+            continue;
+        }
+        ida_node_id id = voter ? c->voters[i] : c->learners[i - c->n];
+        const struct ida_config_node *f =
+            file != NULL ? ida_config_node(file, id) : NULL;
+        idalloc__member__init(&ms[k]);
+        ms[k].id = id;
+        ms[k].incarnation = voter ? c->voter_inc[i] : c->learner_inc[i - c->n];
+        ms[k].voter = voter;
+        if (f != NULL) {
+            ms[k].peer_addr = (char *)f->peer.text;
+            ms[k].client_addr = (char *)f->client.text;
+        }
+        mp[k] = &ms[k];
+        k++;
+    }
+    cc->n_members = k;
+    cc->members = mp;
+}
+
 int node_conf_encode(const struct ida_raft_conf *c,
                      uint8_t *buf,
                      size_t cap,
@@ -344,28 +326,30 @@ int node_conf_encode(const struct ida_raft_conf *c,
 {
     Idalloc__Member ms[2 * IDA_RAFT_NODES_MAX];
     Idalloc__Member *mp[2 * IDA_RAFT_NODES_MAX];
-    Idalloc__ClusterConfig cc = IDALLOC__CLUSTER_CONFIG__INIT;
-    size_t k = 0;
-    for (size_t i = 0; i < c->n && i < IDA_RAFT_NODES_MAX; i++, k++) {
-        idalloc__member__init(&ms[k]);
-        ms[k].id = c->voters[i];
-        ms[k].incarnation = c->voter_inc[i];
-        ms[k].voter = 1;
-        mp[k] = &ms[k];
-    }
-    for (size_t i = 0; i < c->n_learners && i < IDA_RAFT_NODES_MAX; i++, k++) {
-        idalloc__member__init(&ms[k]);
-        ms[k].id = c->learners[i];
-        ms[k].incarnation = c->learner_inc[i];
-        ms[k].voter = 0;
-        mp[k] = &ms[k];
-    }
-    cc.n_members = k;
-    cc.members = mp;
+    Idalloc__ClusterConfig cc;
+    conf_pb(NULL, c, ms, mp, &cc);
     size_t need = idalloc__cluster_config__get_packed_size(&cc);
     if (need > cap) {
         return IDA_ETOOBIG;
     }
     *len = idalloc__cluster_config__pack(&cc, buf);
+    return 0;
+}
+
+int node_conf_encode_full(const struct ida_config *file,
+                          const struct ida_raft_conf *c,
+                          uint8_t **out,
+                          size_t *len)
+{
+    Idalloc__Member ms[2 * IDA_RAFT_NODES_MAX];
+    Idalloc__Member *mp[2 * IDA_RAFT_NODES_MAX];
+    Idalloc__ClusterConfig cc;
+    conf_pb(file, c, ms, mp, &cc);
+    *len = idalloc__cluster_config__get_packed_size(&cc);
+    *out = ida_malloc(*len > 0 ? *len : 1);
+    if (*out == NULL) {
+        return IDA_ENOMEM;
+    }
+    idalloc__cluster_config__pack(&cc, *out);
     return 0;
 }

@@ -1,13 +1,14 @@
 /* Translation between the Raft core's message structs and proto
  * PeerMessage, between client requests and log commands, between the core's
- * membership (struct ida_raft_conf) and idalloc.ClusterConfig, and from state
- * machine results to client replies. */
+ * membership (struct ida_raft_conf) and idalloc.ClusterConfig. State machine
+ * results become replies through ida_fsm_result_to_pb() (fsm/fsm.h). */
 #ifndef IDA_NODE_CONVERT_H
 #define IDA_NODE_CONVERT_H
 
 #include "fsm/fsm.h"
 #include "proto/idalloc.pb-c.h"
 #include "raft/raft.h"
+#include "src/common/config.h"
 
 /* Scratch space for one PeerMessage built from a raft message; it points
  * into @m (borrowed) and into itself. */
@@ -39,25 +40,6 @@ int node_pb_to_raft(const Idalloc__PeerMessage *pb,
                     struct ida_raft_msg *m,
                     struct ida_entry **entries);
 
-/* A CommandResult that points into this struct only (no allocation). */
-struct node_pb_result
-{
-    Idalloc__CommandResult msg;
-    union {
-        Idalloc__PoolCreateResult pool_create;
-        Idalloc__AllocResult alloc;
-        Idalloc__FreeResult free;
-        Idalloc__ReserveResult reserve;
-        Idalloc__PrefixResult prefix;
-    } u;
-    uint8_t prefix[IDA_PREFIX_BYTES_MAX];
-};
-
-/* Fill @pb (caller-owned, may live anywhere) from @r. pb->msg is then ready
- * to pack or to place in a ClientResponse; it is valid while @pb lives. */
-void node_fsm_result_to_pb(const struct ida_fsm_result *r,
-                           struct node_pb_result *pb);
-
 /* Decode an encoded idalloc.ClusterConfig into @out (in the encoded order):
  * members with `voter` set are voters, the others learners; addresses are
  * the node's business and are skipped. The node hands this to the core as
@@ -75,5 +57,13 @@ int node_conf_encode(const struct ida_raft_conf *c,
                      uint8_t *buf,
                      size_t cap,
                      size_t *len);
+
+/* Encode @c as an idalloc.ClusterConfig with the addresses of the cluster
+ * file @file into a new buffer (*@out, ida_malloc'd): the form of the
+ * node's config entries, membership0 and Hello. Returns 0 or IDA_ENOMEM. */
+int node_conf_encode_full(const struct ida_config *file,
+                          const struct ida_raft_conf *c,
+                          uint8_t **out,
+                          size_t *len);
 
 #endif /* IDA_NODE_CONVERT_H */

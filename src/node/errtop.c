@@ -328,18 +328,23 @@ static int load(const char *path,
         e->last_seen_ms = d->errors[i]->last_seen_unix_ms;
     }
     idalloc__error_top_dump__free_unpacked(d, NULL);
-    /* Insertion sort: n <= a few dozen. */
-    for (size_t i = 1; i < n; i++) {
-        struct ida_errtop_entry x = out[i];
-        size_t j = i;
-        while (j > 0 && out[j - 1].count < x.count) {
-            out[j] = out[j - 1];
-            j--;
-        }
-        out[j] = x;
-    }
+    ida_errtop_sort(out, n);
     *count_out = n;
     return 0;
+}
+
+void ida_errtop_sort(struct ida_errtop_entry *e, size_t n)
+{
+    /* Insertion sort: n <= a few dozen. */
+    for (size_t i = 1; i < n; i++) {
+        struct ida_errtop_entry x = e[i];
+        size_t j = i;
+        while (j > 0 && e[j - 1].count < x.count) {
+            e[j] = e[j - 1];
+            j--;
+        }
+        e[j] = x;
+    }
 }
 
 int ida_errtop_restore(struct ida_errtop *t)

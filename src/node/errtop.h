@@ -84,6 +84,9 @@ const struct ida_errtop_entry *ida_errtop_find(const struct ida_errtop *t,
  * (the previous file, if any, is intact), IDA_ENOMEM. */
 int ida_errtop_dump(struct ida_errtop *t);
 
+/* Sort @n entries most frequent first (stable for equal counts). */
+void ida_errtop_sort(struct ida_errtop_entry *e, size_t n);
+
 /* Replace the top with the content of its path. A missing file gives an
  * empty top and 0. Returns 0, IDA_EINVAL (no path), IDA_EIO, IDA_ECORRUPT
  * (undecodable), IDA_ENOMEM; on error @t is unchanged. */

@@ -92,17 +92,6 @@ static uint64_t take_pending(struct fsm_proc *fp,
     return 0;
 }
 
-static void reply(struct fsm_proc *fp,
-                  uint64_t conn,
-                  uint64_t seq,
-                  Idalloc__CommandResult *res)
-{
-    Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
-    r.request_seq = seq;
-    r.result = res;
-    ida_net_reply(fp->node->net, conn, &r);
-}
-
 static void reply_error(struct fsm_proc *fp,
                         uint64_t conn,
                         uint64_t seq,
@@ -174,7 +163,7 @@ static void serve_read(struct fsm_proc *fp, struct ida_nm_read *rd)
                   (unsigned long long)rd->index,
                   rv != 0 ? idalloc_errname(rv) : "ok");
     }
-    reply(fp, rd->conn, q->request_seq, &res);
+    ida__node_reply_result(fp->node, rd->conn, q->request_seq, &res, 0);
 }
 
 static void free_read(struct ida_nm_read *rd)
@@ -278,9 +267,9 @@ static void answer(struct fsm_proc *fp,
                 r->result.error != 0 ? idalloc_errname(r->result.error) : "ok",
                 r->cached ? " (a retry: its first answer)" : "");
         }
-        struct node_pb_result pb;
-        node_fsm_result_to_pb(&r->result, &pb);
-        reply(fp, conn, r->request_seq, &pb.msg);
+        struct ida_fsm_result_pb pb;
+        ida_fsm_result_to_pb(&r->result, &pb);
+        ida__node_reply_result(fp->node, conn, r->request_seq, &pb.msg, 0);
     }
 }
 

@@ -8,59 +8,10 @@
 #include "src/node/convert.h"
 #include "src/node/node.h"
 
-/* The cluster file's entry for @id, NULL if it has none. */
-static const struct ida_config_node *file_node(const struct ida_node *n,
-                                               ida_node_id id)
+int node_file_index(const struct ida_node *n, unsigned id)
 {
-    for (unsigned i = 0; i < n->cfg.node_count; i++) {
-        if (n->cfg.nodes[i].id == id) {
-            return &n->cfg.nodes[i];
-        }
-    }
-    return NULL;
-}
-
-static void member_pb(const struct ida_node *n,
-                      ida_node_id id,
-                      uint64_t inc,
-                      bool voter,
-                      Idalloc__Member *m)
-{
-    idalloc__member__init(m);
-    const struct ida_config_node *f = file_node(n, id);
-    m->id = id;
-    m->incarnation = inc;
-    m->voter = voter;
-    m->peer_addr = f != NULL ? (char *)f->peer.text : "";
-    m->client_addr = f != NULL ? (char *)f->client.text : "";
-}
-
-int node_conf_encode_full(const struct ida_node *n,
-                          const struct ida_raft_conf *c,
-                          uint8_t **out,
-                          size_t *len)
-{
-    Idalloc__Member ms[2 * IDA_RAFT_NODES_MAX];
-    Idalloc__Member *mp[2 * IDA_RAFT_NODES_MAX];
-    Idalloc__ClusterConfig cc = IDALLOC__CLUSTER_CONFIG__INIT;
-    size_t k = 0;
-    for (size_t i = 0; i < c->n && i < IDA_RAFT_NODES_MAX; i++, k++) {
-        member_pb(n, c->voters[i], c->voter_inc[i], true, &ms[k]);
-        mp[k] = &ms[k];
-    }
-    for (size_t i = 0; i < c->n_learners && i < IDA_RAFT_NODES_MAX; i++, k++) {
-        member_pb(n, c->learners[i], c->learner_inc[i], false, &ms[k]);
-        mp[k] = &ms[k];
-    }
-    cc.n_members = k;
-    cc.members = mp;
-    *len = idalloc__cluster_config__get_packed_size(&cc);
-    *out = ida_malloc(*len > 0 ? *len : 1);
-    if (*out == NULL) {
-        return IDA_ENOMEM;
-    }
-    idalloc__cluster_config__pack(&cc, *out);
-    return 0;
+    const struct ida_config_node *f = ida_config_node(&n->cfg, id);
+    return f != NULL ? (int)(f - n->cfg.nodes) : -1;
 }
 
 void node_conf_first(const struct ida_node *n,
@@ -94,7 +45,7 @@ int node_hello_make(const struct ida_node *n,
     hello->reply = reply;
     if (r != NULL) {
         size_t len;
-        int rv = node_conf_encode_full(n, ida_raft_voters(r), buf, &len);
+        int rv = node_conf_encode_full(&n->cfg, ida_raft_voters(r), buf, &len);
         if (rv != 0) {
             return rv;
         }
@@ -106,23 +57,13 @@ int node_hello_make(const struct ida_node *n,
     return 0;
 }
 
-static int file_index(const struct ida_node *n, unsigned id)
-{
-    for (unsigned i = 0; i < n->cfg.node_count; i++) {
-        if (n->cfg.nodes[i].id == id) {
-            return (int)i;
-        }
-    }
-    return -1;
-}
-
 int node_hello_learn(struct node_members *m,
                      const struct ida_node *n,
                      const Idalloc__PeerMessage *pm,
                      struct ida_raft_conf *out)
 {
     const Idalloc__Hello *h = pm->hello;
-    int i = file_index(n, pm->from);
+    int i = node_file_index(n, pm->from);
     if (h == NULL || i < 0 || pm->from_incarnation == 0) {
         return 0;
     }

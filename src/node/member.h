@@ -87,12 +87,8 @@ struct node_members
     } op;
 };
 
-/* Encode @c as an idalloc.ClusterConfig with the cluster file's addresses
- * into a new buffer (*@out, ida_malloc'd). Returns 0 or IDA_ENOMEM. */
-int node_conf_encode_full(const struct ida_node *n,
-                          const struct ida_raft_conf *c,
-                          uint8_t **out,
-                          size_t *len);
+/* The index of node @id in the cluster file (n->cfg.nodes), -1 if absent. */
+int node_file_index(const struct ida_node *n, unsigned id);
 
 /* The first membership of a new cluster: every node of the cluster file, a
  * voter with incarnation @inc[i] (i: the node's index in the file). */

@@ -8,28 +8,19 @@
 #include "base/log.h"
 #include "idalloc_errors.h"
 #include "raft/admission.h"
+#include "src/node/convert.h"
 #include "src/node/member.h"
 #include "src/node/net.h"
 #include "src/node/node.h"
 
 enum { OP_NONE = 0, OP_CHANGE = 1, OP_TRANSFER = 2 };
 
-static int file_idx(const struct ida_node *n, ida_node_id id)
-{
-    for (unsigned i = 0; i < n->cfg.node_count; i++) {
-        if (n->cfg.nodes[i].id == id) {
-            return (int)i;
-        }
-    }
-    return -1;
-}
-
 void node_members_heard(struct node_members *m,
                         const struct ida_node *n,
                         ida_node_id id,
                         uint64_t inc)
 {
-    int i = file_idx(n, id);
+    int i = node_file_index(n, id);
     if (i >= 0 && inc != 0) {
         m->announced[i] = inc;
     }
@@ -44,7 +35,7 @@ void node_members_track(struct node_members *m,
         bool v = k < c->n;
         ida_node_id id = v ? c->voters[k] : c->learners[k - c->n];
         uint64_t inc = v ? c->voter_inc[k] : c->learner_inc[k - c->n];
-        int i = file_idx(n, id);
+        int i = node_file_index(n, id);
         if (i >= 0 && inc != 0) {
             m->last_bound[i] = inc;
         }
@@ -63,24 +54,12 @@ bool node_members_may_readmit(const struct node_members *m,
                               ida_node_id id,
                               uint64_t inc)
 {
-    int i = file_idx(n, id);
+    int i = node_file_index(n, id);
     return i >= 0 && m->last_bound[i] != inc;
 }
 
 /* --- answers --------------------------------------------------------------
  */
-
-static void reply_result(struct ida_node *n,
-                         uint64_t conn,
-                         uint64_t seq,
-                         Idalloc__CommandResult *res)
-{
-    Idalloc__ClientResponse resp = IDALLOC__CLIENT_RESPONSE__INIT;
-    resp.request_seq = seq;
-    resp.result = res;
-    resp.leader_id = n->self->id;
-    ida_net_reply(n->net, conn, &resp);
-}
 
 static void reply_err(struct ida_node *n,
                       uint64_t conn,
@@ -120,7 +99,7 @@ static void reply_change(struct ida_node *n,
     mc.incarnation = inc;
     res.result_case = IDALLOC__COMMAND_RESULT__RESULT_MEMBER_CHANGE;
     res.member_change = &mc;
-    reply_result(n, conn, seq, &res);
+    ida__node_reply_result(n, conn, seq, &res, n->self->id);
 }
 
 static void reply_transfer(struct ida_node *n,
@@ -133,7 +112,7 @@ static void reply_transfer(struct ida_node *n,
     lt.leader_id = leader;
     res.result_case = IDALLOC__COMMAND_RESULT__RESULT_LEADER_TRANSFER;
     res.leader_transfer = &lt;
-    reply_result(n, conn, seq, &res);
+    ida__node_reply_result(n, conn, seq, &res, n->self->id);
 }
 
 /* --- list -----------------------------------------------------------------
@@ -207,7 +186,7 @@ static void reply_list(const struct node_members *m,
     ml.commit_index = ida_raft_commit(r);
     res.result_case = IDALLOC__COMMAND_RESULT__RESULT_MEMBER_LIST;
     res.member_list = &ml;
-    reply_result(n, conn, seq, &res);
+    ida__node_reply_result(n, conn, seq, &res, n->self->id);
 }
 
 /* --- changes --------------------------------------------------------------
@@ -268,7 +247,7 @@ static void propose(struct node_members *m,
 {
     uint8_t *buf;
     size_t len;
-    if (node_conf_encode_full(n, c, &buf, &len) != 0) {
+    if (node_conf_encode_full(&n->cfg, c, &buf, &len) != 0) {
         reply_err(n, conn, seq, IDA_EBUSY, 0, "out of memory; retry");
         return;
     }
@@ -315,7 +294,7 @@ static void change(struct node_members *m,
 {
     const char *what = op_name(mc->op);
     ida_node_id id = mc->id;
-    int fi = file_idx(n, id);
+    int fi = node_file_index(n, id);
     if (mc->op == IDALLOC__MEMBER_CHANGE__OP__OP_UNSPECIFIED || id == 0) {
         reply_err(n, conn, seq, IDA_EINVAL, 0,
                   "member change: an operation and a node id are needed");

@@ -290,6 +290,19 @@ int ida_node_open(struct ida_node *n,
     return rv;
 }
 
+void ida__node_reply_result(struct ida_node *n,
+                            uint64_t conn,
+                            uint64_t seq,
+                            Idalloc__CommandResult *res,
+                            ida_node_id leader)
+{
+    Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
+    r.request_seq = seq;
+    r.result = res;
+    r.leader_id = leader;
+    ida_net_reply(n->net, conn, &r);
+}
+
 void ida__node_reply_error(struct ida_node *n,
                            uint64_t conn,
                            uint64_t seq,

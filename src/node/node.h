@@ -108,6 +108,14 @@ int ida__fsm_proc_new(struct ida_node *n,
 void ida__fsm_proc_free(struct fsm_proc *fp);
 extern const struct ida_proc_ops ida__fsm_proc_ops;
 
+/* Answer client connection @conn's request @seq with @res (borrowed for
+ * the call); @leader (0: none) goes in leader_id. Thread-safe. */
+void ida__node_reply_result(struct ida_node *n,
+                            uint64_t conn,
+                            uint64_t seq,
+                            Idalloc__CommandResult *res,
+                            ida_node_id leader);
+
 /* Answer client connection @conn's request @seq with error @err (@why, or
  * the code's message when NULL); @leader != 0 adds the NOT_LEADER hint (its
  * id and client address). Thread-safe (goes through net). */

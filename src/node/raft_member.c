@@ -96,7 +96,7 @@ static void start_membership0(struct raft_proc *rp,
 {
     struct ida_nm_membership0 *m = ida_calloc(1, sizeof(*m));
     if (m == NULL ||
-        node_conf_encode_full(rp->node, c, &m->data, &m->len) != 0) {
+        node_conf_encode_full(&rp->node->cfg, c, &m->data, &m->len) != 0) {
         ida_free(m);
         return; /* the next Hello answer tries again */
     }
@@ -161,7 +161,7 @@ void ida__rp_rejoin_step(struct raft_proc *rp, uint64_t now)
     }
     uint8_t *buf;
     size_t len;
-    if (node_conf_encode_full(rp->node, &c, &buf, &len) != 0) {
+    if (node_conf_encode_full(&rp->node->cfg, &c, &buf, &len) != 0) {
         return;
     }
     int rv =

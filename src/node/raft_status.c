@@ -34,15 +34,7 @@ static size_t read_top_errors(struct raft_proc *rp,
             out[n++] = e[i];
         }
     }
-    for (size_t i = 1; i < n; i++) { /* insertion sort by count */
-        struct ida_errtop_entry x = out[i];
-        size_t j = i;
-        while (j > 0 && out[j - 1].count < x.count) {
-            out[j] = out[j - 1];
-            j--;
-        }
-        out[j] = x;
-    }
+    ida_errtop_sort(out, n);
     return n;
 }
 

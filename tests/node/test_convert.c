@@ -8,7 +8,7 @@
 #include "src/node/convert.h"
 
 /* Pack @pb->msg and unpack it again with protobuf-c (caller frees). */
-static Idalloc__CommandResult *roundtrip(const struct node_pb_result *pb)
+static Idalloc__CommandResult *roundtrip(const struct ida_fsm_result_pb *pb)
 {
     uint8_t buf[128];
     size_t n = idalloc__command_result__get_packed_size(&pb->msg);
@@ -28,8 +28,8 @@ Test(convert, result_to_pb_roundtrips_through_protobuf)
     r.prefix_len = 2;
     r.prefix[0] = 1;
     r.prefix[1] = 0x2a;
-    struct node_pb_result pb;
-    node_fsm_result_to_pb(&r, &pb);
+    struct ida_fsm_result_pb pb;
+    ida_fsm_result_to_pb(&r, &pb);
     Idalloc__CommandResult *m = roundtrip(&pb);
     cr_assert_eq(m->error, 0);
     cr_assert_eq(m->result_case, IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC);
@@ -41,7 +41,7 @@ Test(convert, result_to_pb_roundtrips_through_protobuf)
     memset(&r, 0, sizeof(r));
     r.error = IDA_ENOPOOL;
     r.error_msg = "no pool with this name";
-    node_fsm_result_to_pb(&r, &pb);
+    ida_fsm_result_to_pb(&r, &pb);
     m = roundtrip(&pb);
     cr_assert_eq(m->error, IDA_ENOPOOL);
     cr_assert_str_eq(m->error_msg, r.error_msg);
