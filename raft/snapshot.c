@@ -184,8 +184,12 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
 {
     const struct ida_raft_install_snapshot *is = &m->u.install_snapshot;
     if (is->last_index <= r->commit) {
-        /* We already hold (and match) everything it covers. */
-        snapshot_reply(r, m, 0, true, false);
+        /* We already hold (and match) everything it covers, but perhaps
+         * only in memory (a snapshot installed a moment ago, a commit index
+         * learned before its entries were persisted): "done" may only leave
+         * once that is durable, or a crash makes the leader believe we hold
+         * what we lost and it never sends it again. */
+        snapshot_reply(r, m, 0, true, true);
         return 0;
     }
     if (is->offset == 0) {

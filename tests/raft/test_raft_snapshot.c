@@ -141,3 +141,48 @@ Test(snapshot_check, control_an_accepted_snapshot_is_installed)
     cr_assert_eq(ida_raft_last_index(&r), 10);
     ida_raft_close(&r);
 }
+
+/* A repeated last chunk of a snapshot installed a moment ago (not durable
+ * yet) is answered "done" only once the install is durable: a crash before
+ * that must not leave the leader believing the follower holds it. */
+Test(snapshot_check, done_for_what_is_only_in_memory_waits_for_persist)
+{
+    struct ida_raft r;
+    int calls = 0;
+    cr_assert_eq(offer_snapshot(&r, accept_all, &calls), 0);
+    /* The same last chunk again, before anything was persisted. */
+    static const uint8_t junk[22] = "22 bytes of junk here";
+    struct ida_raft_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = IDA_RAFT_MSG_INSTALL_SNAPSHOT;
+    m.from = 1;
+    m.to = 2;
+    m.term = 2;
+    m.u.install_snapshot.last_index = 10;
+    m.u.install_snapshot.last_term = 2;
+    m.u.install_snapshot.offset = 0;
+    m.u.install_snapshot.data = junk;
+    m.u.install_snapshot.len = sizeof(junk);
+    m.u.install_snapshot.total_size = sizeof(junk);
+    m.u.install_snapshot.done = true;
+    cr_assert_eq(ida_raft_step(&r, &m), 0);
+    struct ida_raft_batch b;
+    size_t early = 0, late = 0;
+    while (ida_raft_ready(&r, &b)) {
+        for (size_t i = 0; i < b.n_msgs; i++) {
+            early += b.msgs[i].type == IDA_RAFT_MSG_SNAPSHOT_RESPONSE &&
+                     b.msgs[i].u.snapshot_response.done;
+        }
+        for (size_t i = 0; i < b.n_msgs_after_persist; i++) {
+            late += b.msgs_after_persist[i].type ==
+                        IDA_RAFT_MSG_SNAPSHOT_RESPONSE &&
+                    b.msgs_after_persist[i].u.snapshot_response.done;
+        }
+        if (b.id != 0) {
+            ida_raft_persisted(&r, b.id);
+        }
+    }
+    cr_assert_eq(early, 0, "\"done\" sent before the snapshot was durable");
+    cr_assert_eq(late, 2, "both chunks answered once durable");
+    ida_raft_close(&r);
+}
