@@ -21,13 +21,17 @@
  *      lists it as a voter with its own incarnation (ida_raft_admitted()).
  *      Only an admitted node campaigns (pre-vote or vote) or grants a vote,
  *      pre-votes included.
- *  A2. At an admitted node, a message from a member whose bound
- *      incarnation differs from the message's from_inc is dropped before it
- *      is looked at (ida_raft_step() returns IDA_EFOREIGN): it changes no
- *      term, grants nothing, and its acknowledgements count toward no commit
- *      and no vote tally. (A node that is not admitted counts and grants
- *      nothing, so it reads every message: the membership it started from
- *      may name an older incarnation of the current leader.)
+ *  A2. At an admitted node, an answer (vote, append or snapshot response)
+ *      from a member whose bound incarnation differs from the message's
+ *      from_inc is dropped before it is looked at (ida_raft_step() returns
+ *      IDA_EFOREIGN): it changes no term and counts toward no commit and no
+ *      vote tally. Requests (vote requests, appends, snapshots, TimeoutNow)
+ *      are looked at as usual: they only carry the sender's own claims, which
+ *      Raft checks anyway, and a new incarnation sends none until a
+ *      membership admits it (A1). A node whose membership is stale must hear
+ *      them: the re-admitted member may be the only candidate that can win.
+ *      (A node that is not admitted counts nothing, so it reads every
+ *      message.)
  *  A3. A new incarnation becomes a member only by membership changes made by
  *      a leader: remove the old incarnation, add the new one as a learner,
  *      let it catch up, promote it. Each is a single-server change

@@ -29,11 +29,15 @@ static void step_stale(struct ida_raft *r, const struct ida_raft_msg *m)
         ida__raft_msg_init(&resp, IDA_RAFT_MSG_APPEND_RESPONSE, m->from,
                            r->term);
         ida__raft_send_now(r, &resp);
-    } else if (m->type == IDA_RAFT_MSG_REQUEST_VOTE &&
-               m->u.request_vote.pre_vote) {
+    } else if (m->type == IDA_RAFT_MSG_REQUEST_VOTE) {
+        /* Figure 2: "reply false if term < currentTerm", with our term. A
+         * candidate that never hears our term can otherwise be stuck behind
+         * a voter that campaigns for a membership naming only itself and a
+         * dead node, and never asks the candidate (make chaos's sim-long,
+         * liveness seed 104430, without pre-vote). */
         struct ida_raft_msg resp;
         ida__raft_msg_init(&resp, IDA_RAFT_MSG_RESPONSE_VOTE, m->from, r->term);
-        resp.u.response_vote.pre_vote = true;
+        resp.u.response_vote.pre_vote = m->u.request_vote.pre_vote;
         ida__raft_send_now(r, &resp);
     }
 }
@@ -399,10 +403,13 @@ static int step(struct ida_raft *r, const struct ida_raft_msg *m)
         return rv;
     }
     /* Rule A2 of raft/admission.h: another incarnation of a member speaks
-     * for nothing the member promised. A node that is not admitted counts
-     * and grants nothing anyway, and must hear the current members even if
-     * the membership it started from is stale. */
-    if (!(r->bugs & IDA_RAFT_BUG_IGNORE_INCARNATION) && ida_raft_admitted(r) &&
+     * for nothing the member promised: its answers (votes, acks) count for
+     * nothing here. A node that is not admitted counts nothing anyway. */
+    bool answer = m->type == IDA_RAFT_MSG_RESPONSE_VOTE ||
+                  m->type == IDA_RAFT_MSG_APPEND_RESPONSE ||
+                  m->type == IDA_RAFT_MSG_SNAPSHOT_RESPONSE;
+    if (!(r->bugs & IDA_RAFT_BUG_IGNORE_INCARNATION) && answer &&
+        ida_raft_admitted(r) &&
         !ida_raft_conf_inc_ok(&r->conf, m->from, m->from_inc)) {
         return IDA_EFOREIGN;
     }

@@ -104,20 +104,44 @@ Test(admission, control_the_old_incarnation_grants_the_same_vote)
     cr_assert(vote_granted_by(2, false));
 }
 
-Test(admission, a_message_from_another_incarnation_changes_nothing)
+Test(admission, an_answer_from_another_incarnation_changes_nothing)
 {
     h_start((ida_node_id)1);
-    /* Node 2's new incarnation asks for votes at a high term. */
-    struct ida_raft_msg m = vote_req(2, 1, 50, 100, 40);
+    /* A vote granted by node 2's new incarnation, at a high term. */
+    struct ida_raft_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = IDA_RAFT_MSG_RESPONSE_VOTE;
+    m.from = 2;
+    m.to = 1;
+    m.term = 50;
+    m.u.response_vote.granted = true;
     m.from_inc = 99;
     cr_assert_eq(ida_raft_step(&H.r[1], &m), IDA_EFOREIGN);
     cr_assert_eq(ida_raft_term(&H.r[1]), 0, "the term moved");
     struct ida_raft_batch b;
     cr_assert_not(ida_raft_ready(&H.r[1], &b), "it answered");
-    /* The same request from the bound incarnation is looked at. */
+    /* The same answer from the bound incarnation is looked at. */
     m.from_inc = 22;
     cr_assert_eq(ida_raft_step(&H.r[1], &m), 0);
     cr_assert_eq(ida_raft_term(&H.r[1]), 50);
+}
+
+Test(admission, a_stale_member_hears_a_readmitted_candidate)
+{
+    /* Node 1's membership still names node 2's old incarnation; node 2 was
+     * re-admitted with incarnation 99 elsewhere and now campaigns: node 1
+     * must look at the request (it may be the only winnable election). */
+    h_start((ida_node_id)1);
+    struct ida_raft_msg m = vote_req(2, 1, 5, 10, 4);
+    m.from_inc = 99;
+    cr_assert_eq(ida_raft_step(&H.r[1], &m), 0);
+    cr_assert_eq(ida_raft_term(&H.r[1]), 5);
+    struct ida_raft_batch b;
+    cr_assert(ida_raft_ready(&H.r[1], &b));
+    const struct ida_raft_msg *r =
+        find_msg(&b, IDA_RAFT_MSG_RESPONSE_VOTE, true);
+    cr_assert_not_null(r);
+    cr_assert(r->u.response_vote.granted);
 }
 
 Test(admission, acks_of_another_incarnation_do_not_commit)

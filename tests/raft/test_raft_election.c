@@ -223,3 +223,22 @@ Test(raft, leader_stickiness_ignores_disruptive_votes)
     ida_raft_step(&H.r[2], &m);
     cr_assert_eq(ida_raft_term(&H.r[2]), t + 5, "a transfer bypasses it");
 }
+
+Test(raft, a_stale_vote_request_is_refused_with_our_term)
+{
+    /* Figure 2: "reply false if term < currentTerm". Without the answer a
+     * candidate behind us may never learn our term (seen in the simulator
+     * with a voter campaigning for a membership that leaves it out). */
+    H.disk[1].hs.term = 5;
+    h_start_all();
+    struct ida_raft_msg m = vote_req(2, 1, 3, 100, 3);
+    cr_assert_eq(ida_raft_step(&H.r[1], &m), 0);
+    struct ida_raft_batch b;
+    cr_assert(ida_raft_ready(&H.r[1], &b));
+    const struct ida_raft_msg *resp =
+        find_msg(&b, IDA_RAFT_MSG_RESPONSE_VOTE, false);
+    cr_assert_not_null(resp, "a stale vote request was not answered");
+    cr_assert_not(resp->u.response_vote.granted);
+    cr_assert_eq(resp->term, 5);
+    cr_assert_eq(ida_raft_term(&H.r[1]), 5);
+}
