@@ -5,40 +5,6 @@
 #include "base/assert.h"
 #include "idalloc_errors.h"
 
-/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), byte-wise table. */
-static uint32_t crc_table[256];
-static int crc_table_ready;
-
-static void crc_table_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) {
-            c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        }
-        crc_table[i] = c;
-    }
-    crc_table_ready = 1;
-}
-
-uint32_t ida__crc32c(uint32_t crc, const void *data, size_t len)
-{
-    /* Filling the table twice from two threads writes identical values, but
-     * C11 calls that a race: build it eagerly at load time instead. */
-    IDA_ASSERT(crc_table_ready);
-    const uint8_t *p = data;
-    crc = ~crc;
-    for (size_t i = 0; i < len; i++) {
-        crc = crc_table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-    }
-    return ~crc;
-}
-
-__attribute__((constructor)) static void crc_init_at_load(void)
-{
-    crc_table_init();
-}
-
 void ida__put_be64(uint8_t *p, uint64_t v)
 {
     for (int i = 7; i >= 0; i--) {

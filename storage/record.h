@@ -44,7 +44,14 @@
 #define IDA__REC_IDENTITY2_FIXED  (4 + 4 + 8 + 8 + 2 + 4)
 #define IDA__REC_IDFILE_FIXED     (4 + 4 + 4 + 8 + 8 + 2 + 4)
 
+/* CRC-32C (Castagnoli) of @data, continuing @crc (0 to start): the SSE4.2
+ * crc32 instruction when the CPU has it, else the portable slicing-by-8
+ * table (storage/crc32c.c). Both give the same value; thread-safe. */
 uint32_t ida__crc32c(uint32_t crc, const void *data, size_t len);
+/* The portable version alone (tests compare the two). */
+uint32_t ida__crc32c_portable(uint32_t crc, const void *data, size_t len);
+/* 1 when ida__crc32c() uses the CPU's instruction. */
+int ida__crc32c_hw(void);
 
 void ida__put_be64(uint8_t *p, uint64_t v);
 void ida__put_be32(uint8_t *p, uint32_t v);

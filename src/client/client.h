@@ -36,6 +36,7 @@ struct idalloc_client
     pthread_mutex_t conns_mu; /* serialises adding a node */
     pthread_mutex_t mu;       /* guards the next() pool list and refill queue */
     struct ida_next_pool *next_pools;
+    uint64_t next_gen; /* unique per client object (next.c's thread caches) */
     pthread_cond_t refill_cond; /* wakes the refiller */
     pthread_t refiller;
     int refiller_running;

@@ -1,12 +1,26 @@
 /* libidalloc: idalloc_next(), ids from locally held blocks.
  *
  * The bookkeeping is src/client/nextblock.c; this file adds the threads.
- * Every pool's state is guarded by the client mutex c->mu. One refiller
- * thread per client performs the reserve calls, so a caller never pays a
- * round trip unless its pool ran completely dry; nextblock guarantees at
- * most one refill in flight per pool whatever the number of callers.
+ * Every pool's block state is guarded by the client mutex c->mu. One
+ * refiller thread per client performs the reserve calls, so a caller never
+ * pays a round trip unless its pool ran completely dry; nextblock guarantees
+ * at most one refill in flight per pool whatever the number of callers.
+ *
+ * Fast path (no lock, no atomic read-modify-write, no system call): each
+ * thread keeps, per (client, pool), a small run of ids [lo, hi) taken from
+ * the pool's block under c->mu in one go (a "grab" of up to GRAB_MAX ids,
+ * at most a sixteenth of the block size, so a block is shared fairly and a
+ * thread that stops calling strands few ids). A call that finds its run
+ * non-empty returns lo++; only an empty run takes the mutex. The run lives
+ * in a struct next_slot that the pool owns (so idalloc_next_stats() can sum
+ * what each thread handed out after the thread is gone) and the thread
+ * finds through a _Thread_local cache keyed by the client's generation, a
+ * number no other client object ever gets, so a cache entry of a freed
+ * client is never followed. Ids still in a run when its thread exits or
+ * the client is freed are never handed out (like the rest of a block).
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -15,6 +29,18 @@
 #include "src/client/nextblock.h"
 
 #define POOL_NAME_BYTES_MAX 255
+#define GRAB_MAX            256
+#define TL_CACHE            4
+
+/* One thread's run of ids of one pool; written by that thread only. The
+ * padding keeps two threads' hot words off one cache line. */
+struct next_slot
+{
+    uint64_t lo, hi;
+    _Atomic uint64_t served; /* relaxed stores by the owner, read by stats */
+    struct next_slot *next;
+    char pad[64];
+};
 
 struct ida_next_pool
 {
@@ -25,8 +51,20 @@ struct ida_next_pool
     int last_err;        /* error of the last failed refill */
     uint64_t fail_gen;   /* bumped on each failed refill */
     uint64_t in_flight, max_in_flight;
+    struct next_slot *slots; /* every thread's run, freed with the pool */
     struct ida_next_pool *next;
 };
+
+struct tl_entry
+{
+    uint64_t gen; /* client generation; 0: empty */
+    struct ida_next_pool *pool;
+    struct next_slot *slot;
+};
+
+static _Thread_local struct tl_entry tl_cache[TL_CACHE];
+static _Thread_local unsigned tl_victim;
+static atomic_uint_fast64_t client_gens;
 
 static void cond_init_monotonic(pthread_cond_t *cv)
 {
@@ -114,6 +152,7 @@ static void *refiller_main(void *arg)
 
 int ida__client_next_start(struct idalloc_client *c)
 {
+    c->next_gen = atomic_fetch_add(&client_gens, 1) + 1;
     cond_init_monotonic(&c->refill_cond);
     if (pthread_create(&c->refiller, NULL, refiller_main, c) != 0) {
         pthread_cond_destroy(&c->refill_cond);
@@ -139,6 +178,11 @@ void ida__client_next_stop(struct idalloc_client *c)
         struct ida_next_pool *p = c->next_pools;
         c->next_pools = p->next;
         pthread_cond_destroy(&p->cond);
+        while (p->slots != NULL) {
+            struct next_slot *sl = p->slots;
+            p->slots = sl->next;
+            ida_free(sl);
+        }
         ida_free(p->name);
         ida_free(p);
     }
@@ -157,38 +201,86 @@ static void request_refill(struct idalloc_client *c,
     pthread_cond_signal(&c->refill_cond);
 }
 
+/* This thread's slot for (@c, @p), created on first use. Holds c->mu. */
+static struct next_slot *slot_for(struct idalloc_client *c,
+                                  struct ida_next_pool *p)
+{
+    for (unsigned i = 0; i < TL_CACHE; i++) {
+        if (tl_cache[i].gen == c->next_gen && tl_cache[i].pool == p) {
+            return tl_cache[i].slot;
+        }
+    }
+    struct next_slot *sl = ida_calloc(1, sizeof(*sl));
+    if (sl == NULL) {
+        return NULL;
+    }
+    sl->next = p->slots;
+    p->slots = sl;
+    unsigned v = tl_victim++ % TL_CACHE;
+    tl_cache[v] = (struct tl_entry){.gen = c->next_gen, .pool = p, .slot = sl};
+    return sl;
+}
+
+/* Hand out one id of @sl's run. */
+static inline uint64_t serve(struct next_slot *sl)
+{
+    atomic_store_explicit(
+        &sl->served,
+        atomic_load_explicit(&sl->served, memory_order_relaxed) + 1,
+        memory_order_relaxed);
+    return sl->lo++;
+}
+
 int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id)
 {
-    if (pool == NULL || id == NULL || strlen(pool) > POOL_NAME_BYTES_MAX) {
-        ida__client_set_error(
-            "next: a pool name of at most %d bytes and an "
-            "id are needed",
-            POOL_NAME_BYTES_MAX);
+    if (pool == NULL || id == NULL) {
+        ida__client_set_error("next: a pool name and an id are needed");
+        return IDA_EINVAL;
+    }
+    for (unsigned i = 0; i < TL_CACHE; i++) {
+        struct tl_entry *e = &tl_cache[i];
+        if (e->gen == c->next_gen && e->slot->lo < e->slot->hi &&
+            strcmp(e->pool->name, pool) == 0) {
+            *id = serve(e->slot);
+            return 0;
+        }
+    }
+    if (strlen(pool) > POOL_NAME_BYTES_MAX) {
+        ida__client_set_error("next: a pool name of at most %d bytes is needed",
+                              POOL_NAME_BYTES_MAX);
         return IDA_EINVAL;
     }
     uint64_t deadline = ida__client_now_ms() + c->opts.call_timeout_ms;
     int rv = 0;
     pthread_mutex_lock(&c->mu);
     struct ida_next_pool *p = find_pool(c, pool, 1);
-    if (p == NULL) {
+    struct next_slot *sl = p != NULL ? slot_for(c, p) : NULL;
+    if (sl == NULL) {
         pthread_mutex_unlock(&c->mu);
+        ida__client_set_error("next: out of memory");
         return IDA_ENOMEM;
     }
     for (;;) {
-        uint64_t refill;
-        enum ida_next_take_result r =
-            ida_next_take(&p->b, ida__client_now_ms(), id, &refill);
+        uint64_t refill, first = 0, n = 0;
+        uint64_t grab = p->b.block_size / 16;
+        grab = grab < 1 ? 1 : grab > GRAB_MAX ? GRAB_MAX : grab;
+        enum ida_next_take_result r = ida_next_take_n(
+            &p->b, ida__client_now_ms(), grab, &first, &n, &refill);
         if (refill > 0) {
             request_refill(c, p, refill);
         }
         if (r == IDA_NEXT_OK) {
+            sl->lo = first;
+            sl->hi = first + n;
+            *id = serve(sl);
             break;
         }
         uint64_t gen = p->fail_gen;
         struct timespec ts;
         abs_deadline(deadline, &ts);
         int w = 0;
-        while (p->b.cur == p->b.cur_end && p->fail_gen == gen && w == 0) {
+        while (p->b.cur == p->b.cur_end && p->b.spare == p->b.spare_end &&
+               p->fail_gen == gen && w == 0) {
             w = pthread_cond_timedwait(&p->cond, &c->mu, &ts);
         }
         if (p->fail_gen != gen) {
@@ -197,7 +289,8 @@ int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id)
                                   idalloc_strerror(rv));
             break;
         }
-        if (w == ETIMEDOUT && p->b.cur == p->b.cur_end) {
+        if (w == ETIMEDOUT && p->b.cur == p->b.cur_end &&
+            p->b.spare == p->b.spare_end) {
             rv = IDA_ETIMEDOUT;
             ida__client_set_error("next: no block for pool %s within %u ms",
                                   pool, c->opts.call_timeout_ms);
@@ -208,6 +301,16 @@ int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id)
     return rv;
 }
 
+/* Ids callers got: what every thread's run served. Holds c->mu. */
+static uint64_t served_sum(struct ida_next_pool *p)
+{
+    uint64_t sum = 0;
+    for (struct next_slot *sl = p->slots; sl != NULL; sl = sl->next) {
+        sum += atomic_load_explicit(&sl->served, memory_order_relaxed);
+    }
+    return sum;
+}
+
 int idalloc_next_stats(struct idalloc_client *c,
                        const char *pool,
                        struct idalloc_next_stats *out)
@@ -216,7 +319,7 @@ int idalloc_next_stats(struct idalloc_client *c,
     struct ida_next_pool *p = find_pool(c, pool, 0);
     if (p != NULL) {
         *out = (struct idalloc_next_stats){
-            .handed_out = p->b.handed_out,
+            .handed_out = served_sum(p),
             .refills = p->b.refills,
             .refills_max_in_flight = p->max_in_flight,
             .waits = p->b.waits,

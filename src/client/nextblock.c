@@ -32,17 +32,24 @@ static void switch_to_spare(struct ida_next_blocks *b, uint64_t now_ms)
     b->block_started_ms = now_ms;
 }
 
-enum ida_next_take_result ida_next_take(struct ida_next_blocks *b,
-                                        uint64_t now_ms,
-                                        uint64_t *id,
-                                        uint64_t *refill_count)
+enum ida_next_take_result ida_next_take_n(struct ida_next_blocks *b,
+                                          uint64_t now_ms,
+                                          uint64_t want,
+                                          uint64_t *first,
+                                          uint64_t *count,
+                                          uint64_t *refill_count)
 {
     *refill_count = 0;
+    *count = 0;
+    if (want == 0) {
+        want = 1;
+    }
     if (b->cur == b->cur_end && b->spare != b->spare_end) {
         switch_to_spare(b, now_ms);
     }
-    int have = b->cur < b->cur_end;
-    uint64_t left = have ? b->cur_end - b->cur - 1 : 0;
+    uint64_t avail = b->cur_end - b->cur;
+    uint64_t take = avail < want ? avail : want;
+    uint64_t left = avail - take;
     /* Prefetch once half the block is used, never two refills at once. */
     if (!b->refill_in_flight && b->spare == b->spare_end &&
         left <= b->block_size / 2) {
@@ -50,13 +57,24 @@ enum ida_next_take_result ida_next_take(struct ida_next_blocks *b,
         b->refills++;
         *refill_count = b->block_size;
     }
-    if (!have) {
+    if (take == 0) {
         b->waits++;
         return IDA_NEXT_WAIT;
     }
-    *id = b->cur++;
-    b->handed_out++;
+    *first = b->cur;
+    *count = take;
+    b->cur += take;
+    b->handed_out += take;
     return IDA_NEXT_OK;
+}
+
+enum ida_next_take_result ida_next_take(struct ida_next_blocks *b,
+                                        uint64_t now_ms,
+                                        uint64_t *id,
+                                        uint64_t *refill_count)
+{
+    uint64_t n;
+    return ida_next_take_n(b, now_ms, 1, id, &n, refill_count);
 }
 
 void ida_next_refilled(struct ida_next_blocks *b,

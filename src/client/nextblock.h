@@ -11,7 +11,9 @@
  * IDA_NEXT_FAST_MS doubles the size of the next request, a block that lasted
  * over IDA_NEXT_SLOW_MS halves it. Time comes in as @now_ms.
  *
- * The caller serialises all calls (the client holds a mutex).
+ * The caller serialises all calls (the client holds a mutex). handed_out
+ * counts ids given to callers of take/take_n (next.c hands them on to
+ * per-thread caches).
  */
 #ifndef IDA_NEXTBLOCK_H
 #define IDA_NEXTBLOCK_H
@@ -48,6 +50,16 @@ enum ida_next_take_result ida_next_take(struct ida_next_blocks *b,
                                         uint64_t now_ms,
                                         uint64_t *id,
                                         uint64_t *refill_count);
+
+/* Take up to @want ids (at least one; never more than the current block
+ * holds): [*first, *first + *count). Same refill rule as ida_next_take(),
+ * judged on the ids left after this take. */
+enum ida_next_take_result ida_next_take_n(struct ida_next_blocks *b,
+                                          uint64_t now_ms,
+                                          uint64_t want,
+                                          uint64_t *first,
+                                          uint64_t *count,
+                                          uint64_t *refill_count);
 
 /* The refill in flight got [first, first + count). */
 void ida_next_refilled(struct ida_next_blocks *b,

@@ -241,6 +241,14 @@ int idalloc_reserve(struct idalloc_client *c,
             ida__client_set_error("reserve: asked %llu ids, got %llu",
                                   (unsigned long long)count,
                                   (unsigned long long)rr->count);
+        } else if (rr->first > UINT64_MAX - count) {
+            /* A block must not wrap around the id space: the caller (and
+             * next()'s bookkeeping) counts on first + count. */
+            rv = IDA_EPROTO;
+            ida__client_set_error(
+                "reserve: the cluster answered a block "
+                "[%llu, +%llu) past the largest id",
+                (unsigned long long)rr->first, (unsigned long long)count);
         }
         *first = rr->first;
         idalloc__client_response__free_unpacked(r, NULL);

@@ -305,6 +305,40 @@ Test(client,
                  (unsigned long long)st.refills);
 }
 
+/* The per-thread runs of next() belong to their client: a new client on the
+ * same thread (here, with the freed client's address likely reused) never
+ * hands out the old client's leftover ids, and stats count what each
+ * thread handed out after the thread is gone. */
+Test(client, next_runs_belong_to_their_client, .fini = teardown)
+{
+    start(2, FAKE_ANSWER, FAKE_ANSWER, 0);
+    srv[1].next_block = 1u << 30;
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = srv[0].addr;
+    char err[IDALLOC_ERRMSG_MAX];
+    struct idalloc_client *a = NULL;
+    cr_assert_eq(idalloc_client_new(&o, &a, err), 0, "%s", err);
+    uint64_t id;
+    cr_assert_eq(idalloc_next(a, "seq", &id), 0);
+    cr_assert_lt(id, 1u << 30);
+    idalloc_client_free(a);
+    o.addresses = srv[1].addr;
+    cr_assert_eq(idalloc_client_new(&o, &cli, err), 0, "%s", err);
+    for (int i = 0; i < 100; i++) {
+        cr_assert_eq(idalloc_next(cli, "seq", &id), 0);
+        cr_assert_geq(id, 1u << 30, "id %llu came from the freed client",
+                      (unsigned long long)id);
+    }
+    /* A pool of another name never shares a run. */
+    cr_assert_eq(idalloc_next(cli, "seq2", &id), 0);
+    struct idalloc_next_stats st;
+    cr_assert_eq(idalloc_next_stats(cli, "seq", &st), 0);
+    cr_assert_eq(st.handed_out, 100);
+    cr_assert_eq(idalloc_next_stats(cli, "seq2", &st), 0);
+    cr_assert_eq(st.handed_out, 1);
+}
+
 Test(client, retry_with_reuses_the_request_id, .fini = teardown)
 {
     start(1, FAKE_ANSWER, 0, 0);

@@ -135,3 +135,23 @@ Test(nextblock, random_interleaving_never_repeats_an_id)
     }
     cr_assert_gt(b.handed_out, 100000);
 }
+
+Test(nextblock, take_n_stays_inside_the_block_and_prefetches, .init = setup)
+{
+    uint64_t first, n, want, id;
+    ida_next_take(&b, 0, &id, &want);
+    ida_next_refilled(&b, 1000, 16, 0);
+    cr_assert_eq(ida_next_take_n(&b, 0, 6, &first, &n, &want), IDA_NEXT_OK);
+    cr_assert_eq(first, 1000);
+    cr_assert_eq(n, 6);
+    cr_assert_eq(want, 0, "10 left of 16: no prefetch yet");
+    cr_assert_eq(ida_next_take_n(&b, 0, 6, &first, &n, &want), IDA_NEXT_OK);
+    cr_assert_eq(first, 1006);
+    cr_assert_gt(want, 0, "4 left: prefetch");
+    cr_assert_eq(ida_next_take_n(&b, 0, 100, &first, &n, &want), IDA_NEXT_OK);
+    cr_assert_eq(first, 1012);
+    cr_assert_eq(n, 4, "never past the block's end");
+    cr_assert_eq(ida_next_take_n(&b, 0, 1, &first, &n, &want), IDA_NEXT_WAIT);
+    cr_assert_eq(n, 0);
+    cr_assert_eq(b.handed_out, 16);
+}
