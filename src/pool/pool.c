@@ -3,6 +3,8 @@
  * private worker and target structs defined here. */
 #include "src/pool/pool.h"
 
+#include <sched.h>
+
 #include <errno.h>
 #include <stdalign.h>
 #include <stdio.h>
@@ -30,11 +32,11 @@ struct target
     ida_pool_notify_fn notify;
     void *notify_arg;
     uint32_t ping_interval_us;
-    uint32_t k; /* index among processors (NONE for external) */
-    struct ida_queue inbox;
-    pthread_mutex_t lock;   /* the shard lock: held by the running worker */
-    _Atomic uint32_t owner; /* worker to wake, per the current assignment */
-    atomic_flag running;    /* exclusivity check (asserted) */
+    uint32_t k;              /* index among processors (NONE for external) */
+    struct ida_rqueue inbox; /* Vyukov ring: see queue.h */
+    pthread_mutex_t lock;    /* the shard lock: held by the running worker */
+    _Atomic uint32_t owner;  /* worker to wake, per the current assignment */
+    atomic_flag running;     /* exclusivity check (asserted) */
     /* Owned by the processor: touched only by the worker holding @lock. */
     struct ida_wtimer ping_timer;
     struct ida_sftimer ping_sf;
@@ -175,13 +177,13 @@ static int add_target(struct ida_pool *p,
     if (t == NULL) {
         return IDA_ENOMEM;
     }
-    int rv = ida_queue_init(&t->inbox, capacity);
+    int rv = ida_rqueue_init(&t->inbox, capacity);
     if (rv != 0) {
         ida_free(t);
         return rv;
     }
     if (pthread_mutex_init(&t->lock, NULL) != 0) {
-        ida_queue_close(&t->inbox, NULL, NULL);
+        ida_rqueue_close(&t->inbox, NULL, NULL);
         ida_free(t);
         return IDA_ENOMEM;
     }
@@ -375,7 +377,7 @@ static int deliver(struct ida_pool *p,
     }
     struct target *t = p->t[to];
     msg->from = from;
-    int rv = ida_queue_push(&t->inbox, msg);
+    int rv = ida_rqueue_push(&t->inbox, msg);
     if (rv != 0) {
         return rv;
     }
@@ -411,7 +413,7 @@ struct ida_msg *ida_pool_external_pop(struct ida_pool *p, uint32_t id)
     if (id >= p->n || p->t[id]->ops != NULL) {
         return NULL;
     }
-    return ida_queue_pop(&p->t[id]->inbox);
+    return ida_rqueue_pop(&p->t[id]->inbox);
 }
 
 void ida_sender_error(struct ida_sender *s, int code, const char *text)
@@ -453,7 +455,7 @@ static bool run_processor(struct worker *w, uint32_t k)
     }
     uint64_t n = 0;
     struct ida_msg *m;
-    while (n < BATCH_MAX && (m = ida_queue_pop(&t->inbox)) != NULL) {
+    while (n < BATCH_MAX && (m = ida_rqueue_pop(&t->inbox)) != NULL) {
         uint32_t from = m->from;
         if (upd) {
             ida_sftimer_start(&t->recv_sf);
@@ -481,17 +483,45 @@ static bool my_inboxes_empty(struct worker *w)
     const uint32_t *ord = p->order[w->local];
     for (uint32_t i = p->start[w->local][w->index];
          i < p->start[w->local][w->index + 1]; i++) {
-        if (!ida_queue_empty(&p->t[p->procs[ord[i]]]->inbox)) {
+        if (!ida_rqueue_empty(&p->t[p->procs[ord[i]]]->inbox)) {
             return false;
         }
     }
     return true;
 }
 
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Poll this worker's inboxes for up to spin_us. Returns true when one
+ * holds a message (no need to park). */
+static bool spin_for_work(struct worker *w)
+{
+    struct ida_pool *p = w->pool;
+    if (p->cfg.spin_us == 0) {
+        return false;
+    }
+    int64_t end = mono_ns() + (int64_t)p->cfg.spin_us * 1000;
+    do {
+        if (!my_inboxes_empty(w) || atomic_load(&p->stopping)) {
+            return true;
+        }
+        sched_yield();
+    } while (mono_ns() < end);
+    return false;
+}
+
 /* PreProcess: sleep (bounded) when the last loop found nothing to do. */
 static void idle_wait(struct worker *w)
 {
     struct ida_pool *p = w->pool;
+    if (spin_for_work(w)) {
+        return;
+    }
     pthread_mutex_lock(&w->mu);
     atomic_store(&w->sleeping, 1);
     if (my_inboxes_empty(w) && !atomic_load(&p->stopping)) {
@@ -746,7 +776,7 @@ static void drain(struct ida_pool *p)
             struct target *t = p->t[id];
             struct ida_sender s = {p, id, NONE, NULL};
             struct ida_msg *m;
-            while (budget > 0 && (m = ida_queue_pop(&t->inbox)) != NULL) {
+            while (budget > 0 && (m = ida_rqueue_pop(&t->inbox)) != NULL) {
                 t->ops->receive(t->state, m, &s);
                 budget--;
                 atomic_fetch_add(&p->drained, 1);
@@ -781,7 +811,7 @@ void ida_pool_stop(struct ida_pool *p, enum ida_pool_stop_mode mode)
     /* Whatever is left in processor inboxes will never be delivered. */
     for (uint32_t k = 0; k < p->nproc; k++) {
         struct ida_msg *m;
-        while ((m = ida_queue_pop(&p->t[p->procs[k]]->inbox)) != NULL) {
+        while ((m = ida_rqueue_pop(&p->t[p->procs[k]]->inbox)) != NULL) {
             drop_msg_cb(m, p);
         }
     }
@@ -795,7 +825,7 @@ void ida_pool_close(struct ida_pool *p)
     ida_pool_stop(p, IDA_POOL_STOP_DROP);
     for (uint32_t id = 0; id < p->n; id++) {
         struct target *t = p->t[id];
-        ida_queue_close(&t->inbox, drop_msg_cb, p);
+        ida_rqueue_close(&t->inbox, drop_msg_cb, p);
         pthread_mutex_destroy(&t->lock);
         ida_free(t);
     }

@@ -392,3 +392,115 @@ bool ida_mqueue_empty(struct ida_mqueue *q)
     pthread_mutex_unlock(&q->mu);
     return empty;
 }
+
+/* --- Vyukov's ring ---------------------------------------------------------
+ */
+
+struct ida__rcell
+{
+    _Atomic uint64_t seq;
+    void *item; /* written before seq's release store, read after its
+                   acquire load: ordered by seq */
+};
+
+int ida_rqueue_init(struct ida_rqueue *q, uint32_t capacity)
+{
+    if (capacity == 0 || capacity > IDA_QUEUE_CAPACITY_MAX) {
+        return IDA_EINVAL;
+    }
+    /* At least two cells: with one, a published cell's seq (pos + 1) equals
+     * the next position, and a second push would overwrite the item. */
+    uint64_t size = 2;
+    while (size < capacity) {
+        size <<= 1;
+    }
+    q->cells = ida_calloc(size, sizeof(*q->cells));
+    if (q->cells == NULL) {
+        return IDA_ENOMEM;
+    }
+    for (uint64_t i = 0; i < size; i++) {
+        atomic_init(&q->cells[i].seq, i);
+    }
+    q->mask = size - 1;
+    atomic_init(&q->enqueue_pos, 0);
+    atomic_init(&q->dequeue_pos, 0);
+    return 0;
+}
+
+void ida_rqueue_close(struct ida_rqueue *q,
+                      ida_queue_item_free_fn free_cb,
+                      void *arg)
+{
+    void *item;
+    while ((item = ida_rqueue_pop(q)) != NULL) {
+        if (free_cb != NULL) {
+            free_cb(item, arg);
+        }
+    }
+    ida_free(q->cells);
+    q->cells = NULL;
+}
+
+int ida_rqueue_push(struct ida_rqueue *q, void *item)
+{
+    IDA_ASSERT(item != NULL);
+    uint64_t pos = atomic_load_explicit(&q->enqueue_pos, memory_order_relaxed);
+    struct ida__rcell *c;
+    for (;;) {
+        c = &q->cells[pos & q->mask];
+        uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);
+        int64_t dif = (int64_t)(seq - pos);
+        if (dif == 0) {
+            /* seq_cst: the wake-up protocol orders this claim before the
+             * pusher's look at the owner's "sleeping" flag. */
+            if (atomic_compare_exchange_weak_explicit(
+                    &q->enqueue_pos, &pos, pos + 1, memory_order_seq_cst,
+                    memory_order_relaxed)) {
+                break;
+            }
+        } else if (dif < 0) {
+            return IDA_EBUSY; /* the cell still holds last lap's item */
+        } else {
+            pos = atomic_load_explicit(&q->enqueue_pos, memory_order_relaxed);
+        }
+    }
+    c->item = item;
+    atomic_store_explicit(&c->seq, pos + 1, memory_order_release);
+    return 0;
+}
+
+void *ida_rqueue_pop(struct ida_rqueue *q)
+{
+    uint64_t pos = atomic_load_explicit(&q->dequeue_pos, memory_order_relaxed);
+    struct ida__rcell *c;
+    for (;;) {
+        c = &q->cells[pos & q->mask];
+        uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);
+        int64_t dif = (int64_t)(seq - (pos + 1));
+        if (dif == 0) {
+            if (atomic_compare_exchange_weak_explicit(
+                    &q->dequeue_pos, &pos, pos + 1, memory_order_relaxed,
+                    memory_order_relaxed)) {
+                break;
+            }
+        } else if (dif < 0) {
+            return NULL; /* empty (or its producer has not published yet) */
+        } else {
+            pos = atomic_load_explicit(&q->dequeue_pos, memory_order_relaxed);
+        }
+    }
+    void *item = c->item;
+    atomic_store_explicit(&c->seq, pos + q->mask + 1, memory_order_release);
+    return item;
+}
+
+bool ida_rqueue_empty(struct ida_rqueue *q)
+{
+    uint64_t d = atomic_load(&q->dequeue_pos);
+    return atomic_load(&q->enqueue_pos) == d;
+}
+
+uint32_t ida_rqueue_capacity(const struct ida_rqueue *q)
+{
+    return (uint32_t)(q->mask + 1);
+}

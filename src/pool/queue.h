@@ -24,10 +24,12 @@
  *
  * Why not reference counters: they need a 128-bit CAS (pointer + external
  * count) and a heap allocation per push and per dummy node, and hot paths do
- * not malloc. Why not a ring
- * buffer (Vyukov): its push is not lock-free (a producer preempted between
- * claiming and publishing a slot blocks every consumer). Here push and pop are
+ * not malloc. Unlike the ring below (Vyukov), push and pop here are
  * lock-free: a thread retries only because another thread's CAS succeeded.
+ * The pool's inboxes nevertheless use the ring, which measured about twice
+ * as fast (see struct ida_rqueue); this queue stays as the lock-free
+ * reference and for callers that cannot accept a preempted producer
+ * delaying consumers.
  * The tag wraps after 2^32 modifications of one link; a thread would have to
  * sleep through exactly that many operations between its load and its CAS
  * for ABA to strike (the classic counted-pointer assumption).
@@ -105,6 +107,46 @@ void *ida_queue_pop(struct ida_queue *q);
  * is going to sleep and then sees "empty" cannot miss a push that checks the
  * announcement afterwards (used by the pool's wake-up protocol). */
 bool ida_queue_empty(struct ida_queue *q);
+
+/* struct ida_rqueue: Vyukov's bounded MPMC array ring (1024cores.net,
+ * "Bounded MPMC queue"). Each cell carries a sequence number: a producer
+ * claims position pos with one CAS on enqueue_pos when cell[pos].seq == pos,
+ * writes the item and publishes it by storing seq = pos + 1; a consumer
+ * claims pos with one CAS on dequeue_pos when seq == pos + 1, reads the item
+ * and frees the cell for the next lap with seq = pos + size. One CAS per
+ * operation and no free list: about twice the lock-free linked queue's
+ * throughput here (tests/pool/bench_pool.c, section 1), which is why the
+ * pool's inboxes use it.
+ *
+ * The price, which the linked queue does not pay: it is not lock-free. A
+ * producer preempted between its CAS and its publishing store holds up the
+ * consumers of that one cell (they see it empty) until it runs again; other
+ * producers are not held up. In the pool a message can then be late by one
+ * scheduling slice, never lost or reordered within one producer.
+ *
+ * Capacity is rounded up to a power of two, at least 2
+ * (ida_rqueue_capacity() tells);
+ * otherwise the contract is ida_queue's, including the sequentially
+ * consistent ida_rqueue_empty() of the wake-up protocol: a claimed cell
+ * counts as not empty even before its item is published. */
+struct ida__rcell;
+
+struct ida_rqueue
+{
+    alignas(64) _Atomic uint64_t enqueue_pos;
+    alignas(64) _Atomic uint64_t dequeue_pos;
+    alignas(64) struct ida__rcell *cells;
+    uint64_t mask;
+};
+
+int ida_rqueue_init(struct ida_rqueue *q, uint32_t capacity);
+void ida_rqueue_close(struct ida_rqueue *q,
+                      ida_queue_item_free_fn free_cb,
+                      void *arg);
+int ida_rqueue_push(struct ida_rqueue *q, void *item);
+void *ida_rqueue_pop(struct ida_rqueue *q);
+bool ida_rqueue_empty(struct ida_rqueue *q);
+uint32_t ida_rqueue_capacity(const struct ida_rqueue *q);
 
 /* The mutex twin: same contract, same capacity semantics. */
 struct ida_mqueue

@@ -50,11 +50,15 @@ static double cpu_s(void)
 /* --- 1. queues
  * ---------------------------------------------------------------- */
 
+enum qkind { Q_LINKED, Q_MUTEX, Q_RING };
+static const char *const qkind_name[] = {"lock-free", "mutex", "ring"};
+
 struct qrun
 {
-    bool lockfree;
+    enum qkind kind;
     struct ida_queue lf;
     struct ida_mqueue mx;
+    struct ida_rqueue rq;
     uint64_t per_producer;
     uint64_t total;
     _Atomic int producers_done;
@@ -67,13 +71,26 @@ struct qrun
 
 static int qpush(struct qrun *r, void *item)
 {
-    return r->lockfree ? ida_queue_push(&r->lf, item)
-                       : ida_mqueue_push(&r->mx, item);
+    switch (r->kind) {
+        case Q_LINKED:
+            return ida_queue_push(&r->lf, item);
+        case Q_MUTEX:
+            return ida_mqueue_push(&r->mx, item);
+        default:
+            return ida_rqueue_push(&r->rq, item);
+    }
 }
 
 static void *qpop(struct qrun *r)
 {
-    return r->lockfree ? ida_queue_pop(&r->lf) : ida_mqueue_pop(&r->mx);
+    switch (r->kind) {
+        case Q_LINKED:
+            return ida_queue_pop(&r->lf);
+        case Q_MUTEX:
+            return ida_mqueue_pop(&r->mx);
+        default:
+            return ida_rqueue_pop(&r->rq);
+    }
 }
 
 /* Back off: spin a little, then give the core away (2 cores, 4 threads). */
@@ -151,15 +168,16 @@ static void *qconsumer(void *arg)
 
 static struct qrun qr;
 
-static double bench_queue(bool lockfree, int pairs, uint64_t msgs)
+static double bench_queue(enum qkind kind, int pairs, uint64_t msgs)
 {
     memset(&qr, 0, sizeof(qr));
-    qr.lockfree = lockfree;
+    qr.kind = kind;
     qr.per_producer = msgs / (uint64_t)pairs;
     qr.total = qr.per_producer * (uint64_t)pairs;
     qr.producers = pairs;
-    int rv =
-        lockfree ? ida_queue_init(&qr.lf, 1024) : ida_mqueue_init(&qr.mx, 1024);
+    int rv = kind == Q_LINKED  ? ida_queue_init(&qr.lf, 1024)
+             : kind == Q_MUTEX ? ida_mqueue_init(&qr.mx, 1024)
+                               : ida_rqueue_init(&qr.rq, 1024);
     if (rv != 0) {
         fprintf(stderr, "queue init: %s\n", idalloc_strerror(rv));
         exit(1);
@@ -189,16 +207,18 @@ static double bench_queue(bool lockfree, int pairs, uint64_t msgs)
         fprintf(stderr, "queue bench: checksum mismatch: lost or duplicated\n");
         exit(1);
     }
-    if (lockfree) {
+    if (kind == Q_LINKED) {
         ida_queue_close(&qr.lf, NULL, NULL);
-    } else {
+    } else if (kind == Q_MUTEX) {
         ida_mqueue_close(&qr.mx, NULL, NULL);
+    } else {
+        ida_rqueue_close(&qr.rq, NULL, NULL);
     }
     double ops = (double)qr.total / secs;
     printf(
         "  %-9s %d+%d  %5.2f s  cpu %5.2f s  %6.2f M msgs/s"
         "  (full retries %lu, empty retries %lu)\n",
-        lockfree ? "lock-free" : "mutex", pairs, pairs, secs, cpu, ops / 1e6,
+        qkind_name[kind], pairs, pairs, secs, cpu, ops / 1e6,
         (unsigned long)atomic_load(&qr.full_retries),
         (unsigned long)atomic_load(&qr.empty_retries));
     return ops;
@@ -227,19 +247,22 @@ static void bench_queues(void)
         "1. queues: %lu messages per run, "
         "capacity 1024\n",
         (unsigned long)msgs);
-    /* The machine is shared: alternate the two kinds and keep the median
-     * of three runs of each. */
+    /* The machine is shared: alternate the kinds and keep the median of
+     * three runs of each. */
     for (int pairs = 1; pairs <= 2; pairs++) {
-        double lf[3], mx[3];
+        double lf[3], mx[3], rq[3];
         for (int rep = 0; rep < 3; rep++) {
-            lf[rep] = bench_queue(true, pairs, msgs);
-            mx[rep] = bench_queue(false, pairs, msgs);
+            lf[rep] = bench_queue(Q_LINKED, pairs, msgs);
+            mx[rep] = bench_queue(Q_MUTEX, pairs, msgs);
+            rq[rep] = bench_queue(Q_RING, pairs, msgs);
         }
-        double lfm = median3(lf), mxm = median3(mx);
+        double lfm = median3(lf), mxm = median3(mx), rqm = median3(rq);
         printf(
             "  => %d+%d median lock-free %.2f M/s, mutex %.2f M/s, "
-            "ratio lock-free/mutex = %.2f\n",
-            pairs, pairs, lfm / 1e6, mxm / 1e6, lfm / mxm);
+            "ring %.2f M/s; ratio lock-free/mutex = %.2f, ring/mutex = "
+            "%.2f (the pool uses the ring)\n",
+            pairs, pairs, lfm / 1e6, mxm / 1e6, rqm / 1e6, lfm / mxm,
+            rqm / mxm);
     }
 }
 
@@ -292,7 +315,7 @@ static int cmp_i64(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
-static void bench_rtt(uint32_t idle_wait_us)
+static void bench_rtt(uint32_t idle_wait_us, uint32_t spin_us)
 {
     static const struct ida_proc_ops a_ops = {rtt_a_receive, NULL};
     static const struct ida_proc_ops b_ops = {rtt_b_receive, NULL};
@@ -300,6 +323,7 @@ static void bench_rtt(uint32_t idle_wait_us)
     struct ida_pool_config cfg = {0};
     cfg.threads = 2;
     cfg.idle_wait_us = idle_wait_us;
+    cfg.spin_us = spin_us;
     ida_pool_new(&cfg, &p);
     uint32_t a, b, sink;
     static uint32_t a_id;
@@ -325,9 +349,10 @@ static void bench_rtt(uint32_t idle_wait_us)
     ida_pool_close(p);
     qsort(rtt_a.samples, RTT_SAMPLES, sizeof(int64_t), cmp_i64);
     printf(
-        "  idle_wait_us=%-5u round trip over %d: median %.1f us, "
-        "p99 %.1f us, max %.1f us\n",
-        idle_wait_us, RTT_SAMPLES, rtt_a.samples[RTT_SAMPLES / 2] / 1e3,
+        "  idle_wait_us=%-5u spin_us=%-3u round trip over %d: median %.1f "
+        "us, p99 %.1f us, max %.1f us\n",
+        idle_wait_us, spin_us, RTT_SAMPLES,
+        rtt_a.samples[RTT_SAMPLES / 2] / 1e3,
         rtt_a.samples[RTT_SAMPLES * 99 / 100] / 1e3,
         rtt_a.samples[RTT_SAMPLES - 1] / 1e3);
 }
@@ -360,13 +385,14 @@ static void ring_receive(void *state, struct ida_msg *m, struct ida_sender *s)
     }
 }
 
-static void bench_ring(uint32_t threads, uint32_t reshard_ms)
+static void bench_ring(uint32_t threads, uint32_t reshard_ms, uint32_t spin_us)
 {
     static const struct ida_proc_ops ops = {ring_receive, NULL};
     struct ida_pool *p;
     struct ida_pool_config cfg = {0};
     cfg.threads = threads;
     cfg.reshard_interval_ms = reshard_ms;
+    cfg.spin_us = spin_us;
     ida_pool_new(&cfg, &p);
     uint32_t sink, ids[4];
     ida_pool_add_external(p, 1024, NULL, NULL, &sink);
@@ -401,10 +427,11 @@ static void bench_ring(uint32_t threads, uint32_t reshard_ms)
     ida_pool_get_stats(p, &st);
     ida_pool_close(p);
     printf(
-        "  threads=%u resharding=%-4s %lu deliveries in %.2f s: "
+        "  threads=%u resharding=%-4s spin_us=%-3u %lu deliveries in %.2f s: "
         "%.2f M msgs/s (%lu reshards)\n",
-        threads, reshard_ms ? "on" : "off", (unsigned long)st.delivered, secs,
-        (double)st.delivered / secs / 1e6, (unsigned long)st.reshards);
+        threads, reshard_ms ? "on" : "off", spin_us,
+        (unsigned long)st.delivered, secs, (double)st.delivered / secs / 1e6,
+        (unsigned long)st.reshards);
 }
 
 /* --- 4. timers ---------------------------------------------------------------
@@ -446,11 +473,14 @@ int main(void)
     double t0 = now_s();
     bench_queues();
     printf("2. round trip between two processors on two worker threads\n");
-    bench_rtt(1000);
+    bench_rtt(1000, 0);
+    bench_rtt(1000, 50);
     printf("3. pool throughput, 4-processor ring, 64 tokens x 100000 hops\n");
-    bench_ring(1, 0);
-    bench_ring(2, 0);
-    bench_ring(2, 100);
+    bench_ring(1, 0, 0);
+    bench_ring(2, 0, 0);
+    bench_ring(2, 100, 0);
+    bench_ring(2, 0, 50);
+    bench_ring(2, 100, 50);
     bench_timers();
     printf("total %.1f s\n", now_s() - t0);
     return 0;

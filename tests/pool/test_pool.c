@@ -269,10 +269,13 @@ static void rotate_plan(void *arg,
     }
 }
 
-static void check_ring_while_resharding(ida_pool_plan_fn plan, uint32_t threads)
+static void check_ring_while_resharding_spin(ida_pool_plan_fn plan,
+                                             uint32_t threads,
+                                             uint32_t spin_us)
 {
     struct ida_pool_config cfg = {0};
     cfg.threads = threads;
+    cfg.spin_us = spin_us;
     cfg.reshard_interval_ms = 1;
     cfg.idle_wait_us = 200;
     cfg.plan = plan;
@@ -305,6 +308,18 @@ static void check_ring_while_resharding(ida_pool_plan_fn plan, uint32_t threads)
     cr_assert_eq(atomic_load(&send_failures), 0);
     ida_pool_get_stats(pool, &st);
     cr_assert_eq(st.delivered, received);
+}
+
+static void check_ring_while_resharding(ida_pool_plan_fn plan, uint32_t threads)
+{
+    check_ring_while_resharding_spin(plan, threads, 0);
+}
+
+/* Workers that poll before they park (spin_us) lose nothing either, also
+ * with more threads than cores, and still stop. */
+Test(pool, ring_exact_and_exclusive_with_spinning_workers)
+{
+    check_ring_while_resharding_spin(rotate_plan, 4, 100);
 }
 
 Test(pool, ring_exact_and_exclusive_while_resharding_rotating)

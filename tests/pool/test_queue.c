@@ -65,6 +65,30 @@ static bool mx_empty(void *q)
     return ida_mqueue_empty(q);
 }
 
+static int rq_init(void *q, uint32_t c)
+{
+    return ida_rqueue_init(q, c);
+}
+static void rq_close(void *q, ida_queue_item_free_fn cb, void *arg)
+{
+    ida_rqueue_close(q, cb, arg);
+}
+static int rq_push(void *q, void *i)
+{
+    return ida_rqueue_push(q, i);
+}
+static void *rq_pop(void *q)
+{
+    return ida_rqueue_pop(q);
+}
+static bool rq_empty(void *q)
+{
+    return ida_rqueue_empty(q);
+}
+
+static const struct ops RING = {
+    "ring",  sizeof(struct ida_rqueue), rq_init, rq_close, rq_push, rq_pop,
+    rq_empty};
 static const struct ops LOCKFREE = {
     "lock-free", sizeof(struct ida_queue), lf_init, lf_close, lf_push, lf_pop,
     lf_empty};
@@ -88,32 +112,58 @@ static uint32_t seq_of(void *item)
 
 /* --- single-threaded contract --------------------------------------------- */
 
-static void check_fifo_and_bound(const struct ops *o)
+static void check_fifo_and_bound_cap(const struct ops *o, uint32_t cap)
 {
     _Alignas(64) unsigned char mem[1024];
     cr_assert(o->size <= sizeof(mem));
     void *q = mem;
     cr_assert_eq(o->init(q, 0), IDA_EINVAL, "%s: capacity 0", o->name);
     cr_assert_eq(o->init(q, IDA_QUEUE_CAPACITY_MAX + 1), IDA_EINVAL);
-    cr_assert_eq(o->init(q, 3), 0);
+    cr_assert_eq(o->init(q, cap), 0);
     cr_assert(o->empty(q));
     cr_assert_null(o->pop(q));
     /* Many rounds, so nodes are recycled well past the array size. */
     for (uint32_t round = 0; round < 1000; round++) {
-        for (uint32_t i = 0; i < 3; i++) {
-            cr_assert_eq(o->push(q, item_of(0, round * 3 + i)), 0);
+        for (uint32_t i = 0; i < cap; i++) {
+            cr_assert_eq(o->push(q, item_of(0, round * cap + i)), 0);
         }
         cr_assert_eq(o->push(q, item_of(0, 99999)), IDA_EBUSY,
                      "%s: a full queue refuses", o->name);
         cr_assert_not(o->empty(q));
-        for (uint32_t i = 0; i < 3; i++) {
+        for (uint32_t i = 0; i < cap; i++) {
             void *it = o->pop(q);
-            cr_assert_eq(seq_of(it), round * 3 + i, "%s: FIFO", o->name);
+            cr_assert_eq(seq_of(it), round * cap + i, "%s: FIFO", o->name);
         }
         cr_assert_null(o->pop(q), "%s: the refused item never got in", o->name);
         cr_assert(o->empty(q));
     }
     o->close(q, NULL, NULL);
+}
+
+static void check_fifo_and_bound(const struct ops *o)
+{
+    check_fifo_and_bound_cap(o, 3);
+}
+
+/* The ring rounds its capacity up to a power of two, and says so. */
+Test(queue, ring_fifo_and_bound)
+{
+    check_fifo_and_bound_cap(&RING, 4);
+    struct ida_rqueue q;
+    cr_assert_eq(ida_rqueue_init(&q, 3), 0);
+    cr_assert_eq(ida_rqueue_capacity(&q), 4);
+    ida_rqueue_close(&q, NULL, NULL);
+    /* Capacity 1 becomes 2: one cell would let a push overwrite an item
+     * not yet popped (its published seq equals the next position). */
+    cr_assert_eq(ida_rqueue_init(&q, 1), 0);
+    cr_assert_eq(ida_rqueue_capacity(&q), 2);
+    cr_assert_eq(ida_rqueue_push(&q, item_of(0, 1)), 0);
+    cr_assert_eq(ida_rqueue_push(&q, item_of(0, 2)), 0);
+    cr_assert_eq(ida_rqueue_push(&q, item_of(0, 3)), IDA_EBUSY);
+    cr_assert_eq(seq_of(ida_rqueue_pop(&q)), 1);
+    cr_assert_eq(seq_of(ida_rqueue_pop(&q)), 2);
+    cr_assert_null(ida_rqueue_pop(&q));
+    ida_rqueue_close(&q, NULL, NULL);
 }
 
 Test(queue, lockfree_fifo_and_bound)
@@ -149,6 +199,11 @@ static void check_close_frees(const struct ops *o)
     int freed = 0;
     o->close(q, count_free, &freed);
     cr_assert_eq(freed, 9);
+}
+
+Test(queue, ring_close_frees_items_left)
+{
+    check_close_frees(&RING);
 }
 
 Test(queue, lockfree_close_frees_items_left)
@@ -306,6 +361,25 @@ Test(queue, lockfree_stress_tiny_capacity_8_producers_1_consumer)
 Test(queue, mutex_stress_tiny_capacity_4_producers_4_consumers)
 {
     check_mpmc_cap(&MUTEX, 4, 4, 2);
+}
+
+/* The ring, with more threads than cores: a producer is often preempted
+ * between claiming a cell and publishing it. */
+Test(queue, ring_stress_tiny_capacity_4_producers_4_consumers)
+{
+    check_mpmc_cap(&RING, 4, 4, 2);
+}
+Test(queue, ring_stress_tiny_capacity_8_producers_1_consumer)
+{
+    check_mpmc_cap(&RING, 8, 1, 1);
+}
+Test(queue, ring_2_producers_2_consumers)
+{
+    check_mpmc(&RING, 2, 2);
+}
+Test(queue, ring_8_producers_8_consumers)
+{
+    check_mpmc(&RING, 8, 8);
 }
 
 Test(queue, lockfree_1_producer_1_consumer)
