@@ -17,7 +17,8 @@
  *   heartbeat_ms N                    optional; default 50; must be less
  *                                     than election_timeout_ms
  *   snapshot_interval_entries N       optional; default 10000; [1, 10^9]:
- *                                     a node snapshots every N applied entries
+ *                                     the floor of the snapshot rule (see
+ *                                     src/node/snap_policy.h)
  *   log_level LEVEL                   optional; debug|info|warn|error;
  *                                     default info
  *   auto_rejoin on|off                optional; default on: a leader

@@ -1,6 +1,8 @@
 /* The fsm processor: applies committed entries to the allocator state
  * machine, answers the clients waiting for them, serves reads once their
- * ReadIndex is applied, and snapshots every snapshot_interval_entries.
+ * ReadIndex is applied, and snapshots when src/node/snap_policy.h says
+ * (amortized: the log since the last snapshot at least as large as it, and
+ * at least snapshot_interval_entries entries plus a per-node random extra).
  * See node.h. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 #include "idalloc_errors.h"
 #include "src/node/convert.h"
 #include "src/node/node.h"
+#include "src/node/snap_policy.h"
 
 /* The client library states the cluster's reserve limit to its users. */
 _Static_assert(IDALLOC_RESERVE_COUNT_MAX == IDA_RESERVE_COUNT_MAX,
@@ -35,6 +38,7 @@ struct fsm_proc
     struct ida_fsm *fsm;
     ida_term applied_term;
     ida_index snapshot_index;
+    struct ida_snap_policy snap;
     struct pending *buckets[PENDING_BUCKETS];
     size_t n_pending;
     struct ida_nm_read **reads; /* FIFO; indexes never decrease */
@@ -216,7 +220,7 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
 {
     struct ida_node *n = fp->node;
     ida_index applied = ida_fsm_applied_index(fp->fsm);
-    if (applied - fp->snapshot_index < n->cfg.snapshot_interval_entries) {
+    if (!ida_snap_policy_due(&fp->snap)) {
         return;
     }
     uint8_t *data;
@@ -236,6 +240,7 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
         (struct ida_nm_snapshot){applied, fp->applied_term, data, len, NULL, 0};
     node_post(&fp->q, s, n->p_raft, IDA_NM_SNAPSHOT_TAKEN, sn);
     fp->snapshot_index = applied;
+    ida_snap_policy_taken(&fp->snap, len);
     IDA_INFO("fsm: snapshot at index %llu (%zu bytes)",
              (unsigned long long)applied, len);
 }
@@ -286,6 +291,7 @@ static void apply_entries(struct fsm_proc *fp,
         }
         fp->applied_term = a->snap_term;
         fp->snapshot_index = a->snap_index;
+        ida_snap_policy_taken(&fp->snap, a->snap_len);
         IDA_INFO("fsm: installed snapshot at index %llu",
                  (unsigned long long)a->snap_index);
     }
@@ -313,6 +319,7 @@ static void apply_entries(struct fsm_proc *fp,
                       idalloc_strerror(ap.entry_error));
         }
         fp->applied_term = e->term;
+        ida_snap_policy_applied(&fp->snap, e->len);
         answer(fp, s, &ap);
     }
 }
@@ -378,6 +385,10 @@ int ida__fsm_proc_new(struct ida_node *n,
     fp->fsm = fsm;
     fp->applied_term = applied_term;
     fp->snapshot_index = ida_fsm_applied_index(fsm);
+    ida_snap_policy_init(
+        &fp->snap, n->cfg.snapshot_interval_entries,
+        (uint64_t)n->self->id * 0x9e3779b97f4a7c15ull ^ n->incarnation);
+    fp->snap.last_bytes = n->snapshot_bytes0;
     *out = fp;
     return 0;
 }

@@ -152,6 +152,7 @@ static int restore(struct ida_node *n,
             rr.snapshot_term = meta.term;
             rr.snapshot_data = snap;
             rr.snapshot_len = meta.data_size;
+            n->snapshot_bytes0 = meta.data_size;
             rr.snapshot_config = meta.config;
             rr.snapshot_config_len = meta.config_len;
             rv = ida_fsm_restore(fsm, snap, meta.data_size);

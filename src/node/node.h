@@ -8,7 +8,7 @@
  *            the messages that had to wait for it go out.
  *   fsm      processor: applies committed entries, answers the clients
  *            whose writes they carry, serves confirmed reads, snapshots
- *            every snapshot_interval_entries.
+ *            when src/node/snap_policy.h says so.
  * The three processors run on the message-passing pool (src/pool), one
  * worker thread each, so a storage fsync never stalls raft or fsm.
  *
@@ -70,6 +70,7 @@ struct ida_node
     uint8_t *membership0; /* the first membership (storage), or NULL */
     size_t membership0_len;
     int fresh; /* a new directory: no membership, log, snapshot or vote */
+    size_t snapshot_bytes0; /* size of the snapshot restored at start */
 };
 
 /* Load the cluster file, lock the data directory (flock on the directory:
