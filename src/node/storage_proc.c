@@ -1,7 +1,19 @@
 /* The storage processor: each raft batch becomes one durable LMDB step;
  * only then do its deferred messages (votes, append acknowledgements) go
  * out and the core hears "persisted". A failed step turns the node
- * read-only for writes (storage errors are sticky). See node.h. */
+ * read-only for writes (storage errors are sticky). See node.h.
+ *
+ * A snapshot this node took is stored in steps of SNAP_STEP_BYTES (one
+ * write transaction each), one step after every message and on every ping,
+ * so raft batches and their fsync never wait behind a whole large snapshot:
+ * an append waits for at most one step. The chunks stay invisible until the
+ * last step makes the snapshot current (ida_storage_snapshot_finish) and
+ * the log it covers is compacted; until then the log still holds every
+ * entry, so a crash in between loses nothing (the next start uses the older
+ * snapshot and the longer log). A snapshot installed from the leader is a
+ * raft batch and is stored whole before its acknowledgement; it first
+ * drops a local snapshot still being stored (the installed one replaces
+ * it), and a newer local snapshot replaces an older one still in progress. */
 #include <stdio.h>
 #include <string.h>
 
@@ -12,12 +24,27 @@
 #include "src/node/convert.h"
 #include "src/node/node.h"
 
+#define SNAP_STEP_BYTES (1u << 20)
+
 struct storage_proc
 {
     struct ida_node *node;
     int failed;
     struct node_outq q;
+    /* The local snapshot being stored, if any. */
+    struct ida_msg *job_msg; /* IDA_NM_SNAPSHOT_STORE, owned */
+    struct ida_snapshot_writer job_w;
+    size_t job_off;
 };
+
+static void job_drop(struct storage_proc *sp)
+{
+    if (sp->job_msg != NULL) {
+        ida_storage_snapshot_abort(&sp->node->storage, &sp->job_w);
+        node_msg_free(sp->job_msg);
+        sp->job_msg = NULL;
+    }
+}
 
 static void report_failure(struct storage_proc *sp,
                            struct ida_sender *s,
@@ -76,6 +103,7 @@ static int persist(struct storage_proc *sp,
     int truncate_after_snapshot = 0;
     if (p->has_snapshot) {
         *what = "installing a snapshot";
+        job_drop(sp);
         rv = write_snapshot(sp, p->snap_index, p->snap_term, p->snap_data,
                             p->snap_len, p->snap_conf, p->snap_conf_len);
         if (rv == 0) {
@@ -161,20 +189,36 @@ static void on_persist(struct storage_proc *sp,
     ida_nm_persist_free(p);
 }
 
-static void on_snapshot_store(struct storage_proc *sp,
-                              struct ida_sender *s,
-                              const struct ida_nm_snapshot *sn)
+/* Store the next step of the local snapshot in progress. */
+static void job_step(struct storage_proc *sp, struct ida_sender *s)
 {
-    struct ida_storage *st = &sp->node->storage;
-    if (sp->failed || sn->index <= st->snapshot_index) {
+    if (sp->job_msg == NULL) {
         return;
     }
-    int rv = write_snapshot(sp, sn->index, sn->term, sn->data, sn->len,
-                            sn->conf, sn->conf_len);
+    struct ida_storage *st = &sp->node->storage;
+    const struct ida_nm_snapshot *sn = node_msg_payload(sp->job_msg);
+    size_t k = sn->len - sp->job_off;
+    if (k > SNAP_STEP_BYTES) {
+        k = SNAP_STEP_BYTES;
+    }
+    int rv =
+        ida_storage_snapshot_write(st, &sp->job_w, sn->data + sp->job_off, k);
+    if (rv != 0) {
+        job_drop(sp);
+        report_failure(sp, s, rv, "storing a snapshot");
+        return;
+    }
+    sp->job_off += k;
+    if (sp->job_off < sn->len) {
+        return;
+    }
+    rv = ida_storage_snapshot_finish(st, &sp->job_w); /* releases job_w */
     if (rv == 0) {
         rv = ida_storage_compact(st, sn->index);
     }
     if (rv != 0) {
+        node_msg_free(sp->job_msg);
+        sp->job_msg = NULL;
         report_failure(sp, s, rv, "storing a snapshot");
         return;
     }
@@ -182,6 +226,36 @@ static void on_snapshot_store(struct storage_proc *sp,
         "storage: snapshot at index %llu term %llu (%zu bytes); log "
         "compacted",
         (unsigned long long)sn->index, (unsigned long long)sn->term, sn->len);
+    node_msg_free(sp->job_msg);
+    sp->job_msg = NULL;
+}
+
+/* Takes @msg. */
+static void on_snapshot_store(struct storage_proc *sp,
+                              struct ida_sender *s,
+                              struct ida_msg *msg)
+{
+    struct ida_storage *st = &sp->node->storage;
+    const struct ida_nm_snapshot *sn = node_msg_payload(msg);
+    if (sp->failed || sn->index <= st->snapshot_index ||
+        (sp->job_msg != NULL &&
+         sn->index <=
+             ((const struct ida_nm_snapshot *)node_msg_payload(sp->job_msg))
+                 ->index)) {
+        node_msg_free(msg);
+        return;
+    }
+    job_drop(sp); /* an older one still in progress */
+    int rv = ida_storage_snapshot_begin(st, &sp->job_w, sn->index, sn->term,
+                                        sn->conf, sn->conf_len);
+    if (rv != 0) {
+        node_msg_free(msg);
+        report_failure(sp, s, rv, "storing a snapshot");
+        return;
+    }
+    sp->job_msg = msg;
+    sp->job_off = 0;
+    job_step(sp, s);
 }
 
 static void storage_receive(void *state,
@@ -193,26 +267,26 @@ static void storage_receive(void *state,
     if (msg->type == IDA_NM_PERSIST) {
         on_persist(sp, s, node_msg_payload(msg));
         ida_msg_free(msg);
-        return;
-    }
-    if (msg->type == IDA_NM_SNAPSHOT_STORE) {
-        on_snapshot_store(sp, s, node_msg_payload(msg));
-    }
-    if (msg->type == IDA_NM_MEMBERSHIP0) {
+    } else if (msg->type == IDA_NM_SNAPSHOT_STORE) {
+        on_snapshot_store(sp, s, msg);
+        return; /* its first step is done */
+    } else if (msg->type == IDA_NM_MEMBERSHIP0) {
         struct ida_nm_membership0 *m = node_msg_payload(msg);
         m->rv =
             ida_storage_membership0_set(&sp->node->storage, m->data, m->len);
         msg->type = IDA_NM_MEMBERSHIP0_DONE;
         node_send(&sp->q, s, sp->node->p_raft, msg);
-        return;
+    } else {
+        node_msg_free(msg);
     }
-    node_msg_free(msg);
+    job_step(sp, s);
 }
 
 static void storage_ping(void *state, struct ida_sender *s)
 {
     struct storage_proc *sp = state;
     node_outq_flush(&sp->q, s);
+    job_step(sp, s);
 }
 
 const struct ida_proc_ops ida__storage_proc_ops = {storage_receive,
@@ -232,6 +306,7 @@ int ida__storage_proc_new(struct ida_node *n, struct storage_proc **out)
 void ida__storage_proc_free(struct storage_proc *sp)
 {
     if (sp != NULL) {
+        job_drop(sp);
         node_outq_close(&sp->q);
         ida_free(sp);
     }

@@ -1,0 +1,127 @@
+/* A snapshot larger than one storage step (1 MiB) is stored in steps
+ * between raft batches (src/node/storage_proc.c): writes go on meanwhile,
+ * every node completes it, and after all three are killed at once the
+ * cluster comes back with every acknowledged allocation, from the stored
+ * snapshot plus the log that followed it. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/lib/harness.h"
+
+#define THREADS    8
+#define PER_THREAD 1400
+#define TAG_BYTES  120
+
+static struct tc c;
+static struct idalloc_client *cl;
+static uint64_t ids[THREADS][PER_THREAD];
+
+static void teardown(void)
+{
+    if (cl != NULL) {
+        idalloc_client_free(cl);
+        cl = NULL;
+    }
+    tc_destroy(&c);
+}
+
+static void make_tag(int t, int i, char *tag)
+{
+    int n = snprintf(tag, TAG_BYTES + 1, "t%d-%d-", t, i);
+    memset(tag + n, 'x', (size_t)(TAG_BYTES - n));
+    tag[TAG_BYTES] = '\0';
+}
+
+static void *writer(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    for (int i = 0; i < PER_THREAD; i++) {
+        char tag[TAG_BYTES + 1];
+        make_tag(t, i, tag);
+        if (idalloc_alloc(cl, "b", tag, &ids[t][i], NULL) != 0) {
+            return (void *)1;
+        }
+    }
+    return NULL;
+}
+
+/* The largest snapshot node @i says it stored, in bytes. */
+static size_t stored_snapshot_bytes(int i)
+{
+    char path[400], line[512];
+    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
+    FILE *f = fopen(path, "r");
+    size_t best = 0;
+    if (f == NULL) {
+        return 0;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, "storage: snapshot at index");
+        const char *b = p != NULL ? strstr(p, " (") : NULL;
+        if (b != NULL) {
+            size_t n = strtoull(b + 2, NULL, 10);
+            best = n > best ? n : best;
+        }
+    }
+    fclose(f);
+    return best;
+}
+
+Test(snapshot_steps,
+     large_snapshot_stored_in_steps_survives_kill_all,
+     .fini = teardown,
+     .timeout = 240)
+{
+    tc_start(&c, 3, "snapshot_interval_entries 200\n");
+    cr_assert_geq(tc_wait_leader(&c, 10000), 0);
+    cl = tc_client(&c, 20000);
+    cr_assert_eq(
+        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1u << 20, NULL), 0);
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        pthread_create(&th[t], NULL, writer, (void *)(intptr_t)t);
+    }
+    for (int t = 0; t < THREADS; t++) {
+        void *r;
+        pthread_join(th[t], &r);
+        cr_assert_null(r, "alloc failed: %s", idalloc_last_error());
+    }
+    /* Every node stored a snapshot of more than one step. */
+    uint64_t deadline = tc_now_ms() + 60000;
+    for (int i = 0; i < 3; i++) {
+        while (stored_snapshot_bytes(i) <= (1u << 20) &&
+               tc_now_ms() < deadline) {
+            char tag[TAG_BYTES + 1];
+            uint64_t id;
+            make_tag(99, (int)(tc_now_ms() % 100000), tag);
+            (void)idalloc_alloc(cl, "b", tag, &id, NULL); /* more log */
+            tc_sleep_ms(20);
+        }
+        cr_assert_gt(stored_snapshot_bytes(i), 1u << 20,
+                     "node %d stored no snapshot over 1 MiB", i + 1);
+    }
+    idalloc_client_free(cl);
+    cl = NULL;
+    for (int i = 0; i < 3; i++) {
+        tc_signal(&c, i, SIGKILL);
+    }
+    for (int i = 0; i < 3; i++) {
+        tc_spawn(&c, i);
+    }
+    cr_assert_geq(tc_wait_leader(&c, 20000), 0);
+    cl = tc_client(&c, 20000);
+    for (int t = 0; t < THREADS; t++) {
+        for (int i = 0; i < PER_THREAD; i++) {
+            char tag[TAG_BYTES + 1];
+            uint64_t id;
+            make_tag(t, i, tag);
+            cr_assert_eq(idalloc_lookup(cl, "b", tag, &id), 0, "lookup: %s",
+                         idalloc_last_error());
+            cr_assert_eq(id, ids[t][i], "tag %d-%d moved", t, i);
+        }
+    }
+}
