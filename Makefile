@@ -46,7 +46,9 @@ CPPFLAGS := -D_POSIX_C_SOURCE=200809L -I. -Iinclude -I$(BUILD)/gen -MMD -MP
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS := -std=c11 $(OPT) $(WARN) -pthread -fPIC $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(EXTRA_LDFLAGS)
-LDLIBS := -luv -lprotobuf-c -llmdb -lm
+LDLIBS := -luv -lprotobuf-c -llmdb -lm -lmicrohttpd
+# jansson: the CLI's --json, and the tests that parse it.
+CLI_LDLIBS := -ljansson
 ifneq ($(SAN),)
 CFLAGS += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SAN)
@@ -62,7 +64,10 @@ COMMON_SRC := $(BASE_SRC) $(wildcard src/common/*.c)
 LIB_SRC := $(filter-out %_main.c,$(COMMON_SRC) $(wildcard src/pool/*.c) \
     $(wildcard raft/*.c) $(wildcard fsm/*.c) $(wildcard storage/*.c) \
     $(wildcard src/node/*.c) $(wildcard src/client/*.c))
-CLIENT_SRC := $(filter-out %_main.c,$(COMMON_SRC) $(wildcard src/client/*.c))
+# The CLI's own code (parsing, --json, bench) goes into bin/idalloc, not
+# into libidalloc: the library does not link jansson.
+CLI_SRC := $(wildcard src/client/cli*.c) $(wildcard src/client/bench.c)
+CLIENT_SRC := $(filter-out %_main.c $(CLI_SRC),$(COMMON_SRC) $(wildcard src/client/*.c))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 PERCENT := %
@@ -242,7 +247,7 @@ $(TESTLIB): $(call obj,$(TESTLIB_SRC))
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $$(call support_of,tests/$$(dir $$*)) \
     $(if $(TESTLIB_SRC),$(TESTLIB)) $(LIBIDA)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS) $(CLI_LDLIBS)
 
 # A literal % in a pattern rule's prerequisites is replaced by the stem
 # before the second expansion, so the filters spell it $$(PERCENT).
@@ -250,13 +255,13 @@ $(BUILD)/bench/%: $$(call obj,$$(filter $$(PERCENT)/$$*.c,$$(BENCH_SRC))) \
     $$(call support_of,$$(dir $$(filter $$(PERCENT)/$$*.c,$$(BENCH_SRC)))) \
     $(if $(TESTLIB_SRC),$(TESTLIB)) $(LIBIDA)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(CLI_LDLIBS)
 
 $(BUILD)/prog/%: $$(call obj,$$(filter $$(PERCENT)/$$*_main.c,$$(PROG_SRC))) \
     $$(call support_of,$$(dir $$(filter $$(PERCENT)/$$*_main.c,$$(PROG_SRC)))) \
     $(if $(TESTLIB_SRC),$(TESTLIB)) $(LIBIDA)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(CLI_LDLIBS)
 
 $(BINDIR)/idallocd: $(BUILD)/obj/src/node/idallocd_main.o $(LIBIDA)
 	@mkdir -p $(@D)
@@ -266,9 +271,10 @@ $(BINDIR)/idallocd: $(BUILD)/obj/src/node/idallocd_main.o $(LIBIDA)
 # library"): no libuv, no LMDB.
 CLIENT_LDLIBS := -lprotobuf-c
 
-$(BINDIR)/idalloc: $(BUILD)/obj/src/client/idalloc_main.o $(LIBDIR)/libidalloc.a
+$(BINDIR)/idalloc: $(BUILD)/obj/src/client/idalloc_main.o $(call obj,$(CLI_SRC)) \
+    $(LIBDIR)/libidalloc.a
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) $^ -o $@ $(CLIENT_LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(CLIENT_LDLIBS) $(CLI_LDLIBS)
 
 $(LIBDIR)/libidalloc.a: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
 	@mkdir -p $(@D)

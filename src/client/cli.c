@@ -40,6 +40,10 @@ static const char usage_all[] =
     "  --timeout MS        give up a call after MS milliseconds, retries "
     "included\n"
     "                      (default 5000)\n"
+    "  --json, -w json     (after the command) one JSON document on stdout:\n"
+    "                      status, member list, list, lookup, alloc, "
+    "reserve,\n"
+    "                      next (at most 1000000 ids), prefix, bench\n"
     "  -h, --help          this text; `idalloc COMMAND --help` for one "
     "command\n"
     "  --version           print the version\n"
@@ -256,6 +260,15 @@ static int collect(int argc,
             a->json = 1;
             continue;
         }
+        if (strcmp(s, "-w") == 0) {
+            /* -w json (kubectl's -o, etcdctl's -w): the same as --json. */
+            if (i + 1 >= argc || (strcmp(argv[i + 1], "json") != 0 &&
+                                  strcmp(argv[i + 1], "plain") != 0)) {
+                return fail(errmsg, "%s: -w needs json or plain", cmd);
+            }
+            a->json |= strcmp(argv[++i], "json") == 0;
+            continue;
+        }
         if (strcmp(s, "--verbose") == 0) {
             a->verbose = 1;
             continue;
@@ -299,6 +312,7 @@ enum {
     F_BENCH = 32,
     F_VERBOSE = 64,
     F_TO = 128,
+    F_JSON = 256, /* --json, -w json (src/client/cli_json.h) */
 };
 
 static int check_flags(const struct args *a,
@@ -326,7 +340,7 @@ static int check_flags(const struct args *a,
             return fail(errmsg, "%s: %s does not apply", cmd, f[i].name);
         }
     }
-    if (a->json && (allowed & F_BENCH) == 0) {
+    if (a->json && (allowed & (F_BENCH | F_JSON)) == 0) {
         return fail(errmsg, "%s: --json does not apply", cmd);
     }
     if (a->verbose && (allowed & F_VERBOSE) == 0) {
@@ -463,7 +477,7 @@ static int parse_tagged(struct args *a,
                         int with_id,
                         char *errmsg)
 {
-    int rv = check_flags(a, F_TAG, name, errmsg);
+    int rv = check_flags(a, with_id ? F_TAG : F_TAG | F_JSON, name, errmsg);
     if (rv == 0) {
         rv = want_pos(a, with_id ? 2 : 1, name, errmsg);
     }
@@ -500,7 +514,8 @@ static int parse_member(struct args *a, struct ida_cli *c, char *errmsg)
     static const char *const names[] = {"member list", "member add",
                                         "member remove", "member promote"};
     const char *cmd = names[c->cmd - IDA_CLI_MEMBER_LIST];
-    int rv = check_flags(a, 0, cmd, errmsg);
+    int rv =
+        check_flags(a, c->cmd == IDA_CLI_MEMBER_LIST ? F_JSON : 0, cmd, errmsg);
     if (c->cmd == IDA_CLI_MEMBER_LIST) {
         return rv != 0 ? rv : want_pos(a, 0, cmd, errmsg);
     }
@@ -535,16 +550,16 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
         case IDA_CLI_FREE:
             return parse_tagged(a, c, "free", 1, errmsg);
         case IDA_CLI_LIST:
-            rv = check_flags(a, 0, "list", errmsg);
+            rv = check_flags(a, F_JSON, "list", errmsg);
             rv = rv != 0 ? rv : want_pos(a, 1, "list", errmsg);
             c->pool = a->pos[0];
             return rv;
         case IDA_CLI_STATUS:
-            rv = check_flags(a, F_VERBOSE, "status", errmsg);
+            rv = check_flags(a, F_VERBOSE | F_JSON, "status", errmsg);
             c->verbose = a->verbose;
             return rv != 0 ? rv : want_pos(a, 0, "status", errmsg);
         case IDA_CLI_RESERVE:
-            rv = check_flags(a, F_COUNT, "reserve", errmsg);
+            rv = check_flags(a, F_COUNT | F_JSON, "reserve", errmsg);
             rv = rv != 0 ? rv : want_pos(a, 1, "reserve", errmsg);
             rv = rv != 0 ? rv : need(a->count, "--count", "reserve", errmsg);
             c->pool = a->pos[0];
@@ -552,13 +567,15 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
                            : parse_count(a->count, IDALLOC_RESERVE_COUNT_MAX,
                                          "reserve", &c->count, errmsg);
         case IDA_CLI_NEXT:
-            rv = check_flags(a, F_COUNT | F_FORMAT, "next", errmsg);
+            rv = check_flags(a, F_COUNT | F_FORMAT | F_JSON, "next", errmsg);
             rv = rv != 0 ? rv : want_pos(a, 1, "next", errmsg);
             c->pool = a->pos[0];
             c->count = 1;
             if (rv == 0 && a->count != NULL) {
-                rv = parse_count(a->count, IDA_CLI_NEXT_COUNT_MAX, "next",
-                                 &c->count, errmsg);
+                rv = parse_count(a->count,
+                                 a->json ? IDA_CLI_NEXT_JSON_COUNT_MAX
+                                         : IDA_CLI_NEXT_COUNT_MAX,
+                                 "next", &c->count, errmsg);
             }
             if (rv == 0 && a->format != NULL) {
                 if (strcmp(a->format, "hex") == 0) {
@@ -733,5 +750,7 @@ int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
     rv = collect(argc, argv, i,
                  out->cmd == IDA_CLI_POOL_CREATE ? "pool create" : name, &a,
                  errmsg);
-    return rv != 0 ? rv : parse_command(&a, out, errmsg);
+    rv = rv != 0 ? rv : parse_command(&a, out, errmsg);
+    out->json = a.json;
+    return rv;
 }

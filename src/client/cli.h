@@ -13,9 +13,11 @@
 
 #include "idalloc.h"
 
-#define IDA_CLI_DEFAULT_CLUSTER   "127.0.0.1:7201,127.0.0.1:7202,127.0.0.1:7203"
-#define IDA_CLI_NEXT_COUNT_MAX    10000000
-#define IDA_CLI_BENCH_CLIENTS_MAX 4096
+#define IDA_CLI_DEFAULT_CLUSTER "127.0.0.1:7201,127.0.0.1:7202,127.0.0.1:7203"
+#define IDA_CLI_NEXT_COUNT_MAX  10000000
+/* next --json holds every id in one document: a tenth of the plain limit. */
+#define IDA_CLI_NEXT_JSON_COUNT_MAX 1000000
+#define IDA_CLI_BENCH_CLIENTS_MAX   4096
 
 enum ida_cli_cmd {
     IDA_CLI_HELP = 0,
@@ -62,7 +64,7 @@ struct ida_cli
     enum ida_cli_bench_op bench_op;
     unsigned clients;
     unsigned duration_s;
-    int json;
+    int json;      /* --json or -w json: one JSON document (cli_json.h) */
     int verbose;   /* status --verbose */
     unsigned node; /* member add/remove/promote ID, leader transfer --to */
 };

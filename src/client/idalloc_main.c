@@ -10,6 +10,7 @@
 #include "idalloc.h"
 #include "src/client/bench.h"
 #include "src/client/cli.h"
+#include "src/client/cli_json.h"
 
 static int report_error(const char *what, int rv)
 {
@@ -325,7 +326,8 @@ int main(int argc, char **argv)
                 err[0] != '\0' ? err : idalloc_strerror(rv));
         return rv == IDA_EINVAL || rv == IDA_ECONFIG || rv == IDA_EIO ? 2 : 3;
     }
-    int code = run(c, &cli);
+    int code = cli.json && cli.cmd != IDA_CLI_BENCH ? ida_cli_json_run(c, &cli)
+                                                    : run(c, &cli);
     fflush(stdout);
     idalloc_client_free(c);
     return code;

@@ -155,7 +155,35 @@ Test(cli, bench)
     bad("bench --op fly --pool b --clients 1 --duration 1", "unknown --op");
     bad("bench --op alloc --pool b --clients 0 --duration 1", "bad --clients");
     bad("bench --op alloc --pool b --clients 1 --duration 0", "bad --duration");
-    bad("status --json", "--json does not apply");
+    bad("free p 1 --tag t --json", "--json does not apply");
+    bad("pool create p --kind sequence --json", "--json does not apply");
+}
+
+Test(cli, json_on_the_commands_that_print_answers)
+{
+    const char *yes[] = {"status --json",
+                         "status --verbose -w json",
+                         "member list --json",
+                         "list p --json",
+                         "lookup p --tag t --json",
+                         "alloc p --tag t -w json",
+                         "reserve p --count 5 --json",
+                         "next p --count 3 --format hex --json",
+                         "prefix p --tag t --json"};
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+        cr_assert_eq(parse(yes[i]), 0, "%s: %s", yes[i], err);
+        cr_assert_eq(cli.json, 1, "%s", yes[i]);
+    }
+    cr_assert_eq(parse("alloc p --tag t -w plain"), 0, "%s", err);
+    cr_assert_eq(cli.json, 0);
+    cr_assert_eq(parse("alloc p --tag t"), 0, "%s", err);
+    cr_assert_eq(cli.json, 0);
+    bad("alloc p --tag t -w yaml", "-w needs json or plain");
+    bad("alloc p --tag t -w", "-w needs json or plain");
+    /* Every id is in the one document: a lower limit than plain output. */
+    cr_assert_eq(parse("next p --count 10000000"), 0, "%s", err);
+    cr_assert_eq(parse("next p --count 1000000 --json"), 0, "%s", err);
+    bad("next p --count 1000001 --json", "bad --count");
 }
 
 Test(cli, conventions)
