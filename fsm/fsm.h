@@ -118,6 +118,7 @@ enum ida_fsm_op {
     IDA_FSM_OP_FREE,
     IDA_FSM_OP_RESERVE,
     IDA_FSM_OP_PREFIX_ALLOC,
+    IDA_FSM_OP_RESTORE, /* id: the backup's index; count: pools restored */
 };
 
 /* The answer to one command. Fields beyond error/error_msg are meaningful
@@ -267,6 +268,7 @@ struct ida_fsm_result_pb
         Idalloc__FreeResult free;
         Idalloc__ReserveResult reserve;
         Idalloc__PrefixResult prefix;
+        Idalloc__RestoreResult restore;
     } u;
     uint8_t prefix[IDA_PREFIX_BYTES_MAX];
 };

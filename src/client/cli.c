@@ -28,6 +28,8 @@ static const char usage_all[] =
     "  member add|remove|promote ID  change the membership (README, "
     "Runbook)\n"
     "  leader transfer [--to ID]     hand leadership to another voter\n"
+    "  snapshot save FILE            back the whole state up into FILE\n"
+    "  snapshot restore FILE [--advance-sequences N]   into a new cluster\n"
     "\n"
     "options:\n"
     "  --cluster ADDR,...  client addresses of nodes (default: "
@@ -156,6 +158,26 @@ static const char *const usage_cmd[] = {
         "Prints\n\"promoted\" once the change committed, or \"already a "
         "voter\".\nexit codes: 0 done; 1 refused; 2 usage; 3 outcome unknown "
         "or no leader.\n",
+    [IDA_CLI_SNAPSHOT_SAVE] =
+        "usage: idalloc snapshot save FILE\n"
+        "       idalloc snapshot restore FILE [--advance-sequences N]\n"
+        "save: copy the whole state from the leader, at an index that holds "
+        "every\nwrite acknowledged before the command, into FILE (written "
+        "atomically:\ntemporary file, fsync, rename) with its index, term, "
+        "cluster name and a\nchecksum. Prints \"saved FILE index=I term=T "
+        "cluster=NAME bytes=B\".\n",
+    [IDA_CLI_SNAPSHOT_RESTORE] =
+        "usage: idalloc snapshot restore FILE [--advance-sequences N]\n"
+        "Load the pools of backup FILE into a NEW cluster: one that has no "
+        "pools\nand another name than the cluster the backup was taken "
+        "from. Ids handed\nout after the backup was taken can be handed out "
+        "again: --advance-sequences N\nmoves every sequence pool N ids on "
+        "(pass more than the cluster could have\nreserved since the "
+        "backup); bounded and prefix pools are as they were at\nthe backup's "
+        "index (README, \"Backup and restore\"). A damaged or foreign "
+        "file\nis refused with one line, changing nothing.\n"
+        "exit codes: 0 done; 1 refused (the cluster has pools, or is the "
+        "backup's);\n2 bad usage or a bad file; 3 outcome unknown.\n",
     [IDA_CLI_LEADER_TRANSFER] =
         "usage: idalloc leader transfer [--to ID]\n"
         "Hand leadership to voter ID (default: a caught-up voter). Prints\n"
@@ -225,7 +247,7 @@ struct args
     const char *pos[4];
     int npos;
     const char *kind, *size, *tag, *count, *format, *op, *pool, *clients,
-        *duration, *to;
+        *duration, *to, *advance;
     int json;
     int verbose;
 };
@@ -233,12 +255,20 @@ struct args
 /* Flags that take a value, and where it goes. */
 static const char **flag_slot(struct args *a, const char *flag)
 {
-    static const char *const names[] = {
-        "--kind", "--size",    "--tag",      "--count", "--format",
-        "--op",   "--clients", "--duration", "--pool",  "--to"};
+    static const char *const names[] = {"--kind",
+                                        "--size",
+                                        "--tag",
+                                        "--count",
+                                        "--format",
+                                        "--op",
+                                        "--clients",
+                                        "--duration",
+                                        "--pool",
+                                        "--to",
+                                        "--advance-sequences"};
     const char **slots[] = {&a->kind,   &a->size, &a->tag,     &a->count,
                             &a->format, &a->op,   &a->clients, &a->duration,
-                            &a->pool,   &a->to};
+                            &a->pool,   &a->to,   &a->advance};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(flag, names[i]) == 0) {
             return slots[i];
@@ -313,6 +343,7 @@ enum {
     F_VERBOSE = 64,
     F_TO = 128,
     F_JSON = 256, /* --json, -w json (src/client/cli_json.h) */
+    F_ADVANCE = 512,
 };
 
 static int check_flags(const struct args *a,
@@ -334,7 +365,8 @@ static int check_flags(const struct args *a,
              {a->pool, F_BENCH, "--pool"},
              {a->clients, F_BENCH, "--clients"},
              {a->duration, F_BENCH, "--duration"},
-             {a->to, F_TO, "--to"}};
+             {a->to, F_TO, "--to"},
+             {a->advance, F_ADVANCE, "--advance-sequences"}};
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
         if (f[i].v != NULL && (allowed & f[i].bit) == 0) {
             return fail(errmsg, "%s: %s does not apply", cmd, f[i].name);
@@ -590,6 +622,25 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
             return rv;
         case IDA_CLI_BENCH:
             return parse_bench(a, c, errmsg);
+        case IDA_CLI_SNAPSHOT_SAVE:
+        case IDA_CLI_SNAPSHOT_RESTORE: {
+            const char *name = c->cmd == IDA_CLI_SNAPSHOT_SAVE
+                                   ? "snapshot save"
+                                   : "snapshot restore";
+            rv = check_flags(a,
+                             c->cmd == IDA_CLI_SNAPSHOT_RESTORE ? F_ADVANCE : 0,
+                             name, errmsg);
+            rv = rv != 0 ? rv : want_pos(a, 1, name, errmsg);
+            c->file = a->pos[0];
+            if (rv == 0 && a->advance != NULL &&
+                parse_u64(a->advance, &c->advance) != 0) {
+                rv = fail(errmsg,
+                          "snapshot restore: bad --advance-sequences \"%s\" "
+                          "(0 to 18446744073709551615)",
+                          a->advance);
+            }
+            return rv;
+        }
         case IDA_CLI_HELP:
         case IDA_CLI_VERSION:
             break;
@@ -665,6 +716,8 @@ static int parse_group(const char *name,
         {"member remove", IDA_CLI_MEMBER_REMOVE},
         {"member promote", IDA_CLI_MEMBER_PROMOTE},
         {"leader transfer", IDA_CLI_LEADER_TRANSFER},
+        {"snapshot save", IDA_CLI_SNAPSHOT_SAVE},
+        {"snapshot restore", IDA_CLI_SNAPSHOT_RESTORE},
     };
     char full[64];
     snprintf(full, sizeof(full), "%s %s", name, sub);
@@ -698,7 +751,8 @@ int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
     const char *name = argv[i++];
     const char *sub = i < argc && argv[i][0] != '-' ? argv[i] : "";
     char full[64] = "";
-    if (strcmp(name, "member") == 0 || strcmp(name, "leader") == 0) {
+    if (strcmp(name, "member") == 0 || strcmp(name, "leader") == 0 ||
+        strcmp(name, "snapshot") == 0) {
         rv = parse_group(name, sub, out, errmsg);
         if (rv != 0) {
             return rv;
@@ -718,9 +772,10 @@ int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
                             "--help)",
                             name, name);
             }
-            out->help_for = strcmp(name, "member") == 0
-                                ? IDA_CLI_MEMBER_LIST
-                                : IDA_CLI_LEADER_TRANSFER;
+            out->help_for = strcmp(name, "member") == 0 ? IDA_CLI_MEMBER_LIST
+                            : strcmp(name, "leader") == 0
+                                ? IDA_CLI_LEADER_TRANSFER
+                                : IDA_CLI_SNAPSHOT_SAVE;
             return 0;
         }
     } else if (strcmp(name, "pool") == 0) {

@@ -10,6 +10,7 @@
 #include "idalloc.h"
 #include "src/client/bench.h"
 #include "src/client/cli.h"
+#include "src/client/cli_backup.h"
 #include "src/client/cli_json.h"
 
 static int report_error(const char *what, int rv)
@@ -280,6 +281,9 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
             }
             return rv != 0 ? report_error("leader transfer", rv) : 0;
         }
+        case IDA_CLI_SNAPSHOT_SAVE:
+        case IDA_CLI_SNAPSHOT_RESTORE:
+            return ida_cli_snapshot_run(c, cli);
         case IDA_CLI_HELP:
         case IDA_CLI_VERSION:
             break;

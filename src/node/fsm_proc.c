@@ -39,6 +39,11 @@ struct fsm_proc
     size_t n_pending;
     struct ida_nm_read **reads; /* FIFO; indexes never decrease */
     size_t n_reads, cap_reads;
+    /* The copy of the state a backup reads in chunks (SnapshotRead). */
+    uint8_t *backup;
+    size_t backup_len;
+    ida_index backup_index;
+    ida_term backup_term;
     struct node_outq q;
 };
 
@@ -116,8 +121,67 @@ static void lose_all_pending(struct fsm_proc *fp)
 /* --- reads ------------------------------------------------------------------
  */
 
+#define BACKUP_CHUNK_BYTES (1u << 20)
+
+/* A backup chunk: offset 0 of index 0 takes a new copy of the state (the
+ * read's ReadIndex is applied, so it holds every acknowledged write); later
+ * chunks come from that copy while its index is the one asked. */
+static void serve_snapshot_read(struct fsm_proc *fp, struct ida_nm_read *rd)
+{
+    const Idalloc__SnapshotRead *q = rd->req->snapshot_read;
+    uint64_t seq = rd->req->request_seq;
+    if (q->offset == 0 && q->index == 0) {
+        uint8_t *data;
+        size_t len;
+        if (ida_fsm_snapshot(fp->fsm, &data, &len) != 0) {
+            reply_error(fp, rd->conn, seq, IDA_EBUSY);
+            return;
+        }
+        ida_free(fp->backup);
+        fp->backup = data;
+        fp->backup_len = len;
+        fp->backup_index = ida_fsm_applied_index(fp->fsm);
+        fp->backup_term = fp->applied_term;
+        IDA_INFO("fsm: backup copy of the state at index %llu (%zu bytes)",
+                 (unsigned long long)fp->backup_index, len);
+    } else if (fp->backup == NULL || q->index != fp->backup_index ||
+               q->offset > fp->backup_len) {
+        Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+        res.error = IDA_EBUSY;
+        res.error_msg =
+            "the backup copy was replaced (another backup or a "
+            "leader change): start again";
+        ida__node_reply_result(fp->node, rd->conn, seq, &res, 0);
+        return;
+    }
+    size_t off = (size_t)q->offset;
+    size_t n = fp->backup_len - off;
+    n = n > BACKUP_CHUNK_BYTES ? BACKUP_CHUNK_BYTES : n;
+    Idalloc__SnapshotChunk ch = IDALLOC__SNAPSHOT_CHUNK__INIT;
+    ch.index = fp->backup_index;
+    ch.term = fp->backup_term;
+    ch.cluster = (char *)fp->node->cfg.cluster;
+    ch.total_size = fp->backup_len;
+    ch.offset = off;
+    ch.data.data = fp->backup + off;
+    ch.data.len = n;
+    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    res.result_case = IDALLOC__COMMAND_RESULT__RESULT_SNAPSHOT_CHUNK;
+    res.snapshot_chunk = &ch;
+    ida__node_reply_result(fp->node, rd->conn, seq, &res, 0);
+    if (off + n == fp->backup_len) {
+        ida_free(fp->backup); /* the last chunk: the copy is done */
+        fp->backup = NULL;
+        fp->backup_len = 0;
+    }
+}
+
 static void serve_read(struct fsm_proc *fp, struct ida_nm_read *rd)
 {
+    if (rd->req->op_case == IDALLOC__CLIENT_REQUEST__OP_SNAPSHOT_READ) {
+        serve_snapshot_read(fp, rd);
+        return;
+    }
     const Idalloc__ClientRequest *q = rd->req;
     Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
     Idalloc__LookupResult lr = IDALLOC__LOOKUP_RESULT__INIT;
@@ -398,6 +462,7 @@ void ida__fsm_proc_free(struct fsm_proc *fp)
         free_read(fp->reads[i]);
     }
     ida_free(fp->reads);
+    ida_free(fp->backup);
     node_outq_close(&fp->q);
     ida_fsm_free(fp->fsm);
     ida_free(fp);

@@ -354,6 +354,10 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
                 c->op_case = IDALLOC__COMMAND__OP_RESERVE;
                 c->reserve = q->reserve;
                 break;
+            case IDALLOC__CLIENT_REQUEST__OP_RESTORE:
+                c->op_case = IDALLOC__COMMAND__OP_RESTORE;
+                c->restore = q->restore;
+                break;
             default:
                 c->op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
                 c->prefix_alloc = q->prefix_alloc;
@@ -418,7 +422,8 @@ static int is_write(Idalloc__ClientRequest__OpCase op)
            op == IDALLOC__CLIENT_REQUEST__OP_ALLOC ||
            op == IDALLOC__CLIENT_REQUEST__OP_FREE ||
            op == IDALLOC__CLIENT_REQUEST__OP_RESERVE ||
-           op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
+           op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC ||
+           op == IDALLOC__CLIENT_REQUEST__OP_RESTORE;
 }
 
 static int is_member_op(Idalloc__ClientRequest__OpCase op)
@@ -520,6 +525,14 @@ static void on_client(struct raft_proc *rp,
     } else if (rp->storage_failed) {
         err = IDA_ESTOPPED;
         why = "this node cannot persist; try another node";
+    } else if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_RESTORE &&
+               strcmp(req->restore->from_cluster, rp->node->cfg.cluster) == 0) {
+        /* A restore makes a new cluster: a backup of this very cluster
+         * would bring back ids it may have handed out since. */
+        err = IDA_EINVAL;
+        why =
+            "this backup was taken from this cluster; restore it into a "
+            "new cluster with another name";
     } else if ((err = add_write(rp, s, c->conn, req)) == 0) {
         req = NULL;
         if (rp->persist_inflight == 0 || rp->n_open >= OPEN_COMMANDS_MAX ||

@@ -242,3 +242,26 @@ Test(cli, membership)
     bad("leader transfer --to 0", "bad node id");
     bad("leader elect", "unknown subcommand");
 }
+
+Test(cli, snapshot_save_and_restore)
+{
+    cr_assert_eq(parse("snapshot save /tmp/b.ida"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_SNAPSHOT_SAVE);
+    cr_assert_str_eq(cli.file, "/tmp/b.ida");
+    cr_assert_eq(parse("snapshot restore b.ida --advance-sequences 5000"), 0,
+                 "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_SNAPSHOT_RESTORE);
+    cr_assert_str_eq(cli.file, "b.ida");
+    cr_assert_eq(cli.advance, 5000);
+    cr_assert_eq(parse("snapshot restore b.ida"), 0, "%s", err);
+    cr_assert_eq(cli.advance, 0);
+    cr_assert_eq(parse("snapshot --help"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_HELP);
+    cr_assert_eq(cli.help_for, IDA_CLI_SNAPSHOT_SAVE);
+    bad("snapshot save", "expected 1 argument");
+    bad("snapshot save a b", "expected 1 argument");
+    bad("snapshot save f --advance-sequences 1", "does not apply");
+    bad("snapshot restore f --advance-sequences -1", "bad --advance-sequences");
+    bad("snapshot copy f", "unknown subcommand");
+    bad("snapshot", "a subcommand is needed");
+}
