@@ -203,6 +203,29 @@ size_t ida_fsm_session_count(const struct ida_fsm *f)
     return f->session_count;
 }
 
+void ida_fsm_pool_info(const struct ida_fsm *f,
+                       size_t i,
+                       struct ida_fsm_pool_info *out)
+{
+    IDA_ASSERT(i < f->pool_count);
+    const struct ida__pool *p = f->pools[i];
+    memset(out, 0, sizeof(*out));
+    out->name = p->name;
+    out->kind = p->kind;
+    switch (p->kind) {
+        case IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE:
+            out->used = p->u.seq_next;
+            break;
+        case IDALLOC__POOL_KIND__POOL_KIND_BOUNDED:
+            out->size = p->u.bounded.size;
+            out->used = p->u.bounded.held;
+            break;
+        default:
+            out->used = p->u.prefix.n;
+            break;
+    }
+}
+
 /* --- operations ----------------------------------------------------------- */
 
 /* The pool named @name of @kind, or a reason. */

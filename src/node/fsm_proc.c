@@ -44,6 +44,8 @@ struct fsm_proc
     size_t backup_len;
     ida_index backup_index;
     ida_term backup_term;
+    uint64_t pools_published_us; /* metrics: the last pool table */
+    int pools_dirty;             /* applied since it was published */
     struct node_outq q;
 };
 
@@ -285,11 +287,13 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
     }
     uint8_t *data;
     size_t len;
+    uint64_t t0 = ida__node_mono_us();
     if (ida_fsm_snapshot(fp->fsm, &data, &len) != 0) {
         IDA_WARN("fsm: no memory for a snapshot at %llu; will retry",
                  (unsigned long long)applied);
         return;
     }
+    ida_metrics_snapshot(n->metrics, len, ida__node_mono_us() - t0);
     /* One buffer: raft compacts with it, then hands it on to storage. */
     struct ida_nm_snapshot *sn = ida_malloc(sizeof(*sn));
     if (sn == NULL) {
@@ -381,11 +385,87 @@ static void apply_entries(struct fsm_proc *fp,
     }
 }
 
+/* The pool table of /metrics, at most once a second (it walks every pool). */
+static void publish_pools(struct fsm_proc *fp)
+{
+    uint64_t now = ida__node_mono_us();
+    if (fp->node->metrics == NULL || !fp->pools_dirty ||
+        now - fp->pools_published_us < 1000000) {
+        return;
+    }
+    fp->pools_published_us = now;
+    fp->pools_dirty = 0;
+    size_t n = ida_fsm_pool_count(fp->fsm);
+    size_t cap = 512 + n * 512, len = 0;
+    char *buf = ida_malloc(cap);
+    if (buf == NULL) {
+        return;
+    }
+    static const char *const kinds[] = {"", "sequence", "bounded", "prefix"};
+    len += (size_t)snprintf(
+        buf + len, cap - len,
+        "# HELP idalloc_pool_info A pool and its kind (always 1).\n"
+        "# TYPE idalloc_pool_info gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        struct ida_fsm_pool_info pi;
+        ida_fsm_pool_info(fp->fsm, i, &pi);
+        len +=
+            (size_t)snprintf(buf + len, cap - len,
+                             "idalloc_pool_info{pool=\"%s\",kind=\"%s\"} 1\n",
+                             pi.name, kinds[pi.kind]);
+    }
+    len += (size_t)snprintf(
+        buf + len, cap - len,
+        "# HELP idalloc_pool_held_ids Ids held in a bounded pool, tags held "
+        "in a prefix pool.\n# TYPE idalloc_pool_held_ids gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        struct ida_fsm_pool_info pi;
+        ida_fsm_pool_info(fp->fsm, i, &pi);
+        if (pi.kind != IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
+            len += (size_t)snprintf(buf + len, cap - len,
+                                    "idalloc_pool_held_ids{pool=\"%s\"} %llu\n",
+                                    pi.name, (unsigned long long)pi.used);
+        }
+    }
+    len += (size_t)snprintf(
+        buf + len, cap - len,
+        "# HELP idalloc_pool_size_ids Size of a bounded pool.\n"
+        "# TYPE idalloc_pool_size_ids gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        struct ida_fsm_pool_info pi;
+        ida_fsm_pool_info(fp->fsm, i, &pi);
+        if (pi.kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED) {
+            len += (size_t)snprintf(buf + len, cap - len,
+                                    "idalloc_pool_size_ids{pool=\"%s\"} %llu\n",
+                                    pi.name, (unsigned long long)pi.size);
+        }
+    }
+    len += (size_t)snprintf(
+        buf + len, cap - len,
+        "# HELP idalloc_sequence_next The next id a sequence pool hands "
+        "out.\n# TYPE idalloc_sequence_next gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        struct ida_fsm_pool_info pi;
+        ida_fsm_pool_info(fp->fsm, i, &pi);
+        if (pi.kind == IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
+            len += (size_t)snprintf(buf + len, cap - len,
+                                    "idalloc_sequence_next{pool=\"%s\"} %llu\n",
+                                    pi.name, (unsigned long long)pi.used);
+        }
+    }
+    ida_metrics_pools(fp->node->metrics, buf, len,
+                      ida_fsm_session_count(fp->fsm));
+    ida_free(buf);
+}
+
 static void on_apply(struct fsm_proc *fp,
                      struct ida_sender *s,
                      const struct ida_nm_apply *a)
 {
     apply_entries(fp, s, a);
+    ida_metrics_applied(fp->node->metrics, ida_fsm_applied_index(fp->fsm));
+    fp->pools_dirty = 1;
+    publish_pools(fp);
     serve_ready_reads(fp);
     maybe_snapshot(fp, s);
     struct ida_nm_applied *done = ida_malloc(sizeof(*done));
@@ -425,6 +505,7 @@ static void fsm_ping(void *state, struct ida_sender *s)
 {
     struct fsm_proc *fp = state;
     node_outq_flush(&fp->q, s);
+    publish_pools(fp);
 }
 
 const struct ida_proc_ops ida__fsm_proc_ops = {fsm_receive, fsm_ping};

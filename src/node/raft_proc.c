@@ -26,6 +26,13 @@ uint64_t ida__node_mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+uint64_t ida__node_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
 uint64_t ida__node_wall_ms(void)
 {
     struct timespec ts;
@@ -316,6 +323,9 @@ static void drive(struct raft_proc *rp, struct ida_sender *s)
     }
     note_soft_state(rp, s, ida_raft_role(&rp->raft), ida_raft_leader(&rp->raft),
                     ida_raft_term(&rp->raft));
+    ida_metrics_raft(rp->node->metrics, rp->term, ida_raft_role_name(rp->role),
+                     rp->leader, ida_raft_commit(&rp->raft),
+                     rp->raft.snap_index + 1, ida_raft_last_index(&rp->raft));
 }
 
 /* --- group commit
@@ -397,6 +407,7 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
         /* Not proposed: the fsm answers the registered writes. */
         IDA_WARN("raft: proposal of %zu commands failed: %s", rp->n_open,
                  idalloc_strerror(rv));
+        ida_metrics_proposal_failed(rp->node->metrics);
         ida_sender_error(s, rv,
                          "a proposal failed (writes answered as "
                          "unknown)");
@@ -497,6 +508,8 @@ static void on_client(struct raft_proc *rp,
 {
     Idalloc__ClientRequest *req = c->req;
     uint64_t seq = req->request_seq;
+    ida_metrics_request_begin(rp->node->metrics, c->conn, seq,
+                              ida_metrics_op_of(req->op_case));
     int err = 0;
     const char *why = NULL;
     char name[IDA_NODE_REQ_NAME_MAX] = "";

@@ -134,7 +134,15 @@ static void on_persist(struct storage_proc *sp,
 {
     struct ida_node *n = sp->node;
     const char *what = "persisting a raft batch";
+    uint64_t t0 = ida__node_mono_us();
     int rv = sp->failed ? IDA_ESTOPPED : persist(sp, p, &what);
+    if (rv == 0) {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < p->n_entries; i++) {
+            bytes += p->entries[i].len;
+        }
+        ida_metrics_fsync(n->metrics, ida__node_mono_us() - t0, bytes);
+    }
     if (rv != 0) {
         /* Nothing that depends on this step may happen: no deferred
          * messages, no "persisted". The node stops accepting writes. */
