@@ -66,7 +66,7 @@ LIB_SRC := $(filter-out %_main.c,$(COMMON_SRC) $(wildcard src/pool/*.c) \
     $(wildcard src/node/*.c) $(wildcard src/client/*.c))
 # The CLI's own code (parsing, --json, bench) goes into bin/idalloc, not
 # into libidalloc: the library does not link jansson.
-CLI_SRC := $(wildcard src/client/cli*.c) $(wildcard src/client/bench.c)
+CLI_SRC := $(wildcard src/client/cli.c src/client/cli_*.c src/client/bench.c)
 CLIENT_SRC := $(filter-out %_main.c $(CLI_SRC),$(COMMON_SRC) $(wildcard src/client/*.c))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
