@@ -217,6 +217,7 @@ help:
 	@echo "  format        clang-format the sources"
 	@echo "  format-check  fail if a source file is not formatted"
 	@echo "  check-layers  fail if raft/ or fsm/ include anything of the I/O world"
+	@echo "  install       install under \$$DESTDIR\$$PREFIX (default /usr/local); uninstall"
 	@echo "  clean         remove build/, bin/, lib/"
 	@echo "  help          this list"
 
@@ -280,8 +281,33 @@ $(LIBDIR)/libidalloc.a: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(LIBDIR)/libidalloc.so: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
+# The shared library: SONAME libidalloc.so.$(SOVERSION), the file named by
+# the full version, and the two links. It exports only the functions the
+# installed headers declare (idalloc_*, not protobuf-c's idalloc__* nor the
+# internal ida_*): a version script made from include/idalloc*.h, so a new
+# public function is exported as soon as a header declares it.
+SOVERSION := 1
+IDA_VERSION := $(shell sed -n 's/^\#define IDALLOC_VERSION "\(.*\)"/\1/p' \
+    include/idalloc_version.h)
+LIBSO_REAL := $(LIBDIR)/libidalloc.so.$(IDA_VERSION)
+
+$(BUILD)/libidalloc.map: $(wildcard include/idalloc*.h)
 	@mkdir -p $(@D)
-	$(CC) -shared $(LDFLAGS) $^ -o $@ $(CLIENT_LDLIBS)
+	@{ echo "{ global:"; \
+	   grep -ohE '\bidalloc_[a-z0-9_]+ *\(' $^ | sed 's/ *($$/;/' | \
+	     grep -v '^idalloc__' | sort -u; \
+	   echo "local: *; };"; } > $@
+
+$(LIBSO_REAL): $(call obj,$(CLIENT_SRC)) $(PROTO_O) $(BUILD)/libidalloc.map
+	@mkdir -p $(@D)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libidalloc.so.$(SOVERSION) \
+	    -Wl,--version-script=$(BUILD)/libidalloc.map -Wl,--no-undefined \
+	    -Wl,--as-needed $(filter %.o,$^) -o $@ $(CLIENT_LDLIBS)
+
+$(LIBDIR)/libidalloc.so.$(SOVERSION): $(LIBSO_REAL)
+	ln -sf libidalloc.so.$(IDA_VERSION) $@
+
+$(LIBDIR)/libidalloc.so: $(LIBDIR)/libidalloc.so.$(SOVERSION)
+	ln -sf libidalloc.so.$(SOVERSION) $@
 
 -include $(ALL_OBJ:.o=.d)
