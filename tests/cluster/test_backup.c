@@ -219,3 +219,89 @@ Test(backup,
     cr_assert_eq(rv, 1, "exit %d: %s", rv, out);
     cr_assert(strstr(out, "cluster") != NULL, "%s", out);
 }
+
+/* Fill: 8 threads, each @per tagged allocs with 120-byte tags. */
+struct filler
+{
+    int t;
+    int per;
+    int failed;
+};
+
+static void *fill_main(void *arg)
+{
+    struct filler *f = arg;
+    struct idalloc_client *cl = tc_client(&a, 20000);
+    for (int i = 0; i < f->per && !f->failed; i++) {
+        char tag[128];
+        snprintf(tag, sizeof(tag), "%0110d-%03d-%05d", 0, f->t, i);
+        uint64_t id;
+        f->failed = idalloc_alloc(cl, "big", tag, &id, NULL) != 0;
+    }
+    idalloc_client_free(cl);
+    return NULL;
+}
+
+Test(backup,
+     a_state_of_several_chunks_comes_whole,
+     .fini = teardown,
+     .timeout = 300)
+{
+    start_named(&a, "test");
+    cr_assert_eq(cli(a.addrs, "pool create big --kind bounded --size 1000000"),
+                 0, "%s", out);
+    enum { THREADS = 8, PER = 1250 }; /* 10,000 x ~130 bytes: > 1 MiB */
+    struct filler f[THREADS];
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        f[i] = (struct filler){i, PER, 0};
+        cr_assert_eq(pthread_create(&t[i], NULL, fill_main, &f[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert(!f[i].failed, "thread %d: an alloc failed", i);
+    }
+    char file[400], args[2048];
+    snprintf(file, sizeof(file), "%s/big.ida", a.dir);
+    snprintf(args, sizeof(args), "snapshot save %s", file);
+    cr_assert_eq(cli(a.addrs, args), 0, "%s", out);
+    const char *bytes = strstr(out, "bytes=");
+    cr_assert_not_null(bytes, "%s", out);
+    cr_assert_gt(strtoull(bytes + 6, NULL, 10), 1u << 20,
+                 "not several chunks: %s", out);
+
+    start_named(&b, "test-big");
+    snprintf(args, sizeof(args), "snapshot restore %s", file);
+    cr_assert_eq(cli(b.addrs, args), 0, "%s", out);
+    /* Every holding, in id order, with its tag. */
+    struct idalloc_client *cl = tc_client(&b, 20000);
+    struct idalloc_client *ca = tc_client(&a, 20000);
+    size_t total = 0;
+    int more = 1, has_after = 0;
+    uint64_t after = 0;
+    while (more) {
+        struct idalloc_holding *h;
+        size_t n;
+        cr_assert_eq(
+            idalloc_list(cl, "big", has_after, after, 0, &h, &n, &more), 0);
+        for (size_t i = 0; i < n; i++) {
+            cr_assert_eq(h[i].id, total + i, "ids 0..N-1 in order");
+            if ((total + i) % 997 == 0) {
+                uint64_t id;
+                cr_assert_eq(idalloc_lookup(ca, "big", h[i].tag, &id), 0);
+                cr_assert_eq(id, h[i].id, "%s", h[i].tag);
+            }
+        }
+        total += n;
+        if (n > 0) {
+            after = h[n - 1].id;
+            has_after = 1;
+        } else {
+            more = 0;
+        }
+        idalloc_holdings_free(h, n);
+    }
+    cr_assert_eq(total, THREADS * PER);
+    idalloc_client_free(cl);
+    idalloc_client_free(ca);
+}
