@@ -218,6 +218,7 @@ help:
 	@echo "  format-check  fail if a source file is not formatted"
 	@echo "  check-layers  fail if raft/ or fsm/ include anything of the I/O world"
 	@echo "  install       install under \$$DESTDIR\$$PREFIX (default /usr/local); uninstall"
+	@echo "  deb           Debian packages with debhelper, checked by lintian (build/deb/)"
 	@echo "  clean         remove build/, bin/, lib/"
 	@echo "  help          this list"
 
