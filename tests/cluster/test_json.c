@@ -220,3 +220,41 @@ Test(json,
     cr_assert_eq(unreachable, 1);
     json_decref(j);
 }
+
+/* idallocd --log-format json: every line of a running node's log is one
+ * JSON object with ts, level, node and msg; bad values are usage errors. */
+Test(json, daemon_logs_json_lines, .fini = teardown, .timeout = 60)
+{
+    tc_setup(&c, 3, NULL);
+    int rv = tc_run(out, sizeof(out),
+                    "timeout -s TERM 2 %s --config %s --node 1 "
+                    "--log-format json --log-level debug 2>&1",
+                    tc_bin("idallocd"), c.conf);
+    cr_assert(rv == 0 || rv == 124, "exit %d: %s", rv, out);
+    int lines = 0, started = 0;
+    char *save;
+    for (char *l = strtok_r(out, "\n", &save); l != NULL;
+         l = strtok_r(NULL, "\n", &save)) {
+        json_error_t e;
+        json_t *j = json_loads(l, 0, &e);
+        cr_assert_not_null(j, "not JSON (%s): %s", e.text, l);
+        cr_assert(json_is_string(json_object_get(j, "ts")), "%s", l);
+        cr_assert(json_is_string(json_object_get(j, "level")), "%s", l);
+        cr_assert_eq(json_integer_value(json_object_get(j, "node")), 1);
+        const char *msg = json_string_value(json_object_get(j, "msg"));
+        cr_assert_not_null(msg, "%s", l);
+        started += strncmp(msg, "node: started", 13) == 0;
+        json_decref(j);
+        lines++;
+    }
+    cr_assert_geq(lines, 3);
+    cr_assert_eq(started, 1);
+    rv = tc_run(out, sizeof(out),
+                "%s --config %s --node 1 --log-format xml 2>&1",
+                tc_bin("idallocd"), c.conf);
+    cr_assert_eq(rv, 2, "%s", out);
+    rv = tc_run(out, sizeof(out),
+                "%s --config %s --node 1 --log-level loud 2>&1",
+                tc_bin("idallocd"), c.conf);
+    cr_assert_eq(rv, 2, "%s", out);
+}
