@@ -346,7 +346,10 @@ static void apply_entries(struct fsm_proc *fp,
                           const struct ida_nm_apply *a)
 {
     if (a->has_snapshot) {
+        uint64_t t0 = ida__node_mono_us();
         int rv = ida_fsm_restore(fp->fsm, a->snap_data, a->snap_len);
+        ida_metrics_snapshot_installed(fp->node->metrics,
+                                       ida__node_mono_us() - t0);
         if (rv != 0) {
             IDA_ERROR("fsm: cannot restore the snapshot at %llu: %s; exiting",
                       (unsigned long long)a->snap_index, idalloc_strerror(rv));

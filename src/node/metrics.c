@@ -60,7 +60,7 @@ struct ida_metrics
     struct histo fsync;
     atomic_uint_fast64_t bytes_written;
     /* snapshots */
-    struct histo snap_duration;
+    struct histo snap_duration, snap_store, snap_install;
     atomic_uint_fast64_t snapshots, snapshot_bytes;
     struct ida_net *net;
 };
@@ -261,6 +261,20 @@ void ida_metrics_snapshot(struct ida_metrics *m,
     }
 }
 
+void ida_metrics_snapshot_stored(struct ida_metrics *m, uint64_t micros)
+{
+    if (m != NULL) {
+        observe(&m->snap_store, micros);
+    }
+}
+
+void ida_metrics_snapshot_installed(struct ida_metrics *m, uint64_t micros)
+{
+    if (m != NULL) {
+        observe(&m->snap_install, micros);
+    }
+}
+
 void ida_metrics_set_net(struct ida_metrics *m, struct ida_net *net)
 {
     m->net = net;
@@ -451,6 +465,13 @@ char *ida_metrics_render(struct ida_metrics *m, size_t *len)
     head(&o, "idalloc_snapshot_duration_seconds", "histogram",
          "Time to encode a snapshot of the state machine.");
     histo(&o, "idalloc_snapshot_duration_seconds", "", &m->snap_duration);
+    head(&o, "idalloc_snapshot_store_duration_seconds", "histogram",
+         "Time to make a snapshot durable and compact the log.");
+    histo(&o, "idalloc_snapshot_store_duration_seconds", "", &m->snap_store);
+    head(&o, "idalloc_snapshot_install_duration_seconds", "histogram",
+         "Time to restore a snapshot received from the leader.");
+    histo(&o, "idalloc_snapshot_install_duration_seconds", "",
+          &m->snap_install);
     if (m->net != NULL) {
         struct ida_net_stats st;
         ida_net_get_stats(m->net, &st);

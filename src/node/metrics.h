@@ -99,6 +99,10 @@ void ida_metrics_fsync(struct ida_metrics *m, uint64_t micros, uint64_t bytes);
 void ida_metrics_snapshot(struct ida_metrics *m,
                           uint64_t bytes,
                           uint64_t micros);
+/* A snapshot made durable by storage (chunks written, log compacted). */
+void ida_metrics_snapshot_stored(struct ida_metrics *m, uint64_t micros);
+/* A snapshot received from the leader, restored into the fsm. */
+void ida_metrics_snapshot_installed(struct ida_metrics *m, uint64_t micros);
 /* Where connection and message counts come from (ida_net_get_stats()),
  * read at each scrape; NULL: none. Set before ida_metrics_start(), and
  * stop serving (ida_metrics_stop()) before @net goes away. */

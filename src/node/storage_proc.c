@@ -177,6 +177,7 @@ static void on_snapshot_store(struct storage_proc *sp,
     if (sp->failed || sn->index <= st->snapshot_index) {
         return;
     }
+    uint64_t t0 = ida__node_mono_us();
     int rv = write_snapshot(sp, sn->index, sn->term, sn->data, sn->len,
                             sn->conf, sn->conf_len);
     if (rv == 0) {
@@ -186,6 +187,7 @@ static void on_snapshot_store(struct storage_proc *sp,
         report_failure(sp, s, rv, "storing a snapshot");
         return;
     }
+    ida_metrics_snapshot_stored(sp->node->metrics, ida__node_mono_us() - t0);
     IDA_INFO(
         "storage: snapshot at index %llu term %llu (%zu bytes); log "
         "compacted",

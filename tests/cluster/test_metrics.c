@@ -28,7 +28,8 @@ static void teardown(void)
 /* Three nodes, each with metrics=127.0.0.1:PORT on its line. */
 static void setup(void)
 {
-    tc_setup(&c, 3, NULL);
+    /* Snapshots every 5 entries, so the snapshot series move too. */
+    tc_setup(&c, 3, "snapshot_interval_entries 5\n");
     char cmd[2048];
     for (int i = 0; i < 3; i++) {
         mport[i] = tc_free_port();
@@ -201,6 +202,8 @@ static const char *const required[] = {
     "idalloc_snapshots_total",
     "idalloc_snapshot_size_bytes",
     "idalloc_snapshot_duration_seconds_count",
+    "idalloc_snapshot_store_duration_seconds_count",
+    "idalloc_snapshot_install_duration_seconds_count",
     "idalloc_raft_log_entries",
     "idalloc_client_connections",
     "idalloc_sessions",
@@ -276,6 +279,12 @@ Test(metrics,
     cr_assert_gt(value_of("idalloc_storage_written_bytes_total"), written0);
     cr_assert_geq(value_of("idalloc_raft_leader_changes_total"), 1);
     cr_assert_geq(value_of("idalloc_sessions"), 1);
+    cr_assert_geq(value_of("idalloc_snapshots_total"), 4);
+    cr_assert_gt(value_of("idalloc_snapshot_size_bytes"), 0);
+    cr_assert_geq(value_of("idalloc_snapshot_store_duration_seconds_count"), 1);
+    /* The log is compacted: far fewer entries held than applied. */
+    cr_assert_lt(value_of("idalloc_raft_log_entries"),
+                 value_of("idalloc_raft_applied_index"));
     /* Histogram buckets are cumulative and end at the count. */
     cr_assert_eq(value_of("idalloc_request_duration_seconds_bucket{op=\""
                           "alloc\",le=\"+Inf\"}"),
