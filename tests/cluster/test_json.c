@@ -113,6 +113,28 @@ Test(json,
     j = ok_json("list b --json");
     cr_assert_eq(json_array_size(json_object_get(j, "holdings")), 2);
     json_decref(j);
+    /* A non-UTF-8 tag already held (the plain CLI sends it; nodes that
+     * refuse such tags answer exit 2 and there is nothing to list) comes
+     * back from list as tag_hex. */
+    code = tc_run(out, sizeof(out),
+                  "%s --cluster %s alloc b --tag \"$(printf 'a\\377')\" 2>&1",
+                  tc_bin("idalloc"), c.addrs);
+    if (code == 0) {
+        j = ok_json("list b --json");
+        json_t *hs = json_object_get(j, "holdings");
+        cr_assert_eq(json_array_size(hs), 3);
+        json_t *last = json_array_get(hs, 2);
+        cr_assert_null(json_object_get(last, "tag"));
+        cr_assert_str_eq(str(last, "tag_hex"), "61ff");
+        json_decref(j);
+        cr_assert_eq(tc_run(out, sizeof(out),
+                            "%s --cluster %s free b 2 --tag \"$(printf "
+                            "'a\\377')\" 2>&1",
+                            tc_bin("idalloc"), c.addrs),
+                     0, "%s", out);
+    } else {
+        cr_assert_eq(code, 2, "refused as bad input: %s", out);
+    }
 
     /* reserve and next: contiguous, non-overlapping blocks. */
     j = ok_json("reserve s --count 5 --json");
