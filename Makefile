@@ -291,6 +291,8 @@ SOVERSION := 1
 IDA_VERSION := $(shell sed -n 's/^\#define IDALLOC_VERSION "\(.*\)"/\1/p' \
     include/idalloc_version.h)
 LIBSO_REAL := $(LIBDIR)/libidalloc.so.$(IDA_VERSION)
+# --no-undefined: the library names every library it needs. Not with a
+# sanitizer: clang leaves the sanitizer runtime to the executable.
 
 $(BUILD)/libidalloc.map: $(wildcard include/idalloc*.h)
 	@mkdir -p $(@D)
@@ -302,7 +304,8 @@ $(BUILD)/libidalloc.map: $(wildcard include/idalloc*.h)
 $(LIBSO_REAL): $(call obj,$(CLIENT_SRC)) $(PROTO_O) $(BUILD)/libidalloc.map
 	@mkdir -p $(@D)
 	$(CC) -shared $(LDFLAGS) -Wl,-soname,libidalloc.so.$(SOVERSION) \
-	    -Wl,--version-script=$(BUILD)/libidalloc.map -Wl,--no-undefined \
+	    -Wl,--version-script=$(BUILD)/libidalloc.map \
+	    $(if $(SAN),,-Wl,--no-undefined) \
 	    -Wl,--as-needed $(filter %.o,$^) -o $@ $(CLIENT_LDLIBS)
 
 $(LIBDIR)/libidalloc.so.$(SOVERSION): $(LIBSO_REAL)
