@@ -65,7 +65,7 @@ static const char *const usage_cmd[] = {
         "Create a pool. bounded pools need --size N: ids are [0, N).\n"
         "Prints \"created\" or \"exists\" (an identical pool was there).\n",
     [IDA_CLI_ALLOC] =
-        "usage: idalloc alloc POOL --tag TAG\n"
+        "usage: idalloc alloc POOL --tag TAG [--json]\n"
         "Allocate the lowest free id of bounded pool POOL to TAG and print "
         "it.\nA TAG that already holds an id gets the same id back.\n",
     [IDA_CLI_FREE] =
@@ -73,36 +73,40 @@ static const char *const usage_cmd[] = {
         "Free ID if TAG holds it. Prints \"freed\" or "
         "\"already free\".\n",
     [IDA_CLI_LOOKUP] =
-        "usage: idalloc lookup POOL --tag TAG\n"
+        "usage: idalloc lookup POOL --tag TAG [--json]\n"
         "Print the id TAG holds in bounded pool POOL (exit "
         "1 if none).\n",
     [IDA_CLI_LIST] =
-        "usage: idalloc list POOL\n"
+        "usage: idalloc list POOL [--json]\n"
         "Print every holding of bounded pool POOL as \"ID "
         "TAG\", in id order.\n",
     [IDA_CLI_RESERVE] =
-        "usage: idalloc reserve POOL --count N\n"
+        "usage: idalloc reserve POOL --count N [--json]\n"
         "Reserve N (1 to 16777216 = 2^24) consecutive ids of sequence pool "
         "POOL;\nprint \"FIRST LAST\".\n",
     [IDA_CLI_NEXT] =
-        "usage: idalloc next POOL [--count K] [--format dec|hex]\n"
+        "usage: idalloc next POOL [--count K] [--format dec|hex] [--json]\n"
         "Reserve exactly K (default 1, at most 10000000) ids of sequence pool "
         "POOL\nin one request and print them, one a line. hex prints "
         "0000-0000-0000-0001\nstyle ids whose string order is their numeric "
         "order.\n",
     [IDA_CLI_PREFIX] =
-        "usage: idalloc prefix POOL --tag TAG\n"
+        "usage: idalloc prefix POOL --tag TAG [--json]\n"
         "Allocate a short prefix of prefix pool POOL to TAG "
         "(or return the one\nit holds) and print it as "
         "hex.\n",
     [IDA_CLI_STATUS] =
-        "usage: idalloc status [--verbose]\n"
+        "usage: idalloc status [--verbose] [--json]\n"
         "Ask every node; print one line per node: id, address, role, term,\n"
         "commit index, applied index, leader, log range and last snapshot (or\n"
         "the error for a node that did not answer). --verbose adds indented\n"
         "lines: the leader's view of each peer (match and next index,\n"
         "replication state, connected) and the node's most frequent errors.\n"
         "Nodes the cluster names are asked too, not only those given.\n"
+        "\n"
+        "--json (or -w json), here and after list, lookup, alloc, reserve,\n"
+        "next (at most 1000000 ids), prefix, member list and bench: one JSON\n"
+        "document on stdout instead (README, \"JSON output\").\n"
         "\n"
         "exit codes: 0 a leader is known and every node answered; 1 a leader\n"
         "serves but some node did not answer; 3 no leader reachable.\n",
@@ -121,7 +125,7 @@ static const char *const usage_cmd[] = {
         "refused\nbefore the run (exit 1); a run in which no request succeeded "
         "exits 1\n(definite errors) or 3 (outcomes unknown).\n",
     [IDA_CLI_MEMBER_LIST] =
-        "usage: idalloc member list\n"
+        "usage: idalloc member list [--json]\n"
         "       idalloc member add|remove|promote ID\n"
         "Ask the leader for the membership in effect; print one line per "
         "member:\n"
