@@ -95,13 +95,23 @@ static int name_ok(const char *s, size_t n)
 
 #define FAMILIES_MAX 128
 
-/* Check every line of body[]; fail the test on the first bad one. Returns
- * how many samples there are. */
-static int check_exposition(void)
+/* Check every line of @text against the text format: NULL when well
+ * formed (*samples: how many samples), else what is wrong with which line
+ * (a static buffer). */
+static const char *exposition_error(const char *text, int *samples)
 {
+    static char why[512];
     char fam[FAMILIES_MAX][96], type[FAMILIES_MAX][16];
-    int nfam = 0, samples = 0;
-    char *save, *copy = strdup(body);
+    int nfam = 0;
+    *samples = 0;
+    char *save, *copy = strdup(text);
+    const char *err = NULL;
+#define BAD(what)                                             \
+    do {                                                      \
+        snprintf(why, sizeof(why), "%s: %.300s", what, line); \
+        err = why;                                            \
+        goto out;                                             \
+    } while (0)
     for (char *line = strtok_r(copy, "\n", &save); line != NULL;
          line = strtok_r(NULL, "\n", &save)) {
         if (strncmp(line, "# HELP ", 7) == 0) {
@@ -109,49 +119,67 @@ static int check_exposition(void)
         }
         if (strncmp(line, "# TYPE ", 7) == 0) {
             char n[96], t[16];
-            cr_assert_eq(sscanf(line, "# TYPE %95s %15s", n, t), 2, "%s", line);
-            cr_assert(name_ok(n, strlen(n)), "%s", line);
-            cr_assert(strcmp(t, "counter") == 0 || strcmp(t, "gauge") == 0 ||
-                          strcmp(t, "histogram") == 0,
-                      "%s", line);
-            for (int k = 0; k < nfam; k++) {
-                cr_assert_str_neq(fam[k], n, "TYPE twice: %s", line);
+            if (sscanf(line, "# TYPE %95s %15s", n, t) != 2 ||
+                !name_ok(n, strlen(n))) {
+                BAD("bad TYPE line");
             }
-            cr_assert_lt(nfam, FAMILIES_MAX);
+            if (strcmp(t, "counter") != 0 && strcmp(t, "gauge") != 0 &&
+                strcmp(t, "histogram") != 0) {
+                BAD("unknown type");
+            }
+            for (int k = 0; k < nfam; k++) {
+                if (strcmp(fam[k], n) == 0) {
+                    BAD("TYPE twice");
+                }
+            }
+            if (nfam == FAMILIES_MAX) {
+                BAD("too many families for this parser");
+            }
             strcpy(fam[nfam], n);
             strcpy(type[nfam++], t);
             continue;
         }
-        cr_assert_neq(line[0], '#', "unknown comment: %s", line);
+        if (line[0] == '#') {
+            BAD("unknown comment");
+        }
         /* name{label="value",...} value */
         size_t nl = strcspn(line, "{ ");
-        cr_assert(name_ok(line, nl), "bad name: %s", line);
+        if (!name_ok(line, nl)) {
+            BAD("bad metric name");
+        }
         char *p = line + nl;
         if (*p == '{') {
             p++;
             while (*p != '}') {
                 size_t ln = strcspn(p, "=");
-                cr_assert(name_ok(p, ln), "bad label: %s", line);
-                p += ln;
-                cr_assert_eq(p[0], '=', "%s", line);
-                cr_assert_eq(p[1], '"', "%s", line);
-                p += 2;
+                if (!name_ok(p, ln) || p[ln] != '=' || p[ln + 1] != '"') {
+                    BAD("bad label");
+                }
+                p += ln + 2;
                 while (*p != '"') {
-                    cr_assert_neq(*p, '\0', "unterminated: %s", line);
+                    if (*p == '\0' || (*p == '\\' && p[1] == '\0')) {
+                        BAD("unterminated label value");
+                    }
                     p += *p == '\\' ? 2 : 1;
                 }
                 p++;
                 if (*p == ',') {
                     p++;
                 }
-                cr_assert(*p == '}' || isalpha((unsigned char)*p), "%s", line);
+                if (*p != '}' && !isalpha((unsigned char)*p) && *p != '_') {
+                    BAD("bad label list");
+                }
             }
             p++;
         }
-        cr_assert_eq(*p, ' ', "%s", line);
+        if (*p != ' ') {
+            BAD("no space before the value");
+        }
         char *end;
         strtod(p + 1, &end);
-        cr_assert(end != p + 1 && *end == '\0', "bad value: %s", line);
+        if (end == p + 1 || *end != '\0') {
+            BAD("bad value");
+        }
         /* The sample belongs to a family declared above it. */
         int found = 0;
         for (int k = 0; k < nfam && !found; k++) {
@@ -161,15 +189,57 @@ static int check_exposition(void)
             }
             const char *rest = line + fl;
             found = rest == line + nl || (strcmp(type[k], "histogram") == 0 &&
-                                          (strncmp(rest, "_bucket", 7) == 0 ||
+                                          (strncmp(rest, "_bucket{", 8) == 0 ||
                                            strncmp(rest, "_sum", 4) == 0 ||
                                            strncmp(rest, "_count", 6) == 0));
         }
-        cr_assert(found, "sample without a TYPE above it: %s", line);
-        samples++;
+        if (!found) {
+            BAD("sample without a TYPE above it");
+        }
+        (*samples)++;
     }
+#undef BAD
+out:
     free(copy);
+    return err;
+}
+
+static int check_exposition(void)
+{
+    int samples;
+    const char *err = exposition_error(body, &samples);
+    cr_assert_null(err, "%s", err);
     return samples;
+}
+
+/* Negative control: the parser refuses what the format does not allow. */
+Test(metrics, the_exposition_parser_catches_bad_text)
+{
+    int n;
+    const char *good =
+        "# HELP a_total x\n# TYPE a_total counter\n"
+        "a_total{op=\"x\",k=\"a\\\"b\"} 3\n"
+        "# TYPE h histogram\nh_bucket{le=\"+Inf\"} 1\n"
+        "h_sum 0.5\nh_count 1\n";
+    cr_assert_null(exposition_error(good, &n), "%s",
+                   exposition_error(good, &n));
+    cr_assert_eq(n, 4);
+    static const char *const bad[] = {
+        "a_total 1\n",                             /* no TYPE */
+        "# TYPE a counter\n# TYPE a gauge\na 1\n", /* TYPE twice */
+        "# TYPE a summaryish\na 1\n",              /* unknown type */
+        "# TYPE a gauge\n9a 1\n",                  /* bad name */
+        "# TYPE a gauge\na{op=\"x} 1\n",           /* unterminated */
+        "# TYPE a gauge\na{op=x} 1\n",             /* unquoted */
+        "# TYPE a gauge\na 1x\n",                  /* bad value */
+        "# TYPE a gauge\na\t1\n",                  /* no space */
+        "# TYPE a gauge\n# whatever\na 1\n",       /* comment */
+        "# TYPE a gauge\na_bucket{le=\"1\"} 1\n",  /* not a histo */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_not_null(exposition_error(bad[i], &n), "accepted: %s",
+                           bad[i]);
+    }
 }
 
 /* The value of the sample whose line starts with @prefix (name and labels
