@@ -46,7 +46,9 @@ CPPFLAGS := -D_POSIX_C_SOURCE=200809L -I. -Iinclude -I$(BUILD)/gen -MMD -MP
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS := -std=c11 $(OPT) $(WARN) -pthread -fPIC $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(EXTRA_LDFLAGS)
-LDLIBS := -luv -lprotobuf-c -llmdb -lm
+LDLIBS := -luv -lprotobuf-c -llmdb -lm -lmicrohttpd
+# jansson: the CLI's --json, and the tests that parse it.
+CLI_LDLIBS := -ljansson
 ifneq ($(SAN),)
 CFLAGS += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SAN)
@@ -62,7 +64,10 @@ COMMON_SRC := $(BASE_SRC) $(wildcard src/common/*.c)
 LIB_SRC := $(filter-out %_main.c,$(COMMON_SRC) $(wildcard src/pool/*.c) \
     $(wildcard raft/*.c) $(wildcard fsm/*.c) $(wildcard storage/*.c) \
     $(wildcard src/node/*.c) $(wildcard src/client/*.c))
-CLIENT_SRC := $(filter-out %_main.c,$(COMMON_SRC) $(wildcard src/client/*.c))
+# The CLI's own code (parsing, --json, bench) goes into bin/idalloc, not
+# into libidalloc: the library does not link jansson.
+CLI_SRC := $(wildcard src/client/cli.c src/client/cli_*.c src/client/bench.c)
+CLIENT_SRC := $(filter-out %_main.c $(CLI_SRC),$(COMMON_SRC) $(wildcard src/client/*.c))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 PERCENT := %
@@ -212,6 +217,8 @@ help:
 	@echo "  format        clang-format the sources"
 	@echo "  format-check  fail if a source file is not formatted"
 	@echo "  check-layers  fail if raft/ or fsm/ include anything of the I/O world"
+	@echo "  install       install under \$$DESTDIR\$$PREFIX (default /usr/local); uninstall"
+	@echo "  deb           Debian packages with debhelper, checked by lintian (build/deb/)"
 	@echo "  clean         remove build/, bin/, lib/"
 	@echo "  help          this list"
 
@@ -242,7 +249,7 @@ $(TESTLIB): $(call obj,$(TESTLIB_SRC))
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $$(call support_of,tests/$$(dir $$*)) \
     $(if $(TESTLIB_SRC),$(TESTLIB)) $(LIBIDA)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS) $(CLI_LDLIBS)
 
 # A literal % in a pattern rule's prerequisites is replaced by the stem
 # before the second expansion, so the filters spell it $$(PERCENT).
@@ -250,13 +257,13 @@ $(BUILD)/bench/%: $$(call obj,$$(filter $$(PERCENT)/$$*.c,$$(BENCH_SRC))) \
     $$(call support_of,$$(dir $$(filter $$(PERCENT)/$$*.c,$$(BENCH_SRC)))) \
     $(if $(TESTLIB_SRC),$(TESTLIB)) $(LIBIDA)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ -lcriterion $(LDLIBS) $(CLI_LDLIBS)
 
 $(BUILD)/prog/%: $$(call obj,$$(filter $$(PERCENT)/$$*_main.c,$$(PROG_SRC))) \
     $$(call support_of,$$(dir $$(filter $$(PERCENT)/$$*_main.c,$$(PROG_SRC)))) \
     $(if $(TESTLIB_SRC),$(TESTLIB)) $(LIBIDA)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(CLI_LDLIBS)
 
 $(BINDIR)/idallocd: $(BUILD)/obj/src/node/idallocd_main.o $(LIBIDA)
 	@mkdir -p $(@D)
@@ -266,16 +273,45 @@ $(BINDIR)/idallocd: $(BUILD)/obj/src/node/idallocd_main.o $(LIBIDA)
 # library"): no libuv, no LMDB.
 CLIENT_LDLIBS := -lprotobuf-c
 
-$(BINDIR)/idalloc: $(BUILD)/obj/src/client/idalloc_main.o $(LIBDIR)/libidalloc.a
+$(BINDIR)/idalloc: $(BUILD)/obj/src/client/idalloc_main.o $(call obj,$(CLI_SRC)) \
+    $(LIBDIR)/libidalloc.a
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) $^ -o $@ $(CLIENT_LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(CLIENT_LDLIBS) $(CLI_LDLIBS)
 
 $(LIBDIR)/libidalloc.a: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(LIBDIR)/libidalloc.so: $(call obj,$(CLIENT_SRC)) $(PROTO_O)
+# The shared library: SONAME libidalloc.so.$(SOVERSION), the file named by
+# the full version, and the two links. It exports only the functions the
+# installed headers declare (idalloc_*, not protobuf-c's idalloc__* nor the
+# internal ida_*): a version script made from include/idalloc*.h, so a new
+# public function is exported as soon as a header declares it.
+SOVERSION := 1
+IDA_VERSION := $(shell sed -n 's/^\#define IDALLOC_VERSION "\(.*\)"/\1/p' \
+    include/idalloc_version.h)
+LIBSO_REAL := $(LIBDIR)/libidalloc.so.$(IDA_VERSION)
+# --no-undefined: the library names every library it needs. Not with a
+# sanitizer: clang leaves the sanitizer runtime to the executable.
+
+$(BUILD)/libidalloc.map: $(wildcard include/idalloc*.h)
 	@mkdir -p $(@D)
-	$(CC) -shared $(LDFLAGS) $^ -o $@ $(CLIENT_LDLIBS)
+	@{ echo "{ global:"; \
+	   grep -ohE '\bidalloc_[a-z0-9_]+ *\(' $^ | sed 's/ *($$/;/' | \
+	     grep -v '^idalloc__' | sort -u; \
+	   echo "local: *; };"; } > $@
+
+$(LIBSO_REAL): $(call obj,$(CLIENT_SRC)) $(PROTO_O) $(BUILD)/libidalloc.map
+	@mkdir -p $(@D)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libidalloc.so.$(SOVERSION) \
+	    -Wl,--version-script=$(BUILD)/libidalloc.map \
+	    $(if $(SAN),,-Wl,--no-undefined) \
+	    -Wl,--as-needed $(filter %.o,$^) -o $@ $(CLIENT_LDLIBS)
+
+$(LIBDIR)/libidalloc.so.$(SOVERSION): $(LIBSO_REAL)
+	ln -sf libidalloc.so.$(IDA_VERSION) $@
+
+$(LIBDIR)/libidalloc.so: $(LIBDIR)/libidalloc.so.$(SOVERSION)
+	ln -sf libidalloc.so.$(SOVERSION) $@
 
 -include $(ALL_OBJ:.o=.d)

@@ -203,6 +203,29 @@ size_t ida_fsm_session_count(const struct ida_fsm *f)
     return f->session_count;
 }
 
+void ida_fsm_pool_info(const struct ida_fsm *f,
+                       size_t i,
+                       struct ida_fsm_pool_info *out)
+{
+    IDA_ASSERT(i < f->pool_count);
+    const struct ida__pool *p = f->pools[i];
+    memset(out, 0, sizeof(*out));
+    out->name = p->name;
+    out->kind = p->kind;
+    switch (p->kind) {
+        case IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE:
+            out->used = p->u.seq_next;
+            break;
+        case IDALLOC__POOL_KIND__POOL_KIND_BOUNDED:
+            out->size = p->u.bounded.size;
+            out->used = p->u.bounded.held;
+            break;
+        default:
+            out->used = p->u.prefix.n;
+            break;
+    }
+}
+
 /* --- operations ----------------------------------------------------------- */
 
 /* The pool named @name of @kind, or a reason. */
@@ -385,6 +408,61 @@ static int op_prefix(struct ida_fsm *f,
     return rv;
 }
 
+/* Load the pools of a backup (an FsmState) into a state machine that has
+ * none. Only the pools come over: the backup's sessions belong to clients
+ * of the old cluster, and the applied index, clock and sessions stay this
+ * cluster's. Decoded and checked in full (ida_fsm_restore) before anything
+ * here changes; then every sequence pool moves @m->advance_sequences on. */
+static int op_restore(struct ida_fsm *f,
+                      const Idalloc__Restore *m,
+                      struct ida_fsm_result *r)
+{
+    if (f->pool_count > 0) {
+        return IDA__R_RESTORE_NOT_EMPTY;
+    }
+    struct ida_fsm *n;
+    if (ida_fsm_new(&n) != 0) {
+        return -IDA_ENOMEM;
+    }
+    int rv = ida_fsm_restore(n, m->state.data, m->state.len);
+    if (rv == IDA_ENOMEM) {
+        ida_fsm_free(n);
+        return -IDA_ENOMEM;
+    }
+    if (rv != 0) {
+        ida_fsm_free(n);
+        return IDA__R_RESTORE_BAD;
+    }
+    for (size_t i = 0; i < n->pool_count; i++) {
+        const struct ida__pool *p = n->pools[i];
+        if (p->kind == IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE &&
+            p->u.seq_next > UINT64_MAX - m->advance_sequences) {
+            ida_fsm_free(n);
+            return IDA__R_RESTORE_ADVANCE;
+        }
+    }
+    for (size_t i = 0; i < n->pool_count; i++) {
+        struct ida__pool *p = n->pools[i];
+        if (p->kind == IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
+            p->u.seq_next += m->advance_sequences;
+        }
+    }
+    /* Swap the (empty) pool tables: @f takes the backup's. */
+    struct ida__pool **pools = f->pools;
+    size_t cap = f->pool_cap;
+    f->pools = n->pools;
+    f->pool_count = n->pool_count;
+    f->pool_cap = n->pool_cap;
+    n->pools = pools;
+    n->pool_count = 0;
+    n->pool_cap = cap;
+    ida_fsm_free(n);
+    result_ok(r, IDA_FSM_OP_RESTORE);
+    r->id = m->from_index;
+    r->count = f->pool_count;
+    return IDA__R_OK;
+}
+
 /* The PRNG seed of command @pos of entry @index. */
 static uint64_t seed_of(ida_index index, size_t pos)
 {
@@ -411,6 +489,8 @@ static int execute(struct ida_fsm *f,
             return op_reserve(f, c->reserve, r);
         case IDALLOC__COMMAND__OP_PREFIX_ALLOC:
             return op_prefix(f, c->prefix_alloc, seed, r);
+        case IDALLOC__COMMAND__OP_RESTORE:
+            return op_restore(f, c->restore, r);
         default:
             return IDA__R_NO_OP;
     }

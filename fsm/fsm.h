@@ -118,6 +118,7 @@ enum ida_fsm_op {
     IDA_FSM_OP_FREE,
     IDA_FSM_OP_RESERVE,
     IDA_FSM_OP_PREFIX_ALLOC,
+    IDA_FSM_OP_RESTORE, /* id: the backup's index; count: pools restored */
 };
 
 /* The answer to one command. Fields beyond error/error_msg are meaningful
@@ -208,6 +209,20 @@ uint64_t ida_fsm_now_ms(const struct ida_fsm *f);
 size_t ida_fsm_pool_count(const struct ida_fsm *f);
 size_t ida_fsm_session_count(const struct ida_fsm *f);
 
+/* What pool @i (0 <= @i < ida_fsm_pool_count(), in name order) is and how
+ * much of it is used (metrics). */
+struct ida_fsm_pool_info
+{
+    const char *name; /* borrowed until the next change of @f */
+    Idalloc__PoolKind kind;
+    uint64_t size; /* bounded: ids are [0, size) */
+    uint64_t used; /* bounded: ids held; prefix: tags held; sequence: the
+                      next id a reserve hands out */
+};
+void ida_fsm_pool_info(const struct ida_fsm *f,
+                       size_t i,
+                       struct ida_fsm_pool_info *out);
+
 /* --- reads of committed state ---------------------------------------------
  *
  * The id @tag holds in bounded pool @pool. Returns 0, IDA_EINVAL (bad name
@@ -267,6 +282,7 @@ struct ida_fsm_result_pb
         Idalloc__FreeResult free;
         Idalloc__ReserveResult reserve;
         Idalloc__PrefixResult prefix;
+        Idalloc__RestoreResult restore;
     } u;
     uint8_t prefix[IDA_PREFIX_BYTES_MAX];
 };

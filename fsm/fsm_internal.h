@@ -55,7 +55,12 @@
     X(IDA__R_COUNT_BIG, IDA_ETOOBIG, "reserve count above 2^24")               \
     X(IDA__R_SEQ_END, IDA_EEXHAUSTED,                                          \
       "sequence would pass the end of 64 bits")                                \
-    X(IDA__R_PREFIX_END, IDA_EEXHAUSTED, "prefix space is exhausted")
+    X(IDA__R_PREFIX_END, IDA_EEXHAUSTED, "prefix space is exhausted")          \
+    X(IDA__R_RESTORE_NOT_EMPTY, IDA_EEXIST,                                    \
+      "restore needs a cluster without pools")                                 \
+    X(IDA__R_RESTORE_BAD, IDA_ECORRUPT, "the backup's state does not restore") \
+    X(IDA__R_RESTORE_ADVANCE, IDA_EEXHAUSTED,                                  \
+      "advancing would pass the end of a sequence")
 
 enum ida__fsm_reason {
 #define IDA__R_ENUM(name, code, text) name,

@@ -382,6 +382,14 @@ static int dec_result(const Idalloc__CommandResult *m, struct ida_fsm_result *r)
             r->flag = m->prefix_alloc->existed;
             return 0;
         }
+        case IDALLOC__COMMAND_RESULT__RESULT_RESTORE:
+            if (m->restore->pools > IDA_POOLS_MAX) {
+                return CORRUPT;
+            }
+            r->op = IDA_FSM_OP_RESTORE;
+            r->id = m->restore->from_index;
+            r->count = m->restore->pools;
+            return 0;
         default:
             return CORRUPT;
     }

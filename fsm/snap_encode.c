@@ -234,6 +234,13 @@ void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
             pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC;
             pb->msg.prefix_alloc = &pb->u.prefix;
             break;
+        case IDA_FSM_OP_RESTORE:
+            idalloc__restore_result__init(&pb->u.restore);
+            pb->u.restore.from_index = r->id;
+            pb->u.restore.pools = (uint32_t)r->count;
+            pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_RESTORE;
+            pb->msg.restore = &pb->u.restore;
+            break;
         default:
             IDA_UNREACHABLE();
     }

@@ -12,6 +12,9 @@ have_header protobuf-c/protobuf-c.h || missing+=(libprotobuf-c-dev)
 command -v protoc-c >/dev/null 2>&1 || missing+=(protobuf-c-compiler)
 have_header lmdb.h || missing+=(liblmdb-dev)
 have_header criterion/criterion.h || missing+=(libcriterion-dev)
+have_header jansson.h || missing+=(libjansson-dev)        # the CLI's --json (not libidalloc)
+have_header microhttpd.h || missing+=(libmicrohttpd-dev)  # idallocd's /metrics and /healthz
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)  # the install test
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 

@@ -28,6 +28,8 @@ static const char usage_all[] =
     "  member add|remove|promote ID  change the membership (README, "
     "Runbook)\n"
     "  leader transfer [--to ID]     hand leadership to another voter\n"
+    "  snapshot save FILE            back the whole state up into FILE\n"
+    "  snapshot restore FILE [--advance-sequences N]   into a new cluster\n"
     "\n"
     "options:\n"
     "  --cluster ADDR,...  client addresses of nodes (default: "
@@ -40,6 +42,10 @@ static const char usage_all[] =
     "  --timeout MS        give up a call after MS milliseconds, retries "
     "included\n"
     "                      (default 5000)\n"
+    "  --json, -w json     (after the command) one JSON document on stdout:\n"
+    "                      status, member list, list, lookup, alloc, "
+    "reserve,\n"
+    "                      next (at most 1000000 ids), prefix, bench\n"
     "  -h, --help          this text; `idalloc COMMAND --help` for one "
     "command\n"
     "  --version           print the version\n"
@@ -59,7 +65,7 @@ static const char *const usage_cmd[] = {
         "Create a pool. bounded pools need --size N: ids are [0, N).\n"
         "Prints \"created\" or \"exists\" (an identical pool was there).\n",
     [IDA_CLI_ALLOC] =
-        "usage: idalloc alloc POOL --tag TAG\n"
+        "usage: idalloc alloc POOL --tag TAG [--json]\n"
         "Allocate the lowest free id of bounded pool POOL to TAG and print "
         "it.\nA TAG that already holds an id gets the same id back.\n",
     [IDA_CLI_FREE] =
@@ -67,36 +73,40 @@ static const char *const usage_cmd[] = {
         "Free ID if TAG holds it. Prints \"freed\" or "
         "\"already free\".\n",
     [IDA_CLI_LOOKUP] =
-        "usage: idalloc lookup POOL --tag TAG\n"
+        "usage: idalloc lookup POOL --tag TAG [--json]\n"
         "Print the id TAG holds in bounded pool POOL (exit "
         "1 if none).\n",
     [IDA_CLI_LIST] =
-        "usage: idalloc list POOL\n"
+        "usage: idalloc list POOL [--json]\n"
         "Print every holding of bounded pool POOL as \"ID "
         "TAG\", in id order.\n",
     [IDA_CLI_RESERVE] =
-        "usage: idalloc reserve POOL --count N\n"
+        "usage: idalloc reserve POOL --count N [--json]\n"
         "Reserve N (1 to 16777216 = 2^24) consecutive ids of sequence pool "
         "POOL;\nprint \"FIRST LAST\".\n",
     [IDA_CLI_NEXT] =
-        "usage: idalloc next POOL [--count K] [--format dec|hex]\n"
+        "usage: idalloc next POOL [--count K] [--format dec|hex] [--json]\n"
         "Reserve exactly K (default 1, at most 10000000) ids of sequence pool "
         "POOL\nin one request and print them, one a line. hex prints "
         "0000-0000-0000-0001\nstyle ids whose string order is their numeric "
         "order.\n",
     [IDA_CLI_PREFIX] =
-        "usage: idalloc prefix POOL --tag TAG\n"
+        "usage: idalloc prefix POOL --tag TAG [--json]\n"
         "Allocate a short prefix of prefix pool POOL to TAG "
         "(or return the one\nit holds) and print it as "
         "hex.\n",
     [IDA_CLI_STATUS] =
-        "usage: idalloc status [--verbose]\n"
+        "usage: idalloc status [--verbose] [--json]\n"
         "Ask every node; print one line per node: id, address, role, term,\n"
         "commit index, applied index, leader, log range and last snapshot (or\n"
         "the error for a node that did not answer). --verbose adds indented\n"
         "lines: the leader's view of each peer (match and next index,\n"
         "replication state, connected) and the node's most frequent errors.\n"
         "Nodes the cluster names are asked too, not only those given.\n"
+        "\n"
+        "--json (or -w json), here and after list, lookup, alloc, reserve,\n"
+        "next (at most 1000000 ids), prefix, member list and bench: one JSON\n"
+        "document on stdout instead (README, \"JSON output\").\n"
         "\n"
         "exit codes: 0 a leader is known and every node answered; 1 a leader\n"
         "serves but some node did not answer; 3 no leader reachable.\n",
@@ -115,7 +125,7 @@ static const char *const usage_cmd[] = {
         "refused\nbefore the run (exit 1); a run in which no request succeeded "
         "exits 1\n(definite errors) or 3 (outcomes unknown).\n",
     [IDA_CLI_MEMBER_LIST] =
-        "usage: idalloc member list\n"
+        "usage: idalloc member list [--json]\n"
         "       idalloc member add|remove|promote ID\n"
         "Ask the leader for the membership in effect; print one line per "
         "member:\n"
@@ -152,6 +162,26 @@ static const char *const usage_cmd[] = {
         "Prints\n\"promoted\" once the change committed, or \"already a "
         "voter\".\nexit codes: 0 done; 1 refused; 2 usage; 3 outcome unknown "
         "or no leader.\n",
+    [IDA_CLI_SNAPSHOT_SAVE] =
+        "usage: idalloc snapshot save FILE\n"
+        "       idalloc snapshot restore FILE [--advance-sequences N]\n"
+        "save: copy the whole state from the leader, at an index that holds "
+        "every\nwrite acknowledged before the command, into FILE (written "
+        "atomically:\ntemporary file, fsync, rename) with its index, term, "
+        "cluster name and a\nchecksum. Prints \"saved FILE index=I term=T "
+        "cluster=NAME bytes=B\".\n",
+    [IDA_CLI_SNAPSHOT_RESTORE] =
+        "usage: idalloc snapshot restore FILE [--advance-sequences N]\n"
+        "Load the pools of backup FILE into a NEW cluster: one that has no "
+        "pools\nand another name than the cluster the backup was taken "
+        "from. Ids handed\nout after the backup was taken can be handed out "
+        "again: --advance-sequences N\nmoves every sequence pool N ids on "
+        "(pass more than the cluster could have\nreserved since the "
+        "backup); bounded and prefix pools are as they were at\nthe backup's "
+        "index (README, \"Backup and restore\"). A damaged or foreign "
+        "file\nis refused with one line, changing nothing.\n"
+        "exit codes: 0 done; 1 refused (the cluster has pools, or is the "
+        "backup's);\n2 bad usage or a bad file; 3 outcome unknown.\n",
     [IDA_CLI_LEADER_TRANSFER] =
         "usage: idalloc leader transfer [--to ID]\n"
         "Hand leadership to voter ID (default: a caught-up voter). Prints\n"
@@ -221,7 +251,7 @@ struct args
     const char *pos[4];
     int npos;
     const char *kind, *size, *tag, *count, *format, *op, *pool, *clients,
-        *duration, *to;
+        *duration, *to, *advance;
     int json;
     int verbose;
 };
@@ -229,12 +259,20 @@ struct args
 /* Flags that take a value, and where it goes. */
 static const char **flag_slot(struct args *a, const char *flag)
 {
-    static const char *const names[] = {
-        "--kind", "--size",    "--tag",      "--count", "--format",
-        "--op",   "--clients", "--duration", "--pool",  "--to"};
+    static const char *const names[] = {"--kind",
+                                        "--size",
+                                        "--tag",
+                                        "--count",
+                                        "--format",
+                                        "--op",
+                                        "--clients",
+                                        "--duration",
+                                        "--pool",
+                                        "--to",
+                                        "--advance-sequences"};
     const char **slots[] = {&a->kind,   &a->size, &a->tag,     &a->count,
                             &a->format, &a->op,   &a->clients, &a->duration,
-                            &a->pool,   &a->to};
+                            &a->pool,   &a->to,   &a->advance};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(flag, names[i]) == 0) {
             return slots[i];
@@ -254,6 +292,15 @@ static int collect(int argc,
         const char *s = argv[i];
         if (strcmp(s, "--json") == 0) {
             a->json = 1;
+            continue;
+        }
+        if (strcmp(s, "-w") == 0) {
+            /* -w json (kubectl's -o, etcdctl's -w): the same as --json. */
+            if (i + 1 >= argc || (strcmp(argv[i + 1], "json") != 0 &&
+                                  strcmp(argv[i + 1], "plain") != 0)) {
+                return fail(errmsg, "%s: -w needs json or plain", cmd);
+            }
+            a->json |= strcmp(argv[++i], "json") == 0;
             continue;
         }
         if (strcmp(s, "--verbose") == 0) {
@@ -299,6 +346,8 @@ enum {
     F_BENCH = 32,
     F_VERBOSE = 64,
     F_TO = 128,
+    F_JSON = 256, /* --json, -w json (src/client/cli_json.h) */
+    F_ADVANCE = 512,
 };
 
 static int check_flags(const struct args *a,
@@ -320,13 +369,14 @@ static int check_flags(const struct args *a,
              {a->pool, F_BENCH, "--pool"},
              {a->clients, F_BENCH, "--clients"},
              {a->duration, F_BENCH, "--duration"},
-             {a->to, F_TO, "--to"}};
+             {a->to, F_TO, "--to"},
+             {a->advance, F_ADVANCE, "--advance-sequences"}};
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
         if (f[i].v != NULL && (allowed & f[i].bit) == 0) {
             return fail(errmsg, "%s: %s does not apply", cmd, f[i].name);
         }
     }
-    if (a->json && (allowed & F_BENCH) == 0) {
+    if (a->json && (allowed & (F_BENCH | F_JSON)) == 0) {
         return fail(errmsg, "%s: --json does not apply", cmd);
     }
     if (a->verbose && (allowed & F_VERBOSE) == 0) {
@@ -463,7 +513,7 @@ static int parse_tagged(struct args *a,
                         int with_id,
                         char *errmsg)
 {
-    int rv = check_flags(a, F_TAG, name, errmsg);
+    int rv = check_flags(a, with_id ? F_TAG : F_TAG | F_JSON, name, errmsg);
     if (rv == 0) {
         rv = want_pos(a, with_id ? 2 : 1, name, errmsg);
     }
@@ -500,7 +550,8 @@ static int parse_member(struct args *a, struct ida_cli *c, char *errmsg)
     static const char *const names[] = {"member list", "member add",
                                         "member remove", "member promote"};
     const char *cmd = names[c->cmd - IDA_CLI_MEMBER_LIST];
-    int rv = check_flags(a, 0, cmd, errmsg);
+    int rv =
+        check_flags(a, c->cmd == IDA_CLI_MEMBER_LIST ? F_JSON : 0, cmd, errmsg);
     if (c->cmd == IDA_CLI_MEMBER_LIST) {
         return rv != 0 ? rv : want_pos(a, 0, cmd, errmsg);
     }
@@ -535,16 +586,16 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
         case IDA_CLI_FREE:
             return parse_tagged(a, c, "free", 1, errmsg);
         case IDA_CLI_LIST:
-            rv = check_flags(a, 0, "list", errmsg);
+            rv = check_flags(a, F_JSON, "list", errmsg);
             rv = rv != 0 ? rv : want_pos(a, 1, "list", errmsg);
             c->pool = a->pos[0];
             return rv;
         case IDA_CLI_STATUS:
-            rv = check_flags(a, F_VERBOSE, "status", errmsg);
+            rv = check_flags(a, F_VERBOSE | F_JSON, "status", errmsg);
             c->verbose = a->verbose;
             return rv != 0 ? rv : want_pos(a, 0, "status", errmsg);
         case IDA_CLI_RESERVE:
-            rv = check_flags(a, F_COUNT, "reserve", errmsg);
+            rv = check_flags(a, F_COUNT | F_JSON, "reserve", errmsg);
             rv = rv != 0 ? rv : want_pos(a, 1, "reserve", errmsg);
             rv = rv != 0 ? rv : need(a->count, "--count", "reserve", errmsg);
             c->pool = a->pos[0];
@@ -552,13 +603,15 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
                            : parse_count(a->count, IDALLOC_RESERVE_COUNT_MAX,
                                          "reserve", &c->count, errmsg);
         case IDA_CLI_NEXT:
-            rv = check_flags(a, F_COUNT | F_FORMAT, "next", errmsg);
+            rv = check_flags(a, F_COUNT | F_FORMAT | F_JSON, "next", errmsg);
             rv = rv != 0 ? rv : want_pos(a, 1, "next", errmsg);
             c->pool = a->pos[0];
             c->count = 1;
             if (rv == 0 && a->count != NULL) {
-                rv = parse_count(a->count, IDA_CLI_NEXT_COUNT_MAX, "next",
-                                 &c->count, errmsg);
+                rv = parse_count(a->count,
+                                 a->json ? IDA_CLI_NEXT_JSON_COUNT_MAX
+                                         : IDA_CLI_NEXT_COUNT_MAX,
+                                 "next", &c->count, errmsg);
             }
             if (rv == 0 && a->format != NULL) {
                 if (strcmp(a->format, "hex") == 0) {
@@ -573,6 +626,25 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
             return rv;
         case IDA_CLI_BENCH:
             return parse_bench(a, c, errmsg);
+        case IDA_CLI_SNAPSHOT_SAVE:
+        case IDA_CLI_SNAPSHOT_RESTORE: {
+            const char *name = c->cmd == IDA_CLI_SNAPSHOT_SAVE
+                                   ? "snapshot save"
+                                   : "snapshot restore";
+            rv = check_flags(a,
+                             c->cmd == IDA_CLI_SNAPSHOT_RESTORE ? F_ADVANCE : 0,
+                             name, errmsg);
+            rv = rv != 0 ? rv : want_pos(a, 1, name, errmsg);
+            c->file = a->pos[0];
+            if (rv == 0 && a->advance != NULL &&
+                parse_u64(a->advance, &c->advance) != 0) {
+                rv = fail(errmsg,
+                          "snapshot restore: bad --advance-sequences \"%s\" "
+                          "(0 to 18446744073709551615)",
+                          a->advance);
+            }
+            return rv;
+        }
         case IDA_CLI_HELP:
         case IDA_CLI_VERSION:
             break;
@@ -648,6 +720,8 @@ static int parse_group(const char *name,
         {"member remove", IDA_CLI_MEMBER_REMOVE},
         {"member promote", IDA_CLI_MEMBER_PROMOTE},
         {"leader transfer", IDA_CLI_LEADER_TRANSFER},
+        {"snapshot save", IDA_CLI_SNAPSHOT_SAVE},
+        {"snapshot restore", IDA_CLI_SNAPSHOT_RESTORE},
     };
     char full[64];
     snprintf(full, sizeof(full), "%s %s", name, sub);
@@ -681,7 +755,8 @@ int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
     const char *name = argv[i++];
     const char *sub = i < argc && argv[i][0] != '-' ? argv[i] : "";
     char full[64] = "";
-    if (strcmp(name, "member") == 0 || strcmp(name, "leader") == 0) {
+    if (strcmp(name, "member") == 0 || strcmp(name, "leader") == 0 ||
+        strcmp(name, "snapshot") == 0) {
         rv = parse_group(name, sub, out, errmsg);
         if (rv != 0) {
             return rv;
@@ -701,9 +776,10 @@ int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
                             "--help)",
                             name, name);
             }
-            out->help_for = strcmp(name, "member") == 0
-                                ? IDA_CLI_MEMBER_LIST
-                                : IDA_CLI_LEADER_TRANSFER;
+            out->help_for = strcmp(name, "member") == 0 ? IDA_CLI_MEMBER_LIST
+                            : strcmp(name, "leader") == 0
+                                ? IDA_CLI_LEADER_TRANSFER
+                                : IDA_CLI_SNAPSHOT_SAVE;
             return 0;
         }
     } else if (strcmp(name, "pool") == 0) {
@@ -733,5 +809,7 @@ int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
     rv = collect(argc, argv, i,
                  out->cmd == IDA_CLI_POOL_CREATE ? "pool create" : name, &a,
                  errmsg);
-    return rv != 0 ? rv : parse_command(&a, out, errmsg);
+    rv = rv != 0 ? rv : parse_command(&a, out, errmsg);
+    out->json = a.json;
+    return rv;
 }

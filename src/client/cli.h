@@ -13,9 +13,11 @@
 
 #include "idalloc.h"
 
-#define IDA_CLI_DEFAULT_CLUSTER   "127.0.0.1:7201,127.0.0.1:7202,127.0.0.1:7203"
-#define IDA_CLI_NEXT_COUNT_MAX    10000000
-#define IDA_CLI_BENCH_CLIENTS_MAX 4096
+#define IDA_CLI_DEFAULT_CLUSTER "127.0.0.1:7201,127.0.0.1:7202,127.0.0.1:7203"
+#define IDA_CLI_NEXT_COUNT_MAX  10000000
+/* next --json holds every id in one document: a tenth of the plain limit. */
+#define IDA_CLI_NEXT_JSON_COUNT_MAX 1000000
+#define IDA_CLI_BENCH_CLIENTS_MAX   4096
 
 enum ida_cli_cmd {
     IDA_CLI_HELP = 0,
@@ -35,6 +37,8 @@ enum ida_cli_cmd {
     IDA_CLI_MEMBER_REMOVE,
     IDA_CLI_MEMBER_PROMOTE,
     IDA_CLI_LEADER_TRANSFER,
+    IDA_CLI_SNAPSHOT_SAVE,    /* snapshot save FILE (cli_backup.h) */
+    IDA_CLI_SNAPSHOT_RESTORE, /* snapshot restore FILE [--advance-...] */
 };
 
 enum ida_cli_bench_op {
@@ -62,9 +66,11 @@ struct ida_cli
     enum ida_cli_bench_op bench_op;
     unsigned clients;
     unsigned duration_s;
-    int json;
-    int verbose;   /* status --verbose */
-    unsigned node; /* member add/remove/promote ID, leader transfer --to */
+    int json;         /* --json or -w json: one JSON document (cli_json.h) */
+    int verbose;      /* status --verbose */
+    unsigned node;    /* member add/remove/promote ID, leader transfer --to */
+    const char *file; /* snapshot save/restore FILE */
+    uint64_t advance; /* snapshot restore --advance-sequences N */
 };
 
 /* Parse argv (argv[0] is the program). Returns 0 or IDA_EINVAL with a

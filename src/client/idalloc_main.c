@@ -10,6 +10,8 @@
 #include "idalloc.h"
 #include "src/client/bench.h"
 #include "src/client/cli.h"
+#include "src/client/cli_backup.h"
+#include "src/client/cli_json.h"
 
 static int report_error(const char *what, int rv)
 {
@@ -279,6 +281,9 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
             }
             return rv != 0 ? report_error("leader transfer", rv) : 0;
         }
+        case IDA_CLI_SNAPSHOT_SAVE:
+        case IDA_CLI_SNAPSHOT_RESTORE:
+            return ida_cli_snapshot_run(c, cli);
         case IDA_CLI_HELP:
         case IDA_CLI_VERSION:
             break;
@@ -325,7 +330,8 @@ int main(int argc, char **argv)
                 err[0] != '\0' ? err : idalloc_strerror(rv));
         return rv == IDA_EINVAL || rv == IDA_ECONFIG || rv == IDA_EIO ? 2 : 3;
     }
-    int code = run(c, &cli);
+    int code = cli.json && cli.cmd != IDA_CLI_BENCH ? ida_cli_json_run(c, &cli)
+                                                    : run(c, &cli);
     fflush(stdout);
     idalloc_client_free(c);
     return code;

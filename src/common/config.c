@@ -156,7 +156,9 @@ static int addr_taken(const struct ida_config *c,
 {
     for (unsigned i = 0; i < c->node_count; i++) {
         if (strcmp(c->nodes[i].peer.text, a->text) == 0 ||
-            strcmp(c->nodes[i].client.text, a->text) == 0) {
+            strcmp(c->nodes[i].client.text, a->text) == 0 ||
+            (c->nodes[i].has_metrics &&
+             strcmp(c->nodes[i].metrics.text, a->text) == 0)) {
             *by = c->nodes[i].id;
             return 1;
         }
@@ -166,7 +168,9 @@ static int addr_taken(const struct ida_config *c,
 
 static int parse_node(struct parser *p, struct ida_config *c, char **f, int nf)
 {
-    int rv = want_fields(p, nf, 4, "node ID PEER_ADDR CLIENT_ADDR");
+    int metrics = nf == 5 && strncmp(f[4], "metrics=", 8) == 0;
+    int rv = want_fields(p, metrics ? 4 : nf, 4,
+                         "node ID PEER_ADDR CLIENT_ADDR [metrics=ADDR]");
     if (rv != 0) {
         return rv;
     }
@@ -200,6 +204,22 @@ static int parse_node(struct parser *p, struct ida_config *c, char **f, int nf)
                             ? " as this node's peer address"
                             : " by another node");
         }
+    }
+    if (metrics) {
+        unsigned by;
+        if (ida_addr_parse(f[4] + 8, &n->metrics) != 0) {
+            return perr(p,
+                        "bad metrics address \"%s\": expected "
+                        "metrics=IPv4:PORT or metrics=[IPv6]:PORT",
+                        f[4] + 8);
+        }
+        if (addr_taken(c, &n->metrics, &by) ||
+            strcmp(n->peer.text, n->metrics.text) == 0 ||
+            strcmp(n->client.text, n->metrics.text) == 0) {
+            return perr(p, "metrics address %s is already used",
+                        n->metrics.text);
+        }
+        n->has_metrics = 1;
     }
     c->node_count++;
     return 0;

@@ -58,6 +58,10 @@ struct ida_config_node
     unsigned id;
     struct ida_addr peer;
     struct ida_addr client;
+    /* metrics=HOST:PORT on the node line: Prometheus /metrics and /healthz
+     * (src/node/metrics.h); off when absent. */
+    int has_metrics;
+    struct ida_addr metrics;
 };
 
 struct ida_config

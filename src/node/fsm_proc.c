@@ -43,6 +43,13 @@ struct fsm_proc
     size_t n_pending;
     struct ida_nm_read **reads; /* FIFO; indexes never decrease */
     size_t n_reads, cap_reads;
+    /* The copy of the state a backup reads in chunks (SnapshotRead). */
+    uint8_t *backup;
+    size_t backup_len;
+    ida_index backup_index;
+    ida_term backup_term;
+    uint64_t pools_published_us; /* metrics: the last pool table */
+    int pools_dirty;             /* applied since it was published */
     struct node_outq q;
 };
 
@@ -120,8 +127,67 @@ static void lose_all_pending(struct fsm_proc *fp)
 /* --- reads ------------------------------------------------------------------
  */
 
+#define BACKUP_CHUNK_BYTES (1u << 20)
+
+/* A backup chunk: offset 0 of index 0 takes a new copy of the state (the
+ * read's ReadIndex is applied, so it holds every acknowledged write); later
+ * chunks come from that copy while its index is the one asked. */
+static void serve_snapshot_read(struct fsm_proc *fp, struct ida_nm_read *rd)
+{
+    const Idalloc__SnapshotRead *q = rd->req->snapshot_read;
+    uint64_t seq = rd->req->request_seq;
+    if (q->offset == 0 && q->index == 0) {
+        uint8_t *data;
+        size_t len;
+        if (ida_fsm_snapshot(fp->fsm, &data, &len) != 0) {
+            reply_error(fp, rd->conn, seq, IDA_EBUSY);
+            return;
+        }
+        ida_free(fp->backup);
+        fp->backup = data;
+        fp->backup_len = len;
+        fp->backup_index = ida_fsm_applied_index(fp->fsm);
+        fp->backup_term = fp->applied_term;
+        IDA_INFO("fsm: backup copy of the state at index %llu (%zu bytes)",
+                 (unsigned long long)fp->backup_index, len);
+    } else if (fp->backup == NULL || q->index != fp->backup_index ||
+               q->offset > fp->backup_len) {
+        Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+        res.error = IDA_EBUSY;
+        res.error_msg =
+            "the backup copy was replaced (another backup or a "
+            "leader change): start again";
+        ida__node_reply_result(fp->node, rd->conn, seq, &res, 0);
+        return;
+    }
+    size_t off = (size_t)q->offset;
+    size_t n = fp->backup_len - off;
+    n = n > BACKUP_CHUNK_BYTES ? BACKUP_CHUNK_BYTES : n;
+    Idalloc__SnapshotChunk ch = IDALLOC__SNAPSHOT_CHUNK__INIT;
+    ch.index = fp->backup_index;
+    ch.term = fp->backup_term;
+    ch.cluster = (char *)fp->node->cfg.cluster;
+    ch.total_size = fp->backup_len;
+    ch.offset = off;
+    ch.data.data = fp->backup + off;
+    ch.data.len = n;
+    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
+    res.result_case = IDALLOC__COMMAND_RESULT__RESULT_SNAPSHOT_CHUNK;
+    res.snapshot_chunk = &ch;
+    ida__node_reply_result(fp->node, rd->conn, seq, &res, 0);
+    if (off + n == fp->backup_len) {
+        ida_free(fp->backup); /* the last chunk: the copy is done */
+        fp->backup = NULL;
+        fp->backup_len = 0;
+    }
+}
+
 static void serve_read(struct fsm_proc *fp, struct ida_nm_read *rd)
 {
+    if (rd->req->op_case == IDALLOC__CLIENT_REQUEST__OP_SNAPSHOT_READ) {
+        serve_snapshot_read(fp, rd);
+        return;
+    }
     const Idalloc__ClientRequest *q = rd->req;
     Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
     Idalloc__LookupResult lr = IDALLOC__LOOKUP_RESULT__INIT;
@@ -225,11 +291,13 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
     }
     uint8_t *data;
     size_t len;
+    uint64_t t0 = ida__node_mono_us();
     if (ida_fsm_snapshot(fp->fsm, &data, &len) != 0) {
         IDA_WARN("fsm: no memory for a snapshot at %llu; will retry",
                  (unsigned long long)applied);
         return;
     }
+    ida_metrics_snapshot(n->metrics, len, ida__node_mono_us() - t0);
     /* One buffer: raft compacts with it, then hands it on to storage. */
     struct ida_nm_snapshot *sn = ida_malloc(sizeof(*sn));
     if (sn == NULL) {
@@ -283,7 +351,10 @@ static void apply_entries(struct fsm_proc *fp,
                           const struct ida_nm_apply *a)
 {
     if (a->has_snapshot) {
+        uint64_t t0 = ida__node_mono_us();
         int rv = ida_fsm_restore(fp->fsm, a->snap_data, a->snap_len);
+        ida_metrics_snapshot_installed(fp->node->metrics,
+                                       ida__node_mono_us() - t0);
         if (rv != 0) {
             IDA_ERROR("fsm: cannot restore the snapshot at %llu: %s; exiting",
                       (unsigned long long)a->snap_index, idalloc_strerror(rv));
@@ -324,11 +395,87 @@ static void apply_entries(struct fsm_proc *fp,
     }
 }
 
+/* The pool table of /metrics, at most once a second (it walks every pool). */
+static void publish_pools(struct fsm_proc *fp)
+{
+    uint64_t now = ida__node_mono_us();
+    if (fp->node->metrics == NULL || !fp->pools_dirty ||
+        now - fp->pools_published_us < 1000000) {
+        return;
+    }
+    fp->pools_published_us = now;
+    fp->pools_dirty = 0;
+    size_t n = ida_fsm_pool_count(fp->fsm);
+    size_t cap = 512 + n * 512, len = 0;
+    char *buf = ida_malloc(cap);
+    if (buf == NULL) {
+        return;
+    }
+    static const char *const kinds[] = {"", "sequence", "bounded", "prefix"};
+    len += (size_t)snprintf(
+        buf + len, cap - len,
+        "# HELP idalloc_pool_info A pool and its kind (always 1).\n"
+        "# TYPE idalloc_pool_info gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        struct ida_fsm_pool_info pi;
+        ida_fsm_pool_info(fp->fsm, i, &pi);
+        len +=
+            (size_t)snprintf(buf + len, cap - len,
+                             "idalloc_pool_info{pool=\"%s\",kind=\"%s\"} 1\n",
+                             pi.name, kinds[pi.kind]);
+    }
+    len += (size_t)snprintf(
+        buf + len, cap - len,
+        "# HELP idalloc_pool_held_ids Ids held in a bounded pool, tags held "
+        "in a prefix pool.\n# TYPE idalloc_pool_held_ids gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        struct ida_fsm_pool_info pi;
+        ida_fsm_pool_info(fp->fsm, i, &pi);
+        if (pi.kind != IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
+            len += (size_t)snprintf(buf + len, cap - len,
+                                    "idalloc_pool_held_ids{pool=\"%s\"} %llu\n",
+                                    pi.name, (unsigned long long)pi.used);
+        }
+    }
+    len += (size_t)snprintf(
+        buf + len, cap - len,
+        "# HELP idalloc_pool_size_ids Size of a bounded pool.\n"
+        "# TYPE idalloc_pool_size_ids gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        struct ida_fsm_pool_info pi;
+        ida_fsm_pool_info(fp->fsm, i, &pi);
+        if (pi.kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED) {
+            len += (size_t)snprintf(buf + len, cap - len,
+                                    "idalloc_pool_size_ids{pool=\"%s\"} %llu\n",
+                                    pi.name, (unsigned long long)pi.size);
+        }
+    }
+    len += (size_t)snprintf(
+        buf + len, cap - len,
+        "# HELP idalloc_sequence_next The next id a sequence pool hands "
+        "out.\n# TYPE idalloc_sequence_next gauge\n");
+    for (size_t i = 0; i < n; i++) {
+        struct ida_fsm_pool_info pi;
+        ida_fsm_pool_info(fp->fsm, i, &pi);
+        if (pi.kind == IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
+            len += (size_t)snprintf(buf + len, cap - len,
+                                    "idalloc_sequence_next{pool=\"%s\"} %llu\n",
+                                    pi.name, (unsigned long long)pi.used);
+        }
+    }
+    ida_metrics_pools(fp->node->metrics, buf, len,
+                      ida_fsm_session_count(fp->fsm));
+    ida_free(buf);
+}
+
 static void on_apply(struct fsm_proc *fp,
                      struct ida_sender *s,
                      const struct ida_nm_apply *a)
 {
     apply_entries(fp, s, a);
+    ida_metrics_applied(fp->node->metrics, ida_fsm_applied_index(fp->fsm));
+    fp->pools_dirty = 1;
+    publish_pools(fp);
     serve_ready_reads(fp);
     maybe_snapshot(fp, s);
     struct ida_nm_applied *done = ida_malloc(sizeof(*done));
@@ -368,6 +515,7 @@ static void fsm_ping(void *state, struct ida_sender *s)
 {
     struct fsm_proc *fp = state;
     node_outq_flush(&fp->q, s);
+    publish_pools(fp);
 }
 
 const struct ida_proc_ops ida__fsm_proc_ops = {fsm_receive, fsm_ping};
@@ -409,6 +557,7 @@ void ida__fsm_proc_free(struct fsm_proc *fp)
         free_read(fp->reads[i]);
     }
     ida_free(fp->reads);
+    ida_free(fp->backup);
     node_outq_close(&fp->q);
     ida_fsm_free(fp->fsm);
     ida_free(fp);

@@ -18,6 +18,7 @@
 
 static const char usage[] =
     "usage: idallocd --config FILE --node ID [--data DIR]\n"
+    "                [--log-level LEVEL] [--log-format text|json]\n"
     "       idallocd -h|--help | --version\n"
     "\n"
     "Run node ID of the cluster described by FILE (see README.md, \"Cluster\n"
@@ -28,6 +29,11 @@ static const char usage[] =
     "  --config FILE  the cluster file (required)\n"
     "  --node ID      this node's id in the cluster file (required)\n"
     "  --data DIR     keep data in DIR/nodeID instead of data_dir/nodeID\n"
+    "  --log-level LEVEL   debug, info, warn or error: overrides the cluster\n"
+    "                 file's log_level\n"
+    "  --log-format text|json   text (default): one line per event;\n"
+    "                 json: one JSON object per line with the same fields\n"
+    "                 (ts, level, node, msg)\n"
     "  -h, --help     this text\n"
     "  --version      print the version\n"
     "\n"
@@ -35,6 +41,10 @@ static const char usage[] =
     "flight, close the data files, exit 0. Exit 2: bad usage or cluster\n"
     "file; 1: the data directory cannot be used (foreign, newer format,\n"
     "I/O error) or the addresses cannot be bound.\n";
+
+/* --log-level and --log-format (applied once the cluster file is read). */
+static int log_level_set = 0;
+static enum ida_log_level log_level_arg;
 
 static int parse_args(int argc, char **argv, struct ida_node_opts *o)
 {
@@ -50,7 +60,8 @@ static int parse_args(int argc, char **argv, struct ida_node_opts *o)
             exit(0);
         }
         if (strcmp(a, "--config") != 0 && strcmp(a, "--data") != 0 &&
-            strcmp(a, "--node") != 0) {
+            strcmp(a, "--node") != 0 && strcmp(a, "--log-level") != 0 &&
+            strcmp(a, "--log-format") != 0) {
             fprintf(stderr, "idallocd: unknown option %s (see --help)\n", a);
             return -1;
         }
@@ -63,6 +74,24 @@ static int parse_args(int argc, char **argv, struct ida_node_opts *o)
             o->config_path = v;
         } else if (strcmp(a, "--data") == 0) {
             o->data_dir = v;
+        } else if (strcmp(a, "--log-level") == 0) {
+            if (ida_log_level_parse(v, &log_level_arg) != 0) {
+                fprintf(stderr,
+                        "idallocd: bad --log-level \"%s\" (debug, info, "
+                        "warn or error)\n",
+                        v);
+                return -1;
+            }
+            log_level_set = 1;
+        } else if (strcmp(a, "--log-format") == 0) {
+            if (strcmp(v, "json") != 0 && strcmp(v, "text") != 0) {
+                fprintf(stderr,
+                        "idallocd: bad --log-format \"%s\" (text or "
+                        "json)\n",
+                        v);
+                return -1;
+            }
+            ida_log_set_json(strcmp(v, "json") == 0);
         } else if (strcmp(a, "--node") == 0) {
             char *end;
             unsigned long id = strtoul(v, &end, 10);
@@ -102,6 +131,9 @@ int main(int argc, char **argv)
     if (rv != 0) {
         fprintf(stderr, "idallocd: %s\n", err);
         return rv == IDA_ECONFIG || rv == IDA_EINVAL ? 2 : 1;
+    }
+    if (log_level_set) {
+        ida_log_set_level(log_level_arg); /* over the cluster file's */
     }
     rv = ida_node_start(&node, err);
     if (rv != 0) {

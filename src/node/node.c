@@ -301,6 +301,7 @@ void ida__node_reply_result(struct ida_node *n,
     r.request_seq = seq;
     r.result = res;
     r.leader_id = leader;
+    ida_metrics_request_end(n->metrics, conn, seq, (int)res->error);
     ida_net_reply(n->net, conn, &r);
 }
 
@@ -327,6 +328,7 @@ void ida__node_reply_error(struct ida_node *n,
         r.leader_id = leader;
         r.leader_addr = l != NULL ? (char *)l->client.text : "";
     }
+    ida_metrics_request_end(n->metrics, conn, seq, err);
     ida_net_reply(n->net, conn, &r);
 }
 
@@ -453,7 +455,11 @@ int ida_node_start(struct ida_node *n, char *errmsg)
     n->errtop_where = (struct ida_errtop_where){n->dir, n->self->id};
     struct ida_pool_config pcfg = {.threads = 3, .idle_wait_us = 1000};
     ida_errtop_sink(&pcfg.errors, &n->errtop_where);
-    int rv = ida_pool_new(&pcfg, &n->pool);
+    n->metrics = ida_metrics_new(n->self->id);
+    int rv = n->metrics == NULL ? IDA_ENOMEM : 0;
+    if (rv == 0) {
+        rv = ida_pool_new(&pcfg, &n->pool);
+    }
     if (rv == 0) {
         rv = add_procs(n);
     }
@@ -462,6 +468,10 @@ int ida_node_start(struct ida_node *n, char *errmsg)
                                 net_peer_state, n};
     if (rv == 0) {
         rv = ida_net_start(&nc, &h, &n->net, errmsg);
+    }
+    if (rv == 0 && n->self->has_metrics) {
+        ida_metrics_set_net(n->metrics, n->net);
+        rv = ida_metrics_start(n->metrics, &n->self->metrics, errmsg);
     }
     if (rv == 0) {
         rv = ida_pool_start(n->pool);
@@ -476,8 +486,10 @@ int ida_node_start(struct ida_node *n, char *errmsg)
     }
     IDA_INFO(
         "node: started, cluster %s, peers on %s, clients on %s, data in "
-        "%s",
-        n->cfg.cluster, n->self->peer.text, n->self->client.text, n->dir);
+        "%s%s%s",
+        n->cfg.cluster, n->self->peer.text, n->self->client.text, n->dir,
+        n->self->has_metrics ? ", metrics on http://" : "",
+        n->self->has_metrics ? n->self->metrics.text : "");
     return 0;
 }
 
@@ -488,7 +500,9 @@ void ida_node_close(struct ida_node *n)
      * net; then the state they used. DRAIN: what is still queued goes
      * through receive(), which frees each payload (the pool alone would
      * free only the message around it); sends made meanwhile are refused
-     * with IDA_ESTOPPED and freed by node_send(). */
+     * with IDA_ESTOPPED and freed by node_send(). Scrapes end first: they
+     * read net's counters. */
+    ida_metrics_stop(n->metrics);
     if (n->pool != NULL) {
         ida_pool_stop(n->pool, IDA_POOL_STOP_DRAIN);
     }
@@ -506,6 +520,8 @@ void ida_node_close(struct ida_node *n)
     n->raft = NULL;
     n->sp = NULL;
     n->fp = NULL;
+    ida_metrics_free(n->metrics); /* nothing records any more */
+    n->metrics = NULL;
     if (n->storage_open) {
         ida_storage_close(&n->storage);
         n->storage_open = 0;

@@ -31,6 +31,7 @@
 #include "raft/raft.h"
 #include "src/common/config.h"
 #include "src/node/errtop.h"
+#include "src/node/metrics.h"
 #include "src/node/msgs.h"
 #include "src/node/net.h"
 #include "src/pool/pool.h"
@@ -70,7 +71,8 @@ struct ida_node
     uint8_t *membership0; /* the first membership (storage), or NULL */
     size_t membership0_len;
     int fresh; /* a new directory: no membership, log, snapshot or vote */
-    size_t snapshot_bytes0; /* size of the snapshot restored at start */
+    size_t snapshot_bytes0;      /* size of the snapshot restored at start */
+    struct ida_metrics *metrics; /* src/node/metrics.h; from start to close */
 };
 
 /* Load the cluster file, lock the data directory (flock on the directory:
@@ -142,6 +144,7 @@ void ida__node_req_name(const uint8_t *client_id,
 
 /* Milliseconds of a monotonic / wall clock. */
 uint64_t ida__node_mono_ms(void);
+uint64_t ida__node_mono_us(void);
 uint64_t ida__node_wall_ms(void);
 
 #endif /* IDA_NODE_H */

@@ -26,6 +26,13 @@ uint64_t ida__node_mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+uint64_t ida__node_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
 uint64_t ida__node_wall_ms(void)
 {
     struct timespec ts;
@@ -316,6 +323,9 @@ static void drive(struct raft_proc *rp, struct ida_sender *s)
     }
     note_soft_state(rp, s, ida_raft_role(&rp->raft), ida_raft_leader(&rp->raft),
                     ida_raft_term(&rp->raft));
+    ida_metrics_raft(rp->node->metrics, rp->term, ida_raft_role_name(rp->role),
+                     rp->leader, ida_raft_commit(&rp->raft),
+                     rp->raft.snap_index + 1, ida_raft_last_index(&rp->raft));
 }
 
 /* --- group commit
@@ -353,6 +363,10 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
             case IDALLOC__CLIENT_REQUEST__OP_RESERVE:
                 c->op_case = IDALLOC__COMMAND__OP_RESERVE;
                 c->reserve = q->reserve;
+                break;
+            case IDALLOC__CLIENT_REQUEST__OP_RESTORE:
+                c->op_case = IDALLOC__COMMAND__OP_RESTORE;
+                c->restore = q->restore;
                 break;
             default:
                 c->op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
@@ -393,6 +407,7 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
         /* Not proposed: the fsm answers the registered writes. */
         IDA_WARN("raft: proposal of %zu commands failed: %s", rp->n_open,
                  idalloc_strerror(rv));
+        ida_metrics_proposal_failed(rp->node->metrics);
         ida_sender_error(s, rv,
                          "a proposal failed (writes answered as "
                          "unknown)");
@@ -418,7 +433,8 @@ static int is_write(Idalloc__ClientRequest__OpCase op)
            op == IDALLOC__CLIENT_REQUEST__OP_ALLOC ||
            op == IDALLOC__CLIENT_REQUEST__OP_FREE ||
            op == IDALLOC__CLIENT_REQUEST__OP_RESERVE ||
-           op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
+           op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC ||
+           op == IDALLOC__CLIENT_REQUEST__OP_RESTORE;
 }
 
 static int is_member_op(Idalloc__ClientRequest__OpCase op)
@@ -492,6 +508,8 @@ static void on_client(struct raft_proc *rp,
 {
     Idalloc__ClientRequest *req = c->req;
     uint64_t seq = req->request_seq;
+    ida_metrics_request_begin(rp->node->metrics, c->conn, seq,
+                              ida_metrics_op_of(req->op_case));
     int err = 0;
     const char *why = NULL;
     char name[IDA_NODE_REQ_NAME_MAX] = "";
@@ -520,6 +538,14 @@ static void on_client(struct raft_proc *rp,
     } else if (rp->storage_failed) {
         err = IDA_ESTOPPED;
         why = "this node cannot persist; try another node";
+    } else if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_RESTORE &&
+               strcmp(req->restore->from_cluster, rp->node->cfg.cluster) == 0) {
+        /* A restore makes a new cluster: a backup of this very cluster
+         * would bring back ids it may have handed out since. */
+        err = IDA_EINVAL;
+        why =
+            "this backup was taken from this cluster; restore it into a "
+            "new cluster with another name";
     } else if ((err = add_write(rp, s, c->conn, req)) == 0) {
         req = NULL;
         if (rp->persist_inflight == 0 || rp->n_open >= OPEN_COMMANDS_MAX ||

@@ -97,6 +97,7 @@ void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
     char *members[IDA_CONFIG_NODES_MAX];
     resp.member_addrs = members;
     resp.n_member_addrs = ida__node_member_addrs(n, members);
+    ida_metrics_request_end(n->metrics, conn, seq, 0);
     ida_net_reply(n->net, conn, &resp);
 }
 

@@ -35,6 +35,7 @@ struct storage_proc
     struct ida_msg *job_msg; /* IDA_NM_SNAPSHOT_STORE, owned */
     struct ida_snapshot_writer job_w;
     size_t job_off;
+    uint64_t job_t0; /* when it began (ida__node_mono_us), for metrics */
 };
 
 static void job_drop(struct storage_proc *sp)
@@ -162,7 +163,15 @@ static void on_persist(struct storage_proc *sp,
 {
     struct ida_node *n = sp->node;
     const char *what = "persisting a raft batch";
+    uint64_t t0 = ida__node_mono_us();
     int rv = sp->failed ? IDA_ESTOPPED : persist(sp, p, &what);
+    if (rv == 0) {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < p->n_entries; i++) {
+            bytes += p->entries[i].len;
+        }
+        ida_metrics_fsync(n->metrics, ida__node_mono_us() - t0, bytes);
+    }
     if (rv != 0) {
         /* Nothing that depends on this step may happen: no deferred
          * messages, no "persisted". The node stops accepting writes. */
@@ -222,6 +231,8 @@ static void job_step(struct storage_proc *sp, struct ida_sender *s)
         report_failure(sp, s, rv, "storing a snapshot");
         return;
     }
+    ida_metrics_snapshot_stored(sp->node->metrics,
+                                ida__node_mono_us() - sp->job_t0);
     IDA_INFO(
         "storage: snapshot at index %llu term %llu (%zu bytes); log "
         "compacted",
@@ -255,6 +266,7 @@ static void on_snapshot_store(struct storage_proc *sp,
     }
     sp->job_msg = msg;
     sp->job_off = 0;
+    sp->job_t0 = ida__node_mono_us();
     job_step(sp, s);
 }
 

@@ -155,7 +155,35 @@ Test(cli, bench)
     bad("bench --op fly --pool b --clients 1 --duration 1", "unknown --op");
     bad("bench --op alloc --pool b --clients 0 --duration 1", "bad --clients");
     bad("bench --op alloc --pool b --clients 1 --duration 0", "bad --duration");
-    bad("status --json", "--json does not apply");
+    bad("free p 1 --tag t --json", "--json does not apply");
+    bad("pool create p --kind sequence --json", "--json does not apply");
+}
+
+Test(cli, json_on_the_commands_that_print_answers)
+{
+    const char *yes[] = {"status --json",
+                         "status --verbose -w json",
+                         "member list --json",
+                         "list p --json",
+                         "lookup p --tag t --json",
+                         "alloc p --tag t -w json",
+                         "reserve p --count 5 --json",
+                         "next p --count 3 --format hex --json",
+                         "prefix p --tag t --json"};
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+        cr_assert_eq(parse(yes[i]), 0, "%s: %s", yes[i], err);
+        cr_assert_eq(cli.json, 1, "%s", yes[i]);
+    }
+    cr_assert_eq(parse("alloc p --tag t -w plain"), 0, "%s", err);
+    cr_assert_eq(cli.json, 0);
+    cr_assert_eq(parse("alloc p --tag t"), 0, "%s", err);
+    cr_assert_eq(cli.json, 0);
+    bad("alloc p --tag t -w yaml", "-w needs json or plain");
+    bad("alloc p --tag t -w", "-w needs json or plain");
+    /* Every id is in the one document: a lower limit than plain output. */
+    cr_assert_eq(parse("next p --count 10000000"), 0, "%s", err);
+    cr_assert_eq(parse("next p --count 1000000 --json"), 0, "%s", err);
+    bad("next p --count 1000001 --json", "bad --count");
 }
 
 Test(cli, conventions)
@@ -213,4 +241,27 @@ Test(cli, membership)
     bad("member add 2 --to 3", "--to does not apply");
     bad("leader transfer --to 0", "bad node id");
     bad("leader elect", "unknown subcommand");
+}
+
+Test(cli, snapshot_save_and_restore)
+{
+    cr_assert_eq(parse("snapshot save /tmp/b.ida"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_SNAPSHOT_SAVE);
+    cr_assert_str_eq(cli.file, "/tmp/b.ida");
+    cr_assert_eq(parse("snapshot restore b.ida --advance-sequences 5000"), 0,
+                 "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_SNAPSHOT_RESTORE);
+    cr_assert_str_eq(cli.file, "b.ida");
+    cr_assert_eq(cli.advance, 5000);
+    cr_assert_eq(parse("snapshot restore b.ida"), 0, "%s", err);
+    cr_assert_eq(cli.advance, 0);
+    cr_assert_eq(parse("snapshot --help"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_HELP);
+    cr_assert_eq(cli.help_for, IDA_CLI_SNAPSHOT_SAVE);
+    bad("snapshot save", "expected 1 argument");
+    bad("snapshot save a b", "expected 1 argument");
+    bad("snapshot save f --advance-sequences 1", "does not apply");
+    bad("snapshot restore f --advance-sequences -1", "bad --advance-sequences");
+    bad("snapshot copy f", "unknown subcommand");
+    bad("snapshot", "a subcommand is needed");
 }

@@ -113,7 +113,10 @@ Test(cli_live, every_command, .init = setup3, .fini = teardown, .timeout = 120)
     }
     cr_assert_eq(peers, 2, "%s", out);
     cr_assert(strstr(out, "state=replicate") != NULL, "%s", out);
-    cr_assert_eq(cli("status --json"), 2, "--json does not apply to status");
+    cr_assert_eq(cli("status --json"), 0, "%s", out);
+    cr_assert(strncmp(out, "{\"nodes\":[", 10) == 0, "%s", out);
+    cr_assert_eq(cli("free bp 0 --tag t --json"), 2,
+                 "--json does not apply to free");
 
     cr_assert_eq(cli("alloc users"), 2, "usage error");
     cr_assert_eq(cli("pool create x --kind nope"), 2);

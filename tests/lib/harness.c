@@ -54,7 +54,7 @@ const char *tc_bin(const char *name)
     return p;
 }
 
-static unsigned free_port(void)
+unsigned tc_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET};
@@ -110,8 +110,8 @@ void tc_setup(struct tc *c, int n, const char *extra)
     fprintf(f, "cluster test\ndata_dir %s/data\n", c->dir);
     fprintf(f, "election_timeout_ms 300\nheartbeat_ms 50\n");
     for (int i = 0; i < n; i++) {
-        unsigned cp = free_port();
-        fprintf(f, "node %d 127.0.0.1:%u 127.0.0.1:%u\n", i + 1, free_port(),
+        unsigned cp = tc_free_port();
+        fprintf(f, "node %d 127.0.0.1:%u 127.0.0.1:%u\n", i + 1, tc_free_port(),
                 cp);
         char a[32];
         snprintf(a, sizeof(a), "%s127.0.0.1:%u", i > 0 ? "," : "", cp);

@@ -52,6 +52,8 @@ const char *tc_bin(const char *name);
  * returns the exit status. */
 int tc_run(char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A loopback TCP port the kernel just handed out (free a moment ago). */
+unsigned tc_free_port(void);
 uint64_t tc_now_ms(void);
 void tc_sleep_ms(unsigned ms);
 

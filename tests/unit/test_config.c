@@ -227,3 +227,29 @@ Test(config, shipped_cluster_files_parse)
         cr_assert_eq(cfg.node_count, want[i]);
     }
 }
+
+Test(config, metrics_address_on_a_node_line)
+{
+    cr_assert_eq(parse("cluster c\n"
+                       "node 1 127.0.0.1:1 127.0.0.1:2 metrics=127.0.0.1:3\n"
+                       "node 2 127.0.0.1:4 127.0.0.1:5\n"),
+                 0, "%s", err);
+    cr_assert(cfg.nodes[0].has_metrics);
+    cr_assert_str_eq(cfg.nodes[0].metrics.text, "127.0.0.1:3");
+    cr_assert_eq(cfg.nodes[0].metrics.port, 3);
+    cr_assert(!cfg.nodes[1].has_metrics, "off when absent");
+    expect_error("cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 127.0.0.1:3\n",
+                 "t.conf:2: ", "[metrics=ADDR]");
+    expect_error("cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 metrics=x:3\n",
+                 "t.conf:2: ", "bad metrics address \"x:3\"");
+    expect_error(
+        "cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 metrics=127.0.0.1:2\n",
+        "t.conf:2: ", "metrics address 127.0.0.1:2 is already used");
+    expect_error(
+        "cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 metrics=127.0.0.1:3\n"
+        "node 2 127.0.0.1:4 127.0.0.1:3\n",
+        "t.conf:3: ", "already used");
+    expect_error(
+        "cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 metrics=127.0.0.1:3 x\n",
+        "t.conf:2: ", "too many fields");
+}

@@ -1,0 +1,75 @@
+#include "src/client/cli_backup.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "src/client/snapshot.h"
+
+static int report(const char *what, int rv)
+{
+    const char *detail = idalloc_last_error();
+    fprintf(stderr, "idalloc: %s: %s%s%s%s\n", what, idalloc_strerror(rv),
+            detail[0] != '\0' ? " (" : "", detail,
+            detail[0] != '\0' ? ")" : "");
+    return idalloc_exit_code(rv);
+}
+
+static int save(struct idalloc_client *c, const char *file)
+{
+    struct ida_backup b;
+    int rv = ida_client_snapshot_read(c, &b);
+    if (rv != 0) {
+        return report("snapshot save", rv);
+    }
+    char err[IDA_ERRMSG_MAX];
+    rv = ida_backup_write(file, &b, err);
+    if (rv != 0) {
+        fprintf(stderr, "idalloc: snapshot save: %s\n", err);
+        ida_backup_free(&b);
+        return 1;
+    }
+    printf("saved %s index=%llu term=%llu cluster=%s bytes=%zu\n", file,
+           (unsigned long long)b.index, (unsigned long long)b.term, b.cluster,
+           b.state_len);
+    ida_backup_free(&b);
+    return 0;
+}
+
+static int restore(struct idalloc_client *c, const struct ida_cli *cli)
+{
+    struct ida_backup b;
+    char err[IDA_ERRMSG_MAX];
+    int rv = ida_backup_read(cli->file, &b, err);
+    if (rv != 0) {
+        fprintf(stderr, "idalloc: snapshot restore: %s; nothing was sent\n",
+                err);
+        return 2;
+    }
+    uint32_t pools = 0;
+    rv = ida_client_restore(c, &b, cli->advance, &pools);
+    if (rv != 0) {
+        ida_backup_free(&b);
+        return report("snapshot restore", rv);
+    }
+    printf(
+        "restored %u pool(s) of cluster %s at index %llu; sequence pools "
+        "advanced by %llu; bounded and prefix pools restored to index "
+        "%llu\n",
+        pools, b.cluster, (unsigned long long)b.index,
+        (unsigned long long)cli->advance, (unsigned long long)b.index);
+    if (cli->advance == 0) {
+        fprintf(stderr,
+                "idalloc: snapshot restore: warning: sequence ids reserved "
+                "after index %llu can be handed out again; see README, "
+                "\"Backup and restore\" (--advance-sequences)\n",
+                (unsigned long long)b.index);
+    }
+    ida_backup_free(&b);
+    return 0;
+}
+
+int ida_cli_snapshot_run(struct idalloc_client *c, const struct ida_cli *cli)
+{
+    return cli->cmd == IDA_CLI_SNAPSHOT_SAVE ? save(c, cli->file)
+                                             : restore(c, cli);
+}
