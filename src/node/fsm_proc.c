@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "idalloc.h"
 #include "idalloc_errors.h"
+#include "src/node/bgsnap.h"
 #include "src/node/convert.h"
 #include "src/node/node.h"
 #include "src/node/snap_policy.h"
@@ -22,6 +23,8 @@ _Static_assert(IDALLOC_RESERVE_COUNT_MAX == IDA_RESERVE_COUNT_MAX,
                "include/idalloc.h and fsm/fsm.h disagree on the reserve limit");
 
 #define PENDING_BUCKETS 4096
+/* Bytes of a background snapshot read per step of the fsm processor. */
+#define BGSNAP_STEP_BYTES (1u << 20)
 
 /* A write this node proposed, waiting for its entry to apply. */
 struct pending
@@ -39,6 +42,8 @@ struct fsm_proc
     ida_term applied_term;
     ida_index snapshot_index;
     struct ida_snap_policy snap;
+    struct ida_bgsnap bg; /* a snapshot being encoded by a child process */
+    int bg_failed;        /* the last child failed: the next one in line */
     struct pending *buckets[PENDING_BUCKETS];
     size_t n_pending;
     struct ida_nm_read **reads; /* FIFO; indexes never decrease */
@@ -282,13 +287,70 @@ static void on_read(struct fsm_proc *fp, struct ida_nm_read *rd)
 /* --- apply ------------------------------------------------------------------
  */
 
-static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
+/* Hand a finished snapshot of the state at @index to raft (which compacts
+ * its log with it, then passes it on to storage). Takes @data. */
+static void snapshot_taken(struct fsm_proc *fp,
+                           struct ida_sender *s,
+                           ida_index index,
+                           ida_term term,
+                           uint8_t *data,
+                           size_t len,
+                           uint64_t took_us,
+                           const char *how)
 {
     struct ida_node *n = fp->node;
-    ida_index applied = ida_fsm_applied_index(fp->fsm);
-    if (!ida_snap_policy_due(&fp->snap)) {
+    ida_metrics_snapshot(n->metrics, len, took_us);
+    struct ida_nm_snapshot *sn = ida_malloc(sizeof(*sn));
+    if (sn == NULL) {
+        ida_free(data);
         return;
     }
+    *sn = (struct ida_nm_snapshot){index, term, data, len, NULL, 0};
+    node_post(&fp->q, s, n->p_raft, IDA_NM_SNAPSHOT_TAKEN, sn);
+    fp->snapshot_index = index;
+    fp->snap.last_bytes = len;
+    IDA_INFO("fsm: snapshot at index %llu (%zu bytes, %s, %.1f ms)",
+             (unsigned long long)index, len, how, (double)took_us / 1000.0);
+}
+
+/* Collect what the background encoder wrote since the last look. */
+static void poll_bgsnap(struct fsm_proc *fp, struct ida_sender *s)
+{
+    if (!ida_bgsnap_running(&fp->bg)) {
+        return;
+    }
+    ida_index index = fp->bg.index;
+    ida_term term = fp->bg.term;
+    uint64_t t0 = fp->bg.started_us;
+    uint8_t *data;
+    size_t len;
+    int rv = ida_bgsnap_poll(&fp->bg, BGSNAP_STEP_BYTES, &data, &len);
+    if (rv == 1) {
+        snapshot_taken(fp, s, index, term, data, len, ida__node_mono_us() - t0,
+                       "encoded by a child process");
+    } else if (rv < 0) {
+        IDA_WARN(
+            "fsm: the snapshot child for index %llu failed (%s); the "
+            "next one is taken in line",
+            (unsigned long long)index, idalloc_strerror(-rv));
+        fp->bg_failed = 1;
+    }
+}
+
+static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
+{
+    ida_index applied = ida_fsm_applied_index(fp->fsm);
+    if (ida_bgsnap_running(&fp->bg) || !ida_snap_policy_due(&fp->snap)) {
+        return;
+    }
+    /* The log since now counts toward the next one; the size of the last
+     * stays until this one's is known. */
+    ida_snap_policy_taken(&fp->snap, fp->snap.last_bytes);
+    if (!fp->bg_failed &&
+        ida_bgsnap_start(&fp->bg, fp->fsm, applied, fp->applied_term) == 0) {
+        return;
+    }
+    fp->bg_failed = 0; /* try the child again next time */
     uint8_t *data;
     size_t len;
     uint64_t t0 = ida__node_mono_us();
@@ -297,20 +359,8 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
                  (unsigned long long)applied);
         return;
     }
-    ida_metrics_snapshot(n->metrics, len, ida__node_mono_us() - t0);
-    /* One buffer: raft compacts with it, then hands it on to storage. */
-    struct ida_nm_snapshot *sn = ida_malloc(sizeof(*sn));
-    if (sn == NULL) {
-        ida_free(data);
-        return;
-    }
-    *sn =
-        (struct ida_nm_snapshot){applied, fp->applied_term, data, len, NULL, 0};
-    node_post(&fp->q, s, n->p_raft, IDA_NM_SNAPSHOT_TAKEN, sn);
-    fp->snapshot_index = applied;
-    ida_snap_policy_taken(&fp->snap, len);
-    IDA_INFO("fsm: snapshot at index %llu (%zu bytes)",
-             (unsigned long long)applied, len);
+    snapshot_taken(fp, s, applied, fp->applied_term, data, len,
+                   ida__node_mono_us() - t0, "in line");
 }
 
 static void answer(struct fsm_proc *fp,
@@ -351,6 +401,8 @@ static void apply_entries(struct fsm_proc *fp,
                           const struct ida_nm_apply *a)
 {
     if (a->has_snapshot) {
+        /* The installed state replaces the one a child may be encoding. */
+        ida_bgsnap_cancel(&fp->bg);
         uint64_t t0 = ida__node_mono_us();
         int rv = ida_fsm_restore(fp->fsm, a->snap_data, a->snap_len);
         ida_metrics_snapshot_installed(fp->node->metrics,
@@ -477,6 +529,7 @@ static void on_apply(struct fsm_proc *fp,
     fp->pools_dirty = 1;
     publish_pools(fp);
     serve_ready_reads(fp);
+    poll_bgsnap(fp, s);
     maybe_snapshot(fp, s);
     struct ida_nm_applied *done = ida_malloc(sizeof(*done));
     if (done != NULL) {
@@ -516,6 +569,7 @@ static void fsm_ping(void *state, struct ida_sender *s)
     struct fsm_proc *fp = state;
     node_outq_flush(&fp->q, s);
     publish_pools(fp);
+    poll_bgsnap(fp, s);
 }
 
 const struct ida_proc_ops ida__fsm_proc_ops = {fsm_receive, fsm_ping};
@@ -546,6 +600,7 @@ void ida__fsm_proc_free(struct fsm_proc *fp)
     if (fp == NULL) {
         return;
     }
+    ida_bgsnap_cancel(&fp->bg);
     for (size_t b = 0; b < PENDING_BUCKETS; b++) {
         while (fp->buckets[b] != NULL) {
             struct pending *p = fp->buckets[b];

@@ -1,0 +1,249 @@
+#include "src/node/bgsnap.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/heap.h"
+#include "idalloc_errors.h"
+
+static const uint8_t MAGIC[8] = {'I', 'D', 'A', 'B', 'G', 'S', 'N', '1'};
+
+/* The largest snapshot a header may announce (a corrupt or hostile length
+ * must not make the parent allocate without bound). */
+#define BGSNAP_BYTES_MAX ((uint64_t)64 << 30)
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* In the child: close every descriptor but @keep. */
+static void close_others(int keep)
+{
+    int fds[1024], n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d != NULL) {
+        int dfd = dirfd(d);
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL && n < 1024) {
+            int fd = atoi(e->d_name);
+            if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd > 2 &&
+                fd != keep && fd != dfd) {
+                fds[n++] = fd;
+            }
+        }
+        closedir(d);
+        if (n < 1024) {
+            for (int i = 0; i < n; i++) {
+                close(fds[i]);
+            }
+            return;
+        }
+    }
+    long max = sysconf(_SC_OPEN_MAX);
+    if (max < 0 || max > (1 << 20)) {
+        max = 1 << 20;
+    }
+    for (int fd = 3; fd < max; fd++) {
+        if (fd != keep) {
+            close(fd);
+        }
+    }
+}
+
+static void child_main(const struct ida_fsm *f, int wfd, pid_t parent)
+{
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) {
+        _exit(3); /* the parent died before the line above */
+    }
+    close_others(wfd);
+    uint8_t *data;
+    size_t len;
+    if (ida_fsm_snapshot(f, &data, &len) != 0) {
+        _exit(2);
+    }
+    uint8_t hdr[IDA_BGSNAP_HDR_BYTES];
+    memcpy(hdr, MAGIC, 8);
+    for (int i = 0; i < 8; i++) {
+        hdr[8 + i] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
+    }
+    if (write_all(wfd, hdr, sizeof(hdr)) != 0 ||
+        write_all(wfd, data, len) != 0) {
+        _exit(1);
+    }
+    _exit(0);
+}
+
+int ida_bgsnap_start(struct ida_bgsnap *b,
+                     const struct ida_fsm *f,
+                     ida_index index,
+                     ida_term term)
+{
+    if (b->pid != 0) {
+        return IDA_EBUSY;
+    }
+    int p[2];
+    if (pipe(p) != 0) {
+        return IDA_EIO;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return IDA_EIO;
+    }
+    if (pid == 0) {
+        close(p[0]);
+        child_main(f, p[1], parent);
+    }
+    close(p[1]);
+    (void)fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
+    (void)fcntl(p[0], F_SETFD, FD_CLOEXEC);
+    *b = (struct ida_bgsnap){.pid = pid,
+                             .fd = p[0],
+                             .index = index,
+                             .term = term,
+                             .started_us = mono_us()};
+    return 0;
+}
+
+static void reap(struct ida_bgsnap *b, int *status)
+{
+    int st = 0;
+    while (waitpid(b->pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (status != NULL) {
+        *status = st;
+    }
+    close(b->fd);
+    ida_free(b->buf);
+    *b = (struct ida_bgsnap){0};
+}
+
+void ida_bgsnap_cancel(struct ida_bgsnap *b)
+{
+    if (b->pid == 0) {
+        return;
+    }
+    kill(b->pid, SIGKILL);
+    reap(b, NULL);
+}
+
+int ida_bgsnap_poll(struct ida_bgsnap *b,
+                    size_t budget,
+                    uint8_t **data,
+                    size_t *len)
+{
+    if (b->pid == 0) {
+        return -IDA_EINVAL;
+    }
+    int eof = 0;
+    while (budget > 0) {
+        uint8_t *dst;
+        size_t want;
+        if (b->hdr_got < IDA_BGSNAP_HDR_BYTES) {
+            dst = b->hdr + b->hdr_got;
+            want = IDA_BGSNAP_HDR_BYTES - b->hdr_got;
+        } else {
+            dst = b->buf + b->got;
+            want = b->len - b->got;
+            if (want == 0) {
+                /* all announced bytes are in: wait for EOF */
+                uint8_t extra;
+                ssize_t r = read(b->fd, &extra, 1);
+                if (r == 0) {
+                    eof = 1;
+                } else if (r > 0) {
+                    ida_bgsnap_cancel(b); /* more than announced */
+                    return -IDA_ECORRUPT;
+                } else if (errno != EAGAIN && errno != EINTR) {
+                    ida_bgsnap_cancel(b);
+                    return -IDA_EIO;
+                }
+                break;
+            }
+        }
+        if (want > budget) {
+            want = budget;
+        }
+        ssize_t r = read(b->fd, dst, want);
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
+            break;
+        }
+        if (r < 0) {
+            ida_bgsnap_cancel(b);
+            return -IDA_EIO;
+        }
+        if (r == 0) {
+            eof = 1;
+            break;
+        }
+        budget -= (size_t)r;
+        if (b->hdr_got < IDA_BGSNAP_HDR_BYTES) {
+            b->hdr_got += (size_t)r;
+            if (b->hdr_got == IDA_BGSNAP_HDR_BYTES) {
+                uint64_t n = 0;
+                for (int i = 0; i < 8; i++) {
+                    n = n << 8 | b->hdr[8 + i];
+                }
+                if (memcmp(b->hdr, MAGIC, 8) != 0 || n > BGSNAP_BYTES_MAX ||
+                    n > SIZE_MAX) {
+                    ida_bgsnap_cancel(b);
+                    return -IDA_ECORRUPT;
+                }
+                b->len = (size_t)n;
+                b->buf = ida_malloc(b->len > 0 ? b->len : 1);
+                if (b->buf == NULL) {
+                    ida_bgsnap_cancel(b);
+                    return -IDA_ENOMEM;
+                }
+            }
+        } else {
+            b->got += (size_t)r;
+        }
+    }
+    if (!eof) {
+        return 0;
+    }
+    int complete = b->hdr_got == IDA_BGSNAP_HDR_BYTES && b->got == b->len;
+    uint8_t *buf = b->buf;
+    size_t n = b->len;
+    b->buf = NULL; /* keep it from reap() */
+    int st;
+    reap(b, &st);
+    if (!complete || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        ida_free(buf);
+        return -IDA_EIO;
+    }
+    *data = buf;
+    *len = n;
+    return 1;
+}
