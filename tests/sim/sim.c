@@ -264,6 +264,7 @@ static void sim_free(struct sim *s)
         ida_free(nd->writes);
         if (nd->up) {
             ida_raft_close(&nd->raft);
+            ida_fsm_free(nd->fsm);
         }
         sim__disk_free_entries_from(&nd->disk, 0);
         ida_free(nd->disk.ents);
@@ -281,7 +282,8 @@ static void sim_free(struct sim *s)
     }
     ida_free(s->glob_term);
     ida_free(s->glob_hash);
-    ida_free(s->glob_counter);
+    ida_free(s->glob_chain);
+    ida_free(s->glob_snap);
     ida_free(s->leaders);
     ida_free(s->lm);
     ida_free(s->ids_seen);
