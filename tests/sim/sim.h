@@ -51,8 +51,9 @@ struct sim_opts
 struct sim_result
 {
     bool ok;
-    char violation[512]; /* what broke, when !ok */
-    uint64_t trace_hash; /* over every event: same seed, same hash */
+    char violation[512];  /* what broke, when !ok */
+    bool alloc_violation; /* found by the allocator checks (sim_alloc.c) */
+    uint64_t trace_hash;  /* over every event: same seed, same hash */
     uint64_t events;
     uint64_t acked;     /* client requests answered */
     uint64_t ids_acked; /* bounded ids, sequence ids and prefixes acked */

@@ -21,6 +21,7 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,21 @@
 #include "idalloc_errors.h"
 #include "raft/raft.h"
 #include "tests/sim/sim_internal.h"
+
+/* A violation found by the allocator checks (sim_result.alloc_violation). */
+static void alloc_violation(struct sim *s, const char *fmt, ...)
+{
+    if (s->failed) {
+        return;
+    }
+    char buf[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    s->res->alloc_violation = true;
+    sim__violation(s, "allocator: %s", buf);
+}
 
 bool sim__raft_checks(const struct sim *s)
 {
@@ -94,10 +110,10 @@ static void mark_sequence(struct sim *s, uint64_t id, int ci, uint64_t seq)
         return;
     }
     if (s->ids_seen[word] & (1ULL << (id % 64))) {
-        sim__violation(s,
-                       "sequence id %" PRIu64
-                       " handed out twice (client %d seq %" PRIu64 ")",
-                       id, ci, seq);
+        alloc_violation(s,
+                        "sequence id %" PRIu64
+                        " handed out twice (client %d seq %" PRIu64 ")",
+                        id, ci, seq);
     }
     s->ids_seen[word] |= 1ULL << (id % 64);
 }
@@ -114,41 +130,43 @@ static void acked_alloc(struct sim *s,
         return;
     }
     if (res->error != 0) {
-        sim__violation(s, "client %d seq %" PRIu64 " alloc c%d-t%d: %s%s", ci,
-                       seq, ci, r->tag, idalloc_errname(res->error),
-                       had ? " though the tag holds an id" : "");
+        alloc_violation(s, "client %d seq %" PRIu64 " alloc c%d-t%d: %s%s", ci,
+                        seq, ci, r->tag, idalloc_errname(res->error),
+                        had ? " though the tag holds an id" : "");
         return;
     }
     uint64_t id = res->id;
     if (id >= BOUNDED_SIZE) {
-        sim__violation(s, "client %d seq %" PRIu64 " alloc: id %" PRIu64
-                          " outside the pool", ci, seq, id);
+        alloc_violation(s,
+                        "client %d seq %" PRIu64 " alloc: id %" PRIu64
+                        " outside the pool",
+                        ci, seq, id);
         return;
     }
     if (had != 0) {
         if (had - 1 != id || !res->flag) {
-            sim__violation(s,
-                           "tag c%d-t%d holds id %" PRIu64
-                           " but alloc (seq %" PRIu64 ") answered %" PRIu64
-                           " existed=%d: an acknowledged alloc was lost",
-                           ci, r->tag, had - 1, seq, id, res->flag);
+            alloc_violation(s,
+                            "tag c%d-t%d holds id %" PRIu64
+                            " but alloc (seq %" PRIu64 ") answered %" PRIu64
+                            " existed=%d: an acknowledged alloc was lost",
+                            ci, r->tag, had - 1, seq, id, res->flag);
         }
         return;
     }
     if (res->flag) {
-        sim__violation(s,
-                       "tag c%d-t%d holds no id but alloc (seq %" PRIu64
-                       ") answered %" PRIu64 " as held before",
-                       ci, r->tag, seq, id);
+        alloc_violation(s,
+                        "tag c%d-t%d holds no id but alloc (seq %" PRIu64
+                        ") answered %" PRIu64 " as held before",
+                        ci, r->tag, seq, id);
         return;
     }
     uint32_t prev = m->owner[id];
     if (prev != 0 && !free_under_way(s, prev, id)) {
-        sim__violation(s,
-                       "id %" PRIu64 " handed to tag c%d-t%d (seq %" PRIu64
-                       ") while tag c%u-t%u holds it",
-                       id, ci, r->tag, seq, (prev - 1) / TAGS,
-                       (prev - 1) % TAGS);
+        alloc_violation(s,
+                        "id %" PRIu64 " handed to tag c%d-t%d (seq %" PRIu64
+                        ") while tag c%u-t%u holds it",
+                        id, ci, r->tag, seq, (prev - 1) / TAGS,
+                        (prev - 1) % TAGS);
         return;
     }
     if (prev != 0) {
@@ -168,12 +186,12 @@ static void acked_free(struct sim *s,
 {
     struct sim_model *m = &s->model;
     if (res->error != 0 || !res->flag) {
-        sim__violation(s,
-                       "client %d seq %" PRIu64 " free of id %" PRIu64
-                       " held by c%d-t%d: %s",
-                       ci, seq, r->id, ci, r->tag,
-                       res->error ? idalloc_errname(res->error)
-                                  : "already free (the alloc was lost)");
+        alloc_violation(s,
+                        "client %d seq %" PRIu64 " free of id %" PRIu64
+                        " held by c%d-t%d: %s",
+                        ci, seq, r->id, ci, r->tag,
+                        res->error ? idalloc_errname(res->error)
+                                   : "already free (the alloc was lost)");
         return;
     }
     uint32_t me = (uint32_t)(ci * TAGS + r->tag + 1);
@@ -183,7 +201,10 @@ static void acked_free(struct sim *s,
     m->held[ci][r->tag] = 0;
 }
 
-static bool starts_with(const uint8_t *a, size_t la, const uint8_t *b, size_t lb)
+static bool starts_with(const uint8_t *a,
+                        size_t la,
+                        const uint8_t *b,
+                        size_t lb)
 {
     return la <= lb && memcmp(a, b, la) == 0;
 }
@@ -197,25 +218,24 @@ static void acked_prefix(struct sim *s,
     struct sim_model *m = &s->model;
     if (res->error != 0 || res->prefix_len == 0 ||
         res->prefix_len > IDA_PREFIX_BYTES_MAX) {
-        sim__violation(s, "client %d seq %" PRIu64 " prefix alloc: %s", ci, seq,
-                       res->error ? idalloc_errname(res->error) : "bad length");
+        alloc_violation(
+            s, "client %d seq %" PRIu64 " prefix alloc: %s", ci, seq,
+            res->error ? idalloc_errname(res->error) : "bad length");
         return;
     }
     uint8_t have = m->pfx_len[ci][r->tag];
     if (have != 0) {
         if (have != res->prefix_len || !res->flag ||
             memcmp(m->pfx[ci][r->tag], res->prefix, have) != 0) {
-            sim__violation(s,
-                           "tag c%d-t%d's prefix changed (seq %" PRIu64 ")",
-                           ci, r->tag, seq);
+            alloc_violation(s, "tag c%d-t%d's prefix changed (seq %" PRIu64 ")",
+                            ci, r->tag, seq);
         }
         return;
     }
     if (res->flag) {
-        sim__violation(s,
-                       "tag c%d-t%d had no prefix but seq %" PRIu64
-                       " says it existed",
-                       ci, r->tag, seq);
+        alloc_violation(
+            s, "tag c%d-t%d had no prefix but seq %" PRIu64 " says it existed",
+            ci, r->tag, seq);
         return;
     }
     for (int oc = 0; oc < CLIENTS; oc++) {
@@ -224,13 +244,12 @@ static void acked_prefix(struct sim *s,
             if (ol == 0) {
                 continue;
             }
-            if (starts_with(m->pfx[oc][ot], ol, res->prefix,
-                            res->prefix_len) ||
+            if (starts_with(m->pfx[oc][ot], ol, res->prefix, res->prefix_len) ||
                 starts_with(res->prefix, res->prefix_len, m->pfx[oc][ot], ol)) {
-                sim__violation(s,
-                               "prefix of tag c%d-t%d (seq %" PRIu64
-                               ") clashes with tag c%d-t%d's",
-                               ci, r->tag, seq, oc, ot);
+                alloc_violation(s,
+                                "prefix of tag c%d-t%d (seq %" PRIu64
+                                ") clashes with tag c%d-t%d's",
+                                ci, r->tag, seq, oc, ot);
                 return;
             }
         }
@@ -250,48 +269,47 @@ void sim__alloc_acked(struct sim *s,
     if (res->error == IDA_ESESSION) {
         /* One request at a time, retried until answered: the session
          * always still holds the answer. */
-        sim__violation(s, "client %d seq %" PRIu64 ": session lost its answer",
-                       ci, seq);
+        alloc_violation(s, "client %d seq %" PRIu64 ": session lost its answer",
+                        ci, seq);
         return;
     }
     switch (r->op) {
-    case SIM_OP_CREATE_BOUNDED:
-    case SIM_OP_CREATE_SEQUENCE:
-    case SIM_OP_CREATE_PREFIX: {
-        int p = (int)(r->op - SIM_OP_CREATE_BOUNDED);
-        if (res->error != 0 || (res->flag && s->model.created[p])) {
-            sim__violation(s, "client %d seq %" PRIu64 " pool create: %s", ci,
-                           seq,
-                           res->error ? idalloc_errname(res->error)
-                                      : "created twice");
-        }
-        s->model.created[p] |= res->flag;
-        break;
-    }
-    case SIM_OP_ALLOC:
-        acked_alloc(s, ci, seq, r, res);
-        break;
-    case SIM_OP_FREE:
-        acked_free(s, ci, seq, r, res);
-        break;
-    case SIM_OP_RESERVE:
-        if (res->error != 0 || res->count != r->count || res->id == 0 ||
-            res->id + res->count < res->id) {
-            sim__violation(s, "client %d seq %" PRIu64 " reserve: %s", ci, seq,
-                           res->error ? idalloc_errname(res->error)
-                                      : "bad block");
+        case SIM_OP_CREATE_BOUNDED:
+        case SIM_OP_CREATE_SEQUENCE:
+        case SIM_OP_CREATE_PREFIX: {
+            int p = (int)(r->op - SIM_OP_CREATE_BOUNDED);
+            if (res->error != 0 || (res->flag && s->model.created[p])) {
+                alloc_violation(
+                    s, "client %d seq %" PRIu64 " pool create: %s", ci, seq,
+                    res->error ? idalloc_errname(res->error) : "created twice");
+            }
+            s->model.created[p] |= res->flag;
             break;
         }
-        for (uint64_t i = 0; i < res->count && !s->failed; i++) {
-            mark_sequence(s, res->id + i, ci, seq);
-        }
-        s->res->ids_acked += res->count;
-        break;
-    case SIM_OP_PREFIX:
-        acked_prefix(s, ci, seq, r, res);
-        break;
-    case SIM_OP_LOOKUP:
-        IDA_ASSERT(!"reads are answered by sim__alloc_read");
+        case SIM_OP_ALLOC:
+            acked_alloc(s, ci, seq, r, res);
+            break;
+        case SIM_OP_FREE:
+            acked_free(s, ci, seq, r, res);
+            break;
+        case SIM_OP_RESERVE:
+            if (res->error != 0 || res->count != r->count || res->id == 0 ||
+                res->id + res->count < res->id) {
+                alloc_violation(
+                    s, "client %d seq %" PRIu64 " reserve: %s", ci, seq,
+                    res->error ? idalloc_errname(res->error) : "bad block");
+                break;
+            }
+            for (uint64_t i = 0; i < res->count && !s->failed; i++) {
+                mark_sequence(s, res->id + i, ci, seq);
+            }
+            s->res->ids_acked += res->count;
+            break;
+        case SIM_OP_PREFIX:
+            acked_prefix(s, ci, seq, r, res);
+            break;
+        case SIM_OP_LOOKUP:
+            IDA_ASSERT(!"reads are answered by sim__alloc_read");
     }
 }
 
@@ -306,11 +324,12 @@ void sim__alloc_read(struct sim *s,
     uint64_t held = s->model.held[ci][r->tag];
     bool ok = held != 0 ? (rv == 0 && id == held - 1) : rv == IDA_ENOTFOUND;
     if (!ok) {
-        sim__violation(s,
-                       "client %d read %" PRIu64 ": lookup of c%d-t%d answered "
-                       "%s %" PRIu64 ", the tag holds %s%" PRIu64,
-                       ci, seq, ci, r->tag, rv ? idalloc_errname(rv) : "id",
-                       id, held ? "id " : "nothing ", held ? held - 1 : 0);
+        alloc_violation(s,
+                        "client %d read %" PRIu64
+                        ": lookup of c%d-t%d answered "
+                        "%s %" PRIu64 ", the tag holds %s%" PRIu64,
+                        ci, seq, ci, r->tag, rv ? idalloc_errname(rv) : "id",
+                        id, held ? "id " : "nothing ", held ? held - 1 : 0);
     }
 }
 
@@ -331,11 +350,11 @@ void sim__alloc_final(struct sim *s, struct node *ld)
             uint64_t id = 0;
             int rv = ida_fsm_lookup(ld->fsm, "b", tag, &id);
             if (rv != 0 || id != held - 1) {
-                sim__violation(s,
-                               "leader %u lost tag %s's id %" PRIu64
-                               " (lookup: %s %" PRIu64 ")",
-                               ld->id, tag, held - 1,
-                               rv ? idalloc_errname(rv) : "id", id);
+                alloc_violation(s,
+                                "leader %u lost tag %s's id %" PRIu64
+                                " (lookup: %s %" PRIu64 ")",
+                                ld->id, tag, held - 1,
+                                rv ? idalloc_errname(rv) : "id", id);
                 return;
             }
         }
@@ -358,10 +377,10 @@ void sim__alloc_final(struct sim *s, struct node *ld)
             return;
         }
         if (h != want) {
-            sim__violation(s,
-                           "node %u's state at index %" PRIu64
-                           " differs from leader %u's",
-                           nd->id, at, ld->id);
+            alloc_violation(s,
+                            "node %u's state at index %" PRIu64
+                            " differs from leader %u's",
+                            nd->id, at, ld->id);
             return;
         }
     }

@@ -30,10 +30,9 @@ void sim__client_answer(struct sim *s,
     }
     if (c->answers[seq] != 0) {
         if (c->answers[seq] != h) {
-            sim__violation(s,
-                           "client %d seq %" PRIu64
-                           " answered twice, differently (%s)",
-                           ci, seq, idalloc_errname(res->error));
+            sim__violation(
+                s, "client %d seq %" PRIu64 " answered twice, differently (%s)",
+                ci, seq, idalloc_errname(res->error));
         }
         return;
     }

@@ -55,51 +55,51 @@ uint8_t *sim__cmd_encode(struct sim *s,
     Idalloc__Reserve reserve;
     Idalloc__PrefixAlloc prefix;
     switch (r->op) {
-    case SIM_OP_CREATE_BOUNDED:
-    case SIM_OP_CREATE_SEQUENCE:
-    case SIM_OP_CREATE_PREFIX:
-        idalloc__pool_create__init(&create);
-        create.name = (char *)pool_names[r->op - SIM_OP_CREATE_BOUNDED];
-        create.kind = r->op == SIM_OP_CREATE_BOUNDED
-                          ? IDALLOC__POOL_KIND__POOL_KIND_BOUNDED
-                      : r->op == SIM_OP_CREATE_SEQUENCE
-                          ? IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE
-                          : IDALLOC__POOL_KIND__POOL_KIND_PREFIX;
-        create.size = r->op == SIM_OP_CREATE_BOUNDED ? BOUNDED_SIZE : 0;
-        cmd.op_case = IDALLOC__COMMAND__OP_POOL_CREATE;
-        cmd.pool_create = &create;
-        break;
-    case SIM_OP_ALLOC:
-        idalloc__alloc__init(&alloc);
-        alloc.pool = (char *)pool_names[0];
-        alloc.tag = tag;
-        cmd.op_case = IDALLOC__COMMAND__OP_ALLOC;
-        cmd.alloc = &alloc;
-        break;
-    case SIM_OP_FREE:
-        idalloc__free__init(&fr);
-        fr.pool = (char *)pool_names[0];
-        fr.tag = tag;
-        fr.id = r->id;
-        cmd.op_case = IDALLOC__COMMAND__OP_FREE;
-        cmd.free = &fr;
-        break;
-    case SIM_OP_RESERVE:
-        idalloc__reserve__init(&reserve);
-        reserve.pool = (char *)pool_names[1];
-        reserve.count = r->count;
-        cmd.op_case = IDALLOC__COMMAND__OP_RESERVE;
-        cmd.reserve = &reserve;
-        break;
-    case SIM_OP_PREFIX:
-        idalloc__prefix_alloc__init(&prefix);
-        prefix.pool = (char *)pool_names[2];
-        prefix.tag = tag;
-        cmd.op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
-        cmd.prefix_alloc = &prefix;
-        break;
-    case SIM_OP_LOOKUP:
-        IDA_ASSERT(!"a lookup is a read, not a command");
+        case SIM_OP_CREATE_BOUNDED:
+        case SIM_OP_CREATE_SEQUENCE:
+        case SIM_OP_CREATE_PREFIX:
+            idalloc__pool_create__init(&create);
+            create.name = (char *)pool_names[r->op - SIM_OP_CREATE_BOUNDED];
+            create.kind = r->op == SIM_OP_CREATE_BOUNDED
+                              ? IDALLOC__POOL_KIND__POOL_KIND_BOUNDED
+                          : r->op == SIM_OP_CREATE_SEQUENCE
+                              ? IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE
+                              : IDALLOC__POOL_KIND__POOL_KIND_PREFIX;
+            create.size = r->op == SIM_OP_CREATE_BOUNDED ? BOUNDED_SIZE : 0;
+            cmd.op_case = IDALLOC__COMMAND__OP_POOL_CREATE;
+            cmd.pool_create = &create;
+            break;
+        case SIM_OP_ALLOC:
+            idalloc__alloc__init(&alloc);
+            alloc.pool = (char *)pool_names[0];
+            alloc.tag = tag;
+            cmd.op_case = IDALLOC__COMMAND__OP_ALLOC;
+            cmd.alloc = &alloc;
+            break;
+        case SIM_OP_FREE:
+            idalloc__free__init(&fr);
+            fr.pool = (char *)pool_names[0];
+            fr.tag = tag;
+            fr.id = r->id;
+            cmd.op_case = IDALLOC__COMMAND__OP_FREE;
+            cmd.free = &fr;
+            break;
+        case SIM_OP_RESERVE:
+            idalloc__reserve__init(&reserve);
+            reserve.pool = (char *)pool_names[1];
+            reserve.count = r->count;
+            cmd.op_case = IDALLOC__COMMAND__OP_RESERVE;
+            cmd.reserve = &reserve;
+            break;
+        case SIM_OP_PREFIX:
+            idalloc__prefix_alloc__init(&prefix);
+            prefix.pool = (char *)pool_names[2];
+            prefix.tag = tag;
+            cmd.op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
+            cmd.prefix_alloc = &prefix;
+            break;
+        case SIM_OP_LOOKUP:
+            IDA_ASSERT(!"a lookup is a read, not a command");
     }
     Idalloc__Command *cmds[1] = {&cmd};
     Idalloc__CommandBatch b;
@@ -131,12 +131,10 @@ uint64_t sim__bytes_hash(const uint8_t *p, size_t n)
  * answer yet". */
 uint64_t sim__result_hash(const struct ida_fsm_result *r)
 {
-    uint64_t v[6] = {(uint64_t)r->error,
-                     (uint64_t)r->op,
-                     (uint64_t)r->flag,
-                     r->id,
-                     r->count,
-                     sim__bytes_hash(r->prefix, r->prefix_len)};
+    uint64_t v[6] = {
+        (uint64_t)r->error, (uint64_t)r->op,
+        (uint64_t)r->flag,  r->id,
+        r->count,           sim__bytes_hash(r->prefix, r->prefix_len)};
     uint64_t h = sim__bytes_hash((const uint8_t *)v, sizeof(v));
     return h ? h : 1;
 }

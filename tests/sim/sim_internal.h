@@ -56,8 +56,8 @@ struct sim_req
 /* What the clients were told, as the checks of sim_alloc.c need it. */
 struct sim_model
 {
-    uint64_t held[CLIENTS][TAGS];  /* id + 1 the tag holds, 0: none */
-    uint32_t owner[BOUNDED_SIZE];  /* client * TAGS + tag + 1, 0: free */
+    uint64_t held[CLIENTS][TAGS]; /* id + 1 the tag holds, 0: none */
+    uint32_t owner[BOUNDED_SIZE]; /* client * TAGS + tag + 1, 0: free */
     uint8_t pfx[CLIENTS][TAGS][IDA_PREFIX_BYTES_MAX];
     uint8_t pfx_len[CLIENTS][TAGS]; /* 0: no prefix acknowledged yet */
     bool created[3];                /* pool creates answered "created" */
@@ -146,8 +146,8 @@ struct node
     uint64_t sync_at;
     uint64_t next_tick;
     uint64_t restart_at;
-    struct ida_fsm *fsm; /* NULL while down */
-    uint64_t chain;      /* hash of every result applied, in order */
+    struct ida_fsm *fsm;   /* NULL while down */
+    uint64_t chain;        /* hash of every result applied, in order */
     ida_index last_commit; /* this incarnation */
     enum ida_raft_role last_role;
     struct proposal props[64];

@@ -220,7 +220,8 @@ static void take_snapshot(struct sim *s, struct node *nd)
         d->snap_conf_len = clen;
     }
     sim__hash_in(s, 5, nd->id, at, t);
-    sim__tracef(s, "node %u snapshot at %" PRIu64, nd->id, at);
+    sim__tracef(s, "node %u snapshot at %" PRIu64 " (%zu bytes)", nd->id, at,
+                len);
 }
 
 static void restore_fsm(struct sim *s,
@@ -235,14 +236,15 @@ static void restore_fsm(struct sim *s,
         return;
     }
     if (rv != 0) {
-        sim__violation(s, "node %u snapshot at %" PRIu64 " does not restore: %s",
+        sim__violation(s,
+                       "node %u snapshot at %" PRIu64 " does not restore: %s",
                        nd->id, index, idalloc_errname(rv));
         return;
     }
     if (ida_fsm_applied_index(nd->fsm) != index) {
-        sim__violation(s,
-                       "node %u snapshot index %" PRIu64 " holds state of %" PRIu64,
-                       nd->id, index, ida_fsm_applied_index(nd->fsm));
+        sim__violation(
+            s, "node %u snapshot index %" PRIu64 " holds state of %" PRIu64,
+            nd->id, index, ida_fsm_applied_index(nd->fsm));
         return;
     }
     check_snap(s, nd, (size_t)index, sim__bytes_hash(data, len));
@@ -424,7 +426,13 @@ void sim__node_step(struct sim *s,
         sim__tracef(s,
                     "node %u dropped a message of %u's incarnation %016" PRIx64,
                     nd->id, m->from, m->from_inc);
-    } else if ((rv == IDA_EPROTO || rv == IDA_EINVAL) && sim__raft_checks(s)) {
+    } else if (rv == IDA_EPROTO || rv == IDA_EINVAL) {
+        if (!sim__raft_checks(s)) {
+            sim__tracef(s, "node %u rejected a message from %u: %s", nd->id,
+                        m->from, idalloc_errname(rv));
+            sim__drain(s, nd);
+            return;
+        }
         sim__violation(s,
                        "node %u rejected a message from %u (type %d term "
                        "%" PRIu64 "): %s",
@@ -503,7 +511,7 @@ int sim__node_start(struct sim *s, struct node *nd)
         .check_quorum = s->check_quorum,
         .max_inflight = 4,
         .max_msg_entries = 8,
-        .snapshot_chunk_bytes = 40,
+        .snapshot_chunk_bytes = 256,
         .conf_decode = node_conf_decode,
         .snapshot_check = snapshot_check,
         .snapshot_check_arg = s,
