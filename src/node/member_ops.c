@@ -51,11 +51,13 @@ void node_members_track(struct node_members *m,
 
 bool node_members_may_readmit(const struct node_members *m,
                               const struct ida_node *n,
+                              const struct ida_raft_conf *c,
                               ida_node_id id,
                               uint64_t inc)
 {
     int i = node_file_index(n, id);
-    return i >= 0 && m->last_bound[i] != inc;
+    return i >= 0 && m->last_bound[i] != inc &&
+           node_conf_removed_slot(c, id) < 0;
 }
 
 /* --- answers --------------------------------------------------------------
@@ -350,6 +352,14 @@ static void change(struct node_members *m,
         } else {
             drop(c.learners, c.learner_inc, &c.n_learners, ls);
         }
+        /* Recorded with the membership (member.h): no leader re-admits it
+         * on its own, now or after a restart. The oldest record gives way
+         * when the record is full. */
+        if (c.n_removed == IDA_RAFT_NODES_MAX) {
+            drop(c.removed, c.removed_inc, &c.n_removed, 0);
+        }
+        c.removed[c.n_removed] = id;
+        c.removed_inc[c.n_removed++] = bound;
         propose(m, n, r, conn, seq, what, id, bound, &c);
         return;
     }
@@ -381,6 +391,10 @@ static void change(struct node_members *m,
         }
         c.learners[c.n_learners] = id;
         c.learner_inc[c.n_learners++] = heard;
+        int rs = node_conf_removed_slot(&c, id);
+        if (rs >= 0) {
+            drop(c.removed, c.removed_inc, &c.n_removed, rs);
+        }
         propose(m, n, r, conn, seq, what, id, heard, &c);
         return;
     }
