@@ -74,6 +74,10 @@ struct node_members
      * and the last one a membership in effect here bound it to. */
     uint64_t announced[IDA_CONFIG_NODES_MAX];
     uint64_t last_bound[IDA_CONFIG_NODES_MAX];
+    /* The member ids last compared with the cluster file (one log line
+     * per membership that differs from it). */
+    bool compared;
+    struct ida_raft_conf compared_conf;
     /* The one membership change or transfer a client waits for. */
     struct
     {
@@ -168,7 +172,10 @@ void node_members_heard(struct node_members *m,
                         uint64_t inc);
 
 /* Each round: track the membership in effect; with auto_rejoin, pick a
- * learner to promote. */
+ * learner to promote. Each membership in effect whose members are not
+ * exactly the cluster file's nodes is logged once (INFO, "membership in
+ * effect ... differs from the cluster file"): the file's node lines are
+ * only the first membership, the membership lives in the log. */
 void node_members_track(struct node_members *m,
                         const struct ida_node *n,
                         const struct ida_raft *r);

@@ -6,7 +6,8 @@
  * acknowledged, no id was acknowledged to two tags, no two acknowledged
  * blocks overlap. Then one of the final voters is killed and writes go on
  * (the two others are a majority of the final membership; the removed
- * nodes, still running, count for nothing).
+ * nodes, still running, count for nothing). The nodes log that their
+ * membership differs from the cluster file.
  *
  * Every wait polls with a generous deadline (a loaded 2-core machine). */
 #include <criterion/criterion.h>
@@ -190,6 +191,14 @@ Test(resize,
     cr_assert_eq(count_voters(op), 3);
     tc_sleep_ms(1000);
     uint64_t during = ld[0].acked + ld[1].acked - acked0;
+    /* The nodes say the membership no longer is the cluster file's. */
+    char out[4096];
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "grep -h 'membership in effect (voters .*; learners "
+                        "none) differs from the cluster file' %s/node*.log",
+                        c.dir),
+                 0, "no node said its membership differs from the file");
+    cr_log_info("%.300s", out);
 
     /* One of the final voters dies: 2 of 3 still make a majority, and
      * the removed nodes (still running) do not count. */
