@@ -4,10 +4,11 @@
  * add` while two clients allocate by tag and reserve blocks. Every
  * acknowledged id is checked at the end: each tag still holds the id it was
  * acknowledged, no id was acknowledged to two tags, no two acknowledged
- * blocks overlap. Then one of the final voters is killed and writes go on
- * (the two others are a majority of the final membership; the removed
- * nodes, still running, count for nothing). The nodes log that their
- * membership differs from the cluster file.
+ * blocks overlap. The nodes log that their membership differs from the
+ * cluster file. Then the removed nodes are killed, and one load client,
+ * given only their addresses, keeps working; then one of the final voters
+ * is killed and writes go on (the two others are a majority of the final
+ * membership; the removed nodes count for nothing).
  *
  * Every wait polls with a generous deadline (a loaded 2-core machine). */
 #include <criterion/criterion.h>
@@ -134,6 +135,24 @@ static void wait_voter(struct idalloc_client *cl, unsigned id, int voter)
     cr_assert_fail("node %u: voter is not %d after 60 s", id, voter);
 }
 
+/* A client given only the client addresses of nodes 1 and 2 (both are
+ * removed, then killed): it must find the others through the cluster. */
+static struct idalloc_client *client_of_1_and_2(void)
+{
+    char addrs[128];
+    snprintf(addrs, sizeof(addrs), "%s,%s", c.cfg.nodes[0].client.text,
+             c.cfg.nodes[1].client.text);
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = addrs;
+    o.call_timeout_ms = 5000;
+    o.attempt_timeout_ms = 500;
+    struct idalloc_client *cl;
+    char err[IDALLOC_ERRMSG_MAX];
+    cr_assert_eq(idalloc_client_new(&o, &cl, err), 0, "%s", err);
+    return cl;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -166,7 +185,7 @@ Test(resize,
         memset(&ld[i], 0, sizeof(ld[i]));
         ld[i].no = i;
         ld[i].stop = &stop;
-        ld[i].cl = tc_client(&c, 5000);
+        ld[i].cl = i == 1 ? client_of_1_and_2() : tc_client(&c, 5000);
         cr_assert_eq(pthread_create(&th[i], NULL, load_main, &ld[i]), 0);
     }
     uint64_t acked0 = 0;
@@ -194,14 +213,24 @@ Test(resize,
     /* The nodes say the membership no longer is the cluster file's. */
     char out[4096];
     cr_assert_eq(tc_run(out, sizeof(out),
-                        "grep -h 'membership in effect (voters .*; learners "
+                        "grep -l 'membership in effect (voters .*; learners "
                         "none) differs from the cluster file' %s/node*.log",
                         c.dir),
                  0, "no node said its membership differs from the file");
-    cr_log_info("%.300s", out);
 
-    /* One of the final voters dies: 2 of 3 still make a majority, and
-     * the removed nodes (still running) do not count. */
+    /* The removed nodes stop: the client given only their addresses keeps
+     * working (it learned the others from the cluster). */
+    tc_signal(&c, 0, SIGKILL);
+    tc_signal(&c, 1, SIGKILL);
+    uint64_t before = ld[1].acked;
+    for (uint64_t end = tc_now_ms() + 30000;
+         tc_now_ms() < end && ld[1].acked < before + 20;) {
+        tc_sleep_ms(100);
+    }
+    cr_assert_geq(ld[1].acked, before + 20,
+                  "the client of nodes 1 and 2 stopped when they did");
+
+    /* One of the final voters dies: 2 of 3 still make a majority. */
     struct idalloc_member_list ml;
     cr_assert_eq(idalloc_member_list(op, &ml), 0);
     int victim = -1;
