@@ -159,6 +159,59 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Every acknowledged tag still holds its id; no id was acknowledged to two
+ * tags; no two acknowledged blocks overlap. */
+static void check_acked(struct idalloc_client *op,
+                        const struct load *ld,
+                        uint64_t during)
+{
+    uint64_t *all = calloc(2 * TAGS_MAX, sizeof(uint64_t));
+    uint64_t *blocks = calloc(2 * BLOCKS_MAX, sizeof(uint64_t));
+    cr_assert(all != NULL && blocks != NULL);
+    size_t n_all = 0, n_blocks = 0;
+    char tag[32];
+    for (int i = 0; i < 2; i++) {
+        for (size_t k = 0; k < ld[i].tags; k++) {
+            if (ld[i].ids[k] == 0) {
+                continue;
+            }
+            snprintf(tag, sizeof(tag), "w%d-%zu", i, k);
+            uint64_t got = 0;
+            int rv = -1;
+            for (int t = 0; t < 20 && rv != 0; t++) {
+                rv = idalloc_lookup(op, "b", tag, &got);
+            }
+            cr_assert_eq(rv, 0, "lookup %s: %s", tag, idalloc_last_error());
+            cr_assert_eq(got, ld[i].ids[k] - 1,
+                         "tag %s was acknowledged id %llu, holds %llu", tag,
+                         (unsigned long long)(ld[i].ids[k] - 1),
+                         (unsigned long long)got);
+            all[n_all++] = got;
+        }
+        for (size_t b = 0; b < ld[i].blocks; b++) {
+            blocks[n_blocks++] = ld[i].first[b];
+        }
+    }
+    qsort(all, n_all, sizeof(uint64_t), cmp_u64);
+    for (size_t k = 1; k < n_all; k++) {
+        cr_assert_neq(all[k], all[k - 1], "id %llu acknowledged to two tags",
+                      (unsigned long long)all[k]);
+    }
+    qsort(blocks, n_blocks, sizeof(uint64_t), cmp_u64);
+    for (size_t k = 1; k < n_blocks; k++) {
+        cr_assert_geq(
+            blocks[k], blocks[k - 1] + 10, "blocks at %llu and %llu overlap",
+            (unsigned long long)blocks[k - 1], (unsigned long long)blocks[k]);
+    }
+    cr_log_info(
+        "resize: %zu tags and %zu blocks acknowledged (%llu during "
+        "the changes), %llu unknown outcomes retried",
+        n_all, n_blocks, (unsigned long long)during,
+        (unsigned long long)(ld[0].unknown + ld[1].unknown));
+    free(all);
+    free(blocks);
+}
+
 Test(resize,
      three_to_five_to_three_under_load,
      .fini = teardown,
@@ -256,53 +309,134 @@ Test(resize,
     cr_assert_gt(during, 50, "too little load during the changes (%llu)",
                  (unsigned long long)during);
 
-    /* Every acknowledged tag still holds its id; no id was acknowledged
-     * to two tags; no two acknowledged blocks overlap. */
-    uint64_t *all = calloc(2 * TAGS_MAX, sizeof(uint64_t));
-    uint64_t *blocks = calloc(2 * BLOCKS_MAX, sizeof(uint64_t));
-    cr_assert(all != NULL && blocks != NULL);
-    size_t n_all = 0, n_blocks = 0;
-    char tag[32];
+    check_acked(op, ld, during);
     for (int i = 0; i < 2; i++) {
-        for (size_t k = 0; k < ld[i].tags; k++) {
-            if (ld[i].ids[k] == 0) {
-                continue;
+        idalloc_client_free(ld[i].cl);
+    }
+    idalloc_client_free(op);
+}
+
+/* A client of nodes @from..@to (1-based) only. */
+static struct idalloc_client *client_of(int from, int to)
+{
+    char addrs[256] = "";
+    for (int i = from; i <= to; i++) {
+        char a[48];
+        snprintf(a, sizeof(a), "%s%s", i > from ? "," : "",
+                 c.cfg.nodes[i - 1].client.text);
+        strcat(addrs, a);
+    }
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = addrs;
+    o.call_timeout_ms = 5000;
+    o.attempt_timeout_ms = 500;
+    struct idalloc_client *cl;
+    char err[IDALLOC_ERRMSG_MAX];
+    cr_assert_eq(idalloc_client_new(&o, &cl, err), 0, "%s", err);
+    return cl;
+}
+
+/* Nodes with new ids and addresses (README, Runbook, "Add nodes with new
+ * ids or addresses"): a cluster created by a 3-node file; nodes 4 and 5
+ * start on addresses it does not name, with a file that adds their lines;
+ * nodes 1-3 are restarted one at a time with that file (writes go on);
+ * 4 and 5 become voters; 1 and 2 are removed and killed. Clients given
+ * only the first three nodes' addresses keep working throughout. */
+Test(resize,
+     new_ids_and_addresses_by_extending_the_cluster_file,
+     .fini = teardown,
+     .timeout = 400)
+{
+    tc_setup(&c, 5, NULL); /* c.conf: the extended file, nodes 1-5 */
+    char old[300], out[4096];
+    snprintf(old, sizeof(old), "%s/old.conf", c.dir);
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "grep -v '^node [45] ' %s > %s && grep -c '^node' %s",
+                        c.conf, old, old),
+                 0);
+    cr_assert_str_eq(out, "3\n");
+    for (int i = 0; i < 3; i++) {
+        snprintf(c.node_conf[i], sizeof(c.node_conf[i]), "%s", old);
+        tc_spawn(&c, i);
+    }
+    cr_assert_geq(tc_wait_leader(&c, 30000), 0, "no leader");
+    struct idalloc_client *op = client_of(1, 3);
+    cr_assert_eq(
+        idalloc_pool_create(op, "b", IDALLOC_POOL_BOUNDED, 1000000, NULL), 0,
+        "%s", idalloc_last_error());
+    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL),
+                 0, "%s", idalloc_last_error());
+    cr_assert_eq(count_voters(op), 3);
+
+    static struct load ld[2];
+    atomic_int stop = 0;
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&ld[i], 0, sizeof(ld[i]));
+        ld[i].no = i;
+        ld[i].stop = &stop;
+        ld[i].cl = client_of(1, 3);
+        cr_assert_eq(pthread_create(&th[i], NULL, load_main, &ld[i]), 0);
+    }
+    tc_sleep_ms(500);
+    uint64_t acked0 = ld[0].acked + ld[1].acked;
+
+    /* The new machines start with the extended file: the old nodes do not
+     * know them yet, so they wait. */
+    tc_spawn(&c, 3);
+    tc_spawn(&c, 4);
+    tc_sleep_ms(1000);
+    cr_assert_eq(count_voters(op), 3);
+
+    /* Rolling restart of the old nodes with the extended file. */
+    for (int i = 0; i < 3; i++) {
+        tc_signal(&c, i, SIGTERM);
+        c.node_conf[i][0] = '\0';
+        tc_spawn(&c, i);
+        /* (tc_wait_leader would also wait for 4 and 5, still outside.) */
+        int led = 0;
+        for (uint64_t end = tc_now_ms() + 30000; tc_now_ms() < end && !led;) {
+            struct idalloc_member_list ml;
+            led = idalloc_member_list(op, &ml) == 0 && ml.leader_id != 0;
+            if (!led) {
+                tc_sleep_ms(200);
             }
-            snprintf(tag, sizeof(tag), "w%d-%zu", i, k);
-            uint64_t got = 0;
-            int rv = -1;
-            for (int t = 0; t < 20 && rv != 0; t++) {
-                rv = idalloc_lookup(op, "b", tag, &got);
-            }
-            cr_assert_eq(rv, 0, "lookup %s: %s", tag, idalloc_last_error());
-            cr_assert_eq(got, ld[i].ids[k] - 1,
-                         "tag %s was acknowledged id %llu, holds %llu", tag,
-                         (unsigned long long)(ld[i].ids[k] - 1),
-                         (unsigned long long)got);
-            all[n_all++] = got;
         }
-        for (size_t b = 0; b < ld[i].blocks; b++) {
-            blocks[n_blocks++] = ld[i].first[b];
-        }
+        cr_assert(led, "no leader after restarting node %d", i + 1);
     }
-    qsort(all, n_all, sizeof(uint64_t), cmp_u64);
-    for (size_t k = 1; k < n_all; k++) {
-        cr_assert_neq(all[k], all[k - 1], "id %llu acknowledged to two tags",
-                      (unsigned long long)all[k]);
+
+    /* 3 -> 5: added (auto_rejoin on promotes them once caught up). */
+    change(op, IDALLOC_MEMBER_ADD, 4);
+    wait_voter(op, 4, 1);
+    change(op, IDALLOC_MEMBER_ADD, 5);
+    wait_voter(op, 5, 1);
+    cr_assert_eq(count_voters(op), 5);
+
+    /* 5 -> 3: nodes 1 and 2 leave and stop; the clients, given only the
+     * addresses of 1-3, go on with 3, 4 and 5. */
+    change(op, IDALLOC_MEMBER_REMOVE, 1);
+    wait_voter(op, 1, 0);
+    change(op, IDALLOC_MEMBER_REMOVE, 2);
+    wait_voter(op, 2, 0);
+    cr_assert_eq(count_voters(op), 3);
+    tc_signal(&c, 0, SIGKILL);
+    tc_signal(&c, 1, SIGKILL);
+    uint64_t before = ld[0].acked + ld[1].acked;
+    for (uint64_t end = tc_now_ms() + 30000;
+         tc_now_ms() < end && (ld[0].acked + ld[1].acked) < before + 40;) {
+        tc_sleep_ms(100);
     }
-    qsort(blocks, n_blocks, sizeof(uint64_t), cmp_u64);
-    for (size_t k = 1; k < n_blocks; k++) {
-        cr_assert_geq(
-            blocks[k], blocks[k - 1] + 10, "blocks at %llu and %llu overlap",
-            (unsigned long long)blocks[k - 1], (unsigned long long)blocks[k]);
+    atomic_store(&stop, 1);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
     }
-    cr_log_info(
-        "resize: %zu tags and %zu blocks acknowledged (%llu during "
-        "the changes), %llu unknown outcomes retried",
-        n_all, n_blocks, (unsigned long long)during,
-        (unsigned long long)(ld[0].unknown + ld[1].unknown));
-    free(all);
-    free(blocks);
+    cr_assert_geq(ld[0].acked + ld[1].acked, before + 40,
+                  "writes stopped once nodes 1 and 2 were gone");
+    uint64_t during = before - acked0;
+    cr_assert_gt(during, 50, "too little load during the changes (%llu)",
+                 (unsigned long long)during);
+    check_acked(op, ld, during);
     for (int i = 0; i < 2; i++) {
         idalloc_client_free(ld[i].cl);
     }
