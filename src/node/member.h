@@ -36,8 +36,11 @@
  * operator would make, each a single-server change; nothing else ever
  * admits a new incarnation.
  *
- * Addresses of members come from the cluster file (membership changes to
- * new addresses or new ids are not supported yet).
+ * Addresses of members come from the cluster file: a node with a new id or
+ * address needs its line in the file of every node (README, Runbook: a
+ * longer file and a rolling restart, then member add). The file's node
+ * lines are otherwise only the first membership; node_members_track() logs
+ * each membership in effect that differs from them.
  */
 #ifndef IDA_NODE_MEMBER_H
 #define IDA_NODE_MEMBER_H
