@@ -28,7 +28,7 @@ static int usage(void)
     fprintf(stderr,
             "usage: sim --seeds N --start S --mode safety|liveness "
             "--nodes 3|5 [--trace] [--duration MS] [--bugs MASK] "
-            "[--no-wipe] [--rollback]\n");
+            "[--no-wipe] [--rollback] [--client-checks-only]\n");
     return 2;
 }
 
