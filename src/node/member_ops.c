@@ -45,7 +45,7 @@ static bool same_ids(const struct ida_raft_conf *a,
     return true;
 }
 
-static size_t ids_text(char *buf, size_t cap, const ida_node_id *ids, size_t n)
+static void ids_text(char *buf, size_t cap, const ida_node_id *ids, size_t n)
 {
     size_t len = 0;
     buf[0] = '\0';
@@ -56,7 +56,6 @@ static size_t ids_text(char *buf, size_t cap, const ida_node_id *ids, size_t n)
     if (n == 0) {
         snprintf(buf, cap, "none");
     }
-    return len;
 }
 
 /* Log once per membership that is not exactly the cluster file's nodes
