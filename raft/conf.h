@@ -26,6 +26,14 @@ struct ida_raft_conf
     /* Each member's incarnation (raft/admission.h), 0: not bound. */
     uint64_t voter_inc[IDA_RAFT_NODES_MAX];
     uint64_t learner_inc[IDA_RAFT_NODES_MAX];
+    /* Nodes an operator removed, with the incarnation each had: the
+     * application's record, carried with the membership so that it is as
+     * durable and replicated as the membership itself (the node does not
+     * re-admit them on its own: src/node/member.h). The core copies it and
+     * never looks at it. */
+    ida_node_id removed[IDA_RAFT_NODES_MAX];
+    uint64_t removed_inc[IDA_RAFT_NODES_MAX];
+    size_t n_removed;
 };
 
 /* 0 if @c is a valid membership: 1..IDA_RAFT_NODES_MAX voters, at most

@@ -250,6 +250,16 @@ static void conf_pb_free(void *data, void *p)
 static ProtobufCAllocator conf_pb_allocator = {conf_pb_alloc, conf_pb_free,
                                                NULL};
 
+int node_conf_removed_slot(const struct ida_raft_conf *c, ida_node_id id)
+{
+    for (size_t i = 0; i < c->n_removed; i++) {
+        if (c->removed[i] == id) {
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
 int node_conf_decode(const uint8_t *data, size_t len, struct ida_raft_conf *out)
 {
     Idalloc__ClusterConfig *cc =
@@ -276,6 +286,18 @@ int node_conf_decode(const uint8_t *data, size_t len, struct ida_raft_conf *out)
             rv = IDA_EPROTO;
         }
     }
+    for (size_t i = 0; i < cc->n_removed && rv == 0; i++) {
+        const Idalloc__Member *m = cc->removed[i];
+        if (m->id == 0 || c.n_removed >= IDA_RAFT_NODES_MAX ||
+            ida_raft_conf_slot(&c, m->id) >= 0 ||
+            ida_raft_conf_learner_slot(&c, m->id) >= 0 ||
+            node_conf_removed_slot(&c, m->id) >= 0) {
+            rv = IDA_EPROTO; /* a removed node is not a member, once */
+        } else {
+            c.removed_inc[c.n_removed] = m->incarnation;
+            c.removed[c.n_removed++] = m->id;
+        }
+    }
     idalloc__cluster_config__free_unpacked(cc, &conf_pb_allocator);
     if (rv == 0 && c.n == 0) {
         rv = IDA_EPROTO;
@@ -287,7 +309,8 @@ int node_conf_decode(const uint8_t *data, size_t len, struct ida_raft_conf *out)
 }
 
 /* The members of @c as protobuf (pointing into @ms, @mp and @file), with
- * the addresses of @file (NULL: none). */
+ * the addresses of @file (NULL: none); the removed nodes follow the
+ * members in @ms and @mp. */
 static void conf_pb(const struct ida_config *file,
                     const struct ida_raft_conf *c,
                     Idalloc__Member *ms,
@@ -317,6 +340,16 @@ static void conf_pb(const struct ida_config *file,
     }
     cc->n_members = k;
     cc->members = mp;
+    size_t r = 0;
+    for (size_t i = 0; i < c->n_removed && i < IDA_RAFT_NODES_MAX; i++) {
+        idalloc__member__init(&ms[k + r]);
+        ms[k + r].id = c->removed[i];
+        ms[k + r].incarnation = c->removed_inc[i];
+        mp[k + r] = &ms[k + r];
+        r++;
+    }
+    cc->n_removed = r;
+    cc->removed = r > 0 ? mp + k : NULL;
 }
 
 int node_conf_encode(const struct ida_raft_conf *c,
@@ -324,8 +357,8 @@ int node_conf_encode(const struct ida_raft_conf *c,
                      size_t cap,
                      size_t *len)
 {
-    Idalloc__Member ms[2 * IDA_RAFT_NODES_MAX];
-    Idalloc__Member *mp[2 * IDA_RAFT_NODES_MAX];
+    Idalloc__Member ms[3 * IDA_RAFT_NODES_MAX];
+    Idalloc__Member *mp[3 * IDA_RAFT_NODES_MAX];
     Idalloc__ClusterConfig cc;
     conf_pb(NULL, c, ms, mp, &cc);
     size_t need = idalloc__cluster_config__get_packed_size(&cc);
@@ -341,8 +374,8 @@ int node_conf_encode_full(const struct ida_config *file,
                           uint8_t **out,
                           size_t *len)
 {
-    Idalloc__Member ms[2 * IDA_RAFT_NODES_MAX];
-    Idalloc__Member *mp[2 * IDA_RAFT_NODES_MAX];
+    Idalloc__Member ms[3 * IDA_RAFT_NODES_MAX];
+    Idalloc__Member *mp[3 * IDA_RAFT_NODES_MAX];
     Idalloc__ClusterConfig cc;
     conf_pb(file, c, ms, mp, &cc);
     *len = idalloc__cluster_config__get_packed_size(&cc);

@@ -41,14 +41,19 @@ int node_pb_to_raft(const Idalloc__PeerMessage *pb,
                     struct ida_entry **entries);
 
 /* Decode an encoded idalloc.ClusterConfig into @out (in the encoded order):
- * members with `voter` set are voters, the others learners; addresses are
- * the node's business and are skipped. The node hands this to the core as
- * ida_raft_config.conf_decode. Returns 0, IDA_EPROTO (malformed, id 0,
+ * members with `voter` set are voters, the others learners; `removed`
+ * gives out->removed (an id there must not be a member nor repeat);
+ * addresses are the node's business and are skipped. The node hands this to the
+ * core as ida_raft_config.conf_decode. Returns 0, IDA_EPROTO (malformed, id 0,
  * duplicate ids, no voter, more than IDA_RAFT_NODES_MAX voters or
  * learners); on error @out is unchanged. */
 int node_conf_decode(const uint8_t *data,
                      size_t len,
                      struct ida_raft_conf *out);
+
+/* The slot of @id among the nodes an operator removed (c->removed), -1 if
+ * it is not there. */
+int node_conf_removed_slot(const struct ida_raft_conf *c, ida_node_id id);
 
 /* Encode @c as an idalloc.ClusterConfig without addresses into
  * @buf (capacity @cap); *@len gets the size. For tests and tools; the node

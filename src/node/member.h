@@ -36,8 +36,11 @@
  * operator would make, each a single-server change; nothing else ever
  * admits a new incarnation.
  *
- * Addresses of members come from the cluster file (membership changes to
- * new addresses or new ids are not supported yet).
+ * Addresses of members come from the cluster file: a node with a new id or
+ * address needs its line in the file of every node (README, Runbook: a
+ * longer file and a rolling restart, then member add). The file's node
+ * lines are otherwise only the first membership; node_members_track() logs
+ * each membership in effect that differs from them.
  */
 #ifndef IDA_NODE_MEMBER_H
 #define IDA_NODE_MEMBER_H
@@ -74,6 +77,10 @@ struct node_members
      * and the last one a membership in effect here bound it to. */
     uint64_t announced[IDA_CONFIG_NODES_MAX];
     uint64_t last_bound[IDA_CONFIG_NODES_MAX];
+    /* The member ids last compared with the cluster file (one log line
+     * per membership that differs from it). */
+    bool compared;
+    struct ida_raft_conf compared_conf;
     /* The one membership change or transfer a client waits for. */
     struct
     {
@@ -150,12 +157,16 @@ int node_rejoin_step(struct node_members *m,
  * answered when this node is no longer leader (and knows the new one), or
  * IDA_EREFUSED when it still leads after three election timeouts.
  *
- * A node removed by an operator keeps its incarnation; note_incarnation
- * does not re-admit a non-member that speaks with the incarnation a
- * membership seen here last bound it to (node_members_may_readmit()).
- * That memory is not durable: a leader that never saw the node in a
- * membership since it started (it restarted after the removal) takes it
- * for a replaced disk and, with auto_rejoin on, re-admits it. */
+ * A node removed by an operator is recorded in the membership that removes
+ * it (ida_raft_conf.removed, ClusterConfig.removed: id and incarnation),
+ * and every later membership derived from the one in effect carries the
+ * record along, so it is exactly as durable and replicated as the
+ * membership: a leader elected later, or restarted since, still knows it.
+ * note_incarnation never re-admits a node in that record, whatever
+ * incarnation it speaks with (node_members_may_readmit()); only an
+ * operator's `member add` takes it out of the record (in the same change
+ * that adds it back as a learner). A re-admission the leader does on its
+ * own (a replaced disk) is not an operator's removal and records nothing. */
 
 /* Every peer message: node @id spoke with incarnation @inc. */
 void node_members_heard(struct node_members *m,
@@ -164,15 +175,21 @@ void node_members_heard(struct node_members *m,
                         uint64_t inc);
 
 /* Each round: track the membership in effect; with auto_rejoin, pick a
- * learner to promote. */
+ * learner to promote. Each membership in effect whose members are not
+ * exactly the cluster file's nodes is logged once (INFO, "membership in
+ * effect ... differs from the cluster file"): the file's node lines are
+ * only the first membership, the membership lives in the log. */
 void node_members_track(struct node_members *m,
                         const struct ida_node *n,
                         const struct ida_raft *r);
 
-/* Whether @id is a cluster-file node that was not removed by an operator
- * with this incarnation (note_incarnation may re-admit it on its own). */
+/* Whether @id is a cluster-file node that an operator did not remove
+ * (note_incarnation may re-admit it on its own): not in the removed record
+ * of the membership in effect @c, nor bound to @inc by a membership seen
+ * here since this process started. */
 bool node_members_may_readmit(const struct node_members *m,
                               const struct ida_node *n,
+                              const struct ida_raft_conf *c,
                               ida_node_id id,
                               uint64_t inc);
 

@@ -26,11 +26,78 @@ void node_members_heard(struct node_members *m,
     }
 }
 
+static bool same_ids(const struct ida_raft_conf *a,
+                     const struct ida_raft_conf *b)
+{
+    if (a->n != b->n || a->n_learners != b->n_learners) {
+        return false;
+    }
+    for (size_t i = 0; i < a->n; i++) {
+        if (ida_raft_conf_slot(b, a->voters[i]) < 0) {
+            return false;
+        }
+    }
+    for (size_t i = 0; i < a->n_learners; i++) {
+        if (ida_raft_conf_learner_slot(b, a->learners[i]) < 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void ids_text(char *buf, size_t cap, const ida_node_id *ids, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && len + 12 < cap; i++) {
+        len += (size_t)snprintf(buf + len, cap - len, "%s%u", i ? ", " : "",
+                                ids[i]);
+    }
+    if (n == 0) {
+        snprintf(buf, cap, "none");
+    }
+}
+
+/* Log once per membership that is not exactly the cluster file's nodes
+ * as voters (member.h). */
+static void compare_with_file(struct node_members *m,
+                              const struct ida_node *n,
+                              const struct ida_raft_conf *c)
+{
+    if (m->compared && same_ids(c, &m->compared_conf)) {
+        return;
+    }
+    m->compared = true;
+    m->compared_conf = *c;
+    bool same = c->n_learners == 0 && c->n == n->cfg.node_count;
+    for (unsigned i = 0; i < n->cfg.node_count && same; i++) {
+        same = ida_raft_conf_slot(c, n->cfg.nodes[i].id) >= 0;
+    }
+    if (same) {
+        return;
+    }
+    char v[96], l[96], f[96];
+    ida_node_id file_ids[IDA_CONFIG_NODES_MAX];
+    for (unsigned i = 0; i < n->cfg.node_count; i++) {
+        file_ids[i] = n->cfg.nodes[i].id;
+    }
+    ids_text(v, sizeof(v), c->voters, c->n);
+    ids_text(l, sizeof(l), c->learners, c->n_learners);
+    ids_text(f, sizeof(f), file_ids, n->cfg.node_count);
+    IDA_INFO(
+        "membership: the membership in effect (voters %s; learners %s) "
+        "differs from the cluster file's nodes (%s): the file's node lines "
+        "are only the first membership; changes are made with idalloc "
+        "member (see idalloc member list)",
+        v, l, f);
+}
+
 void node_members_track(struct node_members *m,
                         const struct ida_node *n,
                         const struct ida_raft *r)
 {
     const struct ida_raft_conf *c = ida_raft_voters(r);
+    compare_with_file(m, n, c);
     for (size_t k = 0; k < c->n + c->n_learners; k++) {
         bool v = k < c->n;
         ida_node_id id = v ? c->voters[k] : c->learners[k - c->n];
@@ -51,11 +118,13 @@ void node_members_track(struct node_members *m,
 
 bool node_members_may_readmit(const struct node_members *m,
                               const struct ida_node *n,
+                              const struct ida_raft_conf *c,
                               ida_node_id id,
                               uint64_t inc)
 {
     int i = node_file_index(n, id);
-    return i >= 0 && m->last_bound[i] != inc;
+    return i >= 0 && m->last_bound[i] != inc &&
+           node_conf_removed_slot(c, id) < 0;
 }
 
 /* --- answers --------------------------------------------------------------
@@ -350,6 +419,14 @@ static void change(struct node_members *m,
         } else {
             drop(c.learners, c.learner_inc, &c.n_learners, ls);
         }
+        /* Recorded with the membership (member.h): no leader re-admits it
+         * on its own, now or after a restart. The oldest record gives way
+         * when the record is full. */
+        if (c.n_removed == IDA_RAFT_NODES_MAX) {
+            drop(c.removed, c.removed_inc, &c.n_removed, 0);
+        }
+        c.removed[c.n_removed] = id;
+        c.removed_inc[c.n_removed++] = bound;
         propose(m, n, r, conn, seq, what, id, bound, &c);
         return;
     }
@@ -381,6 +458,10 @@ static void change(struct node_members *m,
         }
         c.learners[c.n_learners] = id;
         c.learner_inc[c.n_learners++] = heard;
+        int rs = node_conf_removed_slot(&c, id);
+        if (rs >= 0) {
+            drop(c.removed, c.removed_inc, &c.n_removed, rs);
+        }
         propose(m, n, r, conn, seq, what, id, heard, &c);
         return;
     }

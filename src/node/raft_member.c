@@ -68,8 +68,8 @@ void ida__rp_note_incarnation(struct raft_proc *rp, unsigned id, uint64_t inc)
         return;
     }
     if (!member && rp->mem.rejoin_id != id &&
-        !node_members_may_readmit(&rp->mem, rp->node, id, inc)) {
-        return; /* not in the file, or removed with this incarnation */
+        !node_members_may_readmit(&rp->mem, rp->node, c, id, inc)) {
+        return; /* not in the file, or removed by an operator */
     }
     if (rp->mem.warned_id != id || rp->mem.warned_inc != inc) {
         rp->mem.warned_id = id;

@@ -318,3 +318,77 @@ Test(member, wiped_node_readmitted_by_hand, .fini = teardown, .timeout = 180)
     }
     idalloc_client_free(cl);
 }
+
+/* An operator's removal is part of the membership (src/node/member.h): a
+ * removed node is not re-admitted by a leader that was restarted since
+ * (auto_rejoin on), whatever data directory it comes back with, until the
+ * operator adds it back. */
+Test(member,
+     removal_survives_a_restart_of_the_others,
+     .fini = teardown,
+     .timeout = 180)
+{
+    tc_start(&c, 3, NULL);
+    cr_assert_geq(tc_wait_leader(&c, 20000), 0, "no leader");
+    struct idalloc_client *cl = tc_client(&c, 10000);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL),
+                 0, "%s", idalloc_last_error());
+    uint64_t a;
+    cr_assert_eq(idalloc_alloc(cl, "b", "a", &a, NULL), 0);
+    int lead = leader_of(cl);
+    cr_assert_geq(lead, 0);
+    int f = (lead + 1) % 3; /* removed; keeps running */
+    int g = (lead + 2) % 3;
+    int changed = 0;
+    cr_assert_eq(idalloc_member_change(cl, IDALLOC_MEMBER_REMOVE,
+                                       (unsigned)f + 1, &changed),
+                 0, "remove: %s", idalloc_last_error());
+    cr_assert_eq(changed, 1); /* committed: durable on both voters left */
+
+    /* Both members restart: neither remembers anything of the removal but
+     * what their data directories hold. The removed node's disk is replaced
+     * meanwhile: it comes back as a new incarnation, learns the membership
+     * from the leader and asks to be let in, as a replaced disk does (which
+     * a leader re-admits by itself, auto_rejoin on). */
+    tc_signal(&c, lead, SIGKILL);
+    tc_signal(&c, g, SIGKILL);
+    tc_signal(&c, f, SIGKILL);
+    char out[4096];
+    cr_assert_eq(
+        tc_run(out, sizeof(out), "rm -rf %s/data/node%d", c.dir, f + 1), 0);
+    tc_spawn(&c, lead);
+    tc_spawn(&c, g);
+    tc_spawn(&c, f);
+    idalloc_client_free(cl);
+    cl = tc_client(&c, 10000);
+
+    /* The new leader hears the removed node (listed as waiting) and does
+     * not re-admit it. */
+    int waiting = 0;
+    for (uint64_t end = tc_now_ms() + 30000; tc_now_ms() < end && !waiting;) {
+        waiting = cli_lists("waiting", f + 1, out, sizeof(out));
+        if (!waiting) {
+            tc_sleep_ms(300);
+        }
+    }
+    cr_assert(waiting, "the removed node is not listed as waiting:\n%s", out);
+    tc_sleep_ms(3000);
+    struct idalloc_member_list l;
+    cr_assert_eq(list_members(cl, &l, 10000), 0);
+    cr_assert_eq(count_voters(&l), 2, "the removed node came back by itself");
+    cr_assert_null(find(&l, (unsigned)f + 1, 0),
+                   "the removed node is a member again");
+    uint64_t got;
+    cr_assert_eq(idalloc_lookup(cl, "b", "a", &got), 0, "%s",
+                 idalloc_last_error());
+    cr_assert_eq(got, a);
+
+    /* The operator adds it back: the record goes, it is promoted (auto). */
+    cr_assert_eq(idalloc_member_change(cl, IDALLOC_MEMBER_ADD, (unsigned)f + 1,
+                                       &changed),
+                 0, "add: %s", idalloc_last_error());
+    cr_assert_eq(changed, 1);
+    cr_assert(wait_voter(cl, (unsigned)f + 1, 1, 30000),
+              "the node added back was not promoted");
+    idalloc_client_free(cl);
+}

@@ -1,5 +1,6 @@
 /* Conversions of src/node/convert.c that need no network: state machine
- * results to the CommandResult of a client reply. */
+ * results to the CommandResult of a client reply, memberships to and from
+ * ClusterConfig. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -47,4 +48,60 @@ Test(convert, result_to_pb_roundtrips_through_protobuf)
     cr_assert_str_eq(m->error_msg, r.error_msg);
     cr_assert_eq(m->result_case, IDALLOC__COMMAND_RESULT__RESULT__NOT_SET);
     idalloc__command_result__free_unpacked(m, NULL);
+}
+
+/* The operator's removal record travels with the membership
+ * (ClusterConfig.removed, src/node/member.h) and is checked like the
+ * members: a removed id that is also a member, or listed twice, is
+ * malformed. */
+Test(convert, membership_removed_record_round_trips_and_is_checked)
+{
+    struct ida_raft_conf c = {.n = 2};
+    c.voters[0] = 1;
+    c.voter_inc[0] = 11;
+    c.voters[1] = 2;
+    c.voter_inc[1] = 22;
+    c.n_learners = 1;
+    c.learners[0] = 4;
+    c.learner_inc[0] = 44;
+    c.n_removed = 2;
+    c.removed[0] = 3;
+    c.removed_inc[0] = 33;
+    c.removed[1] = 5;
+    c.removed_inc[1] = 55;
+    uint8_t buf[512];
+    size_t len;
+    cr_assert_eq(node_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    struct ida_raft_conf d;
+    memset(&d, 0xAB, sizeof(d));
+    cr_assert_eq(node_conf_decode(buf, len, &d), 0);
+    cr_assert_eq(d.n, 2);
+    cr_assert_eq(d.n_learners, 1);
+    cr_assert_eq(d.n_removed, 2);
+    cr_assert_eq(d.removed[0], 3);
+    cr_assert_eq(d.removed_inc[0], 33);
+    cr_assert_eq(d.removed[1], 5);
+    cr_assert_eq(d.removed_inc[1], 55);
+    cr_assert_eq(node_conf_removed_slot(&d, 5), 1);
+    cr_assert_eq(node_conf_removed_slot(&d, 1), -1);
+
+    /* Without a record (every membership written before it existed). */
+    c.n_removed = 0;
+    cr_assert_eq(node_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    cr_assert_eq(node_conf_decode(buf, len, &d), 0);
+    cr_assert_eq(d.n_removed, 0);
+
+    /* A removed id that is a member, or one listed twice: refused, and
+     * the output is untouched. */
+    struct ida_raft_conf before = d;
+    c.n_removed = 1;
+    c.removed[0] = 4; /* the learner */
+    cr_assert_eq(node_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    cr_assert_eq(node_conf_decode(buf, len, &d), IDA_EPROTO);
+    c.n_removed = 2;
+    c.removed[0] = 3;
+    c.removed[1] = 3;
+    cr_assert_eq(node_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    cr_assert_eq(node_conf_decode(buf, len, &d), IDA_EPROTO);
+    cr_assert_eq(memcmp(&before, &d, sizeof(d)), 0);
 }

@@ -5,15 +5,14 @@
  * behind a simulated network (per-link delay, loss, duplication, reordering,
  * partitions) and a simulated disk (a durable image plus written-but-unsynced
  * batches; a crash drops all or a random suffix of the unsynced ones; a
- * restart rebuilds the node from the durable image only). Clients propose
- * commands to a test state machine (a counter that hands out ids, with a
- * session table so a retried request gets its first answer) and issue
- * ReadIndex reads.
+ * restart rebuilds the node from the durable image only). Every node runs
+ * the real allocator state machine (fsm/): clients send pool creates,
+ * tagged allocs and frees, reserves and prefix allocs as CommandBatch
+ * entries, with their (client_id, request_seq) sessions, and lookups as
+ * ReadIndex reads; snapshots are the allocator's FsmState bytes.
  *
- * Invariants are checked after every event (see sim.c, "checks"). The test
- * state machine is one small section of sim.c (fsm_apply, a snapshot that is
- * the struct's bytes, restore_fsm): the seam where the real allocator (fsm/)
- * plugs in once it exists.
+ * Invariants are checked after every event (see sim.c, "checks"; the
+ * allocator's own in tests/sim/sim_alloc.c).
  */
 #ifndef IDA_SIM_H
 #define IDA_SIM_H
@@ -42,15 +41,22 @@ struct sim_opts
      * part of the safety runs. */
     bool no_wipe;
     bool rollback;
+    /* Negative controls of the allocator checks only: the Raft-level
+     * checks (election safety, log matching, leader completeness, commit
+     * durability, replicas' states) are off, so a broken core can only be
+     * caught by what the clients were answered (tests/sim/sim_alloc.c). */
+    bool client_checks_only;
 };
 
 struct sim_result
 {
     bool ok;
-    char violation[512]; /* what broke, when !ok */
-    uint64_t trace_hash; /* over every event: same seed, same hash */
+    char violation[512];  /* what broke, when !ok */
+    bool alloc_violation; /* found by the allocator checks (sim_alloc.c) */
+    uint64_t trace_hash;  /* over every event: same seed, same hash */
     uint64_t events;
     uint64_t acked;     /* client requests answered */
+    uint64_t ids_acked; /* bounded ids, sequence ids and prefixes acked */
     uint64_t reads;     /* linearizable reads answered */
     uint64_t elections; /* terms that had a leader */
     uint64_t crashes;

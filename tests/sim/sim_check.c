@@ -16,13 +16,15 @@
 static bool glob_reserve(struct sim *s, size_t need)
 {
     size_t c1 = s->glob_cap, c2 = s->glob_cap, c3 = s->glob_cap;
+    size_t c4 = s->glob_cap;
     s->glob_term = sim__grow(s, s->glob_term, &c1, need + 1, sizeof(ida_term));
     s->glob_hash = sim__grow(s, s->glob_hash, &c2, need + 1, sizeof(uint64_t));
-    s->glob_counter =
-        sim__grow(s, s->glob_counter, &c3, need + 1, sizeof(uint64_t));
+    s->glob_chain =
+        sim__grow(s, s->glob_chain, &c3, need + 1, sizeof(uint64_t));
+    s->glob_snap = sim__grow(s, s->glob_snap, &c4, need + 1, sizeof(uint64_t));
     s->glob_cap = c1;
     return s->glob_term != NULL && s->glob_hash != NULL &&
-           s->glob_counter != NULL;
+           s->glob_chain != NULL && s->glob_snap != NULL;
 }
 
 void sim__lm_check(struct sim *s, struct node *nd, const struct ida_entry *e)

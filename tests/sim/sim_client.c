@@ -13,30 +13,14 @@
 #include "raft/raft.h"
 #include "tests/sim/sim_internal.h"
 
-static void ids_mark(struct sim *s, uint64_t id, int client, uint64_t seq)
-{
-    size_t word = (size_t)(id / 64);
-    size_t cap = s->ids_cap;
-    s->ids_seen = sim__grow(s, s->ids_seen, &cap, word + 1, sizeof(uint64_t));
-    s->ids_cap = cap;
-    if (s->ids_seen == NULL) {
-        return;
-    }
-    if (s->ids_seen[word] & (1ULL << (id % 64))) {
-        sim__violation(
-            s, "id %" PRIu64 " handed out twice (client %d seq %" PRIu64 ")",
-            id, client, seq);
-    }
-    s->ids_seen[word] |= 1ULL << (id % 64);
-}
-
-void sim__client_answer(struct sim *s, int ci, uint64_t seq, uint64_t id)
+void sim__client_answer(struct sim *s,
+                        int ci,
+                        uint64_t seq,
+                        const struct ida_fsm_result *res)
 {
     struct client *c = &s->clients[ci];
-    sim__hash_in(s, 2, (uint64_t)ci, seq, id);
-    if (id == 0) {
-        return; /* the session moved past this retry */
-    }
+    uint64_t h = sim__result_hash(res);
+    sim__hash_in(s, 2, (uint64_t)ci, seq, h);
     size_t cap = c->cap_answers;
     c->answers =
         sim__grow(s, c->answers, &cap, (size_t)seq + 1, sizeof(uint64_t));
@@ -45,29 +29,26 @@ void sim__client_answer(struct sim *s, int ci, uint64_t seq, uint64_t id)
         return;
     }
     if (c->answers[seq] != 0) {
-        if (c->answers[seq] != id) {
-            sim__violation(s,
-                           "client %d seq %" PRIu64 " answered %" PRIu64
-                           " then %" PRIu64,
-                           ci, seq, c->answers[seq], id);
+        if (c->answers[seq] != h) {
+            sim__violation(
+                s, "client %d seq %" PRIu64 " answered twice, differently (%s)",
+                ci, seq, idalloc_errname(res->error));
         }
         return;
     }
     if (!c->busy || c->is_read || c->seq != seq) {
         return; /* a late answer to an abandoned request: keep nothing */
     }
-    c->answers[seq] = id;
-    ids_mark(s, id, ci, seq);
-    if (id > s->max_acked_id) {
-        s->max_acked_id = id;
-    }
+    c->answers[seq] = h;
+    sim__alloc_acked(s, ci, seq, &c->req, res);
     c->busy = false;
     c->next_at = s->now + sim__below(&s->rng, 30);
     if (c->sent_at >= s->healed_at) {
         c->done_after_heal = true;
     }
     s->res->acked++;
-    sim__tracef(s, "client %d seq %" PRIu64 " acked id %" PRIu64, ci, seq, id);
+    sim__tracef(s, "client %d seq %" PRIu64 " acked: %s id %" PRIu64, ci, seq,
+                res->error ? idalloc_errname(res->error) : "ok", res->id);
 }
 
 void sim__client_retry(struct sim *s, int ci, ida_node_id hint)
@@ -81,19 +62,18 @@ void sim__client_retry(struct sim *s, int ci, ida_node_id hint)
     c->next_at = s->now + 5 + sim__below(&s->rng, 20);
 }
 
-void sim__client_read_answer(struct sim *s, int ci, uint64_t ctx, uint64_t v)
+void sim__client_read_answer(struct sim *s,
+                             int ci,
+                             uint64_t ctx,
+                             int rv,
+                             uint64_t id)
 {
     struct client *c = &s->clients[ci];
     if (!c->busy || !c->is_read || c->seq != ctx) {
         return;
     }
-    sim__hash_in(s, 3, (uint64_t)ci, ctx, v);
-    if (v < c->read_floor) {
-        sim__violation(s,
-                       "client %d read %" PRIu64 " sees counter %" PRIu64
-                       " but id %" PRIu64 " was acked before it started",
-                       ci, ctx, v, c->read_floor);
-    }
+    sim__hash_in(s, 3, (uint64_t)ci, ctx, (uint64_t)rv * 1000003 + id);
+    sim__alloc_read(s, ci, ctx, &c->req, rv, id);
     c->busy = false;
     c->next_at = s->now + sim__below(&s->rng, 30);
     if (c->sent_at >= s->healed_at) {
@@ -106,10 +86,10 @@ static void client_send(struct sim *s, int ci)
 {
     struct client *c = &s->clients[ci];
     if (!c->busy) {
+        sim__alloc_next_req(s, ci, &c->req);
         c->busy = true;
         c->seq++;
-        c->is_read = sim__chance(&s->rng, 20);
-        c->read_floor = s->max_acked_id;
+        c->is_read = c->req.op == SIM_OP_LOOKUP;
         c->sent_at = s->now;
     }
     c->timeout_at = s->now + CLIENT_TIMEOUT_MS;
@@ -132,14 +112,17 @@ static void client_send(struct sim *s, int ci)
             nd->reads[nd->n_reads++] = (struct pread){ci, ctx, 0};
         }
     } else {
-        uint8_t cmd[12];
-        sim__cmd_encode(cmd, (uint32_t)ci, c->seq);
+        size_t len = 0;
+        uint8_t *cmd = sim__cmd_encode(s, ci, c->seq, &c->req, &len);
+        if (cmd == NULL) {
+            return;
+        }
         ida_index index;
         ida_term term;
-        rv = nd->n_props < 64
-                 ? ida_raft_propose(&nd->raft, IDA_ENTRY_NORMAL, cmd,
-                                    sizeof(cmd), &index, &term)
-                 : IDA_EBUSY;
+        rv = nd->n_props < 64 ? ida_raft_propose(&nd->raft, IDA_ENTRY_NORMAL,
+                                                 cmd, len, &index, &term)
+                              : IDA_EBUSY;
+        ida_free(cmd);
         if (rv == 0) {
             nd->props[nd->n_props++] =
                 (struct proposal){ci, c->seq, index, term};

@@ -1,45 +1,157 @@
-/* The simulator's test state machine (see struct fsm in
- * tests/sim/sim_internal.h). */
+/* The allocator state machine (fsm/) in the simulator: client requests
+ * encoded as CommandBatch entries, result and snapshot hashes (see the
+ * allocator section of tests/sim/sim_internal.h). */
 #include "tests/sim/sim.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/assert.h"
 #include "base/heap.h"
+#include "fsm/fsm.h"
 #include "idalloc_errors.h"
+#include "proto/idalloc.pb-c.h"
 #include "raft/raft.h"
 #include "tests/sim/sim_internal.h"
 
-void sim__cmd_encode(uint8_t out[12], uint32_t client, uint64_t seq)
+static const char *const pool_names[3] = {"b", "s", "p"};
+
+void sim__client_id(int client, uint8_t out[IDA_CLIENT_ID_BYTES])
 {
-    memcpy(out, &client, 4);
-    memcpy(out + 4, &seq, 8);
+    memset(out, 0, IDA_CLIENT_ID_BYTES);
+    memcpy(out, "sim-client", 10);
+    out[IDA_CLIENT_ID_BYTES - 1] = (uint8_t)(client + 1);
 }
 
-/* Returns the id handed out, or 0: the session already moved past @seq. */
-uint64_t sim__fsm_apply(struct fsm *f, const struct ida_entry *e)
+void sim__tag_name(char *buf, size_t n, int client, int tag)
 {
-    IDA_ASSERT(e->index == f->applied + 1);
-    f->applied = e->index;
-    if (e->type != IDA_ENTRY_NORMAL || e->len != 12) {
-        return 0;
+    snprintf(buf, n, "c%d-t%d", client, tag);
+}
+
+/* One command (client @client, @seq) in a batch of its own, stamped with
+ * the virtual clock (the session clock of fsm/). Returns an ida_malloc'd
+ * buffer, or NULL (out of memory: s->oom is set). */
+uint8_t *sim__cmd_encode(struct sim *s,
+                         int client,
+                         uint64_t seq,
+                         const struct sim_req *r,
+                         size_t *len)
+{
+    uint8_t cid[IDA_CLIENT_ID_BYTES];
+    char tag[32];
+    sim__client_id(client, cid);
+    sim__tag_name(tag, sizeof(tag), client, r->tag);
+    Idalloc__Command cmd;
+    idalloc__command__init(&cmd);
+    cmd.client_id.data = cid;
+    cmd.client_id.len = sizeof(cid);
+    cmd.request_seq = seq;
+    Idalloc__PoolCreate create;
+    Idalloc__Alloc alloc;
+    Idalloc__Free fr;
+    Idalloc__Reserve reserve;
+    Idalloc__PrefixAlloc prefix;
+    switch (r->op) {
+        case SIM_OP_CREATE_BOUNDED:
+        case SIM_OP_CREATE_SEQUENCE:
+        case SIM_OP_CREATE_PREFIX:
+            idalloc__pool_create__init(&create);
+            create.name = (char *)pool_names[r->op - SIM_OP_CREATE_BOUNDED];
+            create.kind = r->op == SIM_OP_CREATE_BOUNDED
+                              ? IDALLOC__POOL_KIND__POOL_KIND_BOUNDED
+                          : r->op == SIM_OP_CREATE_SEQUENCE
+                              ? IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE
+                              : IDALLOC__POOL_KIND__POOL_KIND_PREFIX;
+            create.size = r->op == SIM_OP_CREATE_BOUNDED ? BOUNDED_SIZE : 0;
+            cmd.op_case = IDALLOC__COMMAND__OP_POOL_CREATE;
+            cmd.pool_create = &create;
+            break;
+        case SIM_OP_ALLOC:
+            idalloc__alloc__init(&alloc);
+            alloc.pool = (char *)pool_names[0];
+            alloc.tag = tag;
+            cmd.op_case = IDALLOC__COMMAND__OP_ALLOC;
+            cmd.alloc = &alloc;
+            break;
+        case SIM_OP_FREE:
+            idalloc__free__init(&fr);
+            fr.pool = (char *)pool_names[0];
+            fr.tag = tag;
+            fr.id = r->id;
+            cmd.op_case = IDALLOC__COMMAND__OP_FREE;
+            cmd.free = &fr;
+            break;
+        case SIM_OP_RESERVE:
+            idalloc__reserve__init(&reserve);
+            reserve.pool = (char *)pool_names[1];
+            reserve.count = r->count;
+            cmd.op_case = IDALLOC__COMMAND__OP_RESERVE;
+            cmd.reserve = &reserve;
+            break;
+        case SIM_OP_PREFIX:
+            idalloc__prefix_alloc__init(&prefix);
+            prefix.pool = (char *)pool_names[2];
+            prefix.tag = tag;
+            cmd.op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
+            cmd.prefix_alloc = &prefix;
+            break;
+        case SIM_OP_LOOKUP:
+            IDA_ASSERT(!"a lookup is a read, not a command");
     }
-    uint32_t c;
-    uint64_t seq;
-    memcpy(&c, e->data, 4);
-    memcpy(&seq, e->data + 4, 8);
-    IDA_ASSERT(c < CLIENTS);
-    if (seq < f->last_seq[c]) {
-        return 0;
+    Idalloc__Command *cmds[1] = {&cmd};
+    Idalloc__CommandBatch b;
+    idalloc__command_batch__init(&b);
+    b.version = IDA_BATCH_VERSION;
+    b.timestamp_ms = s->now;
+    b.n_commands = 1;
+    b.commands = cmds;
+    *len = idalloc__command_batch__get_packed_size(&b);
+    uint8_t *buf = ida_malloc(*len ? *len : 1);
+    if (buf == NULL) {
+        s->oom = true;
+        return NULL;
     }
-    if (seq == f->last_seq[c]) {
-        return f->last_result[c];
+    IDA_ASSERT(idalloc__command_batch__pack(&b, buf) == *len);
+    return buf;
+}
+
+uint64_t sim__bytes_hash(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xCBF29CE484222325ULL;
+    for (size_t i = 0; i < n; i++) {
+        h = (h ^ p[i]) * 0x100000001B3ULL;
     }
-    f->counter++;
-    f->last_seq[c] = seq;
-    f->last_result[c] = f->counter;
-    return f->counter;
+    return h;
+}
+
+/* Field by field (the struct has padding); never 0, so 0 can mean "no
+ * answer yet". */
+uint64_t sim__result_hash(const struct ida_fsm_result *r)
+{
+    uint64_t v[6] = {
+        (uint64_t)r->error, (uint64_t)r->op,
+        (uint64_t)r->flag,  r->id,
+        r->count,           sim__bytes_hash(r->prefix, r->prefix_len)};
+    uint64_t h = sim__bytes_hash((const uint8_t *)v, sizeof(v));
+    return h ? h : 1;
+}
+
+/* The hash of @f's snapshot bytes (canonical: equal states, equal bytes).
+ * False when out of memory (s->oom is set). */
+bool sim__fsm_snapshot_hash(struct sim *s,
+                            const struct ida_fsm *f,
+                            uint64_t *hash)
+{
+    uint8_t *data;
+    size_t len;
+    if (ida_fsm_snapshot(f, &data, &len) != 0) {
+        s->oom = true;
+        return false;
+    }
+    *hash = sim__bytes_hash(data, len);
+    ida_free(data);
+    return true;
 }

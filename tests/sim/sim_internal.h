@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "base/types.h"
+#include "fsm/fsm.h"
 #include "raft/raft.h"
 #include "tests/sim/sim.h"
 
@@ -22,16 +23,44 @@
 #define SNAPSHOT_EVERY    24 /* applied entries between app snapshots */
 #define NEVER             UINT64_MAX
 
-/* --- the test state machine ---------------------------------------------
- * A counter handing out ids, with a session table: (client, seq) applied
- * twice answers the first id. Commands are 12 bytes: client u32, seq u64.
- * This is the seam where fsm/ plugs in: apply, snapshot, restore, read. */
-struct fsm
+/* --- the allocator ---------------------------------------------------------
+ * Every node runs the real allocator state machine (fsm/). A client request
+ * is one command in a CommandBatch of its own (one log entry); each client
+ * has TAGS tags of its own ("c<client>-t<k>") in one bounded pool of
+ * BOUNDED_SIZE ids, so its lookups have exact expected answers, and shares a
+ * sequence pool and a prefix pool with the others. tests/sim/sim_alloc.c
+ * keeps the model of what was acknowledged and checks every answer. */
+#define TAGS         5
+#define BOUNDED_SIZE 16 /* fewer ids than tags: exhaustion and reuse happen */
+#define RESERVE_MAX  8
+
+enum sim_op {
+    SIM_OP_CREATE_BOUNDED = 0,
+    SIM_OP_CREATE_SEQUENCE,
+    SIM_OP_CREATE_PREFIX,
+    SIM_OP_ALLOC,
+    SIM_OP_FREE,
+    SIM_OP_RESERVE,
+    SIM_OP_PREFIX,
+    SIM_OP_LOOKUP, /* a ReadIndex read */
+};
+
+struct sim_req
 {
-    ida_index applied;
-    uint64_t counter;
-    uint64_t last_seq[CLIENTS];
-    uint64_t last_result[CLIENTS];
+    enum sim_op op;
+    int tag;        /* ALLOC, FREE, PREFIX, LOOKUP */
+    uint64_t id;    /* FREE */
+    uint64_t count; /* RESERVE */
+};
+
+/* What the clients were told, as the checks of sim_alloc.c need it. */
+struct sim_model
+{
+    uint64_t held[CLIENTS][TAGS]; /* id + 1 the tag holds, 0: none */
+    uint32_t owner[BOUNDED_SIZE]; /* client * TAGS + tag + 1, 0: free */
+    uint8_t pfx[CLIENTS][TAGS][IDA_PREFIX_BYTES_MAX];
+    uint8_t pfx_len[CLIENTS][TAGS]; /* 0: no prefix acknowledged yet */
+    bool created[3];                /* pool creates answered "created" */
 };
 
 struct packet
@@ -117,7 +146,8 @@ struct node
     uint64_t sync_at;
     uint64_t next_tick;
     uint64_t restart_at;
-    struct fsm fsm;
+    struct ida_fsm *fsm;   /* NULL while down */
+    uint64_t chain;        /* hash of every result applied, in order */
     ida_index last_commit; /* this incarnation */
     enum ida_raft_role last_role;
     struct proposal props[64];
@@ -131,12 +161,12 @@ struct client
     uint64_t seq; /* current request */
     bool busy;
     bool is_read;
-    uint64_t read_floor; /* max id acked when the read started */
+    struct sim_req req;
     uint64_t sent_at;
     uint64_t timeout_at;
     uint64_t next_at;  /* next send / resend */
     int target;        /* node index */
-    uint64_t *answers; /* by seq; 0: none */
+    uint64_t *answers; /* result hash by seq; 0: none */
     size_t cap_answers;
     bool done_after_heal;
 };
@@ -185,15 +215,16 @@ struct sim
     /* global knowledge */
     ida_term *glob_term; /* committed entries by index */
     uint64_t *glob_hash;
-    uint64_t *glob_counter; /* fsm counter after applying index, 0: unknown */
+    uint64_t *glob_chain; /* result chain after applying index */
+    uint64_t *glob_snap;  /* hash of the snapshot bytes at index, 0: none */
     size_t glob_len, glob_cap;
     size_t glob_applied;
     ida_node_id *leaders; /* by term */
     size_t cap_leaders;
     struct lm_slot *lm; /* log matching table, open addressing */
     size_t lm_cap, lm_used;
-    uint64_t max_acked_id;
-    uint64_t *ids_seen; /* bitmap over ids handed out to clients */
+    struct sim_model model;
+    uint64_t *ids_seen; /* bitmap over sequence ids handed out to clients */
     size_t ids_cap;
     bool failed;
     bool oom;
@@ -216,8 +247,34 @@ void *sim__grow(struct sim *s, void *p, size_t *cap, size_t need, size_t elem);
 uint64_t sim__entry_hash(const struct ida_entry *e);
 
 /* tests/sim/sim_fsm.c */
-void sim__cmd_encode(uint8_t out[12], uint32_t client, uint64_t seq);
-uint64_t sim__fsm_apply(struct fsm *f, const struct ida_entry *e);
+uint8_t *sim__cmd_encode(struct sim *s,
+                         int client,
+                         uint64_t seq,
+                         const struct sim_req *r,
+                         size_t *len);
+void sim__client_id(int client, uint8_t out[IDA_CLIENT_ID_BYTES]);
+void sim__tag_name(char *buf, size_t n, int client, int tag);
+uint64_t sim__result_hash(const struct ida_fsm_result *r);
+uint64_t sim__bytes_hash(const uint8_t *p, size_t n);
+bool sim__fsm_snapshot_hash(struct sim *s,
+                            const struct ida_fsm *f,
+                            uint64_t *hash);
+
+/* tests/sim/sim_alloc.c */
+void sim__alloc_next_req(struct sim *s, int client, struct sim_req *r);
+void sim__alloc_acked(struct sim *s,
+                      int client,
+                      uint64_t seq,
+                      const struct sim_req *r,
+                      const struct ida_fsm_result *res);
+void sim__alloc_read(struct sim *s,
+                     int client,
+                     uint64_t seq,
+                     const struct sim_req *r,
+                     int rv,
+                     uint64_t id);
+void sim__alloc_final(struct sim *s, struct node *ld);
+bool sim__raft_checks(const struct sim *s);
 
 /* tests/sim/sim_net.c */
 void sim__packet_free(struct packet *p);
@@ -238,9 +295,16 @@ void sim__check_leader(struct sim *s, struct node *nd);
 void sim__check_commit(struct sim *s, struct node *nd);
 
 /* tests/sim/sim_client.c */
-void sim__client_answer(struct sim *s, int ci, uint64_t seq, uint64_t id);
+void sim__client_answer(struct sim *s,
+                        int ci,
+                        uint64_t seq,
+                        const struct ida_fsm_result *res);
 void sim__client_retry(struct sim *s, int ci, ida_node_id hint);
-void sim__client_read_answer(struct sim *s, int ci, uint64_t ctx, uint64_t v);
+void sim__client_read_answer(struct sim *s,
+                             int ci,
+                             uint64_t ctx,
+                             int rv,
+                             uint64_t id);
 void sim__client_tick(struct sim *s, int ci);
 
 /* tests/sim/sim_node.c */

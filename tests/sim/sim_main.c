@@ -2,6 +2,7 @@
  *
  *   sim --seeds N --start S --mode safety|liveness --nodes 3|5
  *       [--trace] [--duration MS] [--bugs MASK] [--no-wipe] [--rollback]
+ *       [--client-checks-only]
  *
  * Prints each failing seed with the command that replays it with a trace,
  * then "N passed, M failed"; exits 1 if any seed failed. --trace prints the
@@ -27,7 +28,7 @@ static int usage(void)
     fprintf(stderr,
             "usage: sim --seeds N --start S --mode safety|liveness "
             "--nodes 3|5 [--trace] [--duration MS] [--bugs MASK] "
-            "[--no-wipe] [--rollback]\n");
+            "[--no-wipe] [--rollback] [--client-checks-only]\n");
     return 2;
 }
 
@@ -50,6 +51,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--rollback") == 0) {
             o.rollback = true;
+            continue;
+        }
+        if (strcmp(a, "--client-checks-only") == 0) {
+            o.client_checks_only = true;
             continue;
         }
         if (v == NULL) {
@@ -115,7 +120,8 @@ int main(int argc, char **argv)
         failed++;
         char bugs[64] = "";
         snprintf(bugs, sizeof(bugs), "%s%s%s", o.no_wipe ? " --no-wipe" : "",
-                 o.rollback ? " --rollback" : "", "");
+                 o.rollback ? " --rollback" : "",
+                 o.client_checks_only ? " --client-checks-only" : "");
         if (o.bugs != 0) {
             size_t bl = strlen(bugs);
             snprintf(bugs + bl, sizeof(bugs) - bl, " --bugs 0x%x", o.bugs);

@@ -34,10 +34,17 @@ void sim__serve_reads(struct sim *s, struct node *nd)
     size_t k = 0;
     for (size_t i = 0; i < nd->n_reads; i++) {
         struct pread *r = &nd->reads[i];
-        if (r->index != 0 && nd->fsm.applied >= r->index) {
-            sim__client_read_answer(s, r->client,
-                                    r->ctx & ((1ULL << CTX_SHIFT) - 1),
-                                    nd->fsm.counter);
+        if (r->index != 0 && ida_fsm_applied_index(nd->fsm) >= r->index) {
+            int ci = r->client;
+            uint64_t seq = r->ctx & ((1ULL << CTX_SHIFT) - 1);
+            const struct client *c = &s->clients[ci];
+            if (c->busy && c->is_read && c->seq == seq) {
+                char tag[32];
+                uint64_t id = 0;
+                sim__tag_name(tag, sizeof(tag), ci, c->req.tag);
+                int rv = ida_fsm_lookup(nd->fsm, "b", tag, &id);
+                sim__client_read_answer(s, ci, seq, rv, id);
+            }
         } else {
             nd->reads[k++] = *r;
         }
@@ -45,36 +52,80 @@ void sim__serve_reads(struct sim *s, struct node *nd)
     nd->n_reads = k;
 }
 
+/* The state after index @i is the global one: the chain of results, and at
+ * every snapshot the snapshot bytes (canonical: equal states, equal
+ * bytes). */
+static void check_state(struct sim *s, struct node *nd, size_t i)
+{
+    if (i <= s->glob_applied) {
+        if (s->glob_chain[i] != nd->chain) {
+            sim__violation(s,
+                           "node %u's results up to index %zu differ from "
+                           "the cluster's",
+                           nd->id, i);
+        }
+    } else {
+        IDA_ASSERT(i == s->glob_applied + 1);
+        s->glob_chain[i] = nd->chain;
+        s->glob_snap[i] = 0;
+        s->glob_applied = i;
+    }
+}
+
+/* Record or compare the snapshot hash @h of the state at index @i. */
+static void check_snap(struct sim *s, struct node *nd, size_t i, uint64_t h)
+{
+    if (!sim__raft_checks(s) || i > s->glob_applied) {
+        return;
+    }
+    if (s->glob_snap[i] == 0) {
+        s->glob_snap[i] = h;
+    } else if (s->glob_snap[i] != h) {
+        sim__violation(s,
+                       "node %u's state at index %zu differs from another "
+                       "node's state there",
+                       nd->id, i);
+    }
+}
+
 static void apply_entry(struct sim *s,
                         struct node *nd,
                         const struct ida_entry *e)
 {
-    if (e->index != nd->fsm.applied + 1) {
+    ida_index applied = ida_fsm_applied_index(nd->fsm);
+    if (e->index != applied + 1) {
         sim__violation(
             s, "node %u asked to apply index %" PRIu64 " after %" PRIu64,
-            nd->id, e->index, nd->fsm.applied);
+            nd->id, e->index, applied);
         return;
     }
-    uint64_t id = sim__fsm_apply(&nd->fsm, e);
+    struct ida_fsm_applied out;
+    int rv = ida_fsm_apply(nd->fsm, e->index, e->type, e->data, e->len, &out);
+    if (rv == IDA_ENOMEM) {
+        s->oom = true;
+        return;
+    }
+    if (rv != 0 || out.entry_error != 0) {
+        sim__violation(s, "node %u applying index %" PRIu64 ": %s", nd->id,
+                       e->index, idalloc_errname(rv ? rv : out.entry_error));
+        return;
+    }
+    for (size_t k = 0; k < out.count; k++) {
+        uint64_t h = sim__result_hash(&out.replies[k].result);
+        nd->chain = (nd->chain ^ h) * 0x100000001B3ULL + e->index;
+    }
     size_t i = (size_t)e->index;
-    sim__hash_in(s, 4, nd->id, i, id);
-    if (i > s->glob_len || s->glob_term[i] != e->term ||
-        s->glob_hash[i] != sim__entry_hash(e)) {
-        sim__violation(s,
-                       "node %u applied index %zu term %" PRIu64
-                       " that is not the committed entry",
-                       nd->id, i, e->term);
-        return;
-    }
-    if (i <= s->glob_applied) {
-        if (s->glob_counter[i] != nd->fsm.counter) {
-            sim__violation(s, "node %u state after index %zu differs", nd->id,
-                           i);
+    sim__hash_in(s, 4, nd->id, i, nd->chain);
+    if (sim__raft_checks(s)) {
+        if (i > s->glob_len || s->glob_term[i] != e->term ||
+            s->glob_hash[i] != sim__entry_hash(e)) {
+            sim__violation(s,
+                           "node %u applied index %zu term %" PRIu64
+                           " that is not the committed entry",
+                           nd->id, i, e->term);
+            return;
         }
-    } else {
-        IDA_ASSERT(i == s->glob_applied + 1);
-        s->glob_counter[i] = nd->fsm.counter;
-        s->glob_applied = i;
+        check_state(s, nd, i);
     }
     for (size_t k = 0; k < nd->n_props; k++) {
         struct proposal *p = &nd->props[k];
@@ -82,7 +133,23 @@ static void apply_entry(struct sim *s,
             continue;
         }
         if (p->term == e->term) {
-            sim__client_answer(s, p->client, p->seq, id);
+            uint8_t cid[IDA_CLIENT_ID_BYTES];
+            sim__client_id(p->client, cid);
+            const struct ida_fsm_reply *rep = NULL;
+            for (size_t j = 0; j < out.count; j++) {
+                if (out.replies[j].request_seq == p->seq &&
+                    memcmp(out.replies[j].client_id, cid, sizeof(cid)) == 0) {
+                    rep = &out.replies[j];
+                }
+            }
+            if (rep == NULL) {
+                sim__violation(s,
+                               "node %u: entry %" PRIu64
+                               " of its proposal has no answer for it",
+                               nd->id, e->index);
+                return;
+            }
+            sim__client_answer(s, p->client, p->seq, &rep->result);
         } else {
             sim__client_retry(s, p->client, 0); /* lost: unknown outcome */
         }
@@ -94,22 +161,26 @@ static void apply_entry(struct sim *s,
 static void take_snapshot(struct sim *s, struct node *nd)
 {
     struct disk *d = &nd->disk;
-    ida_index at = nd->fsm.applied;
+    ida_index at = ida_fsm_applied_index(nd->fsm);
     if (at < d->snap_index + SNAPSHOT_EVERY || at <= nd->raft.snap_index) {
         return;
     }
     ida_term t = ida_raft_term_at(&nd->raft, at);
-    uint8_t *data = ida_malloc(sizeof(nd->fsm));
-    if (data == NULL) {
+    uint8_t *data;
+    size_t len;
+    if (ida_fsm_snapshot(nd->fsm, &data, &len) != 0) {
         s->oom = true;
         return;
     }
-    memcpy(data, &nd->fsm, sizeof(nd->fsm));
+    check_snap(s, nd, (size_t)at, sim__bytes_hash(data, len));
     /* The application stores its snapshot durably first, then tells the
      * core; storage drops the log it covers. */
     if (sim__disk_term_at(d, at) != t) {
-        sim__violation(s, "node %u applied index %" PRIu64 " is not durable",
-                       nd->id, at);
+        if (sim__raft_checks(s)) {
+            sim__violation(s,
+                           "node %u applied index %" PRIu64 " is not durable",
+                           nd->id, at);
+        }
         ida_free(data);
         return;
     }
@@ -124,10 +195,10 @@ static void take_snapshot(struct sim *s, struct node *nd)
     d->n -= drop;
     ida_free(d->snap);
     d->snap = data;
-    d->snap_len = sizeof(nd->fsm);
+    d->snap_len = len;
     d->snap_index = at;
     d->snap_term = t;
-    int rv = ida_raft_compact(&nd->raft, at, data, sizeof(nd->fsm));
+    int rv = ida_raft_compact(&nd->raft, at, data, len);
     if (rv != 0) {
         sim__violation(s, "node %u compact at %" PRIu64 ": %s", nd->id, at,
                        idalloc_errname(rv));
@@ -149,7 +220,8 @@ static void take_snapshot(struct sim *s, struct node *nd)
         d->snap_conf_len = clen;
     }
     sim__hash_in(s, 5, nd->id, at, t);
-    sim__tracef(s, "node %u snapshot at %" PRIu64, nd->id, at);
+    sim__tracef(s, "node %u snapshot at %" PRIu64 " (%zu bytes)", nd->id, at,
+                len);
 }
 
 static void restore_fsm(struct sim *s,
@@ -158,23 +230,50 @@ static void restore_fsm(struct sim *s,
                         size_t len,
                         ida_index index)
 {
-    if (len != sizeof(nd->fsm)) {
-        sim__violation(s, "node %u snapshot of %zu bytes", nd->id, len);
+    int rv = ida_fsm_restore(nd->fsm, data, len);
+    if (rv == IDA_ENOMEM) {
+        s->oom = true;
         return;
     }
-    memcpy(&nd->fsm, data, len);
-    if (nd->fsm.applied != index) {
+    if (rv != 0) {
+        sim__violation(s,
+                       "node %u snapshot at %" PRIu64 " does not restore: %s",
+                       nd->id, index, idalloc_errname(rv));
+        return;
+    }
+    if (ida_fsm_applied_index(nd->fsm) != index) {
         sim__violation(
             s, "node %u snapshot index %" PRIu64 " holds state of %" PRIu64,
-            nd->id, index, nd->fsm.applied);
+            nd->id, index, ida_fsm_applied_index(nd->fsm));
+        return;
     }
-    if (index <= s->glob_applied && s->glob_counter[index] != nd->fsm.counter) {
-        sim__violation(s,
-                       "node %u snapshot at %" PRIu64
-                       " differs from the "
-                       "committed state",
-                       nd->id, index);
+    check_snap(s, nd, (size_t)index, sim__bytes_hash(data, len));
+    /* The results before the snapshot are the cluster's (checked above
+     * through the state they produced). */
+    nd->chain = sim__raft_checks(s) && index <= s->glob_applied
+                    ? s->glob_chain[index]
+                    : 0;
+}
+
+/* The node's check of a snapshot from the leader (the node's
+ * snapshot_check: a scratch state machine restores it). The simulator's
+ * snapshots are honest: a refusal is a violation. */
+static int snapshot_check(void *arg, const uint8_t *data, size_t len)
+{
+    struct sim *s = arg;
+    struct ida_fsm *f;
+    int rv = ida_fsm_new(&f);
+    if (rv == 0) {
+        rv = ida_fsm_restore(f, data, len);
+        ida_fsm_free(f);
     }
+    if (rv == IDA_ENOMEM) {
+        s->oom = true;
+    } else if (rv != 0) {
+        sim__violation(s, "a snapshot of %zu bytes from a leader: %s", len,
+                       idalloc_errname(rv));
+    }
+    return rv;
 }
 
 static bool copy_write(struct sim *s,
@@ -245,7 +344,7 @@ static void handle_batch(struct sim *s,
                          struct ida_raft_batch *b)
 {
     sim__hash_in(s, 6, nd->id, b->id, b->n_entries * 1000 + b->n_msgs);
-    for (size_t i = 0; i < b->n_entries; i++) {
+    for (size_t i = 0; i < b->n_entries && sim__raft_checks(s); i++) {
         sim__lm_check(s, nd, &b->entries[i]);
     }
     for (size_t i = 0; i < b->n_msgs; i++) {
@@ -292,9 +391,13 @@ void sim__drain(struct sim *s, struct node *nd)
 {
     struct ida_raft_batch b;
     for (int guard = 0; guard < 16 && !s->failed && !s->oom; guard++) {
-        sim__check_commit(s, nd);
+        if (sim__raft_checks(s)) {
+            sim__check_commit(s, nd);
+        }
         if (ida_raft_role(&nd->raft) == IDA_RAFT_LEADER) {
-            sim__check_leader(s, nd);
+            if (sim__raft_checks(s)) {
+                sim__check_leader(s, nd);
+            }
         } else if (nd->last_role == IDA_RAFT_LEADER) {
             fail_pending(s, nd); /* fail fast: leadership lost */
         }
@@ -324,6 +427,12 @@ void sim__node_step(struct sim *s,
                     "node %u dropped a message of %u's incarnation %016" PRIx64,
                     nd->id, m->from, m->from_inc);
     } else if (rv == IDA_EPROTO || rv == IDA_EINVAL) {
+        if (!sim__raft_checks(s)) {
+            sim__tracef(s, "node %u rejected a message from %u: %s", nd->id,
+                        m->from, idalloc_errname(rv));
+            sim__drain(s, nd);
+            return;
+        }
         sim__violation(s,
                        "node %u rejected a message from %u (type %d term "
                        "%" PRIu64 "): %s",
@@ -402,8 +511,10 @@ int sim__node_start(struct sim *s, struct node *nd)
         .check_quorum = s->check_quorum,
         .max_inflight = 4,
         .max_msg_entries = 8,
-        .snapshot_chunk_bytes = 40,
+        .snapshot_chunk_bytes = 256,
         .conf_decode = node_conf_decode,
+        .snapshot_check = snapshot_check,
+        .snapshot_check_arg = s,
     };
     IDA_ASSERT(nd->inc != 0 && nd->boot.n > 0 && !nd->needs_boot);
     for (size_t k = 0; k < nd->boot.n; k++) {
@@ -427,7 +538,12 @@ int sim__node_start(struct sim *s, struct node *nd)
         return rv;
     }
     ida_raft_testing_set_bugs(&nd->raft, s->o.bugs);
-    memset(&nd->fsm, 0, sizeof(nd->fsm));
+    rv = ida_fsm_new(&nd->fsm);
+    if (rv != 0) {
+        ida_raft_close(&nd->raft);
+        return rv;
+    }
+    nd->chain = 0;
     if (d->snap_index > 0) {
         restore_fsm(s, nd, d->snap, d->snap_len, d->snap_index);
     }
@@ -458,6 +574,8 @@ void sim__node_crash(struct sim *s, struct node *nd)
     nd->n_props = 0; /* their clients time out and retry */
     nd->n_reads = 0;
     ida_raft_close(&nd->raft);
+    ida_fsm_free(nd->fsm);
+    nd->fsm = NULL;
     nd->up = false;
     nd->sync_at = NEVER;
     nd->next_tick = NEVER;
