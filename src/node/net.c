@@ -49,6 +49,7 @@ struct conn
     int is_client;
     int closing;
     uint64_t id;
+    unsigned registers; /* RegisterClient requests seen (clients) */
     struct ida_frame_decoder dec;
     struct conn *hnext;       /* client id hash chain */
     struct conn *prev, *next; /* all connections */
@@ -355,6 +356,16 @@ static int on_client_frame(void *arg,
         idalloc__client_request__free_unpacked(req, NULL);
         reject_client(k, seq, IDA_EVERSION, "unsupported wire version");
         return IDA_EVERSION;
+    }
+    if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT &&
+        ++k->registers > IDA_NET_REGISTERS_PER_CONN_MAX) {
+        /* One connection cannot fill the session table (fsm/fsm.h,
+         * "Sessions"); an honest client registers once per session. */
+        uint64_t seq = req->request_seq;
+        idalloc__client_request__free_unpacked(req, NULL);
+        reject_client(k, seq, IDA_ELIMIT,
+                      "too many session registrations on one connection");
+        return IDA_ELIMIT;
     }
     atomic_fetch_add(&n->st_client_requests, 1);
     n->h.client_request(n->h.arg, k->id, req);

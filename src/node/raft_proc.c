@@ -337,6 +337,7 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
         idalloc__command__init(c);
         c->client_id = q->client_id;
         c->request_seq = q->request_seq;
+        c->ack_below = q->ack_below;
         switch (q->op_case) {
             case IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE:
                 c->op_case = IDALLOC__COMMAND__OP_POOL_CREATE;
@@ -353,6 +354,10 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
             case IDALLOC__CLIENT_REQUEST__OP_RESERVE:
                 c->op_case = IDALLOC__COMMAND__OP_RESERVE;
                 c->reserve = q->reserve;
+                break;
+            case IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT:
+                c->op_case = IDALLOC__COMMAND__OP_REGISTER_CLIENT;
+                c->register_client = q->register_client;
                 break;
             default:
                 c->op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
@@ -418,7 +423,8 @@ static int is_write(Idalloc__ClientRequest__OpCase op)
            op == IDALLOC__CLIENT_REQUEST__OP_ALLOC ||
            op == IDALLOC__CLIENT_REQUEST__OP_FREE ||
            op == IDALLOC__CLIENT_REQUEST__OP_RESERVE ||
-           op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
+           op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC ||
+           op == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT;
 }
 
 static int is_member_op(Idalloc__ClientRequest__OpCase op)
