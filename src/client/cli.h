@@ -65,6 +65,8 @@ struct ida_cli
     int json;
     int verbose;   /* status --verbose */
     unsigned node; /* member add/remove/promote ID, leader transfer --to */
+    /* --request-id of a write (idalloc_call_parse() accepts it), or NULL */
+    const char *request_id;
 };
 
 /* Parse argv (argv[0] is the program). Returns 0 or IDA_EINVAL with a

@@ -7,6 +7,7 @@
  * most one refill in flight per pool whatever the number of callers.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -23,7 +24,8 @@ struct ida_next_pool
     pthread_cond_t cond; /* a refill landed or failed */
     uint64_t want;       /* ids the refiller should reserve; 0: none */
     int last_err;        /* error of the last failed refill */
-    uint64_t fail_gen;   /* bumped on each failed refill */
+    char last_errmsg[IDALLOC_ERRMSG_MAX]; /* and its detail */
+    uint64_t fail_gen;                    /* bumped on each failed refill */
     uint64_t in_flight, max_in_flight;
     struct ida_next_pool *next;
 };
@@ -96,7 +98,17 @@ static void *refiller_main(void *arg)
         p->want = 0;
         pthread_mutex_unlock(&c->mu);
         uint64_t first = 0;
-        int rv = idalloc_reserve(c, p->name, n, &first);
+        struct idalloc_call call;
+        idalloc_call_init(&call);
+        int rv = idalloc_reserve(c, p->name, n, &first, &call);
+        /* An unknown refill is repeated once with its request id: if it
+         * acted, that returns its block instead of losing it. */
+        if (call.state == IDALLOC_CALL_UNKNOWN) {
+            rv = idalloc_reserve(c, p->name, n, &first, &call);
+        }
+        if (call.state == IDALLOC_CALL_UNKNOWN) {
+            (void)idalloc_call_release(c, &call);
+        }
         pthread_mutex_lock(&c->mu);
         p->in_flight--;
         if (rv == 0) {
@@ -104,6 +116,7 @@ static void *refiller_main(void *arg)
         } else {
             ida_next_refill_failed(&p->b);
             p->last_err = rv;
+            snprintf(p->last_errmsg, sizeof(p->last_errmsg), "%s", call.errmsg);
             p->fail_gen++;
         }
         pthread_cond_broadcast(&p->cond);
@@ -157,13 +170,24 @@ static void request_refill(struct idalloc_client *c,
     pthread_cond_signal(&c->refill_cond);
 }
 
-int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id)
+int idalloc_next(struct idalloc_client *c,
+                 const char *pool,
+                 uint64_t *id,
+                 struct idalloc_call *call)
 {
+    if (call != NULL) {
+        call->errmsg[0] = '\0';
+        call->state = IDALLOC_CALL_DONE;
+        call->seq = 0;
+    }
     if (pool == NULL || id == NULL || strlen(pool) > POOL_NAME_BYTES_MAX) {
-        ida__client_set_error(
-            "next: a pool name of at most %d bytes and an "
-            "id are needed",
-            POOL_NAME_BYTES_MAX);
+        ida__call_error(call,
+                        "next: a pool name of at most %d bytes and an "
+                        "id are needed",
+                        POOL_NAME_BYTES_MAX);
+        if (call != NULL) {
+            call->error = IDA_EINVAL;
+        }
         return IDA_EINVAL;
     }
     uint64_t deadline = ida__client_now_ms() + c->opts.call_timeout_ms;
@@ -193,18 +217,22 @@ int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id)
         }
         if (p->fail_gen != gen) {
             rv = p->last_err;
-            ida__client_set_error("next: refilling pool %s failed: %s", pool,
-                                  idalloc_strerror(rv));
+            ida__call_error(call, "next: refilling pool %s failed: %s", pool,
+                            p->last_errmsg[0] != '\0' ? p->last_errmsg
+                                                      : idalloc_strerror(rv));
             break;
         }
         if (w == ETIMEDOUT && p->b.cur == p->b.cur_end) {
             rv = IDA_ETIMEDOUT;
-            ida__client_set_error("next: no block for pool %s within %u ms",
-                                  pool, c->opts.call_timeout_ms);
+            ida__call_error(call, "next: no block for pool %s within %u ms",
+                            pool, c->opts.call_timeout_ms);
             break;
         }
     }
     pthread_mutex_unlock(&c->mu);
+    if (call != NULL) {
+        call->error = rv;
+    }
     return rv;
 }
 
