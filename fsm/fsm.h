@@ -59,7 +59,9 @@
  *     it never acts later), up to IDA_SESSION_REFUSED_MAX refusals per
  *     client; past that the session is dropped (its later commands get
  *     IDA_EEXPIRED: never executed). A client that keeps its floor current
- *     (the library does) never meets these bounds.
+ *     and settles its unknown calls within IDA_SESSION_RESULTS_MAX writes
+ *     (the library refuses a write past IDALLOC_SPAN_MAX, below it) never
+ *     meets these bounds.
  *   - Expiry by log time only: "now" is the largest CommandBatch.timestamp_ms
  *     applied so far (the leader's clock; it never goes back here). Before
  *     the commands of a batch run, a session idle for IDA_SESSION_TTL_MS is
@@ -117,8 +119,10 @@
 #define IDA_PREFIX_BYTES_MAX 9
 #define IDA_CLIENT_ID_BYTES  16
 #define IDA_SESSIONS_MAX     65536
-/* Answers kept per client above its acknowledgement floor. */
-#define IDA_SESSION_RESULTS_MAX 1024
+/* Answers kept per client above its acknowledgement floor. A call whose
+ * outcome stays unknown pins every later answer of its client until it is
+ * repeated or released, so this is large. */
+#define IDA_SESSION_RESULTS_MAX 65536
 /* IDA_ELIMIT refusals kept per client before its session is dropped. */
 #define IDA_SESSION_REFUSED_MAX 64
 /* Answers kept in all sessions together (64 bytes each: 256 MiB). */

@@ -63,10 +63,15 @@ extern "C" {
 #define IDALLOC_RESERVE_COUNT_MAX (UINT64_C(1) << 24)
 
 /* Writes whose answer a client object keeps wanted at once: calls in flight
- * plus calls that ended unknown and were not released. Below the cluster's
- * per-client bound (IDA_SESSION_RESULTS_MAX, 1024). A write past it gets
+ * plus calls that ended unknown and were not released. A write past it gets
  * IDA_ELIMIT at once, nothing sent. */
 #define IDALLOC_OUTSTANDING_MAX 1000
+/* The cluster keeps every answer of a client from its oldest wanted one on
+ * (at most 65536, IDA_SESSION_RESULTS_MAX of fsm/fsm.h). A call left unknown
+ * therefore pins the answers of the writes after it: once this many writes
+ * followed it, a new write gets IDA_ELIMIT at once (nothing sent) until the
+ * old call is repeated or released. */
+#define IDALLOC_SPAN_MAX 60000
 
 /* The library's version, IDALLOC_VERSION of the build ("0.2.0"); static. */
 const char *idalloc_version(void);

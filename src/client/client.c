@@ -443,7 +443,8 @@ static int retryable(uint32_t err)
 static int random_bytes(uint8_t *p, size_t n);
 
 /* A new session: a random client id and seqs from a random offset in
- * [2^32, 2^62). Holds sess_mu. */
+ * [2^32, 2^62); reads (not kept by the cluster) take seqs of their own at
+ * 2^63 and above. Holds sess_mu. */
 static int new_session_locked(struct idalloc_client *c)
 {
     uint8_t r[24];
@@ -456,6 +457,7 @@ static int new_session_locked(struct idalloc_client *c)
         off = off << 8 | r[16 + i];
     }
     c->next_seq = (UINT64_C(1) << 32) + (off >> 3);
+    c->next_read_seq = (UINT64_C(1) << 63) + (off >> 3);
     c->registered = 0;
     c->n_outstanding = 0;
     return 0;
@@ -603,7 +605,7 @@ int ida__client_call_node(struct idalloc_client *c,
     pthread_mutex_lock(&c->sess_mu);
     uint8_t id[16];
     memcpy(id, c->client_id, 16);
-    req->request_seq = c->next_seq++;
+    req->request_seq = c->next_read_seq++;
     pthread_mutex_unlock(&c->sess_mu);
     req->client_id.data = id;
     req->client_id.len = sizeof(id);
@@ -792,7 +794,7 @@ int ida__client_call(struct idalloc_client *c,
     if (!write) {
         pthread_mutex_lock(&c->sess_mu);
         memcpy(id, c->client_id, 16);
-        req->request_seq = c->next_seq++;
+        req->request_seq = c->next_read_seq++;
         pthread_mutex_unlock(&c->sess_mu);
         req->client_id.data = id;
         req->client_id.len = sizeof(id);
@@ -830,7 +832,9 @@ int ida__client_call(struct idalloc_client *c,
         }
         pthread_mutex_lock(&c->sess_mu);
         uint64_t seq = c->next_seq;
-        rv = outstanding_add_locked(c, seq);
+        rv = seq - floor_locked(c) >= IDALLOC_SPAN_MAX
+                 ? IDA_ELIMIT
+                 : outstanding_add_locked(c, seq);
         if (rv == 0) {
             c->next_seq++;
             req->ack_below = floor_locked(c);
@@ -838,8 +842,10 @@ int ida__client_call(struct idalloc_client *c,
         }
         pthread_mutex_unlock(&c->sess_mu);
         if (rv != 0) {
-            ida__call_error(call, "%d calls outstanding on this client",
-                            IDALLOC_OUTSTANDING_MAX);
+            ida__call_error(call,
+                            "%d calls outstanding, or %d writes since the "
+                            "oldest unknown call: repeat or release it",
+                            IDALLOC_OUTSTANDING_MAX, IDALLOC_SPAN_MAX);
             return rv;
         }
         memcpy(call->client_id, id, 16);

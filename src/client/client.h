@@ -36,7 +36,8 @@ struct idalloc_client
     uint8_t client_id[16];
     int registered;
     uint64_t next_seq;
-    uint64_t *outstanding; /* unsorted; IDALLOC_OUTSTANDING_MAX slots */
+    uint64_t next_read_seq; /* reads: only matched to their answers */
+    uint64_t *outstanding;  /* unsorted; IDALLOC_OUTSTANDING_MAX slots */
     size_t n_outstanding;
     atomic_size_t leader; /* index of the node that last answered */
     /* The nodes known: the configured addresses, then those the cluster

@@ -310,8 +310,8 @@ static struct outmsg *new_outmsg(size_t payload_len, enum ida_frame_type t)
     return m;
 }
 
-/* Answer a request that could not be read, then hang up. */
-static void reject_client(struct conn *k,
+/* Answer a request with @err without passing it on. */
+static void refuse_client(struct conn *k,
                           uint64_t seq,
                           int err,
                           const char *why)
@@ -332,6 +332,15 @@ static void reject_client(struct conn *k,
         idalloc__client_response__pack(&r, m->data + IDA_FRAME_HEADER_BYTES);
         write_msg((uv_stream_t *)&k->tcp, m);
     }
+}
+
+/* Answer a request that could not be read, then hang up. */
+static void reject_client(struct conn *k,
+                          uint64_t seq,
+                          int err,
+                          const char *why)
+{
+    refuse_client(k, seq, err, why);
     conn_close(k); /* uv_close lets queued writes finish or cancel */
 }
 
@@ -363,9 +372,9 @@ static int on_client_frame(void *arg,
          * "Sessions"); an honest client registers once per session. */
         uint64_t seq = req->request_seq;
         idalloc__client_request__free_unpacked(req, NULL);
-        reject_client(k, seq, IDA_ELIMIT,
+        refuse_client(k, seq, IDA_ELIMIT,
                       "too many session registrations on one connection");
-        return IDA_ELIMIT;
+        return 0;
     }
     atomic_fetch_add(&n->st_client_requests, 1);
     n->h.client_request(n->h.arg, k->id, req);

@@ -23,9 +23,9 @@
  * just closes that connection; other connections are unaffected. Replies
  * go to a connection id; a reply to a closed connection is dropped. A client
  * that does not read its replies is disconnected once client_queue_bytes_max
- * is queued to it. A connection that sends more than
- * IDA_NET_REGISTERS_PER_CONN_MAX RegisterClient requests is answered
- * IDA_ELIMIT and closed (one connection cannot fill the session table).
+ * is queued to it. RegisterClient requests past the first
+ * IDA_NET_REGISTERS_PER_CONN_MAX of a connection are answered IDA_ELIMIT
+ * and not passed on (one connection cannot fill the session table).
  *
  * Handler callbacks run on the net thread and must not block: hand the work
  * to another thread and return.

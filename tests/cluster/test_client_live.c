@@ -408,6 +408,31 @@ Test(client_live,
     }
     ida__client_floor(cl, &floor, &outstanding);
     cr_assert_eq(outstanding, 0, "every call settled");
+    /* Each settled reserve repeated once more from another client object
+     * (as another process would, by its request id): the same block while
+     * the cluster keeps its answer, IDA_ESESSION once the worker client's
+     * floor passed it; never a second block. */
+    int same = 0;
+    for (int t = 0; t < KILL_THREADS; t++) {
+        for (int i = 0; i < KILL_PER_THREAD; i++) {
+            struct kill_op *o = &kops[t][i];
+            if (!o->reserve || o->call.seq == 0) {
+                continue;
+            }
+            struct idalloc_call again = o->call;
+            again.state = IDALLOC_CALL_UNKNOWN;
+            uint64_t first = 0;
+            int rv = idalloc_reserve(admin, "s", 4, &first, &again);
+            cr_assert(rv == 0 || rv == IDA_ESESSION, "k%d-%d: %s (%s)", t, i,
+                      idalloc_errname(rv), again.errmsg);
+            if (rv == 0) {
+                cr_assert_eq(first, o->id, "k%d-%d: a second block", t, i);
+                same++;
+            }
+        }
+    }
+    cr_log_info("reserves repeated from another client: %d same block", same);
+    cr_assert_gt(same, 0);
     /* No id twice, every tag holds the id it was answered, no block
      * overlaps another. */
     static uint64_t ids[KILL_THREADS * KILL_PER_THREAD];

@@ -176,7 +176,9 @@ Test(cluster,
     cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
                                      tc_detail()),
                  0);
-    cr_assert_eq(idalloc_reserve(cl, "s", 1000, &first, tc_detail()), 0);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(idalloc_reserve(cl, "s", 1000, &first, &call), 0);
     for (int i = 0; i < 3; i++) {
         int st = tc_signal(&c, i, SIGTERM);
         cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
@@ -187,6 +189,16 @@ Test(cluster,
     }
     cr_assert_geq(tc_wait_leader(&c, 10000), 0);
     check_tags(60, ids);
+    /* The session and its answer survived the restart: a repeat of the
+     * reserve (from a new client object, by its request id) gets its
+     * block back. */
+    struct idalloc_client *other = tc_client(&c, 10000);
+    call.state = IDALLOC_CALL_UNKNOWN;
+    uint64_t again = 0;
+    cr_assert_eq(idalloc_reserve(other, "s", 1000, &again, &call), 0, "%s",
+                 call.errmsg);
+    cr_assert_eq(again, first, "the repeat got another block");
+    idalloc_client_free(other);
     uint64_t next;
     cr_assert_eq(idalloc_reserve(cl, "s", 10, &next, tc_detail()), 0);
     cr_assert_geq(next, first + 1000, "a block was handed out twice");
@@ -285,6 +297,17 @@ Test(cluster, follower_catches_up_by_snapshot, .fini = teardown, .timeout = 120)
     cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000,
                                      NULL, tc_detail()),
                  0);
+    /* A reserve of a client that sends nothing after it: its answer is
+     * kept in the session, which the snapshot must carry. */
+    struct idalloc_client *keeper = tc_client(&c, 10000);
+    cr_assert_eq(idalloc_pool_create(keeper, "s", IDALLOC_POOL_SEQUENCE, 0,
+                                     NULL, tc_detail()),
+                 0);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    uint64_t first;
+    cr_assert_eq(idalloc_reserve(keeper, "s", 77, &first, &call), 0);
+    idalloc_client_free(keeper);
     alloc_tags(0, 200, ids);
     tc_spawn(&c, down);
     cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 20000),
@@ -292,8 +315,17 @@ Test(cluster, follower_catches_up_by_snapshot, .fini = teardown, .timeout = 120)
     struct idalloc_node_status s;
     cr_assert_eq(idalloc_node_status(cl, (size_t)down, &s, tc_detail()), 0);
     cr_assert_gt(s.snapshot_index, 0, "the follower has no snapshot");
-    /* It can lead with what it got. */
+    /* It can lead with what it got, sessions included: the reserve
+     * repeated by its request id gets its first block. */
     tc_signal(&c, leader, SIGKILL);
     cr_assert_geq(tc_wait_leader(&c, 10000), 0);
     check_tags(200, ids);
+    call.state = IDALLOC_CALL_UNKNOWN;
+    uint64_t again = 0;
+    cr_assert_eq(idalloc_reserve(cl, "s", 77, &again, &call), 0, "%s",
+                 call.errmsg);
+    cr_assert_eq(again, first, "the repeat got another block");
+    call.state = IDALLOC_CALL_UNKNOWN; /* DONE: the next use would be fresh */
+    cr_assert_eq(idalloc_reserve(cl, "s", 78, &again, &call), IDA_EREUSED,
+                 "same request id, other count");
 }

@@ -257,7 +257,7 @@ Test(sessions, answers_above_the_floor_are_bounded)
         }
         oks++;
     }
-    /* 1024 answers, 511 dropped by the floor, one more (seq s + 1). */
+    /* The bound, 511 dropped by the floor, one more (seq s + 1). */
     cr_assert_eq(oks,
                  IDA_SESSION_RESULTS_MAX - (IDA_SESSION_RESULTS_MAX - 511 + 1));
     int refused = 1; /* seq s above */
