@@ -140,8 +140,11 @@ void idalloc_client_free(struct idalloc_client *c);
  * plain data: copy it, or persist its text form (idalloc_call_format()).
  *
  *   state NEW      fresh: the next call with it gets a new request id.
- *   state DONE     the call ended with an answer (0 or a definite error),
- *                  or was not carried out (then it is NEW again).
+ *                  A call that was not carried out (IDA_EUNAVAIL, or
+ *                  refused before sending) leaves it NEW.
+ *   state DONE     the call ended with an answer (0 or a definite error).
+ *                  A DONE or LOST call struct used again starts a fresh
+ *                  call (a new request id).
  *   state UNKNOWN  the call ended with an unknown outcome (IDA_ETIMEDOUT,
  *                  IDA_ELEADERLOST, ...). Calling the SAME operation with
  *                  the SAME arguments and this call struct repeats the

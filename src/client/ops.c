@@ -22,7 +22,7 @@ static int run(struct idalloc_client *c,
         idalloc_call_init(&local);
         call = &local;
     }
-    if (call->state != IDALLOC_CALL_UNKNOWN) {
+    if (write && call->state != IDALLOC_CALL_UNKNOWN) {
         call->seq = 0; /* a fresh call */
         call->state = IDALLOC_CALL_NEW;
     }
@@ -49,8 +49,8 @@ static int run(struct idalloc_client *c,
     if (write) {
         rv = ida__client_finish(c, call, rv, keep, replay);
     } else {
-        call->error = rv;
-        call->state = IDALLOC_CALL_DONE;
+        call->error = rv; /* a read has no request id to keep: the state of
+                           * the struct is left as it was */
     }
     if (rv == 0) {
         *out = r;
