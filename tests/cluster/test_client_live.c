@@ -239,6 +239,43 @@ static int cmp_u64(const void *x, const void *y)
     return a < b ? -1 : a > b;
 }
 
+/* A write repeated by another process with --request-id: the first
+ * answer, IDA_EREUSED for other arguments, "outcome unknown for good" for a
+ * session the cluster does not know. */
+Test(cli_live,
+     request_id_repeats_a_write_from_another_process,
+     .init = setup3,
+     .fini = teardown,
+     .timeout = 120)
+{
+    cr_assert_eq(
+        idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL, NULL), 0);
+    struct idalloc_client *keeper = tc_client(&c, 10000);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    uint64_t first;
+    cr_assert_eq(idalloc_reserve(keeper, "s", 5, &first, &call), 0);
+    idalloc_client_free(keeper); /* sends nothing more: the answer stays */
+    char id[IDALLOC_CALL_ID_TEXT_MAX], args[256], want[64];
+    cr_assert_eq(idalloc_call_format(&call, id), 0);
+    snprintf(args, sizeof(args), "reserve s --count 5 --request-id %s", id);
+    cr_assert_eq(cli(args), 0, "%s", out);
+    snprintf(want, sizeof(want), "%llu %llu\n", (unsigned long long)first,
+             (unsigned long long)first + 4);
+    cr_assert_str_eq(out, want, "the repeat printed another block");
+    snprintf(args, sizeof(args), "reserve s --count 6 --request-id %s", id);
+    cr_assert_eq(cli_err(args), 1, "%s", out);
+    cr_assert(strstr(out, "request id reused") != NULL, "%s", out);
+    cr_assert_eq(cli("reserve s --count 1"), 0);
+    snprintf(want, sizeof(want), "%llu %llu\n", (unsigned long long)first + 5,
+             (unsigned long long)first + 5);
+    cr_assert_str_eq(out, want, "a repeat acted");
+    cr_assert_eq(cli_err("reserve s --count 5 --request-id "
+                         "00112233445566778899aabbccddeeff:4294967296"),
+                 3, "%s", out);
+    cr_assert(strstr(out, "expired") != NULL, "%s", out);
+}
+
 Test(client_live,
      next_from_8_threads,
      .init = setup3,
