@@ -517,14 +517,6 @@ void ida__client_floor(struct idalloc_client *c,
     pthread_mutex_unlock(&c->sess_mu);
 }
 
-void ida__client_forget_session(struct idalloc_client *c)
-{
-    pthread_mutex_lock(&c->sess_mu);
-    int rv = new_session_locked(c);
-    IDA_ASSERT(rv == 0);
-    pthread_mutex_unlock(&c->sess_mu);
-}
-
 void idalloc_call_init(struct idalloc_call *t)
 {
     memset(t, 0, sizeof(*t));

@@ -28,9 +28,4 @@ void ida__client_floor(struct idalloc_client *c,
                        uint64_t *floor,
                        size_t *outstanding);
 
-/* Make @c's session look expired to the library's next write: it registers
- * a new one (the old client id stays valid in the cluster until it expires
- * there). */
-void ida__client_forget_session(struct idalloc_client *c);
-
 #endif /* IDA_CLIENT_TESTING_H */
