@@ -173,6 +173,7 @@ void ida_fsm_free(struct ida_fsm *f)
     while (f->lru_head != NULL) {
         struct ida__session *s = f->lru_head;
         f->lru_head = s->next;
+        ida_free(s->results);
         ida_free(s);
     }
     ida_free(f->sess_refs);
@@ -224,6 +225,11 @@ void ida_fsm_pool_info(const struct ida_fsm *f,
             out->used = p->u.prefix.n;
             break;
     }
+}
+
+uint64_t ida_fsm_results_count(const struct ida_fsm *f)
+{
+    return f->results_total;
 }
 
 /* --- operations ----------------------------------------------------------- */
@@ -496,8 +502,39 @@ static int execute(struct ida_fsm *f,
     }
 }
 
-/* Apply one command with its session rules. 0 or IDA_ENOMEM (nothing of
- * this command applied). */
+/* RegisterClient: create or refresh the session of @client_id. 0 or
+ * IDA_ENOMEM (nothing changed). */
+static int register_client(struct ida_fsm *f,
+                           const uint8_t *client_id,
+                           struct ida_fsm_reply *reply)
+{
+    struct ida__session *s = ida__session_find(f, client_id);
+    bool created = s == NULL;
+    if (s == NULL) {
+        if (f->session_count >= IDA_SESSIONS_MAX) {
+            /* Only a session idle for long may make room: a client with
+             * calls in flight is never dropped for another's registration
+             * (fsm.h, "Sessions"). */
+            struct ida__session *old = f->lru_head;
+            if (f->now_ms - old->last_active_ms < IDA_SESSION_EVICT_IDLE_MS) {
+                ida__fsm_result_error(&reply->result, IDA__R_SESSIONS_FULL);
+                return 0;
+            }
+            ida__session_drop(f, old);
+        }
+        s = ida__session_add(f, client_id);
+        if (s == NULL) {
+            return IDA_ENOMEM;
+        }
+    }
+    ida__session_touch(f, s);
+    result_ok(&reply->result, IDA_FSM_OP_REGISTER);
+    reply->result.flag = created;
+    return 0;
+}
+
+/* Apply one command with its session rules (fsm.h, "Sessions"). 0 or
+ * IDA_ENOMEM (nothing of this command applied). */
 static int apply_command(struct ida_fsm *f,
                          const Idalloc__Command *c,
                          uint64_t seed,
@@ -514,29 +551,58 @@ static int apply_command(struct ida_fsm *f,
         ida__fsm_result_error(&reply->result, IDA__R_SEQ_ZERO);
         return 0;
     }
+    if (c->op_case == IDALLOC__COMMAND__OP_REGISTER_CLIENT) {
+        return register_client(f, c->client_id.data, reply);
+    }
     struct ida__session *s = ida__session_find(f, c->client_id.data);
-    if (s != NULL) {
-        const struct ida__cached *k = ida__session_lookup(s, c->request_seq);
-        if (k != NULL || c->request_seq <= s->evicted_below) {
-            if (k != NULL) {
-                reply->result = k->result;
-                reply->cached = true;
-            } else {
-                ida__fsm_result_error(&reply->result, IDA__R_SESSION_GONE);
-            }
-            ida__session_touch(f, s);
+    if (s == NULL) {
+        /* Never executed: the client cannot know whether an earlier copy
+         * ran before its session went, so only a definite "not now". */
+        ida__fsm_result_error(&reply->result, IDA__R_NO_SESSION);
+        return 0;
+    }
+    if (c->ack_below > c->request_seq) {
+        ida__fsm_result_error(&reply->result, IDA__R_ACK_ABOVE);
+        return 0;
+    }
+    uint64_t fp = ida__fsm_fingerprint(c);
+    const struct ida__cached *k = ida__session_lookup(s, c->request_seq);
+    if (k == NULL && c->request_seq > s->evicted_below && s->n == s->cap &&
+        s->n < IDA_SESSION_RESULTS_MAX + IDA_SESSION_REFUSED_MAX &&
+        ida__session_reserve(s) != 0) {
+        /* Room first, so an ENOMEM leaves the command undone rather than
+         * done but unrecorded. */
+        return IDA_ENOMEM;
+    }
+    ida__session_ack(f, s, c->ack_below);
+    ida__session_touch(f, s);
+    if (k != NULL) {
+        k = ida__session_lookup(s, c->request_seq); /* the ack moved it */
+        if (k->fingerprint != fp) {
+            ida__fsm_result_error(&reply->result, IDA__R_REUSED);
+        } else {
+            reply->result = k->result;
+            reply->cached = true;
+        }
+        return 0;
+    }
+    if (c->request_seq <= s->evicted_below) {
+        ida__fsm_result_error(&reply->result, IDA__R_SESSION_GONE);
+        return 0;
+    }
+    if (ida__session_answers(s) >= IDA_SESSION_RESULTS_MAX ||
+        f->results_total >= IDA_RESULTS_TOTAL_MAX) {
+        if (s->n_refused >= IDA_SESSION_REFUSED_MAX) {
+            ida__session_drop(f, s);
+            ida__fsm_result_error(&reply->result, IDA__R_SESSION_OVERFLOW);
             return 0;
         }
-    } else {
-        /* Allocate the session before acting, so an ENOMEM here leaves the
-         * command undone rather than done but unrecorded. */
-        if (f->session_count >= IDA_SESSIONS_MAX) {
-            ida__session_drop(f, f->lru_head); /* the least recently used */
-        }
-        s = ida__session_add(f, c->client_id.data);
-        if (s == NULL) {
-            return IDA_ENOMEM;
-        }
+        ida__fsm_result_error(&reply->result,
+                              ida__session_answers(s) >= IDA_SESSION_RESULTS_MAX
+                                  ? IDA__R_RESULTS_MAX
+                                  : IDA__R_RESULTS_TOTAL);
+        ida__session_keep(f, s, c->request_seq, fp, &reply->result);
+        return 0;
     }
     int rv = execute(f, c, seed, &reply->result);
     if (rv < 0) {
@@ -545,8 +611,7 @@ static int apply_command(struct ida_fsm *f,
     if (rv != IDA__R_OK) {
         ida__fsm_result_error(&reply->result, rv);
     }
-    ida__session_keep(s, c->request_seq, &reply->result);
-    ida__session_touch(f, s);
+    ida__session_keep(f, s, c->request_seq, fp, &reply->result);
     return 0;
 }
 

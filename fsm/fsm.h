@@ -36,26 +36,44 @@
  *             length bytes both rule out one prefix being a prefix of
  *             another. alloc(tag) is idempotent per tag.
  *
- * Sessions (Raft dissertation 6.3): every command carries (client_id,
- * request_seq). Per client the state machine keeps the results of the
- * IDA_SESSION_RESULTS_MAX highest request_seqs it executed. A command whose
- * request_seq is kept gets the kept result again (reply.cached) and does not
- * act. A request_seq at or below one whose result was dropped (evicted by
- * newer ones) gets IDA_ESESSION: it may or may not have acted, the answer is
- * gone. Expiry is driven by the log only: "now" is the largest
- * CommandBatch.timestamp_ms applied so far (the leader's clock; it never
- * goes back inside the state machine). Before the commands of a batch run, a
- * session idle for at least IDA_SESSION_TTL_MS of that "now" is dropped; when
- * IDA_SESSIONS_MAX sessions exist, a new client drops the least recently
- * used one (order: a counter bumped on every use, kept in snapshots).
- * A session takes 960 bytes, so the table stays under 64 MiB.
- * A too-late retry (its session expired or was dropped) is unknown to the
- * state machine and is executed as a new command: alloc and prefix alloc
- * are idempotent by tag, so the tag gets the id it holds (existed = true);
- * free answers freed = false, or IDA_ETAGMISMATCH if another tag took the
- * id since (it never frees another tag's id); pool create answers
- * created = false; reserve hands out a new block and the first one is
- * simply never used. No id is ever handed out twice in any of these cases.
+ * Sessions (Raft dissertation 6.3). Every command carries (client_id,
+ * request_seq, ack_below).
+ *   - A session exists only once registered: a logged RegisterClient
+ *     command. Any other command of a client_id without a session (never
+ *     registered, expired, dropped) is never executed: it gets IDA_EEXPIRED,
+ *     a definite answer, and changes nothing. Registering an existing
+ *     session refreshes it; its answer is not kept.
+ *   - ack_below is the client's acknowledgement floor: it no longer needs
+ *     the answers of its request_seqs below it. The floor only rises; the
+ *     answers below it are dropped and a later command at or below the
+ *     highest dropped seq (evicted_below) gets IDA_ESESSION without acting
+ *     (the client said it would never ask). ack_below > request_seq is
+ *     IDA_EINVAL.
+ *   - Every other answer is kept (reply.cached on a replay, nothing acts),
+ *     together with a fingerprint of what it was for (operation, pool, tag,
+ *     id, count, kind, size: ida__fsm_fingerprint). A replay whose
+ *     fingerprint differs gets IDA_EREUSED and changes nothing.
+ *   - Bounds: IDA_SESSION_RESULTS_MAX answers above the floor per client and
+ *     IDA_RESULTS_TOTAL_MAX in all. A command past either is refused with
+ *     IDA_ELIMIT, and that refusal is kept like an answer (so a duplicate of
+ *     it never acts later), up to IDA_SESSION_REFUSED_MAX refusals per
+ *     client; past that the session is dropped (its later commands get
+ *     IDA_EEXPIRED: never executed). A client that keeps its floor current
+ *     and settles its unknown calls within IDA_SESSION_RESULTS_MAX writes
+ *     (the library refuses a write past IDALLOC_SPAN_MAX, below it) never
+ *     meets these bounds.
+ *   - Expiry by log time only: "now" is the largest CommandBatch.timestamp_ms
+ *     applied so far (the leader's clock; it never goes back here). Before
+ *     the commands of a batch run, a session idle for IDA_SESSION_TTL_MS is
+ *     dropped.
+ *   - No client can evict another's session by registering many: with
+ *     IDA_SESSIONS_MAX sessions, a registration drops the least recently
+ *     used session only if it was idle for IDA_SESSION_EVICT_IDLE_MS;
+ *     otherwise the registration is refused with IDA_ELIMIT. A client with
+ *     calls in flight uses its session every few seconds (every attempt
+ *     touches it, replays included), far below that idle time. The node
+ *     also bounds registrations per connection (src/node/net.c).
+ * Session memory grows with use: results are a sorted array that doubles.
  *
  * Entries: ENTRY_NORMAL data is an encoded idalloc.CommandBatch; NOOP and
  * CONFIG entries only advance the applied index. A NORMAL entry whose data
@@ -98,11 +116,20 @@
 /* A prefix pool hands out at most this many prefixes. */
 #define IDA_PREFIX_TAGS_MAX UINT64_C(0xFFFFFFFE)
 /* A prefix: length byte + up to 8 value bytes. */
-#define IDA_PREFIX_BYTES_MAX    9
-#define IDA_CLIENT_ID_BYTES     16
-#define IDA_SESSIONS_MAX        65536
-#define IDA_SESSION_RESULTS_MAX 16
-#define IDA_SESSION_TTL_MS      (UINT64_C(60) * 60 * 1000)
+#define IDA_PREFIX_BYTES_MAX 9
+#define IDA_CLIENT_ID_BYTES  16
+#define IDA_SESSIONS_MAX     65536
+/* Answers kept per client above its acknowledgement floor. A call whose
+ * outcome stays unknown pins every later answer of its client until it is
+ * repeated or released, so this is large. */
+#define IDA_SESSION_RESULTS_MAX 65536
+/* IDA_ELIMIT refusals kept per client before its session is dropped. */
+#define IDA_SESSION_REFUSED_MAX 64
+/* Answers kept in all sessions together (64 bytes each: 256 MiB). */
+#define IDA_RESULTS_TOTAL_MAX (UINT64_C(1) << 22)
+#define IDA_SESSION_TTL_MS    (UINT64_C(60) * 60 * 1000)
+/* With the table full, a registration may drop a session idle this long. */
+#define IDA_SESSION_EVICT_IDLE_MS (UINT64_C(10) * 60 * 1000)
 /* Commands in one CommandBatch. */
 #define IDA_BATCH_COMMANDS_MAX 65536
 /* FsmState.version and CommandBatch.version understood here. */
@@ -118,7 +145,8 @@ enum ida_fsm_op {
     IDA_FSM_OP_FREE,
     IDA_FSM_OP_RESERVE,
     IDA_FSM_OP_PREFIX_ALLOC,
-    IDA_FSM_OP_RESTORE, /* id: the backup's index; count: pools restored */
+    IDA_FSM_OP_RESTORE,  /* id: the backup's index; count: pools restored */
+    IDA_FSM_OP_REGISTER, /* flag = created; never kept in a session */
 };
 
 /* The answer to one command. Fields beyond error/error_msg are meaningful
@@ -127,7 +155,8 @@ enum ida_fsm_op {
  *   ALLOC        id, flag = existed
  *   FREE         flag = freed (false: the id was already free)
  *   RESERVE      id = first, count
- *   PREFIX_ALLOC prefix[0..prefix_len), flag = existed */
+ *   PREFIX_ALLOC prefix[0..prefix_len), flag = existed
+ *   REGISTER     flag = created (false: the session existed) */
 struct ida_fsm_result
 {
     int error;             /* 0 or an IDA_E* code */
@@ -205,9 +234,11 @@ int ida_fsm_apply(struct ida_fsm *f,
 ida_index ida_fsm_applied_index(const struct ida_fsm *f);
 /* The newest CommandBatch timestamp applied (session clock "now"). */
 uint64_t ida_fsm_now_ms(const struct ida_fsm *f);
-/* Number of pools / live sessions (for status and tests). */
+/* Number of pools / live sessions / answers kept in all sessions (for
+ * status and tests). */
 size_t ida_fsm_pool_count(const struct ida_fsm *f);
 size_t ida_fsm_session_count(const struct ida_fsm *f);
+uint64_t ida_fsm_results_count(const struct ida_fsm *f);
 
 /* What pool @i (0 <= @i < ida_fsm_pool_count(), in name order) is and how
  * much of it is used (metrics). */
@@ -283,6 +314,7 @@ struct ida_fsm_result_pb
         Idalloc__ReserveResult reserve;
         Idalloc__PrefixResult prefix;
         Idalloc__RestoreResult restore;
+        Idalloc__RegisterResult reg;
     } u;
     uint8_t prefix[IDA_PREFIX_BYTES_MAX];
 };

@@ -33,7 +33,20 @@
     X(IDA__R_CLIENT_ID, IDA_EINVAL, "client_id must be 16 bytes")              \
     X(IDA__R_SEQ_ZERO, IDA_EINVAL, "request_seq must be at least 1")           \
     X(IDA__R_SESSION_GONE, IDA_ESESSION,                                       \
-      "request_seq is older than the results kept for this client")            \
+      "request_seq is below the client's acknowledgement floor")               \
+    X(IDA__R_NO_SESSION, IDA_EEXPIRED,                                         \
+      "no session for this client_id (never registered or expired)")           \
+    X(IDA__R_SESSION_OVERFLOW, IDA_EEXPIRED,                                   \
+      "session dropped: too many refused requests")                            \
+    X(IDA__R_REUSED, IDA_EREUSED,                                              \
+      "request_seq was used for another operation or arguments")               \
+    X(IDA__R_ACK_ABOVE, IDA_EINVAL, "ack_below is above request_seq")          \
+    X(IDA__R_RESULTS_MAX, IDA_ELIMIT,                                          \
+      "too many answers above the acknowledgement floor for this client")      \
+    X(IDA__R_RESULTS_TOTAL, IDA_ELIMIT,                                        \
+      "the cluster keeps too many answers; retry later")                       \
+    X(IDA__R_SESSIONS_FULL, IDA_ELIMIT,                                        \
+      "session table full and no session idle long enough to drop")            \
     X(IDA__R_POOL_NAME, IDA_EINVAL,                                            \
       "pool name must be 1-64 chars of A-Za-z0-9._:-")                         \
     X(IDA__R_NO_POOL, IDA_ENOPOOL, "no pool with this name")                   \
@@ -244,6 +257,7 @@ struct ida__pool
 struct ida__cached
 {
     uint64_t seq;
+    uint64_t fingerprint; /* ida__fsm_fingerprint() of the command */
     struct ida_fsm_result result;
 };
 
@@ -255,9 +269,16 @@ struct ida__session
     uint64_t evicted_below; /* highest request_seq dropped from results */
     struct ida__session *prev, *next; /* LRU list, oldest first */
     uint32_t ref;                     /* index in ida_fsm.sess_refs */
-    uint32_t n;
-    struct ida__cached results[IDA_SESSION_RESULTS_MAX]; /* any order */
+    uint32_t n, cap;                  /* results[0..n), sorted by seq */
+    uint32_t n_refused;               /* of which IDA_ELIMIT refusals */
+    struct ida__cached *results;
 };
+
+/* Answers that count against the bounds: kept, not refusals. */
+static inline uint32_t ida__session_answers(const struct ida__session *s)
+{
+    return s->n - s->n_refused;
+}
 
 /* Bump-allocated memory for decoding one entry (protobuf-c allocator):
  * reset per entry, coalesced into one block, so steady-state decoding does
@@ -283,6 +304,7 @@ struct ida_fsm
     uint32_t *sess_free; /* stack of free refs */
     uint32_t sess_free_count;
     size_t session_count;
+    uint64_t results_total; /* answers (not refusals) kept in all sessions */
     struct ida__session *lru_head, *lru_tail;
     struct ida__tagtab sessions; /* client_id -> ref */
 
@@ -314,10 +336,22 @@ void ida__sessions_expire(struct ida_fsm *f);
 /* The result kept in @s for @seq, or NULL. */
 const struct ida__cached *ida__session_lookup(const struct ida__session *s,
                                               uint64_t seq);
-/* Keep @r for @seq (absent from @s), evicting the lowest seq when full. */
-void ida__session_keep(struct ida__session *s,
+/* Room for one more result in @s: 0 or IDA_ENOMEM (nothing changed). */
+int ida__session_reserve(struct ida__session *s);
+/* Keep @r for @seq (absent from @s, above evicted_below) with @fingerprint.
+ * Requires a successful ida__session_reserve(). */
+void ida__session_keep(struct ida_fsm *f,
+                       struct ida__session *s,
                        uint64_t seq,
+                       uint64_t fingerprint,
                        const struct ida_fsm_result *r);
+/* Raise @s's acknowledgement floor to @ack_below: drop the results below it
+ * and remember the highest seq dropped. A lower floor changes nothing. */
+void ida__session_ack(struct ida_fsm *f,
+                      struct ida__session *s,
+                      uint64_t ack_below);
+/* What a command is for: a hash of its operation and arguments. */
+uint64_t ida__fsm_fingerprint(const Idalloc__Command *c);
 
 /* The key callback for the sessions table. */
 const uint8_t *ida__session_key(const void *ctx, uint32_t ref, size_t *len);

@@ -1,4 +1,5 @@
-/* Client sessions: lookup by client_id, LRU order, kept results. */
+/* Client sessions: lookup by client_id, LRU order, kept results, the
+ * acknowledgement floor and request fingerprints (fsm/fsm.h, "Sessions"). */
 #include "fsm/fsm.h"
 
 #include <string.h>
@@ -110,6 +111,8 @@ struct ida__session *ida__session_add(struct ida_fsm *f,
 
 void ida__session_drop(struct ida_fsm *f, struct ida__session *s)
 {
+    f->results_total -= ida__session_answers(s);
+    ida_free(s->results);
     ida__tagtab_remove(&f->sessions, s->ref);
     f->sess_refs[s->ref] = NULL;
     f->sess_free[f->sess_free_count++] = s->ref;
@@ -128,46 +131,140 @@ void ida__sessions_expire(struct ida_fsm *f)
     }
 }
 
+/* Index of the first result whose seq is >= @seq. */
+static uint32_t result_lower_bound(const struct ida__session *s, uint64_t seq)
+{
+    uint32_t lo = 0, hi = s->n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (s->results[mid].seq < seq) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
 const struct ida__cached *ida__session_lookup(const struct ida__session *s,
                                               uint64_t seq)
 {
-    for (uint32_t i = 0; i < s->n; i++) {
-        if (s->results[i].seq == seq) {
-            return &s->results[i];
-        }
-    }
-    return NULL;
+    uint32_t i = result_lower_bound(s, seq);
+    return i < s->n && s->results[i].seq == seq ? &s->results[i] : NULL;
 }
 
-/* Keep @r for @seq (absent). When full, the lowest seq of the kept ones
- * and @seq is dropped and remembered in evicted_below. Results are kept in
- * no particular order (snapshots sort them): no shifting on the hot path. */
-void ida__session_keep(struct ida__session *s,
+int ida__session_reserve(struct ida__session *s)
+{
+    if (s->n < s->cap) {
+        return 0;
+    }
+    uint32_t ncap = s->cap == 0 ? 4 : s->cap * 2;
+    if (ncap > IDA_SESSION_RESULTS_MAX + IDA_SESSION_REFUSED_MAX) {
+        ncap = IDA_SESSION_RESULTS_MAX + IDA_SESSION_REFUSED_MAX;
+    }
+    IDA_ASSERT(ncap > s->n); /* the callers check the bounds first */
+    struct ida__cached *nr = ida_realloc(s->results, ncap * sizeof(*nr));
+    if (nr == NULL) {
+        return IDA_ENOMEM;
+    }
+    s->results = nr;
+    s->cap = ncap;
+    return 0;
+}
+
+/* Clients number their requests upwards, so the new seq is nearly always
+ * the largest: the memmove is empty on the hot path. */
+void ida__session_keep(struct ida_fsm *f,
+                       struct ida__session *s,
                        uint64_t seq,
+                       uint64_t fingerprint,
                        const struct ida_fsm_result *r)
 {
-    uint32_t slot = s->n;
-    if (s->n == IDA_SESSION_RESULTS_MAX) {
-        slot = 0;
-        for (uint32_t i = 1; i < s->n; i++) {
-            if (s->results[i].seq < s->results[slot].seq) {
-                slot = i;
-            }
-        }
-        uint64_t lowest = s->results[slot].seq;
-        if (seq < lowest) {
-            /* Older than everything kept: dropped at once. */
-            if (seq > s->evicted_below) {
-                s->evicted_below = seq;
-            }
-            return;
-        }
-        if (lowest > s->evicted_below) {
-            s->evicted_below = lowest;
-        }
+    IDA_ASSERT(s->n < s->cap && seq > s->evicted_below);
+    uint32_t i = result_lower_bound(s, seq);
+    IDA_ASSERT(i == s->n || s->results[i].seq != seq);
+    memmove(&s->results[i + 1], &s->results[i],
+            (s->n - i) * sizeof(*s->results));
+    s->results[i].seq = seq;
+    s->results[i].fingerprint = fingerprint;
+    s->results[i].result = *r;
+    s->n++;
+    if (r->error == IDA_ELIMIT) {
+        s->n_refused++;
     } else {
-        s->n++;
+        f->results_total++;
     }
-    s->results[slot].seq = seq;
-    s->results[slot].result = *r;
+}
+
+void ida__session_ack(struct ida_fsm *f,
+                      struct ida__session *s,
+                      uint64_t ack_below)
+{
+    if (ack_below == 0 || ack_below - 1 <= s->evicted_below) {
+        return;
+    }
+    uint32_t k = result_lower_bound(s, ack_below);
+    for (uint32_t i = 0; i < k; i++) {
+        if (s->results[i].result.error == IDA_ELIMIT) {
+            s->n_refused--;
+        } else {
+            f->results_total--;
+        }
+    }
+    memmove(&s->results[0], &s->results[k], (s->n - k) * sizeof(*s->results));
+    s->n -= k;
+    s->evicted_below = ack_below - 1;
+}
+
+/* --- fingerprints ----------------------------------------------------------
+ */
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    uint8_t b[16];
+    for (int i = 0; i < 8; i++) {
+        b[i] = (uint8_t)(h >> (8 * i));
+        b[8 + i] = (uint8_t)(v >> (8 * i));
+    }
+    return ida__hash(b, sizeof(b));
+}
+
+static uint64_t mix_str(uint64_t h, const char *str)
+{
+    const char *p = str != NULL ? str : "";
+    return mix(h, ida__hash((const uint8_t *)p, strlen(p)));
+}
+
+/* 64 bits: two different commands under one (client_id, request_seq)
+ * collide with probability 2^-64, and only a client's own commands can. */
+uint64_t ida__fsm_fingerprint(const Idalloc__Command *c)
+{
+    uint64_t h = mix(UINT64_C(0x6964616c6c6f6331), (uint64_t)c->op_case);
+    switch (c->op_case) {
+        case IDALLOC__COMMAND__OP_POOL_CREATE:
+            h = mix_str(h, c->pool_create->name);
+            h = mix(h, (uint64_t)c->pool_create->kind);
+            return mix(h, c->pool_create->size);
+        case IDALLOC__COMMAND__OP_ALLOC:
+            h = mix_str(h, c->alloc->pool);
+            return mix_str(h, c->alloc->tag);
+        case IDALLOC__COMMAND__OP_FREE:
+            h = mix_str(h, c->free->pool);
+            h = mix(h, c->free->id);
+            return mix_str(h, c->free->tag);
+        case IDALLOC__COMMAND__OP_RESERVE:
+            h = mix_str(h, c->reserve->pool);
+            return mix(h, c->reserve->count);
+        case IDALLOC__COMMAND__OP_PREFIX_ALLOC:
+            h = mix_str(h, c->prefix_alloc->pool);
+            return mix_str(h, c->prefix_alloc->tag);
+        case IDALLOC__COMMAND__OP_RESTORE:
+            h = mix(h,
+                    ida__hash(c->restore->state.data, c->restore->state.len));
+            h = mix_str(h, c->restore->from_cluster);
+            h = mix(h, c->restore->from_index);
+            return mix(h, c->restore->advance_sequences);
+        default:
+            return h;
+    }
 }

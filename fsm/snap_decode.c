@@ -400,9 +400,9 @@ static int dec_session_fields(struct ida_fsm *f,
                               const uint8_t *last_id)
 {
     if (m->client_id.len != IDA_CLIENT_ID_BYTES ||
-        m->n_results > IDA_SESSION_RESULTS_MAX || m->lru_rank == 0 ||
-        m->lru_rank > f->session_clock || m->last_active_ms > f->now_ms ||
-        f->session_count >= IDA_SESSIONS_MAX ||
+        m->n_results > IDA_SESSION_RESULTS_MAX + IDA_SESSION_REFUSED_MAX ||
+        m->lru_rank == 0 || m->lru_rank > f->session_clock ||
+        m->last_active_ms > f->now_ms || f->session_count >= IDA_SESSIONS_MAX ||
         (last_id != NULL &&
          memcmp(last_id, m->client_id.data, IDA_CLIENT_ID_BYTES) >= 0)) {
         return CORRUPT;
@@ -428,11 +428,24 @@ static int dec_session(struct ida_fsm *f,
         return CORRUPT;
     }
     int rv = dec_session_fields(f, m, *last_id);
-    struct ida_fsm_result res[IDA_SESSION_RESULTS_MAX];
-    for (size_t i = 0; rv == 0 && i < m->n_results; i++) {
-        rv = dec_result(m->results[i]->result, &res[i]);
+    struct ida__cached *res = rv == 0 && m->n_results > 0
+                                  ? ida_malloc(m->n_results * sizeof(*res))
+                                  : NULL;
+    if (rv == 0 && m->n_results > 0 && res == NULL) {
+        rv = IDA_ENOMEM;
     }
-    if (rv == 0 && ida__session_find(f, m->client_id.data) != NULL) {
+    uint32_t refused = 0;
+    for (size_t i = 0; rv == 0 && i < m->n_results; i++) {
+        res[i].seq = m->results[i]->request_seq;
+        res[i].fingerprint = m->results[i]->fingerprint;
+        rv = dec_result(m->results[i]->result, &res[i].result);
+        refused += rv == 0 && res[i].result.error == IDA_ELIMIT;
+    }
+    uint32_t answers = (uint32_t)m->n_results - refused;
+    if (rv == 0 && (refused > IDA_SESSION_REFUSED_MAX ||
+                    answers > IDA_SESSION_RESULTS_MAX ||
+                    f->results_total + answers > IDA_RESULTS_TOTAL_MAX ||
+                    ida__session_find(f, m->client_id.data) != NULL)) {
         rv = CORRUPT;
     }
     if (rv == 0) {
@@ -443,14 +456,15 @@ static int dec_session(struct ida_fsm *f,
             s->last_active_ms = m->last_active_ms;
             s->rank = m->lru_rank;
             s->evicted_below = m->evicted_below;
-            s->n = (uint32_t)m->n_results;
-            for (uint32_t i = 0; i < s->n; i++) {
-                s->results[i].seq = m->results[i]->request_seq;
-                s->results[i].result = res[i];
-            }
+            s->n = s->cap = (uint32_t)m->n_results;
+            s->n_refused = refused;
+            s->results = res;
+            res = NULL;
+            f->results_total += answers;
             *last_id = s->client_id;
         }
     }
+    ida_free(res);
     idalloc__session__free_unpacked(m, NULL);
     return rv;
 }

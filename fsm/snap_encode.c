@@ -241,6 +241,13 @@ void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
             pb->msg.result_case = IDALLOC__COMMAND_RESULT__RESULT_RESTORE;
             pb->msg.restore = &pb->u.restore;
             break;
+        case IDA_FSM_OP_REGISTER:
+            idalloc__register_result__init(&pb->u.reg);
+            pb->u.reg.created = r->flag;
+            pb->msg.result_case =
+                IDALLOC__COMMAND_RESULT__RESULT_REGISTER_CLIENT;
+            pb->msg.register_client = &pb->u.reg;
+            break;
         default:
             IDA_UNREACHABLE();
     }
@@ -249,6 +256,7 @@ void ida_fsm_result_to_pb(const struct ida_fsm_result *r,
 struct result_arg
 {
     uint64_t seq;
+    uint64_t fingerprint;
     const struct ida_fsm_result *r;
 };
 
@@ -266,6 +274,7 @@ static void enc_result(struct ida__wbuf *w, const void *arg)
         IDA_ASSERT(got == n);
     }
     w->len += n;
+    ida__w_fixed64(w, 3, a->fingerprint);
 }
 
 static void enc_session(struct ida__wbuf *w, const void *arg)
@@ -273,19 +282,10 @@ static void enc_session(struct ida__wbuf *w, const void *arg)
     const struct ida__session *s = arg;
     ida__w_bytes(w, 1, s->client_id, IDA_CLIENT_ID_BYTES);
     ida__w_u64(w, 2, s->last_active_ms);
-    /* Kept results are unordered in memory; written by request_seq. */
-    uint32_t order[IDA_SESSION_RESULTS_MAX];
+    /* Kept results are sorted by request_seq in memory already. */
     for (uint32_t i = 0; i < s->n; i++) {
-        uint32_t j = i;
-        while (j > 0 && s->results[order[j - 1]].seq > s->results[i].seq) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = i;
-    }
-    for (uint32_t i = 0; i < s->n; i++) {
-        const struct ida__cached *k = &s->results[order[i]];
-        struct result_arg a = {k->seq, &k->result};
+        const struct ida__cached *k = &s->results[i];
+        struct result_arg a = {k->seq, k->fingerprint, &k->result};
         ida__w_msg(w, 3, enc_result, &a);
     }
     ida__w_u64(w, 4, s->rank);

@@ -41,6 +41,20 @@ void ida__w_u64(struct ida__wbuf *w, uint32_t field, uint64_t v)
     }
 }
 
+void ida__w_fixed64(struct ida__wbuf *w, uint32_t field, uint64_t v)
+{
+    if (v == 0) {
+        return;
+    }
+    ida__w_key(w, field, IDA__WT_I64);
+    if (w->p != NULL) {
+        for (int b = 0; b < 8; b++) {
+            w->p[w->len + (size_t)b] = (uint8_t)(v >> (8 * b));
+        }
+    }
+    w->len += 8;
+}
+
 void ida__w_bytes(struct ida__wbuf *w,
                   uint32_t field,
                   const void *data,

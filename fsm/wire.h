@@ -20,6 +20,8 @@ void ida__w_varint(struct ida__wbuf *w, uint64_t v);
 void ida__w_key(struct ida__wbuf *w, uint32_t field, int type);
 /* proto3: a zero scalar is not written. */
 void ida__w_u64(struct ida__wbuf *w, uint32_t field, uint64_t v);
+/* proto3 fixed64 (little-endian); zero is not written. */
+void ida__w_fixed64(struct ida__wbuf *w, uint32_t field, uint64_t v);
 void ida__w_bytes(struct ida__wbuf *w,
                   uint32_t field,
                   const void *data,

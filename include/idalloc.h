@@ -1,16 +1,37 @@
 /* libidalloc: the client library of idalloc.
  *
  * Link lib/libidalloc.a (or -lidalloc with lib/libidalloc.so) and include
- * this header. One client object talks to one cluster; it is safe to use
- * from many threads at once (calls are pipelined on one connection per node
- * and matched by request sequence number).
+ * this header. One client object talks to one cluster.
  *
- * Every call returns 0 or an IDA_E* code (idalloc_errors.h). Use
- * idalloc_errclass() to tell a definite "no" (IDA_ERR_CLASS_DEFINITE:
+ * THREADING: a client object is safe to use from many threads at once
+ * (calls are pipelined on one connection per node and matched by request
+ * id). A struct idalloc_call is used by one call at a time; the library
+ * keeps no per-thread state.
+ *
+ * ERRORS: every call returns 0 or an IDA_E* code (idalloc_errors.h) and, when
+ * given a struct idalloc_call, leaves a one-line detail in call->errmsg.
+ * idalloc_errclass() tells a definite "no" (IDA_ERR_CLASS_DEFINITE, USAGE:
  * nothing happened) from "outcome unknown" (IDA_ERR_CLASS_UNKNOWN: the
- * operation may or may not have taken effect). The library already retried
- * an unknown outcome against other nodes with the SAME (client_id,
- * request_seq) until the call deadline, so a retry can never allocate twice.
+ * operation may or may not have taken effect). Every call may also return
+ * IDA_EINVAL (bad arguments, nothing sent), IDA_ENOMEM, IDA_EUNAVAIL (no
+ * node reachable or none accepted it: nothing was carried out),
+ * IDA_ETIMEDOUT (no answer before the call deadline: outcome unknown) and
+ * IDA_EPROTO (a node answered something malformed).
+ *
+ * EXACTLY ONCE (the Raft dissertation's client sessions, 6.3): a client
+ * object registers a session with the cluster before its first write (a
+ * logged command) and numbers its writes. The cluster keeps the answer of
+ * every write the client has not acknowledged yet, with what it was for;
+ * a repeated request gets its first answer and never acts twice. The library
+ * retries a write against other nodes with the same request id until the
+ * call deadline. A write that still ends with an unknown outcome can be
+ * repeated later with the same request id through its struct idalloc_call
+ * (below), from any thread, or from another process with the id's text form;
+ * the library keeps its answer wanted (below the acknowledgement floor it
+ * sends) until the call is repeated to a definite answer or released.
+ * A session idle for an hour of the cluster's log time expires; repeating a
+ * call of an expired session ends with IDA_ESESSION (outcome unknown for
+ * good: settle it by reading, e.g. idalloc_lookup()).
  */
 #ifndef IDALLOC_H
 #define IDALLOC_H
@@ -25,14 +46,37 @@
 extern "C" {
 #endif
 
+/* The API this header describes. Bumped on every incompatible change;
+ * compare with idalloc_api_version() to detect a mismatched library. */
+#define IDALLOC_API_VERSION 2
+
+#if defined(__GNUC__) || defined(__clang__)
+#define IDALLOC_MUST_CHECK __attribute__((warn_unused_result))
+#else
+#define IDALLOC_MUST_CHECK
+#endif
+
 #define IDALLOC_ERRMSG_MAX 512
 
 /* The largest block idalloc_reserve() takes: 2^24 ids (the cluster's limit,
  * IDA_RESERVE_COUNT_MAX of fsm/fsm.h; src/node checks they agree). */
 #define IDALLOC_RESERVE_COUNT_MAX (UINT64_C(1) << 24)
 
-/* The library's version, IDALLOC_VERSION of the build ("0.2.0"). */
+/* Writes whose answer a client object keeps wanted at once: calls in flight
+ * plus calls that ended unknown and were not released. A write past it gets
+ * IDA_ELIMIT at once, nothing sent. */
+#define IDALLOC_OUTSTANDING_MAX 1000
+/* The cluster keeps every answer of a client from its oldest wanted one on
+ * (at most 65536, IDA_SESSION_RESULTS_MAX of fsm/fsm.h). A call left unknown
+ * therefore pins the answers of the writes after it: once this many writes
+ * followed it, a new write gets IDA_ELIMIT at once (nothing sent) until the
+ * old call is repeated or released. */
+#define IDALLOC_SPAN_MAX 60000
+
+/* The library's version, IDALLOC_VERSION of the build ("0.2.0"); static. */
 const char *idalloc_version(void);
+/* IDALLOC_API_VERSION of the library as built. */
+unsigned idalloc_api_version(void);
 
 enum idalloc_pool_kind {
     IDALLOC_POOL_SEQUENCE = 1,
@@ -40,12 +84,18 @@ enum idalloc_pool_kind {
     IDALLOC_POOL_PREFIX = 3,
 };
 
+/* Options of a client. Always start from idalloc_options_init(), which sets
+ * struct_size: the library reads only the fields that a struct of that size
+ * holds, so a program built against an older header keeps working when
+ * fields are appended. */
 struct idalloc_options
 {
+    size_t struct_size; /* sizeof(struct idalloc_options) of the caller */
     /* Where the cluster is: a comma-separated list of client addresses
      * ("127.0.0.1:7201,127.0.0.1:7202"), or a cluster file whose `node`
      * lines give them. Exactly one must be set. One reachable member is
-     * enough: the client learns the others from the cluster. */
+     * enough: the client learns the others from the cluster. Read during
+     * idalloc_client_new() only (not kept). */
     const char *addresses;
     const char *config_path;
     /* One attempt against one node; on expiry the call moves on to another
@@ -57,10 +107,6 @@ struct idalloc_options
      * between them. Defaults 16 and 65536. */
     uint64_t next_block_min;
     uint64_t next_block_max;
-    /* 16 bytes to use as this client's id, or NULL for a random one. Give
-     * the id of an earlier client object (idalloc_client_id()) to retry
-     * its requests from a new object or process. */
-    const uint8_t *client_id;
 };
 
 /* Fill @o with the defaults (addresses and config_path NULL). */
@@ -69,67 +115,137 @@ void idalloc_options_init(struct idalloc_options *o);
 struct idalloc_client;
 
 /* Create a client. Connects lazily (no I/O here besides reading a cluster
- * file). Returns 0, IDA_EINVAL or IDA_ECONFIG (bad options or file: a
- * one-line message in @errmsg, IDALLOC_ERRMSG_MAX bytes, may be NULL),
- * IDA_EIO or IDA_ENOMEM. */
-int idalloc_client_new(const struct idalloc_options *o,
-                       struct idalloc_client **out,
-                       char *errmsg);
+ * file); the session is registered by the first write. @o is read during
+ * the call only. On 0, *@out is the new client, released with
+ * idalloc_client_free(). Returns 0, IDA_EINVAL or IDA_ECONFIG (bad options
+ * or file: a one-line message in @errmsg, IDALLOC_ERRMSG_MAX bytes, may be
+ * NULL), IDA_EIO (no randomness for the session id) or IDA_ENOMEM; on error
+ * nothing is allocated. */
+IDALLOC_MUST_CHECK int idalloc_client_new(const struct idalloc_options *o,
+                                          struct idalloc_client **out,
+                                          char *errmsg);
 
-/* Close connections, stop background work, free. Ids left in idalloc_next()
- * blocks are never handed out (they are skipped, not reused). */
+/* Close connections, stop background work, free. No call on @c may be in
+ * progress or start later. Ids left in idalloc_next() blocks are never
+ * handed out (they are skipped, not reused). NULL is ignored. */
 void idalloc_client_free(struct idalloc_client *c);
 
-/* The last error's one-line detail for the calling thread ("" if none). */
-const char *idalloc_last_error(void);
+/* --- calls: request ids, replays, error detail ---------------------------
+ *
+ * struct idalloc_call is the caller's handle on one call: its request id
+ * (the session's client id and a sequence number), its state and its error
+ * detail. Every operation takes one (may be NULL: no detail, and an unknown
+ * outcome cannot be repeated). The caller owns it; it must stay valid for
+ * the duration of the call and must not be used by two calls at once. It is
+ * plain data: copy it, or persist its text form (idalloc_call_format()).
+ *
+ *   state NEW      fresh: the next call with it gets a new request id.
+ *                  A call that was not carried out (IDA_EUNAVAIL, or
+ *                  refused before sending) leaves it NEW.
+ *   state DONE     the call ended with an answer (0 or a definite error).
+ *                  A DONE or LOST call struct used again starts a fresh
+ *                  call (a new request id).
+ *   state UNKNOWN  the call ended with an unknown outcome (IDA_ETIMEDOUT,
+ *                  IDA_ELEADERLOST, ...). Calling the SAME operation with
+ *                  the SAME arguments and this call struct repeats the
+ *                  request with its request id: the cluster answers with the
+ *                  first answer if it acted, or acts now if it never did, so
+ *                  it acts exactly once. Another operation or other
+ *                  arguments under the same id get IDA_EREUSED (definite,
+ *                  nothing done). The client object keeps the id's answer
+ *                  wanted until a repeat ends DONE or idalloc_call_release().
+ *   state LOST     the outcome can no longer be learned: the session expired
+ *                  (IDA_ESESSION). Settle it by reading.
+ *
+ * A future asynchronous API takes the same struct (the state says whether a
+ * call is in flight, the error and detail come back in it). */
+enum idalloc_call_state {
+    IDALLOC_CALL_NEW = 0,
+    IDALLOC_CALL_DONE = 1,
+    IDALLOC_CALL_UNKNOWN = 2,
+    IDALLOC_CALL_LOST = 3,
+};
 
-/* The 16-byte id of @c (random unless set in the options). */
-void idalloc_client_id(const struct idalloc_client *c, uint8_t out[16]);
+struct idalloc_call
+{
+    size_t struct_size; /* sizeof(struct idalloc_call), set by _init */
+    enum idalloc_call_state state;
+    uint8_t client_id[16]; /* the session the request belongs to */
+    uint64_t seq;          /* its sequence number; 0 while NEW */
+    int error;             /* the last result returned with this call */
+    char errmsg[IDALLOC_ERRMSG_MAX]; /* its one-line detail, "" on success */
+};
 
-/* Request ids. Each call gets a fresh request_seq, kept for all its
- * retries. After a call, idalloc_last_request_seq() gives the seq it used
- * (per thread). To repeat a call whose outcome was unknown with the SAME
- * request id, so that it cannot act twice, call idalloc_retry_with(seq) and
- * then the same operation with the same arguments on a client with the same
- * client id: that next call on this thread uses @seq. The cluster answers a
- * repeated request with its first answer (while it keeps it: see the
- * server's session rules). */
-uint64_t idalloc_last_request_seq(void);
-void idalloc_retry_with(uint64_t seq);
+/* Make @t a NEW call. */
+void idalloc_call_init(struct idalloc_call *t);
 
-/* --- operations ---------------------------------------------------------- */
+/* Give up on an UNKNOWN call: @c stops keeping its answer wanted, so the
+ * cluster may drop it (a later repeat then ends IDA_ESESSION). @t becomes
+ * LOST. Returns 0, or IDA_EINVAL when @t is not UNKNOWN. Thread-safe. */
+int idalloc_call_release(struct idalloc_client *c, struct idalloc_call *t);
 
-/* Create pool @name of @kind (@size: ids [0, size) for bounded pools,
- * ignored otherwise). *created is 0 when an identical pool already existed
- * (may be NULL). IDA_EPOOLEXISTS: a pool with that name and other
- * parameters exists. */
-int idalloc_pool_create(struct idalloc_client *c,
-                        const char *name,
-                        enum idalloc_pool_kind kind,
-                        uint64_t size,
-                        int *created);
+/* The text form of @t's request id, "32 hex digits:decimal seq", into
+ * @buf (IDALLOC_CALL_ID_TEXT_MAX bytes). Returns 0, or IDA_EINVAL when @t
+ * has no request id yet (NEW). */
+#define IDALLOC_CALL_ID_TEXT_MAX 54
+int idalloc_call_format(const struct idalloc_call *t, char *buf);
+
+/* Make @t an UNKNOWN call with the request id @text (as formatted above),
+ * e.g. to repeat in this process a call made by another. Returns 0 or
+ * IDA_EINVAL (@t unchanged). */
+IDALLOC_MUST_CHECK int idalloc_call_parse(const char *text,
+                                          struct idalloc_call *t);
+
+/* --- operations ----------------------------------------------------------
+ *
+ * Each takes the client (@c, not NULL), its arguments (borrowed for the call)
+ * and @call (may be NULL; see above). Writes (pool create, alloc, free,
+ * reserve, prefix) may also return IDA_ESESSION (a repeated call whose
+ * answer is gone: outcome unknown for good), IDA_EREUSED (a repeated call
+ * with another operation or arguments) and IDA_ELIMIT (too many calls
+ * outstanding on this client, or a cluster limit: nothing done). Out
+ * parameters are written only on 0. */
+
+/* Create pool @name of @kind (@size: ids [0, size) for bounded pools, 0
+ * otherwise). *created is 0 when an identical pool already existed (may be
+ * NULL). IDA_EPOOLEXISTS: a pool with that name and other parameters
+ * exists; IDA_EINVAL: bad name, kind or size; IDA_EEXHAUSTED: too many
+ * pools. */
+IDALLOC_MUST_CHECK int idalloc_pool_create(struct idalloc_client *c,
+                                           const char *name,
+                                           enum idalloc_pool_kind kind,
+                                           uint64_t size,
+                                           int *created,
+                                           struct idalloc_call *call);
 
 /* Bounded pool: the lowest free id for @tag, or the id @tag already holds
- * (*existed = 1, may be NULL). IDA_EEXHAUSTED when the pool is full. */
-int idalloc_alloc(struct idalloc_client *c,
-                  const char *pool,
-                  const char *tag,
-                  uint64_t *id,
-                  int *existed);
+ * (*existed = 1, may be NULL). IDA_EEXHAUSTED when the pool is full,
+ * IDA_ENOPOOL, IDA_EKIND (not a bounded pool), IDA_EINVAL or IDA_ETOOBIG
+ * (bad tag). */
+IDALLOC_MUST_CHECK int idalloc_alloc(struct idalloc_client *c,
+                                     const char *pool,
+                                     const char *tag,
+                                     uint64_t *id,
+                                     int *existed,
+                                     struct idalloc_call *call);
 
 /* Bounded pool: free @id held by @tag. *freed is 0 when it was already free
- * (may be NULL). IDA_ETAGMISMATCH: another tag holds it. */
-int idalloc_free(struct idalloc_client *c,
-                 const char *pool,
-                 uint64_t id,
-                 const char *tag,
-                 int *freed);
+ * (may be NULL). IDA_ETAGMISMATCH: another tag holds it; IDA_ENOPOOL,
+ * IDA_EKIND, IDA_EINVAL (id outside the pool, bad tag). */
+IDALLOC_MUST_CHECK int idalloc_free(struct idalloc_client *c,
+                                    const char *pool,
+                                    uint64_t id,
+                                    const char *tag,
+                                    int *freed,
+                                    struct idalloc_call *call);
 
-/* Bounded pool: the id @tag holds; IDA_ENOTFOUND if none. Linearizable. */
-int idalloc_lookup(struct idalloc_client *c,
-                   const char *pool,
-                   const char *tag,
-                   uint64_t *id);
+/* Bounded pool: the id @tag holds; IDA_ENOTFOUND if none, IDA_ENOPOOL,
+ * IDA_EKIND. Linearizable. A read: @call carries only the error detail. */
+IDALLOC_MUST_CHECK int idalloc_lookup(struct idalloc_client *c,
+                                      const char *pool,
+                                      const char *tag,
+                                      uint64_t *id,
+                                      struct idalloc_call *call);
 
 struct idalloc_holding
 {
@@ -139,38 +255,52 @@ struct idalloc_holding
 
 /* Bounded pool: holdings in id order, starting after @after_id (or from 0
  * when @has_after is 0), at most @limit (0: server default). *out is an
- * array of *count holdings the caller frees with idalloc_holdings_free();
- * *more is 1 when another page follows. Linearizable. */
-int idalloc_list(struct idalloc_client *c,
-                 const char *pool,
-                 int has_after,
-                 uint64_t after_id,
-                 uint32_t limit,
-                 struct idalloc_holding **out,
-                 size_t *count,
-                 int *more);
+ * array of *count holdings owned by the caller, released with
+ * idalloc_holdings_free(); *more is 1 when another page follows (may be
+ * NULL). IDA_ENOPOOL, IDA_EKIND. Linearizable; @call as for lookup. */
+IDALLOC_MUST_CHECK int idalloc_list(struct idalloc_client *c,
+                                    const char *pool,
+                                    int has_after,
+                                    uint64_t after_id,
+                                    uint32_t limit,
+                                    struct idalloc_holding **out,
+                                    size_t *count,
+                                    int *more,
+                                    struct idalloc_call *call);
+/* Release what idalloc_list() returned. NULL is ignored. */
 void idalloc_holdings_free(struct idalloc_holding *h, size_t count);
 
 /* Sequence pool: reserve @count ids [*first, *first + @count). @count must
- * be in [1, IDALLOC_RESERVE_COUNT_MAX] (else IDA_EINVAL, nothing sent). */
-int idalloc_reserve(struct idalloc_client *c,
-                    const char *pool,
-                    uint64_t count,
-                    uint64_t *first);
+ * be in [1, IDALLOC_RESERVE_COUNT_MAX] (else IDA_EINVAL, nothing sent).
+ * IDA_EEXHAUSTED (past 2^64), IDA_ENOPOOL, IDA_EKIND. Repeating an UNKNOWN
+ * @call returns the block of the first execution. */
+IDALLOC_MUST_CHECK int idalloc_reserve(struct idalloc_client *c,
+                                       const char *pool,
+                                       uint64_t count,
+                                       uint64_t *first,
+                                       struct idalloc_call *call);
 
 /* Sequence pool: one id, handed out locally from a reserved block. Blocks
  * are refilled in the background with exactly one refill in flight per
- * pool, started before the block runs dry, so callers almost never wait. */
-int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id);
+ * pool, started before the block runs dry, so callers almost never wait.
+ * Errors are those of the refill (reserve), or IDA_ETIMEDOUT when no block
+ * came within the call timeout; @call carries only the error detail (a
+ * block whose refill ended unknown is skipped, never handed out). */
+IDALLOC_MUST_CHECK int idalloc_next(struct idalloc_client *c,
+                                    const char *pool,
+                                    uint64_t *id,
+                                    struct idalloc_call *call);
 
 /* Prefix pool: the prefix for @tag (a new one, or the one it already holds:
- * *existed = 1, may be NULL). @out receives *len bytes (at most 9). */
-int idalloc_prefix(struct idalloc_client *c,
-                   const char *pool,
-                   const char *tag,
-                   uint8_t out[9],
-                   size_t *len,
-                   int *existed);
+ * *existed = 1, may be NULL). @out receives *len bytes (at most 9).
+ * IDA_EEXHAUSTED, IDA_ENOPOOL, IDA_EKIND, IDA_EINVAL, IDA_ETOOBIG. */
+IDALLOC_MUST_CHECK int idalloc_prefix(struct idalloc_client *c,
+                                      const char *pool,
+                                      const char *tag,
+                                      uint8_t out[9],
+                                      size_t *len,
+                                      int *existed,
+                                      struct idalloc_call *call);
 
 #define IDALLOC_STATUS_PEERS_MAX      8
 #define IDALLOC_STATUS_ERRORS_MAX     8
@@ -215,9 +345,13 @@ struct idalloc_node_status
  * member's client address, so the count can grow after a call (at most
  * 16 nodes). */
 size_t idalloc_node_count(const struct idalloc_client *c);
-int idalloc_node_status(struct idalloc_client *c,
-                        size_t i,
-                        struct idalloc_node_status *out);
+/* Status of node @i asked directly, one attempt, no retries: 0, or the
+ * error of that node (IDA_EUNAVAIL, IDA_ETIMEDOUT, IDA_EPROTO...).
+ * IDA_EINVAL for @i out of range. */
+IDALLOC_MUST_CHECK int idalloc_node_status(struct idalloc_client *c,
+                                           size_t i,
+                                           struct idalloc_node_status *out,
+                                           struct idalloc_call *call);
 
 /* --- membership (README, "Runbook") --------------------------------------
  *
@@ -250,8 +384,9 @@ struct idalloc_member_list
 
 /* The membership in effect at the leader: voters, then learners, then
  * waiting nodes. Returns 0 or an error as for reads. */
-int idalloc_member_list(struct idalloc_client *c,
-                        struct idalloc_member_list *out);
+IDALLOC_MUST_CHECK int idalloc_member_list(struct idalloc_client *c,
+                                           struct idalloc_member_list *out,
+                                           struct idalloc_call *call);
 
 enum idalloc_member_op {
     IDALLOC_MEMBER_REMOVE = 1,  /* voter or learner @id leaves */
@@ -269,39 +404,27 @@ enum idalloc_member_op {
  * may be NULL. IDA_EREFUSED (definite, nothing changed): the last voter,
  * a node not in the cluster file, a node never heard from (add), a
  * learner not caught up (promote), and so on, with the reason in
- * idalloc_last_error(). Removing the leader hands leadership to a
+ * call->errmsg. Removing the leader hands leadership to a
  * caught-up voter first; the library then retries at the new leader.
  * Another change or a transfer under way (IDA_EBUSY at the leader):
  * retried until the call deadline, then IDA_ETIMEDOUT. IDA_ETIMEDOUT,
  * IDA_ELEADERLOST: outcome unknown; repeating the call is safe (a change
  * already made answers 0 with *changed = 0). */
-int idalloc_member_change(struct idalloc_client *c,
-                          enum idalloc_member_op op,
-                          unsigned id,
-                          int *changed);
+IDALLOC_MUST_CHECK int idalloc_member_change(struct idalloc_client *c,
+                                             enum idalloc_member_op op,
+                                             unsigned id,
+                                             int *changed,
+                                             struct idalloc_call *call);
 
 /* Hand leadership to voter @to (0: any caught-up voter). Returns 0 once
  * the old leader stepped down, *leader (may be NULL) the new leader (0 if
  * not known yet); IDA_EREFUSED (definite: @to is not another voter, no
  * voter is caught up, or the transfer did not complete within three
  * election timeouts and the old leader still leads). */
-int idalloc_leader_transfer(struct idalloc_client *c,
-                            unsigned to,
-                            unsigned *leader);
-
-/* --- next() statistics, for tests and benchmarks ------------------------- */
-
-struct idalloc_next_stats
-{
-    uint64_t handed_out;            /* ids returned by idalloc_next() */
-    uint64_t refills;               /* refills started */
-    uint64_t refills_max_in_flight; /* never above 1 per pool */
-    uint64_t waits;                 /* calls that had to wait for a refill */
-    uint64_t block_size;            /* current block size */
-};
-int idalloc_next_stats(struct idalloc_client *c,
-                       const char *pool,
-                       struct idalloc_next_stats *out);
+IDALLOC_MUST_CHECK int idalloc_leader_transfer(struct idalloc_client *c,
+                                               unsigned to,
+                                               unsigned *leader,
+                                               struct idalloc_call *call);
 
 /* --- formatting ---------------------------------------------------------- */
 
@@ -313,7 +436,7 @@ int idalloc_next_stats(struct idalloc_client *c,
 void idalloc_format_hex(uint64_t id, char *buf);
 
 /* Parse what idalloc_format_hex() wrote. Returns 0 or IDA_EINVAL. */
-int idalloc_parse_hex(const char *s, uint64_t *id);
+IDALLOC_MUST_CHECK int idalloc_parse_hex(const char *s, uint64_t *id);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,13 @@
  *              (client_id, request_seq) is safe (exit 3).
  *   INTERNAL - a local failure (I/O, memory, corrupt data) (exit 3 for the
  *              CLI: the cluster's state was not learned).
+ *
+ * Server-only codes: IDA_ECORRUPT, IDA_EFOREIGN, IDA_EVERSION (as a storage
+ * result), IDA_ENOSPC, IDA_ELOSTSTATE and IDA_EEXIST are returned by the
+ * node's storage and never by a libidalloc call; they share the enum so
+ * that one table names every code. IDA_EEXPIRED is a server answer that the
+ * library turns into IDA_ESESSION (outcome unknown) for a call it had sent
+ * before, and into a fresh session and a retry for one it had not.
  */
 #ifndef IDALLOC_ERRORS_H
 #define IDALLOC_ERRORS_H
@@ -54,7 +61,13 @@ extern "C" {
     X(IDA_EEXIST, 25, DEFINITE, "already exists")                         \
     X(IDA_EINTERNAL, 26, INTERNAL, "internal error")                      \
     X(IDA_ELOSTSTATE, 27, INTERNAL, "data directory lost its state")      \
-    X(IDA_EREFUSED, 28, DEFINITE, "membership change refused")
+    X(IDA_EREFUSED, 28, DEFINITE, "membership change refused")            \
+    X(IDA_EEXPIRED, 29, DEFINITE,                                         \
+      "client session unknown or expired, the request was not executed")  \
+    X(IDA_EREUSED, 30, DEFINITE,                                          \
+      "request id reused for another operation, nothing was done")        \
+    X(IDA_ELIMIT, 31, DEFINITE,                                           \
+      "a per-client or cluster limit was reached, nothing was done")
 
 enum ida_err {
     IDA_OK = 0,

@@ -62,16 +62,17 @@ static int one_op(struct worker *w, uint64_t i, uint64_t *ids)
         case IDA_BENCH_ALLOC:
             snprintf(tag, sizeof(tag), "bench-%ld-%u-%llu", (long)getpid(),
                      w->index, (unsigned long long)i);
-            return idalloc_alloc(w->c, w->cli->pool, tag, &v, NULL);
+            return idalloc_alloc(w->c, w->cli->pool, tag, &v, NULL, NULL);
         case IDA_BENCH_RESERVE:
             *ids = w->cli->count;
-            return idalloc_reserve(w->c, w->cli->pool, w->cli->count, &v);
+            return idalloc_reserve(w->c, w->cli->pool, w->cli->count, &v, NULL);
         case IDA_BENCH_NEXT:
-            return idalloc_next(w->c, w->cli->pool, &v);
+            return idalloc_next(w->c, w->cli->pool, &v, NULL);
         case IDA_BENCH_PREFIX:
             snprintf(tag, sizeof(tag), "bench-%ld-%u-%llu", (long)getpid(),
                      w->index, (unsigned long long)i);
-            return idalloc_prefix(w->c, w->cli->pool, tag, prefix, &plen, NULL);
+            return idalloc_prefix(w->c, w->cli->pool, tag, prefix, &plen, NULL,
+                                  NULL);
     }
     return IDA_EINVAL;
 }
@@ -126,7 +127,7 @@ static int ensure_pool(struct idalloc_client *c, const struct ida_cli *cli)
         : cli->bench_op == IDA_BENCH_PREFIX ? IDALLOC_POOL_PREFIX
                                             : IDALLOC_POOL_SEQUENCE;
     uint64_t size = kind == IDALLOC_POOL_BOUNDED ? (1ull << 40) : 0;
-    int rv = idalloc_pool_create(c, cli->pool, kind, size, NULL);
+    int rv = idalloc_pool_create(c, cli->pool, kind, size, NULL, NULL);
     if (rv != IDA_EPOOLEXISTS) {
         if (rv != 0) {
             fprintf(stderr, "idalloc: bench: cannot create pool %s: %s\n",

@@ -50,11 +50,21 @@ static const char usage_all[] =
     "command\n"
     "  --version           print the version\n"
     "\n"
+    "pool create, alloc, free, reserve, next and prefix also take\n"
+    "  --request-id ID     repeat an earlier call whose outcome was unknown "
+    "(exit 3):\n"
+    "                      ID is what it printed on stderr; the same "
+    "command with\n"
+    "                      the same arguments then prints the first answer "
+    "if it\n"
+    "                      acted, and acts now if it never did (exactly "
+    "once)\n"
+    "\n"
     "exit codes: 0 success; 1 a definite no (not found, pool exhausted, tag\n"
-    "mismatch, no such pool, wrong kind of pool); 2 bad usage or input; 3 "
-    "outcome\n"
-    "unknown (no leader reachable, timeout): retrying is safe. `status` has "
-    "its own\n"
+    "mismatch, no such pool, wrong kind of pool, request id reused with other\n"
+    "arguments); 2 bad usage or input; 3 outcome unknown (no leader "
+    "reachable,\n"
+    "timeout): repeating with --request-id is safe. `status` has its own\n"
     "(see idalloc status --help).\n";
 
 static const char *const usage_cmd[] = {
@@ -62,14 +72,15 @@ static const char *const usage_cmd[] = {
     [IDA_CLI_POOL_CREATE] =
         "usage: idalloc pool create NAME --kind sequence|bounded|prefix "
         "[--size N]\n"
+        "       [--request-id ID]\n"
         "Create a pool. bounded pools need --size N: ids are [0, N).\n"
         "Prints \"created\" or \"exists\" (an identical pool was there).\n",
     [IDA_CLI_ALLOC] =
-        "usage: idalloc alloc POOL --tag TAG [--json]\n"
+        "usage: idalloc alloc POOL --tag TAG [--request-id ID] [--json]\n"
         "Allocate the lowest free id of bounded pool POOL to TAG and print "
         "it.\nA TAG that already holds an id gets the same id back.\n",
     [IDA_CLI_FREE] =
-        "usage: idalloc free POOL ID --tag TAG\n"
+        "usage: idalloc free POOL ID --tag TAG [--request-id ID]\n"
         "Free ID if TAG holds it. Prints \"freed\" or "
         "\"already free\".\n",
     [IDA_CLI_LOOKUP] =
@@ -81,17 +92,18 @@ static const char *const usage_cmd[] = {
         "Print every holding of bounded pool POOL as \"ID "
         "TAG\", in id order.\n",
     [IDA_CLI_RESERVE] =
-        "usage: idalloc reserve POOL --count N [--json]\n"
+        "usage: idalloc reserve POOL --count N [--request-id ID] [--json]\n"
         "Reserve N (1 to 16777216 = 2^24) consecutive ids of sequence pool "
         "POOL;\nprint \"FIRST LAST\".\n",
     [IDA_CLI_NEXT] =
-        "usage: idalloc next POOL [--count K] [--format dec|hex] [--json]\n"
+        "usage: idalloc next POOL [--count K] [--format dec|hex] "
+        "[--request-id ID] [--json]\n"
         "Reserve exactly K (default 1, at most 10000000) ids of sequence pool "
         "POOL\nin one request and print them, one a line. hex prints "
         "0000-0000-0000-0001\nstyle ids whose string order is their numeric "
         "order.\n",
     [IDA_CLI_PREFIX] =
-        "usage: idalloc prefix POOL --tag TAG [--json]\n"
+        "usage: idalloc prefix POOL --tag TAG [--request-id ID] [--json]\n"
         "Allocate a short prefix of prefix pool POOL to TAG "
         "(or return the one\nit holds) and print it as "
         "hex.\n",
@@ -251,7 +263,7 @@ struct args
     const char *pos[4];
     int npos;
     const char *kind, *size, *tag, *count, *format, *op, *pool, *clients,
-        *duration, *to, *advance;
+        *duration, *to, *advance, *reqid;
     int json;
     int verbose;
 };
@@ -269,10 +281,11 @@ static const char **flag_slot(struct args *a, const char *flag)
                                         "--duration",
                                         "--pool",
                                         "--to",
-                                        "--advance-sequences"};
+                                        "--advance-sequences",
+                                        "--request-id"};
     const char **slots[] = {&a->kind,   &a->size, &a->tag,     &a->count,
                             &a->format, &a->op,   &a->clients, &a->duration,
-                            &a->pool,   &a->to,   &a->advance};
+                            &a->pool,   &a->to,   &a->advance, &a->reqid};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(flag, names[i]) == 0) {
             return slots[i];
@@ -348,6 +361,7 @@ enum {
     F_TO = 128,
     F_JSON = 256, /* --json, -w json (src/client/cli_json.h) */
     F_ADVANCE = 512,
+    F_REQID = 1024,
 };
 
 static int check_flags(const struct args *a,
@@ -370,7 +384,8 @@ static int check_flags(const struct args *a,
              {a->clients, F_BENCH, "--clients"},
              {a->duration, F_BENCH, "--duration"},
              {a->to, F_TO, "--to"},
-             {a->advance, F_ADVANCE, "--advance-sequences"}};
+             {a->advance, F_ADVANCE, "--advance-sequences"},
+             {a->reqid, F_REQID, "--request-id"}};
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
         if (f[i].v != NULL && (allowed & f[i].bit) == 0) {
             return fail(errmsg, "%s: %s does not apply", cmd, f[i].name);
@@ -381,6 +396,13 @@ static int check_flags(const struct args *a,
     }
     if (a->verbose && (allowed & F_VERBOSE) == 0) {
         return fail(errmsg, "%s: --verbose does not apply", cmd);
+    }
+    struct idalloc_call t;
+    if (a->reqid != NULL && idalloc_call_parse(a->reqid, &t) != 0) {
+        return fail(errmsg,
+                    "%s: bad --request-id \"%s\" (32 hex digits, ':', a "
+                    "decimal number, as printed by an earlier call)",
+                    cmd, a->reqid);
     }
     return 0;
 }
@@ -403,7 +425,7 @@ static int need(const char *v, const char *flag, const char *cmd, char *errmsg)
 
 static int parse_pool_create(struct args *a, struct ida_cli *c, char *errmsg)
 {
-    int rv = check_flags(a, F_KIND | F_SIZE, "pool create", errmsg);
+    int rv = check_flags(a, F_KIND | F_SIZE | F_REQID, "pool create", errmsg);
     if (rv == 0 && (a->npos != 2 || strcmp(a->pos[0], "create") != 0)) {
         rv = fail(errmsg, "pool: expected \"pool create NAME --kind KIND\"");
     }
@@ -513,7 +535,9 @@ static int parse_tagged(struct args *a,
                         int with_id,
                         char *errmsg)
 {
-    int rv = check_flags(a, with_id ? F_TAG : F_TAG | F_JSON, name, errmsg);
+    unsigned reqid = strcmp(name, "lookup") == 0 ? 0 : F_REQID;
+    int rv = check_flags(a, (with_id ? F_TAG : F_TAG | F_JSON) | reqid, name,
+                         errmsg);
     if (rv == 0) {
         rv = want_pos(a, with_id ? 2 : 1, name, errmsg);
     }
@@ -562,6 +586,7 @@ static int parse_member(struct args *a, struct ida_cli *c, char *errmsg)
 static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
 {
     int rv;
+    c->request_id = a->reqid; /* checked by check_flags */
     switch (c->cmd) {
         case IDA_CLI_MEMBER_LIST:
         case IDA_CLI_MEMBER_ADD:
@@ -595,7 +620,7 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
             c->verbose = a->verbose;
             return rv != 0 ? rv : want_pos(a, 0, "status", errmsg);
         case IDA_CLI_RESERVE:
-            rv = check_flags(a, F_COUNT | F_JSON, "reserve", errmsg);
+            rv = check_flags(a, F_COUNT | F_JSON | F_REQID, "reserve", errmsg);
             rv = rv != 0 ? rv : want_pos(a, 1, "reserve", errmsg);
             rv = rv != 0 ? rv : need(a->count, "--count", "reserve", errmsg);
             c->pool = a->pos[0];
@@ -603,7 +628,8 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
                            : parse_count(a->count, IDALLOC_RESERVE_COUNT_MAX,
                                          "reserve", &c->count, errmsg);
         case IDA_CLI_NEXT:
-            rv = check_flags(a, F_COUNT | F_FORMAT | F_JSON, "next", errmsg);
+            rv = check_flags(a, F_COUNT | F_FORMAT | F_JSON | F_REQID, "next",
+                             errmsg);
             rv = rv != 0 ? rv : want_pos(a, 1, "next", errmsg);
             c->pool = a->pos[0];
             c->count = 1;

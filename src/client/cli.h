@@ -71,6 +71,8 @@ struct ida_cli
     unsigned node;    /* member add/remove/promote ID, leader transfer --to */
     const char *file; /* snapshot save/restore FILE */
     uint64_t advance; /* snapshot restore --advance-sequences N */
+    /* --request-id of a write (idalloc_call_parse() accepts it), or NULL */
+    const char *request_id;
 };
 
 /* Parse argv (argv[0] is the program). Returns 0 or IDA_EINVAL with a

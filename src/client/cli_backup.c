@@ -5,21 +5,23 @@
 
 #include "src/client/snapshot.h"
 
-static int report(const char *what, int rv)
+static int report(const char *what, int rv, const struct idalloc_call *call)
 {
-    const char *detail = idalloc_last_error();
+    const char *detail = call->errmsg;
     fprintf(stderr, "idalloc: %s: %s%s%s%s\n", what, idalloc_strerror(rv),
             detail[0] != '\0' ? " (" : "", detail,
             detail[0] != '\0' ? ")" : "");
     return idalloc_exit_code(rv);
 }
 
-static int save(struct idalloc_client *c, const char *file)
+static int save(struct idalloc_client *c,
+                const char *file,
+                struct idalloc_call *call)
 {
     struct ida_backup b;
-    int rv = ida_client_snapshot_read(c, &b);
+    int rv = ida_client_snapshot_read(c, &b, call);
     if (rv != 0) {
-        return report("snapshot save", rv);
+        return report("snapshot save", rv, call);
     }
     char err[IDA_ERRMSG_MAX];
     rv = ida_backup_write(file, &b, err);
@@ -35,7 +37,9 @@ static int save(struct idalloc_client *c, const char *file)
     return 0;
 }
 
-static int restore(struct idalloc_client *c, const struct ida_cli *cli)
+static int restore(struct idalloc_client *c,
+                   const struct ida_cli *cli,
+                   struct idalloc_call *call)
 {
     struct ida_backup b;
     char err[IDA_ERRMSG_MAX];
@@ -46,10 +50,19 @@ static int restore(struct idalloc_client *c, const struct ida_cli *cli)
         return 2;
     }
     uint32_t pools = 0;
-    rv = ida_client_restore(c, &b, cli->advance, &pools);
+    rv = ida_client_restore(c, &b, cli->advance, &pools, call);
     if (rv != 0) {
         ida_backup_free(&b);
-        return report("snapshot restore", rv);
+        char id[IDALLOC_CALL_ID_TEXT_MAX];
+        if (call->state == IDALLOC_CALL_UNKNOWN &&
+            idalloc_call_format(call, id) == 0) {
+            fprintf(stderr,
+                    "idalloc: snapshot restore: request id %s: repeat the "
+                    "same command with --request-id %s to learn its outcome "
+                    "(exactly once)\n",
+                    id, id);
+        }
+        return report("snapshot restore", rv, call);
     }
     printf(
         "restored %u pool(s) of cluster %s at index %llu; sequence pools "
@@ -68,8 +81,10 @@ static int restore(struct idalloc_client *c, const struct ida_cli *cli)
     return 0;
 }
 
-int ida_cli_snapshot_run(struct idalloc_client *c, const struct ida_cli *cli)
+int ida_cli_snapshot_run(struct idalloc_client *c,
+                         const struct ida_cli *cli,
+                         struct idalloc_call *call)
 {
-    return cli->cmd == IDA_CLI_SNAPSHOT_SAVE ? save(c, cli->file)
-                                             : restore(c, cli);
+    return cli->cmd == IDA_CLI_SNAPSHOT_SAVE ? save(c, cli->file, call)
+                                             : restore(c, cli, call);
 }

@@ -7,6 +7,8 @@
 
 /* Run `snapshot save` or `snapshot restore` as @cli says; results on stdout,
  * one-line errors on stderr. Returns the process exit code. */
-int ida_cli_snapshot_run(struct idalloc_client *c, const struct ida_cli *cli);
+int ida_cli_snapshot_run(struct idalloc_client *c,
+                         const struct ida_cli *cli,
+                         struct idalloc_call *call);
 
 #endif /* IDA_CLI_BACKUP_H */

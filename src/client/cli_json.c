@@ -72,10 +72,13 @@ static int emit(struct doc *d, int code)
     return rv;
 }
 
+/* The call of this run (its request id and error detail). */
+static struct idalloc_call *jcall;
+
 /* The error document, and the plain output's line on stderr. */
 static int error_doc(const char *what, int rv)
 {
-    const char *detail = idalloc_last_error();
+    const char *detail = jcall->errmsg;
     fprintf(stderr, "idalloc: %s: %s%s%s%s\n", what, idalloc_strerror(rv),
             detail[0] != '\0' ? " (" : "", detail,
             detail[0] != '\0' ? ")" : "");
@@ -86,6 +89,16 @@ static int error_doc(const char *what, int rv)
     /* The detail may quote server bytes: dropped if not UTF-8. */
     json_t *det = json_string(detail);
     put(&d, e, "detail", det != NULL ? det : json_string(""));
+    char id[IDALLOC_CALL_ID_TEXT_MAX];
+    if (jcall->state == IDALLOC_CALL_UNKNOWN &&
+        idalloc_call_format(jcall, id) == 0) {
+        /* Repeat the command with --request-id to learn the outcome. */
+        put(&d, e, "request_id", json_string(id));
+        fprintf(stderr,
+                "idalloc: %s: request id %s: repeat the same command with "
+                "--request-id %s to learn its outcome (exactly once)\n",
+                what, id, id);
+    }
     put(&d, d.root, "error", e);
     return emit(&d, idalloc_exit_code(rv));
 }
@@ -113,7 +126,8 @@ static int cmd_list(struct idalloc_client *c, const char *pool)
     while (more) {
         struct idalloc_holding *h;
         size_t n;
-        int rv = idalloc_list(c, pool, has_after, after, 0, &h, &n, &more);
+        int rv =
+            idalloc_list(c, pool, has_after, after, 0, &h, &n, &more, jcall);
         if (rv != 0) {
             json_decref(d.root);
             json_decref(arr);
@@ -147,7 +161,7 @@ static int cmd_list(struct idalloc_client *c, const char *pool)
 static int cmd_next(struct idalloc_client *c, const struct ida_cli *cli)
 {
     uint64_t first;
-    int rv = idalloc_reserve(c, cli->pool, cli->count, &first);
+    int rv = idalloc_reserve(c, cli->pool, cli->count, &first, jcall);
     if (rv != 0) {
         return error_doc("next", rv);
     }
@@ -222,7 +236,7 @@ static int cmd_status(struct idalloc_client *c, int verbose)
     unsigned leader = 0;
     for (size_t i = 0; i < idalloc_node_count(c); i++) {
         struct idalloc_node_status s;
-        int rv = idalloc_node_status(c, i, &s);
+        int rv = idalloc_node_status(c, i, &s, jcall);
         if (rv != 0) {
             json_t *o = json_object();
             put(&d, o, "address", json_string(s.address));
@@ -261,7 +275,7 @@ static int cmd_member_list(struct idalloc_client *c)
     if (l == NULL) {
         return error_doc("member list", IDA_ENOMEM);
     }
-    int rv = idalloc_member_list(c, l);
+    int rv = idalloc_member_list(c, l, jcall);
     if (rv != 0) {
         ida_free(l);
         return error_doc("member list", rv);
@@ -308,10 +322,11 @@ static int cmd_tagged(struct idalloc_client *c, const struct ida_cli *cli)
     uint8_t prefix[9];
     size_t plen = 0;
     int rv = cli->cmd == IDA_CLI_ALLOC
-                 ? idalloc_alloc(c, cli->pool, cli->tag, &id, NULL)
+                 ? idalloc_alloc(c, cli->pool, cli->tag, &id, NULL, jcall)
              : cli->cmd == IDA_CLI_LOOKUP
-                 ? idalloc_lookup(c, cli->pool, cli->tag, &id)
-                 : idalloc_prefix(c, cli->pool, cli->tag, prefix, &plen, NULL);
+                 ? idalloc_lookup(c, cli->pool, cli->tag, &id, jcall)
+                 : idalloc_prefix(c, cli->pool, cli->tag, prefix, &plen, NULL,
+                                  jcall);
     if (rv != 0) {
         return error_doc(what, rv);
     }
@@ -326,8 +341,11 @@ static int cmd_tagged(struct idalloc_client *c, const struct ida_cli *cli)
     return emit(&d, 0);
 }
 
-int ida_cli_json_run(struct idalloc_client *c, const struct ida_cli *cli)
+int ida_cli_json_run(struct idalloc_client *c,
+                     const struct ida_cli *cli,
+                     struct idalloc_call *call)
 {
+    jcall = call;
     json_set_alloc_funcs(ida_malloc, ida_free);
     uint64_t first;
     int rv;
@@ -345,7 +363,7 @@ int ida_cli_json_run(struct idalloc_client *c, const struct ida_cli *cli)
         case IDA_CLI_MEMBER_LIST:
             return cmd_member_list(c);
         case IDA_CLI_RESERVE: {
-            rv = idalloc_reserve(c, cli->pool, cli->count, &first);
+            rv = idalloc_reserve(c, cli->pool, cli->count, &first, jcall);
             if (rv != 0) {
                 return error_doc("reserve", rv);
             }

@@ -22,9 +22,12 @@
 
 #include "src/client/cli.h"
 
-/* Run @cli (cli->json set, one of the commands above except bench) on @c and
+/* Run @cli (cli->json set, one of the commands above except bench) on @c,
+ * with @call (its request id, --request-id; its detail on failure), and
  * print its document. Returns the process exit code. */
-int ida_cli_json_run(struct idalloc_client *c, const struct ida_cli *cli);
+int ida_cli_json_run(struct idalloc_client *c,
+                     const struct ida_cli *cli,
+                     struct idalloc_call *call);
 
 /* bench's summary as a JSON object on stdout (fields as the plain line). */
 void ida_cli_json_bench(const char *op,

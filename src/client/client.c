@@ -19,6 +19,22 @@
  * request_seq, following the NOT_LEADER hint when there is one, until the
  * call deadline; the cluster's session table turns a retry of a request that
  * already took effect into its first answer.
+ *
+ * Sessions (fsm/fsm.h, "Sessions"): the first write registers the client id
+ * (a logged RegisterClient; reg_mu lets one thread do it while the others
+ * wait). Each write takes the next seq and stays in c->outstanding until
+ * it is answered, or, when it ended unknown and the caller holds its
+ * struct idalloc_call, until a repeat is answered or the caller releases
+ * it. Every write carries the lowest outstanding seq as its
+ * acknowledgement floor: the cluster keeps every answer at or above it.
+ * A session's seqs start at a random 62-bit offset, so two sessions used by
+ * one process (a repeated call of another process's session) never share a
+ * seq on a connection, where answers are matched by seq.
+ * IDA_EEXPIRED ("no such session, nothing executed") for a fresh write that
+ * no earlier attempt may have delivered makes the library register a new
+ * session and send the write again under it; for a repeated write, or one
+ * an earlier attempt may have delivered, it is IDA_ESESSION: the first
+ * attempt may have acted and its answer is gone.
  */
 #include "src/client/client.h"
 
@@ -29,6 +45,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,40 +59,24 @@
 #include "src/common/config.h"
 #include "src/common/frame.h"
 
-static _Thread_local char last_error[IDALLOC_ERRMSG_MAX];
-static _Thread_local uint64_t last_seq;
-static _Thread_local uint64_t retry_seq; /* 0: none */
-
 const char *idalloc_version(void)
 {
     return IDALLOC_VERSION;
 }
 
-uint64_t idalloc_last_request_seq(void)
+unsigned idalloc_api_version(void)
 {
-    return last_seq;
+    return IDALLOC_API_VERSION;
 }
 
-void idalloc_retry_with(uint64_t seq)
+void ida__call_error(struct idalloc_call *call, const char *fmt, ...)
 {
-    retry_seq = seq;
-}
-
-void idalloc_client_id(const struct idalloc_client *c, uint8_t out[16])
-{
-    memcpy(out, c->client_id, sizeof(c->client_id));
-}
-
-const char *idalloc_last_error(void)
-{
-    return last_error;
-}
-
-void ida__client_set_error(const char *fmt, ...)
-{
+    if (call == NULL) {
+        return;
+    }
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    vsnprintf(call->errmsg, sizeof(call->errmsg), fmt, ap);
     va_end(ap);
 }
 
@@ -298,10 +299,7 @@ static void deadline_ts(uint64_t timeout_ms, struct timespec *ts)
     }
 }
 
-/* The frame of a call: encoded on its first attempt, under the lock of the
- * connection it goes to, so that a fresh request_seq is taken in the same
- * order as requests are written (the cluster keeps only each client's
- * newest answers: out-of-order seqs would look like stale retries). */
+/* The frame of a call: encoded once, on its first attempt. */
 struct call_frame
 {
     Idalloc__ClientRequest *req;
@@ -311,11 +309,9 @@ struct call_frame
 
 static int encode_frame(struct idalloc_client *c, struct call_frame *f)
 {
+    (void)c;
     if (f->buf != NULL) {
         return 0;
-    }
-    if (f->req->request_seq == 0) {
-        f->req->request_seq = atomic_fetch_add(&c->next_seq, 1);
     }
     size_t n = idalloc__client_request__get_packed_size(f->req);
     if (n > IDA_FRAME_PAYLOAD_BYTES_DEFAULT) {
@@ -442,14 +438,169 @@ static int retryable(uint32_t err)
            err == IDA_ELEADERLOST || err == IDA_EUNAVAIL;
 }
 
+/* --- sessions ------------------------------------------------------------ */
+
+static int random_bytes(uint8_t *p, size_t n);
+
+/* A new session: a random client id and seqs from a random offset in
+ * [2^32, 2^62); reads (not kept by the cluster) take seqs of their own at
+ * 2^63 and above. Holds sess_mu. */
+static int new_session_locked(struct idalloc_client *c)
+{
+    uint8_t r[24];
+    if (random_bytes(r, sizeof(r)) != 0) {
+        return IDA_EIO;
+    }
+    memcpy(c->client_id, r, 16);
+    uint64_t off = 0;
+    for (int i = 0; i < 8; i++) {
+        off = off << 8 | r[16 + i];
+    }
+    c->next_seq = (UINT64_C(1) << 32) + (off >> 3);
+    c->next_read_seq = (UINT64_C(1) << 63) + (off >> 3);
+    c->registered = 0;
+    c->n_outstanding = 0;
+    return 0;
+}
+
+/* Holds sess_mu. */
+static uint64_t floor_locked(const struct idalloc_client *c)
+{
+    uint64_t f = c->next_seq;
+    for (size_t i = 0; i < c->n_outstanding; i++) {
+        if (c->outstanding[i] < f) {
+            f = c->outstanding[i];
+        }
+    }
+    return f;
+}
+
+/* Holds sess_mu. 0 or IDA_ELIMIT. */
+static int outstanding_add_locked(struct idalloc_client *c, uint64_t seq)
+{
+    for (size_t i = 0; i < c->n_outstanding; i++) {
+        if (c->outstanding[i] == seq) {
+            return 0;
+        }
+    }
+    if (c->n_outstanding == IDALLOC_OUTSTANDING_MAX) {
+        return IDA_ELIMIT;
+    }
+    c->outstanding[c->n_outstanding++] = seq;
+    return 0;
+}
+
+/* Forget @seq of session @id (if it is still the session). */
+static void outstanding_del(struct idalloc_client *c,
+                            const uint8_t *id,
+                            uint64_t seq)
+{
+    pthread_mutex_lock(&c->sess_mu);
+    if (memcmp(id, c->client_id, 16) == 0) {
+        for (size_t i = 0; i < c->n_outstanding; i++) {
+            if (c->outstanding[i] == seq) {
+                c->outstanding[i] = c->outstanding[--c->n_outstanding];
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->sess_mu);
+}
+
+void ida__client_floor(struct idalloc_client *c,
+                       uint64_t *floor,
+                       size_t *outstanding)
+{
+    pthread_mutex_lock(&c->sess_mu);
+    *floor = floor_locked(c);
+    *outstanding = c->n_outstanding;
+    pthread_mutex_unlock(&c->sess_mu);
+}
+
+void idalloc_call_init(struct idalloc_call *t)
+{
+    memset(t, 0, sizeof(*t));
+    t->struct_size = sizeof(*t);
+}
+
+int idalloc_call_release(struct idalloc_client *c, struct idalloc_call *t)
+{
+    if (c == NULL || t == NULL || t->state != IDALLOC_CALL_UNKNOWN) {
+        return IDA_EINVAL;
+    }
+    outstanding_del(c, t->client_id, t->seq);
+    t->state = IDALLOC_CALL_LOST;
+    return 0;
+}
+
+int idalloc_call_format(const struct idalloc_call *t, char *buf)
+{
+    if (t == NULL || buf == NULL || t->seq == 0) {
+        return IDA_EINVAL;
+    }
+    for (int i = 0; i < 16; i++) {
+        snprintf(buf + 2 * i, 3, "%02x", t->client_id[i]);
+    }
+    snprintf(buf + 32, IDALLOC_CALL_ID_TEXT_MAX - 32, ":%llu",
+             (unsigned long long)t->seq);
+    return 0;
+}
+
+static int hexval(char ch)
+{
+    return ch >= '0' && ch <= '9'   ? ch - '0'
+           : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+           : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                    : -1;
+}
+
+int idalloc_call_parse(const char *text, struct idalloc_call *t)
+{
+    if (text == NULL || t == NULL || strnlen(text, 64) < 34 ||
+        text[32] != ':') {
+        return IDA_EINVAL;
+    }
+    uint8_t id[16];
+    for (int i = 0; i < 16; i++) {
+        int hi = hexval(text[2 * i]), lo = hexval(text[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            return IDA_EINVAL;
+        }
+        id[i] = (uint8_t)(hi << 4 | lo);
+    }
+    uint64_t seq = 0;
+    for (const char *p = text + 33; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9' || seq > (UINT64_MAX - 9) / 10) {
+            return IDA_EINVAL;
+        }
+        seq = seq * 10 + (uint64_t)(*p - '0');
+    }
+    if (seq == 0) {
+        return IDA_EINVAL;
+    }
+    idalloc_call_init(t);
+    memcpy(t->client_id, id, 16);
+    t->seq = seq;
+    t->state = IDALLOC_CALL_UNKNOWN;
+    return 0;
+}
+
+/* --- calls -----------------------------------------------------------------
+ */
+
 int ida__client_call_node(struct idalloc_client *c,
                           size_t node,
                           Idalloc__ClientRequest *req,
                           Idalloc__ClientResponse **resp)
 {
     req->version = IDA_WIRE_VERSION;
-    req->client_id.data = c->client_id;
-    req->client_id.len = sizeof(c->client_id);
+    pthread_mutex_lock(&c->sess_mu);
+    uint8_t id[16];
+    memcpy(id, c->client_id, 16);
+    req->request_seq = c->next_read_seq++;
+    pthread_mutex_unlock(&c->sess_mu);
+    req->client_id.data = id;
+    req->client_id.len = sizeof(id);
     struct call_frame f = {.req = req};
     int sent;
     int rv =
@@ -458,17 +609,15 @@ int ida__client_call_node(struct idalloc_client *c,
     return rv;
 }
 
-int ida__client_call(struct idalloc_client *c,
+/* Send @req as it is (every field set) to the leader with retries until the
+ * call deadline (see ida__client_call). *@earlier_sent: an attempt before
+ * the one that answered may have reached a node. */
+static int send_call(struct idalloc_client *c,
                      Idalloc__ClientRequest *req,
-                     Idalloc__ClientResponse **resp)
+                     struct idalloc_call *call,
+                     Idalloc__ClientResponse **resp,
+                     int *earlier_sent)
 {
-    req->version = IDA_WIRE_VERSION;
-    req->client_id.data = c->client_id;
-    req->client_id.len = sizeof(c->client_id);
-    if (req->request_seq == 0 && retry_seq != 0) {
-        req->request_seq = retry_seq;
-        retry_seq = 0;
-    }
     struct call_frame f = {.req = req};
     int rv = 0;
     uint64_t deadline = ida__client_now_ms() + c->opts.call_timeout_ms;
@@ -488,15 +637,15 @@ int ida__client_call(struct idalloc_client *c,
         struct ida_client_conn *k = &c->conns[target];
         int sent;
         Idalloc__ClientResponse *r = NULL;
+        *earlier_sent = maybe_sent;
         rv = attempt(c, k, &f, budget, &r, &sent);
         /* Sent and not answered "not leader" (which means not carried
          * out): it may have taken effect. */
         maybe_sent |= sent && !(rv == 0 && r->result != NULL &&
                                 r->result->error == IDA_ENOTLEADER);
         any_sent |= sent;
-        last_seq = req->request_seq;
         if (rv == IDA_ETOOBIG || rv == IDA_ENOMEM) {
-            ida__client_set_error("request too large or out of memory");
+            ida__call_error(call, "request too large or out of memory");
             ida_free(f.buf);
             return rv;
         }
@@ -541,13 +690,13 @@ int ida__client_call(struct idalloc_client *c,
     }
     ida_free(f.buf);
     if (maybe_sent) {
-        ida__client_set_error(
-            "no answer within %u ms (last: %s); outcome "
-            "unknown",
-            c->opts.call_timeout_ms, why);
+        ida__call_error(call,
+                        "no answer within %u ms (last: %s); outcome unknown",
+                        c->opts.call_timeout_ms, why);
         return IDA_ETIMEDOUT;
     }
-    ida__client_set_error(
+    ida__call_error(
+        call,
         any_sent ? "no node accepted it within %u ms, it was not carried out "
                    "(last: %s); retrying is safe"
                  : "nothing was sent: no node reachable within %u ms (last "
@@ -556,12 +705,210 @@ int ida__client_call(struct idalloc_client *c,
     return IDA_EUNAVAIL;
 }
 
+/* Register the session if it is not yet (one thread at a time). */
+static int ensure_session(struct idalloc_client *c, struct idalloc_call *call)
+{
+    pthread_mutex_lock(&c->reg_mu);
+    pthread_mutex_lock(&c->sess_mu);
+    int registered = c->registered;
+    uint8_t id[16];
+    memcpy(id, c->client_id, 16);
+    pthread_mutex_unlock(&c->sess_mu);
+    int rv = 0;
+    if (!registered) {
+        Idalloc__ClientRequest req = IDALLOC__CLIENT_REQUEST__INIT;
+        Idalloc__RegisterClient op = IDALLOC__REGISTER_CLIENT__INIT;
+        req.version = IDA_WIRE_VERSION;
+        req.client_id.data = id;
+        req.client_id.len = sizeof(id);
+        req.request_seq = 1; /* registrations are not kept: any seq */
+        req.op_case = IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT;
+        req.register_client = &op;
+        Idalloc__ClientResponse *r = NULL;
+        int earlier;
+        rv = send_call(c, &req, call, &r, &earlier);
+        if (rv == 0) {
+            const Idalloc__CommandResult *res = r->result;
+            if (res->error != 0) {
+                rv = (int)res->error;
+                ida__call_error(call, "registering a session: %s",
+                                res->error_msg[0] != '\0'
+                                    ? res->error_msg
+                                    : idalloc_strerror(rv));
+            } else if (res->result_case !=
+                       IDALLOC__COMMAND_RESULT__RESULT_REGISTER_CLIENT) {
+                rv = IDA_EPROTO;
+                ida__call_error(call, "registering a session: wrong answer");
+            }
+            idalloc__client_response__free_unpacked(r, NULL);
+        } else if (rv == IDA_ETIMEDOUT) {
+            /* The registration may have happened; the write itself was
+             * not sent. */
+            rv = IDA_EUNAVAIL;
+            ida__call_error(call,
+                            "could not register a session within %u ms; the "
+                            "call was not sent",
+                            c->opts.call_timeout_ms);
+        }
+        if (rv == 0) {
+            pthread_mutex_lock(&c->sess_mu);
+            if (memcmp(id, c->client_id, 16) == 0) {
+                c->registered = 1;
+            }
+            pthread_mutex_unlock(&c->sess_mu);
+        }
+    }
+    pthread_mutex_unlock(&c->reg_mu);
+    return rv;
+}
+
+/* Is @r a "no such session" answer? Frees it then. */
+static int expired(Idalloc__ClientResponse *r)
+{
+    if (r->result->error != IDA_EEXPIRED) {
+        return 0;
+    }
+    idalloc__client_response__free_unpacked(r, NULL);
+    return 1;
+}
+
+int ida__client_call(struct idalloc_client *c,
+                     Idalloc__ClientRequest *req,
+                     int write,
+                     struct idalloc_call *call,
+                     Idalloc__ClientResponse **resp)
+{
+    IDA_ASSERT(call != NULL);
+    req->version = IDA_WIRE_VERSION;
+    uint8_t id[16];
+    int earlier;
+    int rv;
+    if (!write) {
+        pthread_mutex_lock(&c->sess_mu);
+        memcpy(id, c->client_id, 16);
+        req->request_seq = c->next_read_seq++;
+        pthread_mutex_unlock(&c->sess_mu);
+        req->client_id.data = id;
+        req->client_id.len = sizeof(id);
+        return send_call(c, req, call, resp, &earlier);
+    }
+    if (call->state == IDALLOC_CALL_UNKNOWN && call->seq != 0) {
+        /* A repeat: the same request id, whatever session it came from. */
+        pthread_mutex_lock(&c->sess_mu);
+        int own = memcmp(call->client_id, c->client_id, 16) == 0;
+        rv = own ? outstanding_add_locked(c, call->seq) : 0;
+        req->ack_below = own ? floor_locked(c) : 0;
+        pthread_mutex_unlock(&c->sess_mu);
+        if (rv != 0) {
+            ida__call_error(call, "%d calls outstanding on this client",
+                            IDALLOC_OUTSTANDING_MAX);
+            return rv;
+        }
+        memcpy(id, call->client_id, 16);
+        req->client_id.data = id;
+        req->client_id.len = sizeof(id);
+        req->request_seq = call->seq;
+        rv = send_call(c, req, call, resp, &earlier);
+        if (rv == 0 && expired(*resp)) {
+            ida__call_error(call,
+                            "the session of this call expired: outcome "
+                            "unknown for good");
+            rv = IDA_ESESSION;
+        }
+        return rv;
+    }
+    for (int round = 0;; round++) {
+        rv = ensure_session(c, call);
+        if (rv != 0) {
+            return rv;
+        }
+        pthread_mutex_lock(&c->sess_mu);
+        uint64_t seq = c->next_seq;
+        rv = seq - floor_locked(c) >= IDALLOC_SPAN_MAX
+                 ? IDA_ELIMIT
+                 : outstanding_add_locked(c, seq);
+        if (rv == 0) {
+            c->next_seq++;
+            req->ack_below = floor_locked(c);
+            memcpy(id, c->client_id, 16);
+        }
+        pthread_mutex_unlock(&c->sess_mu);
+        if (rv != 0) {
+            ida__call_error(call,
+                            "%d calls outstanding, or %d writes since the "
+                            "oldest unknown call: repeat or release it",
+                            IDALLOC_OUTSTANDING_MAX, IDALLOC_SPAN_MAX);
+            return rv;
+        }
+        memcpy(call->client_id, id, 16);
+        call->seq = seq;
+        req->client_id.data = id;
+        req->client_id.len = sizeof(id);
+        req->request_seq = seq;
+        rv = send_call(c, req, call, resp, &earlier);
+        if (rv != 0 || !expired(*resp)) {
+            return rv;
+        }
+        outstanding_del(c, id, seq);
+        if (earlier || round > 0) {
+            /* An earlier attempt may have acted before the session went. */
+            ida__call_error(call,
+                            "the session expired during the call: outcome "
+                            "unknown");
+            return IDA_ESESSION;
+        }
+        /* Definitely not executed: a new session, and the call again. */
+        pthread_mutex_lock(&c->sess_mu);
+        if (memcmp(id, c->client_id, 16) == 0) {
+            rv = new_session_locked(c);
+        }
+        pthread_mutex_unlock(&c->sess_mu);
+        if (rv != 0) {
+            ida__call_error(call, "cannot read /dev/urandom");
+            return rv;
+        }
+        req->ack_below = 0;
+    }
+}
+
+int ida__client_finish(struct idalloc_client *c,
+                       struct idalloc_call *call,
+                       int rv,
+                       int keep,
+                       int replay)
+{
+    call->error = rv;
+    if (rv == 0) {
+        call->errmsg[0] = '\0';
+    }
+    if (call->seq == 0) {
+        return rv; /* never got a request id: nothing was sent */
+    }
+    if (rv == IDA_EUNAVAIL && !replay) {
+        /* Not carried out: the call struct is fresh again. */
+        outstanding_del(c, call->client_id, call->seq);
+        call->seq = 0;
+        call->state = IDALLOC_CALL_NEW;
+        return rv;
+    }
+    int unknown = idalloc_errclass(rv) == IDA_ERR_CLASS_UNKNOWN ||
+                  (rv == IDA_EUNAVAIL && replay);
+    if (unknown && rv != IDA_ESESSION && keep) {
+        call->state = IDALLOC_CALL_UNKNOWN;
+        return rv;
+    }
+    outstanding_del(c, call->client_id, call->seq);
+    call->state = unknown ? IDALLOC_CALL_LOST : IDALLOC_CALL_DONE;
+    return rv;
+}
+
 /* --- lifecycle --------------------------------------------------------------
  */
 
 void idalloc_options_init(struct idalloc_options *o)
 {
     *o = (struct idalloc_options){
+        .struct_size = sizeof(*o),
         .attempt_timeout_ms = 1000,
         .call_timeout_ms = 5000,
         .next_block_min = 16,
@@ -654,6 +1001,24 @@ int idalloc_client_new(const struct idalloc_options *o,
         errmsg = scratch;
     }
     errmsg[0] = '\0';
+    struct idalloc_options opts;
+    idalloc_options_init(&opts);
+    if (o != NULL &&
+        (o->struct_size < offsetof(struct idalloc_options, next_block_max) +
+                              sizeof(o->next_block_max) ||
+         o->struct_size > sizeof(opts))) {
+        snprintf(errmsg, IDALLOC_ERRMSG_MAX,
+                 "options.struct_size %zu: not set by idalloc_options_init() "
+                 "of this library",
+                 o->struct_size);
+        return IDA_EINVAL;
+    }
+    if (o != NULL) {
+        /* Fields of a newer header than the caller's keep their defaults. */
+        memcpy(&opts, o, o->struct_size);
+        opts.struct_size = sizeof(opts);
+        o = &opts;
+    }
     if (o == NULL || (o->addresses == NULL) == (o->config_path == NULL)) {
         snprintf(errmsg, IDALLOC_ERRMSG_MAX,
                  "give exactly one of addresses and config_path");
@@ -673,22 +1038,20 @@ int idalloc_client_new(const struct idalloc_options *o,
     c->opts = *o;
     c->opts.addresses = NULL;
     c->opts.config_path = NULL;
-    /* Fresh seqs start at the wall clock in microseconds, so a new object
-     * that reuses an old client id never collides with its old seqs. */
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    atomic_init(&c->next_seq,
-                (uint64_t)now.tv_sec * 1000000 + (uint64_t)now.tv_nsec / 1000);
+    pthread_mutex_init(&c->sess_mu, NULL);
+    pthread_mutex_init(&c->reg_mu, NULL);
     atomic_init(&c->leader, 0);
     atomic_init(&c->nconns, 0);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->conns_mu, NULL);
     int rv = o->addresses != NULL ? parse_addresses(c, o->addresses, errmsg)
                                   : load_config(c, o->config_path, errmsg);
-    if (rv == 0 && o->client_id != NULL) {
-        memcpy(c->client_id, o->client_id, sizeof(c->client_id));
-    } else if (rv == 0 &&
-               random_bytes(c->client_id, sizeof(c->client_id)) != 0) {
+    if (rv == 0) {
+        c->outstanding =
+            ida_malloc(IDALLOC_OUTSTANDING_MAX * sizeof(*c->outstanding));
+        rv = c->outstanding == NULL ? IDA_ENOMEM : 0;
+    }
+    if (rv == 0 && new_session_locked(c) != 0) {
         snprintf(errmsg, IDALLOC_ERRMSG_MAX, "cannot read /dev/urandom");
         rv = IDA_EIO;
     }
@@ -720,6 +1083,9 @@ void idalloc_client_free(struct idalloc_client *c)
     }
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->conns_mu);
+    pthread_mutex_destroy(&c->sess_mu);
+    pthread_mutex_destroy(&c->reg_mu);
+    ida_free(c->outstanding);
     ida_free(c);
 }
 

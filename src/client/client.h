@@ -8,6 +8,7 @@
 
 #include "idalloc.h"
 #include "proto/idalloc.pb-c.h"
+#include "src/client/testing.h"
 #include "src/common/config.h"
 
 struct ida_client_conn
@@ -25,8 +26,19 @@ struct ida_next_pool; /* next.c */
 struct idalloc_client
 {
     struct idalloc_options opts;
+    /* The session (sess_mu guards it): its client id, whether the cluster
+     * registered it, the next request seq, and the seqs whose answers are
+     * still wanted (calls in flight, and unknown ones not released); the
+     * lowest of those is the acknowledgement floor sent on every write.
+     * reg_mu serialises registrations. */
+    pthread_mutex_t sess_mu;
+    pthread_mutex_t reg_mu;
     uint8_t client_id[16];
-    atomic_uint_fast64_t next_seq;
+    int registered;
+    uint64_t next_seq;
+    uint64_t next_read_seq; /* reads: only matched to their answers */
+    uint64_t *outstanding;  /* unsorted; IDALLOC_OUTSTANDING_MAX slots */
+    size_t n_outstanding;
     atomic_size_t leader; /* index of the node that last answered */
     /* The nodes known: the configured addresses, then those the cluster
      * named (NOT_LEADER hints, member lists), at most IDA_CONFIG_NODES_MAX.
@@ -43,17 +55,34 @@ struct idalloc_client
     int stopping;
 };
 
-/* Send @req (client_id, version and, when 0, request_seq are filled in) to
- * the leader, following hints and retrying other nodes with the same
- * request id until the call deadline. On 0, *resp is the decoded answer
- * (free with idalloc__client_response__free_unpacked); its result may still
+/* Send @req to the leader, following hints and retrying other nodes with
+ * the same request id until the call deadline. version, client_id,
+ * request_seq and ack_below are filled in: for a write (@write) from the
+ * session (registered first if needed) or from @call when it is UNKNOWN
+ * (a repeat), for a read with a fresh seq. On 0, *resp is the decoded
+ * answer (free with idalloc__client_response__free_unpacked) and its result
+ * is not a session answer (IDA_EEXPIRED is handled here); it may still
  * carry a definite error. Else IDA_ETIMEDOUT (the request may have taken
- * effect), IDA_EUNAVAIL (nothing
- * was sent, or only "not leader" answers came: not carried out), IDA_ETOOBIG or
- * IDA_ENOMEM. */
+ * effect), IDA_EUNAVAIL (nothing was sent, or only "not leader" answers
+ * came: not carried out), IDA_ESESSION, IDA_ELIMIT, IDA_ETOOBIG or
+ * IDA_ENOMEM, with the detail in @call. @call (not NULL) gets its request
+ * id and state; ida__client_finish() settles it once the caller checked the
+ * answer. */
 int ida__client_call(struct idalloc_client *c,
                      Idalloc__ClientRequest *req,
+                     int write,
+                     struct idalloc_call *call,
                      Idalloc__ClientResponse **resp);
+
+/* Settle @call after a write ended with @rv (returned): the request id
+ * stays wanted (UNKNOWN) for an unknown outcome when @keep (the caller holds
+ * the call struct), else it is released; "not carried out" (IDA_EUNAVAIL)
+ * makes a fresh call NEW again, but keeps a repeat (@replay) UNKNOWN. */
+int ida__client_finish(struct idalloc_client *c,
+                       struct idalloc_call *call,
+                       int rv,
+                       int keep,
+                       int replay);
 
 /* The index of the node with client address @addr, adding it to the known
  * nodes if it is new (bounded: SIZE_MAX when the table is full or @addr is
@@ -70,8 +99,9 @@ int ida__client_call_node(struct idalloc_client *c,
                           Idalloc__ClientRequest *req,
                           Idalloc__ClientResponse **resp);
 
-void ida__client_set_error(const char *fmt, ...)
-    __attribute__((format(printf, 1, 2)));
+/* Write the detail of an error into @call (NULL: dropped). */
+void ida__call_error(struct idalloc_call *call, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 uint64_t ida__client_now_ms(void);
 
 /* next.c: start and stop the refiller thread. */

@@ -13,9 +13,13 @@
 #include "src/client/cli_backup.h"
 #include "src/client/cli_json.h"
 
+/* One call of this run: its request id (--request-id, or a fresh one) and
+ * error detail. */
+static struct idalloc_call call;
+
 static int report_error(const char *what, int rv)
 {
-    const char *detail = idalloc_last_error();
+    const char *detail = call.errmsg;
     if (rv == IDA_EUNAVAIL && detail[0] != '\0') {
         /* The detail says it all: whether anything was sent, and why. */
         fprintf(stderr, "idalloc: %s: %s\n", what, detail);
@@ -24,6 +28,14 @@ static int report_error(const char *what, int rv)
                 detail);
     } else {
         fprintf(stderr, "idalloc: %s: %s\n", what, idalloc_strerror(rv));
+    }
+    char id[IDALLOC_CALL_ID_TEXT_MAX];
+    if (call.state == IDALLOC_CALL_UNKNOWN &&
+        idalloc_call_format(&call, id) == 0) {
+        fprintf(stderr,
+                "idalloc: %s: request id %s: repeat the same command with "
+                "--request-id %s to learn its outcome (exactly once)\n",
+                what, id, id);
     }
     return idalloc_exit_code(rv);
 }
@@ -35,7 +47,8 @@ static int cmd_list(struct idalloc_client *c, const char *pool)
     while (more) {
         struct idalloc_holding *h;
         size_t n;
-        int rv = idalloc_list(c, pool, has_after, after, 0, &h, &n, &more);
+        int rv =
+            idalloc_list(c, pool, has_after, after, 0, &h, &n, &more, &call);
         if (rv != 0) {
             return report_error("list", rv);
         }
@@ -58,7 +71,7 @@ static int cmd_list(struct idalloc_client *c, const char *pool)
 static int cmd_next(struct idalloc_client *c, const struct ida_cli *cli)
 {
     uint64_t first;
-    int rv = idalloc_reserve(c, cli->pool, cli->count, &first);
+    int rv = idalloc_reserve(c, cli->pool, cli->count, &first, &call);
     if (rv != 0) {
         return report_error("next", rv);
     }
@@ -102,7 +115,7 @@ static int cmd_status(struct idalloc_client *c, int verbose)
     int answered = 0, missing = 0, leader = 0, last = 0;
     for (size_t i = 0; i < idalloc_node_count(c); i++) {
         struct idalloc_node_status s;
-        int rv = idalloc_node_status(c, i, &s);
+        int rv = idalloc_node_status(c, i, &s, &call);
         if (rv != 0) {
             printf("node=? addr=%s error=\"%s\"\n", s.address,
                    rv == IDA_EUNAVAIL || rv == IDA_ECLOSED
@@ -132,7 +145,7 @@ static int cmd_status(struct idalloc_client *c, int verbose)
                 "idalloc: status: no node answered (last: %s); is the "
                 "cluster running at these addresses? (`make run` starts the "
                 "local one)\n",
-                idalloc_last_error());
+                call.errmsg);
         return idalloc_exit_code(last) == 3 ? 3 : idalloc_exit_code(last);
     }
     if (!leader) {
@@ -158,7 +171,7 @@ static int cmd_member_list(struct idalloc_client *c)
     if (l == NULL) {
         return report_error("member list", IDA_ENOMEM);
     }
-    int rv = idalloc_member_list(c, l);
+    int rv = idalloc_member_list(c, l, &call);
     if (rv != 0) {
         ida_free(l);
         return report_error("member list", rv);
@@ -197,7 +210,7 @@ static int cmd_member_change(struct idalloc_client *c,
             : cli->cmd == IDA_CLI_MEMBER_REMOVE ? 1
                                                 : 2;
     int changed = 0;
-    int rv = idalloc_member_change(c, op, cli->node, &changed);
+    int rv = idalloc_member_change(c, op, cli->node, &changed, &call);
     if (rv != 0) {
         return report_error(what[k], rv);
     }
@@ -213,7 +226,8 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
     size_t plen;
     switch (cli->cmd) {
         case IDA_CLI_POOL_CREATE:
-            rv = idalloc_pool_create(c, cli->pool, cli->kind, cli->size, &flag);
+            rv = idalloc_pool_create(c, cli->pool, cli->kind, cli->size, &flag,
+                                     &call);
             if (rv == 0) {
                 puts(flag ? "created" : "exists");
             } else if (rv == IDA_EPOOLEXISTS) {
@@ -227,8 +241,8 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
         case IDA_CLI_ALLOC:
         case IDA_CLI_LOOKUP:
             rv = cli->cmd == IDA_CLI_ALLOC
-                     ? idalloc_alloc(c, cli->pool, cli->tag, &id, NULL)
-                     : idalloc_lookup(c, cli->pool, cli->tag, &id);
+                     ? idalloc_alloc(c, cli->pool, cli->tag, &id, NULL, &call)
+                     : idalloc_lookup(c, cli->pool, cli->tag, &id, &call);
             if (rv == 0) {
                 printf("%llu\n", (unsigned long long)id);
             }
@@ -237,7 +251,7 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
                              cli->cmd == IDA_CLI_ALLOC ? "alloc" : "lookup", rv)
                        : 0;
         case IDA_CLI_FREE:
-            rv = idalloc_free(c, cli->pool, cli->id, cli->tag, &flag);
+            rv = idalloc_free(c, cli->pool, cli->id, cli->tag, &flag, &call);
             if (rv == 0) {
                 puts(flag ? "freed" : "already free");
             }
@@ -245,7 +259,7 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
         case IDA_CLI_LIST:
             return cmd_list(c, cli->pool);
         case IDA_CLI_RESERVE:
-            rv = idalloc_reserve(c, cli->pool, cli->count, &first);
+            rv = idalloc_reserve(c, cli->pool, cli->count, &first, &call);
             if (rv == 0) {
                 printf("%llu %llu\n", (unsigned long long)first,
                        (unsigned long long)(first + cli->count - 1));
@@ -254,7 +268,8 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
         case IDA_CLI_NEXT:
             return cmd_next(c, cli);
         case IDA_CLI_PREFIX:
-            rv = idalloc_prefix(c, cli->pool, cli->tag, prefix, &plen, NULL);
+            rv = idalloc_prefix(c, cli->pool, cli->tag, prefix, &plen, NULL,
+                                &call);
             if (rv == 0) {
                 for (size_t i = 0; i < plen; i++) {
                     printf("%02x", prefix[i]);
@@ -275,7 +290,7 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
             return cmd_member_change(c, cli);
         case IDA_CLI_LEADER_TRANSFER: {
             unsigned leader = 0;
-            rv = idalloc_leader_transfer(c, cli->node, &leader);
+            rv = idalloc_leader_transfer(c, cli->node, &leader, &call);
             if (rv == 0) {
                 printf("leader=%u\n", leader);
             }
@@ -283,7 +298,7 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
         }
         case IDA_CLI_SNAPSHOT_SAVE:
         case IDA_CLI_SNAPSHOT_RESTORE:
-            return ida_cli_snapshot_run(c, cli);
+            return ida_cli_snapshot_run(c, cli, &call);
         case IDA_CLI_HELP:
         case IDA_CLI_VERSION:
             break;
@@ -323,6 +338,12 @@ int main(int argc, char **argv)
             o.attempt_timeout_ms = cli.timeout_ms;
         }
     }
+    idalloc_call_init(&call);
+    if (cli.request_id != NULL &&
+        idalloc_call_parse(cli.request_id, &call) != 0) {
+        fprintf(stderr, "idalloc: bad --request-id \"%s\"\n", cli.request_id);
+        return 2; /* ida_cli_parse() checked it already */
+    }
     struct idalloc_client *c;
     int rv = idalloc_client_new(&o, &c, err);
     if (rv != 0) {
@@ -330,8 +351,9 @@ int main(int argc, char **argv)
                 err[0] != '\0' ? err : idalloc_strerror(rv));
         return rv == IDA_EINVAL || rv == IDA_ECONFIG || rv == IDA_EIO ? 2 : 3;
     }
-    int code = cli.json && cli.cmd != IDA_CLI_BENCH ? ida_cli_json_run(c, &cli)
-                                                    : run(c, &cli);
+    int code = cli.json && cli.cmd != IDA_CLI_BENCH
+                   ? ida_cli_json_run(c, &cli, &call)
+                   : run(c, &cli);
     fflush(stdout);
     idalloc_client_free(c);
     return code;

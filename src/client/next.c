@@ -21,6 +21,7 @@
  */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -49,7 +50,8 @@ struct ida_next_pool
     pthread_cond_t cond; /* a refill landed or failed */
     uint64_t want;       /* ids the refiller should reserve; 0: none */
     int last_err;        /* error of the last failed refill */
-    uint64_t fail_gen;   /* bumped on each failed refill */
+    char last_errmsg[IDALLOC_ERRMSG_MAX]; /* and its detail */
+    uint64_t fail_gen;                    /* bumped on each failed refill */
     uint64_t in_flight, max_in_flight;
     struct next_slot *slots; /* every thread's run, freed with the pool */
     struct ida_next_pool *next;
@@ -134,7 +136,17 @@ static void *refiller_main(void *arg)
         p->want = 0;
         pthread_mutex_unlock(&c->mu);
         uint64_t first = 0;
-        int rv = idalloc_reserve(c, p->name, n, &first);
+        struct idalloc_call call;
+        idalloc_call_init(&call);
+        int rv = idalloc_reserve(c, p->name, n, &first, &call);
+        /* An unknown refill is repeated once with its request id: if it
+         * acted, that returns its block instead of losing it. */
+        if (call.state == IDALLOC_CALL_UNKNOWN) {
+            rv = idalloc_reserve(c, p->name, n, &first, &call);
+        }
+        if (call.state == IDALLOC_CALL_UNKNOWN) {
+            (void)idalloc_call_release(c, &call);
+        }
         pthread_mutex_lock(&c->mu);
         p->in_flight--;
         if (rv == 0) {
@@ -142,6 +154,7 @@ static void *refiller_main(void *arg)
         } else {
             ida_next_refill_failed(&p->b);
             p->last_err = rv;
+            snprintf(p->last_errmsg, sizeof(p->last_errmsg), "%s", call.errmsg);
             p->fail_gen++;
         }
         pthread_cond_broadcast(&p->cond);
@@ -231,10 +244,28 @@ static inline uint64_t serve(struct next_slot *sl)
     return sl->lo++;
 }
 
-int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id)
+/* A next() call ends: it never has an outcome to resolve (a refill that
+ * ended unknown is repeated by the refiller, not by the caller). */
+static void call_done(struct idalloc_call *call, int rv)
+{
+    if (call != NULL) {
+        call->state = IDALLOC_CALL_DONE;
+        call->seq = 0;
+        call->error = rv;
+    }
+}
+
+int idalloc_next(struct idalloc_client *c,
+                 const char *pool,
+                 uint64_t *id,
+                 struct idalloc_call *call)
 {
     if (pool == NULL || id == NULL) {
-        ida__client_set_error("next: a pool name and an id are needed");
+        if (call != NULL) {
+            call->errmsg[0] = '\0';
+        }
+        ida__call_error(call, "next: a pool name and an id are needed");
+        call_done(call, IDA_EINVAL);
         return IDA_EINVAL;
     }
     for (unsigned i = 0; i < TL_CACHE; i++) {
@@ -242,12 +273,20 @@ int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id)
         if (e->gen == c->next_gen && e->slot->lo < e->slot->hi &&
             strcmp(e->pool->name, pool) == 0) {
             *id = serve(e->slot);
+            if (call != NULL) {
+                call->errmsg[0] = '\0';
+                call_done(call, 0);
+            }
             return 0;
         }
     }
+    if (call != NULL) {
+        call->errmsg[0] = '\0';
+    }
     if (strlen(pool) > POOL_NAME_BYTES_MAX) {
-        ida__client_set_error("next: a pool name of at most %d bytes is needed",
-                              POOL_NAME_BYTES_MAX);
+        ida__call_error(call, "next: a pool name of at most %d bytes is needed",
+                        POOL_NAME_BYTES_MAX);
+        call_done(call, IDA_EINVAL);
         return IDA_EINVAL;
     }
     uint64_t deadline = ida__client_now_ms() + c->opts.call_timeout_ms;
@@ -257,7 +296,8 @@ int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id)
     struct next_slot *sl = p != NULL ? slot_for(c, p) : NULL;
     if (sl == NULL) {
         pthread_mutex_unlock(&c->mu);
-        ida__client_set_error("next: out of memory");
+        ida__call_error(call, "next: out of memory");
+        call_done(call, IDA_ENOMEM);
         return IDA_ENOMEM;
     }
     for (;;) {
@@ -285,19 +325,21 @@ int idalloc_next(struct idalloc_client *c, const char *pool, uint64_t *id)
         }
         if (p->fail_gen != gen) {
             rv = p->last_err;
-            ida__client_set_error("next: refilling pool %s failed: %s", pool,
-                                  idalloc_strerror(rv));
+            ida__call_error(call, "next: refilling pool %s failed: %s", pool,
+                            p->last_errmsg[0] != '\0' ? p->last_errmsg
+                                                      : idalloc_strerror(rv));
             break;
         }
         if (w == ETIMEDOUT && p->b.cur == p->b.cur_end &&
             p->b.spare == p->b.spare_end) {
             rv = IDA_ETIMEDOUT;
-            ida__client_set_error("next: no block for pool %s within %u ms",
-                                  pool, c->opts.call_timeout_ms);
+            ida__call_error(call, "next: no block for pool %s within %u ms",
+                            pool, c->opts.call_timeout_ms);
             break;
         }
     }
     pthread_mutex_unlock(&c->mu);
+    call_done(call, rv);
     return rv;
 }
 

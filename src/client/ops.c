@@ -6,38 +6,64 @@
 #include "src/client/client.h"
 
 /* Run @req and check its answer: 0 with *out set to the response (caller
- * frees), or the error; a result of another kind than @want is IDA_EPROTO. */
+ * frees), or the error with its detail in @call (may be NULL); a result of
+ * another kind than @want is IDA_EPROTO. A write (@write) is numbered in
+ * the session and settled in @call (ida__client_finish). */
 static int run(struct idalloc_client *c,
                Idalloc__ClientRequest *req,
                Idalloc__CommandResult__ResultCase want,
+               int write,
+               struct idalloc_call *call,
                Idalloc__ClientResponse **out)
 {
-    Idalloc__ClientResponse *r;
-    int rv = ida__client_call(c, req, &r);
-    if (rv != 0) {
-        return rv;
+    struct idalloc_call local;
+    int keep = call != NULL;
+    if (call == NULL) {
+        idalloc_call_init(&local);
+        call = &local;
     }
-    Idalloc__CommandResult *res = r->result;
-    if (res->error != 0) {
-        rv = (int)res->error;
-        ida__client_set_error("%s", res->error_msg[0] != '\0'
-                                        ? res->error_msg
-                                        : idalloc_strerror(rv));
-    } else if (res->result_case != want) {
-        rv = IDA_EPROTO;
-        ida__client_set_error("the server answered with another result kind");
+    if (write && call->state != IDALLOC_CALL_UNKNOWN) {
+        call->seq = 0; /* a fresh call */
+        call->state = IDALLOC_CALL_NEW;
     }
-    if (rv != 0) {
-        idalloc__client_response__free_unpacked(r, NULL);
-        return rv;
+    int replay = write && call->state == IDALLOC_CALL_UNKNOWN;
+    call->errmsg[0] = '\0';
+    Idalloc__ClientResponse *r = NULL;
+    int rv = ida__client_call(c, req, write, call, &r);
+    if (rv == 0) {
+        Idalloc__CommandResult *res = r->result;
+        if (res->error != 0) {
+            rv = (int)res->error;
+            ida__call_error(call, "%s",
+                            res->error_msg[0] != '\0' ? res->error_msg
+                                                      : idalloc_strerror(rv));
+        } else if (res->result_case != want) {
+            rv = IDA_EPROTO;
+            ida__call_error(call,
+                            "the server answered with another result kind");
+        }
+        if (rv != 0) {
+            idalloc__client_response__free_unpacked(r, NULL);
+        }
     }
-    *out = r;
-    return 0;
+    if (write) {
+        rv = ida__client_finish(c, call, rv, keep, replay);
+    } else {
+        call->error = rv; /* a read has no request id to keep: the state of
+                           * the struct is left as it was */
+    }
+    if (rv == 0) {
+        *out = r;
+    }
+    return rv;
 }
 
-static int bad_args(const char *what)
+static int bad_args(struct idalloc_call *call, const char *what)
 {
-    ida__client_set_error("%s", what);
+    ida__call_error(call, "%s", what);
+    if (call != NULL) {
+        call->error = IDA_EINVAL;
+    }
     return IDA_EINVAL;
 }
 
@@ -47,11 +73,13 @@ int idalloc_pool_create(struct idalloc_client *c,
                         const char *name,
                         enum idalloc_pool_kind kind,
                         uint64_t size,
-                        int *created)
+                        int *created,
+                        struct idalloc_call *call)
 {
     if (name == NULL || kind < IDALLOC_POOL_SEQUENCE ||
         kind > IDALLOC_POOL_PREFIX) {
-        return bad_args("pool create: a name and a known kind are needed");
+        return bad_args(call,
+                        "pool create: a name and a known kind are needed");
     }
     REQUEST(req);
     Idalloc__PoolCreate op = IDALLOC__POOL_CREATE__INIT;
@@ -61,7 +89,8 @@ int idalloc_pool_create(struct idalloc_client *c,
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE;
     req.pool_create = &op;
     Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_POOL_CREATE, &r);
+    int rv =
+        run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_POOL_CREATE, 1, call, &r);
     if (rv == 0) {
         if (created != NULL) {
             *created = r->result->pool_create->created;
@@ -75,10 +104,11 @@ int idalloc_alloc(struct idalloc_client *c,
                   const char *pool,
                   const char *tag,
                   uint64_t *id,
-                  int *existed)
+                  int *existed,
+                  struct idalloc_call *call)
 {
     if (pool == NULL || tag == NULL || id == NULL) {
-        return bad_args("alloc: pool, tag and id are needed");
+        return bad_args(call, "alloc: pool, tag and id are needed");
     }
     REQUEST(req);
     Idalloc__Alloc op = IDALLOC__ALLOC__INIT;
@@ -87,7 +117,7 @@ int idalloc_alloc(struct idalloc_client *c,
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_ALLOC;
     req.alloc = &op;
     Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_ALLOC, &r);
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_ALLOC, 1, call, &r);
     if (rv == 0) {
         *id = r->result->alloc->id;
         if (existed != NULL) {
@@ -102,10 +132,11 @@ int idalloc_free(struct idalloc_client *c,
                  const char *pool,
                  uint64_t id,
                  const char *tag,
-                 int *freed)
+                 int *freed,
+                 struct idalloc_call *call)
 {
     if (pool == NULL || tag == NULL) {
-        return bad_args("free: pool and tag are needed");
+        return bad_args(call, "free: pool and tag are needed");
     }
     REQUEST(req);
     Idalloc__Free op = IDALLOC__FREE__INIT;
@@ -115,7 +146,7 @@ int idalloc_free(struct idalloc_client *c,
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_FREE;
     req.free = &op;
     Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_FREE, &r);
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_FREE, 1, call, &r);
     if (rv == 0) {
         if (freed != NULL) {
             *freed = r->result->free->freed;
@@ -128,10 +159,11 @@ int idalloc_free(struct idalloc_client *c,
 int idalloc_lookup(struct idalloc_client *c,
                    const char *pool,
                    const char *tag,
-                   uint64_t *id)
+                   uint64_t *id,
+                   struct idalloc_call *call)
 {
     if (pool == NULL || tag == NULL || id == NULL) {
-        return bad_args("lookup: pool, tag and id are needed");
+        return bad_args(call, "lookup: pool, tag and id are needed");
     }
     REQUEST(req);
     Idalloc__Lookup op = IDALLOC__LOOKUP__INIT;
@@ -140,7 +172,7 @@ int idalloc_lookup(struct idalloc_client *c,
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_LOOKUP;
     req.lookup = &op;
     Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LOOKUP, &r);
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LOOKUP, 0, call, &r);
     if (rv == 0) {
         *id = r->result->lookup->id;
         idalloc__client_response__free_unpacked(r, NULL);
@@ -186,10 +218,11 @@ int idalloc_list(struct idalloc_client *c,
                  uint32_t limit,
                  struct idalloc_holding **out,
                  size_t *count,
-                 int *more)
+                 int *more,
+                 struct idalloc_call *call)
 {
     if (pool == NULL || out == NULL || count == NULL) {
-        return bad_args("list: pool, out and count are needed");
+        return bad_args(call, "list: pool, out and count are needed");
     }
     REQUEST(req);
     Idalloc__List op = IDALLOC__LIST__INIT;
@@ -200,7 +233,7 @@ int idalloc_list(struct idalloc_client *c,
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_LIST;
     req.list = &op;
     Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LIST, &r);
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LIST, 0, call, &r);
     if (rv == 0) {
         rv = copy_holdings(r->result->list, out, count);
         if (more != NULL) {
@@ -214,16 +247,20 @@ int idalloc_list(struct idalloc_client *c,
 int idalloc_reserve(struct idalloc_client *c,
                     const char *pool,
                     uint64_t count,
-                    uint64_t *first)
+                    uint64_t *first,
+                    struct idalloc_call *call)
 {
     if (pool == NULL || first == NULL || count == 0) {
-        return bad_args("reserve: a pool and a count > 0 are needed");
+        return bad_args(call, "reserve: a pool and a count > 0 are needed");
     }
     if (count > IDALLOC_RESERVE_COUNT_MAX) {
-        ida__client_set_error(
-            "reserve: %llu ids asked, at most %llu per reserve",
-            (unsigned long long)count,
-            (unsigned long long)IDALLOC_RESERVE_COUNT_MAX);
+        if (call != NULL) {
+            call->error = IDA_EINVAL;
+        }
+        ida__call_error(call,
+                        "reserve: %llu ids asked, at most %llu per reserve",
+                        (unsigned long long)count,
+                        (unsigned long long)IDALLOC_RESERVE_COUNT_MAX);
         return IDA_EINVAL;
     }
     REQUEST(req);
@@ -233,22 +270,23 @@ int idalloc_reserve(struct idalloc_client *c,
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_RESERVE;
     req.reserve = &op;
     Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_RESERVE, &r);
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_RESERVE, 1, call, &r);
     if (rv == 0) {
         const Idalloc__ReserveResult *rr = r->result->reserve;
         if (rr->count != count) {
             rv = IDA_EPROTO;
-            ida__client_set_error("reserve: asked %llu ids, got %llu",
-                                  (unsigned long long)count,
-                                  (unsigned long long)rr->count);
+            ida__call_error(call, "reserve: asked %llu ids, got %llu",
+                            (unsigned long long)count,
+                            (unsigned long long)rr->count);
         } else if (rr->first > UINT64_MAX - count) {
             /* A block must not wrap around the id space: the caller (and
              * next()'s bookkeeping) counts on first + count. */
             rv = IDA_EPROTO;
-            ida__client_set_error(
-                "reserve: the cluster answered a block "
-                "[%llu, +%llu) past the largest id",
-                (unsigned long long)rr->first, (unsigned long long)count);
+            ida__call_error(call,
+                            "reserve: the cluster answered a block "
+                            "[%llu, +%llu) past the largest id",
+                            (unsigned long long)rr->first,
+                            (unsigned long long)count);
         }
         *first = rr->first;
         idalloc__client_response__free_unpacked(r, NULL);
@@ -261,10 +299,11 @@ int idalloc_prefix(struct idalloc_client *c,
                    const char *tag,
                    uint8_t out[9],
                    size_t *len,
-                   int *existed)
+                   int *existed,
+                   struct idalloc_call *call)
 {
     if (pool == NULL || tag == NULL || out == NULL || len == NULL) {
-        return bad_args("prefix: pool, tag, out and len are needed");
+        return bad_args(call, "prefix: pool, tag, out and len are needed");
     }
     REQUEST(req);
     Idalloc__PrefixAlloc op = IDALLOC__PREFIX_ALLOC__INIT;
@@ -273,12 +312,13 @@ int idalloc_prefix(struct idalloc_client *c,
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
     req.prefix_alloc = &op;
     Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC, &r);
+    int rv =
+        run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC, 1, call, &r);
     if (rv == 0) {
         const ProtobufCBinaryData *p = &r->result->prefix_alloc->prefix;
         if (p->len == 0 || p->len > 9) {
             rv = IDA_EPROTO;
-            ida__client_set_error("prefix of %zu bytes", p->len);
+            ida__call_error(call, "prefix of %zu bytes", p->len);
         } else {
             memcpy(out, p->data, p->len);
             *len = p->len;
@@ -298,10 +338,11 @@ static void copy_str(char *dst, size_t cap, const char *src)
 
 int idalloc_node_status(struct idalloc_client *c,
                         size_t i,
-                        struct idalloc_node_status *out)
+                        struct idalloc_node_status *out,
+                        struct idalloc_call *call)
 {
     if (i >= c->nconns || out == NULL) {
-        return bad_args("status: no such node");
+        return bad_args(call, "status: no such node");
     }
     memset(out, 0, sizeof(*out));
     copy_str(out->address, sizeof(out->address), c->conns[i].addr.text);
@@ -312,8 +353,8 @@ int idalloc_node_status(struct idalloc_client *c,
     Idalloc__ClientResponse *r;
     int rv = ida__client_call_node(c, i, &req, &r);
     if (rv != 0) {
-        ida__client_set_error("%s: %s", c->conns[i].addr.text,
-                              idalloc_strerror(rv));
+        ida__call_error(call, "%s: %s", c->conns[i].addr.text,
+                        idalloc_strerror(rv));
         return rv;
     }
     ida__client_learn_members(c, r); /* status lists every member */
@@ -360,10 +401,11 @@ int idalloc_node_status(struct idalloc_client *c,
 }
 
 int idalloc_member_list(struct idalloc_client *c,
-                        struct idalloc_member_list *out)
+                        struct idalloc_member_list *out,
+                        struct idalloc_call *call)
 {
     if (out == NULL) {
-        return bad_args("member list: out is needed");
+        return bad_args(call, "member list: out is needed");
     }
     memset(out, 0, sizeof(*out));
     REQUEST(req);
@@ -371,7 +413,8 @@ int idalloc_member_list(struct idalloc_client *c,
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_MEMBER_LIST;
     req.member_list = &op;
     Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_MEMBER_LIST, &r);
+    int rv =
+        run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_MEMBER_LIST, 0, call, &r);
     if (rv != 0) {
         return rv;
     }
@@ -397,12 +440,13 @@ int idalloc_member_list(struct idalloc_client *c,
 int idalloc_member_change(struct idalloc_client *c,
                           enum idalloc_member_op op,
                           unsigned id,
-                          int *changed)
+                          int *changed,
+                          struct idalloc_call *call)
 {
     if (op < IDALLOC_MEMBER_REMOVE || op > IDALLOC_MEMBER_PROMOTE || id == 0) {
-        return bad_args(
-            "member change: a known operation and a node id "
-            "are needed");
+        return bad_args(call,
+                        "member change: a known operation and a node id "
+                        "are needed");
     }
     REQUEST(req);
     Idalloc__MemberChange mc = IDALLOC__MEMBER_CHANGE__INIT;
@@ -411,7 +455,8 @@ int idalloc_member_change(struct idalloc_client *c,
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_MEMBER_CHANGE;
     req.member_change = &mc;
     Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_MEMBER_CHANGE, &r);
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_MEMBER_CHANGE, 0,
+                 call, &r);
     if (rv == 0) {
         if (changed != NULL) {
             *changed = r->result->member_change->changed;
@@ -423,7 +468,8 @@ int idalloc_member_change(struct idalloc_client *c,
 
 int idalloc_leader_transfer(struct idalloc_client *c,
                             unsigned to,
-                            unsigned *leader)
+                            unsigned *leader,
+                            struct idalloc_call *call)
 {
     REQUEST(req);
     Idalloc__LeaderTransfer lt = IDALLOC__LEADER_TRANSFER__INIT;
@@ -431,7 +477,8 @@ int idalloc_leader_transfer(struct idalloc_client *c,
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_LEADER_TRANSFER;
     req.leader_transfer = &lt;
     Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LEADER_TRANSFER, &r);
+    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LEADER_TRANSFER, 0,
+                 call, &r);
     if (rv == 0) {
         if (leader != NULL) {
             *leader = r->result->leader_transfer->leader_id;

@@ -12,6 +12,7 @@
 static int chunk(struct idalloc_client *c,
                  uint64_t index,
                  uint64_t offset,
+                 struct idalloc_call *call,
                  Idalloc__ClientResponse **r)
 {
     Idalloc__ClientRequest req = IDALLOC__CLIENT_REQUEST__INIT;
@@ -20,20 +21,20 @@ static int chunk(struct idalloc_client *c,
     op.offset = offset;
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_SNAPSHOT_READ;
     req.snapshot_read = &op;
-    int rv = ida__client_call(c, &req, r);
+    int rv = ida__client_call(c, &req, 0, call, r);
     if (rv != 0) {
         return rv;
     }
     Idalloc__CommandResult *res = (*r)->result;
     if (res->error != 0) {
         rv = (int)res->error;
-        ida__client_set_error("%s", res->error_msg[0] != '\0'
-                                        ? res->error_msg
-                                        : idalloc_strerror(rv));
+        ida__call_error(
+            call, "%s",
+            res->error_msg[0] != '\0' ? res->error_msg : idalloc_strerror(rv));
     } else if (res->result_case !=
                IDALLOC__COMMAND_RESULT__RESULT_SNAPSHOT_CHUNK) {
         rv = IDA_EPROTO;
-        ida__client_set_error("the server answered with another result kind");
+        ida__call_error(call, "the server answered with another result kind");
     }
     if (rv != 0) {
         idalloc__client_response__free_unpacked(*r, NULL);
@@ -41,14 +42,16 @@ static int chunk(struct idalloc_client *c,
     return rv;
 }
 
-static int read_once(struct idalloc_client *c, struct ida_backup *out)
+static int read_once(struct idalloc_client *c,
+                     struct ida_backup *out,
+                     struct idalloc_call *call)
 {
     uint8_t *buf = NULL;
     uint64_t index = 0, total = 0, off = 0;
     int rv;
     do {
         Idalloc__ClientResponse *r;
-        rv = chunk(c, index, off, &r);
+        rv = chunk(c, index, off, call, &r);
         if (rv != 0) {
             break;
         }
@@ -80,7 +83,7 @@ static int read_once(struct idalloc_client *c, struct ida_backup *out)
             memcpy(buf + off, ch->data.data, ch->data.len);
             off += ch->data.len;
         } else if (rv == IDA_EPROTO) {
-            ida__client_set_error("a backup chunk does not fit the copy");
+            ida__call_error(call, "a backup chunk does not fit the copy");
         }
         idalloc__client_response__free_unpacked(r, NULL);
     } while (rv == 0 && off < total);
@@ -93,13 +96,15 @@ static int read_once(struct idalloc_client *c, struct ida_backup *out)
     return 0;
 }
 
-int ida_client_snapshot_read(struct idalloc_client *c, struct ida_backup *out)
+int ida_client_snapshot_read(struct idalloc_client *c,
+                             struct ida_backup *out,
+                             struct idalloc_call *call)
 {
     memset(out, 0, sizeof(*out));
     int rv = IDA_EBUSY;
     /* EBUSY: the copy was replaced (a leader change, another backup). */
     for (int attempt = 0; attempt < 3 && rv == IDA_EBUSY; attempt++) {
-        rv = read_once(c, out);
+        rv = read_once(c, out, call);
     }
     if (rv == 0) {
         struct timespec ts;
@@ -114,7 +119,8 @@ int ida_client_snapshot_read(struct idalloc_client *c, struct ida_backup *out)
 int ida_client_restore(struct idalloc_client *c,
                        const struct ida_backup *b,
                        uint64_t advance,
-                       uint32_t *pools)
+                       uint32_t *pools,
+                       struct idalloc_call *call)
 {
     Idalloc__ClientRequest req = IDALLOC__CLIENT_REQUEST__INIT;
     Idalloc__Restore op = IDALLOC__RESTORE__INIT;
@@ -125,23 +131,31 @@ int ida_client_restore(struct idalloc_client *c,
     op.advance_sequences = advance;
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_RESTORE;
     req.restore = &op;
+    /* A write: a fresh call, or a repeat of one whose outcome is unknown
+     * (the same request id). */
+    if (call->state != IDALLOC_CALL_UNKNOWN) {
+        call->seq = 0;
+        call->state = IDALLOC_CALL_NEW;
+    }
+    int replay = call->state == IDALLOC_CALL_UNKNOWN;
+    call->errmsg[0] = '\0';
     Idalloc__ClientResponse *r;
-    int rv = ida__client_call(c, &req, &r);
+    int rv = ida__client_call(c, &req, 1, call, &r);
     if (rv != 0) {
-        return rv;
+        return ida__client_finish(c, call, rv, 1, replay);
     }
     Idalloc__CommandResult *res = r->result;
     if (res->error != 0) {
         rv = (int)res->error;
-        ida__client_set_error("%s", res->error_msg[0] != '\0'
-                                        ? res->error_msg
-                                        : idalloc_strerror(rv));
+        ida__call_error(
+            call, "%s",
+            res->error_msg[0] != '\0' ? res->error_msg : idalloc_strerror(rv));
     } else if (res->result_case != IDALLOC__COMMAND_RESULT__RESULT_RESTORE) {
         rv = IDA_EPROTO;
-        ida__client_set_error("the server answered with another result kind");
+        ida__call_error(call, "the server answered with another result kind");
     } else {
         *pools = res->restore->pools;
     }
     idalloc__client_response__free_unpacked(r, NULL);
-    return rv;
+    return ida__client_finish(c, call, rv, 1, replay);
 }

@@ -14,8 +14,10 @@
  * name (free with ida_backup_free()). A leader change or another backup in
  * the middle starts the copy again (up to 3 times). Returns 0 or an error
  * as for reads (IDA_EPROTO for an inconsistent answer); the detail is in
- * idalloc_last_error(). */
-int ida_client_snapshot_read(struct idalloc_client *c, struct ida_backup *out);
+ * @call (not NULL). */
+int ida_client_snapshot_read(struct idalloc_client *c,
+                             struct ida_backup *out,
+                             struct idalloc_call *call);
 
 /* Load @b's pools into the cluster (which must have none and another name
  * than b->cluster), every sequence pool moved @advance on. *pools gets the
@@ -23,10 +25,13 @@ int ida_client_snapshot_read(struct idalloc_client *c, struct ida_backup *out);
  * IDA_EEXIST (the cluster has pools), IDA_EINVAL (the backup is of this
  * cluster), IDA_ECORRUPT (the state does not restore), IDA_EEXHAUSTED
  * (@advance passes the end of a sequence), IDA_ETOOBIG (larger than a
- * request frame). Nothing changed on a definite error. */
+ * request frame). Nothing changed on a definite error. A write of @call's
+ * session (not NULL): an unknown outcome leaves @call UNKNOWN, and calling
+ * again with it repeats the same request (exactly once). */
 int ida_client_restore(struct idalloc_client *c,
                        const struct ida_backup *b,
                        uint64_t advance,
-                       uint32_t *pools);
+                       uint32_t *pools,
+                       struct idalloc_call *call);
 
 #endif /* IDA_CLIENT_SNAPSHOT_H */

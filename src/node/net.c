@@ -49,6 +49,7 @@ struct conn
     int is_client;
     int closing;
     uint64_t id;
+    unsigned registers; /* RegisterClient requests seen (clients) */
     struct ida_frame_decoder dec;
     struct conn *hnext;       /* client id hash chain */
     struct conn *prev, *next; /* all connections */
@@ -309,8 +310,8 @@ static struct outmsg *new_outmsg(size_t payload_len, enum ida_frame_type t)
     return m;
 }
 
-/* Answer a request that could not be read, then hang up. */
-static void reject_client(struct conn *k,
+/* Answer a request with @err without passing it on. */
+static void refuse_client(struct conn *k,
                           uint64_t seq,
                           int err,
                           const char *why)
@@ -331,6 +332,15 @@ static void reject_client(struct conn *k,
         idalloc__client_response__pack(&r, m->data + IDA_FRAME_HEADER_BYTES);
         write_msg((uv_stream_t *)&k->tcp, m);
     }
+}
+
+/* Answer a request that could not be read, then hang up. */
+static void reject_client(struct conn *k,
+                          uint64_t seq,
+                          int err,
+                          const char *why)
+{
+    refuse_client(k, seq, err, why);
     conn_close(k); /* uv_close lets queued writes finish or cancel */
 }
 
@@ -355,6 +365,16 @@ static int on_client_frame(void *arg,
         idalloc__client_request__free_unpacked(req, NULL);
         reject_client(k, seq, IDA_EVERSION, "unsupported wire version");
         return IDA_EVERSION;
+    }
+    if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT &&
+        ++k->registers > IDA_NET_REGISTERS_PER_CONN_MAX) {
+        /* One connection cannot fill the session table (fsm/fsm.h,
+         * "Sessions"); an honest client registers once per session. */
+        uint64_t seq = req->request_seq;
+        idalloc__client_request__free_unpacked(req, NULL);
+        refuse_client(k, seq, IDA_ELIMIT,
+                      "too many session registrations on one connection");
+        return 0;
     }
     atomic_fetch_add(&n->st_client_requests, 1);
     n->h.client_request(n->h.arg, k->id, req);

@@ -23,13 +23,18 @@
  * just closes that connection; other connections are unaffected. Replies
  * go to a connection id; a reply to a closed connection is dropped. A client
  * that does not read its replies is disconnected once client_queue_bytes_max
- * is queued to it.
+ * is queued to it. RegisterClient requests past the first
+ * IDA_NET_REGISTERS_PER_CONN_MAX of a connection are answered IDA_ELIMIT
+ * and not passed on (one connection cannot fill the session table).
  *
  * Handler callbacks run on the net thread and must not block: hand the work
  * to another thread and return.
  */
 #ifndef IDA_NET_H
 #define IDA_NET_H
+
+/* RegisterClient requests accepted on one client connection. */
+#define IDA_NET_REGISTERS_PER_CONN_MAX 16
 
 #include <stddef.h>
 #include <stdint.h>

@@ -347,6 +347,7 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
         idalloc__command__init(c);
         c->client_id = q->client_id;
         c->request_seq = q->request_seq;
+        c->ack_below = q->ack_below;
         switch (q->op_case) {
             case IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE:
                 c->op_case = IDALLOC__COMMAND__OP_POOL_CREATE;
@@ -367,6 +368,10 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
             case IDALLOC__CLIENT_REQUEST__OP_RESTORE:
                 c->op_case = IDALLOC__COMMAND__OP_RESTORE;
                 c->restore = q->restore;
+                break;
+            case IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT:
+                c->op_case = IDALLOC__COMMAND__OP_REGISTER_CLIENT;
+                c->register_client = q->register_client;
                 break;
             default:
                 c->op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
@@ -434,7 +439,8 @@ static int is_write(Idalloc__ClientRequest__OpCase op)
            op == IDALLOC__CLIENT_REQUEST__OP_FREE ||
            op == IDALLOC__CLIENT_REQUEST__OP_RESERVE ||
            op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC ||
-           op == IDALLOC__CLIENT_REQUEST__OP_RESTORE;
+           op == IDALLOC__CLIENT_REQUEST__OP_RESTORE ||
+           op == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT;
 }
 
 static int is_member_op(Idalloc__ClientRequest__OpCase op)

@@ -97,14 +97,15 @@ static void one_op(struct worker *w)
 {
     struct run *x = w->x;
     struct hop o = {.thread = w->thread};
-    idalloc_client_id(w->cl, o.cid);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
     uint64_t r = rnd(&w->rng) % 100;
     int rv;
     o.inv_ms = now(x);
     if (r < 35 || (r < 50 && w->n_held == 0)) {
         o.kind = H_ALLOC;
         snprintf(o.tag, sizeof(o.tag), "w%d-a%u", w->thread, w->next_tag++);
-        rv = idalloc_alloc(w->cl, "b", o.tag, &o.id, NULL);
+        rv = idalloc_alloc(w->cl, "b", o.tag, &o.id, NULL, &call);
         if (rv == 0 && w->n_held < 512) {
             snprintf(w->held[w->n_held].tag, HOP_TAG_MAX, "%s", o.tag);
             w->held[w->n_held++].id = o.id;
@@ -115,14 +116,14 @@ static void one_op(struct worker *w)
         snprintf(o.tag, sizeof(o.tag), "%s", w->held[k].tag);
         o.id = w->held[k].id;
         w->held[k] = w->held[--w->n_held]; /* never freed twice */
-        rv = idalloc_free(w->cl, "b", o.id, o.tag, NULL);
+        rv = idalloc_free(w->cl, "b", o.id, o.tag, NULL, &call);
     } else if (r < 65) {
         o.kind = H_RESERVE;
         o.count = 1 + rnd(&w->rng) % 100;
-        rv = idalloc_reserve(w->cl, "s", o.count, &o.first);
+        rv = idalloc_reserve(w->cl, "s", o.count, &o.first, &call);
     } else if (r < 85) {
         o.kind = H_NEXT;
-        rv = idalloc_next(w->cl, "s", &o.id);
+        rv = idalloc_next(w->cl, "s", &o.id, NULL);
         /* No id reached the caller on failure: nothing to check. */
         o.out = rv == 0 ? O_OK : O_FAIL;
     } else {
@@ -131,10 +132,13 @@ static void one_op(struct worker *w)
                          ? (unsigned)(rnd(&w->rng) % w->next_tag)
                          : w->next_tag++;
         snprintf(o.tag, sizeof(o.tag), "w%d-p%u", w->thread, k);
-        rv = idalloc_prefix(w->cl, "p", o.tag, o.prefix, &o.plen, NULL);
+        rv = idalloc_prefix(w->cl, "p", o.tag, o.prefix, &o.plen, NULL, &call);
     }
     o.done_ms = now(x);
-    o.seq = o.kind == H_NEXT ? 0 : idalloc_last_request_seq();
+    /* An unknown call stays wanted by the worker's client (its answer is
+     * kept by the cluster) until resolve() repeats it by its request id. */
+    memcpy(o.cid, call.client_id, sizeof(o.cid));
+    o.seq = o.kind == H_NEXT ? 0 : call.seq;
     o.err = rv;
     if (o.kind != H_NEXT) {
         o.out = outcome(rv);
@@ -162,7 +166,8 @@ static int find_leader(struct run *x)
     uint64_t term = 0;
     for (int i = 0; i < x->c.n; i++) {
         struct idalloc_node_status s;
-        if (x->c.pid[i] != 0 && idalloc_node_status(cl, (size_t)i, &s) == 0 &&
+        if (x->c.pid[i] != 0 &&
+            idalloc_node_status(cl, (size_t)i, &s, NULL) == 0 &&
             strcmp(s.role, "leader") == 0 && s.term >= term) {
             best = i;
             term = s.term;
@@ -372,12 +377,14 @@ static int setup(struct run *x)
         return -1;
     }
     struct idalloc_client *cl = tc_client(&x->c, 10000);
-    int rv =
-        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, POOL_SIZE, NULL);
+    int rv = idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, POOL_SIZE, NULL,
+                                 NULL);
     rv = rv != 0 ? rv
-                 : idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL);
-    rv = rv != 0 ? rv
-                 : idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL);
+                 : idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
+                                       NULL);
+    rv = rv != 0
+             ? rv
+             : idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL, NULL);
     idalloc_client_free(cl);
     return rv == 0 ? 0 : -1;
 }
@@ -421,37 +428,30 @@ static int heal(struct run *x)
 /* --- after the run: resolve, replay, read the final state
  * ---------------------- */
 
-static struct idalloc_client *client_for(struct run *x, const uint8_t *cid)
-{
-    struct idalloc_options o;
-    idalloc_options_init(&o);
-    o.addresses = x->c.addrs;
-    o.client_id = cid;
-    o.call_timeout_ms = 5000;
-    struct idalloc_client *cl;
-    return idalloc_client_new(&o, &cl, NULL) == 0 ? cl : NULL;
-}
-
-/* Repeat @o with its own request id. Returns the call's code and fills
- * @got with the answer. */
+/* Repeat @o with its own request id, from any client object: the request
+ * id names the session. Returns the call's code and fills @got with the
+ * answer. */
 static int replay(struct idalloc_client *cl,
                   const struct hop *o,
                   struct hop *got)
 {
     *got = *o;
-    idalloc_retry_with(o->seq);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    memcpy(call.client_id, o->cid, sizeof(call.client_id));
+    call.seq = o->seq;
+    call.state = IDALLOC_CALL_UNKNOWN;
     switch (o->kind) {
         case H_ALLOC:
-            return idalloc_alloc(cl, "b", o->tag, &got->id, NULL);
+            return idalloc_alloc(cl, "b", o->tag, &got->id, NULL, &call);
         case H_FREE:
-            return idalloc_free(cl, "b", o->id, o->tag, NULL);
+            return idalloc_free(cl, "b", o->id, o->tag, NULL, &call);
         case H_RESERVE:
-            return idalloc_reserve(cl, "s", o->count, &got->first);
+            return idalloc_reserve(cl, "s", o->count, &got->first, &call);
         case H_PREFIX:
             return idalloc_prefix(cl, "p", o->tag, got->prefix, &got->plen,
-                                  NULL);
+                                  NULL, &call);
         default:
-            idalloc_retry_with(0);
             return IDA_EINVAL;
     }
 }
@@ -464,7 +464,7 @@ static void settle_by_tag(struct idalloc_client *admin, struct hop *o)
     int rv;
     switch (o->kind) {
         case H_ALLOC:
-            rv = idalloc_lookup(admin, "b", o->tag, &id);
+            rv = idalloc_lookup(admin, "b", o->tag, &id, NULL);
             if (rv == 0) {
                 o->resolved = R_EFFECT;
                 o->id = id;
@@ -473,14 +473,14 @@ static void settle_by_tag(struct idalloc_client *admin, struct hop *o)
             }
             break;
         case H_FREE:
-            rv = idalloc_lookup(admin, "b", o->tag, &id);
+            rv = idalloc_lookup(admin, "b", o->tag, &id, NULL);
             o->resolved = rv == IDA_ENOTFOUND ? R_EFFECT
                           : rv == 0           ? R_NO_EFFECT
                                               : R_NONE;
             break;
         case H_PREFIX: /* idempotent per tag: ask again */
-            if (idalloc_prefix(admin, "p", o->tag, o->prefix, &o->plen, NULL) ==
-                0) {
+            if (idalloc_prefix(admin, "p", o->tag, o->prefix, &o->plen, NULL,
+                               NULL) == 0) {
                 o->resolved = R_EFFECT;
             }
             break;
@@ -497,9 +497,8 @@ static void resolve(struct run *x)
         if (o->out != O_UNKNOWN) {
             continue;
         }
-        struct idalloc_client *cl = client_for(x, o->cid);
         struct hop got;
-        int rv = cl != NULL ? replay(cl, o, &got) : IDA_ENOMEM;
+        int rv = replay(admin, o, &got);
         if (rv == 0) {
             got.resolved = R_EFFECT;
             got.done_ms = now(x); /* certainly in effect from now on */
@@ -510,7 +509,6 @@ static void resolve(struct run *x)
         } else if (idalloc_errclass(rv) == IDA_ERR_CLASS_DEFINITE) {
             o->resolved = R_NO_EFFECT;
         }
-        idalloc_client_free(cl);
     }
     idalloc_client_free(admin);
 }
@@ -536,15 +534,12 @@ static void replay_acked(struct run *x)
 {
     for (unsigned t = 0; t < x->o->clients; t++) {
         int left = 8;
-        struct idalloc_client *cl = NULL;
+        struct idalloc_client *cl = tc_client(&x->c, 5000);
         for (size_t i = x->h.n; i-- > 0 && left > 0;) {
             struct hop *o = &x->h.v[i];
             if (o->thread != (int)t || o->out != O_OK || o->kind == H_NEXT ||
                 o->kind == H_FREE) {
                 continue;
-            }
-            if (cl == NULL && (cl = client_for(x, o->cid)) == NULL) {
-                break;
             }
             struct hop got;
             int rv = replay(cl, o, &got);
@@ -565,9 +560,12 @@ static void read_final(struct run *x)
     while (more) {
         struct idalloc_holding *hs;
         size_t n;
-        if (idalloc_list(cl, "b", has_after, after, 0, &hs, &n, &more) != 0) {
+        struct idalloc_call call;
+        idalloc_call_init(&call);
+        if (idalloc_list(cl, "b", has_after, after, 0, &hs, &n, &more, &call) !=
+            0) {
             fprintf(stderr, "chaos: cannot read the final state: %s\n",
-                    idalloc_last_error());
+                    call.errmsg);
             x->h.final_known = 0;
             break;
         }

@@ -85,15 +85,29 @@ static int on_frame(void *arg,
     r.version = IDA_WIRE_VERSION;
     r.request_seq = q->request_seq;
     r.result = &res;
+    Idalloc__RegisterResult reg = IDALLOC__REGISTER_RESULT__INIT;
     pthread_mutex_lock(&s->mu);
-    if (s->nseen < FAKE_SEEN_MAX) {
-        s->seen_seq[s->nseen] = q->request_seq;
-        memcpy(s->seen_client[s->nseen], q->client_id.data, 16);
-        s->nseen++;
-    }
     enum fake_mode mode = s->mode;
-    if (mode == FAKE_ANSWER) {
-        answer(s, q, &res, &ar, &rr);
+    if (q->op_case == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT) {
+        s->registers++;
+        memcpy(s->registered, q->client_id.data, 16);
+        reg.created = 1;
+        res.result_case = IDALLOC__COMMAND_RESULT__RESULT_REGISTER_CLIENT;
+        res.register_client = &reg;
+        mode = FAKE_ANSWER;
+    } else {
+        if (s->nseen < FAKE_SEEN_MAX) {
+            s->seen_seq[s->nseen] = q->request_seq;
+            s->seen_ack[s->nseen] = q->ack_below;
+            memcpy(s->seen_client[s->nseen], q->client_id.data, 16);
+            s->nseen++;
+        }
+        if (s->expire_next > 0 && mode == FAKE_ANSWER) {
+            s->expire_next--;
+            res.error = IDA_EEXPIRED;
+        } else if (mode == FAKE_ANSWER) {
+            answer(s, q, &res, &ar, &rr);
+        }
     }
     pthread_mutex_unlock(&s->mu);
     int rv = 0;

@@ -1,6 +1,8 @@
 /* A scripted idalloc server for the client library's tests: real sockets on
  * 127.0.0.1 (port chosen by the kernel), real framing and protobuf, with a
  * behaviour chosen per test (answer, redirect, stay silent, send garbage).
+ * Session registrations are answered "created" in every mode (the mode
+ * applies to the other requests) and counted apart.
  * It stands in for the node daemon only to provoke the failure cases the
  * client must survive; end-to-end tests run against the real idallocd. */
 #ifndef IDA_TEST_FAKESERVER_H
@@ -31,9 +33,13 @@ struct fake_server
     pthread_mutex_t mu;
     uint64_t seen_seq[FAKE_SEEN_MAX]; /* request_seq of each request */
     uint8_t seen_client[FAKE_SEEN_MAX][16];
+    uint64_t seen_ack[FAKE_SEEN_MAX]; /* ack_below of each request */
     int nseen;
-    int violations;      /* malformed requests, too many connections */
-    uint64_t next_block; /* reserve: next first id */
+    int registers;          /* RegisterClient requests answered */
+    uint8_t registered[16]; /* client_id of the last one */
+    int expire_next;        /* answer this many requests IDA_EEXPIRED first */
+    int violations;         /* malformed requests, too many connections */
+    uint64_t next_block;    /* reserve: next first id */
     int conns[FAKE_CONNS_MAX];
     pthread_t readers[FAKE_CONNS_MAX];
     int nconns;

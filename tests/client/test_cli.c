@@ -1,5 +1,6 @@
 /* The idalloc command line parser: every command, and bad usage. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "src/client/cli.h"
@@ -264,4 +265,30 @@ Test(cli, snapshot_save_and_restore)
     bad("snapshot restore f --advance-sequences -1", "bad --advance-sequences");
     bad("snapshot copy f", "unknown subcommand");
     bad("snapshot", "a subcommand is needed");
+}
+
+Test(cli, request_id_on_writes_only)
+{
+    const char *id = "00112233445566778899aabbccddeeff:4294967301";
+    char line[256];
+    const char *writes[] = {
+        "alloc p --tag t",     "free p 3 --tag t",
+        "reserve s --count 5", "next s --count 2",
+        "prefix x --tag t",    "pool create p --kind sequence"};
+    for (size_t i = 0; i < sizeof(writes) / sizeof(writes[0]); i++) {
+        snprintf(line, sizeof(line), "%s --request-id %s", writes[i], id);
+        cr_assert_eq(parse(line), 0, "%s: %s", line, err);
+        cr_assert_str_eq(cli.request_id, id);
+    }
+    cr_assert_eq(parse("alloc p --tag t"), 0);
+    cr_assert_null(cli.request_id);
+    snprintf(line, sizeof(line), "lookup p --tag t --request-id %s", id);
+    bad(line, "--request-id does not apply");
+    snprintf(line, sizeof(line), "status --request-id %s", id);
+    bad(line, "--request-id does not apply");
+    bad("alloc p --tag t --request-id 12:3", "bad --request-id");
+    bad("alloc p --tag t --request-id "
+        "00112233445566778899aabbccddeeff:0",
+        "bad --request-id");
+    bad("alloc p --tag t --request-id", "needs a value");
 }

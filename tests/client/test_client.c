@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "idalloc.h"
+#include "src/client/testing.h"
 #include "tests/client/fakeserver.h"
 
 /* --- fixture ------------------------------------------------------------ */
@@ -68,9 +69,15 @@ Test(client, alloc_round_trip, .fini = teardown)
     start(1, FAKE_ANSWER, 0, 0);
     connect_client(1000, 5000);
     uint64_t id1, id2;
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id1, NULL), 0, "%s",
-                 idalloc_last_error());
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id2, NULL), 0);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id1, NULL, &call), 0, "%s",
+                 call.errmsg);
+    cr_assert_eq(call.state, IDALLOC_CALL_DONE);
+    cr_assert_eq(call.seq, srv[0].seen_seq[0]);
+    cr_assert_eq(srv[0].registers, 1, "the first write registers a session");
+    cr_assert_eq(memcmp(srv[0].registered, srv[0].seen_client[0], 16), 0);
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id2, NULL, NULL), 0);
     /* The fake answers 1000 + request_seq: distinct seqs, matched answers. */
     cr_assert_eq(id1, 1000 + srv[0].seen_seq[0]);
     cr_assert_eq(id2, 1000 + srv[0].seen_seq[1]);
@@ -83,15 +90,17 @@ Test(client, follows_not_leader_hint_with_same_request_id, .fini = teardown)
     strcpy(srv[0].hint_addr, srv[1].addr);
     connect_client(1000, 5000);
     uint64_t id;
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0, "%s",
-                 idalloc_last_error());
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &call), 0, "%s",
+                 call.errmsg);
     cr_assert_eq(fake_seen(&srv[0]), 1);
     cr_assert_eq(fake_seen(&srv[1]), 1);
     cr_assert_eq(srv[0].seen_seq[0], srv[1].seen_seq[0], "same request_seq");
     cr_assert_eq(memcmp(srv[0].seen_client[0], srv[1].seen_client[0], 16), 0,
                  "same client_id");
     /* The leader is remembered: the next call goes straight to it. */
-    cr_assert_eq(idalloc_alloc(cli, "p", "t2", &id, NULL), 0);
+    cr_assert_eq(idalloc_alloc(cli, "p", "t2", &id, NULL, NULL), 0);
     cr_assert_eq(fake_seen(&srv[0]), 1);
     cr_assert_eq(fake_seen(&srv[1]), 2);
 }
@@ -101,8 +110,10 @@ Test(client, silent_node_is_retried_elsewhere_with_same_id, .fini = teardown)
     start(2, FAKE_SILENT, FAKE_ANSWER, 0);
     connect_client(100, 5000);
     uint64_t id;
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0, "%s",
-                 idalloc_last_error());
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &call), 0, "%s",
+                 call.errmsg);
     cr_assert_eq(fake_seen(&srv[0]), 1);
     cr_assert_eq(srv[0].seen_seq[0], srv[1].seen_seq[0]);
     cr_assert_eq(id, 1000 + srv[0].seen_seq[0]);
@@ -123,8 +134,10 @@ Test(client, dead_address_is_skipped, .fini = teardown)
     o.addresses = addrs;
     cr_assert_eq(idalloc_client_new(&o, &cli, NULL), 0);
     uint64_t id;
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0, "%s",
-                 idalloc_last_error());
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &call), 0, "%s",
+                 call.errmsg);
     cr_assert_eq(fake_seen(&srv[1]), 1);
 }
 
@@ -133,15 +146,19 @@ Test(client, all_silent_times_out_as_unknown, .fini = teardown)
     start(2, FAKE_SILENT, FAKE_SILENT, 0);
     connect_client(50, 400);
     uint64_t t0 = now_ms(), id;
-    int rv = idalloc_alloc(cli, "p", "t", &id, NULL);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    int rv = idalloc_alloc(cli, "p", "t", &id, NULL, &call);
     uint64_t took = now_ms() - t0;
     cr_assert_eq(rv, IDA_ETIMEDOUT);
     cr_assert_eq(idalloc_errclass(rv), IDA_ERR_CLASS_UNKNOWN);
     cr_assert_geq(took, 400, "gave up before the deadline");
     cr_assert_lt(took, 5000, "a call must not hang (took %llu ms)",
                  (unsigned long long)took);
-    cr_assert(strstr(idalloc_last_error(), "outcome unknown") != NULL, "%s",
-              idalloc_last_error());
+    cr_assert(strstr(call.errmsg, "outcome unknown") != NULL, "%s",
+              call.errmsg);
+    cr_assert_eq(call.state, IDALLOC_CALL_UNKNOWN);
+    cr_assert_eq(call.error, IDA_ETIMEDOUT);
     /* Every attempt carried the same request id. */
     cr_assert_geq(fake_seen(&srv[0]) + fake_seen(&srv[1]), 2);
     for (int i = 0; i < 2; i++) {
@@ -161,7 +178,7 @@ Test(client, nothing_reachable_is_unavailable)
     o.attempt_timeout_ms = 50;
     cr_assert_eq(idalloc_client_new(&o, &cli, NULL), 0);
     uint64_t id;
-    int rv = idalloc_alloc(cli, "p", "t", &id, NULL);
+    int rv = idalloc_alloc(cli, "p", "t", &id, NULL, NULL);
     cr_assert_eq(rv, IDA_EUNAVAIL, "got %s", idalloc_errname(rv));
     cr_assert_eq(idalloc_exit_code(rv), 3);
     idalloc_client_free(cli);
@@ -174,10 +191,13 @@ Test(client, definite_error_is_passed_through, .fini = teardown)
     srv[0].error = IDA_EEXHAUSTED;
     connect_client(1000, 5000);
     uint64_t id;
-    int rv = idalloc_alloc(cli, "p", "t", &id, NULL);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    int rv = idalloc_alloc(cli, "p", "t", &id, NULL, &call);
     cr_assert_eq(rv, IDA_EEXHAUSTED);
     cr_assert_eq(idalloc_errclass(rv), IDA_ERR_CLASS_DEFINITE);
-    cr_assert_str_eq(idalloc_last_error(), "scripted failure");
+    cr_assert_str_eq(call.errmsg, "scripted failure");
+    cr_assert_eq(call.state, IDALLOC_CALL_DONE);
     cr_assert_eq(fake_seen(&srv[0]), 1, "a definite answer is not retried");
 }
 
@@ -186,8 +206,10 @@ Test(client, garbage_answer_drops_the_connection_and_retries, .fini = teardown)
     start(2, FAKE_GARBAGE, FAKE_ANSWER, 0);
     connect_client(1000, 5000);
     uint64_t id;
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0, "%s",
-                 idalloc_last_error());
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &call), 0, "%s",
+                 call.errmsg);
     cr_assert_eq(srv[0].seen_seq[0], srv[1].seen_seq[0]);
 }
 
@@ -226,7 +248,7 @@ static void *alloc_worker(void *arg)
     (void)arg;
     for (int i = 0; i < CALLS; i++) {
         uint64_t id;
-        if (idalloc_alloc(cli, "p", "t", &id, NULL) != 0 || id < 1000) {
+        if (idalloc_alloc(cli, "p", "t", &id, NULL, NULL) != 0 || id < 1000) {
             bad++;
         }
     }
@@ -259,7 +281,7 @@ static void *next_worker(void *arg)
 {
     uint64_t *out = arg;
     for (int i = 0; i < NEXT_PER_THREAD; i++) {
-        if (idalloc_next(cli, "seq", &out[i]) != 0) {
+        if (idalloc_next(cli, "seq", &out[i], NULL) != 0) {
             return (void *)1;
         }
     }
@@ -285,7 +307,7 @@ Test(client,
     for (int i = 0; i < 4; i++) {
         void *r;
         pthread_join(t[i], &r);
-        cr_assert_null(r, "next failed: %s", idalloc_last_error());
+        cr_assert_null(r, "next failed");
     }
     static uint64_t all[4 * NEXT_PER_THREAD];
     memcpy(all, next_ids, sizeof(all));
@@ -320,18 +342,18 @@ Test(client, next_runs_belong_to_their_client, .fini = teardown)
     struct idalloc_client *a = NULL;
     cr_assert_eq(idalloc_client_new(&o, &a, err), 0, "%s", err);
     uint64_t id;
-    cr_assert_eq(idalloc_next(a, "seq", &id), 0);
+    cr_assert_eq(idalloc_next(a, "seq", &id, NULL), 0);
     cr_assert_lt(id, 1u << 30);
     idalloc_client_free(a);
     o.addresses = srv[1].addr;
     cr_assert_eq(idalloc_client_new(&o, &cli, err), 0, "%s", err);
     for (int i = 0; i < 100; i++) {
-        cr_assert_eq(idalloc_next(cli, "seq", &id), 0);
+        cr_assert_eq(idalloc_next(cli, "seq", &id, NULL), 0);
         cr_assert_geq(id, 1u << 30, "id %llu came from the freed client",
                       (unsigned long long)id);
     }
     /* A pool of another name never shares a run. */
-    cr_assert_eq(idalloc_next(cli, "seq2", &id), 0);
+    cr_assert_eq(idalloc_next(cli, "seq2", &id, NULL), 0);
     struct idalloc_next_stats st;
     cr_assert_eq(idalloc_next_stats(cli, "seq", &st), 0);
     cr_assert_eq(st.handed_out, 100);
@@ -339,39 +361,174 @@ Test(client, next_runs_belong_to_their_client, .fini = teardown)
     cr_assert_eq(st.handed_out, 1);
 }
 
-Test(client, retry_with_reuses_the_request_id, .fini = teardown)
+static void set_mode(struct fake_server *s, enum fake_mode m)
 {
-    start(1, FAKE_ANSWER, 0, 0);
-    connect_client(1000, 5000);
-    uint64_t id1, id2, id3;
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id1, NULL), 0);
-    uint64_t seq = idalloc_last_request_seq();
-    cr_assert_eq(seq, srv[0].seen_seq[0]);
-    idalloc_retry_with(seq);
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id2, NULL), 0);
-    cr_assert_eq(srv[0].seen_seq[1], seq, "the retry carried the old id");
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id3, NULL), 0);
-    cr_assert_gt(srv[0].seen_seq[2], seq, "then fresh ids again");
+    pthread_mutex_lock(&s->mu);
+    s->mode = m;
+    pthread_mutex_unlock(&s->mu);
 }
 
-Test(client, fixed_client_id_and_seqs_above_old_ones, .fini = teardown)
+Test(client, unknown_call_is_repeated_with_its_request_id, .fini = teardown)
+{
+    start(1, FAKE_SILENT, 0, 0);
+    connect_client(50, 300);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    uint64_t id, floor;
+    size_t n;
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &call), IDA_ETIMEDOUT);
+    cr_assert_eq(call.state, IDALLOC_CALL_UNKNOWN);
+    uint64_t seq = call.seq;
+    cr_assert_eq(seq, srv[0].seen_seq[0]);
+    ida__client_floor(cli, &floor, &n);
+    cr_assert_eq(n, 1, "the unknown call's answer stays wanted");
+    cr_assert_eq(floor, seq);
+    set_mode(&srv[0], FAKE_ANSWER);
+    /* A fresh write meanwhile carries the unknown one's seq as its floor. */
+    cr_assert_eq(idalloc_alloc(cli, "p", "u", &id, NULL, NULL), 0);
+    int k = fake_seen(&srv[0]) - 1;
+    cr_assert_gt(srv[0].seen_seq[k], seq);
+    cr_assert_eq(srv[0].seen_ack[k], seq, "floor below the unknown call");
+    /* The repeat carries the same request id and settles the call. */
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &call), 0, "%s",
+                 call.errmsg);
+    k = fake_seen(&srv[0]) - 1;
+    cr_assert_eq(srv[0].seen_seq[k], seq, "the repeat carried the old id");
+    cr_assert_eq(memcmp(srv[0].seen_client[k], srv[0].seen_client[0], 16), 0);
+    cr_assert_eq(id, 1000 + seq);
+    cr_assert_eq(call.state, IDALLOC_CALL_DONE);
+    ida__client_floor(cli, &floor, &n);
+    cr_assert_eq(n, 0, "resolved: no answer wanted any more");
+    cr_assert_gt(floor, seq);
+    /* A DONE call struct used again is a fresh call. */
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &call), 0);
+    cr_assert_gt(call.seq, seq);
+}
+
+Test(client, released_call_lets_the_floor_rise, .fini = teardown)
+{
+    start(1, FAKE_SILENT, 0, 0);
+    connect_client(50, 300);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    uint64_t id, floor;
+    size_t n;
+    cr_assert_eq(idalloc_reserve(cli, "s", 10, &id, &call), IDA_ETIMEDOUT);
+    cr_assert_eq(idalloc_call_release(cli, &call), 0);
+    cr_assert_eq(call.state, IDALLOC_CALL_LOST);
+    cr_assert_eq(idalloc_call_release(cli, &call), IDA_EINVAL);
+    ida__client_floor(cli, &floor, &n);
+    cr_assert_eq(n, 0);
+    set_mode(&srv[0], FAKE_ANSWER);
+    cr_assert_eq(idalloc_reserve(cli, "s", 10, &id, NULL), 0);
+    int k = fake_seen(&srv[0]) - 1;
+    cr_assert_eq(srv[0].seen_ack[k], srv[0].seen_seq[k],
+                 "nothing outstanding: the floor is the request itself");
+}
+
+Test(client, call_repeated_from_another_client_object, .fini = teardown)
+{
+    start(1, FAKE_SILENT, 0, 0);
+    connect_client(50, 300);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &call), IDA_ETIMEDOUT);
+    char text[IDALLOC_CALL_ID_TEXT_MAX];
+    cr_assert_eq(idalloc_call_format(&call, text), 0);
+    idalloc_client_free(cli);
+    cli = NULL;
+    set_mode(&srv[0], FAKE_ANSWER);
+    /* As another process would: a new object, the id from its text. */
+    struct idalloc_call again;
+    cr_assert_eq(idalloc_call_parse(text, &again), 0);
+    cr_assert_eq(again.state, IDALLOC_CALL_UNKNOWN);
+    connect_client(1000, 5000);
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &again), 0, "%s",
+                 again.errmsg);
+    int k = fake_seen(&srv[0]) - 1;
+    cr_assert_eq(srv[0].seen_seq[k], call.seq);
+    cr_assert_eq(memcmp(srv[0].seen_client[k], call.client_id, 16), 0);
+    cr_assert_eq(srv[0].seen_ack[k], 0, "no floor for another's session");
+    cr_assert_eq(srv[0].registers, 1, "a repeat needs no session of its own");
+    cr_assert_eq(id, 1000 + call.seq);
+    /* Bad texts are refused. */
+    struct idalloc_call bad;
+    cr_assert_eq(idalloc_call_parse("", &bad), IDA_EINVAL);
+    cr_assert_eq(idalloc_call_parse("00112233445566778899aabbccddeeff:0", &bad),
+                 IDA_EINVAL);
+    cr_assert_eq(idalloc_call_parse("00112233445566778899aabbccddeefg:1", &bad),
+                 IDA_EINVAL);
+    cr_assert_eq(
+        idalloc_call_parse(
+            "00112233445566778899aabbccddeeff:99999999999999999999", &bad),
+        IDA_EINVAL);
+    cr_assert_eq(
+        idalloc_call_parse("00112233445566778899aabbccddeeff:1x", &bad),
+        IDA_EINVAL);
+    struct idalloc_call fresh;
+    idalloc_call_init(&fresh);
+    cr_assert_eq(idalloc_call_format(&fresh, text), IDA_EINVAL);
+}
+
+Test(client, expired_session_registers_anew_for_a_fresh_call, .fini = teardown)
 {
     start(1, FAKE_ANSWER, 0, 0);
     connect_client(1000, 5000);
     uint64_t id;
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0);
-    uint8_t cid[16];
-    idalloc_client_id(cli, cid);
-    uint64_t old_seq = srv[0].seen_seq[0];
-    idalloc_client_free(cli);
-    /* A second object with the same id (as a checker in another process
-     * would make): same client_id on the wire, fresh seqs above the old. */
+    cr_assert_eq(idalloc_alloc(cli, "p", "a", &id, NULL, NULL), 0);
+    pthread_mutex_lock(&srv[0].mu);
+    srv[0].expire_next = 1;
+    pthread_mutex_unlock(&srv[0].mu);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(idalloc_alloc(cli, "p", "b", &id, NULL, &call), 0, "%s",
+                 call.errmsg);
+    cr_assert_eq(srv[0].registers, 2, "a new session was registered");
+    cr_assert_eq(fake_seen(&srv[0]), 3);
+    cr_assert_neq(memcmp(srv[0].seen_client[1], srv[0].seen_client[2], 16), 0,
+                  "sent again under the new session");
+    cr_assert_eq(memcmp(call.client_id, srv[0].seen_client[2], 16), 0);
+    cr_assert_eq(id, 1000 + srv[0].seen_seq[2]);
+}
+
+Test(client, expired_session_on_a_repeat_is_unknown_for_good, .fini = teardown)
+{
+    start(1, FAKE_SILENT, 0, 0);
+    connect_client(50, 300);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    uint64_t id, floor;
+    size_t n;
+    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &call), IDA_ETIMEDOUT);
+    pthread_mutex_lock(&srv[0].mu);
+    srv[0].mode = FAKE_ANSWER;
+    srv[0].expire_next = 1;
+    pthread_mutex_unlock(&srv[0].mu);
+    int rv = idalloc_alloc(cli, "p", "t", &id, NULL, &call);
+    cr_assert_eq(rv, IDA_ESESSION, "got %s", idalloc_errname(rv));
+    cr_assert_eq(idalloc_errclass(rv), IDA_ERR_CLASS_UNKNOWN);
+    cr_assert_eq(call.state, IDALLOC_CALL_LOST);
+    cr_assert(strstr(call.errmsg, "expired") != NULL, "%s", call.errmsg);
+    ida__client_floor(cli, &floor, &n);
+    cr_assert_eq(n, 0);
+}
+
+Test(client, options_of_another_size_are_refused)
+{
     struct idalloc_options o;
+    char err[IDALLOC_ERRMSG_MAX];
     idalloc_options_init(&o);
-    o.addresses = srv[0].addr;
-    o.client_id = cid;
-    cr_assert_eq(idalloc_client_new(&o, &cli, NULL), 0);
-    cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL), 0);
-    cr_assert_eq(memcmp(srv[0].seen_client[1], cid, 16), 0);
-    cr_assert_gt(srv[0].seen_seq[1], old_seq);
+    cr_assert_eq(o.struct_size, sizeof(o));
+    o.addresses = "127.0.0.1:7";
+    o.struct_size = sizeof(o) + 8;
+    cr_assert_eq(idalloc_client_new(&o, &cli, err), IDA_EINVAL);
+    cr_assert(strstr(err, "struct_size") != NULL, "%s", err);
+    o.struct_size = 0;
+    cr_assert_eq(idalloc_client_new(&o, &cli, err), IDA_EINVAL);
+    o.struct_size = sizeof(o);
+    cr_assert_eq(idalloc_client_new(&o, &cli, err), 0, "%s", err);
+    idalloc_client_free(cli);
+    cli = NULL;
+    cr_assert_eq(idalloc_api_version(), IDALLOC_API_VERSION);
 }

@@ -55,7 +55,7 @@ static void load(struct idalloc_client *c,
                           .count = 1};
     fflush(stdout);
     if (ida_bench_run(c, &cli) != 0) {
-        printf("bench failed: %s\n", idalloc_last_error());
+        printf("bench failed: %s\n", tc_errmsg());
     }
     fflush(stdout);
 }
@@ -83,7 +83,7 @@ static void leader_kills(struct tc *c, int kills)
             char tag[48];
             uint64_t id;
             snprintf(tag, sizeof(tag), "kill-%d-%d", k, i);
-            if (idalloc_alloc(cl, "kb", tag, &id, NULL) == 0) {
+            if (idalloc_alloc(cl, "kb", tag, &id, NULL, tc_detail()) == 0) {
                 break;
             }
         }
@@ -127,7 +127,10 @@ int main(void)
         "fsync-time; > 1 only thanks to group commit)\n");
     load(cl, IDA_BENCH_NEXT, "ns", 1, secs);
     load(cl, IDA_BENCH_NEXT, "ns", 4, secs);
-    idalloc_pool_create(cl, "kb", IDALLOC_POOL_BOUNDED, 1u << 30, NULL);
+    if (idalloc_pool_create(cl, "kb", IDALLOC_POOL_BOUNDED, 1u << 30, NULL,
+                            tc_detail()) != 0) {
+        printf("cannot create pool kb: %s\n", tc_errmsg());
+    }
     idalloc_client_free(cl);
     leader_kills(&c, 20);
     tc_destroy(&c);

@@ -46,13 +46,13 @@ static void *load_main(void *arg)
         char tag[32];
         snprintf(tag, sizeof(tag), "t%u", i);
         uint64_t id, first;
-        int rv = idalloc_alloc(cl, "b", tag, &id, NULL);
+        int rv = idalloc_alloc(cl, "b", tag, &id, NULL, tc_detail());
         if (rv != 0) {
             break; /* unknown outcome: stop counting here */
         }
         L.ids[i] = id;
         atomic_store(&L.n_tags, i + 1);
-        if (idalloc_reserve(cl, "s", 10, &first) == 0) {
+        if (idalloc_reserve(cl, "s", 10, &first, tc_detail()) == 0) {
             atomic_store(&L.seq_max, first + 9);
         }
     }
@@ -152,8 +152,8 @@ Test(backup,
         char tag[32];
         snprintf(tag, sizeof(tag), "t%u", i);
         uint64_t id;
-        cr_assert_eq(idalloc_lookup(cl, "b", tag, &id), 0, "%s lost: %s", tag,
-                     idalloc_last_error());
+        cr_assert_eq(idalloc_lookup(cl, "b", tag, &id, tc_detail()), 0,
+                     "%s lost: %s", tag, tc_errmsg());
         cr_assert_eq(id, L.ids[i], "%s: %llu, was %llu", tag,
                      (unsigned long long)id, (unsigned long long)L.ids[i]);
     }
@@ -166,7 +166,8 @@ Test(backup,
     while (more) {
         struct idalloc_holding *h;
         size_t n;
-        cr_assert_eq(idalloc_list(cl, "b", has_after, after, 0, &h, &n, &more),
+        cr_assert_eq(idalloc_list(cl, "b", has_after, after, 0, &h, &n, &more,
+                                  tc_detail()),
                      0);
         for (size_t i = 0; i < n; i++) {
             unsigned k = (unsigned)strtoul(h[i].tag + 1, NULL, 10);
@@ -185,7 +186,7 @@ Test(backup,
     cr_assert_geq(total, acked_before);
     cr_assert_lt(total, acked);
     uint64_t first;
-    cr_assert_eq(idalloc_reserve(cl, "s", 1, &first), 0);
+    cr_assert_eq(idalloc_reserve(cl, "s", 1, &first, tc_detail()), 0);
     cr_assert_gt(first, seq_max,
                  "reserve gave %llu, the old cluster handed "
                  "out up to %llu",
@@ -194,7 +195,8 @@ Test(backup,
     uint8_t px[9];
     size_t plen;
     int existed = 0;
-    cr_assert_eq(idalloc_prefix(cl, "p", "before", px, &plen, &existed), 0);
+    cr_assert_eq(
+        idalloc_prefix(cl, "p", "before", px, &plen, &existed, tc_detail()), 0);
     cr_assert(existed, "the prefix of \"before\" was restored");
     idalloc_client_free(cl);
     cr_assert_lt(acked_before, acked);
@@ -236,7 +238,7 @@ static void *fill_main(void *arg)
         char tag[128];
         snprintf(tag, sizeof(tag), "%0110d-%03d-%05d", 0, f->t, i);
         uint64_t id;
-        f->failed = idalloc_alloc(cl, "big", tag, &id, NULL) != 0;
+        f->failed = idalloc_alloc(cl, "big", tag, &id, NULL, tc_detail()) != 0;
     }
     idalloc_client_free(cl);
     return NULL;
@@ -282,13 +284,15 @@ Test(backup,
     while (more) {
         struct idalloc_holding *h;
         size_t n;
-        cr_assert_eq(
-            idalloc_list(cl, "big", has_after, after, 0, &h, &n, &more), 0);
+        cr_assert_eq(idalloc_list(cl, "big", has_after, after, 0, &h, &n, &more,
+                                  tc_detail()),
+                     0);
         for (size_t i = 0; i < n; i++) {
             cr_assert_eq(h[i].id, total + i, "ids 0..N-1 in order");
             if ((total + i) % 997 == 0) {
                 uint64_t id;
-                cr_assert_eq(idalloc_lookup(ca, "big", h[i].tag, &id), 0);
+                cr_assert_eq(
+                    idalloc_lookup(ca, "big", h[i].tag, &id, tc_detail()), 0);
                 cr_assert_eq(id, h[i].id, "%s", h[i].tag);
             }
         }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/client/testing.h"
 #include "tests/lib/harness.h"
 
 static struct tc c;
@@ -228,7 +229,7 @@ static void *next_worker(void *arg)
 {
     uint64_t *dst = arg;
     for (int i = 0; i < NEXT_PER_THREAD; i++) {
-        if (idalloc_next(cl, "seq", &dst[i]) != 0) {
+        if (idalloc_next(cl, "seq", &dst[i], NULL) != 0) {
             return (void *)1;
         }
     }
@@ -241,14 +242,52 @@ static int cmp_u64(const void *x, const void *y)
     return a < b ? -1 : a > b;
 }
 
+/* A write repeated by another process with --request-id: the first
+ * answer, IDA_EREUSED for other arguments, "outcome unknown for good" for a
+ * session the cluster does not know. */
+Test(cli_live,
+     request_id_repeats_a_write_from_another_process,
+     .init = setup3,
+     .fini = teardown,
+     .timeout = 120)
+{
+    cr_assert_eq(
+        idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL, NULL), 0);
+    struct idalloc_client *keeper = tc_client(&c, 10000);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    uint64_t first;
+    cr_assert_eq(idalloc_reserve(keeper, "s", 5, &first, &call), 0);
+    idalloc_client_free(keeper); /* sends nothing more: the answer stays */
+    char id[IDALLOC_CALL_ID_TEXT_MAX], args[256], want[64];
+    cr_assert_eq(idalloc_call_format(&call, id), 0);
+    snprintf(args, sizeof(args), "reserve s --count 5 --request-id %s", id);
+    cr_assert_eq(cli(args), 0, "%s", out);
+    snprintf(want, sizeof(want), "%llu %llu\n", (unsigned long long)first,
+             (unsigned long long)first + 4);
+    cr_assert_str_eq(out, want, "the repeat printed another block");
+    snprintf(args, sizeof(args), "reserve s --count 6 --request-id %s", id);
+    cr_assert_eq(cli_err(args), 1, "%s", out);
+    cr_assert(strstr(out, "request id reused") != NULL, "%s", out);
+    cr_assert_eq(cli("reserve s --count 1"), 0);
+    snprintf(want, sizeof(want), "%llu %llu\n", (unsigned long long)first + 5,
+             (unsigned long long)first + 5);
+    cr_assert_str_eq(out, want, "a repeat acted");
+    cr_assert_eq(cli_err("reserve s --count 5 --request-id "
+                         "00112233445566778899aabbccddeeff:4294967296"),
+                 3, "%s", out);
+    cr_assert(strstr(out, "expired") != NULL, "%s", out);
+}
+
 Test(client_live,
      next_from_8_threads,
      .init = setup3,
      .fini = teardown,
      .timeout = 180)
 {
-    cr_assert_eq(idalloc_pool_create(cl, "seq", IDALLOC_POOL_SEQUENCE, 0, NULL),
-                 0);
+    cr_assert_eq(
+        idalloc_pool_create(cl, "seq", IDALLOC_POOL_SEQUENCE, 0, NULL, NULL),
+        0);
     next_ids = malloc(sizeof(uint64_t) * NEXT_THREADS * NEXT_PER_THREAD);
     pthread_t t[NEXT_THREADS];
     for (int i = 0; i < NEXT_THREADS; i++) {
@@ -258,7 +297,7 @@ Test(client_live,
     for (int i = 0; i < NEXT_THREADS; i++) {
         void *r;
         pthread_join(t[i], &r);
-        cr_assert_null(r, "next failed: %s", idalloc_last_error());
+        cr_assert_null(r, "next failed");
     }
     size_t n = (size_t)NEXT_THREADS * NEXT_PER_THREAD;
     qsort(next_ids, n, sizeof(uint64_t), cmp_u64);
@@ -275,26 +314,41 @@ Test(client_live,
                  (unsigned long long)st.refills);
 }
 
-/* Concurrent allocs with a deadline shorter than a failover, so calls in
- * flight when the leader dies end "unknown". */
-#define KILL_THREADS    8
-#define KILL_PER_THREAD 150
+/* 256 calls in flight on one client object (256 threads), allocs and
+ * reserves with a deadline shorter than a failover, through two leader
+ * kills: calls in flight when a leader dies end "unknown". Every unknown one
+ * is repeated with its struct idalloc_call until it is answered: the
+ * cluster keeps every answer above the client's acknowledgement floor, so
+ * none is lost (0 IDA_ESESSION), and each repeat gives the first answer
+ * (a reserve repeated twice gets the same block; blocks never overlap). */
+#define KILL_THREADS    256
+#define KILL_PER_THREAD 12
 struct kill_op
 {
     int rv;
-    uint64_t id, seq;
+    int reserve; /* else an alloc */
+    uint64_t id; /* alloc: the id; reserve: the first of 4 */
+    struct idalloc_call call;
 };
 static struct kill_op kops[KILL_THREADS][KILL_PER_THREAD];
 static int kill_done[KILL_THREADS];
+
+static int kill_op_run(struct kill_op *o, int t, int i)
+{
+    char tag[32];
+    snprintf(tag, sizeof(tag), "k%d-%d", t, i);
+    return o->reserve ? idalloc_reserve(cl, "s", 4, &o->id, &o->call)
+                      : idalloc_alloc(cl, "b", tag, &o->id, NULL, &o->call);
+}
 
 static void *kill_worker(void *arg)
 {
     int t = (int)(intptr_t)arg;
     for (int i = 0; i < KILL_PER_THREAD; i++) {
-        char tag[32];
-        snprintf(tag, sizeof(tag), "k%d-%d", t, i);
-        kops[t][i].rv = idalloc_alloc(cl, "b", tag, &kops[t][i].id, NULL);
-        kops[t][i].seq = idalloc_last_request_seq();
+        struct kill_op *o = &kops[t][i];
+        idalloc_call_init(&o->call);
+        o->reserve = (t + i) % 2;
+        o->rv = kill_op_run(o, t, i);
         __atomic_store_n(&kill_done[t], i + 1, __ATOMIC_RELEASE);
     }
     return NULL;
@@ -310,19 +364,23 @@ static int ops_done(void)
 }
 
 Test(client_live,
-     leader_kill_during_allocs,
+     calls_in_flight_through_leader_kills_resolve_by_repeat,
      .init = setup3,
      .fini = teardown,
-     .timeout = 180)
+     .timeout = 300)
 {
     struct idalloc_client *admin = cl;
     cl = tc_client(&c, 250); /* the workers' client: short deadlines */
+    cr_assert_eq(idalloc_pool_create(admin, "b", IDALLOC_POOL_BOUNDED, 1u << 20,
+                                     NULL, NULL),
+                 0);
     cr_assert_eq(
-        idalloc_pool_create(admin, "b", IDALLOC_POOL_BOUNDED, 1u << 20, NULL),
+        idalloc_pool_create(admin, "s", IDALLOC_POOL_SEQUENCE, 0, NULL, NULL),
         0);
-    pthread_t th[KILL_THREADS];
+    static pthread_t th[KILL_THREADS];
     for (int t = 0; t < KILL_THREADS; t++) {
-        pthread_create(&th[t], NULL, kill_worker, (void *)(intptr_t)t);
+        cr_assert_eq(
+            pthread_create(&th[t], NULL, kill_worker, (void *)(intptr_t)t), 0);
     }
     /* Kill the leader at a third, and the next one at two thirds. */
     const int total = KILL_THREADS * KILL_PER_THREAD;
@@ -343,7 +401,10 @@ Test(client_live,
         for (int i = 0; i < KILL_PER_THREAD; i++) {
             int rv = kops[t][i].rv;
             cr_assert(rv == 0 || idalloc_errclass(rv) == IDA_ERR_CLASS_UNKNOWN,
-                      "alloc k%d-%d: %s", t, i, idalloc_errname(rv));
+                      "op k%d-%d: %s (%s)", t, i, idalloc_errname(rv),
+                      kops[t][i].call.errmsg);
+            cr_assert_neq(rv, IDA_ESESSION, "op k%d-%d: %s", t, i,
+                          kops[t][i].call.errmsg);
             unknown += rv != 0;
         }
     }
@@ -351,61 +412,97 @@ Test(client_live,
     cr_assert_gt(unknown, 0,
                  "the kills produced no unknown outcome: the "
                  "replay path was not exercised");
-    /* Replay every unknown one with its own request id, on the same client
-     * (same client id), until it settles. */
+    uint64_t floor;
+    size_t outstanding;
+    ida__client_floor(cl, &floor, &outstanding);
+    cr_assert_geq(outstanding, 1, "unknown calls keep their answers wanted");
+    /* Repeat every unknown one with its call struct until it settles. */
     cr_assert_geq(tc_wait_leader(&c, 10000), 0);
-    int replayed = 0, gone = 0;
+    int repeated = 0;
     for (int t = 0; t < KILL_THREADS; t++) {
         for (int i = 0; i < KILL_PER_THREAD; i++) {
             struct kill_op *o = &kops[t][i];
-            char tag[32];
-            snprintf(tag, sizeof(tag), "k%d-%d", t, i);
             if (o->rv == 0) {
                 continue;
             }
+            repeated++;
             for (int tries = 0; o->rv != 0 && tries < 40; tries++) {
-                idalloc_retry_with(o->seq);
-                o->rv = idalloc_alloc(cl, "b", tag, &o->id, NULL);
-                cr_assert_eq(idalloc_last_request_seq(), o->seq);
-                if (o->rv == IDA_ESESSION) {
-                    break;
+                cr_assert(o->call.state == IDALLOC_CALL_UNKNOWN ||
+                              o->call.state == IDALLOC_CALL_NEW,
+                          "k%d-%d: state %d", t, i, o->call.state);
+                uint64_t seq = o->call.seq;
+                o->rv = kill_op_run(o, t, i);
+                cr_assert(seq == 0 || o->call.seq == seq,
+                          "a repeat must keep its request id");
+                cr_assert_neq(o->rv, IDA_ESESSION,
+                              "k%d-%d: the answer was lost: %s", t, i,
+                              o->call.errmsg);
+                if (o->rv != 0) {
+                    tc_sleep_ms(50);
                 }
             }
-            if (o->rv == IDA_ESESSION) {
-                /* The cluster no longer keeps that answer (the client sent
-                 * many newer requests): settle it by tag, which is
-                 * idempotent. */
-                gone++;
-                o->rv = idalloc_lookup(admin, "b", tag, &o->id);
-                if (o->rv == IDA_ENOTFOUND) {
-                    o->rv = idalloc_alloc(admin, "b", tag, &o->id, NULL);
-                }
-            } else {
-                replayed++;
-            }
-            cr_assert_eq(o->rv, 0, "replay of k%d-%d: %s", t, i,
-                         idalloc_errname(o->rv));
+            cr_assert_eq(o->rv, 0, "repeat of k%d-%d: %s (%s)", t, i,
+                         idalloc_errname(o->rv), o->call.errmsg);
+            cr_assert_eq(o->call.state, IDALLOC_CALL_DONE);
         }
     }
-    /* No id twice, and every tag holds the id it was answered. */
+    ida__client_floor(cl, &floor, &outstanding);
+    cr_assert_eq(outstanding, 0, "every call settled");
+    /* Each settled reserve repeated once more from another client object
+     * (as another process would, by its request id): the same block while
+     * the cluster keeps its answer, IDA_ESESSION once the worker client's
+     * floor passed it; never a second block. */
+    int same = 0;
+    for (int t = 0; t < KILL_THREADS; t++) {
+        for (int i = 0; i < KILL_PER_THREAD; i++) {
+            struct kill_op *o = &kops[t][i];
+            if (!o->reserve || o->call.seq == 0) {
+                continue;
+            }
+            struct idalloc_call again = o->call;
+            again.state = IDALLOC_CALL_UNKNOWN;
+            uint64_t first = 0;
+            int rv = idalloc_reserve(admin, "s", 4, &first, &again);
+            cr_assert(rv == 0 || rv == IDA_ESESSION, "k%d-%d: %s (%s)", t, i,
+                      idalloc_errname(rv), again.errmsg);
+            if (rv == 0) {
+                cr_assert_eq(first, o->id, "k%d-%d: a second block", t, i);
+                same++;
+            }
+        }
+    }
+    cr_log_info("reserves repeated from another client: %d same block", same);
+    cr_assert_gt(same, 0);
+    /* No id twice, every tag holds the id it was answered, no block
+     * overlaps another. */
     static uint64_t ids[KILL_THREADS * KILL_PER_THREAD];
-    int n = 0;
+    static uint64_t firsts[KILL_THREADS * KILL_PER_THREAD];
+    int n = 0, nf = 0;
     for (int t = 0; t < KILL_THREADS; t++) {
         for (int i = 0; i < KILL_PER_THREAD; i++) {
             char tag[32];
             uint64_t held;
             snprintf(tag, sizeof(tag), "k%d-%d", t, i);
-            cr_assert_eq(idalloc_lookup(admin, "b", tag, &held), 0);
+            if (kops[t][i].reserve) {
+                firsts[nf++] = kops[t][i].id;
+                continue;
+            }
+            cr_assert_eq(idalloc_lookup(admin, "b", tag, &held, NULL), 0);
             cr_assert_eq(held, kops[t][i].id, "tag %s", tag);
             ids[n++] = kops[t][i].id;
         }
     }
-    cr_log_info("replayed with their ids: %d; answer no longer kept: %d",
-                replayed, gone);
+    cr_log_info("repeated with their request ids: %d, all answered", repeated);
     qsort(ids, (size_t)n, sizeof(uint64_t), cmp_u64);
     for (int i = 1; i < n; i++) {
         cr_assert_neq(ids[i], ids[i - 1], "id %llu twice",
                       (unsigned long long)ids[i]);
+    }
+    qsort(firsts, (size_t)nf, sizeof(uint64_t), cmp_u64);
+    for (int i = 1; i < nf; i++) {
+        cr_assert_geq(
+            firsts[i], firsts[i - 1] + 4, "blocks %llu and %llu overlap",
+            (unsigned long long)firsts[i - 1], (unsigned long long)firsts[i]);
     }
     idalloc_client_free(admin);
 }
@@ -431,11 +528,14 @@ Test(client_live,
     cr_assert_eq(idalloc_client_new(&o, &one, NULL), 0);
     cr_assert_eq(idalloc_node_count(one), 1);
     uint64_t t0 = tc_now_ms();
-    cr_assert_eq(idalloc_pool_create(one, "f", IDALLOC_POOL_BOUNDED, 10, NULL),
-                 0, "%s", idalloc_last_error());
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(
+        idalloc_pool_create(one, "f", IDALLOC_POOL_BOUNDED, 10, NULL, &call), 0,
+        "%s", call.errmsg);
     uint64_t id;
-    cr_assert_eq(idalloc_alloc(one, "f", "x", &id, NULL), 0, "%s",
-                 idalloc_last_error());
+    cr_assert_eq(idalloc_alloc(one, "f", "x", &id, NULL, &call), 0, "%s",
+                 call.errmsg);
     /* One attempt per node at most; a timeout would take seconds. */
     cr_assert_lt(tc_now_ms() - t0, 3000, "took %llu ms",
                  (unsigned long long)(tc_now_ms() - t0));

@@ -35,64 +35,76 @@ static void teardown(void)
 Test(cluster, every_operation, .init = setup3, .fini = teardown, .timeout = 60)
 {
     int created;
-    cr_assert_eq(
-        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 3, &created), 0,
-        "%s", idalloc_last_error());
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 3, &created,
+                                     tc_detail()),
+                 0, "%s", tc_errmsg());
     cr_assert_eq(created, 1);
-    cr_assert_eq(
-        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 3, &created), 0);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 3, &created,
+                                     tc_detail()),
+                 0);
     cr_assert_eq(created, 0, "an identical pool already exists");
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 4, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 4, NULL,
+                                     tc_detail()),
                  IDA_EPOOLEXISTS);
     uint64_t id;
     int existed;
     const char *tags[] = {"alice", "bob", "carol"};
     for (uint64_t i = 0; i < 3; i++) {
-        cr_assert_eq(idalloc_alloc(cl, "b", tags[i], &id, &existed), 0, "%s",
-                     idalloc_last_error());
+        cr_assert_eq(
+            idalloc_alloc(cl, "b", tags[i], &id, &existed, tc_detail()), 0,
+            "%s", tc_errmsg());
         cr_assert_eq(id, i, "lowest free id first");
         cr_assert_eq(existed, 0);
     }
-    cr_assert_eq(idalloc_alloc(cl, "b", "bob", &id, &existed), 0);
+    cr_assert_eq(idalloc_alloc(cl, "b", "bob", &id, &existed, tc_detail()), 0);
     cr_assert_eq(id, 1);
     cr_assert_eq(existed, 1, "the same tag gets its id back");
-    cr_assert_eq(idalloc_alloc(cl, "b", "dave", &id, NULL), IDA_EEXHAUSTED);
+    cr_assert_eq(idalloc_alloc(cl, "b", "dave", &id, NULL, tc_detail()),
+                 IDA_EEXHAUSTED);
     int freed;
-    cr_assert_eq(idalloc_free(cl, "b", 1, "alice", &freed), IDA_ETAGMISMATCH);
-    cr_assert_eq(idalloc_free(cl, "b", 1, "bob", &freed), 0);
+    cr_assert_eq(idalloc_free(cl, "b", 1, "alice", &freed, tc_detail()),
+                 IDA_ETAGMISMATCH);
+    cr_assert_eq(idalloc_free(cl, "b", 1, "bob", &freed, tc_detail()), 0);
     cr_assert_eq(freed, 1);
-    cr_assert_eq(idalloc_free(cl, "b", 1, "bob", &freed), 0);
+    cr_assert_eq(idalloc_free(cl, "b", 1, "bob", &freed, tc_detail()), 0);
     cr_assert_eq(freed, 0, "free is idempotent");
-    cr_assert_eq(idalloc_lookup(cl, "b", "carol", &id), 0);
+    cr_assert_eq(idalloc_lookup(cl, "b", "carol", &id, tc_detail()), 0);
     cr_assert_eq(id, 2);
-    cr_assert_eq(idalloc_lookup(cl, "b", "bob", &id), IDA_ENOTFOUND);
+    cr_assert_eq(idalloc_lookup(cl, "b", "bob", &id, tc_detail()),
+                 IDA_ENOTFOUND);
     struct idalloc_holding *h;
     size_t n;
     int more;
-    cr_assert_eq(idalloc_list(cl, "b", 0, 0, 0, &h, &n, &more), 0);
+    cr_assert_eq(idalloc_list(cl, "b", 0, 0, 0, &h, &n, &more, tc_detail()), 0);
     cr_assert_eq(n, 2);
     cr_assert_eq(h[0].id, 0);
     cr_assert_str_eq(h[0].tag, "alice");
     cr_assert_eq(h[1].id, 2);
     idalloc_holdings_free(h, n);
 
-    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
+                                     tc_detail()),
                  0);
     uint64_t f1, f2;
-    cr_assert_eq(idalloc_reserve(cl, "s", 100, &f1), 0);
-    cr_assert_eq(idalloc_reserve(cl, "s", 5, &f2), 0);
+    cr_assert_eq(idalloc_reserve(cl, "s", 100, &f1, tc_detail()), 0);
+    cr_assert_eq(idalloc_reserve(cl, "s", 5, &f2, tc_detail()), 0);
     cr_assert(f2 >= f1 + 100 || f2 + 5 <= f1, "blocks overlap");
 
-    cr_assert_eq(idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL), 0);
+    cr_assert_eq(
+        idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL, tc_detail()),
+        0);
     uint8_t p1[9], p2[9];
     size_t l1, l2;
-    cr_assert_eq(idalloc_prefix(cl, "p", "dir1", p1, &l1, NULL), 0);
-    cr_assert_eq(idalloc_prefix(cl, "p", "dir2", p2, &l2, NULL), 0);
+    cr_assert_eq(idalloc_prefix(cl, "p", "dir1", p1, &l1, NULL, tc_detail()),
+                 0);
+    cr_assert_eq(idalloc_prefix(cl, "p", "dir2", p2, &l2, NULL, tc_detail()),
+                 0);
     size_t m = l1 < l2 ? l1 : l2;
     cr_assert_neq(memcmp(p1, p2, m), 0, "one prefix is a prefix of another");
 
-    cr_assert_eq(idalloc_alloc(cl, "nope", "t", &id, NULL), IDA_ENOPOOL);
-    cr_assert_eq(idalloc_reserve(cl, "b", 1, &f1), IDA_EKIND);
+    cr_assert_eq(idalloc_alloc(cl, "nope", "t", &id, NULL, tc_detail()),
+                 IDA_ENOPOOL);
+    cr_assert_eq(idalloc_reserve(cl, "b", 1, &f1, tc_detail()), IDA_EKIND);
 }
 
 /* Allocate @count tags "t<base+i>" in pool "b", recording their ids. */
@@ -101,8 +113,8 @@ static void alloc_tags(int base, int count, uint64_t *ids)
     for (int i = 0; i < count; i++) {
         char tag[32];
         snprintf(tag, sizeof(tag), "t%d", base + i);
-        int rv = idalloc_alloc(cl, "b", tag, &ids[base + i], NULL);
-        cr_assert_eq(rv, 0, "alloc %s: %s", tag, idalloc_last_error());
+        int rv = idalloc_alloc(cl, "b", tag, &ids[base + i], NULL, tc_detail());
+        cr_assert_eq(rv, 0, "alloc %s: %s", tag, tc_errmsg());
     }
 }
 
@@ -112,8 +124,8 @@ static void check_tags(int count, const uint64_t *ids)
         char tag[32];
         uint64_t id;
         snprintf(tag, sizeof(tag), "t%d", i);
-        cr_assert_eq(idalloc_lookup(cl, "b", tag, &id), 0, "lookup %s: %s", tag,
-                     idalloc_last_error());
+        cr_assert_eq(idalloc_lookup(cl, "b", tag, &id, tc_detail()), 0,
+                     "lookup %s: %s", tag, tc_errmsg());
         cr_assert_eq(id, ids[i], "tag %s moved", tag);
         for (int k = 0; k < i; k++) {
             cr_assert_neq(ids[k], ids[i], "id %llu twice",
@@ -129,8 +141,9 @@ Test(cluster,
      .timeout = 90)
 {
     static uint64_t ids[400];
-    cr_assert_eq(
-        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000, NULL), 0);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000,
+                                     NULL, tc_detail()),
+                 0);
     alloc_tags(0, 100, ids);
     int old = tc_wait_leader(&c, 5000);
     cr_assert_geq(old, 0);
@@ -155,13 +168,17 @@ Test(cluster,
      .timeout = 90)
 {
     static uint64_t ids[100];
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL,
+                                     tc_detail()),
                  0);
     alloc_tags(0, 60, ids);
     uint64_t first;
-    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
+                                     tc_detail()),
                  0);
-    cr_assert_eq(idalloc_reserve(cl, "s", 1000, &first), 0);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(idalloc_reserve(cl, "s", 1000, &first, &call), 0);
     for (int i = 0; i < 3; i++) {
         int st = tc_signal(&c, i, SIGTERM);
         cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
@@ -172,8 +189,18 @@ Test(cluster,
     }
     cr_assert_geq(tc_wait_leader(&c, 10000), 0);
     check_tags(60, ids);
+    /* The session and its answer survived the restart: a repeat of the
+     * reserve (from a new client object, by its request id) gets its
+     * block back. */
+    struct idalloc_client *other = tc_client(&c, 10000);
+    call.state = IDALLOC_CALL_UNKNOWN;
+    uint64_t again = 0;
+    cr_assert_eq(idalloc_reserve(other, "s", 1000, &again, &call), 0, "%s",
+                 call.errmsg);
+    cr_assert_eq(again, first, "the repeat got another block");
+    idalloc_client_free(other);
     uint64_t next;
-    cr_assert_eq(idalloc_reserve(cl, "s", 10, &next), 0);
+    cr_assert_eq(idalloc_reserve(cl, "s", 10, &next, tc_detail()), 0);
     cr_assert_geq(next, first + 1000, "a block was handed out twice");
 }
 
@@ -192,7 +219,8 @@ Test(cluster,
      .fini = teardown,
      .timeout = 60)
 {
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 10, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 10, NULL,
+                                     tc_detail()),
                  0);
     for (int i = 0; i < 3; i++) {
         int fd = raw_connect(c.cfg.nodes[i].client.port);
@@ -209,8 +237,8 @@ Test(cluster,
         close(fd);
     }
     uint64_t id;
-    cr_assert_eq(idalloc_alloc(cl, "b", "x", &id, NULL), 0, "%s",
-                 idalloc_last_error());
+    cr_assert_eq(idalloc_alloc(cl, "b", "x", &id, NULL, tc_detail()), 0, "%s",
+                 tc_errmsg());
     for (int i = 0; i < 3; i++) {
         cr_assert_eq(kill(c.pid[i], 0), 0, "node %d died", i + 1);
     }
@@ -266,17 +294,38 @@ Test(cluster, follower_catches_up_by_snapshot, .fini = teardown, .timeout = 120)
     int down = (leader + 1) % 3;
     tc_signal(&c, down, SIGKILL);
     static uint64_t ids[300];
-    cr_assert_eq(
-        idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000, NULL), 0);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100000,
+                                     NULL, tc_detail()),
+                 0);
+    /* A reserve of a client that sends nothing after it: its answer is
+     * kept in the session, which the snapshot must carry. */
+    struct idalloc_client *keeper = tc_client(&c, 10000);
+    cr_assert_eq(idalloc_pool_create(keeper, "s", IDALLOC_POOL_SEQUENCE, 0,
+                                     NULL, tc_detail()),
+                 0);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    uint64_t first;
+    cr_assert_eq(idalloc_reserve(keeper, "s", 77, &first, &call), 0);
+    idalloc_client_free(keeper);
     alloc_tags(0, 200, ids);
     tc_spawn(&c, down);
     cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 20000),
               "the follower did not catch up");
     struct idalloc_node_status s;
-    cr_assert_eq(idalloc_node_status(cl, (size_t)down, &s), 0);
+    cr_assert_eq(idalloc_node_status(cl, (size_t)down, &s, tc_detail()), 0);
     cr_assert_gt(s.snapshot_index, 0, "the follower has no snapshot");
-    /* It can lead with what it got. */
+    /* It can lead with what it got, sessions included: the reserve
+     * repeated by its request id gets its first block. */
     tc_signal(&c, leader, SIGKILL);
     cr_assert_geq(tc_wait_leader(&c, 10000), 0);
     check_tags(200, ids);
+    call.state = IDALLOC_CALL_UNKNOWN;
+    uint64_t again = 0;
+    cr_assert_eq(idalloc_reserve(cl, "s", 77, &again, &call), 0, "%s",
+                 call.errmsg);
+    cr_assert_eq(again, first, "the repeat got another block");
+    call.state = IDALLOC_CALL_UNKNOWN; /* DONE: the next use would be fresh */
+    cr_assert_eq(idalloc_reserve(cl, "s", 78, &again, &call), IDA_EREUSED,
+                 "same request id, other count");
 }

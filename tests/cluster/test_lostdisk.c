@@ -36,7 +36,7 @@ static int node_status(int i, struct idalloc_node_status *s)
     if (idalloc_client_new(&o, &cl, NULL) != 0) {
         return -1;
     }
-    int rv = idalloc_node_status(cl, 0, s);
+    int rv = idalloc_node_status(cl, 0, s, tc_detail());
     idalloc_client_free(cl);
     return rv;
 }
@@ -76,17 +76,18 @@ Test(lostdisk,
     int p = (l + 1) % 3; /* paused */
     int w = (l + 2) % 3; /* wiped */
     struct idalloc_client *cl = tc_client(&c, 5000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100, NULL,
+                                     tc_detail()),
                  0);
     uint64_t warm;
-    cr_assert_eq(idalloc_alloc(cl, "b", "warm", &warm, NULL), 0);
+    cr_assert_eq(idalloc_alloc(cl, "b", "warm", &warm, NULL, tc_detail()), 0);
     cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 10000));
 
     /* The alloc acknowledged by the leader and w alone. */
     tc_signal(&c, p, SIGSTOP);
     uint64_t first;
-    cr_assert_eq(idalloc_alloc(cl, "b", "first", &first, NULL), 0, "%s",
-                 idalloc_last_error());
+    cr_assert_eq(idalloc_alloc(cl, "b", "first", &first, NULL, tc_detail()), 0,
+                 "%s", tc_errmsg());
     idalloc_client_free(cl);
 
     /* Leader dies; w's disk is lost; p wakes up. */
@@ -108,12 +109,13 @@ Test(lostdisk,
     tc_spawn(&c, l);
     cl = tc_client(&c, 10000);
     uint64_t got;
-    int rv = idalloc_lookup(cl, "b", "first", &got);
+    int rv = idalloc_lookup(cl, "b", "first", &got, tc_detail());
     cr_assert_eq(rv, 0, "lookup of the acknowledged tag: %s",
                  idalloc_strerror(rv));
     cr_assert_eq(got, first, "the acknowledged id changed");
     uint64_t second;
-    cr_assert_eq(idalloc_alloc(cl, "b", "second", &second, NULL), 0);
+    cr_assert_eq(idalloc_alloc(cl, "b", "second", &second, NULL, tc_detail()),
+                 0);
     cr_assert_neq(second, first, "the same id was handed out twice");
     cr_assert_neq(second, warm);
 
@@ -140,7 +142,7 @@ Test(lostdisk,
     /* With w a voter again, the cluster survives losing p. */
     tc_signal(&c, p, SIGKILL);
     uint64_t third;
-    rv = idalloc_alloc(cl, "b", "third", &third, NULL);
+    rv = idalloc_alloc(cl, "b", "third", &third, NULL, tc_detail());
     cr_assert_eq(rv, 0, "w does not count after re-admission: %s",
                  idalloc_strerror(rv));
     cr_assert(third != first && third != second && third != warm);

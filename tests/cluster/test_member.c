@@ -27,7 +27,7 @@ static int list_members(struct idalloc_client *cl,
 {
     int rv = -1;
     for (uint64_t end = tc_now_ms() + ms; tc_now_ms() < end;) {
-        rv = idalloc_member_list(cl, l);
+        rv = idalloc_member_list(cl, l, tc_detail());
         if (rv == 0) {
             return 0;
         }
@@ -65,7 +65,7 @@ static int wait_voter(struct idalloc_client *cl,
 {
     for (uint64_t end = tc_now_ms() + ms; tc_now_ms() < end;) {
         struct idalloc_member_list l;
-        if (idalloc_member_list(cl, &l) == 0) {
+        if (idalloc_member_list(cl, &l, tc_detail()) == 0) {
             const struct idalloc_member *m = find(&l, id, 0);
             if ((m != NULL && m->voter) == voter) {
                 return 1;
@@ -91,14 +91,15 @@ Test(member, list_remove_readd_transfer, .fini = teardown, .timeout = 180)
     tc_start(&c, 3, NULL);
     cr_assert_geq(tc_wait_leader(&c, 20000), 0, "no leader");
     struct idalloc_client *cl = tc_client(&c, 10000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL),
-                 0, "%s", idalloc_last_error());
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL,
+                                     tc_detail()),
+                 0, "%s", tc_errmsg());
     uint64_t a;
-    cr_assert_eq(idalloc_alloc(cl, "b", "a", &a, NULL), 0);
+    cr_assert_eq(idalloc_alloc(cl, "b", "a", &a, NULL, tc_detail()), 0);
 
     /* Three voters, each bound to its data directory's incarnation. */
     struct idalloc_member_list l;
-    cr_assert_eq(list_members(cl, &l, 10000), 0, "%s", idalloc_last_error());
+    cr_assert_eq(list_members(cl, &l, 10000), 0, "%s", tc_errmsg());
     cr_assert_eq(count_voters(&l), 3);
     for (unsigned id = 1; id <= 3; id++) {
         const struct idalloc_member *m = find(&l, id, 0);
@@ -115,36 +116,37 @@ Test(member, list_remove_readd_transfer, .fini = teardown, .timeout = 180)
     /* Remove a follower: two voters; writes still work. */
     int changed = 0;
     int rv = idalloc_member_change(cl, IDALLOC_MEMBER_REMOVE, (unsigned)f + 1,
-                                   &changed);
-    cr_assert_eq(rv, 0, "remove: %s", idalloc_last_error());
+                                   &changed, tc_detail());
+    cr_assert_eq(rv, 0, "remove: %s", tc_errmsg());
     cr_assert_eq(changed, 1);
     cr_assert_eq(list_members(cl, &l, 10000), 0);
     cr_assert_eq(count_voters(&l), 2);
     cr_assert_null(find(&l, (unsigned)f + 1, 0));
     /* Removing it again changes nothing. */
     cr_assert_eq(idalloc_member_change(cl, IDALLOC_MEMBER_REMOVE,
-                                       (unsigned)f + 1, &changed),
+                                       (unsigned)f + 1, &changed, tc_detail()),
                  0);
     cr_assert_eq(changed, 0);
     uint64_t b;
-    cr_assert_eq(idalloc_alloc(cl, "b", "b", &b, NULL), 0, "%s",
-                 idalloc_last_error());
+    cr_assert_eq(idalloc_alloc(cl, "b", "b", &b, NULL, tc_detail()), 0, "%s",
+                 tc_errmsg());
     /* Not re-admitted on its own (it keeps its incarnation). */
     tc_sleep_ms(1500);
     cr_assert_eq(list_members(cl, &l, 10000), 0);
     cr_assert_eq(count_voters(&l), 2, "the removed node came back by itself");
     /* The last voter cannot be removed; a node outside the file neither. */
-    cr_assert_eq(idalloc_member_change(cl, IDALLOC_MEMBER_REMOVE, 9, NULL),
-                 IDA_EREFUSED);
+    cr_assert_eq(
+        idalloc_member_change(cl, IDALLOC_MEMBER_REMOVE, 9, NULL, tc_detail()),
+        IDA_EREFUSED);
     cr_assert_eq(idalloc_member_change(cl, IDALLOC_MEMBER_PROMOTE,
-                                       (unsigned)f + 1, NULL),
+                                       (unsigned)f + 1, NULL, tc_detail()),
                  IDA_EREFUSED, "promoting a non-learner");
 
     /* Re-add it: a learner with its incarnation, promoted once caught up
      * (auto_rejoin on by default). */
     rv = idalloc_member_change(cl, IDALLOC_MEMBER_ADD, (unsigned)f + 1,
-                               &changed);
-    cr_assert_eq(rv, 0, "add: %s", idalloc_last_error());
+                               &changed, tc_detail());
+    cr_assert_eq(rv, 0, "add: %s", tc_errmsg());
     cr_assert_eq(changed, 1);
     cr_assert(wait_voter(cl, (unsigned)f + 1, 1, 30000),
               "the re-added node was not promoted");
@@ -157,9 +159,8 @@ Test(member, list_remove_readd_transfer, .fini = teardown, .timeout = 180)
     /* It counts again: writes work with g down. */
     tc_signal(&c, g, SIGKILL);
     uint64_t d;
-    rv = idalloc_alloc(cl, "b", "d", &d, NULL);
-    cr_assert_eq(rv, 0, "the re-added node does not count: %s",
-                 idalloc_last_error());
+    rv = idalloc_alloc(cl, "b", "d", &d, NULL, tc_detail());
+    cr_assert_eq(rv, 0, "the re-added node does not count: %s", tc_errmsg());
     cr_assert(d != a && d != b);
     tc_spawn(&c, g);
 
@@ -171,18 +172,18 @@ Test(member, list_remove_readd_transfer, .fini = teardown, .timeout = 180)
     rv = -1;
     for (uint64_t end = tc_now_ms() + 30000; tc_now_ms() < end && rv != 0;) {
         /* Refused while the target has not caught up after its restart. */
-        rv = idalloc_leader_transfer(cl, (unsigned)to + 1, &got);
+        rv = idalloc_leader_transfer(cl, (unsigned)to + 1, &got, tc_detail());
         if (rv != 0) {
             tc_sleep_ms(500);
         }
     }
-    cr_assert_eq(rv, 0, "transfer: %s", idalloc_last_error());
+    cr_assert_eq(rv, 0, "transfer: %s", tc_errmsg());
     int moved = got == (unsigned)to + 1; /* the old leader saw it */
     for (uint64_t end = tc_now_ms() + 20000; tc_now_ms() < end && !moved;) {
         moved = tc_wait_leader(&c, 2000) == to;
     }
     cr_assert(moved, "leadership did not move to node %d", to + 1);
-    cr_assert_eq(idalloc_lookup(cl, "b", "a", &d), 0);
+    cr_assert_eq(idalloc_lookup(cl, "b", "a", &d, tc_detail()), 0);
     cr_assert_eq(d, a);
     idalloc_client_free(cl);
 }
@@ -192,22 +193,23 @@ Test(member, remove_the_leader, .fini = teardown, .timeout = 120)
     tc_start(&c, 3, NULL);
     cr_assert_geq(tc_wait_leader(&c, 20000), 0, "no leader");
     struct idalloc_client *cl = tc_client(&c, 15000);
-    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
+                                     tc_detail()),
                  0);
     int lead = leader_of(cl);
     cr_assert_geq(lead, 0);
     /* Handed over first, then removed by the new leader. */
     int rv = idalloc_member_change(cl, IDALLOC_MEMBER_REMOVE,
-                                   (unsigned)lead + 1, NULL);
-    cr_assert_eq(rv, 0, "remove the leader: %s", idalloc_last_error());
+                                   (unsigned)lead + 1, NULL, tc_detail());
+    cr_assert_eq(rv, 0, "remove the leader: %s", tc_errmsg());
     struct idalloc_member_list l;
     cr_assert_eq(list_members(cl, &l, 10000), 0);
     cr_assert_eq(count_voters(&l), 2);
     cr_assert_null(find(&l, (unsigned)lead + 1, 0));
     cr_assert_neq(l.leader_id, (unsigned)lead + 1);
     uint64_t first;
-    cr_assert_eq(idalloc_reserve(cl, "s", 10, &first), 0, "%s",
-                 idalloc_last_error());
+    cr_assert_eq(idalloc_reserve(cl, "s", 10, &first, tc_detail()), 0, "%s",
+                 tc_errmsg());
     idalloc_client_free(cl);
 }
 
@@ -226,13 +228,15 @@ Test(member, wiped_node_readmitted_by_hand, .fini = teardown, .timeout = 180)
     tc_start(&c, 3, "auto_rejoin off\n");
     cr_assert_geq(tc_wait_leader(&c, 20000), 0, "no leader");
     struct idalloc_client *cl = tc_client(&c, 10000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL,
+                                     tc_detail()),
                  0);
     uint64_t ids[5];
     char tag[16];
     for (int i = 0; i < 5; i++) {
         snprintf(tag, sizeof(tag), "t%d", i);
-        cr_assert_eq(idalloc_alloc(cl, "b", tag, &ids[i], NULL), 0);
+        cr_assert_eq(idalloc_alloc(cl, "b", tag, &ids[i], NULL, tc_detail()),
+                     0);
     }
     int lead = leader_of(cl);
     cr_assert_geq(lead, 0);
@@ -306,13 +310,13 @@ Test(member, wiped_node_readmitted_by_hand, .fini = teardown, .timeout = 180)
     for (int i = 0; i < 5; i++) {
         snprintf(tag, sizeof(tag), "t%d", i);
         uint64_t got;
-        int rv = idalloc_lookup(cl, "b", tag, &got);
-        cr_assert_eq(rv, 0, "lookup %s: %s", tag, idalloc_last_error());
+        int rv = idalloc_lookup(cl, "b", tag, &got, tc_detail());
+        cr_assert_eq(rv, 0, "lookup %s: %s", tag, tc_errmsg());
         cr_assert_eq(got, ids[i]);
     }
     uint64_t nid;
-    cr_assert_eq(idalloc_alloc(cl, "b", "after", &nid, NULL), 0, "%s",
-                 idalloc_last_error());
+    cr_assert_eq(idalloc_alloc(cl, "b", "after", &nid, NULL, tc_detail()), 0,
+                 "%s", tc_errmsg());
     for (int i = 0; i < 5; i++) {
         cr_assert_neq(nid, ids[i]);
     }
@@ -331,18 +335,19 @@ Test(member,
     tc_start(&c, 3, NULL);
     cr_assert_geq(tc_wait_leader(&c, 20000), 0, "no leader");
     struct idalloc_client *cl = tc_client(&c, 10000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL),
-                 0, "%s", idalloc_last_error());
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL,
+                                     tc_detail()),
+                 0, "%s", tc_errmsg());
     uint64_t a;
-    cr_assert_eq(idalloc_alloc(cl, "b", "a", &a, NULL), 0);
+    cr_assert_eq(idalloc_alloc(cl, "b", "a", &a, NULL, tc_detail()), 0);
     int lead = leader_of(cl);
     cr_assert_geq(lead, 0);
     int f = (lead + 1) % 3; /* removed; keeps running */
     int g = (lead + 2) % 3;
     int changed = 0;
     cr_assert_eq(idalloc_member_change(cl, IDALLOC_MEMBER_REMOVE,
-                                       (unsigned)f + 1, &changed),
-                 0, "remove: %s", idalloc_last_error());
+                                       (unsigned)f + 1, &changed, tc_detail()),
+                 0, "remove: %s", tc_errmsg());
     cr_assert_eq(changed, 1); /* committed: durable on both voters left */
 
     /* Both members restart: neither remembers anything of the removal but
@@ -379,14 +384,14 @@ Test(member,
     cr_assert_null(find(&l, (unsigned)f + 1, 0),
                    "the removed node is a member again");
     uint64_t got;
-    cr_assert_eq(idalloc_lookup(cl, "b", "a", &got), 0, "%s",
-                 idalloc_last_error());
+    cr_assert_eq(idalloc_lookup(cl, "b", "a", &got, tc_detail()), 0, "%s",
+                 tc_errmsg());
     cr_assert_eq(got, a);
 
     /* The operator adds it back: the record goes, it is promoted (auto). */
     cr_assert_eq(idalloc_member_change(cl, IDALLOC_MEMBER_ADD, (unsigned)f + 1,
-                                       &changed),
-                 0, "add: %s", idalloc_last_error());
+                                       &changed, tc_detail()),
+                 0, "add: %s", tc_errmsg());
     cr_assert_eq(changed, 1);
     cr_assert(wait_voter(cl, (unsigned)f + 1, 1, 30000),
               "the node added back was not promoted");

@@ -291,12 +291,14 @@ Test(metrics,
 {
     int leader = tc_wait_leader(&c, 20000);
     struct idalloc_client *cl = tc_client(&c, 20000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL,
+                                     tc_detail()),
                  0);
-    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
+                                     tc_detail()),
                  0);
     uint64_t id, first;
-    cr_assert_eq(idalloc_reserve(cl, "s", 10, &first), 0);
+    cr_assert_eq(idalloc_reserve(cl, "s", 10, &first, tc_detail()), 0);
 
     cr_assert_eq(get(leader, "GET", "/metrics"), 200);
     cr_assert_gt(check_exposition(), 50);
@@ -316,9 +318,10 @@ Test(metrics,
     for (int i = 0; i < 25; i++) {
         char tag[16];
         snprintf(tag, sizeof(tag), "t%d", i);
-        cr_assert_eq(idalloc_alloc(cl, "b", tag, &id, NULL), 0);
+        cr_assert_eq(idalloc_alloc(cl, "b", tag, &id, NULL, tc_detail()), 0);
     }
-    cr_assert_eq(idalloc_lookup(cl, "b", "nobody", &id), IDA_ENOTFOUND);
+    cr_assert_eq(idalloc_lookup(cl, "b", "nobody", &id, tc_detail()),
+                 IDA_ENOTFOUND);
     idalloc_client_free(cl);
 
     /* The pool table is published at most once a second: wait for it. */

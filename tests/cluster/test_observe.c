@@ -69,15 +69,17 @@ Test(observe,
     cr_assert(log_has(leader, "our vote request", 5000));
 
     cl = tc_client(&c, 20000);
-    cr_assert_eq(idalloc_pool_create(cl, "p", IDALLOC_POOL_BOUNDED, 10, NULL),
-                 0, "%s", idalloc_last_error());
+    cr_assert_eq(idalloc_pool_create(cl, "p", IDALLOC_POOL_BOUNDED, 10, NULL,
+                                     tc_detail()),
+                 0, "%s", tc_errmsg());
     uint64_t id;
-    cr_assert_eq(idalloc_alloc(cl, "p", "t", &id, NULL), 0);
-    uint8_t cid[16];
-    idalloc_client_id(cl, cid);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(idalloc_alloc(cl, "p", "t", &id, NULL, &call), 0);
+    const uint8_t *cid = call.client_id;
     char name[64], want[128];
     snprintf(name, sizeof(name), "req %02x%02x%02x%02x/%llu:", cid[0], cid[1],
-             cid[2], cid[3], (unsigned long long)idalloc_last_request_seq());
+             cid[2], cid[3], (unsigned long long)call.seq);
     const char *steps[] = {"received", "proposed in entry", "applied at entry"};
     for (int k = 0; k < 3; k++) {
         snprintf(want, sizeof(want), "%s %s", name, steps[k]);
@@ -93,12 +95,14 @@ Test(observe, status_verbose_shows_the_errors, .fini = teardown, .timeout = 120)
     tc_start(&c, 3, NULL);
     cr_assert_geq(tc_wait_leader(&c, 20000), 0, "no leader elected");
     cl = tc_client(&c, 20000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 10, NULL),
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 10, NULL,
+                                     tc_detail()),
                  0);
     uint64_t v;
     for (int i = 0; i < 3; i++) {
-        cr_assert_eq(idalloc_alloc(cl, "nosuch", "t", &v, NULL), IDA_ENOPOOL);
-        cr_assert_eq(idalloc_reserve(cl, "b", 1, &v), IDA_EKIND);
+        cr_assert_eq(idalloc_alloc(cl, "nosuch", "t", &v, NULL, tc_detail()),
+                     IDA_ENOPOOL);
+        cr_assert_eq(idalloc_reserve(cl, "b", 1, &v, tc_detail()), IDA_EKIND);
     }
     /* No more errors come: the burst must reach status on its own. */
     int seen = 0;

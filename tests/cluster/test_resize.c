@@ -54,7 +54,7 @@ static void *load_main(void *arg)
     for (uint64_t op = 0; !atomic_load(l->stop) && k < TAGS_MAX; op++) {
         if (op % 4 == 3 && l->blocks < BLOCKS_MAX) {
             uint64_t first;
-            int rv = idalloc_reserve(l->cl, "s", 10, &first);
+            int rv = idalloc_reserve(l->cl, "s", 10, &first, tc_detail());
             if (rv == 0) {
                 l->first[l->blocks++] = first;
                 l->acked++;
@@ -65,7 +65,7 @@ static void *load_main(void *arg)
         }
         snprintf(tag, sizeof(tag), "w%d-%zu", l->no, k);
         uint64_t id;
-        int rv = idalloc_alloc(l->cl, "b", tag, &id, NULL);
+        int rv = idalloc_alloc(l->cl, "b", tag, &id, NULL, tc_detail());
         if (rv == 0) {
             l->ids[k] = id + 1;
             l->acked++;
@@ -82,7 +82,7 @@ static void *load_main(void *arg)
 static size_t count_voters(struct idalloc_client *cl)
 {
     struct idalloc_member_list l;
-    if (idalloc_member_list(cl, &l) != 0) {
+    if (idalloc_member_list(cl, &l, tc_detail()) != 0) {
         return 0;
     }
     size_t k = 0;
@@ -95,7 +95,7 @@ static size_t count_voters(struct idalloc_client *cl)
 static int is_voter(struct idalloc_client *cl, unsigned id)
 {
     struct idalloc_member_list l;
-    if (idalloc_member_list(cl, &l) != 0) {
+    if (idalloc_member_list(cl, &l, tc_detail()) != 0) {
         return -1;
     }
     for (size_t i = 0; i < l.n; i++) {
@@ -114,14 +114,13 @@ static void change(struct idalloc_client *cl,
 {
     int rv = -1;
     for (uint64_t end = tc_now_ms() + 60000; tc_now_ms() < end;) {
-        rv = idalloc_member_change(cl, op, id, NULL);
+        rv = idalloc_member_change(cl, op, id, NULL, tc_detail());
         if (rv == 0 || idalloc_errclass(rv) == IDA_ERR_CLASS_DEFINITE) {
             break;
         }
         tc_sleep_ms(200);
     }
-    cr_assert_eq(rv, 0, "member change %d of node %u: %s", op, id,
-                 idalloc_last_error());
+    cr_assert_eq(rv, 0, "member change %d of node %u: %s", op, id, tc_errmsg());
 }
 
 static void wait_voter(struct idalloc_client *cl, unsigned id, int voter)
@@ -179,9 +178,9 @@ static void check_acked(struct idalloc_client *op,
             uint64_t got = 0;
             int rv = -1;
             for (int t = 0; t < 20 && rv != 0; t++) {
-                rv = idalloc_lookup(op, "b", tag, &got);
+                rv = idalloc_lookup(op, "b", tag, &got, tc_detail());
             }
-            cr_assert_eq(rv, 0, "lookup %s: %s", tag, idalloc_last_error());
+            cr_assert_eq(rv, 0, "lookup %s: %s", tag, tc_errmsg());
             cr_assert_eq(got, ld[i].ids[k] - 1,
                          "tag %s was acknowledged id %llu, holds %llu", tag,
                          (unsigned long long)(ld[i].ids[k] - 1),
@@ -220,11 +219,12 @@ Test(resize,
     tc_start(&c, 5, NULL);
     cr_assert_geq(tc_wait_leader(&c, 30000), 0, "no leader");
     struct idalloc_client *op = tc_client(&c, 10000);
-    cr_assert_eq(
-        idalloc_pool_create(op, "b", IDALLOC_POOL_BOUNDED, 1000000, NULL), 0,
-        "%s", idalloc_last_error());
-    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL),
-                 0, "%s", idalloc_last_error());
+    cr_assert_eq(idalloc_pool_create(op, "b", IDALLOC_POOL_BOUNDED, 1000000,
+                                     NULL, tc_detail()),
+                 0, "%s", tc_errmsg());
+    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
+                                     tc_detail()),
+                 0, "%s", tc_errmsg());
 
     /* Three voters to start from: 4 and 5 leave. */
     change(op, IDALLOC_MEMBER_REMOVE, 4);
@@ -285,7 +285,7 @@ Test(resize,
 
     /* One of the final voters dies: 2 of 3 still make a majority. */
     struct idalloc_member_list ml;
-    cr_assert_eq(idalloc_member_list(op, &ml), 0);
+    cr_assert_eq(idalloc_member_list(op, &ml, tc_detail()), 0);
     int victim = -1;
     for (size_t i = 0; i < ml.n; i++) {
         if (ml.members[i].voter && !ml.members[i].waiting &&
@@ -362,11 +362,12 @@ Test(resize,
     }
     cr_assert_geq(tc_wait_leader(&c, 30000), 0, "no leader");
     struct idalloc_client *op = client_of(1, 3);
-    cr_assert_eq(
-        idalloc_pool_create(op, "b", IDALLOC_POOL_BOUNDED, 1000000, NULL), 0,
-        "%s", idalloc_last_error());
-    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL),
-                 0, "%s", idalloc_last_error());
+    cr_assert_eq(idalloc_pool_create(op, "b", IDALLOC_POOL_BOUNDED, 1000000,
+                                     NULL, tc_detail()),
+                 0, "%s", tc_errmsg());
+    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
+                                     tc_detail()),
+                 0, "%s", tc_errmsg());
     cr_assert_eq(count_voters(op), 3);
 
     static struct load ld[2];
@@ -398,7 +399,8 @@ Test(resize,
         int led = 0;
         for (uint64_t end = tc_now_ms() + 30000; tc_now_ms() < end && !led;) {
             struct idalloc_member_list ml;
-            led = idalloc_member_list(op, &ml) == 0 && ml.leader_id != 0;
+            led = idalloc_member_list(op, &ml, tc_detail()) == 0 &&
+                  ml.leader_id != 0;
             if (!led) {
                 tc_sleep_ms(200);
             }

@@ -189,6 +189,11 @@ int main(int argc, char **argv)
     if (rv != 0) {
         die("new", rv);
     }
+    /* Every client registers its session first, as the library does; each
+     * command then acknowledges the answers before it (fx_auto_ack). */
+    for (uint64_t c = 1; c <= CLIENTS; c++) {
+        fx_register(f, c, 1000);
+    }
     create(f, "seq", IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE, 0);
     create(f, "pfx", IDALLOC__POOL_KIND__POOL_KIND_PREFIX, 0);
     create(f, "bnd", IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, UINT64_C(1) << 40);

@@ -33,6 +33,8 @@ void fx_batch_init(struct fx_batch *b, uint64_t timestamp_ms)
     b->n = 0;
 }
 
+bool fx_auto_ack = true;
+
 static Idalloc__Command *add(struct fx_batch *b, uint64_t client, uint64_t seq)
 {
     FX_CHECK(b->n < FX_BATCH_MAX);
@@ -43,6 +45,7 @@ static Idalloc__Command *add(struct fx_batch *b, uint64_t client, uint64_t seq)
     c->client_id.data = b->cid[i];
     c->client_id.len = IDA_CLIENT_ID_BYTES;
     c->request_seq = seq;
+    c->ack_below = fx_auto_ack ? seq : 0;
     b->ptr[i] = c;
     return c;
 }
@@ -161,6 +164,30 @@ void fx_apply(struct ida_fsm *f,
     FX_CHECK(out->entry_error == 0);
     FX_CHECK(out->count == b->n);
     FX_CHECK(ida_fsm_applied_index(f) == next);
+}
+
+void fx_add_register(struct fx_batch *b, uint64_t client, uint64_t seq)
+{
+    Idalloc__Command *c = add(b, client, seq);
+    size_t i = b->n - 1;
+    idalloc__register_client__init(&b->op[i].reg);
+    c->op_case = IDALLOC__COMMAND__OP_REGISTER_CLIENT;
+    c->register_client = &b->op[i].reg;
+}
+
+uint64_t fx_fingerprint(const struct fx_batch *b, size_t i)
+{
+    FX_CHECK(i < b->n);
+    return ida__fsm_fingerprint(&b->cmd[i]);
+}
+
+void fx_register(struct ida_fsm *f, uint64_t client, uint64_t timestamp_ms)
+{
+    static struct fx_batch b;
+    fx_batch_init(&b, timestamp_ms);
+    fx_add_register(&b, client, 1);
+    struct ida_fsm_result r = fx_one(f, &b);
+    FX_CHECK(r.error == 0 && r.op == IDA_FSM_OP_REGISTER);
 }
 
 struct ida_fsm_result fx_one(struct ida_fsm *f, const struct fx_batch *b)

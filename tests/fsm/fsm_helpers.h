@@ -24,11 +24,18 @@ struct fx_batch
         Idalloc__Free free;
         Idalloc__Reserve reserve;
         Idalloc__PrefixAlloc prefix;
+        Idalloc__RegisterClient reg;
     } op[FX_BATCH_MAX];
     uint8_t cid[FX_BATCH_MAX][IDA_CLIENT_ID_BYTES];
     char pool[FX_BATCH_MAX][FX_STR_MAX];
     char tag[FX_BATCH_MAX][FX_STR_MAX];
 };
+
+/* When true (the default), every command built carries ack_below = its own
+ * seq: the client wants no older answer kept, as a client that waits for
+ * each answer would say. Tests of the session rules set it false (no floor
+ * is sent) or set ack_below themselves. */
+extern bool fx_auto_ack;
 
 /* Client @client's 16-byte id (deterministic). */
 void fx_client_id(uint64_t client, uint8_t out[IDA_CLIENT_ID_BYTES]);
@@ -61,6 +68,14 @@ void fx_add_prefix(struct fx_batch *b,
                    uint64_t seq,
                    const char *pool,
                    const char *tag);
+
+/* RegisterClient for @client (its answer is not kept: any seq). */
+void fx_add_register(struct fx_batch *b, uint64_t client, uint64_t seq);
+/* Register @client in its own batch; asserts it succeeded. */
+void fx_register(struct ida_fsm *f, uint64_t client, uint64_t timestamp_ms);
+
+/* The fingerprint the state machine keeps for command @i of @b. */
+uint64_t fx_fingerprint(const struct fx_batch *b, size_t i);
 
 /* Encode @b (malloc'd buffer, free with free()). */
 uint8_t *fx_batch_pack(const struct fx_batch *b, size_t *len);

@@ -16,10 +16,21 @@ static struct fx_batch b;
 static uint64_t seq;
 static uint64_t now_ms = 1000000;
 
+/* The clients the tests use, registered at now_ms. */
+static void register_clients(struct ida_fsm *g)
+{
+    static const uint64_t clients[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 99};
+    for (size_t i = 0; i < sizeof(clients) / sizeof(clients[0]); i++) {
+        fx_register(g, clients[i], now_ms);
+    }
+}
+
 static void setup(void)
 {
     cr_assert_eq(ida_fsm_new(&f), 0);
     seq = 0;
+    fx_auto_ack = true;
+    register_clients(f);
 }
 
 static void teardown(void)
@@ -334,6 +345,7 @@ static void forge_one_pool(Idalloc__PoolState *pool)
     cr_assert_eq(ida_fsm_restore(f, buf, len), 0);
     free(buf);
     cr_assert_eq(ida_fsm_applied_index(f), 7);
+    register_clients(f); /* the forged state has no session */
 }
 
 Test(fsm, sequence_end_of_space_is_an_error)
@@ -451,6 +463,7 @@ Test(fsm, prefix_same_log_same_choice)
     /* Two replicas fed the same entries pick the same candidates. */
     struct ida_fsm *g;
     cr_assert_eq(ida_fsm_new(&g), 0);
+    register_clients(g);
     fx_batch_init(&b, now_ms);
     fx_add_create(&b, 1, 1, "x", PFX, 0);
     for (int i = 0; i < 100; i++) {
@@ -476,196 +489,15 @@ Test(fsm, prefix_same_log_same_choice)
     ida_fsm_free(g);
 }
 
-/* --- sessions
- * ---------------------------------------------------------------------- */
-
-Test(fsm, retry_returns_first_answer_and_does_not_act)
-{
-    assert_ok(create("s", SEQ, 0));
-    assert_ok(create("b", BND, 10));
-    fx_batch_init(&b, now_ms);
-    fx_add_reserve(&b, 7, 1, "s", 5);
-    fx_add_alloc(&b, 7, 2, "b", "t");
-    fx_add_free(&b, 7, 3, "b", 0, "t");
-    fx_add_alloc(&b, 7, 4, "nope", "t"); /* an error is kept too */
-    struct ida_fsm_applied out;
-    fx_apply(f, &b, &out);
-    struct ida_fsm_reply first[4];
-    memcpy(first, out.replies, sizeof(first));
-    for (int i = 0; i < 4; i++) {
-        cr_assert_not(first[i].cached);
-    }
-    cr_assert(first[2].result.flag, "freed");
-    /* Retry all four, in another order, in a later entry. */
-    fx_batch_init(&b, now_ms + 10);
-    fx_add_alloc(&b, 7, 4, "nope", "t");
-    fx_add_free(&b, 7, 3, "b", 0, "t");
-    fx_add_alloc(&b, 7, 2, "b", "t");
-    fx_add_reserve(&b, 7, 1, "s", 5);
-    fx_apply(f, &b, &out);
-    for (int i = 0; i < 4; i++) {
-        const struct ida_fsm_reply *r = &out.replies[3 - i];
-        cr_assert(r->cached);
-        cr_assert(fx_result_eq(&r->result, &first[i].result),
-                  "command %d: same answer", i);
-        cr_assert_eq(r->request_seq, first[i].request_seq);
-    }
-    /* Nothing acted twice: the tag is still free, the next block follows
-     * the first one. */
-    uint64_t id;
-    cr_assert_eq(ida_fsm_lookup(f, "b", "t", &id), IDA_ENOTFOUND);
-    struct ida_fsm_result r = reserve("s", 1);
-    cr_assert_eq(r.id, 6);
-    /* Another client with the same seq is a different request. */
-    fx_batch_init(&b, now_ms);
-    fx_add_reserve(&b, 8, 1, "s", 5);
-    fx_apply(f, &b, &out);
-    cr_assert_not(out.replies[0].cached);
-    cr_assert_eq(out.replies[0].result.id, 7);
-}
-
-Test(fsm, retry_after_snapshot_restore)
-{
-    assert_ok(create("s", SEQ, 0));
-    fx_batch_init(&b, now_ms);
-    fx_add_reserve(&b, 9, 41, "s", 3);
-    struct ida_fsm_applied out;
-    fx_apply(f, &b, &out);
-    struct ida_fsm_result first = out.replies[0].result;
-    size_t len;
-    uint8_t *snap = fx_snapshot(f, &len);
-    struct ida_fsm *g;
-    cr_assert_eq(ida_fsm_new(&g), 0);
-    cr_assert_eq(ida_fsm_restore(g, snap, len), 0);
-    ida_free(snap);
-    fx_apply(g, &b, &out);
-    cr_assert(out.replies[0].cached);
-    cr_assert(fx_result_eq(&out.replies[0].result, &first));
-    ida_fsm_free(g);
-}
-
-Test(fsm, evicted_results_get_esession)
-{
-    assert_ok(create("s", SEQ, 0));
-    struct ida_fsm_applied out;
-    uint64_t total = IDA_SESSION_RESULTS_MAX + 5;
-    for (uint64_t s = 1; s <= total; s++) {
-        fx_batch_init(&b, now_ms);
-        fx_add_reserve(&b, 5, s, "s", 1);
-        fx_apply(f, &b, &out);
-        cr_assert_eq(out.replies[0].result.id, s);
-    }
-    /* The oldest five are gone; the rest are kept. */
-    for (uint64_t s = 1; s <= total; s++) {
-        fx_batch_init(&b, now_ms);
-        fx_add_reserve(&b, 5, s, "s", 1);
-        fx_apply(f, &b, &out);
-        if (s <= 5) {
-            assert_err(out.replies[0].result, IDA_ESESSION);
-            cr_assert_not(out.replies[0].cached);
-        } else {
-            cr_assert(out.replies[0].cached);
-            cr_assert_eq(out.replies[0].result.id, s);
-        }
-    }
-    struct ida_fsm_result r = reserve("s", 1);
-    cr_assert_eq(r.id, total + 1, "no retry acted");
-}
-
-Test(fsm, a_late_lower_seq_is_executed_but_not_kept)
-{
-    assert_ok(create("s", SEQ, 0));
-    struct ida_fsm_applied out;
-    fx_batch_init(&b, now_ms);
-    for (uint64_t s = 100; s < 100 + IDA_SESSION_RESULTS_MAX; s++) {
-        fx_add_reserve(&b, 6, s, "s", 1);
-    }
-    fx_add_reserve(&b, 6, 5, "s", 1); /* lower than all kept, never seen */
-    fx_add_reserve(&b, 6, 5, "s", 1); /* its retry */
-    fx_add_reserve(&b, 6, 100, "s", 1);
-    fx_add_reserve(&b, 6, 4, "s", 1);
-    fx_apply(f, &b, &out);
-    size_t k = IDA_SESSION_RESULTS_MAX;
-    assert_ok(out.replies[k].result);
-    cr_assert_eq(out.replies[k].result.id, k + 1, "it acted");
-    assert_err(out.replies[k + 1].result, IDA_ESESSION);
-    cr_assert(out.replies[k + 2].cached, "seq 100 is still kept");
-    cr_assert_eq(out.replies[k + 2].result.id, 1);
-    assert_err(out.replies[k + 3].result, IDA_ESESSION);
-}
-
-Test(fsm, sessions_expire_by_log_time_only)
-{
-    assert_ok(create("s", SEQ, 0)); /* client 1 at now_ms */
-    struct ida_fsm_applied out;
-    fx_batch_init(&b, now_ms);
-    fx_add_reserve(&b, 2, 1, "s", 1);
-    fx_apply(f, &b, &out);
-    cr_assert_eq(ida_fsm_session_count(f), 2);
-    /* A leader whose clock is behind does not move time back. */
-    fx_batch_init(&b, now_ms - 500000);
-    fx_add_reserve(&b, 3, 1, "s", 1);
-    fx_apply(f, &b, &out);
-    cr_assert_eq(ida_fsm_now_ms(f), now_ms);
-    /* Just before the TTL: nothing expires. NOOPs do not move time. */
-    struct ida_fsm_applied o;
-    cr_assert_eq(ida_fsm_apply(f, ida_fsm_applied_index(f) + 1, IDA_ENTRY_NOOP,
-                               NULL, 0, &o),
-                 0);
-    fx_batch_init(&b, now_ms + IDA_SESSION_TTL_MS - 1);
-    fx_add_reserve(&b, 4, 1, "s", 1);
-    fx_apply(f, &b, &out);
-    cr_assert_eq(ida_fsm_session_count(f), 4);
-    /* Client 2 retries late but in time: kept answer. */
-    fx_batch_init(&b, now_ms + IDA_SESSION_TTL_MS - 1);
-    fx_add_reserve(&b, 2, 1, "s", 1);
-    fx_apply(f, &b, &out);
-    cr_assert(out.replies[0].cached);
-    cr_assert_eq(out.replies[0].result.id, 1);
-    /* At the TTL, clients 1 and 3 (idle since now_ms) expire. */
-    fx_batch_init(&b, now_ms + IDA_SESSION_TTL_MS);
-    fx_add_reserve(&b, 4, 2, "s", 1);
-    fx_apply(f, &b, &out);
-    cr_assert_eq(ida_fsm_session_count(f), 2);
-    /* A too-late retry of client 3 acts as new: a fresh block. */
-    fx_batch_init(&b, now_ms + IDA_SESSION_TTL_MS);
-    fx_add_reserve(&b, 3, 1, "s", 1);
-    fx_apply(f, &b, &out);
-    cr_assert_not(out.replies[0].cached);
-    cr_assert_eq(out.replies[0].result.id, 5, "blocks 1-4 went to 2,3,4,4");
-}
-
-Test(fsm, session_table_is_bounded_lru)
-{
-    assert_ok(create("s", SEQ, 0)); /* client 1 */
-    struct ida_fsm_applied out;
-    uint64_t c = 2;
-    while (ida_fsm_session_count(f) < IDA_SESSIONS_MAX) {
-        fx_batch_init(&b, now_ms);
-        for (int i = 0; i < FX_BATCH_MAX &&
-                        ida_fsm_session_count(f) + (size_t)i < IDA_SESSIONS_MAX;
-             i++) {
-            fx_add_reserve(&b, c++, 1, "s", 1);
-        }
-        fx_apply(f, &b, &out);
-    }
-    /* Touch client 1, then a new client drops the LRU one (client 2). */
-    fx_batch_init(&b, now_ms);
-    fx_add_reserve(&b, 1, 1, "s", 1);
-    fx_add_reserve(&b, c, 1, "s", 1);
-    fx_add_reserve(&b, 2, 1, "s", 1);
-    fx_apply(f, &b, &out);
-    cr_assert(out.replies[0].cached, "client 1 kept (seq 1 = pool create)");
-    cr_assert_not(out.replies[1].cached);
-    cr_assert_not(out.replies[2].cached, "client 2 was dropped");
-    cr_assert_eq(ida_fsm_session_count(f), IDA_SESSIONS_MAX);
-}
+/* Sessions: tests/fsm/test_fsm_sessions.c. */
 
 /* --- entries and malformed input
  * ------------------------------------------------------ */
 
 Test(fsm, noop_and_config_advance_index_only)
 {
+    ida_fsm_free(f); /* a fresh state machine, index 0 */
+    cr_assert_eq(ida_fsm_new(&f), 0);
     struct ida_fsm_applied out;
     cr_assert_eq(ida_fsm_apply(f, 1, IDA_ENTRY_NOOP, NULL, 0, &out), 0);
     cr_assert_eq(
@@ -796,10 +628,11 @@ Test(fsm, enomem_on_every_allocation_path)
             fx_batch_init(&b, now_ms);
             char tag[16];
             snprintf(tag, sizeof(tag), "m%d", n);
+            fx_add_register(&b, 100 + (uint64_t)n, 1);
             if (k == 0) {
-                fx_add_alloc(&b, 100 + (uint64_t)n, 1, pools[k], tag);
+                fx_add_alloc(&b, 100 + (uint64_t)n, 2, pools[k], tag);
             } else {
-                fx_add_prefix(&b, 100 + (uint64_t)n, 1, pools[k], tag);
+                fx_add_prefix(&b, 100 + (uint64_t)n, 2, pools[k], tag);
             }
             size_t len;
             uint8_t *buf = fx_batch_pack(&b, &len);
@@ -813,6 +646,7 @@ Test(fsm, enomem_on_every_allocation_path)
             if (rv == 0) {
                 cr_assert_gt(n, 0, "the first allocation must matter");
                 assert_ok(out.replies[0].result);
+                assert_ok(out.replies[1].result);
                 break;
             }
             cr_assert_eq(rv, IDA_ENOMEM);
@@ -830,13 +664,14 @@ Test(fsm, enomem_while_decoding_is_not_a_malformed_entry)
     size_t len;
     uint8_t *buf = fx_batch_pack(&b, &len);
     struct ida_fsm_applied out;
+    ida_index i = ida_fsm_applied_index(f);
     ida_heap_fault_set(0, 1); /* the first allocation: the decode arena */
-    int rv = ida_fsm_apply(f, 1, IDA_ENTRY_NORMAL, buf, len, &out);
+    int rv = ida_fsm_apply(f, i + 1, IDA_ENTRY_NORMAL, buf, len, &out);
     ida_heap_fault_set(0, 0);
     cr_assert_eq(rv, IDA_ENOMEM);
-    cr_assert_eq(ida_fsm_applied_index(f), 0);
+    cr_assert_eq(ida_fsm_applied_index(f), i);
     cr_assert_eq(ida_fsm_pool_count(f), 0);
-    cr_assert_eq(ida_fsm_apply(f, 1, IDA_ENTRY_NORMAL, buf, len, &out), 0);
+    cr_assert_eq(ida_fsm_apply(f, i + 1, IDA_ENTRY_NORMAL, buf, len, &out), 0);
     cr_assert_eq(out.entry_error, 0);
     cr_assert(out.replies[0].result.flag);
     free(buf);

@@ -1,6 +1,11 @@
 /* fsm/ property tests: long random command sequences over every pool kind
- * against a plain reference model (bitmaps and arrays), with retries,
- * malformed commands, and snapshot/restore at random points. Four seeds of
+ * against a plain reference model (bitmaps and arrays), with retries (exact
+ * and with other arguments), acknowledgement floors that rise at random,
+ * commands of unregistered clients, malformed commands, and
+ * snapshot/restore at random points. The session model: every answer at or
+ * above a client's floor is kept and returned to an exact retry; a retry
+ * with other arguments gets IDA_EREUSED; one below the floor IDA_ESESSION;
+ * nothing is executed twice. Four seeds of
  * 260,000 commands: 1,040,000 commands in all. The failing test's name is
  * its seed (plus IDA_FSM_PROPERTY_SEED when set). */
 #include <criterion/criterion.h>
@@ -24,6 +29,7 @@
 #define TAGS     600   /* of the other bounded and prefix pools */
 #define PTAGS    20000 /* of a prefix pool */
 #define RECENT   64
+#define LAG      300 /* a client's floor trails its next seq by up to this */
 
 struct mbounded
 {
@@ -50,24 +56,11 @@ struct mseq
     uint64_t next;
 };
 
-struct kept
-{
-    uint64_t seq;
-    struct ida_fsm_result r;
-};
-
-struct mclient
-{
-    uint64_t next_seq;
-    uint64_t evicted_below;
-    int n;
-    struct kept k[IDA_SESSION_RESULTS_MAX];
-};
-
 /* What one command of a batch was, to check its reply. */
 struct desc
 {
-    int kind; /* 0 alloc, 1 free, 2 reserve, 3 prefix, 4 malformed */
+    int kind; /* 0 alloc, 1 free, 2 reserve, 3 prefix, 4 malformed,
+                 5 reserve of an unregistered client */
     int pool;
     int tag;
     uint64_t id;
@@ -75,6 +68,27 @@ struct desc
     uint64_t client;
     uint64_t seq;
     bool retry;
+    /* A retry's expectation, decided when it is built (the batch's
+     * commands apply in order): its kept answer, IDA_EREUSED (other
+     * arguments) or IDA_ESESSION (below the floor). */
+    int expect;
+    struct ida_fsm_result first;
+};
+
+struct kept
+{
+    uint64_t seq;
+    struct ida_fsm_result r;
+    struct desc d; /* what was sent, to send it again */
+};
+
+struct mclient
+{
+    uint64_t next_seq;
+    uint64_t floor;   /* ack_below sent; answers below it are gone */
+    uint64_t applied; /* seqs below this were in earlier batches */
+    int n;
+    struct kept k[LAG + RECENT + FX_BATCH_MAX];
 };
 
 static struct
@@ -86,7 +100,8 @@ static struct
     struct mclient c[CLIENTS + 1];
     uint64_t now;
     uint64_t snapshots;
-    uint64_t retries, esession, exhausted, mismatches, commands;
+    uint64_t retries, esession, reused, unregistered, exhausted, mismatches,
+        commands;
 } M;
 
 static struct ida_fsm *f;
@@ -205,22 +220,102 @@ static const struct kept *client_kept(const struct mclient *c, uint64_t seq)
 }
 
 static void client_keep(struct mclient *c,
-                        uint64_t seq,
+                        const struct desc *d,
                         const struct ida_fsm_result *r)
 {
-    if (c->n == IDA_SESSION_RESULTS_MAX) {
-        /* Seqs are increasing per client here: drop the oldest. */
-        c->evicted_below = c->k[0].seq;
-        memmove(&c->k[0], &c->k[1], sizeof(c->k[0]) * (size_t)(c->n - 1));
-        c->n--;
+    if (d->seq < c->floor) {
+        return; /* a later command of the batch raised the floor past it */
     }
-    c->k[c->n].seq = seq;
+    cr_assert_lt(c->n, (int)(sizeof(c->k) / sizeof(c->k[0])));
+    c->k[c->n].seq = d->seq;
     c->k[c->n].r = *r;
+    c->k[c->n].d = *d;
     c->n++;
+}
+
+/* Raise @c's floor to @floor: its answers below are gone. */
+static void client_ack(struct mclient *c, uint64_t floor)
+{
+    if (floor <= c->floor) {
+        return;
+    }
+    c->floor = floor;
+    int w = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (c->k[i].seq >= floor) {
+            c->k[w++] = c->k[i];
+        }
+    }
+    c->n = w;
 }
 
 /* --- building a batch
  * ---------------------------------------------------------- */
+
+/* Add the command @d describes to the batch. */
+static void emit(const struct desc *d, uint64_t ack)
+{
+    switch (d->kind) {
+        case 0:
+            fx_add_alloc(&batch, d->client, d->seq, M.b[d->pool].name,
+                         tag_name(d->tag));
+            break;
+        case 1:
+            fx_add_free(&batch, d->client, d->seq, M.b[d->pool].name, d->id,
+                        tag_name(d->tag));
+            break;
+        case 2:
+        case 5:
+            fx_add_reserve(&batch, d->client, d->seq, M.s[d->pool].name,
+                           d->count);
+            break;
+        case 3:
+            fx_add_prefix(&batch, d->client, d->seq, M.p[d->pool].name,
+                          tag_name(d->tag));
+            break;
+        default:
+            fx_add_reserve(&batch, d->client, d->seq, M.s[1].name, 1);
+            batch.cmd[batch.n - 1].op_case = IDALLOC__COMMAND__OP__NOT_SET;
+            break;
+    }
+    batch.cmd[batch.n - 1].ack_below = ack;
+}
+
+/* A retry of one of @c's requests of an earlier batch. */
+static void add_retry(struct desc *d, struct mclient *c)
+{
+    uint64_t back = 1 + below(LAG + 40);
+    uint64_t seq = c->applied > back ? c->applied - back : 1;
+    const struct kept *k = client_kept(c, seq);
+    if (k == NULL) {
+        /* Below the floor (every answer at or above it is kept). */
+        cr_assert_lt(seq, c->floor);
+        d->kind = 2;
+        d->pool = 0;
+        d->count = 1;
+        d->expect = IDA_ESESSION;
+    } else {
+        uint64_t client = d->client;
+        *d = k->d;
+        d->client = client;
+        d->first = k->r;
+        d->expect = 0;
+        if (below(8) == 0 && d->kind != 4) {
+            /* The same request id with other arguments. */
+            d->expect = IDA_EREUSED;
+            if (d->kind == 2) {
+                d->count++;
+            } else if (d->kind == 1) {
+                d->id++;
+            } else {
+                d->tag = d->tag + 1;
+            }
+        }
+    }
+    d->seq = seq;
+    d->retry = true;
+    emit(d, 0);
+}
 
 static void add_command(struct desc *d)
 {
@@ -228,24 +323,30 @@ static void add_command(struct desc *d)
     d->client = 1 + below(CLIENTS);
     struct mclient *c = &M.c[d->client];
     uint64_t roll = below(1000);
-    if (roll < 40 && c->next_seq > 1) {
-        /* A retry of a recent (maybe evicted) request of this client:
-         * resend exactly what was sent, i.e. look it up by seq only; the
-         * payload does not matter to the session table. */
-        uint64_t back = 1 + below(IDA_SESSION_RESULTS_MAX + 8);
-        d->seq = c->next_seq > back ? c->next_seq - back : 1;
-        d->retry = true;
-        d->kind = 2;
-        d->pool = 0;
-        d->count = 1;
-        fx_add_reserve(&batch, d->client, d->seq, M.s[0].name, 1);
+    if (roll < 40 && c->applied > 1) {
+        add_retry(d, c);
+        return;
+    }
+    if (roll < 45) {
+        /* A client that never registered: never executed. */
+        d->kind = 5;
+        d->client = CLIENTS + 1 + below(1000);
+        d->seq = 1 + below(100);
+        d->pool = 1;
+        d->count = 1 + below(5);
+        emit(d, 0);
         return;
     }
     d->seq = c->next_seq++;
-    if (roll < 50) {
+    uint64_t ack = c->floor;
+    if (below(4) == 0) {
+        uint64_t lag = below(LAG);
+        ack = d->seq > lag ? d->seq - lag : 1;
+        client_ack(c, ack);
+    }
+    if (roll < 55) {
         d->kind = 4;
-        fx_add_reserve(&batch, d->client, d->seq, M.s[1].name, 1);
-        batch.cmd[batch.n - 1].op_case = IDALLOC__COMMAND__OP__NOT_SET;
+        emit(d, ack);
         return;
     }
     uint64_t k = below(10);
@@ -253,8 +354,6 @@ static void add_command(struct desc *d)
         d->kind = 0;
         d->pool = (int)below(NBOUNDED);
         d->tag = (int)below((uint64_t)M.b[d->pool].ntags);
-        fx_add_alloc(&batch, d->client, d->seq, M.b[d->pool].name,
-                     tag_name(d->tag));
     } else if (k < 7) {
         d->kind = 1;
         d->pool = (int)below(NBOUNDED);
@@ -268,8 +367,6 @@ static void add_command(struct desc *d)
         } else {
             d->id = b->size + below(3); /* outside the pool */
         }
-        fx_add_free(&batch, d->client, d->seq, b->name, d->id,
-                    tag_name(d->tag));
     } else if (k < 8) {
         d->kind = 2;
         d->pool = (int)below(NSEQ);
@@ -278,14 +375,12 @@ static void add_command(struct desc *d)
                    : how == 1 ? IDA_RESERVE_COUNT_MAX + 1
                    : how == 2 ? IDA_RESERVE_COUNT_MAX
                               : 1 + below(1000);
-        fx_add_reserve(&batch, d->client, d->seq, M.s[d->pool].name, d->count);
     } else {
         d->kind = 3;
         d->pool = (int)below(NPREFIX);
         d->tag = (int)below(PTAGS);
-        fx_add_prefix(&batch, d->client, d->seq, M.p[d->pool].name,
-                      tag_name(d->tag));
     }
+    emit(d, ack);
 }
 
 /* --- checking a reply
@@ -387,19 +482,25 @@ static void check_reply(const struct desc *d, const struct ida_fsm_reply *rp)
     M.commands++;
     cr_assert_eq(rp->request_seq, d->seq);
     if (d->retry) {
-        const struct kept *k = client_kept(c, d->seq);
-        if (k != NULL) {
+        if (d->expect == 0) {
             cr_assert(rp->cached);
-            cr_assert(fx_result_eq(r, &k->r), "retry got another answer");
+            cr_assert(fx_result_eq(r, &d->first), "retry got another answer");
             M.retries++;
         } else {
-            cr_assert_leq(d->seq, c->evicted_below);
-            cr_assert_eq(r->error, IDA_ESESSION);
-            M.esession++;
+            cr_assert_not(rp->cached);
+            cr_assert_eq(r->error, d->expect, "retry: want %d got %d (%s)",
+                         d->expect, r->error, r->error_msg);
+            M.esession += d->expect == IDA_ESESSION;
+            M.reused += d->expect == IDA_EREUSED;
         }
         return;
     }
     cr_assert_not(rp->cached);
+    if (d->kind == 5) {
+        cr_assert_eq(r->error, IDA_EEXPIRED);
+        M.unregistered++;
+        return;
+    }
     switch (d->kind) {
         case 0:
         case 1:
@@ -415,7 +516,7 @@ static void check_reply(const struct desc *d, const struct ida_fsm_reply *rp)
             cr_assert_eq(r->error, IDA_EINVAL);
             break;
     }
-    client_keep(c, d->seq, r);
+    client_keep(c, d, r);
 }
 
 /* --- whole-state checks
@@ -518,6 +619,15 @@ static void check_prefix_free(void)
 static void create_pools(void)
 {
     fx_batch_init(&batch, M.now);
+    for (uint64_t c = 0; c <= CLIENTS; c++) {
+        fx_add_register(&batch, c, 1);
+    }
+    struct ida_fsm_applied reg;
+    fx_apply(f, &batch, &reg);
+    for (size_t i = 0; i < reg.count; i++) {
+        cr_assert_eq(reg.replies[i].result.error, 0);
+    }
+    fx_batch_init(&batch, M.now);
     uint64_t s = M.c[0].next_seq;
     for (int i = 0; i < NBOUNDED; i++) {
         fx_add_create(&batch, 0, s++, M.b[i].name,
@@ -563,6 +673,9 @@ static void run(uint64_t seed, uint64_t commands)
         for (size_t i = 0; i < n; i++) {
             check_reply(&descs[i], &out.replies[i]);
         }
+        for (int i = 1; i <= CLIENTS; i++) {
+            M.c[i].applied = M.c[i].next_seq;
+        }
         if (below(300) == 0) {
             snapshot_restore();
         }
@@ -577,14 +690,20 @@ static void run(uint64_t seed, uint64_t commands)
     cr_assert_gt(M.snapshots, 5);
     cr_assert_gt(M.retries, 100);
     cr_assert_gt(M.esession, 10);
+    cr_assert_gt(M.reused, 10);
+    cr_assert_gt(M.unregistered, 10);
+    cr_assert_leq(ida_fsm_results_count(f), (CLIENTS + 1) * (LAG + 64 + 1),
+                  "answers below the floors were dropped");
     cr_assert_gt(M.exhausted, 100);
     cr_assert_gt(M.mismatches, 100);
     cr_log_info(
         "seed %llu: %llu commands, %llu snapshots, %llu retries, "
-        "%llu esession, %llu exhausted, %llu tag mismatches",
+        "%llu esession, %llu reused, %llu unregistered, %llu exhausted, "
+        "%llu tag mismatches",
         (unsigned long long)seed, (unsigned long long)M.commands,
         (unsigned long long)M.snapshots, (unsigned long long)M.retries,
-        (unsigned long long)M.esession, (unsigned long long)M.exhausted,
+        (unsigned long long)M.esession, (unsigned long long)M.reused,
+        (unsigned long long)M.unregistered, (unsigned long long)M.exhausted,
         (unsigned long long)M.mismatches);
     ida_fsm_free(f);
     f = NULL;

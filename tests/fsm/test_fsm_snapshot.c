@@ -38,6 +38,14 @@ TestSuite(snap, .init = setup, .fini = teardown);
 static void populate(struct ida_fsm *g, int round)
 {
     struct ida_fsm_applied out;
+    bool ack = fx_auto_ack;
+    fx_auto_ack = false; /* keep every answer: sessions with many results */
+    fx_batch_init(&b, 5000 + (uint64_t)round);
+    for (uint64_t c = 1; c <= 8; c++) {
+        fx_add_register(&b, c, 1);
+    }
+    fx_add_register(&b, 99, 1);
+    fx_apply(g, &b, &out);
     fx_batch_init(&b, 5000 + (uint64_t)round);
     fx_add_create(&b, 1, 1, "zeta-seq", SEQ, 0);
     fx_add_create(&b, 1, 2, "alpha-bnd", BND, 5000);
@@ -81,6 +89,13 @@ static void populate(struct ida_fsm *g, int round)
         }
         fx_apply(g, &b, &out);
     }
+    /* One client acknowledged part of its answers (a floor in the
+     * snapshot). */
+    fx_batch_init(&b, 20000);
+    fx_add_reserve(&b, 3, ++s, "zeta-seq", 1);
+    b.cmd[0].ack_below = s - 500;
+    fx_apply(g, &b, &out);
+    fx_auto_ack = ack;
 }
 
 static void assert_same_bytes(const struct ida_fsm *x, const struct ida_fsm *y)
@@ -289,6 +304,7 @@ Test(snap, forged_valid_state_loads)
     cr_assert_eq(ida_fsm_lookup(f, "a", "y", &id), 0);
     cr_assert_eq(id, 4);
     /* The next alloc gets the lowest free id, 0; then 2. */
+    fx_register(f, 1, 1); /* the forged state has no session */
     fx_batch_init(&b, 1);
     fx_add_alloc(&b, 1, 1, "a", "n1");
     fx_add_alloc(&b, 1, 2, "a", "n2");
@@ -368,6 +384,10 @@ static void forge_sessions(void)
     cres[0].reserve = &rr;
     cres[1].error = IDA_ENOPOOL;
     cres[1].error_msg = "no pool with this name";
+    static struct fx_batch fb;
+    fx_batch_init(&fb, 10);
+    fx_add_reserve(&fb, 1, 1, "s", 7);
+    sr[0].fingerprint = fx_fingerprint(&fb, 0);
     ss[0].n_results = 2;
     ss[0].results = psr;
     st.n_sessions = 2;
@@ -407,6 +427,11 @@ Test(snap, inconsistent_sessions_are_refused)
     cr_assert(out.replies[0].cached);
     cr_assert_eq(out.replies[0].result.id, 1);
     cr_assert_eq(out.replies[0].result.count, 2);
+    /* The fingerprint came with it: other arguments are another request. */
+    fx_batch_init(&b, 10);
+    fx_add_reserve(&b, 1, 1, "s", 8);
+    fx_apply(f, &b, &out);
+    cr_assert_eq(out.replies[0].result.error, IDA_EREUSED);
 }
 
 /* --- out of memory

@@ -189,7 +189,7 @@ int tc_wait_leader(struct tc *c, unsigned ms)
             }
             running++;
             struct idalloc_node_status s;
-            if (idalloc_node_status(cl, (size_t)i, &s) != 0) {
+            if (idalloc_node_status(cl, (size_t)i, &s, NULL) != 0) {
                 continue;
             }
             if (strcmp(s.role, "leader") == 0) {
@@ -216,7 +216,8 @@ uint64_t tc_commit_index(struct tc *c)
     uint64_t best = 0;
     for (int i = 0; i < c->n; i++) {
         struct idalloc_node_status s;
-        if (c->pid[i] != 0 && idalloc_node_status(cl, (size_t)i, &s) == 0 &&
+        if (c->pid[i] != 0 &&
+            idalloc_node_status(cl, (size_t)i, &s, NULL) == 0 &&
             s.commit_index > best) {
             best = s.commit_index;
         }
@@ -234,7 +235,7 @@ int tc_wait_applied(struct tc *c, uint64_t index, unsigned ms)
         for (int i = 0; i < c->n; i++) {
             struct idalloc_node_status s;
             if (c->pid[i] != 0 &&
-                (idalloc_node_status(cl, (size_t)i, &s) != 0 ||
+                (idalloc_node_status(cl, (size_t)i, &s, NULL) != 0 ||
                  s.applied_index < index)) {
                 ok = 0;
             }
@@ -260,4 +261,17 @@ int tc_run(char *out, size_t cap, const char *fmt, ...)
     out[n] = '\0';
     int status = pclose(p);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static _Thread_local struct idalloc_call detail;
+
+struct idalloc_call *tc_detail(void)
+{
+    idalloc_call_init(&detail);
+    return &detail;
+}
+
+const char *tc_errmsg(void)
+{
+    return detail.errmsg;
 }

@@ -54,6 +54,12 @@ int tc_run(char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A loopback TCP port the kernel just handed out (free a moment ago). */
 unsigned tc_free_port(void);
+/* A struct idalloc_call for one call's error detail in a test's failure
+ * message: tc_detail() makes the calling thread's one NEW again and
+ * returns it (pass it as the call's last argument), tc_errmsg() is its
+ * detail after the call. */
+struct idalloc_call *tc_detail(void);
+const char *tc_errmsg(void);
 uint64_t tc_now_ms(void);
 void tc_sleep_ms(unsigned ms);
 
