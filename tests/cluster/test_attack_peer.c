@@ -111,12 +111,24 @@ static void start(void)
         cr_assert_eq(idalloc_alloc(cl, "b", tag, &ids[i], NULL), 0);
     }
     cr_assert_eq(idalloc_reserve(cl, "s", 100, &seq_first), 0);
-    struct idalloc_member_list ml;
-    cr_assert_eq(idalloc_member_list(cl, &ml), 0);
-    for (size_t k = 0; k < ml.n; k++) {
-        if (ml.members[k].id >= 1 && ml.members[k].id <= 3) {
-            inc[ml.members[k].id] = ml.members[k].incarnation;
+    /* Each node's incarnation, from its own log ("storage DIR: node N
+     * incarnation HEX"): an attacker reads it from `member list`, which
+     * older builds lack. */
+    for (int i = 0; i < 3; i++) {
+        char path[400], line[1024];
+        snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
+        FILE *f = fopen(path, "r");
+        cr_assert_not_null(f);
+        while (inc[id_of(i)] == 0 && fgets(line, sizeof(line), f) != NULL) {
+            const char *p = strstr(line, " incarnation ");
+            unsigned long long v;
+            if (strstr(line, "storage ") != NULL && p != NULL &&
+                sscanf(p, " incarnation %llx", &v) == 1) {
+                inc[id_of(i)] = v;
+            }
         }
+        fclose(f);
+        cr_assert_neq(inc[id_of(i)], 0, "node %d's incarnation", i + 1);
     }
     idalloc_client_free(cl);
 }
@@ -128,7 +140,9 @@ static void forge_to(int to,
                      uint64_t term)
 {
     int fd = forge_connect(c.cfg.nodes[to].peer.text);
-    cr_assert_geq(fd, 0);
+    if (fd < 0) {
+        return; /* the node is gone: check_intact() says so */
+    }
     size_t len;
     uint8_t *f = forge_peer_frame(m, c.cfg.cluster, from, id_of(to), term,
                                   inc[from], &len);
@@ -187,6 +201,8 @@ Test(attack_peer,
         Idalloc__AppendResponse ar = IDALLOC__APPEND_RESPONSE__INIT;
         ar.success = 0;
         ar.reject_index = UINT64_MAX - 1;
+        /* The old leader moved its next index there, then asserted. */
+        ar.conflict_index = UINT64_MAX - 2;
         Idalloc__PeerMessage m = IDALLOC__PEER_MESSAGE__INIT;
         m.msg_case = IDALLOC__PEER_MESSAGE__MSG_APPEND_RESPONSE;
         m.append_response = &ar;
@@ -194,6 +210,7 @@ Test(attack_peer,
         /* And a success claiming a match far past the log. */
         ar.success = 1;
         ar.reject_index = 0;
+        ar.conflict_index = 0;
         ar.match_index = UINT64_MAX - 1;
         forge_to(leader, &m, id_of(f), t);
     }
