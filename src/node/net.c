@@ -1,3 +1,8 @@
+/* The node's network (src/node/net.h). Longer than STYLE's 800 lines: the
+ * client port's limits are one section of their own ("client port limits",
+ * with the bookkeeping in src/node/netlim.c); splitting this file behind an
+ * internal header is left until the TLS layer, written at the same time
+ * under the frame reader and writer, has landed. */
 #include "src/node/net.h"
 
 #ifdef __GLIBC__
