@@ -411,6 +411,7 @@ Test(attack_client, idle_flood, .fini = teardown, .timeout = 300)
     }
     idalloc_client_free(cl);
 
+    long rss0 = forge_proc_kb(c.pid[leader], "VmRSS");
     /* The flood, from processes of their own: idle connections to the
      * leader's client port, and some to its peer port. */
     struct forge_proc fp[4];
@@ -430,7 +431,11 @@ Test(attack_client, idle_flood, .fini = teardown, .timeout = 300)
                 count);
     cr_assert_gt(opened, count / 2, "the flood did not get through");
     int fdn = forge_fd_count(c.pid[leader]);
-    cr_log_info("idle_flood: leader holds %d descriptors", fdn);
+    long rss1 = forge_proc_kb(c.pid[leader], "VmRSS");
+    cr_log_info(
+        "idle_flood: leader holds %d descriptors, resident %ld -> "
+        "%ld KiB",
+        fdn, rss0, rss1);
 
     /* The follower restarts and must catch up through the leader. */
     tc_spawn(&c, f);
