@@ -15,7 +15,12 @@
  * - idle_flood: ~20,000 idle connections used up the node's descriptors,
  *   so a restarted follower could not rejoin and clients were not served
  *   (here with few descriptors per node, so that a few thousand do it;
- *   `make attack-long` runs 20,000 with the machine's limit). */
+ *   `make attack-long` runs 20,000 with the machine's limit).
+ * Run against main's build (4c33f2b) on 2026-11-23, every test here but
+ * reserve_keeps_status (new behaviour) failed: header_flood +4,003 MiB of
+ * address space; big_frames peak 474 MiB over 14; non_reading_clients
+ * peak 400 MiB over 15; half_close_gets_its_reply no reply; idle_flood the
+ * follower never caught up (the leader at its 1,024 descriptors). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -155,6 +160,8 @@ Test(attack_client, header_flood, .fini = teardown, .timeout = 180)
      * on the same loop); nothing of the announced 4 GB was allocated. */
     tc_sleep_ms(200);
     long vm1 = forge_proc_kb(pid, "VmSize");
+    cr_log_info("header_flood: address space %ld -> %ld MiB", vm0 / MIB_KB,
+                vm1 / MIB_KB);
     cr_assert_lt(vm1 - vm0, 256 * MIB_KB,
                  "1,000 headers of 4 MiB grew the address space by %ld MiB",
                  (vm1 - vm0) / MIB_KB);
