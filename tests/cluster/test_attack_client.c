@@ -40,6 +40,20 @@
 
 #define MIB_KB 1024L
 
+/* Resident memory means nothing under AddressSanitizer (freed memory sits
+ * in its quarantine) and a sanitized node is too slow to fill the output
+ * caps in time: `make asan` runs these attacks for memory errors only. */
+#if defined(__SANITIZE_ADDRESS__)
+#define BOUNDS_CHECKED 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BOUNDS_CHECKED 0
+#endif
+#endif
+#ifndef BOUNDS_CHECKED
+#define BOUNDS_CHECKED 1
+#endif
+
 static struct tc c;
 static int leader;
 
@@ -162,9 +176,9 @@ Test(attack_client, header_flood, .fini = teardown, .timeout = 180)
     long vm1 = forge_proc_kb(pid, "VmSize");
     cr_log_info("header_flood: address space %ld -> %ld MiB", vm0 / MIB_KB,
                 vm1 / MIB_KB);
-    cr_assert_lt(vm1 - vm0, 256 * MIB_KB,
-                 "1,000 headers of 4 MiB grew the address space by %ld MiB",
-                 (vm1 - vm0) / MIB_KB);
+    cr_assert(!BOUNDS_CHECKED || vm1 - vm0 < 256 * MIB_KB,
+              "1,000 headers of 4 MiB grew the address space by %ld MiB",
+              (vm1 - vm0) / MIB_KB);
 
     int closed = forge_wait_closed(fds, N, 40000);
     cr_assert_eq(closed, N, "%d of %d connections closed by the frame timeout",
@@ -255,18 +269,19 @@ Test(attack_client, big_frames, .fini = teardown, .timeout = 240)
     long hwm = forge_proc_kb(pid, "VmHWM");
     cr_log_info("big_frames: baseline %ld MiB, peak %ld MiB", rss0 / MIB_KB,
                 hwm / MIB_KB);
-    cr_assert_lt(hwm, rss0 + 192 * MIB_KB,
-                 "peak resident %ld MiB over a baseline of %ld MiB",
-                 hwm / MIB_KB, rss0 / MIB_KB);
+    cr_assert(!BOUNDS_CHECKED || hwm < rss0 + 192 * MIB_KB,
+              "peak resident %ld MiB over a baseline of %ld MiB", hwm / MIB_KB,
+              rss0 / MIB_KB);
     for (int i = 0; i < N; i++) {
         close(fds[i]);
     }
-    long rss = wait_rss_below(leader, rss0 + 32 * MIB_KB, 15000);
+    long rss =
+        wait_rss_below(leader, rss0 + 32 * MIB_KB, BOUNDS_CHECKED ? 15000 : 0);
     cr_log_info("big_frames: %ld MiB after the connections closed",
                 rss / MIB_KB);
-    cr_assert_lt(rss, rss0 + 32 * MIB_KB,
-                 "resident %ld MiB after the connections went (baseline %ld)",
-                 rss / MIB_KB, rss0 / MIB_KB);
+    cr_assert(!BOUNDS_CHECKED || rss < rss0 + 32 * MIB_KB,
+              "resident %ld MiB after the connections went (baseline %ld)",
+              rss / MIB_KB, rss0 / MIB_KB);
     check_serves(before);
 }
 
@@ -318,7 +333,8 @@ Test(attack_client, non_reading_clients, .fini = teardown, .timeout = 240)
      * on the old code no such line comes, and the bound is checked after
      * 30 s. */
     int logged = 0;
-    for (uint64_t end = tc_now_ms() + 30000; !logged && tc_now_ms() < end;) {
+    uint64_t wait_ms = BOUNDS_CHECKED ? 30000 : 5000;
+    for (uint64_t end = tc_now_ms() + wait_ms; !logged && tc_now_ms() < end;) {
         tc_sleep_ms(200);
         logged = forge_log_count(node_log(leader), "output cap") > 0 ||
                  forge_log_count(node_log(leader), "output queue cap") > 0;
@@ -327,25 +343,28 @@ Test(attack_client, non_reading_clients, .fini = teardown, .timeout = 240)
     long hwm = forge_proc_kb(pid, "VmHWM");
     cr_log_info("non_reading: baseline %ld MiB, peak %ld MiB", rss0 / MIB_KB,
                 hwm / MIB_KB);
-    cr_assert_lt(hwm, rss0 + 160 * MIB_KB,
-                 "peak resident %ld MiB over a baseline of %ld MiB",
-                 hwm / MIB_KB, rss0 / MIB_KB);
-    cr_assert(logged, "no connection was closed for its output");
+    cr_assert(!BOUNDS_CHECKED || hwm < rss0 + 160 * MIB_KB,
+              "peak resident %ld MiB over a baseline of %ld MiB", hwm / MIB_KB,
+              rss0 / MIB_KB);
+    cr_assert(!BOUNDS_CHECKED || logged,
+              "no connection was closed for its output");
     /* A closed connection's FIN waits behind the replies the kernel still
      * holds for us: read them to see it. */
     int hung = forge_wait_closed(fds, N, 5000);
     cr_log_info("non_reading: %d of %d connections closed by the node", hung,
                 N);
-    cr_assert_gt(hung, 0, "connections over the caps are closed");
+    cr_assert(!BOUNDS_CHECKED || hung > 0,
+              "connections over the caps are closed");
     for (int i = 0; i < N; i++) {
         if (fds[i] >= 0) {
             close(fds[i]);
         }
     }
-    long rss = wait_rss_below(leader, rss0 + 32 * MIB_KB, 15000);
-    cr_assert_lt(rss, rss0 + 32 * MIB_KB,
-                 "resident %ld MiB after the connections went (baseline %ld)",
-                 rss / MIB_KB, rss0 / MIB_KB);
+    long rss =
+        wait_rss_below(leader, rss0 + 32 * MIB_KB, BOUNDS_CHECKED ? 15000 : 0);
+    cr_assert(!BOUNDS_CHECKED || rss < rss0 + 32 * MIB_KB,
+              "resident %ld MiB after the connections went (baseline %ld)",
+              rss / MIB_KB, rss0 / MIB_KB);
     check_serves(before);
 }
 
