@@ -213,6 +213,7 @@ help:
 	@echo "  pool-stress   long lock-free queue stress [POOL_STRESS_SECONDS=n]"
 	@echo "  sim-long      many more simulator seeds [SIM_LONG_SEEDS=N]"
 	@echo "  chaos-storage many more storage crash rounds [ROUNDS=n] [SEED=s]"
+	@echo "  attack-long   the 20,000 idle connection flood [ATTACK_IDLE=n]"
 	@echo "  valgrind      the unit tests under valgrind"
 	@echo "  format        clang-format the sources"
 	@echo "  format-check  fail if a source file is not formatted"

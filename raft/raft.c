@@ -414,6 +414,14 @@ static int step(struct ida_raft *r, const struct ida_raft_msg *m)
         return IDA_EFOREIGN;
     }
     bool is_vote = m->type == IDA_RAFT_MSG_REQUEST_VOTE;
+    if (m->term > r->term && m->type == IDA_RAFT_MSG_TIMEOUT_NOW) {
+        /* §3.10: a leader sends TimeoutNow only to a member that
+         * acknowledged its whole log, so at the leader's term: a genuine
+         * one never carries a term above ours. Honouring only the leader
+         * of our current term, a forged one must not move our term either
+         * (each such step would depose the leader). */
+        return 0;
+    }
     if (m->term > r->term) {
         /* A node outside our membership may lead a configuration our log
          * has not reached yet (§4.1), so its term is not ignored for good;

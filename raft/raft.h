@@ -418,7 +418,9 @@ void ida_raft_tick(struct ida_raft *r);
  *               its membership (so a non-member cannot move its term; once
  *               the lease runs out it can, as a new leader this node's lagging
  *               log does not name yet must, dissertation §4.1); and a
- *               TimeoutNow from anyone but the leader this node follows;
+ *               TimeoutNow from anyone but the leader this node follows in
+ *               its current term (one with a higher term does not move the
+ *               term either: a genuine one never has it);
  *  IDA_EINVAL   a message not addressed to this node, from itself or node 0,
  *               or with fields inconsistent in themselves: term 0 or
  *               > IDA_RAFT_TERM_MAX, an index > IDA_RAFT_INDEX_MAX, entries

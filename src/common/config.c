@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,32 @@ struct parser
     /* Line where each single-valued key was first seen, 0 if not yet. */
     unsigned seen_cluster, seen_data_dir, seen_election, seen_heartbeat;
     unsigned seen_snapshot, seen_log_level, seen_rejoin;
+    unsigned seen_limit[8]; /* limit_keys[], by position */
+};
+
+/* The client port's limits: plain numbers with a range. */
+struct limit_key
+{
+    const char *key;
+    size_t offset; /* of the uint64_t in struct ida_config */
+    uint64_t min, max;
+};
+
+static const struct limit_key limit_keys[] = {
+    {"client_connections_max",
+     offsetof(struct ida_config, client_connections_max), 1, 1000000},
+    {"client_connections_reserve",
+     offsetof(struct ida_config, client_connections_reserve), 0, 1024},
+    {"client_idle_timeout_ms",
+     offsetof(struct ida_config, client_idle_timeout_ms), 100, 86400000},
+    {"client_frame_timeout_ms",
+     offsetof(struct ida_config, client_frame_timeout_ms), 10, 3600000},
+    {"client_queue_bytes_max",
+     offsetof(struct ida_config, client_queue_bytes_max), 65536, 1ull << 30},
+    {"client_output_bytes_max",
+     offsetof(struct ida_config, client_output_bytes_max), 65536, 1ull << 40},
+    {"client_input_bytes_max",
+     offsetof(struct ida_config, client_input_bytes_max), 4u << 20, 1ull << 40},
 };
 
 static int perr(struct parser *p, const char *fmt, ...)
@@ -317,6 +344,14 @@ static int parse_line(struct parser *p, struct ida_config *c, char **f, int nf)
         c->heartbeat_ms = (unsigned)v;
         return rv;
     }
+    for (size_t i = 0; i < sizeof(limit_keys) / sizeof(limit_keys[0]); i++) {
+        const struct limit_key *lk = &limit_keys[i];
+        if (strcmp(k, lk->key) == 0) {
+            return parse_number_key(p, f, nf, &p->seen_limit[i], lk->min,
+                                    lk->max,
+                                    (uint64_t *)((char *)c + lk->offset));
+        }
+    }
     if (strcmp(k, "snapshot_interval_entries") == 0) {
         rv = parse_number_key(p, f, nf, &p->seen_snapshot, 1, 1000000000,
                               &c->snapshot_interval_entries);
@@ -353,6 +388,13 @@ static void set_defaults(struct ida_config *c)
     c->snapshot_interval_entries = 10000;
     c->log_level = IDA_LOG_INFO;
     c->auto_rejoin = 1;
+    c->client_connections_max = 4096;
+    c->client_connections_reserve = 16;
+    c->client_idle_timeout_ms = 300000;
+    c->client_frame_timeout_ms = 10000;
+    c->client_queue_bytes_max = 16u << 20;
+    c->client_output_bytes_max = 64u << 20;
+    c->client_input_bytes_max = 64u << 20;
 }
 
 /* Checks that need the whole file. */
@@ -378,6 +420,15 @@ static int check_whole(struct parser *p, const struct ida_config *c)
                     "heartbeat_ms (%u) must be less than "
                     "election_timeout_ms (%u)",
                     c->heartbeat_ms, c->election_timeout_ms);
+    }
+    if (c->client_queue_bytes_max > c->client_output_bytes_max) {
+        p->line = p->seen_limit[4] > p->seen_limit[5] ? p->seen_limit[4]
+                                                      : p->seen_limit[5];
+        return perr(p,
+                    "client_queue_bytes_max (%llu) must not exceed "
+                    "client_output_bytes_max (%llu)",
+                    (unsigned long long)c->client_queue_bytes_max,
+                    (unsigned long long)c->client_output_bytes_max);
     }
     return 0;
 }

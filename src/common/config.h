@@ -26,6 +26,27 @@
  *                                     with a new, empty data directory
  *                                     (src/node/member.h)
  *
+ * Limits of the client port (src/node/net.h says how each is enforced):
+ *
+ *   client_connections_max N          default 4096; [1, 1000000]; clamped
+ *                                     at start to what RLIMIT_NOFILE
+ *                                     leaves after the node's own reserve
+ *   client_connections_reserve N      default 16; [0, 1024]: connections
+ *                                     past client_connections_max that may
+ *                                     only ask for status
+ *   client_idle_timeout_ms N          default 300000; [100, 86400000]
+ *   client_frame_timeout_ms N         default 10000; [10, 3600000]: a
+ *                                     frame must be whole this long after
+ *                                     its first byte
+ *   client_queue_bytes_max N          default 16 MiB; [65536, 2^30]: output
+ *                                     queued to one connection
+ *   client_output_bytes_max N         default 64 MiB; [65536, 2^40]: output
+ *                                     queued to all client connections; at
+ *                                     least client_queue_bytes_max
+ *   client_input_bytes_max N          default 64 MiB; [4 MiB, 2^40]: partial
+ *                                     frames buffered from all client
+ *                                     connections
+ *
  * Every error names the file and line: `local-3.conf:7: unknown key
  * "heartbeat"`. Parsing validates everything before returning; on error
  * *out is left zeroed.
@@ -75,6 +96,14 @@ struct ida_config
     uint64_t snapshot_interval_entries;
     enum ida_log_level log_level;
     int auto_rejoin; /* re-admit a member's new incarnation (default 1) */
+    /* Client port limits (above). */
+    uint64_t client_connections_max;
+    uint64_t client_connections_reserve;
+    uint64_t client_idle_timeout_ms;
+    uint64_t client_frame_timeout_ms;
+    uint64_t client_queue_bytes_max;
+    uint64_t client_output_bytes_max;
+    uint64_t client_input_bytes_max;
 };
 
 /* Parse @text (@len bytes; need not be NUL-terminated) read from a file

@@ -26,11 +26,28 @@ int ida_frame_decoder_init(struct ida_frame_decoder *d,
     return 0;
 }
 
-void ida_frame_decoder_close(struct ida_frame_decoder *d)
+/* Free the payload buffer and give its bytes back to the budget. */
+static void release_buf(struct ida_frame_decoder *d)
 {
+    if (d->budget != NULL) {
+        IDA_ASSERT(d->budget->used >= d->buf_cap);
+        d->budget->used -= d->buf_cap;
+    }
     ida_free(d->buf);
     d->buf = NULL;
     d->buf_cap = 0;
+}
+
+void ida_frame_decoder_close(struct ida_frame_decoder *d)
+{
+    release_buf(d);
+}
+
+void ida_frame_decoder_set_budget(struct ida_frame_decoder *d,
+                                  struct ida_frame_budget *b)
+{
+    IDA_ASSERT(d->buf_cap == 0);
+    d->budget = b;
 }
 
 int ida_frame_decoder_idle(const struct ida_frame_decoder *d)
@@ -48,7 +65,8 @@ static int fail(struct ida_frame_decoder *d,
     return code;
 }
 
-/* Validate a complete header and make room for its payload. */
+/* Validate a complete header. Nothing is allocated here: the buffer grows
+ * with the bytes that arrive (grow_buf). */
 static int start_payload(struct ida_frame_decoder *d)
 {
     const uint8_t *h = d->header;
@@ -64,17 +82,42 @@ static int start_payload(struct ida_frame_decoder *d)
         return fail(d, IDA_ETOOBIG, "frame of %lu bytes exceeds the maximum",
                     len);
     }
-    if (len > d->buf_cap) {
-        uint8_t *nb = ida_realloc(d->buf, len);
-        if (nb == NULL) {
-            return fail(d, IDA_ENOMEM, "no memory for a %lu byte frame", len);
-        }
-        d->buf = nb;
-        d->buf_cap = len;
-    }
     d->type = h[1];
     d->len = len;
     d->have = 0;
+    return 0;
+}
+
+/* Make room for @need payload bytes of the current frame: double the
+ * buffer (at least 4 KiB), never past the frame's length. */
+static int grow_buf(struct ida_frame_decoder *d, uint32_t need)
+{
+    if (need <= d->buf_cap) {
+        return 0;
+    }
+    uint64_t cap = d->buf_cap < 2048 ? 4096 : (uint64_t)d->buf_cap * 2;
+    if (cap < need) {
+        cap = need;
+    }
+    if (cap > d->len) {
+        cap = d->len;
+    }
+    size_t more = (size_t)cap - d->buf_cap;
+    if (d->budget != NULL && more > d->budget->max - d->budget->used) {
+        return fail(d, IDA_EBUSY,
+                    "buffered input of all connections at its cap (%lu "
+                    "bytes)",
+                    (unsigned long)d->budget->max);
+    }
+    uint8_t *nb = ida_realloc(d->buf, (size_t)cap);
+    if (nb == NULL) {
+        return fail(d, IDA_ENOMEM, "no memory for a %lu byte frame", d->len);
+    }
+    if (d->budget != NULL) {
+        d->budget->used += more;
+    }
+    d->buf = nb;
+    d->buf_cap = (uint32_t)cap;
     return 0;
 }
 
@@ -117,6 +160,10 @@ int ida_frame_decoder_feed(struct ida_frame_decoder *d,
             n = len - pos;
         }
         if (n > 0) {
+            int rv = grow_buf(d, d->have + (uint32_t)n);
+            if (rv != 0) {
+                return rv;
+            }
             memcpy(d->buf + d->have, data + pos, n);
         }
         d->have += (uint32_t)n;
@@ -134,6 +181,11 @@ int ida_frame_decoder_feed(struct ida_frame_decoder *d,
             d->failed = rv;
             snprintf(d->errmsg, sizeof(d->errmsg), "frame handler failed");
             return rv;
+        }
+        /* A large buffer is not kept for the frames that follow (unless
+         * the callback already started one in it). */
+        if (d->buf_cap > IDA_FRAME_KEEP_BYTES && d->header_have == 0) {
+            release_buf(d);
         }
         if (pos == len) {
             return 0;

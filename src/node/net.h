@@ -18,14 +18,37 @@
  * or from an unknown node closes that connection.
  *
  * Clients: each accepted connection gets an id (never reused). Every frame
- * must be a ClientRequest: a frame over max_frame_bytes, of another type,
- * or one that does not decode is answered (when it decodes far enough) or
- * just closes that connection; other connections are unaffected. Replies
- * go to a connection id; a reply to a closed connection is dropped. A client
- * that does not read its replies is disconnected once client_queue_bytes_max
- * is queued to it. RegisterClient requests past the first
+ * must be a ClientRequest: a frame over max_frame_bytes (refused at its
+ * header), of another type, or one that does not decode is answered (when
+ * it decodes far enough) or just closes that connection; other connections
+ * are unaffected. Replies go to a connection id; a reply to a closed
+ * connection is dropped. A client that half-closes (shutdown(SHUT_WR))
+ * after its requests still gets their replies; the connection closes once
+ * they are written. RegisterClient requests past the first
  * IDA_NET_REGISTERS_PER_CONN_MAX of a connection are answered IDA_ELIMIT
  * and not passed on (one connection cannot fill the session table).
+ *
+ * Limits (the cluster file's client_* lines; src/node/netlim.h has the
+ * bookkeeping): at most client_connections_max ordinary client connections
+ * plus client_connections_reserve that may only ask for status; when all
+ * are taken a new one evicts the least recently active connection idle for
+ * a second, or is accepted and closed at once. At start the soft
+ * RLIMIT_NOFILE is raised to the hard limit and the two counts are clamped
+ * so that descriptors stay for peers (accepted peer connections are capped
+ * at 4 per node + 8, the least recently active idle one evicted),
+ * outbound links, data files and logs. A client connection is closed after
+ * client_idle_timeout_ms without a request or reply, or when a frame is not
+ * whole client_frame_timeout_ms after it started (30 s for peers); when its
+ * queued replies would pass client_queue_bytes_max (it does not read them);
+ * when the replies queued to all clients would pass client_output_bytes_max
+ * (the connection with the most queued goes first); and when the partial
+ * frames buffered from all clients would pass client_input_bytes_max (the
+ * one whose buffer would grow). A buffer grows with the bytes that arrived,
+ * never to the announced length at once (src/common/frame.h), so an idle
+ * connection costs a few hundred bytes. Closes for these reasons are
+ * logged as one summary line a second at most ("net: closed 1000
+ * connection(s) in the last 1.0 s: 1000 frame timeout"), and the heap is
+ * trimmed (malloc_trim) after large buffers were freed.
  *
  * Handler callbacks run on the net thread and must not block: hand the work
  * to another thread and return.
@@ -49,8 +72,15 @@ struct ida_net_config
     uint32_t max_frame_bytes;      /* 0: IDA_FRAME_PAYLOAD_BYTES_DEFAULT */
     size_t peer_queue_bytes_max;   /* 0: 64 MiB */
     size_t client_queue_bytes_max; /* 0: 16 MiB */
-    unsigned reconnect_min_ms;     /* 0: 50 */
-    unsigned reconnect_max_ms;     /* 0: 2000 */
+    /* Client port limits (the cluster file's lines of the same names). */
+    size_t client_output_bytes_max;      /* 0: 64 MiB */
+    size_t client_input_bytes_max;       /* 0: 64 MiB */
+    unsigned client_connections_max;     /* 0: 4096 */
+    unsigned client_connections_reserve; /* status only, past the max */
+    unsigned client_idle_timeout_ms;     /* 0: 300000 */
+    unsigned client_frame_timeout_ms;    /* 0: 10000 */
+    unsigned reconnect_min_ms;           /* 0: 50 */
+    unsigned reconnect_max_ms;           /* 0: 2000 */
 };
 
 struct ida_net_handler
@@ -74,6 +104,9 @@ struct ida_net_stats
     uint64_t peer_sent, peer_dropped, peer_received, peer_rejected;
     uint64_t client_requests, client_replies, client_rejected;
     uint64_t clients_open;
+    uint64_t clients_closed_by_limits; /* refused, evicted, timed out, capped */
+    uint64_t client_input_bytes;       /* partial frames buffered now */
+    uint64_t client_output_bytes;      /* replies queued now */
 };
 
 struct ida_net;

@@ -463,7 +463,18 @@ int ida_node_start(struct ida_node *n, char *errmsg)
     if (rv == 0) {
         rv = add_procs(n);
     }
-    struct ida_net_config nc = {.cluster = &n->cfg, .self_id = n->self->id};
+    struct ida_net_config nc = {
+        .cluster = &n->cfg,
+        .self_id = n->self->id,
+        .client_queue_bytes_max = (size_t)n->cfg.client_queue_bytes_max,
+        .client_output_bytes_max = (size_t)n->cfg.client_output_bytes_max,
+        .client_input_bytes_max = (size_t)n->cfg.client_input_bytes_max,
+        .client_connections_max = (unsigned)n->cfg.client_connections_max,
+        .client_connections_reserve =
+            (unsigned)n->cfg.client_connections_reserve,
+        .client_idle_timeout_ms = (unsigned)n->cfg.client_idle_timeout_ms,
+        .client_frame_timeout_ms = (unsigned)n->cfg.client_frame_timeout_ms,
+    };
     struct ida_net_handler h = {net_client_request, net_peer_message,
                                 net_peer_state, n};
     if (rv == 0) {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -90,6 +91,11 @@ void tc_spawn(struct tc *c, int i)
         /* Nothing of the test's (sockets, pipes) leaks into the node: an
          * inherited copy keeps a connection open after the test closed it. */
         close_range(3, ~0u, 0);
+        if (c->nofile != 0) {
+            struct rlimit rl = {.rlim_cur = c->nofile < 1024 ? c->nofile : 1024,
+                                .rlim_max = c->nofile};
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
         const char *conf =
             c->node_conf[i][0] != '\0' ? c->node_conf[i] : c->conf;
         execl(bin, bin, "--config", conf, "--node", id, (char *)NULL);

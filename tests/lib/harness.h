@@ -23,6 +23,10 @@ struct tc
     /* Per-node cluster files (""-: use conf). The chaos test gives each
      * node its own view of the peers' addresses (its proxies). */
     char node_conf[TC_NODES_MAX][320];
+    /* 0: nodes inherit the test's RLIMIT_NOFILE; else they start with a
+     * hard limit of nofile and a soft one of min(nofile, 1024), like a
+     * default login (the attack tests run nodes with few descriptors). */
+    unsigned nofile;
 };
 
 /* Write a cluster of @n nodes (extra config lines in @extra, may be NULL)

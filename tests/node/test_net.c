@@ -432,3 +432,126 @@ Test(net, address_in_use_is_a_clear_error, .init = setup, .fini = teardown)
     nc.self_id = 42;
     cr_assert_eq(ida_net_start(&nc, &h, &dup, err), IDA_EINVAL);
 }
+
+/* --- client port limits ----------------------------------------------------
+ */
+
+static void restart_net0_with_limits(void)
+{
+    ida_net_stop(nets[0]);
+    struct ida_net_config nc = {.cluster = &cfg,
+                                .self_id = 1,
+                                .max_frame_bytes = 1024,
+                                .client_connections_max = 3,
+                                .client_connections_reserve = 1,
+                                .client_idle_timeout_ms = 1000,
+                                .client_frame_timeout_ms = 200,
+                                .reconnect_min_ms = 10,
+                                .reconnect_max_ms = 50};
+    struct ida_net_handler h = {on_client, on_peer, on_state, &box[0]};
+    char err[IDA_ERRMSG_MAX];
+    cr_assert_eq(ida_net_start(&nc, &h, &nets[0], err), 0, "%s", err);
+    box[0].net = nets[0];
+}
+
+Test(net, idle_and_frame_timeouts, .init = setup, .fini = teardown)
+{
+    restart_net0_with_limits();
+    box[0].echo = 1;
+    int partial = raw_connect(0);
+    int idle = raw_connect(0);
+    int active = raw_connect(0);
+    uint8_t hdr[IDA_FRAME_HEADER_BYTES];
+    ida_frame_header_encode(hdr, IDA_FRAME_CLIENT_REQUEST, 100);
+    cr_assert_eq(write(partial, hdr, 3), 3); /* half a header */
+    /* The active one asks every 100 ms for 1.5 s: never idle. */
+    for (int i = 0; i < 15; i++) {
+        raw_send_request(active, (uint64_t)i + 1);
+        Idalloc__ClientResponse *r = raw_read_response(active);
+        cr_assert_not_null(r, "the active connection was closed");
+        idalloc__client_response__free_unpacked(r, NULL);
+        sleep_us(100000);
+    }
+    cr_assert(closed_by_server(partial), "frame timeout");
+    cr_assert(closed_by_server(idle), "idle timeout");
+    close(partial);
+    close(idle);
+    close(active);
+    struct ida_net_stats st;
+    for (int i = 0; i < 100; i++) { /* published by the next sweep */
+        ida_net_get_stats(nets[0], &st);
+        if (st.clients_closed_by_limits >= 2 && st.client_input_bytes == 0) {
+            break;
+        }
+        sleep_us(10000);
+    }
+    cr_assert_geq(st.clients_closed_by_limits, 2);
+    cr_assert_eq(st.client_input_bytes, 0, "buffers given back");
+}
+
+Test(net, reserve_slot_takes_only_status, .init = setup, .fini = teardown)
+{
+    restart_net0_with_limits();
+    box[0].echo = 1;
+    /* Three ordinary slots, kept active; the fourth connection lands in
+     * the reserve: status is answered, anything else refused. */
+    int k[3];
+    for (int i = 0; i < 3; i++) {
+        k[i] = raw_connect(0);
+        raw_send_request(k[i], 1);
+        Idalloc__ClientResponse *r = raw_read_response(k[i]);
+        cr_assert_not_null(r);
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    int res = raw_connect(0);
+    raw_send_request(res, 9); /* a status request */
+    Idalloc__ClientResponse *r = raw_read_response(res);
+    cr_assert_not_null(r, "status on the reserve");
+    cr_assert_eq(r->request_seq, 9);
+    idalloc__client_response__free_unpacked(r, NULL);
+    /* Something other than status: refused with IDA_EBUSY, closed. */
+    Idalloc__ClientRequest q = IDALLOC__CLIENT_REQUEST__INIT;
+    Idalloc__Lookup lk = IDALLOC__LOOKUP__INIT;
+    lk.pool = "p";
+    lk.tag = "t";
+    uint8_t cid[16] = {1};
+    q.version = IDA_WIRE_VERSION;
+    q.client_id.data = cid;
+    q.client_id.len = 16;
+    q.request_seq = 10;
+    q.op_case = IDALLOC__CLIENT_REQUEST__OP_LOOKUP;
+    q.lookup = &lk;
+    uint8_t buf[256];
+    size_t n = idalloc__client_request__get_packed_size(&q);
+    ida_frame_header_encode(buf, IDA_FRAME_CLIENT_REQUEST, n);
+    idalloc__client_request__pack(&q, buf + IDA_FRAME_HEADER_BYTES);
+    cr_assert_eq(write(res, buf, n + IDA_FRAME_HEADER_BYTES),
+                 (ssize_t)(n + IDA_FRAME_HEADER_BYTES));
+    r = raw_read_response(res);
+    cr_assert_not_null(r);
+    cr_assert_eq(r->request_seq, 10);
+    cr_assert_eq(r->result->error, IDA_EBUSY);
+    idalloc__client_response__free_unpacked(r, NULL);
+    cr_assert(closed_by_server(res));
+    close(res);
+    /* A sixth, with the reserve free again: reserve. A seventh while all
+     * are active (< 1 s): refused, closed at once. */
+    int r6 = raw_connect(0);
+    raw_send_request(r6, 11);
+    r = raw_read_response(r6);
+    cr_assert_not_null(r);
+    idalloc__client_response__free_unpacked(r, NULL);
+    for (int i = 0; i < 3; i++) { /* active again just now */
+        raw_send_request(k[i], 2);
+        r = raw_read_response(k[i]);
+        cr_assert_not_null(r);
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    int r7 = raw_connect(0);
+    cr_assert(closed_by_server(r7), "no slot: closed");
+    close(r7);
+    close(r6);
+    for (int i = 0; i < 3; i++) {
+        close(k[i]);
+    }
+}

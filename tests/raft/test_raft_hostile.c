@@ -697,3 +697,38 @@ Test(raft_hostile, members_with_wrong_fields_change_nothing)
         cr_assert_eq(ida_raft_commit(&H.r[k]), ida_raft_last_index(&H.r[1]));
     }
 }
+
+/* --- TimeoutNow ----------------------------------------------------------- */
+
+Test(raft_hostile, timeout_now_only_from_the_leader_of_the_current_term)
+{
+    /* A forged TimeoutNow every heartbeat cut throughput 9x (issue 16):
+     * each one started an election. Only the leader this node follows, in
+     * its current term, may ask; a higher term must not move the term
+     * (on main it did: the follower took the term and deposed the leader
+     * at its next answer). */
+    running(2);
+    ida_term t = ida_raft_term(&H.r[1]);
+    for (int round = 0; round < 3; round++) {
+        for (ida_node_id to = 2; to <= 3; to++) {
+            ida_node_id other = to == 2 ? 3 : 2;
+            struct snap before = snap_of(to);
+            struct ida_raft_msg m = msg(IDA_RAFT_MSG_TIMEOUT_NOW, other, to, t);
+            cr_assert_eq(inject(to, &m), 0);
+            assert_same(to, &before, "TimeoutNow from a follower");
+            m = msg(IDA_RAFT_MSG_TIMEOUT_NOW, 1, to, t + 1);
+            cr_assert_eq(inject(to, &m), 0);
+            assert_same(to, &before, "TimeoutNow with a higher term");
+            m = msg(IDA_RAFT_MSG_TIMEOUT_NOW, other, to, t + 7);
+            cr_assert_eq(inject(to, &m), 0);
+            assert_same(to, &before, "TimeoutNow of a follower, higher");
+        }
+        settle(2);
+        cr_assert_eq(ida_raft_role(&H.r[1]), IDA_RAFT_LEADER);
+        cr_assert_eq(ida_raft_term(&H.r[1]), t, "no election happened");
+    }
+    /* The leader's own transfer still works. */
+    cr_assert_eq(ida_raft_transfer(&H.r[1], 2), 0);
+    settle(10);
+    cr_assert_eq(ida_raft_role(&H.r[2]), IDA_RAFT_LEADER);
+}

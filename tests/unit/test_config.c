@@ -253,3 +253,45 @@ Test(config, metrics_address_on_a_node_line)
         "cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 metrics=127.0.0.1:3 x\n",
         "t.conf:2: ", "too many fields");
 }
+
+Test(config, client_port_limits)
+{
+    cr_assert_eq(parse(GOOD), 0, "%s", err);
+    cr_assert_eq(cfg.client_connections_max, 4096);
+    cr_assert_eq(cfg.client_connections_reserve, 16);
+    cr_assert_eq(cfg.client_idle_timeout_ms, 300000);
+    cr_assert_eq(cfg.client_frame_timeout_ms, 10000);
+    cr_assert_eq(cfg.client_queue_bytes_max, 16u << 20);
+    cr_assert_eq(cfg.client_output_bytes_max, 64u << 20);
+    cr_assert_eq(cfg.client_input_bytes_max, 64u << 20);
+    cr_assert_eq(parse(GOOD "client_connections_max 100\n"
+                            "client_connections_reserve 0\n"
+                            "client_idle_timeout_ms 2000\n"
+                            "client_frame_timeout_ms 500\n"
+                            "client_queue_bytes_max 65536\n"
+                            "client_output_bytes_max 1048576\n"
+                            "client_input_bytes_max 8388608\n"),
+                 0, "%s", err);
+    cr_assert_eq(cfg.client_connections_max, 100);
+    cr_assert_eq(cfg.client_connections_reserve, 0);
+    cr_assert_eq(cfg.client_idle_timeout_ms, 2000);
+    cr_assert_eq(cfg.client_frame_timeout_ms, 500);
+    cr_assert_eq(cfg.client_queue_bytes_max, 65536);
+    cr_assert_eq(cfg.client_output_bytes_max, 1048576);
+    cr_assert_eq(cfg.client_input_bytes_max, 8388608);
+    expect_error(GOOD "client_connections_max 0\n",
+                 "t.conf:5: ", "expected a number in [1, 1000000]");
+    expect_error(GOOD "client_connections_reserve 2000\n",
+                 "t.conf:5: ", "bad value");
+    expect_error(GOOD "client_frame_timeout_ms 1\n", "t.conf:5: ", "bad value");
+    expect_error(GOOD "client_input_bytes_max 1000\n",
+                 "t.conf:5: ", "bad value");
+    expect_error(GOOD
+                 "client_idle_timeout_ms 1000\nclient_idle_timeout_ms "
+                 "2000\n",
+                 "t.conf:6: ", "duplicate \"client_idle_timeout_ms\"");
+    expect_error(GOOD
+                 "client_output_bytes_max 100000\n"
+                 "client_queue_bytes_max 200000\n",
+                 "t.conf:6: ", "must not exceed client_output_bytes_max");
+}

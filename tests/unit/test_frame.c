@@ -358,3 +358,92 @@ Test(frame, bad_init_and_encode_arguments)
     cr_assert_eq(hdr[2], 1);
     cr_assert_eq(hdr[5], 4);
 }
+
+/* --- growth with the bytes that arrive, budgets -------------------------- */
+
+static int count_frame(void *arg,
+                       enum ida_frame_type type,
+                       const uint8_t *p,
+                       uint32_t len)
+{
+    (void)type;
+    (void)p;
+    (void)len;
+    (*(int *)arg)++;
+    return 0;
+}
+
+Test(frame, announced_length_is_not_allocated_up_front)
+{
+    /* A header announcing the maximum followed by a few bytes: the buffer
+     * follows what arrived (the old decoder allocated all 4 MiB at the
+     * header). */
+    struct ida_frame_decoder d;
+    cr_assert_eq(ida_frame_decoder_init(&d, IDA_FRAME_PAYLOAD_BYTES_DEFAULT),
+                 0);
+    uint8_t hdr[IDA_FRAME_HEADER_BYTES + 10] = {0};
+    ida_frame_header_encode(hdr, IDA_FRAME_CLIENT_REQUEST,
+                            IDA_FRAME_PAYLOAD_BYTES_DEFAULT);
+    int frames = 0;
+    cr_assert_eq(ida_frame_decoder_feed(&d, hdr, IDA_FRAME_HEADER_BYTES,
+                                        count_frame, &frames),
+                 0);
+    cr_assert_eq(d.buf_cap, 0);
+    cr_assert_eq(ida_frame_decoder_feed(&d, hdr + IDA_FRAME_HEADER_BYTES, 10,
+                                        count_frame, &frames),
+                 0);
+    cr_assert_eq(d.buf_cap, 4096);
+    cr_assert_not(ida_frame_decoder_idle(&d));
+    /* The rest arrives in 64 KiB pieces: the buffer doubles, never past
+     * the frame, and is freed once the frame was delivered. */
+    uint8_t *chunk = calloc(1, 65536);
+    uint32_t left = IDA_FRAME_PAYLOAD_BYTES_DEFAULT - 10;
+    while (left > 0) {
+        uint32_t n = left < 65536 ? left : 65536;
+        cr_assert_eq(ida_frame_decoder_feed(&d, chunk, n, count_frame, &frames),
+                     0);
+        cr_assert_leq(d.buf_cap, IDA_FRAME_PAYLOAD_BYTES_DEFAULT);
+        left -= n;
+    }
+    free(chunk);
+    cr_assert_eq(frames, 1);
+    cr_assert_eq(d.buf_cap, 0, "a buffer over IDA_FRAME_KEEP_BYTES is freed");
+    ida_frame_decoder_close(&d);
+}
+
+Test(frame, a_shared_budget_bounds_all_decoders)
+{
+    struct ida_frame_budget b = {.used = 0, .max = 8192};
+    struct ida_frame_decoder a, c;
+    cr_assert_eq(ida_frame_decoder_init(&a, 100000), 0);
+    cr_assert_eq(ida_frame_decoder_init(&c, 100000), 0);
+    ida_frame_decoder_set_budget(&a, &b);
+    ida_frame_decoder_set_budget(&c, &b);
+    static uint8_t buf[IDA_FRAME_HEADER_BYTES + 6000];
+    ida_frame_header_encode(buf, IDA_FRAME_PEER, 6000);
+    int frames = 0;
+    /* a holds 5,000 of its 6,000 bytes. */
+    cr_assert_eq(ida_frame_decoder_feed(&a, buf, IDA_FRAME_HEADER_BYTES + 5000,
+                                        count_frame, &frames),
+                 0);
+    cr_assert_eq(b.used, a.buf_cap);
+    cr_assert_geq(b.used, 5000);
+    /* c cannot get 4 KiB more: it fails, sticky, and holds nothing. */
+    cr_assert_eq(ida_frame_decoder_feed(&c, buf, IDA_FRAME_HEADER_BYTES + 5000,
+                                        count_frame, &frames),
+                 IDA_EBUSY);
+    cr_assert(strstr(c.errmsg, "cap") != NULL, "%s", c.errmsg);
+    cr_assert_eq(c.buf_cap, 0);
+    cr_assert_eq(ida_frame_decoder_feed(&c, buf, 1, count_frame, &frames),
+                 IDA_EBUSY);
+    /* a finishes its frame within the budget. */
+    cr_assert_eq(ida_frame_decoder_feed(&a, buf + IDA_FRAME_HEADER_BYTES + 5000,
+                                        1000, count_frame, &frames),
+                 0);
+    cr_assert_eq(frames, 1);
+    cr_assert_leq(b.used, b.max);
+    /* Closing gives everything back. */
+    ida_frame_decoder_close(&a);
+    ida_frame_decoder_close(&c);
+    cr_assert_eq(b.used, 0);
+}
