@@ -19,6 +19,7 @@ static uint8_t *source_state(size_t *len, uint64_t *index)
 {
     struct ida_fsm *f;
     cr_assert_eq(ida_fsm_new(&f), 0);
+    fx_register(f, C1, 1000); /* writes need a session (fsm.h, Sessions) */
     struct fx_batch b;
     fx_batch_init(&b, 1000);
     fx_add_create(&b, C1, 1, "s", IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE, 0);
@@ -67,6 +68,10 @@ Test(fsm_restore, pools_come_over_with_sequences_advanced)
     uint8_t *s = source_state(&len, &idx);
     struct ida_fsm *f;
     cr_assert_eq(ida_fsm_new(&f), 0);
+    fx_register(f, C2, 2000);
+    /* No acknowledgement floor: the retry below wants seq 1's answer kept
+     * after seqs 2 and 3. */
+    fx_auto_ack = false;
     struct ida_fsm_result r = restore(f, 1, s, len, 1000);
     cr_assert_eq(r.error, 0, "%s", r.error_msg);
     cr_assert_eq(r.op, IDA_FSM_OP_RESTORE);
@@ -109,6 +114,7 @@ Test(fsm_restore, refused_with_nothing_changed)
     uint8_t *s = source_state(&len, &idx);
     struct ida_fsm *f;
     cr_assert_eq(ida_fsm_new(&f), 0);
+    fx_register(f, C2, 2000);
 
     /* Damaged state: every byte flipped in turn is refused. */
     for (size_t i = 0; i < len; i += 7) {

@@ -101,12 +101,27 @@ uint8_t *sim__cmd_encode(struct sim *s,
         case SIM_OP_LOOKUP:
             IDA_ASSERT(!"a lookup is a read, not a command");
     }
-    Idalloc__Command *cmds[1] = {&cmd};
+    /* Every write goes with a RegisterClient of its client in the same
+     * batch (fsm.h, "Sessions": a write without a session never runs).
+     * It creates the session once and refreshes it after; sessions are
+     * never dropped in a simulated run (no hour of idleness, no full
+     * table), so this stands for the library's register-once. Its seq,
+     * UINT64_MAX, is never a proposal's, so its answer is not taken for
+     * the write's. */
+    Idalloc__Command reg;
+    Idalloc__RegisterClient rc;
+    idalloc__command__init(&reg);
+    idalloc__register_client__init(&rc);
+    reg.client_id = cmd.client_id;
+    reg.request_seq = UINT64_MAX;
+    reg.op_case = IDALLOC__COMMAND__OP_REGISTER_CLIENT;
+    reg.register_client = &rc;
+    Idalloc__Command *cmds[2] = {&reg, &cmd};
     Idalloc__CommandBatch b;
     idalloc__command_batch__init(&b);
     b.version = IDA_BATCH_VERSION;
     b.timestamp_ms = s->now;
-    b.n_commands = 1;
+    b.n_commands = 2;
     b.commands = cmds;
     *len = idalloc__command_batch__get_packed_size(&b);
     uint8_t *buf = ida_malloc(*len ? *len : 1);
