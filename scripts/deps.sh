@@ -12,6 +12,7 @@ have_header protobuf-c/protobuf-c.h || missing+=(libprotobuf-c-dev)
 command -v protoc-c >/dev/null 2>&1 || missing+=(protobuf-c-compiler)
 have_header lmdb.h || missing+=(liblmdb-dev)
 have_header criterion/criterion.h || missing+=(libcriterion-dev)
+have_header openssl/ssl.h || missing+=(libssl-dev)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 
