@@ -24,6 +24,19 @@
  *                                     re-admits a member that came back
  *                                     with a new, empty data directory
  *                                     (src/node/member.h)
+ *   tls_dir DIR                       DIR holds ca.crt, nodeI.crt and
+ *                                     nodeI.key (src/common/tls.h); a
+ *                                     relative DIR is relative to the
+ *                                     directory of the cluster file; turns
+ *                                     mutual TLS on for peers
+ *   peer_tls on|off                   on (the default with tls_dir) needs
+ *                                     tls_dir; off: plaintext peers. A file
+ *                                     with neither tls_dir nor peer_tls is
+ *                                     refused, naming both
+ *   client_tls off|on|required        default off; on: the client port takes
+ *                                     TLS and plain clients; required: only
+ *                                     TLS clients with a certificate of the
+ *                                     CA. on and required need tls_dir
  *
  * Every error names the file and line: `local-3.conf:7: unknown key
  * "heartbeat"`. Parsing validates everything before returning; on error
@@ -59,6 +72,12 @@ struct ida_config_node
     struct ida_addr client;
 };
 
+enum ida_client_tls {
+    IDA_CLIENT_TLS_OFF = 0,
+    IDA_CLIENT_TLS_ON,
+    IDA_CLIENT_TLS_REQUIRED,
+};
+
 struct ida_config
 {
     char cluster[IDA_CLUSTER_NAME_MAX + 1];
@@ -70,6 +89,9 @@ struct ida_config
     uint64_t snapshot_interval_entries;
     enum ida_log_level log_level;
     int auto_rejoin; /* re-admit a member's new incarnation (default 1) */
+    char tls_dir[IDA_PATH_MAX]; /* resolved; "" without a tls_dir line */
+    int peer_tls;               /* 1: mutual TLS between peers */
+    enum ida_client_tls client_tls;
 };
 
 /* Parse @text (@len bytes; need not be NUL-terminated) read from a file
