@@ -9,6 +9,7 @@
 #include "idalloc.h"
 #include "proto/idalloc.pb-c.h"
 #include "src/common/config.h"
+#include "src/common/tls.h"
 
 struct ida_client_conn
 {
@@ -18,6 +19,10 @@ struct ida_client_conn
     int dead;           /* the reader saw EOF or an error */
     pthread_t reader;
     struct waiter *waiters;
+    /* With TLS: the session, and the lock that orders its use by the
+     * writers (under mu) and the reader (never holding mu with it). */
+    struct ida_tls *tls;
+    pthread_mutex_t tls_mu;
 };
 
 struct ida_next_pool; /* next.c */
@@ -25,6 +30,7 @@ struct ida_next_pool; /* next.c */
 struct idalloc_client
 {
     struct idalloc_options opts;
+    struct ida_tls_ctx *tls; /* NULL: plaintext */
     uint8_t client_id[16];
     atomic_uint_fast64_t next_seq;
     atomic_size_t leader; /* index of the node that last answered */

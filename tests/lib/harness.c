@@ -108,6 +108,18 @@ void tc_setup(struct tc *c, int n, const char *extra)
     FILE *f = fopen(c->conf, "w");
     TC_CHECK(f != NULL, "cannot write %s", c->conf);
     fprintf(f, "cluster test\ndata_dir %s/data\n", c->dir);
+    /* Peers speak mutual TLS, as `make run` does: a CA and certificates of
+     * this test alone (a few ms of key generation). */
+    snprintf(c->tls, sizeof(c->tls), "%s/tls", c->dir);
+    char out[512];
+    int rc = tc_run(out, sizeof(out),
+                    "%s certs create %s --nodes %d "
+                    "--clients 2 2>&1",
+                    tc_bin("idalloc"), c->tls, n);
+    TC_CHECK(rc == 0, "certs create failed: %s", out);
+    if (extra == NULL || strstr(extra, "tls_dir") == NULL) {
+        fprintf(f, "tls_dir tls\n");
+    }
     fprintf(f, "election_timeout_ms 300\nheartbeat_ms 50\n");
     for (int i = 0; i < n; i++) {
         unsigned cp = free_port();

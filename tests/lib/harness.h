@@ -15,9 +15,10 @@
 struct tc
 {
     int n;
-    char dir[256];           /* temporary directory: config, data, logs */
-    char conf[320];          /* the cluster file */
-    char addrs[512];         /* client addresses, comma-separated */
+    char dir[256];   /* temporary directory: config, data, logs */
+    char conf[320];  /* the cluster file */
+    char tls[320];   /* its certificates: ca.crt, nodeI.*, client1-2.* */
+    char addrs[512]; /* client addresses, comma-separated */
     pid_t pid[TC_NODES_MAX]; /* 0: not running */
     struct ida_config cfg;
     /* Per-node cluster files (""-: use conf). The chaos test gives each
@@ -26,7 +27,10 @@ struct tc
 };
 
 /* Write a cluster of @n nodes (extra config lines in @extra, may be NULL)
- * and start every node. */
+ * and start every node. Peers use mutual TLS: `idalloc certs create` writes
+ * a CA, n node and 2 client certificates into c->tls, and the cluster file
+ * says `tls_dir tls` (unless @extra has a tls_dir line of its own; "peer_tls
+ * off" in @extra runs plaintext peers). */
 void tc_start(struct tc *c, int n, const char *extra);
 /* The same without starting anything. */
 void tc_setup(struct tc *c, int n, const char *extra);
