@@ -190,6 +190,14 @@ static int load_files(struct ida_tls_ctx *c,
         return IDA_ECONFIG;
     }
     if (SSL_CTX_use_PrivateKey_file(c->ssl, key_file, SSL_FILETYPE_PEM) != 1) {
+        if (ERR_GET_REASON(ERR_peek_last_error()) ==
+            X509_R_KEY_VALUES_MISMATCH) {
+            ERR_clear_error();
+            snprintf(errmsg, IDA_ERRMSG_MAX,
+                     "key %s does not belong to certificate %s", key_file,
+                     cert_file);
+            return IDA_ECONFIG;
+        }
         snprintf(errmsg, IDA_ERRMSG_MAX, "bad key %s: %s", key_file,
                  ossl_reason(why, sizeof(why), "not a PEM private key"));
         return IDA_ECONFIG;

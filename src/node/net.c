@@ -556,6 +556,25 @@ static int conn_input(struct conn *k, const uint8_t *data, size_t len)
             return IDA_ENOMEM;
         }
     }
+    if (k->tls != NULL && !k->tls_checked && data[0] == IDA_FRAME_MAGIC &&
+        !ida_tls_ready(k->tls)) {
+        /* Say what it is: a node or client configured without TLS. */
+        char host[64];
+        ida_net_remote_host(&k->tcp, host, sizeof(host));
+        refusal(
+            n,
+            "%s connection from %s refused: plaintext frames on a TLS "
+            "port (%s)",
+            k->is_client ? "client" : "peer", host,
+            k->is_client ? "client_tls required" : "is peer_tls off there?");
+        if (k->is_client) {
+            atomic_fetch_add(&n->st_client_rejected, 1);
+        } else {
+            atomic_fetch_add(&n->st_peer_rejected, 1);
+        }
+        conn_close(k);
+        return IDA_EPROTO;
+    }
     if (k->tls == NULL) {
         return ida_frame_decoder_feed(
             &k->dec, data, len, k->is_client ? on_client_frame : on_peer_frame,

@@ -182,6 +182,15 @@ struct idalloc_client *tc_client(struct tc *c, unsigned call_ms)
     idalloc_options_init(&o);
     o.addresses = c->addrs;
     o.call_timeout_ms = call_ms;
+    char ca[400], crt[400], key[400];
+    if (c->cfg.client_tls != IDA_CLIENT_TLS_OFF) {
+        snprintf(ca, sizeof(ca), "%s/ca.crt", c->tls);
+        snprintf(crt, sizeof(crt), "%s/client1.crt", c->tls);
+        snprintf(key, sizeof(key), "%s/client1.key", c->tls);
+        o.tls_ca_file = ca;
+        o.tls_cert_file = crt;
+        o.tls_key_file = key;
+    }
     o.attempt_timeout_ms = call_ms < 500 ? call_ms : 500;
     struct idalloc_client *cl;
     char err[IDALLOC_ERRMSG_MAX];

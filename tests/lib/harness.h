@@ -41,7 +41,8 @@ void tc_spawn(struct tc *c, int i);
 int tc_signal(struct tc *c, int i, int sig);
 /* Kill every node (SIGKILL) and remove the directory. */
 void tc_destroy(struct tc *c);
-/* A client of the cluster (call timeouts in ms). */
+/* A client of the cluster (call timeouts in ms); with `client_tls on` or
+ * `required` in the cluster file it speaks TLS as client1. */
 struct idalloc_client *tc_client(struct tc *c, unsigned call_ms);
 /* Wait up to @ms for a leader all running nodes agree on; its index
  * (0-based), or -1. */
