@@ -40,8 +40,9 @@ struct peer
     uv_connect_t connect_req;
     uv_timer_t timer; /* reconnect backoff */
     unsigned backoff_ms;
-    char *rbuf;          /* outbound connections read only to notice EOF */
-    struct ida_tls *tls; /* with peer_tls: the link's session */
+    uint64_t up_since_ms; /* loop time the link last came up */
+    char *rbuf;           /* outbound connections read only to notice EOF */
+    struct ida_tls *tls;  /* with peer_tls: the link's session */
 };
 
 /* An accepted connection: a client, or a peer that dialled us. */
@@ -201,6 +202,13 @@ static void peer_down(struct peer *p)
     p->tls = NULL;
     p->state = PEER_DOWN;
     atomic_store(&n->peer_up[p - n->peers], 0);
+    if (was_up &&
+        uv_now(&n->loop) - p->up_since_ms >= n->cfg.reconnect_max_ms) {
+        /* A link that held is re-dialled at once; one that drops right
+         * after the handshake (a peer that refuses our certificate only
+         * once it has checked it) keeps backing off. */
+        p->backoff_ms = n->cfg.reconnect_min_ms;
+    }
     if (was_up) {
         IDA_INFO("net: peer %u down", p->node->id);
         if (n->h.peer_state != NULL) {
@@ -221,7 +229,7 @@ static void peer_up(struct peer *p)
 {
     struct ida_net *n = p->net;
     p->state = PEER_UP;
-    p->backoff_ms = n->cfg.reconnect_min_ms;
+    p->up_since_ms = uv_now(&n->loop);
     atomic_store(&n->peer_up[p - n->peers], 1);
     IDA_INFO("net: peer %u up (%s%s)", p->node->id, p->node->peer.text,
              p->tls != NULL ? ", TLS" : "");
