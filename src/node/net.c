@@ -57,6 +57,8 @@ struct conn
     int tls_sniff;        /* client_tls on: the first byte decides */
     int tls_checked;      /* the peer's identity was checked */
     unsigned tls_node_id; /* inbound peer link: its certificate's node */
+    int tls_dirty;        /* on the net's dirty list (flush_dirty()) */
+    struct conn *dirty_next;
     struct ida_frame_decoder dec;
     struct conn *hnext;       /* client id hash chain */
     struct conn *prev, *next; /* all connections */
@@ -84,6 +86,7 @@ struct ida_net
     atomic_int peer_up[IDA_CONFIG_NODES_MAX];
     struct ida_net_tls tls;
     struct ida_net_refusals refusals;
+    struct conn *dirty; /* client links with TLS records to hand to libuv */
     atomic_uint_fast64_t st_peer_sent, st_peer_dropped, st_peer_received,
         st_peer_rejected, st_client_requests, st_client_replies,
         st_client_rejected, st_clients_open;
@@ -159,6 +162,31 @@ static int link_write(uv_stream_t *stream,
     int rv = ida_tls_write(tls, m->data, m->len);
     ida_free(m);
     return rv != 0 ? rv : ida_net_tls_flush(tls, stream);
+}
+
+/* What a link holds back: libuv's write queue and, with TLS, ciphertext
+ * not handed to libuv yet. */
+static size_t link_queued(uv_stream_t *stream, struct ida_tls *tls)
+{
+    return uv_stream_get_write_queue_size(stream) +
+           (tls != NULL ? ida_tls_out_pending(tls) : 0);
+}
+
+/* Like link_write(), but with TLS the record stays in the session's output
+ * until flush_dirty() at the end of wake_cb(): every message of one wake-up
+ * leaves in one write. *dirty is set when something waits. */
+static int link_queue(uv_stream_t *stream,
+                      struct ida_tls *tls,
+                      struct outmsg *m,
+                      int *dirty)
+{
+    if (tls == NULL) {
+        return write_msg(stream, m);
+    }
+    int rv = ida_tls_write(tls, m->data, m->len);
+    ida_free(m);
+    *dirty = 1;
+    return rv;
 }
 
 /* Log a refused or failed link (rate-limited, src/node/net_tls.h). */
@@ -250,9 +278,9 @@ static void peer_tls_input(struct peer *p, const uint8_t *data, size_t len)
 {
     struct ida_net *n = p->net;
     int rv = ida_tls_feed(p->tls, data, len, ignore_plain, NULL);
-    if (rv == 0) {
-        rv = ida_net_tls_flush(p->tls, (uv_stream_t *)p->tcp);
-    }
+    /* Also after a failure: the alert tells the other side why. */
+    int frv = ida_net_tls_flush(p->tls, (uv_stream_t *)p->tcp);
+    rv = rv != 0 ? rv : frv;
     if (rv != 0) {
         refusal(n, "link to node %u (%s) failed: %s", p->node->id,
                 p->node->peer.text,
@@ -340,13 +368,14 @@ static void send_to_peer(struct ida_net *n, struct outmsg *m)
 {
     struct peer *p = peer_by_id(n, m->peer);
     if (p == NULL || p->state != PEER_UP ||
-        uv_stream_get_write_queue_size((uv_stream_t *)p->tcp) + m->len >
+        link_queued((uv_stream_t *)p->tcp, p->tls) + m->len >
             n->cfg.peer_queue_bytes_max) {
         atomic_fetch_add(&n->st_peer_dropped, 1);
         ida_free(m);
         return;
     }
-    if (link_write((uv_stream_t *)p->tcp, p->tls, m) != 0) {
+    int dirty = 0;
+    if (link_queue((uv_stream_t *)p->tcp, p->tls, m, &dirty) != 0) {
         atomic_fetch_add(&n->st_peer_dropped, 1);
         peer_down(p);
         return;
@@ -705,7 +734,7 @@ static void send_to_client(struct ida_net *n, struct outmsg *m)
         ida_free(m); /* the client went away */
         return;
     }
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&k->tcp) + m->len >
+    if (link_queued((uv_stream_t *)&k->tcp, k->tls) + m->len >
         n->cfg.client_queue_bytes_max) {
         IDA_WARN(
             "net: client connection %llu does not read its replies; "
@@ -715,11 +744,38 @@ static void send_to_client(struct ida_net *n, struct outmsg *m)
         conn_close(k);
         return;
     }
-    if (link_write((uv_stream_t *)&k->tcp, k->tls, m) != 0) {
+    int dirty = 0;
+    if (link_queue((uv_stream_t *)&k->tcp, k->tls, m, &dirty) != 0) {
         conn_close(k);
         return;
     }
+    if (dirty && !k->tls_dirty) {
+        k->tls_dirty = 1;
+        k->dirty_next = n->dirty;
+        n->dirty = k;
+    }
     atomic_fetch_add(&n->st_client_replies, 1);
+}
+
+/* Hand the TLS records wake_cb() queued to libuv: one write per link. */
+static void flush_dirty(struct ida_net *n)
+{
+    for (unsigned i = 0; i < n->npeers; i++) {
+        struct peer *p = &n->peers[i];
+        if (p->tls != NULL && p->state == PEER_UP &&
+            ida_net_tls_flush(p->tls, (uv_stream_t *)p->tcp) != 0) {
+            peer_down(p);
+        }
+    }
+    while (n->dirty != NULL) {
+        struct conn *k = n->dirty;
+        n->dirty = k->dirty_next;
+        k->tls_dirty = 0;
+        if (!k->closing &&
+            ida_net_tls_flush(k->tls, (uv_stream_t *)&k->tcp) != 0) {
+            conn_close(k);
+        }
+    }
 }
 
 /* --- the loop thread --------------------------------------------------------
@@ -765,6 +821,7 @@ static void wake_cb(uv_async_t *a)
         }
         m = next;
     }
+    flush_dirty(n);
     if (stopping && !n->loop_stopping) {
         n->loop_stopping = 1;
         close_all(n);
