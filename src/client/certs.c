@@ -431,11 +431,13 @@ int ida_certs_main(int argc, char **argv)
         return rv == IDA_EINVAL ? 2 : 1;
     }
     if (create) {
-        printf("wrote %s: ca.crt ca.key, node1..%u, ", dir, nodes);
+        printf("wrote %s: ca.crt ca.key, node1%s%.0u.crt/.key, ", dir,
+               nodes > 1 ? "..node" : "", nodes > 1 ? nodes : 0);
         if (clients > 0) {
-            printf("client1..%u\n", clients);
+            printf("client1%s%.0u.crt/.key\n", clients > 1 ? "..client" : "",
+                   clients > 1 ? clients : 0);
         } else {
-            printf("no clients\n");
+            printf("no client certificates\n");
         }
     } else {
         printf("wrote %s/%s%u.crt and .key\n", dir,

@@ -1,3 +1,8 @@
+/* The node's network (src/node/net.h). Larger than the limit of
+ * docs/STYLE.md: peers, accepted connections and their TLS layer (the
+ * section "the TLS layer of accepted connections", with helpers in
+ * src/node/net_tls.c) share struct peer and struct conn, which an internal
+ * header would have to carry to split them into files. */
 #include "src/node/net.h"
 
 #include <pthread.h>
