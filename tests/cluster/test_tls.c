@@ -709,3 +709,75 @@ Test(tls,
     cr_assert(wait_log(1, "peer_tls off: peer links are plaintext"), "%s",
               read_log(1));
 }
+
+/* A TLS server on node 2's peer address that shows node 3's certificate
+ * (a stolen address, not a stolen key of node 2): node 1 must not take it
+ * for node 2. */
+struct impostor
+{
+    int lfd;
+    const char *crt, *key;
+    int accepted;
+};
+
+static void *impostor_main(void *arg)
+{
+    struct impostor *im = arg;
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    SSL_CTX_use_certificate_file(ctx, im->crt, SSL_FILETYPE_PEM);
+    SSL_CTX_use_PrivateKey_file(ctx, im->key, SSL_FILETYPE_PEM);
+    for (;;) {
+        int fd = accept(im->lfd, NULL, NULL);
+        if (fd < 0) {
+            break; /* the test closed the listener */
+        }
+        SSL *ssl = SSL_new(ctx);
+        SSL_set_fd(ssl, fd);
+        if (SSL_accept(ssl) == 1) {
+            __atomic_add_fetch(&im->accepted, 1, __ATOMIC_SEQ_CST);
+            uint8_t b[256];
+            while (SSL_read(ssl, b, sizeof(b)) > 0) {
+            }
+        }
+        SSL_free(ssl);
+        close(fd);
+    }
+    SSL_CTX_free(ctx);
+    return NULL;
+}
+
+Test(tls,
+     outbound_link_must_reach_the_node_it_dialled,
+     .fini = teardown,
+     .timeout = 60)
+{
+    signal(SIGPIPE, SIG_IGN);
+    tc_setup(&c, 3, NULL);
+    char crt[400], key[400];
+    path_in(crt, sizeof(crt), c.tls, "node3.crt");
+    path_in(key, sizeof(key), c.tls, "node3.key");
+    struct impostor im = {.crt = crt, .key = key};
+    im.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(im.lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(c.cfg.nodes[1].peer.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(im.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(listen(im.lfd, 16), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, impostor_main, &im);
+    tc_spawn(&c, 0);
+    cr_assert(wait_log(1, "link to node 2 (127.0.0.1:"), "%s", read_log(1));
+    cr_assert(wait_log(1, "refused: its certificate names node 3"), "%s",
+              read_log(1));
+    tc_sleep_ms(1500); /* more attempts: backed off, logged once */
+    const char *log = read_log(1);
+    cr_assert_gt(__atomic_load_n(&im.accepted, __ATOMIC_SEQ_CST), 1,
+                 "node 1 did not retry");
+    cr_assert_eq(count(log, "its certificate names node 3"), 1, "%s", log);
+    cr_assert_null(strstr(log, "net: peer 2 up"), "%s", log);
+    shutdown(im.lfd, SHUT_RDWR);
+    close(im.lfd);
+    pthread_join(t, NULL);
+}
