@@ -46,7 +46,7 @@ CPPFLAGS := -D_POSIX_C_SOURCE=200809L -I. -Iinclude -I$(BUILD)/gen -MMD -MP
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS := -std=c11 $(OPT) $(WARN) -pthread -fPIC $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(EXTRA_LDFLAGS)
-LDLIBS := -luv -lprotobuf-c -llmdb -lm -lmicrohttpd
+LDLIBS := -luv -lprotobuf-c -llmdb -lssl -lcrypto -lm -lmicrohttpd
 # jansson: the CLI's --json, and the tests that parse it.
 CLI_LDLIBS := -ljansson
 ifneq ($(SAN),)
@@ -270,9 +270,9 @@ $(BINDIR)/idallocd: $(BUILD)/obj/src/node/idallocd_main.o $(LIBIDA)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-# The client side needs only protobuf-c and pthreads (README, "The client
-# library"): no libuv, no LMDB.
-CLIENT_LDLIBS := -lprotobuf-c
+# The client side needs only protobuf-c, OpenSSL and pthreads (README, "The
+# client library"): no libuv, no LMDB.
+CLIENT_LDLIBS := -lprotobuf-c -lssl -lcrypto
 
 $(BINDIR)/idalloc: $(BUILD)/obj/src/client/idalloc_main.o $(call obj,$(CLI_SRC)) \
     $(LIBDIR)/libidalloc.a

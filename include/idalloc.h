@@ -107,6 +107,14 @@ struct idalloc_options
      * between them. Defaults 16 and 65536. */
     uint64_t next_block_min;
     uint64_t next_block_max;
+    /* TLS to the nodes' client port (README, "TLS"; a node with
+     * `client_tls on` or `required`): PEM files of the cluster's CA, and of
+     * this client's certificate and key (both or neither; `client_tls
+     * required` needs them). The node must show a node certificate of that
+     * CA. NULL tls_ca_file (the default): plaintext. */
+    const char *tls_ca_file;
+    const char *tls_cert_file;
+    const char *tls_key_file;
 };
 
 /* Fill @o with the defaults (addresses and config_path NULL). */

@@ -15,6 +15,7 @@ have_header criterion/criterion.h || missing+=(libcriterion-dev)
 have_header jansson.h || missing+=(libjansson-dev)        # the CLI's --json (not libidalloc)
 have_header microhttpd.h || missing+=(libmicrohttpd-dev)  # idallocd's /metrics and /healthz
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)  # the install test
+have_header openssl/ssl.h || missing+=(libssl-dev)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 

@@ -8,7 +8,11 @@
 # terminal. Each node's pid is printed at start. A node that dies is reported
 # (id, pid, exit status) with the command that brings it back; the others keep
 # serving. Ctrl-C (SIGINT) or SIGTERM stops every node this script started and
-# exits 0. $IDA_BINDIR (default bin) is where idallocd is.
+# exits 0. $IDA_BINDIR (default bin) is where idallocd and idalloc are.
+# When the cluster file has a `tls_dir DIR` line, the certificates the nodes
+# need are created there on first start (`idalloc certs create DIR --nodes N
+# --clients 1`, then `idalloc certs add DIR --node I` for a node id that has
+# none yet); existing files are kept.
 set -uo pipefail
 
 usage() {
@@ -74,6 +78,30 @@ if [ -n "$only" ]; then
         exit 2
     fi
     ids=$only
+fi
+
+# Certificates: DIR of `tls_dir DIR` is relative to the cluster file.
+tls_dir=$(awk '$1 == "tls_dir" { print $2; exit }' "$conf")
+if [ -n "$tls_dir" ]; then
+    case $tls_dir in
+        /*) ;;
+        *) tls_dir=$(dirname "$conf")/$tls_dir ;;
+    esac
+    if [ ! -x "$bindir/idalloc" ]; then
+        echo "run-cluster: $bindir/idalloc is missing: run \`make programs\` first" >&2
+        exit 2
+    fi
+    all_ids=$(awk '$1 == "node" { print $2 }' "$conf")
+    if [ ! -e "$tls_dir/ca.crt" ]; then
+        max=$(sort -n <<<"$all_ids" | tail -1)
+        echo "run-cluster: creating a development CA and certificates in $tls_dir" >&2
+        "$bindir/idalloc" certs create "$tls_dir" --nodes "$max" --clients 1 >&2 || exit 1
+    fi
+    for id in $all_ids; do
+        if [ ! -e "$tls_dir/node$id.crt" ]; then
+            "$bindir/idalloc" certs add "$tls_dir" --node "$id" >&2 || exit 1
+        fi
+    done
 fi
 
 declare -A pid_of # node id -> pid, for the nodes still running

@@ -6,8 +6,8 @@
 #include <string.h>
 
 static const char usage_all[] =
-    "usage: idalloc [--cluster ADDR,ADDR,...|--config FILE] [--timeout MS] "
-    "COMMAND [ARGS]\n"
+    "usage: idalloc [--cluster ADDR,ADDR,...|--config FILE] [--timeout MS]\n"
+    "               [--tls-dir DIR [--tls-client NAME]] COMMAND [ARGS]\n"
     "       idalloc -h|--help | --version | COMMAND --help\n"
     "\n"
     "commands:\n"
@@ -30,6 +30,11 @@ static const char usage_all[] =
     "  leader transfer [--to ID]     hand leadership to another voter\n"
     "  snapshot save FILE            back the whole state up into FILE\n"
     "  snapshot restore FILE [--advance-sequences N]   into a new cluster\n"
+    "  certs create DIR --nodes N [--clients K] [--force]\n"
+    "  certs add DIR (--node I | --client J) [--force]\n"
+    "                                a development CA and certificates "
+    "(idalloc\n"
+    "                                certs --help)\n"
     "\n"
     "options:\n"
     "  --cluster ADDR,...  client addresses of nodes (default: "
@@ -46,6 +51,13 @@ static const char usage_all[] =
     "                      status, member list, list, lookup, alloc, "
     "reserve,\n"
     "                      next (at most 1000000 ids), prefix, bench\n"
+    "  --tls-dir DIR       speak TLS to the client port (a cluster with "
+    "client_tls\n"
+    "                      on or required), trusting DIR/ca.crt (default:\n"
+    "                      $IDALLOC_TLS_DIR; unset or empty: plaintext)\n"
+    "  --tls-client NAME   present DIR/NAME.crt with key DIR/NAME.key (e.g.\n"
+    "                      client1; default: $IDALLOC_TLS_CLIENT); client_tls\n"
+    "                      required needs it\n"
     "  -h, --help          this text; `idalloc COMMAND --help` for one "
     "command\n"
     "  --version           print the version\n"
@@ -701,9 +713,11 @@ static int parse_globals(int argc,
             *at = argc;
             return 0;
         }
-        const char **slot = strcmp(s, "--cluster") == 0  ? &c->cluster
-                            : strcmp(s, "--config") == 0 ? &c->config
-                                                         : NULL;
+        const char **slot = strcmp(s, "--cluster") == 0      ? &c->cluster
+                            : strcmp(s, "--config") == 0     ? &c->config
+                            : strcmp(s, "--tls-dir") == 0    ? &c->tls_dir
+                            : strcmp(s, "--tls-client") == 0 ? &c->tls_client
+                                                             : NULL;
         if (slot == NULL && strcmp(s, "--timeout") != 0) {
             return fail(errmsg, "unknown option %s (see idalloc --help)", s);
         }

@@ -1,6 +1,7 @@
 /* The idalloc command line: parsing only (no I/O), so it is unit-tested.
  *
- *   idalloc [--cluster ADDR,ADDR,...|--config FILE] [--timeout MS] COMMAND ...
+ *   idalloc [--cluster ADDR,ADDR,...|--config FILE] [--timeout MS]
+ *           [--tls-dir DIR [--tls-client NAME]] COMMAND ...
  *
  * See ida_cli_usage() for every command. Without --cluster or --config the
  * CLI uses $IDALLOC_CLUSTER, else the client addresses of the local 3-node
@@ -50,9 +51,11 @@ enum ida_cli_bench_op {
 
 struct ida_cli
 {
-    const char *cluster; /* addresses, or NULL */
-    const char *config;  /* cluster file, or NULL */
-    unsigned timeout_ms; /* per call, retries included; 0: library default */
+    const char *cluster;    /* addresses, or NULL */
+    const char *config;     /* cluster file, or NULL */
+    const char *tls_dir;    /* --tls-dir: CA (and client) files, or NULL */
+    const char *tls_client; /* --tls-client NAME: DIR/NAME.crt, .key */
+    unsigned timeout_ms;    /* per call, retries included; 0: library default */
     enum ida_cli_cmd cmd;
     enum ida_cli_cmd help_for; /* with IDA_CLI_HELP: the command, or HELP */
     const char *pool;          /* pool create: the name */

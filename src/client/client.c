@@ -59,6 +59,11 @@
 #include "src/common/config.h"
 #include "src/common/frame.h"
 
+/* Why the last connection attempt of this thread failed, when it was more
+ * than "cannot connect" (a TLS handshake refused); copied into the call's
+ * detail by the same thread within the same call. */
+static _Thread_local char connect_why[200];
+
 const char *idalloc_version(void)
 {
     return IDALLOC_VERSION;
@@ -163,6 +168,119 @@ static int on_frame(void *arg,
     return 0;
 }
 
+static int write_all(int fd, const uint8_t *p, size_t n);
+
+/* --- TLS (src/common/tls.h) ------------------------------------------------
+ * A session per connection, driven over the blocking socket: the handshake
+ * in ensure_connected() before the reader starts, then the reader feeds it
+ * ciphertext and callers encrypt under k->tls_mu. The reader gathers the
+ * plaintext under tls_mu and decodes it after releasing it: on_frame()
+ * takes k->mu, which a writer holds while it takes tls_mu. */
+
+/* Send the ciphertext the session produced. Holds k->tls_mu (or is the
+ * only user, during the handshake). */
+static int tls_send_out(struct ida_client_conn *k, int fd)
+{
+    uint8_t buf[16384];
+    size_t n;
+    while ((n = ida_tls_out_take(k->tls, buf, sizeof(buf))) > 0) {
+        int rv = write_all(fd, buf, n);
+        if (rv != 0) {
+            return rv;
+        }
+    }
+    return 0;
+}
+
+struct plain_buf
+{
+    uint8_t *p;
+    size_t len, cap;
+};
+
+static int gather_plain(void *arg, const uint8_t *data, size_t len)
+{
+    struct plain_buf *b = arg;
+    if (b->len + len > b->cap) {
+        size_t cap = b->cap == 0 ? 32768 : b->cap;
+        while (cap < b->len + len) {
+            cap *= 2;
+        }
+        uint8_t *p = ida_realloc(b->p, cap);
+        if (p == NULL) {
+            return IDA_ENOMEM;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, data, len);
+    b->len += len;
+    return 0;
+}
+
+static int no_plain(void *arg, const uint8_t *data, size_t len)
+{
+    (void)arg, (void)data, (void)len;
+    return IDA_EPROTO; /* a node says nothing before it is asked */
+}
+
+/* The TLS handshake on the new connection @fd, within @timeout_ms; on 0
+ * k->tls is the session and the node showed a node certificate of the
+ * CA. Else IDA_EUNAVAIL (nothing was sent; connect_why says why) or
+ * IDA_ENOMEM. */
+static int tls_handshake(struct idalloc_client *c,
+                         struct ida_client_conn *k,
+                         int fd,
+                         uint64_t timeout_ms)
+{
+    if (ida_tls_new(c->tls, &k->tls) != 0) {
+        return IDA_ENOMEM;
+    }
+    uint64_t end = ida__client_now_ms() + timeout_ms;
+    const char *why = NULL;
+    uint8_t buf[16384];
+    while (why == NULL) {
+        if (tls_send_out(k, fd) != 0) {
+            why = "connection closed during the TLS handshake";
+            break;
+        }
+        if (ida_tls_ready(k->tls)) {
+            break;
+        }
+        uint64_t now = ida__client_now_ms();
+        if (now >= end) {
+            why = "TLS handshake timed out";
+            break;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int pr = poll(&p, 1, (int)(end - now));
+        if (pr <= 0) {
+            continue; /* EINTR or the deadline: checked above */
+        }
+        ssize_t n = read(fd, buf, sizeof(buf));
+        if (n <= 0) {
+            why = "connection closed during the TLS handshake";
+        } else if (ida_tls_feed(k->tls, buf, (size_t)n, no_plain, NULL) != 0) {
+            why = ida_tls_errmsg(k->tls);
+            tls_send_out(k, fd); /* the alert, if any */
+        }
+    }
+    char who[48];
+    struct ida_tls_identity id = ida_tls_peer(k->tls);
+    if (why == NULL && id.kind != IDA_TLS_NODE) {
+        snprintf(connect_why, sizeof(connect_why),
+                 "%s: its certificate names %s, not a node", k->addr.text,
+                 ida_tls_identity_text(id, who, sizeof(who)));
+    } else if (why != NULL) {
+        snprintf(connect_why, sizeof(connect_why), "%s: %s", k->addr.text, why);
+    } else {
+        return 0;
+    }
+    ida_tls_free(k->tls);
+    k->tls = NULL;
+    return IDA_EUNAVAIL;
+}
+
 static void *reader_main(void *arg)
 {
     struct ida_client_conn *k = arg;
@@ -170,16 +288,35 @@ static void *reader_main(void *arg)
     int rv = ida_frame_decoder_init(&dec, IDA_FRAME_PAYLOAD_BYTES_DEFAULT);
     IDA_ASSERT(rv == 0);
     uint8_t buf[16384];
+    struct plain_buf plain = {0};
     for (;;) {
         ssize_t n = read(k->fd, buf, sizeof(buf));
         if (n < 0 && errno == EINTR) {
             continue;
         }
-        if (n <= 0 ||
-            ida_frame_decoder_feed(&dec, buf, (size_t)n, on_frame, k) != 0) {
+        if (n <= 0) {
+            break;
+        }
+        const uint8_t *data = buf;
+        size_t len = (size_t)n;
+        if (k->tls != NULL) {
+            plain.len = 0;
+            pthread_mutex_lock(&k->tls_mu);
+            rv = ida_tls_feed(k->tls, buf, (size_t)n, gather_plain, &plain);
+            int srv = tls_send_out(k, k->fd);
+            pthread_mutex_unlock(&k->tls_mu);
+            if (rv != 0 || srv != 0) {
+                break;
+            }
+            data = plain.p;
+            len = plain.len;
+        }
+        if (len > 0 &&
+            ida_frame_decoder_feed(&dec, data, len, on_frame, k) != 0) {
             break;
         }
     }
+    ida_free(plain.p);
     ida_frame_decoder_close(&dec);
     pthread_mutex_lock(&k->mu);
     k->dead = 1;
@@ -243,22 +380,36 @@ static int connect_with_timeout(const struct ida_addr *a,
 /* Make sure @k has a live connection. Holds k->mu (released while joining
  * a dead reader: the dead connection is detached first, so two callers
  * never join the same thread). */
-static int ensure_connected(struct ida_client_conn *k, uint64_t timeout_ms)
+static int ensure_connected(struct idalloc_client *c,
+                            struct ida_client_conn *k,
+                            uint64_t timeout_ms)
 {
     while (k->fd >= 0 && k->dead) {
         int old = k->fd;
         pthread_t t = k->reader;
+        struct ida_tls *tls = k->tls;
         k->fd = -1;
+        k->tls = NULL;
         pthread_mutex_unlock(&k->mu);
         pthread_join(t, NULL);
         close(old);
+        ida_tls_free(tls);
         pthread_mutex_lock(&k->mu);
     }
     if (k->fd >= 0) {
         return 0;
     }
     int fd;
+    uint64_t start = ida__client_now_ms();
     int rv = connect_with_timeout(&k->addr, timeout_ms, &fd);
+    if (rv == 0 && c->tls != NULL) {
+        uint64_t spent = ida__client_now_ms() - start;
+        rv = tls_handshake(c, k, fd,
+                           spent < timeout_ms ? timeout_ms - spent : 1);
+        if (rv != 0) {
+            close(fd);
+        }
+    }
     if (rv != 0) {
         return rv;
     }
@@ -267,9 +418,26 @@ static int ensure_connected(struct ida_client_conn *k, uint64_t timeout_ms)
     if (pthread_create(&k->reader, NULL, reader_main, k) != 0) {
         close(fd);
         k->fd = -1;
+        ida_tls_free(k->tls);
+        k->tls = NULL;
         return IDA_ENOMEM;
     }
     return 0;
+}
+
+/* Send a frame on @k's connection, through its TLS session if any. */
+static int conn_send(struct ida_client_conn *k, const uint8_t *p, size_t n)
+{
+    if (k->tls == NULL) {
+        return write_all(k->fd, p, n);
+    }
+    pthread_mutex_lock(&k->tls_mu);
+    int rv = ida_tls_write(k->tls, p, n);
+    if (rv == 0) {
+        rv = tls_send_out(k, k->fd);
+    }
+    pthread_mutex_unlock(&k->tls_mu);
+    return rv != 0 ? IDA_ECLOSED : 0;
 }
 
 static int write_all(int fd, const uint8_t *p, size_t n)
@@ -344,7 +512,7 @@ static int attempt(struct idalloc_client *c,
     pthread_condattr_destroy(&ca);
     *sent = 0;
     pthread_mutex_lock(&k->mu);
-    int rv = ensure_connected(k, timeout_ms);
+    int rv = ensure_connected(c, k, timeout_ms);
     if (rv == 0) {
         rv = encode_frame(c, f);
     }
@@ -353,7 +521,7 @@ static int attempt(struct idalloc_client *c,
         w.next = k->waiters;
         k->waiters = &w;
         *sent = 1;
-        rv = write_all(k->fd, f->buf, f->len);
+        rv = conn_send(k, f->buf, f->len);
         if (rv != 0) {
             remove_waiter(k, &w);
             shutdown(k->fd, SHUT_RDWR); /* the reader reaps it */
@@ -415,7 +583,9 @@ size_t ida__client_learn(struct idalloc_client *c, const char *addr)
         k->fd = -1;
         k->dead = 0;
         k->waiters = NULL;
+        k->tls = NULL;
         pthread_mutex_init(&k->mu, NULL);
+        pthread_mutex_init(&k->tls_mu, NULL);
         atomic_store(&c->nconns, n + 1); /* publishes the filled slot */
         i = n;
     }
@@ -638,6 +808,7 @@ static int send_call(struct idalloc_client *c,
         int sent;
         Idalloc__ClientResponse *r = NULL;
         *earlier_sent = maybe_sent;
+        connect_why[0] = '\0';
         rv = attempt(c, k, &f, budget, &r, &sent);
         /* Sent and not answered "not leader" (which means not carried
          * out): it may have taken effect. */
@@ -678,8 +849,12 @@ static int send_call(struct idalloc_client *c,
             *resp = r;
             return 0;
         } else {
-            snprintf(why, sizeof(why), "%s: %s", k->addr.text,
-                     sent ? idalloc_strerror(rv) : "cannot connect");
+            if (!sent && connect_why[0] != '\0') {
+                snprintf(why, sizeof(why), "%s", connect_why);
+            } else {
+                snprintf(why, sizeof(why), "%s: %s", k->addr.text,
+                         sent ? idalloc_strerror(rv) : "cannot connect");
+            }
             target = next;
         }
         uint64_t left = deadline - ida__client_now_ms();
@@ -933,7 +1108,9 @@ static int add_conn(struct idalloc_client *c, const char *addr, char *errmsg)
         return 0; /* listed twice: one connection is enough */
     }
     k->fd = -1;
+    k->tls = NULL;
     pthread_mutex_init(&k->mu, NULL);
+    pthread_mutex_init(&k->tls_mu, NULL);
     atomic_store(&c->nconns, c->nconns + 1);
     return 0;
 }
@@ -1040,6 +1217,9 @@ int idalloc_client_new(const struct idalloc_options *o,
     c->opts.config_path = NULL;
     pthread_mutex_init(&c->sess_mu, NULL);
     pthread_mutex_init(&c->reg_mu, NULL);
+    c->opts.tls_ca_file = NULL; /* read here, not kept */
+    c->opts.tls_cert_file = NULL;
+    c->opts.tls_key_file = NULL;
     atomic_init(&c->leader, 0);
     atomic_init(&c->nconns, 0);
     pthread_mutex_init(&c->mu, NULL);
@@ -1054,6 +1234,20 @@ int idalloc_client_new(const struct idalloc_options *o,
     if (rv == 0 && new_session_locked(c) != 0) {
         snprintf(errmsg, IDALLOC_ERRMSG_MAX, "cannot read /dev/urandom");
         rv = IDA_EIO;
+    }
+    if (rv == 0 && o->tls_ca_file != NULL) {
+        char msg[IDA_ERRMSG_MAX];
+        rv = ida_tls_ctx_new(IDA_TLS_CLIENT, o->tls_ca_file, o->tls_cert_file,
+                             o->tls_key_file, &c->tls, msg);
+        if (rv != 0) {
+            snprintf(errmsg, IDALLOC_ERRMSG_MAX, "%s", msg);
+            rv = rv == IDA_EINVAL ? IDA_EINVAL : IDA_ECONFIG;
+        }
+    } else if (rv == 0 &&
+               (o->tls_cert_file != NULL || o->tls_key_file != NULL)) {
+        snprintf(errmsg, IDALLOC_ERRMSG_MAX,
+                 "a TLS certificate or key needs tls_ca_file too");
+        rv = IDA_EINVAL;
     }
     if (rv == 0) {
         rv = ida__client_next_start(c);
@@ -1079,8 +1273,11 @@ void idalloc_client_free(struct idalloc_client *c)
             pthread_join(k->reader, NULL);
             close(k->fd);
         }
+        ida_tls_free(k->tls);
         pthread_mutex_destroy(&k->mu);
+        pthread_mutex_destroy(&k->tls_mu);
     }
+    ida_tls_ctx_free(c->tls);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->conns_mu);
     pthread_mutex_destroy(&c->sess_mu);

@@ -10,6 +10,7 @@
 #include "proto/idalloc.pb-c.h"
 #include "src/client/testing.h"
 #include "src/common/config.h"
+#include "src/common/tls.h"
 
 struct ida_client_conn
 {
@@ -19,6 +20,10 @@ struct ida_client_conn
     int dead;           /* the reader saw EOF or an error */
     pthread_t reader;
     struct waiter *waiters;
+    /* With TLS: the session, and the lock that orders its use by the
+     * writers (under mu) and the reader (never holding mu with it). */
+    struct ida_tls *tls;
+    pthread_mutex_t tls_mu;
 };
 
 struct ida_next_pool; /* next.c */
@@ -26,6 +31,7 @@ struct ida_next_pool; /* next.c */
 struct idalloc_client
 {
     struct idalloc_options opts;
+    struct ida_tls_ctx *tls; /* NULL: plaintext */
     /* The session (sess_mu guards it): its client id, whether the cluster
      * registered it, the next request seq, and the seqs whose answers are
      * still wanted (calls in flight, and unknown ones not released); the

@@ -9,6 +9,7 @@
 #include "base/heap.h"
 #include "idalloc.h"
 #include "src/client/bench.h"
+#include "src/client/certs.h"
 #include "src/client/cli.h"
 #include "src/client/cli_backup.h"
 #include "src/client/cli_json.h"
@@ -310,6 +311,9 @@ int main(int argc, char **argv)
 {
     struct ida_cli cli;
     char err[IDALLOC_ERRMSG_MAX];
+    if (argc >= 2 && strcmp(argv[1], "certs") == 0) {
+        return ida_certs_main(argc - 1, argv + 1); /* no cluster needed */
+    }
     if (ida_cli_parse(argc, argv, &cli, err) != 0) {
         fprintf(stderr, "idalloc: %s\n", err);
         return 2; /* usage */
@@ -330,6 +334,31 @@ int main(int argc, char **argv)
         o.addresses = getenv("IDALLOC_CLUSTER");
         if (o.addresses == NULL || o.addresses[0] == '\0') {
             o.addresses = IDA_CLI_DEFAULT_CLUSTER;
+        }
+    }
+    char ca[1100], crt[1100], key[1100];
+    const char *tls_dir = cli.tls_dir, *tls_client = cli.tls_client;
+    if (tls_dir == NULL) {
+        tls_dir = getenv("IDALLOC_TLS_DIR");
+    }
+    if (tls_client == NULL) {
+        tls_client = getenv("IDALLOC_TLS_CLIENT");
+    }
+    if (tls_client != NULL && tls_client[0] != '\0' &&
+        (tls_dir == NULL || tls_dir[0] == '\0')) {
+        fprintf(stderr,
+                "idalloc: --tls-client needs --tls-dir DIR (or "
+                "$IDALLOC_TLS_DIR)\n");
+        return 2;
+    }
+    if (tls_dir != NULL && tls_dir[0] != '\0') {
+        snprintf(ca, sizeof(ca), "%s/ca.crt", tls_dir);
+        o.tls_ca_file = ca;
+        if (tls_client != NULL && tls_client[0] != '\0') {
+            snprintf(crt, sizeof(crt), "%s/%s.crt", tls_dir, tls_client);
+            snprintf(key, sizeof(key), "%s/%s.key", tls_dir, tls_client);
+            o.tls_cert_file = crt;
+            o.tls_key_file = key;
         }
     }
     if (cli.timeout_ms != 0) {

@@ -24,6 +24,7 @@ struct parser
     /* Line where each single-valued key was first seen, 0 if not yet. */
     unsigned seen_cluster, seen_data_dir, seen_election, seen_heartbeat;
     unsigned seen_snapshot, seen_log_level, seen_rejoin;
+    unsigned seen_tls_dir, seen_peer_tls, seen_client_tls;
     unsigned seen_limit[8]; /* limit_keys[], by position */
 };
 
@@ -277,6 +278,61 @@ static int parse_number_key(struct parser *p,
     return 0;
 }
 
+/* tls_dir DIR: relative to the directory of the cluster file (p->name). */
+static int parse_tls_dir(struct parser *p, struct ida_config *c, const char *d)
+{
+    const char *slash = strrchr(p->name, '/');
+    int base = d[0] != '/' && slash != NULL ? (int)(slash - p->name) : 0;
+    if (strlen(d) + (size_t)base + 1 >= IDA_PATH_MAX - 32) {
+        return perr(p, "tls_dir path is too long");
+    }
+    snprintf(c->tls_dir, sizeof(c->tls_dir), "%.*s%s%s", base, p->name,
+             base > 0 ? "/" : "", d);
+    return 0;
+}
+
+static int parse_tls_line(struct parser *p,
+                          struct ida_config *c,
+                          char **f,
+                          int nf)
+{
+    const char *k = f[0];
+    int rv;
+    if (strcmp(k, "tls_dir") == 0) {
+        if ((rv = once(p, &p->seen_tls_dir, k)) != 0 ||
+            (rv = want_fields(p, nf, 2, "tls_dir DIR")) != 0) {
+            return rv;
+        }
+        return parse_tls_dir(p, c, f[1]);
+    }
+    if (strcmp(k, "peer_tls") == 0) {
+        if ((rv = once(p, &p->seen_peer_tls, k)) != 0 ||
+            (rv = want_fields(p, nf, 2, "peer_tls on|off")) != 0) {
+            return rv;
+        }
+        if (strcmp(f[1], "on") != 0 && strcmp(f[1], "off") != 0) {
+            return perr(p, "bad peer_tls \"%s\": expected on or off", f[1]);
+        }
+        c->peer_tls = strcmp(f[1], "on") == 0;
+        return 0;
+    }
+    if ((rv = once(p, &p->seen_client_tls, k)) != 0 ||
+        (rv = want_fields(p, nf, 2, "client_tls off|on|required")) != 0) {
+        return rv;
+    }
+    if (strcmp(f[1], "off") == 0) {
+        c->client_tls = IDA_CLIENT_TLS_OFF;
+    } else if (strcmp(f[1], "on") == 0) {
+        c->client_tls = IDA_CLIENT_TLS_ON;
+    } else if (strcmp(f[1], "required") == 0) {
+        c->client_tls = IDA_CLIENT_TLS_REQUIRED;
+    } else {
+        return perr(p, "bad client_tls \"%s\": expected off, on or required",
+                    f[1]);
+    }
+    return 0;
+}
+
 static int parse_line(struct parser *p, struct ida_config *c, char **f, int nf)
 {
     uint64_t v;
@@ -333,6 +389,10 @@ static int parse_line(struct parser *p, struct ida_config *c, char **f, int nf)
         }
         c->auto_rejoin = strcmp(f[1], "on") == 0;
         return 0;
+    }
+    if (strcmp(k, "tls_dir") == 0 || strcmp(k, "peer_tls") == 0 ||
+        strcmp(k, "client_tls") == 0) {
+        return parse_tls_line(p, c, f, nf);
     }
     if (strcmp(k, "election_timeout_ms") == 0) {
         rv = parse_number_key(p, f, nf, &p->seen_election, 10, 600000, &v);
@@ -398,7 +458,7 @@ static void set_defaults(struct ida_config *c)
 }
 
 /* Checks that need the whole file. */
-static int check_whole(struct parser *p, const struct ida_config *c)
+static int check_whole(struct parser *p, struct ida_config *c)
 {
     if (p->seen_cluster == 0) {
         snprintf(p->errmsg, IDA_ERRMSG_MAX,
@@ -412,6 +472,28 @@ static int check_whole(struct parser *p, const struct ida_config *c)
                  "CLIENT_ADDR\"",
                  p->name, p->line);
         return IDA_ECONFIG;
+    }
+    if (p->seen_tls_dir == 0 && p->seen_peer_tls == 0) {
+        snprintf(p->errmsg, IDA_ERRMSG_MAX,
+                 "%s: peer links need a TLS setting: add \"tls_dir DIR\" "
+                 "(mutual TLS with DIR/ca.crt, DIR/nodeI.crt, DIR/nodeI.key; "
+                 "`idalloc certs create DIR --nodes N` makes them) or "
+                 "\"peer_tls off\" (plaintext peers, not for untrusted "
+                 "networks)",
+                 p->name);
+        return IDA_ECONFIG;
+    }
+    if (p->seen_peer_tls == 0) {
+        c->peer_tls = 1; /* tls_dir alone turns TLS on for peers */
+    }
+    if (c->peer_tls && p->seen_tls_dir == 0) {
+        p->line = p->seen_peer_tls;
+        return perr(p, "peer_tls on needs a \"tls_dir DIR\" line");
+    }
+    if (c->client_tls != IDA_CLIENT_TLS_OFF && p->seen_tls_dir == 0) {
+        p->line = p->seen_client_tls;
+        return perr(p,
+                    "client_tls on or required needs a \"tls_dir DIR\" line");
     }
     if (c->heartbeat_ms >= c->election_timeout_ms) {
         p->line = p->seen_heartbeat > p->seen_election ? p->seen_heartbeat

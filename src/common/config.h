@@ -25,6 +25,19 @@
  *                                     re-admits a member that came back
  *                                     with a new, empty data directory
  *                                     (src/node/member.h)
+ *   tls_dir DIR                       DIR holds ca.crt, nodeI.crt and
+ *                                     nodeI.key (src/common/tls.h); a
+ *                                     relative DIR is relative to the
+ *                                     directory of the cluster file; turns
+ *                                     mutual TLS on for peers
+ *   peer_tls on|off                   on (the default with tls_dir) needs
+ *                                     tls_dir; off: plaintext peers. A file
+ *                                     with neither tls_dir nor peer_tls is
+ *                                     refused, naming both
+ *   client_tls off|on|required        default off; on: the client port takes
+ *                                     TLS and plain clients; required: only
+ *                                     TLS clients with a certificate of the
+ *                                     CA. on and required need tls_dir
  *
  * Limits of the client port (src/node/net.h says how each is enforced):
  *
@@ -85,6 +98,12 @@ struct ida_config_node
     struct ida_addr metrics;
 };
 
+enum ida_client_tls {
+    IDA_CLIENT_TLS_OFF = 0,
+    IDA_CLIENT_TLS_ON,
+    IDA_CLIENT_TLS_REQUIRED,
+};
+
 struct ida_config
 {
     char cluster[IDA_CLUSTER_NAME_MAX + 1];
@@ -104,6 +123,9 @@ struct ida_config
     uint64_t client_queue_bytes_max;
     uint64_t client_output_bytes_max;
     uint64_t client_input_bytes_max;
+    char tls_dir[IDA_PATH_MAX]; /* resolved; "" without a tls_dir line */
+    int peer_tls;               /* 1: mutual TLS between peers */
+    enum ida_client_tls client_tls;
 };
 
 /* Parse @text (@len bytes; need not be NUL-terminated) read from a file

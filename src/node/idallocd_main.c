@@ -41,8 +41,9 @@ static const char usage[] =
     "  --version      print the version\n"
     "\n"
     "SIGINT or SIGTERM: stop accepting requests, finish the storage step in\n"
-    "flight, close the data files, exit 0. Exit 2: bad usage or cluster\n"
-    "file; 1: the data directory cannot be used (foreign, newer format,\n"
+    "flight, close the data files, exit 0. Exit 2: bad usage, cluster file\n"
+    "or TLS files (its tls_dir: ca.crt, nodeID.crt, nodeID.key); 1: the data\n"
+    "directory cannot be used (foreign, newer format,\n"
     "I/O error) or the addresses cannot be bound.\n";
 
 /* --log-level and --log-format (applied once the cluster file is read). */

@@ -1,14 +1,16 @@
-/* The node's network (src/node/net.h). Longer than STYLE's 800 lines: the
- * client port's limits are one section of their own ("client port limits",
- * with the bookkeeping in src/node/netlim.c); splitting this file behind an
- * internal header is left until the TLS layer, written at the same time
- * under the frame reader and writer, has landed. */
+/* The node's network (src/node/net.h). Longer than STYLE's 800 lines:
+ * peers, accepted connections, their TLS layer (the section "the TLS layer
+ * of accepted connections", helpers in src/node/net_tls.c) and the client
+ * port's limits (section "client port limits", bookkeeping in
+ * src/node/netlim.c) share struct peer and struct conn; splitting them into
+ * files needs an internal header carrying both (left for later). */
 #include "src/node/net.h"
 
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +21,7 @@
 #include "base/log.h"
 #include "idalloc_errors.h"
 #include "src/common/frame.h"
+#include "src/node/net_tls.h"
 #include "src/node/netlim.h"
 
 #define BUCKETS        1024
@@ -53,7 +56,9 @@ struct peer
     uv_connect_t connect_req;
     uv_timer_t timer; /* reconnect backoff */
     unsigned backoff_ms;
-    char *rbuf; /* outbound connections read only to notice EOF */
+    uint64_t up_since_ms; /* loop time the link last came up */
+    char *rbuf;           /* outbound connections read only to notice EOF */
+    struct ida_tls *tls;  /* with peer_tls: the link's session */
 };
 
 /* An accepted connection: a client, or a peer that dialled us. Reads go
@@ -67,7 +72,13 @@ struct conn
     int closing;
     int eof; /* a client half-closed: answer what it asked, then close */
     uint64_t id;
-    unsigned registers; /* RegisterClient requests seen (clients) */
+    unsigned registers;   /* RegisterClient requests seen (clients) */
+    struct ida_tls *tls;  /* NULL: plaintext (or not decided yet) */
+    int tls_sniff;        /* client_tls on: the first byte decides */
+    int tls_checked;      /* the peer's identity was checked */
+    unsigned tls_node_id; /* inbound peer link: its certificate's node */
+    int tls_dirty;        /* on the net's dirty list (flush_dirty()) */
+    struct conn *dirty_next;
     struct ida_frame_decoder dec;
     struct ida_netlim_entry lim; /* limits bookkeeping (netlim.h) */
     size_t out_bytes;            /* client: replies queued, not yet written */
@@ -102,6 +113,9 @@ struct ida_net
     uv_timer_t sweep;
     char rbuf[READ_BUF_BYTES]; /* every accepted connection reads here */
     atomic_int peer_up[IDA_CONFIG_NODES_MAX];
+    struct ida_net_tls tls;
+    struct ida_net_refusals refusals;
+    struct conn *dirty; /* client links with TLS records to hand to libuv */
     atomic_uint_fast64_t st_peer_sent, st_peer_dropped, st_peer_received,
         st_peer_rejected, st_client_requests, st_client_replies,
         st_client_rejected, st_clients_open, st_limit_closed, st_in_bytes,
@@ -171,6 +185,59 @@ static int write_msg(uv_stream_t *stream, struct outmsg *m)
     return rv;
 }
 
+/* Write @m on a link, through its TLS session when it has one (@tls may be
+ * NULL); takes ownership of @m. */
+static int link_write(uv_stream_t *stream,
+                      struct ida_tls *tls,
+                      struct outmsg *m)
+{
+    if (tls == NULL) {
+        return write_msg(stream, m);
+    }
+    int rv = ida_tls_write(tls, m->data, m->len);
+    ida_free(m);
+    return rv != 0 ? rv : ida_net_tls_flush(tls, stream);
+}
+
+/* What a link holds back: libuv's write queue and, with TLS, ciphertext
+ * not handed to libuv yet. */
+static size_t link_queued(uv_stream_t *stream, struct ida_tls *tls)
+{
+    return uv_stream_get_write_queue_size(stream) +
+           (tls != NULL ? ida_tls_out_pending(tls) : 0);
+}
+
+/* Like link_write(), but with TLS the record stays in the session's output
+ * until flush_dirty() at the end of wake_cb(): every message of one wake-up
+ * leaves in one write. *dirty is set when something waits. */
+static int link_queue(uv_stream_t *stream,
+                      struct ida_tls *tls,
+                      struct outmsg *m,
+                      int *dirty)
+{
+    if (tls == NULL) {
+        return write_msg(stream, m);
+    }
+    int rv = ida_tls_write(tls, m->data, m->len);
+    ida_free(m);
+    *dirty = 1;
+    return rv;
+}
+
+/* Log a refused or failed link (rate-limited, src/node/net_tls.h). */
+static void refusal(struct ida_net *n, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void refusal(struct ida_net *n, const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    ida_net_refusal_log(&n->refusals, uv_now(&n->loop), text);
+}
+
 /* --- peers (outbound) ----------------------------------------------------- */
 
 static void peer_connect(struct peer *p);
@@ -194,8 +261,17 @@ static void peer_down(struct peer *p)
         uv_close((uv_handle_t *)p->tcp, peer_tcp_closed);
         p->tcp = NULL;
     }
+    ida_tls_free(p->tls);
+    p->tls = NULL;
     p->state = PEER_DOWN;
     atomic_store(&n->peer_up[p - n->peers], 0);
+    if (was_up &&
+        uv_now(&n->loop) - p->up_since_ms >= n->cfg.reconnect_max_ms) {
+        /* A link that held is re-dialled at once; one that drops right
+         * after the handshake (a peer that refuses our certificate only
+         * once it has checked it) keeps backing off. */
+        p->backoff_ms = n->cfg.reconnect_min_ms;
+    }
     if (was_up) {
         IDA_INFO("net: peer %u down", p->node->id);
         if (n->h.peer_state != NULL) {
@@ -211,14 +287,68 @@ static void peer_down(struct peer *p)
     }
 }
 
+/* The link to @p is ready to carry messages. */
+static void peer_up(struct peer *p)
+{
+    struct ida_net *n = p->net;
+    p->state = PEER_UP;
+    p->up_since_ms = uv_now(&n->loop);
+    atomic_store(&n->peer_up[p - n->peers], 1);
+    IDA_INFO("net: peer %u up (%s%s)", p->node->id, p->node->peer.text,
+             p->tls != NULL ? ", TLS" : "");
+    if (n->h.peer_state != NULL) {
+        n->h.peer_state(n->h.arg, p->node->id, 1);
+    }
+}
+
+static int ignore_plain(void *arg, const uint8_t *data, size_t len)
+{
+    (void)arg, (void)data, (void)len;
+    return 0; /* data on an outbound link is not expected */
+}
+
+/* TLS on an outbound link: the handshake, then the check that the
+ * certificate names the node we dialled. */
+static void peer_tls_input(struct peer *p, const uint8_t *data, size_t len)
+{
+    struct ida_net *n = p->net;
+    int rv = ida_tls_feed(p->tls, data, len, ignore_plain, NULL);
+    /* Also after a failure: the alert tells the other side why. */
+    int frv = ida_net_tls_flush(p->tls, (uv_stream_t *)p->tcp);
+    rv = rv != 0 ? rv : frv;
+    if (rv != 0) {
+        refusal(n, "link to node %u (%s) failed: %s", p->node->id,
+                p->node->peer.text,
+                ida_tls_errmsg(p->tls)[0] != '\0' ? ida_tls_errmsg(p->tls)
+                                                  : idalloc_strerror(rv));
+        peer_down(p);
+        return;
+    }
+    if (p->state == PEER_UP || !ida_tls_ready(p->tls)) {
+        return;
+    }
+    struct ida_tls_identity id = ida_tls_peer(p->tls);
+    if (id.kind == IDA_TLS_NODE && id.id == p->node->id) {
+        peer_up(p);
+        return;
+    }
+    char who[48];
+    refusal(n, "link to node %u (%s) refused: its certificate names %s",
+            p->node->id, p->node->peer.text,
+            ida_tls_identity_text(id, who, sizeof(who)));
+    peer_down(p);
+}
+
 static void peer_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct peer *p = s->data;
-    (void)buf;
     if (nread < 0) { /* EOF or error: the peer went away */
         peer_down(p);
+    } else if (nread > 0 && p->tls != NULL) {
+        peer_tls_input(p, (const uint8_t *)buf->base, (size_t)nread);
     }
-    /* Data on an outbound connection is not expected; it is ignored. */
+    /* Plaintext data on an outbound connection is not expected; it is
+     * ignored. */
 }
 
 static void peer_connect_cb(uv_connect_t *req, int status)
@@ -232,14 +362,16 @@ static void peer_connect_cb(uv_connect_t *req, int status)
         peer_down(p);
         return;
     }
-    p->state = PEER_UP;
-    p->backoff_ms = n->cfg.reconnect_min_ms;
     uv_tcp_nodelay(p->tcp, 1);
     uv_read_start((uv_stream_t *)p->tcp, alloc_peer_rbuf, peer_read_cb);
-    atomic_store(&n->peer_up[p - n->peers], 1);
-    IDA_INFO("net: peer %u up (%s)", p->node->id, p->node->peer.text);
-    if (n->h.peer_state != NULL) {
-        n->h.peer_state(n->h.arg, p->node->id, 1);
+    if (n->tls.peer_out == NULL) {
+        peer_up(p);
+        return;
+    }
+    /* Up only once the handshake proved whom we reached. */
+    if (ida_tls_new(n->tls.peer_out, &p->tls) != 0 ||
+        ida_net_tls_flush(p->tls, (uv_stream_t *)p->tcp) != 0) {
+        peer_down(p);
     }
 }
 
@@ -271,13 +403,14 @@ static void send_to_peer(struct ida_net *n, struct outmsg *m)
 {
     struct peer *p = peer_by_id(n, m->peer);
     if (p == NULL || p->state != PEER_UP ||
-        uv_stream_get_write_queue_size((uv_stream_t *)p->tcp) + m->len >
+        link_queued((uv_stream_t *)p->tcp, p->tls) + m->len >
             n->cfg.peer_queue_bytes_max) {
         atomic_fetch_add(&n->st_peer_dropped, 1);
         ida_free(m);
         return;
     }
-    if (write_msg((uv_stream_t *)p->tcp, m) != 0) {
+    int dirty = 0;
+    if (link_queue((uv_stream_t *)p->tcp, p->tls, m, &dirty) != 0) {
         atomic_fetch_add(&n->st_peer_dropped, 1);
         peer_down(p);
         return;
@@ -291,6 +424,7 @@ static void send_to_peer(struct ida_net *n, struct outmsg *m)
 static void conn_closed(uv_handle_t *h)
 {
     struct conn *k = h->data;
+    ida_tls_free(k->tls);
     ida_frame_decoder_close(&k->dec);
     ida_free(k);
 }
@@ -381,8 +515,11 @@ static int limit_admit(struct conn *k)
 static void limit_after_read(struct conn *k)
 {
     struct ida_net *n = k->net;
-    ida_netlim_input(&n->lim, &k->lim, !ida_frame_decoder_idle(&k->dec),
-                     k->frames, loop_ms(n));
+    /* A TLS handshake under way counts as a frame that started: a
+     * connection that never finishes it meets the frame timeout. */
+    int partial =
+        !ida_frame_decoder_idle(&k->dec) || (k->tls != NULL && !k->tls_checked);
+    ida_netlim_input(&n->lim, &k->lim, partial, k->frames, loop_ms(n));
     note_mem(n);
 }
 
@@ -590,7 +727,7 @@ static void refuse_client(struct conn *k,
               why);
     if (m != NULL) {
         idalloc__client_response__pack(&r, m->data + IDA_FRAME_HEADER_BYTES);
-        write_msg((uv_stream_t *)&k->tcp, m);
+        link_write((uv_stream_t *)&k->tcp, k->tls, m);
     }
 }
 
@@ -662,6 +799,7 @@ static int on_peer_frame(void *arg,
     Idalloc__PeerMessage *m = type == IDA_FRAME_PEER
                                   ? idalloc__peer_message__unpack(NULL, len, p)
                                   : NULL;
+    char bad[128];
     const char *why =
         m == NULL                        ? "undecodable or not a peer message"
         : m->version != IDA_WIRE_VERSION ? "unsupported version"
@@ -671,8 +809,17 @@ static int on_peer_frame(void *arg,
         : m->from == n->cfg.self_id || peer_by_id(n, m->from) == NULL
             ? "message from an unknown node"
             : NULL;
+    if (why == NULL && k->tls != NULL && m->from != k->tls_node_id) {
+        /* Only a node's key can speak as that node. */
+        snprintf(bad, sizeof(bad),
+                 "message from node %u on the link of node %u's certificate",
+                 (unsigned)m->from, k->tls_node_id);
+        why = bad;
+    }
     if (why != NULL) {
-        IDA_WARN("net: dropping peer connection: %s", why);
+        char host[64];
+        ida_net_remote_host(&k->tcp, host, sizeof(host));
+        refusal(n, "dropping peer connection from %s: %s", host, why);
         atomic_fetch_add(&n->st_peer_rejected, 1);
         if (m != NULL) {
             idalloc__peer_message__free_unpacked(m, NULL);
@@ -683,6 +830,97 @@ static int on_peer_frame(void *arg,
     atomic_fetch_add(&n->st_peer_received, 1);
     n->h.peer_message(n->h.arg, m);
     return 0;
+}
+
+/* --- the TLS layer of accepted connections (src/node/net_tls.h) ------------
+ * Under the frame decoder: ciphertext in, plaintext to the decoder. */
+
+/* The identity of an inbound peer link's certificate: a node of this
+ * cluster other than us. The client port takes any certificate of the CA. */
+static int conn_tls_check(struct conn *k)
+{
+    struct ida_net *n = k->net;
+    k->tls_checked = 1;
+    if (k->is_client) {
+        return 0;
+    }
+    struct ida_tls_identity id = ida_tls_peer(k->tls);
+    if (id.kind == IDA_TLS_NODE && id.id != n->cfg.self_id &&
+        peer_by_id(n, id.id) != NULL) {
+        k->tls_node_id = id.id;
+        return 0;
+    }
+    char who[48], host[64];
+    ida_net_remote_host(&k->tcp, host, sizeof(host));
+    refusal(n, "peer connection from %s refused: %s%s", host,
+            id.kind == IDA_TLS_CLIENT_ID ? "a client certificate on the peer "
+                                           "port: "
+                                         : "its certificate names ",
+            ida_tls_identity_text(id, who, sizeof(who)));
+    atomic_fetch_add(&n->st_peer_rejected, 1);
+    conn_close(k);
+    return IDA_EPROTO;
+}
+
+static int conn_plain(void *arg, const uint8_t *data, size_t len)
+{
+    struct conn *k = arg;
+    if (!k->tls_checked) {
+        int rv = conn_tls_check(k);
+        if (rv != 0) {
+            return rv;
+        }
+    }
+    return ida_frame_decoder_feed(
+        &k->dec, data, len, k->is_client ? on_client_frame : on_peer_frame, k);
+}
+
+/* Bytes that arrived on @k: through TLS when the link has it. */
+static int conn_input(struct conn *k, const uint8_t *data, size_t len)
+{
+    struct ida_net *n = k->net;
+    if (k->tls_sniff) {
+        /* client_tls on: a frame starts with IDA_FRAME_MAGIC, TLS with a
+         * handshake record. */
+        k->tls_sniff = 0;
+        if (data[0] == IDA_TLS_RECORD_HANDSHAKE &&
+            ida_tls_new(n->tls.client, &k->tls) != 0) {
+            return IDA_ENOMEM;
+        }
+    }
+    if (k->tls != NULL && !k->tls_checked && data[0] == IDA_FRAME_MAGIC &&
+        !ida_tls_ready(k->tls)) {
+        /* Say what it is: a node or client configured without TLS. */
+        char host[64];
+        ida_net_remote_host(&k->tcp, host, sizeof(host));
+        refusal(
+            n,
+            "%s connection from %s refused: plaintext frames on a TLS "
+            "port (%s)",
+            k->is_client ? "client" : "peer", host,
+            k->is_client ? "client_tls required" : "is peer_tls off there?");
+        if (k->is_client) {
+            atomic_fetch_add(&n->st_client_rejected, 1);
+        } else {
+            atomic_fetch_add(&n->st_peer_rejected, 1);
+        }
+        conn_close(k);
+        return IDA_EPROTO;
+    }
+    if (k->tls == NULL) {
+        return ida_frame_decoder_feed(
+            &k->dec, data, len, k->is_client ? on_client_frame : on_peer_frame,
+            k);
+    }
+    int rv = ida_tls_feed(k->tls, data, len, conn_plain, k);
+    if (!k->closing) { /* handshake replies and alerts */
+        int frv = ida_net_tls_flush(k->tls, (uv_stream_t *)&k->tcp);
+        rv = rv != 0 ? rv : frv;
+    }
+    if (rv == 0 && !k->tls_checked && ida_tls_ready(k->tls)) {
+        rv = conn_tls_check(k);
+    }
+    return rv;
 }
 
 static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -696,14 +934,25 @@ static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         conn_close(k);
         return;
     }
+    if (nread == 0) {
+        return;
+    }
     k->frames = 0;
-    int rv = ida_frame_decoder_feed(
-        &k->dec, (const uint8_t *)buf->base, (size_t)nread,
-        k->is_client ? on_client_frame : on_peer_frame, k);
+    int rv = conn_input(k, (const uint8_t *)buf->base, (size_t)nread);
     if (rv != 0 && !k->closing) {
-        /* Framing error (garbage, oversized, input cap): nothing to answer
-         * to. Clients are summarised once a second (a flood of them must
-         * not flood the log); a peer's is worth a line. */
+        /* Framing error (garbage, oversized, input cap) or a TLS failure:
+         * nothing to answer to. A TLS refusal is logged once per reason
+         * and address; other client errors are summarised once a second
+         * (a flood of them must not flood the log); a peer's is worth a
+         * line. */
+        if (k->tls != NULL && !k->dec.failed) {
+            char host[64];
+            ida_net_remote_host(&k->tcp, host, sizeof(host));
+            refusal(k->net, "%s connection from %s refused: %s",
+                    k->is_client ? "client" : "peer", host,
+                    ida_tls_errmsg(k->tls)[0] != '\0' ? ida_tls_errmsg(k->tls)
+                                                      : idalloc_strerror(rv));
+        }
         if (k->is_client) {
             atomic_fetch_add(&k->net->st_client_rejected, 1);
             IDA_DEBUG("net: closing client connection: %s", k->dec.errmsg);
@@ -711,13 +960,30 @@ static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
                 k, rv == IDA_EBUSY ? IDA_NETLIM_INPUT : IDA_NETLIM_PROTOCOL);
         } else {
             atomic_fetch_add(&k->net->st_peer_rejected, 1);
-            IDA_WARN("net: closing peer connection: %s", k->dec.errmsg);
+            if (k->tls == NULL || k->dec.failed) {
+                IDA_WARN("net: closing peer connection: %s", k->dec.errmsg);
+            }
             conn_close(k);
         }
     }
     if (!k->closing) {
         limit_after_read(k);
     }
+}
+
+/* The TLS of a new connection, by port and setting. */
+static int conn_tls_start(struct conn *k)
+{
+    struct ida_net *n = k->net;
+    if (!k->is_client) {
+        return n->tls.peer_in != NULL ? ida_tls_new(n->tls.peer_in, &k->tls)
+                                      : 0;
+    }
+    if (n->cfg.cluster->client_tls == IDA_CLIENT_TLS_REQUIRED) {
+        return ida_tls_new(n->tls.client, &k->tls);
+    }
+    k->tls_sniff = n->cfg.cluster->client_tls == IDA_CLIENT_TLS_ON;
+    return 0;
 }
 
 static void on_accept(uv_stream_t *listener, int status, int is_client)
@@ -742,6 +1008,11 @@ static void on_accept(uv_stream_t *listener, int status, int is_client)
         return;
     }
     uv_tcp_nodelay(&k->tcp, 1);
+    if (conn_tls_start(k) != 0) {
+        k->closing = 1;
+        uv_close((uv_handle_t *)&k->tcp, conn_closed);
+        return;
+    }
     k->next = n->all;
     if (n->all != NULL) {
         n->all->prev = k;
@@ -776,17 +1047,61 @@ static void send_to_client(struct ida_net *n, struct outmsg *m)
     if (k->lim.pending > 0) {
         k->lim.pending--;
     }
-    if (!limit_output(k, m->len)) {
-        ida_free(m);
-        return;
-    }
-    limit_queued(k, m);
-    if (write_msg((uv_stream_t *)&k->tcp, m) != 0) {
-        conn_close(k); /* write_msg freed @m: conn_close drops its count */
-        return;
+    if (k->tls != NULL) {
+        /* TLS: the reply becomes ciphertext held by the session until
+         * flush_dirty(); the per-connection cap counts what the link holds
+         * back (libuv's queue and the session's output). The cap across
+         * all clients counts plaintext connections only. */
+        if (link_queued((uv_stream_t *)&k->tcp, k->tls) + m->len >
+            n->cfg.client_queue_bytes_max) {
+            ida_free(m);
+            limit_close(k, IDA_NETLIM_QUEUE);
+            return;
+        }
+        int dirty = 0;
+        if (link_queue((uv_stream_t *)&k->tcp, k->tls, m, &dirty) != 0) {
+            conn_close(k);
+            return;
+        }
+        if (dirty && !k->tls_dirty) {
+            k->tls_dirty = 1;
+            k->dirty_next = n->dirty;
+            n->dirty = k;
+        }
+    } else {
+        if (!limit_output(k, m->len)) {
+            ida_free(m);
+            return;
+        }
+        limit_queued(k, m);
+        if (write_msg((uv_stream_t *)&k->tcp, m) != 0) {
+            conn_close(k); /* write_msg freed @m: conn_close drops its count */
+            return;
+        }
     }
     ida_netlim_touch(&n->lim, &k->lim, loop_ms(n));
     atomic_fetch_add(&n->st_client_replies, 1);
+}
+
+/* Hand the TLS records wake_cb() queued to libuv: one write per link. */
+static void flush_dirty(struct ida_net *n)
+{
+    for (unsigned i = 0; i < n->npeers; i++) {
+        struct peer *p = &n->peers[i];
+        if (p->tls != NULL && p->state == PEER_UP &&
+            ida_net_tls_flush(p->tls, (uv_stream_t *)p->tcp) != 0) {
+            peer_down(p);
+        }
+    }
+    while (n->dirty != NULL) {
+        struct conn *k = n->dirty;
+        n->dirty = k->dirty_next;
+        k->tls_dirty = 0;
+        if (!k->closing &&
+            ida_net_tls_flush(k->tls, (uv_stream_t *)&k->tcp) != 0) {
+            conn_close(k);
+        }
+    }
 }
 
 /* --- the loop thread --------------------------------------------------------
@@ -805,6 +1120,8 @@ static void close_all(struct ida_net *n)
             uv_close((uv_handle_t *)p->tcp, peer_tcp_closed);
             p->tcp = NULL;
         }
+        ida_tls_free(p->tls);
+        p->tls = NULL;
     }
     while (n->all != NULL) {
         conn_close(n->all);
@@ -831,6 +1148,7 @@ static void wake_cb(uv_async_t *a)
         }
         m = next;
     }
+    flush_dirty(n);
     if (stopping && !n->loop_stopping) {
         n->loop_stopping = 1;
         close_all(n);
@@ -926,6 +1244,7 @@ static void abort_start(struct ida_net *n)
     uv_walk(&n->loop, close_walk_cb, NULL);
     uv_run(&n->loop, UV_RUN_DEFAULT);
     uv_loop_close(&n->loop);
+    ida_net_tls_close(&n->tls);
     pthread_mutex_destroy(&n->mu);
     ida_free(n);
 }
@@ -954,8 +1273,17 @@ int ida_net_start(const struct ida_net_config *cfg,
     pthread_mutex_init(&n->mu, NULL);
     uv_loop_init(&n->loop);
     limits_init(n);
-    int rv = listen_on(n, &n->peer_listener, &self->peer, on_peer_accept,
+    int rv = ida_net_tls_open(cfg->cluster, cfg->self_id, &n->tls, errmsg);
+    if (rv == 0 && !cfg->cluster->peer_tls) {
+        IDA_WARN(
+            "net: peer_tls off: peer links are plaintext and "
+            "unauthenticated; anyone who can reach %s can speak as a member",
+            self->peer.text);
+    }
+    if (rv == 0) {
+        rv = listen_on(n, &n->peer_listener, &self->peer, on_peer_accept,
                        "peer", errmsg);
+    }
     if (rv == 0) {
         rv = listen_on(n, &n->client_listener, &self->client, on_client_accept,
                        "client", errmsg);
@@ -1008,6 +1336,7 @@ void ida_net_stop(struct ida_net *n)
     for (unsigned i = 0; i < n->npeers; i++) {
         ida_free(n->peers[i].rbuf);
     }
+    ida_net_tls_close(&n->tls);
     pthread_mutex_destroy(&n->mu);
     ida_free(n);
 }

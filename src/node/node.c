@@ -13,6 +13,7 @@
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
+#include "src/node/net_tls.h"
 
 /* The cluster as an encoded ClusterConfig (stored in snapshot metas). */
 static int encode_cluster(struct ida_node *n)
@@ -231,6 +232,14 @@ int ida_node_open(struct ida_node *n,
                  o->config_path, IDA_RAFT_NODES_MAX);
         return IDA_ECONFIG;
     }
+    /* The TLS files are checked before the data directory is touched: a
+     * missing or wrong key changes nothing. The net loads them again. */
+    struct ida_net_tls tls;
+    rv = ida_net_tls_open(&n->cfg, o->node_id, &tls, errmsg);
+    if (rv != 0) {
+        return rv;
+    }
+    ida_net_tls_close(&tls);
     ida_log_set_node(o->node_id);
     ida_log_set_level(n->cfg.log_level);
     const char *data = o->data_dir != NULL ? o->data_dir : n->cfg.data_dir;

@@ -349,8 +349,9 @@ static void write_node_confs(struct run *x)
         }
         fprintf(f,
                 "cluster test\ndata_dir %s/data\nelection_timeout_ms 300\n"
-                "heartbeat_ms 50\nsnapshot_interval_entries 500\n",
-                c->dir);
+                "heartbeat_ms 50\nsnapshot_interval_entries 500\n"
+                "tls_dir %s\n",
+                c->dir, c->tls);
         for (int j = 0; j < c->n; j++) {
             unsigned peer =
                 i == j ? c->cfg.nodes[j].peer.port : proxy_port(x->px, i, j);

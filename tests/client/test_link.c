@@ -64,11 +64,13 @@ Test(link,
     }
     char want[64];
     snprintf(want, sizeof(want), "%s\n", IDALLOC_VERSION);
-    cr_assert_eq(tc_run(out, sizeof(out),
-                        "cc -Iinclude %s/app.c %s/libidalloc.a -lprotobuf-c "
-                        "-pthread -o %s/app-static 2>&1 && %s/app-static",
-                        dir, libdir(), dir, dir),
-                 0, "%s", out);
+    cr_assert_eq(
+        tc_run(
+            out, sizeof(out),
+            "cc -Iinclude %s/app.c %s/libidalloc.a -lprotobuf-c -lssl -lcrypto "
+            "-pthread -o %s/app-static 2>&1 && %s/app-static",
+            dir, libdir(), dir, dir),
+        0, "%s", out);
     cr_assert_str_eq(out, want);
     cr_assert_eq(tc_run(out, sizeof(out),
                         "cc -Iinclude %s/app.c -L%s -lidalloc -pthread -o "

@@ -114,6 +114,18 @@ void tc_setup(struct tc *c, int n, const char *extra)
     FILE *f = fopen(c->conf, "w");
     TC_CHECK(f != NULL, "cannot write %s", c->conf);
     fprintf(f, "cluster test\ndata_dir %s/data\n", c->dir);
+    /* Peers speak mutual TLS, as `make run` does: a CA and certificates of
+     * this test alone (a few ms of key generation). */
+    snprintf(c->tls, sizeof(c->tls), "%s/tls", c->dir);
+    char out[512];
+    int rc = tc_run(out, sizeof(out),
+                    "%s certs create %s --nodes %d "
+                    "--clients 2 2>&1",
+                    tc_bin("idalloc"), c->tls, n);
+    TC_CHECK(rc == 0, "certs create failed: %s", out);
+    if (extra == NULL || strstr(extra, "tls_dir") == NULL) {
+        fprintf(f, "tls_dir tls\n");
+    }
     fprintf(f, "election_timeout_ms 300\nheartbeat_ms 50\n");
     for (int i = 0; i < n; i++) {
         unsigned cp = tc_free_port();
@@ -176,6 +188,15 @@ struct idalloc_client *tc_client(struct tc *c, unsigned call_ms)
     idalloc_options_init(&o);
     o.addresses = c->addrs;
     o.call_timeout_ms = call_ms;
+    char ca[400], crt[400], key[400];
+    if (c->cfg.client_tls != IDA_CLIENT_TLS_OFF) {
+        snprintf(ca, sizeof(ca), "%s/ca.crt", c->tls);
+        snprintf(crt, sizeof(crt), "%s/client1.crt", c->tls);
+        snprintf(key, sizeof(key), "%s/client1.key", c->tls);
+        o.tls_ca_file = ca;
+        o.tls_cert_file = crt;
+        o.tls_key_file = key;
+    }
     o.attempt_timeout_ms = call_ms < 500 ? call_ms : 500;
     struct idalloc_client *cl;
     char err[IDALLOC_ERRMSG_MAX];

@@ -15,9 +15,10 @@
 struct tc
 {
     int n;
-    char dir[256];           /* temporary directory: config, data, logs */
-    char conf[320];          /* the cluster file */
-    char addrs[512];         /* client addresses, comma-separated */
+    char dir[256];   /* temporary directory: config, data, logs */
+    char conf[320];  /* the cluster file */
+    char tls[320];   /* its certificates: ca.crt, nodeI.*, client1-2.* */
+    char addrs[512]; /* client addresses, comma-separated */
     pid_t pid[TC_NODES_MAX]; /* 0: not running */
     struct ida_config cfg;
     /* Per-node cluster files (""-: use conf). The chaos test gives each
@@ -30,7 +31,10 @@ struct tc
 };
 
 /* Write a cluster of @n nodes (extra config lines in @extra, may be NULL)
- * and start every node. */
+ * and start every node. Peers use mutual TLS: `idalloc certs create` writes
+ * a CA, n node and 2 client certificates into c->tls, and the cluster file
+ * says `tls_dir tls` (unless @extra has a tls_dir line of its own; "peer_tls
+ * off" in @extra runs plaintext peers). */
 void tc_start(struct tc *c, int n, const char *extra);
 /* The same without starting anything. */
 void tc_setup(struct tc *c, int n, const char *extra);
@@ -41,7 +45,8 @@ void tc_spawn(struct tc *c, int i);
 int tc_signal(struct tc *c, int i, int sig);
 /* Kill every node (SIGKILL) and remove the directory. */
 void tc_destroy(struct tc *c);
-/* A client of the cluster (call timeouts in ms). */
+/* A client of the cluster (call timeouts in ms); with `client_tls on` or
+ * `required` in the cluster file it speaks TLS as client1. */
 struct idalloc_client *tc_client(struct tc *c, unsigned call_ms);
 /* Wait up to @ms for a leader all running nodes agree on; its index
  * (0-based), or -1. */

@@ -121,7 +121,8 @@ static unsigned free_port(void)
 static void make_config(int nodes, const char *cluster)
 {
     char text[1024];
-    int off = snprintf(text, sizeof(text), "cluster %s\n", cluster);
+    int off =
+        snprintf(text, sizeof(text), "cluster %s\npeer_tls off\n", cluster);
     for (int i = 1; i <= nodes; i++) {
         off += snprintf(text + off, sizeof(text) - (size_t)off,
                         "node %d 127.0.0.1:%u 127.0.0.1:%u\n", i, free_port(),

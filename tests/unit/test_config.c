@@ -11,9 +11,18 @@
 static struct ida_config cfg;
 static char err[IDA_ERRMSG_MAX];
 
+/* Every file needs a TLS setting for its peers: the tests of other keys
+ * get "peer_tls off" appended (as its last line, so line numbers hold),
+ * those of the TLS keys are parsed as written. */
 static int parse(const char *text)
 {
-    return ida_config_parse(text, strlen(text), "t.conf", &cfg, err);
+    if (strstr(text, "tls") != NULL) {
+        return ida_config_parse(text, strlen(text), "t.conf", &cfg, err);
+    }
+    char buf[8192];
+    int n = snprintf(buf, sizeof(buf), "%s\npeer_tls off\n", text);
+    cr_assert_lt((size_t)n, sizeof(buf));
+    return ida_config_parse(buf, (size_t)n, "t.conf", &cfg, err);
 }
 
 /* Parse @text, expect IDA_ECONFIG and a message starting with @prefix and
@@ -204,8 +213,9 @@ Test(config, load_file_and_missing_file)
     char path[] = "/tmp/ida-config-XXXXXX";
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
-    cr_assert_eq(write(fd, GOOD "bogus 1\n", strlen(GOOD "bogus 1\n")),
-                 (ssize_t)strlen(GOOD "bogus 1\n"));
+    cr_assert_eq(write(fd, GOOD "bogus 1\npeer_tls off\n",
+                       strlen(GOOD "bogus 1\npeer_tls off\n")),
+                 (ssize_t)strlen(GOOD "bogus 1\npeer_tls off\n"));
     close(fd);
     cr_assert_eq(ida_config_load(path, &cfg, err), IDA_ECONFIG);
     char want[128];
@@ -294,4 +304,52 @@ Test(config, client_port_limits)
                  "client_output_bytes_max 100000\n"
                  "client_queue_bytes_max 200000\n",
                  "t.conf:6: ", "must not exceed client_output_bytes_max");
+}
+
+Test(config, tls_setting_is_required_and_names_both)
+{
+    cr_assert_eq(ida_config_parse(GOOD, strlen(GOOD), "t.conf", &cfg, err),
+                 IDA_ECONFIG);
+    cr_assert(strstr(err, "t.conf: ") == err, "%s", err);
+    cr_assert(strstr(err, "\"tls_dir DIR\"") != NULL, "%s", err);
+    cr_assert(strstr(err, "\"peer_tls off\"") != NULL, "%s", err);
+    cr_assert_eq(cfg.node_count, 0, "nothing half-parsed is returned");
+}
+
+Test(config, tls_dir_is_relative_to_the_cluster_file)
+{
+    const char *text = GOOD "tls_dir certs\n";
+    cr_assert_eq(
+        ida_config_parse(text, strlen(text), "/etc/ida/c.conf", &cfg, err), 0,
+        "%s", err);
+    cr_assert_str_eq(cfg.tls_dir, "/etc/ida/certs");
+    cr_assert_eq(cfg.peer_tls, 1, "tls_dir alone turns peer TLS on");
+    cr_assert_eq(cfg.client_tls, IDA_CLIENT_TLS_OFF,
+                 "client_tls off by default");
+    cr_assert_eq(parse(GOOD "tls_dir certs\n"), 0, "%s", err);
+    cr_assert_str_eq(cfg.tls_dir, "certs", "a file in the working directory");
+    cr_assert_eq(parse(GOOD "tls_dir /abs/certs\nclient_tls required\n"), 0,
+                 "%s", err);
+    cr_assert_str_eq(cfg.tls_dir, "/abs/certs");
+    cr_assert_eq(cfg.client_tls, IDA_CLIENT_TLS_REQUIRED);
+    cr_assert_eq(parse(GOOD "peer_tls off\n"), 0, "%s", err);
+    cr_assert_eq(cfg.peer_tls, 0);
+    cr_assert_eq(parse(GOOD "tls_dir d\npeer_tls off\nclient_tls on\n"), 0,
+                 "%s", err);
+    cr_assert_eq(cfg.peer_tls, 0);
+    cr_assert_eq(cfg.client_tls, IDA_CLIENT_TLS_ON);
+}
+
+Test(config, bad_tls_lines)
+{
+    expect_error(GOOD "peer_tls on\n",
+                 "t.conf:5: ", "peer_tls on needs a \"tls_dir DIR\" line");
+    expect_error(GOOD "peer_tls off\nclient_tls on\n", "t.conf:6: ",
+                 "client_tls on or required needs a \"tls_dir DIR\"");
+    expect_error(GOOD "peer_tls maybe\n", "t.conf:5: ", "bad peer_tls");
+    expect_error(GOOD "tls_dir d\nclient_tls always\n", "t.conf:6: ",
+                 "bad client_tls \"always\": expected off, on or required");
+    expect_error(GOOD "tls_dir d\ntls_dir e\n",
+                 "t.conf:6: ", "duplicate \"tls_dir\"");
+    expect_error(GOOD "tls_dir\n", "t.conf:5: ", "missing field");
 }
