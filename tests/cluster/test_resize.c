@@ -123,6 +123,26 @@ static void change(struct idalloc_client *cl,
     cr_assert_eq(rv, 0, "member change %d of node %u: %s", op, id, tc_errmsg());
 }
 
+/* Until the leader has heard node @id (member list shows it, waiting or
+ * member): a link to a node the others did not know yet comes up after
+ * its reconnect backoff (up to reconnect_max_ms, longer with TLS, whose
+ * refused handshakes count as failed links). */
+static void wait_heard(struct idalloc_client *cl, unsigned id)
+{
+    for (uint64_t end = tc_now_ms() + 60000; tc_now_ms() < end;) {
+        struct idalloc_member_list l;
+        if (idalloc_member_list(cl, &l, tc_detail()) == 0) {
+            for (size_t i = 0; i < l.n; i++) {
+                if (l.members[i].id == id) {
+                    return;
+                }
+            }
+        }
+        tc_sleep_ms(200);
+    }
+    cr_assert_fail("node %u never heard from", id);
+}
+
 static void wait_voter(struct idalloc_client *cl, unsigned id, int voter)
 {
     for (uint64_t end = tc_now_ms() + 60000; tc_now_ms() < end;) {
@@ -409,8 +429,10 @@ Test(resize,
     }
 
     /* 3 -> 5: added (auto_rejoin on promotes them once caught up). */
+    wait_heard(op, 4);
     change(op, IDALLOC_MEMBER_ADD, 4);
     wait_voter(op, 4, 1);
+    wait_heard(op, 5);
     change(op, IDALLOC_MEMBER_ADD, 5);
     wait_voter(op, 5, 1);
     cr_assert_eq(count_voters(op), 5);
