@@ -414,6 +414,21 @@ static int step(struct ida_raft *r, const struct ida_raft_msg *m)
         return IDA_EFOREIGN;
     }
     bool is_vote = m->type == IDA_RAFT_MSG_REQUEST_VOTE;
+    if (!(r->bugs & IDA_RAFT_BUG_HEAR_STRANGERS) && (answer || is_vote) &&
+        ida__raft_member_slot(&r->conf, m->from) < 0) {
+        /* A node outside our membership (voters and learners) is never
+         * asked anything, so its answers are never needed; and its vote
+         * requests are those of a removed or unknown server (§4.2.3: they
+         * only disrupt). A candidate of a configuration our log has not
+         * reached is known to the voters whose logs are up to date, and
+         * those are the votes it can win with (its log must be at least as
+         * new as theirs). Dropped before its term is looked at, so a
+         * stranger cannot push our term up this way (the simulator's
+         * --garbage runs check it). Ignored and counted, not an error: a
+         * removed member's messages still in flight end here too. */
+        r->dropped++;
+        return 0;
+    }
     if (m->term > r->term && m->type == IDA_RAFT_MSG_TIMEOUT_NOW) {
         /* §3.10: a leader sends TimeoutNow only to a member that
          * acknowledged its whole log, so at the leader's term: a genuine

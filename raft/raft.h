@@ -432,6 +432,9 @@ void ida_raft_tick(struct ida_raft *r);
  *               total_size;
  *  IDA_EFOREIGN a message from another incarnation of a member (dropped
  *               unread: raft/admission.h);
+ *  (0)          a vote request or an answer from a node outside the
+ *               membership (voters and learners) is ignored before its term
+ *               is read and counted in ida_raft_dropped();
  *  IDA_EPROTO   a message that contradicts what this node knows: an
  *               AppendResponse whose match / reject / conflict index is past
  *               the leader's last index (or the conflict index past the
@@ -512,7 +515,8 @@ ida_node_id ida_raft_leader(const struct ida_raft *r);
 ida_term ida_raft_term(const struct ida_raft *r);
 ida_index ida_raft_commit(const struct ida_raft *r);
 ida_index ida_raft_last_index(const struct ida_raft *r);
-/* Peer messages ida_raft_step() refused (IDA_EINVAL or IDA_EPROTO). */
+/* Peer messages ida_raft_step() refused (IDA_EINVAL or IDA_EPROTO), and
+ * vote requests and answers of nodes outside the membership it ignored. */
 uint64_t ida_raft_dropped(const struct ida_raft *r);
 /* The encoded membership in effect at the snapshot index (the
  * one ida_raft_compact() or an installed snapshot recorded); *@len 0 and

@@ -24,6 +24,9 @@ enum ida_raft_bug {
     /* Ignore incarnations: a node with a new, empty incarnation votes and
      * counts as its old self (raft/admission.h rules A1 and A2 off). */
     IDA_RAFT_BUG_IGNORE_INCARNATION = 1u << 4,
+    /* Read vote requests and answers of nodes outside the membership like
+     * any other (their terms move ours). */
+    IDA_RAFT_BUG_HEAR_STRANGERS = 1u << 5,
 };
 
 /* Turn on the bugs in @bugs (a mask of enum ida_raft_bug) in @r. Call it

@@ -144,7 +144,7 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
 
 static uint64_t next_time(struct sim *s)
 {
-    uint64_t t = min_u64(s->next_fault, s->heal_at);
+    uint64_t t = min_u64(min_u64(s->next_fault, s->heal_at), s->garbage_at);
     if (s->rejoin != 0) {
         t = min_u64(t, s->rejoin_next);
     }
@@ -215,6 +215,10 @@ static void run_instant(struct sim *s, uint64_t deadline)
     }
     if (s->now >= s->next_fault) {
         sim__fault(s);
+    }
+    if (s->now >= s->garbage_at) {
+        sim__garbage(s);
+        s->garbage_at = s->now + 1 + sim__below(&s->rng, 10);
     }
     if (s->scen_phase != 0 && s->now >= s->scen_at) {
         sim__scenario_step(s);
@@ -314,6 +318,7 @@ int sim_run(const struct sim_opts *opts, struct sim_result *res)
     s->delay_max_ms = 5;
     s->next_fault = 100 + sim__below(&s->rng, 300);
     s->heal_at = opts->mode == SIM_LIVENESS ? dur : NEVER;
+    s->garbage_at = opts->garbage ? 20 : NEVER;
     s->healed_at = NEVER;
     s->faults_on = true;
     s->pre_vote = sim__chance(&s->rng, 70);

@@ -46,6 +46,12 @@ struct sim_opts
      * durability, replicas' states) are off, so a broken core can only be
      * caught by what the clients were answered (tests/sim/sim_alloc.c). */
     bool client_checks_only;
+    /* A stream of garbage peer messages (random types, terms up to 2^64-1,
+     * indices, lengths, snapshot bytes) from ids that are not members,
+     * every few ms to a random node; each must leave the node's term,
+     * role, commit and log exactly as they were (raft.h: a message that
+     * fails a check changes nothing). */
+    bool garbage;
 };
 
 struct sim_result
@@ -57,6 +63,7 @@ struct sim_result
     uint64_t events;
     uint64_t acked;     /* client requests answered */
     uint64_t ids_acked; /* bounded ids, sequence ids and prefixes acked */
+    uint64_t garbage;   /* garbage messages stepped (opts.garbage) */
     uint64_t reads;     /* linearizable reads answered */
     uint64_t elections; /* terms that had a leader */
     uint64_t crashes;

@@ -602,3 +602,162 @@ void sim__liveness_final_check(struct sim *s)
      * write (leader completeness). */
     sim__alloc_final(s, ld);
 }
+
+/* --- garbage from non-members --------------------------------------------- */
+
+static uint64_t garbage_u64(struct sim *s, uint64_t near)
+{
+    switch (sim__below(&s->rng, 8)) {
+        case 0:
+            return 0;
+        case 1:
+            return near;
+        case 2:
+            return near + 1;
+        case 3:
+            return near + 1 + sim__below(&s->rng, 1000);
+        case 4:
+            return UINT64_MAX;
+        case 5:
+            return UINT64_MAX - 1;
+        case 6:
+            return near > 0 ? near - 1 : 0;
+        default:
+            return sim__rnd(&s->rng);
+    }
+}
+
+void sim__garbage(struct sim *s)
+{
+    int up[5], n_up = 0;
+    for (int k = 0; k < s->n; k++) {
+        if (s->nodes[k].up) {
+            up[n_up++] = k;
+        }
+    }
+    if (n_up == 0) {
+        return;
+    }
+    struct node *nd = &s->nodes[up[sim__below(&s->rng, (uint64_t)n_up)]];
+    static uint8_t junk[96];
+    static struct ida_entry ents[3];
+    for (size_t i = 0; i < sizeof(junk); i++) {
+        junk[i] = (uint8_t)sim__rnd(&s->rng);
+    }
+    ida_term term = ida_raft_term(&nd->raft);
+    ida_index last = ida_raft_last_index(&nd->raft);
+    struct ida_raft_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = (enum ida_raft_msg_type)sim__below(&s->rng, 9); /* 0, 8: bad */
+    m.from = (ida_node_id)(100 + sim__below(&s->rng, 50)); /* never a member */
+    m.to = sim__chance(&s->rng, 90) ? nd->id : (ida_node_id)sim__rnd(&s->rng);
+    m.term = garbage_u64(s, term);
+    m.from_inc = sim__rnd(&s->rng);
+    if ((m.type == IDA_RAFT_MSG_APPEND_ENTRIES ||
+         m.type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) &&
+        (m.term > term ||
+         (m.term == term && ida_raft_leader(&nd->raft) == 0))) {
+        /* A leader's message from a stranger is honoured when it brings a
+         * newer term (or the current one, no leader known yet) and the
+         * node hears no leader: the leader of a configuration its log has
+         * not reached (raft.c, step()). Without authentication (TLS keeps
+         * strangers off the peer port) such a message cannot be told from
+         * a genuine one, so the garbage stream sends these only at terms
+         * the core must refuse: older ones. */
+        m.term = term > 0 ? sim__below(&s->rng, term) : 0;
+    }
+    switch (m.type) {
+        case IDA_RAFT_MSG_REQUEST_VOTE:
+            m.u.request_vote.pre_vote = sim__chance(&s->rng, 50);
+            m.u.request_vote.transfer = sim__chance(&s->rng, 50);
+            m.u.request_vote.last_log_index = garbage_u64(s, last);
+            m.u.request_vote.last_log_term = garbage_u64(s, term);
+            break;
+        case IDA_RAFT_MSG_RESPONSE_VOTE:
+            m.u.response_vote.pre_vote = sim__chance(&s->rng, 50);
+            m.u.response_vote.granted = true;
+            break;
+        case IDA_RAFT_MSG_APPEND_ENTRIES: {
+            struct ida_raft_append_entries *a = &m.u.append_entries;
+            a->prev_log_index = garbage_u64(s, last);
+            a->prev_log_term = garbage_u64(s, term);
+            a->commit_index = garbage_u64(s, last);
+            a->read_ctx = sim__rnd(&s->rng);
+            a->n_entries = (size_t)sim__below(&s->rng, 4);
+            for (size_t i = 0; i < a->n_entries; i++) {
+                ents[i] = (struct ida_entry){
+                    .index = a->prev_log_index + 1 + i,
+                    .term = garbage_u64(s, term),
+                    .type = (uint8_t)sim__below(&s->rng, 4),
+                    .data = junk,
+                    .len = (size_t)sim__below(&s->rng, sizeof(junk)),
+                };
+            }
+            a->entries = a->n_entries > 0 ? ents : NULL;
+            break;
+        }
+        case IDA_RAFT_MSG_APPEND_RESPONSE: {
+            struct ida_raft_append_response *a = &m.u.append_response;
+            a->success = sim__chance(&s->rng, 50);
+            a->match_index = garbage_u64(s, last);
+            a->reject_index = garbage_u64(s, last);
+            a->conflict_term = garbage_u64(s, term);
+            a->conflict_index = garbage_u64(s, last);
+            a->read_ctx = sim__rnd(&s->rng);
+            break;
+        }
+        case IDA_RAFT_MSG_INSTALL_SNAPSHOT: {
+            struct ida_raft_install_snapshot *a = &m.u.install_snapshot;
+            a->last_index = garbage_u64(s, last);
+            a->last_term = garbage_u64(s, term);
+            a->offset = sim__chance(&s->rng, 70) ? 0 : sim__rnd(&s->rng);
+            a->data = junk;
+            a->len = (size_t)sim__below(&s->rng, sizeof(junk));
+            a->done = sim__chance(&s->rng, 70);
+            if (sim__chance(&s->rng, 50)) {
+                a->config = junk;
+                a->config_len = (size_t)sim__below(&s->rng, sizeof(junk));
+            }
+            break;
+        }
+        case IDA_RAFT_MSG_SNAPSHOT_RESPONSE: {
+            struct ida_raft_snapshot_response *a = &m.u.snapshot_response;
+            a->last_index = garbage_u64(s, last);
+            a->next_offset = sim__rnd(&s->rng);
+            a->done = sim__chance(&s->rng, 50);
+            a->success = sim__chance(&s->rng, 50);
+            break;
+        }
+        default:
+            break;
+    }
+    enum ida_raft_role role = ida_raft_role(&nd->raft);
+    ida_index commit = ida_raft_commit(&nd->raft);
+    ida_node_id leader = ida_raft_leader(&nd->raft);
+    ida_term last_term = ida_raft_term_at(&nd->raft, last);
+    sim__hash_in(s, 15, nd->id, m.from, (uint64_t)m.type);
+    s->res->garbage++;
+    int rv = ida_raft_step(&nd->raft, &m);
+    if (rv == IDA_ENOMEM) {
+        s->oom = true;
+        return;
+    }
+    if (ida_raft_term(&nd->raft) != term || ida_raft_role(&nd->raft) != role ||
+        ida_raft_commit(&nd->raft) != commit ||
+        ida_raft_leader(&nd->raft) != leader ||
+        ida_raft_last_index(&nd->raft) != last ||
+        ida_raft_term_at(&nd->raft, last) != last_term) {
+        sim__violation(
+            s,
+            "garbage from non-member %u (type %d term %" PRIu64
+            ") changed node %u: term %" PRIu64 " -> %" PRIu64
+            ", commit %" PRIu64 " -> %" PRIu64 ", last %" PRIu64 " -> %" PRIu64,
+            m.from, (int)m.type, m.term, nd->id, term, ida_raft_term(&nd->raft),
+            commit, ida_raft_commit(&nd->raft), last,
+            ida_raft_last_index(&nd->raft));
+        return;
+    }
+    /* Whatever the core queued in answer goes through the normal path
+     * (an answer to a non-member is dropped by the network). */
+    sim__drain(s, nd);
+}

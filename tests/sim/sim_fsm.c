@@ -49,6 +49,10 @@ uint8_t *sim__cmd_encode(struct sim *s,
     cmd.client_id.data = cid;
     cmd.client_id.len = sizeof(cid);
     cmd.request_seq = seq;
+    /* One request at a time per client: it wants no answer below this one
+     * (fsm.h, "Sessions"), so the session keeps one answer, and snapshots
+     * stay the size of the allocator's state. */
+    cmd.ack_below = seq;
     Idalloc__PoolCreate create;
     Idalloc__Alloc alloc;
     Idalloc__Free fr;

@@ -196,6 +196,7 @@ struct sim
     bool blocked[NODES_MAX][NODES_MAX];
     unsigned loss_pct, dup_pct, delay_max_ms;
     uint64_t next_fault;
+    uint64_t garbage_at; /* next garbage message (opts.garbage), or NEVER */
     uint64_t heal_at;
     uint64_t healed_at; /* NEVER until the faults healed */
     bool faults_on;
@@ -325,6 +326,9 @@ uint64_t sim__new_inc(struct sim *s);
 struct node *sim__find_leader(struct sim *s);
 void sim__retire_removed_leader(struct sim *s);
 void sim__fault(struct sim *s);
+/* One garbage message from a non-member to a random live node, checked to
+ * change nothing (opts.garbage). */
+void sim__garbage(struct sim *s);
 void sim__heal(struct sim *s);
 void sim__rejoin_step(struct sim *s);
 void sim__scenario_step(struct sim *s);

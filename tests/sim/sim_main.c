@@ -2,6 +2,7 @@
  *
  *   sim --seeds N --start S --mode safety|liveness --nodes 3|5
  *       [--trace] [--duration MS] [--bugs MASK] [--no-wipe] [--rollback]
+ *       [--garbage]
  *       [--client-checks-only]
  *
  * Prints each failing seed with the command that replays it with a trace,
@@ -28,7 +29,7 @@ static int usage(void)
     fprintf(stderr,
             "usage: sim --seeds N --start S --mode safety|liveness "
             "--nodes 3|5 [--trace] [--duration MS] [--bugs MASK] "
-            "[--no-wipe] [--rollback] [--client-checks-only]\n");
+            "[--no-wipe] [--rollback] [--client-checks-only] [--garbage]\n");
     return 2;
 }
 
@@ -55,6 +56,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--client-checks-only") == 0) {
             o.client_checks_only = true;
+            continue;
+        }
+        if (strcmp(a, "--garbage") == 0) {
+            o.garbage = true;
             continue;
         }
         if (v == NULL) {
@@ -119,9 +124,10 @@ int main(int argc, char **argv)
         }
         failed++;
         char bugs[64] = "";
-        snprintf(bugs, sizeof(bugs), "%s%s%s", o.no_wipe ? " --no-wipe" : "",
+        snprintf(bugs, sizeof(bugs), "%s%s%s%s", o.no_wipe ? " --no-wipe" : "",
                  o.rollback ? " --rollback" : "",
-                 o.client_checks_only ? " --client-checks-only" : "");
+                 o.client_checks_only ? " --client-checks-only" : "",
+                 o.garbage ? " --garbage" : "");
         if (o.bugs != 0) {
             size_t bl = strlen(bugs);
             snprintf(bugs + bl, sizeof(bugs) - bl, " --bugs 0x%x", o.bugs);

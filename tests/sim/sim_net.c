@@ -155,6 +155,12 @@ const char *sim__msg_desc(const struct ida_raft_msg *m, char *buf, size_t n)
 /* Put a packet on the wire: loss, duplication, delay (reordering). */
 void sim__net_send(struct sim *s, struct packet *p)
 {
+    if (p->m.to < 1 || (int)p->m.to > s->n) {
+        /* An answer to a garbage message's sender (opts.garbage): nobody
+         * is there. */
+        sim__packet_free(p);
+        return;
+    }
     int from = sim__node_slot(s, p->m.from), to = sim__node_slot(s, p->m.to);
     if (s->blocked[from][to] || sim__chance(&s->rng, s->loss_pct)) {
         sim__hash_in(s, 1, p->m.from, p->m.to, p->m.type);
