@@ -55,7 +55,9 @@
     X(IDA__R_COUNT_BIG, IDA_ETOOBIG, "reserve count above 2^24")               \
     X(IDA__R_SEQ_END, IDA_EEXHAUSTED,                                          \
       "sequence would pass the end of 64 bits")                                \
-    X(IDA__R_PREFIX_END, IDA_EEXHAUSTED, "prefix space is exhausted")
+    X(IDA__R_PREFIX_END, IDA_EEXHAUSTED, "prefix space is exhausted")          \
+    X(IDA__R_TAG_NUL, IDA_EINVAL, "tag holds a NUL byte")                      \
+    X(IDA__R_TAG_UTF8, IDA_EINVAL, "tag is not valid UTF-8")
 
 enum ida__fsm_reason {
 #define IDA__R_ENUM(name, code, text) name,

@@ -10,6 +10,12 @@
 #include "proto/idalloc.pb-c.h"
 #include "src/common/config.h"
 
+/* The cluster's limits on names and tags (fsm/fsm.h, IDA_POOL_NAME_MAX and
+ * IDA_TAG_BYTES_MAX; src/node checks they agree): the library refuses what
+ * the cluster would, before sending anything. */
+#define IDA_CLIENT_POOL_NAME_MAX 64
+#define IDA_CLIENT_TAG_BYTES_MAX 128
+
 struct ida_client_conn
 {
     struct ida_addr addr;

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "base/heap.h"
+#include "base/utf8.h"
 #include "src/client/client.h"
 
 /* Run @req and check its answer: 0 with *out set to the response (caller
@@ -41,6 +42,50 @@ static int bad_args(const char *what)
     return IDA_EINVAL;
 }
 
+/* A C string as the bytes of a request field (proto `bytes`). */
+static ProtobufCBinaryData bin(const char *s)
+{
+    return (ProtobufCBinaryData){strlen(s), (uint8_t *)s};
+}
+
+/* Refuse a pool name (and tag, unless NULL) the cluster would refuse, with
+ * the rule in the error detail: nothing is sent. */
+static int check_names(const char *op, const char *pool, const char *tag)
+{
+    size_t n = strlen(pool);
+    int ok = n >= 1 && n <= IDA_CLIENT_POOL_NAME_MAX;
+    for (size_t i = 0; ok && i < n; i++) {
+        char ch = pool[i];
+        ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+             (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == ':' ||
+             ch == '-';
+    }
+    if (!ok) {
+        ida__client_set_error(
+            "%s: pool name must be 1-%d characters of A-Za-z0-9._:-", op,
+            IDA_CLIENT_POOL_NAME_MAX);
+        return IDA_EINVAL;
+    }
+    if (tag == NULL) {
+        return 0;
+    }
+    n = strlen(tag);
+    if (n == 0) {
+        ida__client_set_error("%s: tag must not be empty", op);
+        return IDA_EINVAL;
+    }
+    if (n > IDA_CLIENT_TAG_BYTES_MAX) {
+        ida__client_set_error("%s: tag of %zu bytes, at most %d", op, n,
+                              IDA_CLIENT_TAG_BYTES_MAX);
+        return IDA_ETOOBIG;
+    }
+    if (!ida_utf8_valid(tag, n)) {
+        ida__client_set_error("%s: tag is not valid UTF-8", op);
+        return IDA_EINVAL;
+    }
+    return 0;
+}
+
 #define REQUEST(var) Idalloc__ClientRequest var = IDALLOC__CLIENT_REQUEST__INIT
 
 int idalloc_pool_create(struct idalloc_client *c,
@@ -53,9 +98,13 @@ int idalloc_pool_create(struct idalloc_client *c,
         kind > IDALLOC_POOL_PREFIX) {
         return bad_args("pool create: a name and a known kind are needed");
     }
+    int bad = check_names("pool create", name, NULL);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__PoolCreate op = IDALLOC__POOL_CREATE__INIT;
-    op.name = (char *)name;
+    op.name = bin(name);
     op.kind = (Idalloc__PoolKind)kind;
     op.size = size;
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE;
@@ -80,10 +129,14 @@ int idalloc_alloc(struct idalloc_client *c,
     if (pool == NULL || tag == NULL || id == NULL) {
         return bad_args("alloc: pool, tag and id are needed");
     }
+    int bad = check_names("alloc", pool, tag);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__Alloc op = IDALLOC__ALLOC__INIT;
-    op.pool = (char *)pool;
-    op.tag = (char *)tag;
+    op.pool = bin(pool);
+    op.tag = bin(tag);
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_ALLOC;
     req.alloc = &op;
     Idalloc__ClientResponse *r;
@@ -107,11 +160,15 @@ int idalloc_free(struct idalloc_client *c,
     if (pool == NULL || tag == NULL) {
         return bad_args("free: pool and tag are needed");
     }
+    int bad = check_names("free", pool, tag);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__Free op = IDALLOC__FREE__INIT;
-    op.pool = (char *)pool;
+    op.pool = bin(pool);
     op.id = id;
-    op.tag = (char *)tag;
+    op.tag = bin(tag);
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_FREE;
     req.free = &op;
     Idalloc__ClientResponse *r;
@@ -133,10 +190,14 @@ int idalloc_lookup(struct idalloc_client *c,
     if (pool == NULL || tag == NULL || id == NULL) {
         return bad_args("lookup: pool, tag and id are needed");
     }
+    int bad = check_names("lookup", pool, tag);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__Lookup op = IDALLOC__LOOKUP__INIT;
-    op.pool = (char *)pool;
-    op.tag = (char *)tag;
+    op.pool = bin(pool);
+    op.tag = bin(tag);
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_LOOKUP;
     req.lookup = &op;
     Idalloc__ClientResponse *r;
@@ -191,9 +252,13 @@ int idalloc_list(struct idalloc_client *c,
     if (pool == NULL || out == NULL || count == NULL) {
         return bad_args("list: pool, out and count are needed");
     }
+    int bad = check_names("list", pool, NULL);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__List op = IDALLOC__LIST__INIT;
-    op.pool = (char *)pool;
+    op.pool = bin(pool);
     op.has_after = has_after != 0;
     op.after_id = after_id;
     op.limit = limit;
@@ -226,9 +291,13 @@ int idalloc_reserve(struct idalloc_client *c,
             (unsigned long long)IDALLOC_RESERVE_COUNT_MAX);
         return IDA_EINVAL;
     }
+    int bad = check_names("reserve", pool, NULL);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__Reserve op = IDALLOC__RESERVE__INIT;
-    op.pool = (char *)pool;
+    op.pool = bin(pool);
     op.count = count;
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_RESERVE;
     req.reserve = &op;
@@ -258,10 +327,14 @@ int idalloc_prefix(struct idalloc_client *c,
     if (pool == NULL || tag == NULL || out == NULL || len == NULL) {
         return bad_args("prefix: pool, tag, out and len are needed");
     }
+    int bad = check_names("prefix", pool, tag);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__PrefixAlloc op = IDALLOC__PREFIX_ALLOC__INIT;
-    op.pool = (char *)pool;
-    op.tag = (char *)tag;
+    op.pool = bin(pool);
+    op.tag = bin(tag);
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
     req.prefix_alloc = &op;
     Idalloc__ClientResponse *r;
