@@ -163,8 +163,9 @@ static const char *const usage_cmd[] = {
 
 const char *ida_cli_usage(enum ida_cli_cmd cmd)
 {
-    if ((unsigned)cmd >= sizeof(usage_cmd) / sizeof(usage_cmd[0])) {
-        return usage_all;
+    if ((unsigned)cmd >= sizeof(usage_cmd) / sizeof(usage_cmd[0]) ||
+        usage_cmd[cmd] == NULL) {
+        return usage_all; /* --version has no text of its own */
     }
     return usage_cmd[cmd];
 }

@@ -214,3 +214,18 @@ Test(cli, membership)
     bad("leader transfer --to 0", "bad node id");
     bad("leader elect", "unknown subcommand");
 }
+
+/* Found by tests/fuzz/fuzz_cli.c: `--version` parses to IDA_CLI_VERSION,
+ * whose usage text was NULL (a caller printing it would crash). Every
+ * command value has a text. */
+Test(cli, every_command_has_a_usage_text)
+{
+    for (int c = IDA_CLI_HELP; c <= IDA_CLI_LEADER_TRANSFER; c++) {
+        const char *u = ida_cli_usage((enum ida_cli_cmd)c);
+        cr_assert(u != NULL && strncmp(u, "usage: idalloc", 14) == 0,
+                  "command %d", c);
+    }
+    cr_assert_eq(parse("--version"), 0);
+    cr_assert_eq(cli.cmd, IDA_CLI_VERSION);
+    cr_assert_not_null(ida_cli_usage(cli.cmd));
+}
