@@ -12,6 +12,11 @@ have_header protobuf-c/protobuf-c.h || missing+=(libprotobuf-c-dev)
 command -v protoc-c >/dev/null 2>&1 || missing+=(protobuf-c-compiler)
 have_header lmdb.h || missing+=(liblmdb-dev)
 have_header criterion/criterion.h || missing+=(libcriterion-dev)
+# clang and libFuzzer: the harnesses of tests/fuzz (make fuzz, and the short
+# fuzz run of make test, mk/fuzz.mk).
+command -v clang >/dev/null 2>&1 || missing+=(clang)
+fuzzer_lib() { [ -f "$(clang -print-resource-dir 2>/dev/null)/lib/linux/libclang_rt.fuzzer-$(uname -m).a" ]; }
+fuzzer_lib || missing+=(libclang-rt-dev)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 
