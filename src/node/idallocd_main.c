@@ -14,79 +14,25 @@
 #include "base/log.h"
 #include "idalloc_errors.h"
 #include "idalloc_version.h"
+#include "src/node/args.h"
 #include "src/node/node.h"
-
-static const char usage[] =
-    "usage: idallocd --config FILE --node ID [--data DIR]\n"
-    "       idallocd -h|--help | --version\n"
-    "\n"
-    "Run node ID of the cluster described by FILE (see README.md, \"Cluster\n"
-    "file\"). The node keeps its Raft log, hard state and snapshots in\n"
-    "DATA/nodeID, where DATA is the cluster file's data_dir unless --data\n"
-    "is given. Logs go to stderr, one line per event.\n"
-    "\n"
-    "  --config FILE  the cluster file (required)\n"
-    "  --node ID      this node's id in the cluster file (required)\n"
-    "  --data DIR     keep data in DIR/nodeID instead of data_dir/nodeID\n"
-    "  -h, --help     this text\n"
-    "  --version      print the version\n"
-    "\n"
-    "SIGINT or SIGTERM: stop accepting requests, finish the storage step in\n"
-    "flight, close the data files, exit 0. Exit 2: bad usage or cluster\n"
-    "file; 1: the data directory cannot be used (foreign, newer format,\n"
-    "I/O error) or the addresses cannot be bound.\n";
-
-static int parse_args(int argc, char **argv, struct ida_node_opts *o)
-{
-    memset(o, 0, sizeof(*o));
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(usage, stdout);
-            exit(0);
-        }
-        if (strcmp(a, "--version") == 0) {
-            printf("idallocd %s\n", IDALLOC_VERSION);
-            exit(0);
-        }
-        if (strcmp(a, "--config") != 0 && strcmp(a, "--data") != 0 &&
-            strcmp(a, "--node") != 0) {
-            fprintf(stderr, "idallocd: unknown option %s (see --help)\n", a);
-            return -1;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "idallocd: %s needs a value (see --help)\n", a);
-            return -1;
-        }
-        const char *v = argv[++i];
-        if (strcmp(a, "--config") == 0) {
-            o->config_path = v;
-        } else if (strcmp(a, "--data") == 0) {
-            o->data_dir = v;
-        } else if (strcmp(a, "--node") == 0) {
-            char *end;
-            unsigned long id = strtoul(v, &end, 10);
-            if (*v == '\0' || *end != '\0' || id == 0 || id > 65535) {
-                fprintf(stderr, "idallocd: bad --node \"%s\"\n", v);
-                return -1;
-            }
-            o->node_id = (unsigned)id;
-        }
-    }
-    if (o->config_path == NULL || o->node_id == 0) {
-        fprintf(stderr,
-                "idallocd: --config and --node are required (see "
-                "--help)\n");
-        return -1;
-    }
-    return 0;
-}
 
 int main(int argc, char **argv)
 {
     struct ida_node_opts o;
-    if (parse_args(argc, argv, &o) != 0) {
-        return 2;
+    char err[IDA_ERRMSG_MAX] = "";
+    switch (ida_node_args_parse(argc, argv, &o, err)) {
+        case IDA_NODE_ARGS_HELP:
+            fputs(ida_node_usage, stdout);
+            return 0;
+        case IDA_NODE_ARGS_VERSION:
+            printf("idallocd %s\n", IDALLOC_VERSION);
+            return 0;
+        case IDA_NODE_ARGS_BAD:
+            fprintf(stderr, "idallocd: %s\n", err);
+            return 2;
+        case IDA_NODE_ARGS_RUN:
+            break;
     }
     /* Every thread inherits this mask; only main takes the signals. */
     sigset_t set;
@@ -97,7 +43,6 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     static struct ida_node node;
-    char err[IDA_ERRMSG_MAX] = "";
     int rv = ida_node_open(&node, &o, err);
     if (rv != 0) {
         fprintf(stderr, "idallocd: %s\n", err);
