@@ -4,7 +4,9 @@
  * leaves the output zeroed; a parsed file satisfies every rule of the
  * header (a named cluster, 1 to IDA_CONFIG_NODES_MAX nodes with distinct
  * ids and addresses that parse again to themselves, heartbeat below the
- * election timeout, a data_dir), and parsing is deterministic. */
+ * election timeout, a data_dir, no 0.0.0.0 or ::), and parsing is
+ * deterministic. */
+#include <arpa/inet.h>
 #include <string.h>
 
 #include "idalloc_errors.h"
@@ -19,6 +21,10 @@ static void check_addr(const struct ida_addr *a)
     FUZZ_CHECK(strcmp(again.host, a->host) == 0);
     FUZZ_CHECK(again.port == a->port && again.family == a->family);
     FUZZ_CHECK(a->port != 0);
+    /* Never "any address": other nodes dial these. */
+    unsigned char b[16] = {0}, zero[16] = {0};
+    FUZZ_CHECK(inet_pton(a->family, a->host, b) == 1);
+    FUZZ_CHECK(memcmp(b, zero, a->family == AF_INET ? 4 : 16) != 0);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
