@@ -170,6 +170,30 @@ const char *ida_cli_usage(enum ida_cli_cmd cmd)
     return usage_cmd[cmd];
 }
 
+void ida_cli_escape(const char *tag, char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (const unsigned char *c = (const unsigned char *)tag; *c != '\0'; c++) {
+        const char *e = *c == '\\'   ? "\\\\"
+                        : *c == '\n' ? "\\n"
+                        : *c == '\t' ? "\\t"
+                        : *c == '\r' ? "\\r"
+                                     : NULL;
+        if (e != NULL) {
+            *out++ = e[0];
+            *out++ = e[1];
+        } else if (*c < 0x20 || *c == 0x7f) {
+            *out++ = '\\';
+            *out++ = 'x';
+            *out++ = hex[*c >> 4];
+            *out++ = hex[*c & 15];
+        } else {
+            *out++ = (char)*c;
+        }
+    }
+    *out = '\0';
+}
+
 static int fail(char *errmsg, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

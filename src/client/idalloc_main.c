@@ -10,6 +10,7 @@
 #include "idalloc.h"
 #include "src/client/bench.h"
 #include "src/client/cli.h"
+#include "src/client/client.h"
 
 static int report_error(const char *what, int rv)
 {
@@ -38,7 +39,14 @@ static int cmd_list(struct idalloc_client *c, const char *pool)
             return report_error("list", rv);
         }
         for (size_t i = 0; i < n; i++) {
-            printf("%llu %s\n", (unsigned long long)h[i].id, h[i].tag);
+            /* One line per holding, whatever the tag holds. */
+            char tag[4 * IDA_CLIENT_TAG_BYTES_MAX + 1];
+            if (strlen(h[i].tag) > IDA_CLIENT_TAG_BYTES_MAX) {
+                idalloc_holdings_free(h, n);
+                return report_error("list", IDA_EPROTO);
+            }
+            ida_cli_escape(h[i].tag, tag);
+            printf("%llu %s\n", (unsigned long long)h[i].id, tag);
         }
         if (n > 0) {
             after = h[n - 1].id;

@@ -260,3 +260,18 @@ Test(cli, options_are_never_taken_as_values)
     cr_assert_str_eq(cli.tag, "a=b");
     bad("alloc p --tag=x --tag=y", "--tag given twice");
 }
+
+/* list prints one line per holding: a tag holding a newline used to print
+ * as two lines. */
+Test(cli, tags_are_escaped_for_one_line_output)
+{
+    char out[4 * 32 + 1];
+    ida_cli_escape("plain \xc3\xa9t\xc3\xa9", out);
+    cr_assert_str_eq(out, "plain \xc3\xa9t\xc3\xa9");
+    ida_cli_escape("a\nb\tc\rd\\e", out);
+    cr_assert_str_eq(out, "a\\nb\\tc\\rd\\\\e");
+    ida_cli_escape("\x01\x1f\x7f", out);
+    cr_assert_str_eq(out, "\\x01\\x1f\\x7f");
+    ida_cli_escape("", out);
+    cr_assert_str_eq(out, "");
+}
