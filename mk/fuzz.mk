@@ -7,7 +7,7 @@
 #                          the other; prints executions/s, coverage and the
 #                          corpus size of each; a crash stops the run and
 #                          leaves its input in build/fuzz/crashes/
-#   make fuzz-smoke        every harness for FUZZ_SMOKE_S seconds (default 9)
+#   make fuzz-smoke        every harness for FUZZ_SMOKE_S seconds (default 8)
 #                          with a fixed seed: part of `make test`
 #
 # New inputs a run finds go to build/fuzz/corpus/NAME/ (kept between runs),
@@ -16,7 +16,7 @@
 FUZZ_CC ?= clang
 FUZZ_DIR := build/fuzz
 FUZZ_S ?= 60
-FUZZ_SMOKE_S ?= 9
+FUZZ_SMOKE_S ?= 8
 FUZZ_SAN := address,undefined
 FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 
