@@ -8,10 +8,12 @@
 #                          corpus size of each; a crash stops the run and
 #                          leaves its input in build/fuzz/crashes/
 #   make fuzz-smoke        every harness for FUZZ_SMOKE_S seconds (default 8)
-#                          with a fixed seed: part of `make test`
+#                          with a fixed seed, from the seed corpus only (the
+#                          same run whatever earlier runs found): part of
+#                          `make test`
 #
-# New inputs a run finds go to build/fuzz/corpus/NAME/ (kept between runs),
-# never into the repository's seed corpus. Replay one input:
+# New inputs `make fuzz` finds go to build/fuzz/corpus/NAME/ (kept between
+# runs), never into the repository's seed corpus. Replay one input:
 #   build/fuzz/fuzz_NAME FILE
 FUZZ_CC ?= clang
 FUZZ_DIR := build/fuzz
@@ -37,13 +39,13 @@ $(BUILD)/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o \
     $(BUILD)/obj/tests/fuzz/fuzzsupport.o $(LIBIDA)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-# fuzz_run NAME SECONDS EXTRA_FLAGS: one harness, its log in
+# fuzz_run NAME SECONDS EXTRA_FLAGS WORK_DIR: one harness, its log in
 # build/fuzz/NAME.log; prints libFuzzer's last status line.
 define fuzz_run
-mkdir -p $(FUZZ_DIR)/corpus/$(1) $(FUZZ_DIR)/crashes; \
+mkdir -p $(4) $(FUZZ_DIR)/crashes; \
 if ASAN_OPTIONS=detect_leaks=1 $(FUZZ_DIR)/fuzz_$(1) -max_total_time=$(2) \
     -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/crashes/$(1)- $(3) \
-    $(FUZZ_DIR)/corpus/$(1) tests/fuzz/corpus/$(1) \
+    $(4) tests/fuzz/corpus/$(1) \
     >$(FUZZ_DIR)/$(1).log 2>&1; then \
   printf 'fuzz %-9s %s\n' $(1) \
     "$$(grep -E '^#[0-9]+' $(FUZZ_DIR)/$(1).log | tail -1)"; \
@@ -57,7 +59,8 @@ fi
 endef
 
 fuzz: fuzz-build
-	@set -e; $(foreach f,$(FUZZ_NAMES),$(call fuzz_run,$(f),$(FUZZ_S),);)
+	@set -e; $(foreach f,$(FUZZ_NAMES),$(call fuzz_run,$(f),$(FUZZ_S),,$(FUZZ_DIR)/corpus/$(f));)
 
 fuzz-smoke: fuzz-build
-	@set -e; $(foreach f,$(FUZZ_NAMES),$(call fuzz_run,$(f),$(FUZZ_SMOKE_S),-seed=1);)
+	@rm -rf $(FUZZ_DIR)/smoke
+	@set -e; $(foreach f,$(FUZZ_NAMES),$(call fuzz_run,$(f),$(FUZZ_SMOKE_S),-seed=1,$(FUZZ_DIR)/smoke/$(f));)

@@ -78,7 +78,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(err[0] != '\0' && strlen(err) < sizeof(err));
         return 0;
     }
-    FUZZ_CHECK(c.cluster == NULL || c.config == NULL);
+    /* --help and --version end the parse where they stand. */
+    FUZZ_CHECK(c.cmd == IDA_CLI_HELP || c.cmd == IDA_CLI_VERSION ||
+               c.cluster == NULL || c.config == NULL);
     FUZZ_CHECK(c.cluster == NULL ||
                (c.cluster[0] != '\0' && in_argv(c.cluster, argc, argv)));
     FUZZ_CHECK(c.config == NULL ||
