@@ -341,3 +341,42 @@ Test(client, fixed_client_id_and_seqs_above_old_ones, .fini = teardown)
     cr_assert_eq(memcmp(srv[0].seen_client[1], cid, 16), 0);
     cr_assert_gt(srv[0].seen_seq[1], old_seq);
 }
+
+/* The library refuses what the cluster would, with the rule in the error
+ * detail, and sends nothing: tags 1-128 bytes of UTF-8, pool names 1-64 of
+ * A-Za-z0-9._:- (a C string cannot hold a NUL byte: the node and the state
+ * machine refuse one that a forged client sends, tests/cluster). */
+Test(client, bad_names_and_tags_are_refused_before_sending, .fini = teardown)
+{
+    start(1, FAKE_ANSWER, 0, 0);
+    connect_client(1000, 5000);
+    char tag[130], pool[66];
+    memset(tag, 't', sizeof(tag));
+    memset(pool, 'p', sizeof(pool));
+    uint64_t id;
+    uint8_t pre[9];
+    size_t plen;
+    tag[129] = '\0';
+    cr_assert_eq(idalloc_alloc(cli, "p", tag, &id, NULL), IDA_ETOOBIG);
+    cr_assert(strstr(idalloc_last_error(), "at most 128") != NULL, "%s",
+              idalloc_last_error());
+    cr_assert_eq(idalloc_alloc(cli, "p", "\xff", &id, NULL), IDA_EINVAL);
+    cr_assert(strstr(idalloc_last_error(), "not valid UTF-8") != NULL);
+    cr_assert_eq(idalloc_free(cli, "p", 0, "a\xc3", NULL), IDA_EINVAL);
+    cr_assert_eq(idalloc_lookup(cli, "p", "", &id), IDA_EINVAL);
+    cr_assert_eq(idalloc_prefix(cli, "p", "\xed\xa0\x80", pre, &plen, NULL),
+                 IDA_EINVAL);
+    pool[65] = '\0';
+    cr_assert_eq(idalloc_reserve(cli, pool, 1, &id), IDA_EINVAL);
+    cr_assert(strstr(idalloc_last_error(), "pool name must be") != NULL);
+    cr_assert_eq(
+        idalloc_pool_create(cli, "a b", IDALLOC_POOL_SEQUENCE, 0, NULL),
+        IDA_EINVAL);
+    cr_assert_eq(fake_seen(&srv[0]), 0, "nothing was sent");
+    tag[128] = '\0';
+    pool[64] = '\0';
+    cr_assert_eq(idalloc_alloc(cli, pool, tag, &id, NULL), 0, "%s",
+                 idalloc_last_error());
+    cr_assert_eq(idalloc_alloc(cli, "p", "\xc3\xa9t\xc3\xa9", &id, NULL), 0);
+    cr_assert_eq(fake_seen(&srv[0]), 2);
+}
