@@ -82,12 +82,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
 
+    /* The populated state is built once; each input starts from a copy. */
+    static uint8_t *before;
+    static size_t before_len;
+    if (before == NULL) {
+        struct ida_fsm *p;
+        FUZZ_CHECK(ida_fsm_new(&p) == 0);
+        fz_fsm_populate(p);
+        FUZZ_CHECK(ida_fsm_snapshot(p, &before, &before_len) == 0);
+        ida_fsm_free(p);
+    }
     struct ida_fsm *f;
     FUZZ_CHECK(ida_fsm_new(&f) == 0);
-    fz_fsm_populate(f);
-    uint8_t *before;
-    size_t before_len;
-    FUZZ_CHECK(ida_fsm_snapshot(f, &before, &before_len) == 0);
+    FUZZ_CHECK(ida_fsm_restore(f, before, before_len) == 0);
 
     int rv = ida_fsm_restore(f, buf, len);
     if (rv != 0) {
@@ -122,7 +129,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ida_free(cmds);
         ida_fsm_free(g);
     }
-    ida_free(before);
     ida_free(buf);
     ida_fsm_free(f);
     return 0;
