@@ -387,9 +387,13 @@ int node_request_check(const Idalloc__ClientRequest *req, const char **why)
             return 0;
     }
     char name[IDA_POOL_NAME_MAX + 1], t[IDA_TAG_BYTES_MAX + 1];
-    int rv = ida_fsm_pool_name_get(pool, name, why);
+    const char *w = NULL;
+    int rv = ida_fsm_pool_name_get(pool, name, &w);
     if (rv == 0 && tag != NULL) {
-        rv = ida_fsm_tag_get(tag, t, why);
+        rv = ida_fsm_tag_get(tag, t, &w);
+    }
+    if (rv != 0) {
+        *why = w; /* untouched on success: the caller's later errors */
     }
     return rv;
 }

@@ -62,6 +62,7 @@ Test(convert, request_check_refuses_bad_names_at_the_door)
     a.tag = (ProtobufCBinaryData){5, (uint8_t *)"alice"};
     const char *why = NULL;
     cr_assert_eq(node_request_check(&req, &why), 0);
+    cr_assert_null(why, "left alone: the node's later errors say their own");
     a.tag = (ProtobufCBinaryData){10, (uint8_t *)"alice\0evil"};
     cr_assert_eq(node_request_check(&req, &why), IDA_EINVAL);
     cr_assert_str_eq(why, "tag holds a NUL byte");
