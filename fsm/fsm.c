@@ -5,6 +5,7 @@
 
 #include "base/assert.h"
 #include "base/heap.h"
+#include "base/utf8.h"
 #include "fsm/fsm_internal.h"
 #include "idalloc_errors.h"
 
@@ -55,38 +56,83 @@ static bool name_char_ok(char c)
            c == '-';
 }
 
-bool ida_fsm_pool_name_valid(const char *name)
+/* IDA__R_OK when the @len bytes at @name are a valid pool name. */
+static int check_name(const uint8_t *name, size_t len)
 {
-    if (name == NULL) {
-        return false;
+    if (len < 1 || len > IDA_POOL_NAME_MAX) {
+        return IDA__R_POOL_NAME;
     }
-    size_t n = 0;
-    for (; name[n] != '\0'; n++) {
-        if (n >= IDA_POOL_NAME_MAX || !name_char_ok(name[n])) {
-            return false;
+    for (size_t i = 0; i < len; i++) {
+        if (!name_char_ok((char)name[i])) {
+            return IDA__R_POOL_NAME; /* a NUL byte included */
         }
     }
-    return n >= 1;
+    return IDA__R_OK;
 }
 
-/* IDA__R_OK with *len set, or the reason the tag is bad. */
-static int check_tag(const char *tag, size_t *len)
+bool ida_fsm_pool_name_valid(const char *name)
 {
-    if (tag == NULL || tag[0] == '\0') {
+    return name != NULL &&
+           check_name((const uint8_t *)name,
+                      strnlen(name, IDA_POOL_NAME_MAX + 1)) == IDA__R_OK;
+}
+
+/* IDA__R_OK when the @len bytes at @tag are a valid tag; @utf8: the rule of
+ * batches of version 2 and of every read (see IDA_TAG_BYTES_MAX). */
+static int check_tag(const uint8_t *tag, size_t len, bool utf8)
+{
+    if (len == 0) {
         return IDA__R_TAG_EMPTY;
     }
-    size_t n = strnlen(tag, IDA_TAG_BYTES_MAX + 1);
-    if (n > IDA_TAG_BYTES_MAX) {
+    if (len > IDA_TAG_BYTES_MAX) {
         return IDA__R_TAG_LONG;
     }
-    *len = n;
+    if (memchr(tag, '\0', len) != NULL) {
+        return IDA__R_TAG_NUL;
+    }
+    if (utf8 && !ida_utf8_valid(tag, len)) {
+        return IDA__R_TAG_UTF8;
+    }
     return IDA__R_OK;
 }
 
 bool ida_fsm_tag_valid(const char *tag)
 {
-    size_t len;
-    return check_tag(tag, &len) == IDA__R_OK;
+    return tag != NULL &&
+           check_tag((const uint8_t *)tag, strnlen(tag, IDA_TAG_BYTES_MAX + 1),
+                     true) == IDA__R_OK;
+}
+
+static int get_checked(int reason,
+                       const ProtobufCBinaryData *in,
+                       char *out,
+                       const char **why)
+{
+    if (reason != IDA__R_OK) {
+        out[0] = '\0';
+        *why = reasons[reason].text;
+        return reasons[reason].code;
+    }
+    if (in->len > 0) {
+        memcpy(out, in->data, in->len);
+    }
+    out[in->len] = '\0';
+    *why = "";
+    return 0;
+}
+
+int ida_fsm_pool_name_get(const ProtobufCBinaryData *in,
+                          char out[IDA_POOL_NAME_MAX + 1],
+                          const char **why)
+{
+    return get_checked(check_name(in->data, in->len), in, out, why);
+}
+
+int ida_fsm_tag_get(const ProtobufCBinaryData *in,
+                    char out[IDA_TAG_BYTES_MAX + 1],
+                    const char **why)
+{
+    return get_checked(check_tag(in->data, in->len, true), in, out, why);
 }
 
 /* --- pools ---------------------------------------------------------------- */
@@ -261,11 +307,35 @@ static int pool_of(struct ida_fsm *f,
     return IDA__R_OK;
 }
 
+/* The name of a command (bytes) as a C string in @out, or a reason. */
+static int name_of(const ProtobufCBinaryData *in,
+                   char out[IDA_POOL_NAME_MAX + 1])
+{
+    int rv = check_name(in->data, in->len);
+    if (rv == IDA__R_OK) {
+        memcpy(out, in->data, in->len);
+        out[in->len] = '\0';
+    }
+    return rv;
+}
+
+/* The pool a command names (bytes), of @kind, or a reason. */
+static int pool_of_cmd(struct ida_fsm *f,
+                       const ProtobufCBinaryData *name,
+                       Idalloc__PoolKind kind,
+                       struct ida__pool **out)
+{
+    char s[IDA_POOL_NAME_MAX + 1];
+    int rv = name_of(name, s);
+    return rv != IDA__R_OK ? rv : pool_of(f, s, kind, out);
+}
+
 static int op_pool_create(struct ida_fsm *f,
                           const Idalloc__PoolCreate *m,
                           struct ida_fsm_result *r)
 {
-    if (!ida_fsm_pool_name_valid(m->name)) {
+    char name[IDA_POOL_NAME_MAX + 1];
+    if (name_of(&m->name, name) != IDA__R_OK) {
         return IDA__R_POOL_NAME;
     }
     if (m->kind != IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE &&
@@ -279,7 +349,7 @@ static int op_pool_create(struct ida_fsm *f,
     if (m->kind != IDALLOC__POOL_KIND__POOL_KIND_BOUNDED && m->size != 0) {
         return IDA__R_SIZE_OTHER;
     }
-    struct ida__pool *old = ida__fsm_pool_find(f, m->name);
+    struct ida__pool *old = ida__fsm_pool_find(f, name);
     if (old != NULL) {
         bool same = old->kind == m->kind &&
                     (old->kind != IDALLOC__POOL_KIND__POOL_KIND_BOUNDED ||
@@ -298,7 +368,7 @@ static int op_pool_create(struct ida_fsm *f,
     if (p == NULL) {
         return -IDA_ENOMEM;
     }
-    strcpy(p->name, m->name);
+    strcpy(p->name, name);
     p->kind = m->kind;
     if (p->kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED) {
         ida__bounded_init(&p->u.bounded, m->size);
@@ -318,20 +388,23 @@ static int op_pool_create(struct ida_fsm *f,
 
 static int op_alloc(struct ida_fsm *f,
                     const Idalloc__Alloc *m,
+                    bool utf8,
                     struct ida_fsm_result *r)
 {
     struct ida__pool *p;
-    size_t len;
-    int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
+    size_t len = m->tag.len;
+    int rv =
+        pool_of_cmd(f, &m->pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
     if (rv == IDA__R_OK) {
-        rv = check_tag(m->tag, &len);
+        rv = check_tag(m->tag.data, len, utf8);
     }
     if (rv != IDA__R_OK) {
         return rv;
     }
     uint64_t id;
     bool existed;
-    rv = ida__bounded_alloc(&p->u.bounded, m->tag, len, &id, &existed);
+    rv = ida__bounded_alloc(&p->u.bounded, (const char *)m->tag.data, len, &id,
+                            &existed);
     if (rv == IDA__R_OK) {
         result_ok(r, IDA_FSM_OP_ALLOC);
         r->id = id;
@@ -342,19 +415,22 @@ static int op_alloc(struct ida_fsm *f,
 
 static int op_free(struct ida_fsm *f,
                    const Idalloc__Free *m,
+                   bool utf8,
                    struct ida_fsm_result *r)
 {
     struct ida__pool *p;
-    size_t len;
-    int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
+    size_t len = m->tag.len;
+    int rv =
+        pool_of_cmd(f, &m->pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
     if (rv == IDA__R_OK) {
-        rv = check_tag(m->tag, &len);
+        rv = check_tag(m->tag.data, len, utf8);
     }
     if (rv != IDA__R_OK) {
         return rv;
     }
     bool freed;
-    rv = ida__bounded_free(&p->u.bounded, m->id, m->tag, len, &freed);
+    rv = ida__bounded_free(&p->u.bounded, m->id, (const char *)m->tag.data, len,
+                           &freed);
     if (rv == IDA__R_OK) {
         result_ok(r, IDA_FSM_OP_FREE);
         r->flag = freed;
@@ -367,7 +443,8 @@ static int op_reserve(struct ida_fsm *f,
                       struct ida_fsm_result *r)
 {
     struct ida__pool *p;
-    int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE, &p);
+    int rv =
+        pool_of_cmd(f, &m->pool, IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE, &p);
     if (rv != IDA__R_OK) {
         return rv;
     }
@@ -392,20 +469,22 @@ static int op_reserve(struct ida_fsm *f,
 static int op_prefix(struct ida_fsm *f,
                      const Idalloc__PrefixAlloc *m,
                      uint64_t seed,
+                     bool utf8,
                      struct ida_fsm_result *r)
 {
     struct ida__pool *p;
-    size_t len;
-    int rv = pool_of(f, m->pool, IDALLOC__POOL_KIND__POOL_KIND_PREFIX, &p);
+    size_t len = m->tag.len;
+    int rv = pool_of_cmd(f, &m->pool, IDALLOC__POOL_KIND__POOL_KIND_PREFIX, &p);
     if (rv == IDA__R_OK) {
-        rv = check_tag(m->tag, &len);
+        rv = check_tag(m->tag.data, len, utf8);
     }
     if (rv != IDA__R_OK) {
         return rv;
     }
     uint64_t v;
     bool existed;
-    rv = ida__prefix_alloc(&p->u.prefix, m->tag, len, seed, &v, &existed);
+    rv = ida__prefix_alloc(&p->u.prefix, (const char *)m->tag.data, len, seed,
+                           &v, &existed);
     if (rv == IDA__R_OK) {
         result_ok(r, IDA_FSM_OP_PREFIX_ALLOC);
         r->prefix_len = (uint8_t)ida__prefix_encode(v, r->prefix);
@@ -482,19 +561,20 @@ static uint64_t seed_of(ida_index index, size_t pos)
 static int execute(struct ida_fsm *f,
                    const Idalloc__Command *c,
                    uint64_t seed,
+                   bool utf8,
                    struct ida_fsm_result *r)
 {
     switch (c->op_case) {
         case IDALLOC__COMMAND__OP_POOL_CREATE:
             return op_pool_create(f, c->pool_create, r);
         case IDALLOC__COMMAND__OP_ALLOC:
-            return op_alloc(f, c->alloc, r);
+            return op_alloc(f, c->alloc, utf8, r);
         case IDALLOC__COMMAND__OP_FREE:
-            return op_free(f, c->free, r);
+            return op_free(f, c->free, utf8, r);
         case IDALLOC__COMMAND__OP_RESERVE:
             return op_reserve(f, c->reserve, r);
         case IDALLOC__COMMAND__OP_PREFIX_ALLOC:
-            return op_prefix(f, c->prefix_alloc, seed, r);
+            return op_prefix(f, c->prefix_alloc, seed, utf8, r);
         case IDALLOC__COMMAND__OP_RESTORE:
             return op_restore(f, c->restore, r);
         default:
@@ -538,6 +618,7 @@ static int register_client(struct ida_fsm *f,
 static int apply_command(struct ida_fsm *f,
                          const Idalloc__Command *c,
                          uint64_t seed,
+                         bool utf8,
                          struct ida_fsm_reply *reply)
 {
     memset(reply, 0, sizeof(*reply));
@@ -604,7 +685,7 @@ static int apply_command(struct ida_fsm *f,
         ida__session_keep(f, s, c->request_seq, fp, &reply->result);
         return 0;
     }
-    int rv = execute(f, c, seed, &reply->result);
+    int rv = execute(f, c, seed, utf8, &reply->result);
     if (rv < 0) {
         return -rv;
     }
@@ -647,8 +728,8 @@ static int apply_batch(struct ida_fsm *f,
     }
     ida__sessions_expire(f);
     for (size_t i = 0; i < b->n_commands; i++) {
-        rv =
-            apply_command(f, b->commands[i], seed_of(index, i), &f->replies[i]);
+        rv = apply_command(f, b->commands[i], seed_of(index, i),
+                           b->version >= 2, &f->replies[i]);
         if (rv != 0) {
             return rv;
         }
@@ -688,7 +769,8 @@ int ida_fsm_apply(struct ida_fsm *f,
         }
         if (b == NULL) {
             out->entry_error = IDA_EPROTO;
-        } else if (b->version != IDA_BATCH_VERSION) {
+        } else if (b->version < IDA_BATCH_VERSION_MIN ||
+                   b->version > IDA_BATCH_VERSION) {
             out->entry_error = IDA_EVERSION;
         } else if (b->n_commands > IDA_BATCH_COMMANDS_MAX) {
             out->entry_error = IDA_ETOOBIG;
@@ -718,11 +800,11 @@ int ida_fsm_lookup(const struct ida_fsm *f,
                    uint64_t *id)
 {
     struct ida__pool *p;
-    size_t len;
+    size_t len = tag != NULL ? strnlen(tag, IDA_TAG_BYTES_MAX + 1) : 0;
     int rv = pool_of((struct ida_fsm *)f, pool,
                      IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
     if (rv == IDA__R_OK) {
-        rv = check_tag(tag, &len);
+        rv = check_tag((const uint8_t *)tag, len, true);
     }
     if (rv != IDA__R_OK) {
         return reason_code(rv);

@@ -102,7 +102,9 @@
 
 /* Pool names: 1..IDA_POOL_NAME_MAX bytes of [A-Za-z0-9._:-]. */
 #define IDA_POOL_NAME_MAX 64
-/* Tags: 1..IDA_TAG_BYTES_MAX bytes, any byte but NUL. */
+/* Tags: 1..IDA_TAG_BYTES_MAX bytes of UTF-8 (base/utf8.h), no NUL byte.
+ * Batches of version 1 (written before the UTF-8 rule) are applied as they
+ * were: any bytes but NUL. */
 #define IDA_TAG_BYTES_MAX 128
 /* reserve(n): n in [1, IDA_RESERVE_COUNT_MAX]. */
 #define IDA_RESERVE_COUNT_MAX (UINT64_C(1) << 24)
@@ -132,9 +134,13 @@
 #define IDA_SESSION_EVICT_IDLE_MS (UINT64_C(10) * 60 * 1000)
 /* Commands in one CommandBatch. */
 #define IDA_BATCH_COMMANDS_MAX 65536
-/* FsmState.version and CommandBatch.version understood here. */
+/* FsmState.version understood here, and the CommandBatch.version a leader
+ * writes. Version 2 added the UTF-8 rule for tags; batches of version 1
+ * are still applied (IDA_BATCH_VERSION_MIN), with the rules they were
+ * written under, so a log replayed by a newer build gives the same state. */
 #define IDA_FSM_STATE_VERSION 1
-#define IDA_BATCH_VERSION     1
+#define IDA_BATCH_VERSION     2
+#define IDA_BATCH_VERSION_MIN 1
 
 /* --- results ------------------------------------------------------------ */
 
@@ -277,9 +283,23 @@ int ida_fsm_list(const struct ida_fsm *f,
                  size_t *count,
                  bool *more);
 
-/* Validity checks shared with the client library. */
+/* Validity checks of a C string (a tag must also be UTF-8). */
 bool ida_fsm_pool_name_valid(const char *name);
 bool ida_fsm_tag_valid(const char *tag);
+
+/* A pool name or tag as it arrives (proto `bytes`: @in->len bytes, not
+ * NUL-terminated, a NUL byte inside possible), checked and copied into
+ * @out as a C string. Returns 0, or IDA_EINVAL (bad pool name; empty tag,
+ * tag holding a NUL byte or not UTF-8) or IDA_ETOOBIG (tag longer than
+ * IDA_TAG_BYTES_MAX) with *@why set to a static message that says which
+ * rule ("tag holds a NUL byte"); on error @out is an empty string. The node
+ * checks every request with these before it reaches the log or a read. */
+int ida_fsm_pool_name_get(const ProtobufCBinaryData *in,
+                          char out[IDA_POOL_NAME_MAX + 1],
+                          const char **why);
+int ida_fsm_tag_get(const ProtobufCBinaryData *in,
+                    char out[IDA_TAG_BYTES_MAX + 1],
+                    const char **why);
 
 /* --- snapshots --------------------------------------------------------------
  *

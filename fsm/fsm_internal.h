@@ -73,7 +73,9 @@
       "restore needs a cluster without pools")                                 \
     X(IDA__R_RESTORE_BAD, IDA_ECORRUPT, "the backup's state does not restore") \
     X(IDA__R_RESTORE_ADVANCE, IDA_EEXHAUSTED,                                  \
-      "advancing would pass the end of a sequence")
+      "advancing would pass the end of a sequence")                            \
+    X(IDA__R_TAG_NUL, IDA_EINVAL, "tag holds a NUL byte")                      \
+    X(IDA__R_TAG_UTF8, IDA_EINVAL, "tag is not valid UTF-8")
 
 enum ida__fsm_reason {
 #define IDA__R_ENUM(name, code, text) name,

@@ -229,10 +229,13 @@ static uint64_t mix(uint64_t h, uint64_t v)
     return ida__hash(b, sizeof(b));
 }
 
-static uint64_t mix_str(uint64_t h, const char *str)
+/* A name or tag (bytes on the wire since they may hold any byte; the
+ * hash of the same bytes as when they were strings, so fingerprints in
+ * older snapshots still match). */
+static uint64_t mix_str(uint64_t h, ProtobufCBinaryData b)
 {
-    const char *p = str != NULL ? str : "";
-    return mix(h, ida__hash((const uint8_t *)p, strlen(p)));
+    static const uint8_t none = 0;
+    return mix(h, ida__hash(b.data != NULL ? b.data : &none, b.len));
 }
 
 /* 64 bits: two different commands under one (client_id, request_seq)
@@ -261,7 +264,8 @@ uint64_t ida__fsm_fingerprint(const Idalloc__Command *c)
         case IDALLOC__COMMAND__OP_RESTORE:
             h = mix(h,
                     ida__hash(c->restore->state.data, c->restore->state.len));
-            h = mix_str(h, c->restore->from_cluster);
+            h = mix(h, ida__hash((const uint8_t *)c->restore->from_cluster,
+                                 strlen(c->restore->from_cluster)));
             h = mix(h, c->restore->from_index);
             return mix(h, c->restore->advance_sequences);
         default:

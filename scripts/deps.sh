@@ -16,6 +16,11 @@ have_header jansson.h || missing+=(libjansson-dev)        # the CLI's --json (no
 have_header microhttpd.h || missing+=(libmicrohttpd-dev)  # idallocd's /metrics and /healthz
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)  # the install test
 have_header openssl/ssl.h || missing+=(libssl-dev)
+# clang and libFuzzer: the harnesses of tests/fuzz (make fuzz, and the short
+# fuzz run of make test, mk/fuzz.mk).
+command -v clang >/dev/null 2>&1 || missing+=(clang)
+fuzzer_lib() { [ -f "$(clang -print-resource-dir 2>/dev/null)/lib/linux/libclang_rt.fuzzer-$(uname -m).a" ]; }
+fuzzer_lib || missing+=(libclang-rt-dev)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 

@@ -307,6 +307,12 @@ int ida__rec_entry_decode(const uint8_t *p,
     if (ida__get_be32(p + 16) != entry_crc(index, p, data, data_len)) {
         return IDA_ECORRUPT;
     }
+    /* Bytes 9-11 and 20-23 are written as zeros; 20-23 are outside the CRC,
+     * so a damaged byte there is only caught here. */
+    static const uint8_t zero[4];
+    if (memcmp(p + 9, zero, 3) != 0 || memcmp(p + 20, zero, 4) != 0) {
+        return IDA_ECORRUPT;
+    }
     if (p[8] > IDA_ENTRY_CONFIG) {
         return IDA_ECORRUPT;
     }

@@ -61,6 +61,10 @@ static const char usage_all[] =
     "  -h, --help          this text; `idalloc COMMAND --help` for one "
     "command\n"
     "  --version           print the version\n"
+    "A value may follow its option or an `=` (--tag=VALUE); one that starts\n"
+    "with `-` must use `=`. Pool names: 1-64 of A-Za-z0-9._:-; tags: 1-128\n"
+    "bytes of UTF-8. `list` escapes \\, newline, tab and control bytes in "
+    "tags.\n"
     "\n"
     "pool create, alloc, free, reserve, next and prefix also take\n"
     "  --request-id ID     repeat an earlier call whose outcome was unknown "
@@ -217,10 +221,35 @@ static const char *const usage_cmd[] = {
 
 const char *ida_cli_usage(enum ida_cli_cmd cmd)
 {
-    if ((unsigned)cmd >= sizeof(usage_cmd) / sizeof(usage_cmd[0])) {
-        return usage_all;
+    if ((unsigned)cmd >= sizeof(usage_cmd) / sizeof(usage_cmd[0]) ||
+        usage_cmd[cmd] == NULL) {
+        return usage_all; /* --version has no text of its own */
     }
     return usage_cmd[cmd];
+}
+
+void ida_cli_escape(const char *tag, char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (const unsigned char *c = (const unsigned char *)tag; *c != '\0'; c++) {
+        const char *e = *c == '\\'   ? "\\\\"
+                        : *c == '\n' ? "\\n"
+                        : *c == '\t' ? "\\t"
+                        : *c == '\r' ? "\\r"
+                                     : NULL;
+        if (e != NULL) {
+            *out++ = e[0];
+            *out++ = e[1];
+        } else if (*c < 0x20 || *c == 0x7f) {
+            *out++ = '\\';
+            *out++ = 'x';
+            *out++ = hex[*c >> 4];
+            *out++ = hex[*c & 15];
+        } else {
+            *out++ = (char)*c;
+        }
+    }
+    *out = '\0';
 }
 
 static int fail(char *errmsg, const char *fmt, ...)
@@ -280,8 +309,8 @@ struct args
     int verbose;
 };
 
-/* Flags that take a value, and where it goes. */
-static const char **flag_slot(struct args *a, const char *flag)
+/* Flags that take a value, and where it goes (@flag: @n bytes). */
+static const char **flag_slot(struct args *a, const char *flag, size_t n)
 {
     static const char *const names[] = {"--kind",
                                         "--size",
@@ -299,11 +328,34 @@ static const char **flag_slot(struct args *a, const char *flag)
                             &a->format, &a->op,   &a->clients, &a->duration,
                             &a->pool,   &a->to,   &a->advance, &a->reqid};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if (strcmp(flag, names[i]) == 0) {
+        if (strlen(names[i]) == n && strncmp(flag, names[i], n) == 0) {
             return slots[i];
         }
     }
     return NULL;
+}
+
+/* The value after option argv[@i], or NULL when there is none or the next
+ * argument looks like an option: `--tag --json` is a missing tag, not the
+ * tag "--json" (a value that starts with `-` goes after `=`). */
+static const char *value_of(int argc, char **argv, int i)
+{
+    return i + 1 < argc && argv[i + 1][0] != '-' ? argv[i + 1] : NULL;
+}
+
+static int needs_value(char *errmsg,
+                       const char *cmd,
+                       const char *flag,
+                       int argc,
+                       char **argv,
+                       int i)
+{
+    const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+    return fail(errmsg, "%s%s%s needs a value%s%s (see idalloc %s%s--help)",
+                cmd != NULL ? cmd : "", cmd != NULL ? ": " : "", flag,
+                next != NULL ? ", not the option " : "",
+                next != NULL ? next : "", cmd != NULL ? cmd : "",
+                cmd != NULL ? " " : "");
 }
 
 static int collect(int argc,
@@ -333,21 +385,23 @@ static int collect(int argc,
             continue;
         }
         if (s[0] == '-' && s[1] != '\0') {
-            const char **slot = flag_slot(a, s);
+            const char *eq = strchr(s, '=');
+            size_t n = eq != NULL ? (size_t)(eq - s) : strlen(s);
+            const char **slot = flag_slot(a, s, n);
             if (slot == NULL) {
                 return fail(errmsg,
-                            "%s: unknown option %s (see idalloc %s --help)",
-                            cmd, s, cmd);
+                            "%s: unknown option %.*s (see idalloc %s --help)",
+                            cmd, (int)n, s, cmd);
             }
-            if (i + 1 >= argc) {
-                return fail(errmsg,
-                            "%s: %s needs a value (see idalloc %s --help)", cmd,
-                            s, cmd);
+            const char *v = eq != NULL ? eq + 1 : value_of(argc, argv, i);
+            if (v == NULL) {
+                return needs_value(errmsg, cmd, s, argc, argv, i);
             }
             if (*slot != NULL) {
-                return fail(errmsg, "%s: %s given twice", cmd, s);
+                return fail(errmsg, "%s: %.*s given twice", cmd, (int)n, s);
             }
-            *slot = argv[++i];
+            *slot = v;
+            i += eq != NULL ? 0 : 1;
             continue;
         }
         if (a->npos == 4) {
@@ -713,22 +767,31 @@ static int parse_globals(int argc,
             *at = argc;
             return 0;
         }
-        const char **slot = strcmp(s, "--cluster") == 0      ? &c->cluster
-                            : strcmp(s, "--config") == 0     ? &c->config
-                            : strcmp(s, "--tls-dir") == 0    ? &c->tls_dir
-                            : strcmp(s, "--tls-client") == 0 ? &c->tls_client
-                                                             : NULL;
-        if (slot == NULL && strcmp(s, "--timeout") != 0) {
-            return fail(errmsg, "unknown option %s (see idalloc --help)", s);
+        const char *eq = strchr(s, '=');
+        int n = eq != NULL ? (int)(eq - s) : (int)strlen(s);
+        const char **slot =
+            strncmp(s, "--cluster", (size_t)n) == 0 && n == 9   ? &c->cluster
+            : strncmp(s, "--config", (size_t)n) == 0 && n == 8  ? &c->config
+            : strncmp(s, "--tls-dir", (size_t)n) == 0 && n == 9 ? &c->tls_dir
+            : strncmp(s, "--tls-client", (size_t)n) == 0 && n == 12
+                ? &c->tls_client
+                : NULL;
+        if (slot == NULL && !(n == 9 && strncmp(s, "--timeout", 9) == 0)) {
+            return fail(errmsg, "unknown option %.*s (see idalloc --help)", n,
+                        s);
         }
-        if (i + 1 >= argc) {
-            return fail(errmsg, "%s needs a value (see idalloc --help)", s);
+        const char *v = eq != NULL ? eq + 1 : value_of(argc, argv, i);
+        if (v == NULL) {
+            return needs_value(errmsg, NULL, s, argc, argv, i);
         }
-        const char *v = argv[i + 1];
         uint64_t t;
         if (slot != NULL) {
             if (*slot != NULL) {
-                return fail(errmsg, "%s given twice", s);
+                return fail(errmsg, "%.*s given twice", n, s);
+            }
+            if (v[0] == '\0') {
+                return fail(errmsg, "%.*s needs a value, not an empty string",
+                            n, s);
             }
             *slot = v;
         } else {
@@ -738,7 +801,7 @@ static int parse_globals(int argc,
             }
             c->timeout_ms = (unsigned)t;
         }
-        i += 2;
+        i += eq != NULL ? 1 : 2;
     }
     if (c->cluster != NULL && c->config != NULL) {
         return fail(errmsg, "give --cluster or --config, not both");

@@ -84,6 +84,13 @@ struct ida_cli
  * the command gives IDA_CLI_VERSION. Pointers in @out borrow argv. */
 int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg);
 
+/* Write @tag into @out (at least 4 * strlen(@tag) + 1 bytes) as one line of
+ * plain output: a backslash becomes `\\`, newline, tab and carriage return
+ * `\n`, `\t`, `\r`, other bytes below 0x20 and 0x7f `\xHH`; everything
+ * else (UTF-8 included) is copied. `list` prints tags this way, so a tag
+ * holding a newline is still one line. */
+void ida_cli_escape(const char *tag, char *out);
+
 /* The usage text of @cmd (IDA_CLI_HELP: the overview). */
 const char *ida_cli_usage(enum ida_cli_cmd cmd);
 

@@ -12,6 +12,12 @@
 #include "src/common/config.h"
 #include "src/common/tls.h"
 
+/* The cluster's limits on names and tags (fsm/fsm.h, IDA_POOL_NAME_MAX and
+ * IDA_TAG_BYTES_MAX; src/node checks they agree): the library refuses what
+ * the cluster would, before sending anything. */
+#define IDA_CLIENT_POOL_NAME_MAX 64
+#define IDA_CLIENT_TAG_BYTES_MAX 128
+
 struct ida_client_conn
 {
     struct ida_addr addr;

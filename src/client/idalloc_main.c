@@ -13,6 +13,7 @@
 #include "src/client/cli.h"
 #include "src/client/cli_backup.h"
 #include "src/client/cli_json.h"
+#include "src/client/client.h"
 
 /* One call of this run: its request id (--request-id, or a fresh one) and
  * error detail. */
@@ -54,7 +55,14 @@ static int cmd_list(struct idalloc_client *c, const char *pool)
             return report_error("list", rv);
         }
         for (size_t i = 0; i < n; i++) {
-            printf("%llu %s\n", (unsigned long long)h[i].id, h[i].tag);
+            /* One line per holding, whatever the tag holds. */
+            char tag[4 * IDA_CLIENT_TAG_BYTES_MAX + 1];
+            if (strlen(h[i].tag) > IDA_CLIENT_TAG_BYTES_MAX) {
+                idalloc_holdings_free(h, n);
+                return report_error("list", IDA_EPROTO);
+            }
+            ida_cli_escape(h[i].tag, tag);
+            printf("%llu %s\n", (unsigned long long)h[i].id, tag);
         }
         if (n > 0) {
             after = h[n - 1].id;

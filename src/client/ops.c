@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "base/heap.h"
+#include "base/utf8.h"
 #include "src/client/client.h"
 
 /* Run @req and check its answer: 0 with *out set to the response (caller
@@ -67,6 +68,62 @@ static int bad_args(struct idalloc_call *call, const char *what)
     return IDA_EINVAL;
 }
 
+/* A C string as the bytes of a request field (proto `bytes`). */
+static ProtobufCBinaryData bin(const char *s)
+{
+    return (ProtobufCBinaryData){strlen(s), (uint8_t *)s};
+}
+
+/* The tag half of check_names(). */
+static int check_tag(struct idalloc_call *call, const char *op, const char *tag)
+{
+    size_t n = strlen(tag);
+    if (n == 0) {
+        ida__call_error(call, "%s: tag must not be empty", op);
+        return IDA_EINVAL;
+    }
+    if (n > IDA_CLIENT_TAG_BYTES_MAX) {
+        ida__call_error(call, "%s: tag of %zu bytes, at most %d", op, n,
+                        IDA_CLIENT_TAG_BYTES_MAX);
+        return IDA_ETOOBIG;
+    }
+    if (!ida_utf8_valid(tag, n)) {
+        ida__call_error(call, "%s: tag is not valid UTF-8", op);
+        return IDA_EINVAL;
+    }
+    return 0;
+}
+
+/* Refuse a pool name (and tag, unless NULL) the cluster would refuse, with
+ * the rule in the error detail: nothing is sent. */
+static int check_names(struct idalloc_call *call,
+                       const char *op,
+                       const char *pool,
+                       const char *tag)
+{
+    int rv = 0;
+    size_t n = strlen(pool);
+    int ok = n >= 1 && n <= IDA_CLIENT_POOL_NAME_MAX;
+    for (size_t i = 0; ok && i < n; i++) {
+        char ch = pool[i];
+        ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+             (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == ':' ||
+             ch == '-';
+    }
+    if (!ok) {
+        ida__call_error(
+            call, "%s: pool name must be 1-%d characters of A-Za-z0-9._:-", op,
+            IDA_CLIENT_POOL_NAME_MAX);
+        rv = IDA_EINVAL;
+    } else if (tag != NULL) {
+        rv = check_tag(call, op, tag);
+    }
+    if (rv != 0 && call != NULL) {
+        call->error = rv;
+    }
+    return rv;
+}
+
 #define REQUEST(var) Idalloc__ClientRequest var = IDALLOC__CLIENT_REQUEST__INIT
 
 int idalloc_pool_create(struct idalloc_client *c,
@@ -81,9 +138,13 @@ int idalloc_pool_create(struct idalloc_client *c,
         return bad_args(call,
                         "pool create: a name and a known kind are needed");
     }
+    int bad = check_names(call, "pool create", name, NULL);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__PoolCreate op = IDALLOC__POOL_CREATE__INIT;
-    op.name = (char *)name;
+    op.name = bin(name);
     op.kind = (Idalloc__PoolKind)kind;
     op.size = size;
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE;
@@ -110,10 +171,14 @@ int idalloc_alloc(struct idalloc_client *c,
     if (pool == NULL || tag == NULL || id == NULL) {
         return bad_args(call, "alloc: pool, tag and id are needed");
     }
+    int bad = check_names(call, "alloc", pool, tag);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__Alloc op = IDALLOC__ALLOC__INIT;
-    op.pool = (char *)pool;
-    op.tag = (char *)tag;
+    op.pool = bin(pool);
+    op.tag = bin(tag);
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_ALLOC;
     req.alloc = &op;
     Idalloc__ClientResponse *r;
@@ -138,11 +203,15 @@ int idalloc_free(struct idalloc_client *c,
     if (pool == NULL || tag == NULL) {
         return bad_args(call, "free: pool and tag are needed");
     }
+    int bad = check_names(call, "free", pool, tag);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__Free op = IDALLOC__FREE__INIT;
-    op.pool = (char *)pool;
+    op.pool = bin(pool);
     op.id = id;
-    op.tag = (char *)tag;
+    op.tag = bin(tag);
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_FREE;
     req.free = &op;
     Idalloc__ClientResponse *r;
@@ -165,10 +234,14 @@ int idalloc_lookup(struct idalloc_client *c,
     if (pool == NULL || tag == NULL || id == NULL) {
         return bad_args(call, "lookup: pool, tag and id are needed");
     }
+    int bad = check_names(call, "lookup", pool, tag);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__Lookup op = IDALLOC__LOOKUP__INIT;
-    op.pool = (char *)pool;
-    op.tag = (char *)tag;
+    op.pool = bin(pool);
+    op.tag = bin(tag);
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_LOOKUP;
     req.lookup = &op;
     Idalloc__ClientResponse *r;
@@ -224,9 +297,13 @@ int idalloc_list(struct idalloc_client *c,
     if (pool == NULL || out == NULL || count == NULL) {
         return bad_args(call, "list: pool, out and count are needed");
     }
+    int bad = check_names(call, "list", pool, NULL);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__List op = IDALLOC__LIST__INIT;
-    op.pool = (char *)pool;
+    op.pool = bin(pool);
     op.has_after = has_after != 0;
     op.after_id = after_id;
     op.limit = limit;
@@ -263,9 +340,13 @@ int idalloc_reserve(struct idalloc_client *c,
                         (unsigned long long)IDALLOC_RESERVE_COUNT_MAX);
         return IDA_EINVAL;
     }
+    int bad = check_names(call, "reserve", pool, NULL);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__Reserve op = IDALLOC__RESERVE__INIT;
-    op.pool = (char *)pool;
+    op.pool = bin(pool);
     op.count = count;
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_RESERVE;
     req.reserve = &op;
@@ -305,10 +386,14 @@ int idalloc_prefix(struct idalloc_client *c,
     if (pool == NULL || tag == NULL || out == NULL || len == NULL) {
         return bad_args(call, "prefix: pool, tag, out and len are needed");
     }
+    int bad = check_names(call, "prefix", pool, tag);
+    if (bad != 0) {
+        return bad;
+    }
     REQUEST(req);
     Idalloc__PrefixAlloc op = IDALLOC__PREFIX_ALLOC__INIT;
-    op.pool = (char *)pool;
-    op.tag = (char *)tag;
+    op.pool = bin(pool);
+    op.tag = bin(tag);
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
     req.prefix_alloc = &op;
     Idalloc__ClientResponse *r;

@@ -59,6 +59,9 @@ static int perr(struct parser *p, const char *fmt, ...)
 static int perr(struct parser *p, const char *fmt, ...)
 {
     int n = snprintf(p->errmsg, IDA_ERRMSG_MAX, "%s:%u: ", p->name, p->line);
+    if (n < 0 || n >= IDA_ERRMSG_MAX - 1) {
+        return IDA_ECONFIG; /* a file name that fills the message */
+    }
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(p->errmsg + n, IDA_ERRMSG_MAX - (size_t)n, fmt, ap);
@@ -194,6 +197,22 @@ static int addr_taken(const struct ida_config *c,
     return 0;
 }
 
+/* 0.0.0.0, :: or ::ffff:0.0.0.0: "any address", fine to bind, but the
+ * cluster file's addresses are also the ones peers and clients dial. */
+static int addr_unspecified(const struct ida_addr *a)
+{
+    unsigned char b[16];
+    if (a->family == AF_INET) {
+        return inet_pton(AF_INET, a->host, b) == 1 &&
+               memcmp(b, "\0\0\0\0", 4) == 0;
+    }
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0,    0,
+                                             0, 0, 0, 0, 0xff, 0xff};
+    return inet_pton(AF_INET6, a->host, b) == 1 &&
+           (memcmp(b, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 16) == 0 ||
+            (memcmp(b, mapped, 12) == 0 && memcmp(b + 12, "\0\0\0\0", 4) == 0));
+}
+
 static int parse_node(struct parser *p, struct ida_config *c, char **f, int nf)
 {
     int metrics = nf == 5 && strncmp(f[4], "metrics=", 8) == 0;
@@ -223,6 +242,13 @@ static int parse_node(struct parser *p, struct ida_config *c, char **f, int nf)
                         "bad %s address \"%s\": expected IPv4:PORT or "
                         "[IPv6]:PORT",
                         what, f[2 + i]);
+        }
+        if (addr_unspecified(a)) {
+            return perr(p,
+                        "%s address %s is not an address other nodes can "
+                        "dial (%s means any address); give this node's own "
+                        "IP",
+                        what, a->text, a->family == AF_INET ? "0.0.0.0" : "::");
         }
         unsigned by;
         if (addr_taken(c, a, &by) ||
@@ -420,12 +446,16 @@ static int parse_line(struct parser *p, struct ida_config *c, char **f, int nf)
     return perr(p, "unknown key \"%s\"", k);
 }
 
-/* Split @line in place into at most FIELDS_MAX fields; drop a comment. */
+/* Split @line in place into at most FIELDS_MAX fields; drop a comment: a
+ * `#` at the start of the line or after a space or tab. A `#` inside a
+ * field is part of it (`data_dir /srv/a#1` is that path). */
 static int split(char *line, char **f)
 {
-    char *hash = strchr(line, '#');
-    if (hash != NULL) {
-        *hash = '\0';
+    for (char *c = line; *c != '\0'; c++) {
+        if (*c == '#' && (c == line || c[-1] == ' ' || c[-1] == '\t')) {
+            *c = '\0';
+            break;
+        }
     }
     int nf = 0;
     char *save = NULL;

@@ -1,14 +1,18 @@
 /* The cluster file (README.md, "Cluster file").
  *
- * One setting per line; `#` starts a comment; blank lines are ignored;
- * fields are separated by spaces or tabs. Keys:
+ * One setting per line; a `#` at the start of a line or after a space or
+ * tab starts a comment (a `#` inside a field is part of it: `data_dir
+ * /srv/a#1`); blank lines are ignored; fields are separated by spaces or
+ * tabs. Keys:
  *
  *   cluster NAME                      required, once; [A-Za-z0-9._-],
  *                                     1-64 chars
  *   node ID PEER_ADDR CLIENT_ADDR     required, 1 to IDA_CONFIG_NODES_MAX
  *                                     lines; ID in [1, 65535]; addresses
  *                                     are IPv4:PORT or [IPv6]:PORT,
- *                                     numeric only
+ *                                     numeric only, and not 0.0.0.0 or
+ *                                     :: (other nodes and clients dial
+ *                                     them)
  *   data_dir PATH                     optional, once; default "data"; node N
  *                                     keeps its files in PATH/nodeN; a
  *                                     relative PATH is relative to the

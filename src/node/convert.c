@@ -386,3 +386,86 @@ int node_conf_encode_full(const struct ida_config *file,
     idalloc__cluster_config__pack(&cc, *out);
     return 0;
 }
+
+int node_request_check(const Idalloc__ClientRequest *req, const char **why)
+{
+    const ProtobufCBinaryData *pool = NULL, *tag = NULL;
+    switch (req->op_case) {
+        case IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE:
+            pool = &req->pool_create->name;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_ALLOC:
+            pool = &req->alloc->pool;
+            tag = &req->alloc->tag;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_FREE:
+            pool = &req->free->pool;
+            tag = &req->free->tag;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_LOOKUP:
+            pool = &req->lookup->pool;
+            tag = &req->lookup->tag;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_LIST:
+            pool = &req->list->pool;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_RESERVE:
+            pool = &req->reserve->pool;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC:
+            pool = &req->prefix_alloc->pool;
+            tag = &req->prefix_alloc->tag;
+            break;
+        default:
+            return 0;
+    }
+    char name[IDA_POOL_NAME_MAX + 1], t[IDA_TAG_BYTES_MAX + 1];
+    const char *w = NULL;
+    int rv = ida_fsm_pool_name_get(pool, name, &w);
+    if (rv == 0 && tag != NULL) {
+        rv = ida_fsm_tag_get(tag, t, &w);
+    }
+    if (rv != 0) {
+        *why = w; /* untouched on success: the caller's later errors */
+    }
+    return rv;
+}
+
+void node_request_to_command(const Idalloc__ClientRequest *q,
+                             Idalloc__Command *c)
+{
+    c->client_id = q->client_id;
+    c->request_seq = q->request_seq;
+    c->ack_below = q->ack_below;
+    switch (q->op_case) {
+        case IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE:
+            c->op_case = IDALLOC__COMMAND__OP_POOL_CREATE;
+            c->pool_create = q->pool_create;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_ALLOC:
+            c->op_case = IDALLOC__COMMAND__OP_ALLOC;
+            c->alloc = q->alloc;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_FREE:
+            c->op_case = IDALLOC__COMMAND__OP_FREE;
+            c->free = q->free;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_RESERVE:
+            c->op_case = IDALLOC__COMMAND__OP_RESERVE;
+            c->reserve = q->reserve;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_RESTORE:
+            c->op_case = IDALLOC__COMMAND__OP_RESTORE;
+            c->restore = q->restore;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT:
+            c->op_case = IDALLOC__COMMAND__OP_REGISTER_CLIENT;
+            c->register_client = q->register_client;
+            break;
+        default:
+            IDA_ASSERT(q->op_case == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC);
+            c->op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
+            c->prefix_alloc = q->prefix_alloc;
+            break;
+    }
+}

@@ -71,4 +71,16 @@ int node_conf_encode_full(const struct ida_config *file,
                           uint8_t **out,
                           size_t *len);
 
+/* Check the pool name and tag of client request @req with the state
+ * machine's rules (ida_fsm_pool_name_get(), ida_fsm_tag_get()) before it
+ * reaches the log or a read. Returns 0 (also for operations without a name),
+ * or IDA_EINVAL / IDA_ETOOBIG with *@why a static message saying which
+ * rule ("tag holds a NUL byte"); *@why is left alone on success. */
+int node_request_check(const Idalloc__ClientRequest *req, const char **why);
+
+/* Make @c the log command of write request @q (pool create, alloc, free,
+ * reserve or prefix alloc): @c points into @q, which must outlive it. */
+void node_request_to_command(const Idalloc__ClientRequest *q,
+                             Idalloc__Command *c);
+
 #endif /* IDA_NODE_CONVERT_H */

@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "idalloc.h"
 #include "idalloc_errors.h"
+#include "src/client/client.h"
 #include "src/node/bgsnap.h"
 #include "src/node/convert.h"
 #include "src/node/node.h"
@@ -21,6 +22,10 @@
 /* The client library states the cluster's reserve limit to its users. */
 _Static_assert(IDALLOC_RESERVE_COUNT_MAX == IDA_RESERVE_COUNT_MAX,
                "include/idalloc.h and fsm/fsm.h disagree on the reserve limit");
+/* The library refuses the names and tags the cluster would. */
+_Static_assert(IDA_CLIENT_POOL_NAME_MAX == IDA_POOL_NAME_MAX &&
+                   IDA_CLIENT_TAG_BYTES_MAX == IDA_TAG_BYTES_MAX,
+               "src/client/client.h and fsm/fsm.h disagree on name limits");
 
 #define PENDING_BUCKETS 4096
 /* Bytes of a background snapshot read per step of the fsm processor. */
@@ -201,15 +206,22 @@ static void serve_read(struct fsm_proc *fp, struct ida_nm_read *rd)
     Idalloc__Holding hp[IDA_LIST_LIMIT_MAX];
     Idalloc__Holding *hpp[IDA_LIST_LIMIT_MAX];
     int rv;
+    char pool[IDA_POOL_NAME_MAX + 1], tag[IDA_TAG_BYTES_MAX + 1];
+    const char *why = NULL;
     if (q->op_case == IDALLOC__CLIENT_REQUEST__OP_LOOKUP) {
-        rv = ida_fsm_lookup(fp->fsm, q->lookup->pool, q->lookup->tag, &lr.id);
+        rv = ida_fsm_pool_name_get(&q->lookup->pool, pool, &why);
+        rv = rv != 0 ? rv : ida_fsm_tag_get(&q->lookup->tag, tag, &why);
+        rv = rv != 0 ? rv : ida_fsm_lookup(fp->fsm, pool, tag, &lr.id);
         res.result_case = IDALLOC__COMMAND_RESULT__RESULT_LOOKUP;
         res.lookup = &lr;
     } else {
         size_t count = 0;
         bool more = false;
-        rv = ida_fsm_list(fp->fsm, q->list->pool, q->list->has_after,
-                          q->list->after_id, q->list->limit, h, &count, &more);
+        rv = ida_fsm_pool_name_get(&q->list->pool, pool, &why);
+        rv = rv != 0 ? rv
+                     : ida_fsm_list(fp->fsm, pool, q->list->has_after,
+                                    q->list->after_id, q->list->limit, h,
+                                    &count, &more);
         for (size_t i = 0; rv == 0 && i < count; i++) {
             idalloc__holding__init(&hp[i]);
             hp[i].id = h[i].id;
@@ -227,8 +239,9 @@ static void serve_read(struct fsm_proc *fp, struct ida_nm_read *rd)
         res.error = (uint32_t)rv;
         /* Like the writes' answers, say what kind the read needs. */
         res.error_msg =
-            (char *)(rv == IDA_EKIND ? "operation needs a bounded pool"
-                                     : idalloc_strerror(rv));
+            (char *)(why != NULL && why[0] != '\0' ? why
+                     : rv == IDA_EKIND ? "operation needs a bounded pool"
+                                       : idalloc_strerror(rv));
     }
     if (ida_log_get_level() == IDA_LOG_DEBUG) {
         char name[IDA_NODE_REQ_NAME_MAX];

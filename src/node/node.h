@@ -44,6 +44,11 @@ struct ida_node_opts
     const char *config_path;
     unsigned node_id;
     const char *data_dir; /* NULL: the cluster file's data_dir */
+    /* --log-level (over the cluster file's log_level) and --log-format:
+     * applied by idallocd's main, not by ida_node_open(). */
+    int has_log_level;
+    enum ida_log_level log_level;
+    int log_json;
 };
 
 struct raft_proc;

@@ -345,39 +345,7 @@ static void flush_open(struct raft_proc *rp, struct ida_sender *s)
         const Idalloc__ClientRequest *q = rp->open[i];
         Idalloc__Command *c = &cmds[i];
         idalloc__command__init(c);
-        c->client_id = q->client_id;
-        c->request_seq = q->request_seq;
-        c->ack_below = q->ack_below;
-        switch (q->op_case) {
-            case IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE:
-                c->op_case = IDALLOC__COMMAND__OP_POOL_CREATE;
-                c->pool_create = q->pool_create;
-                break;
-            case IDALLOC__CLIENT_REQUEST__OP_ALLOC:
-                c->op_case = IDALLOC__COMMAND__OP_ALLOC;
-                c->alloc = q->alloc;
-                break;
-            case IDALLOC__CLIENT_REQUEST__OP_FREE:
-                c->op_case = IDALLOC__COMMAND__OP_FREE;
-                c->free = q->free;
-                break;
-            case IDALLOC__CLIENT_REQUEST__OP_RESERVE:
-                c->op_case = IDALLOC__COMMAND__OP_RESERVE;
-                c->reserve = q->reserve;
-                break;
-            case IDALLOC__CLIENT_REQUEST__OP_RESTORE:
-                c->op_case = IDALLOC__COMMAND__OP_RESTORE;
-                c->restore = q->restore;
-                break;
-            case IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT:
-                c->op_case = IDALLOC__COMMAND__OP_REGISTER_CLIENT;
-                c->register_client = q->register_client;
-                break;
-            default:
-                c->op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
-                c->prefix_alloc = q->prefix_alloc;
-                break;
-        }
+        node_request_to_command(q, c);
         ptrs[i] = c;
     }
     size_t len = 0;
@@ -530,6 +498,8 @@ static void on_client(struct raft_proc *rp,
     } else if (req->op_case == IDALLOC__CLIENT_REQUEST__OP__NOT_SET) {
         err = IDA_EINVAL;
         why = "request has no operation";
+    } else if ((err = node_request_check(req, &why)) != 0) {
+        /* Refused at the door: never in the log, never read. */
     } else if (rp->role != IDA_RAFT_LEADER) {
         err = IDA_ENOTLEADER;
     } else if (req->client_id.len != IDA_CLIENT_ID_BYTES) {

@@ -292,3 +292,64 @@ Test(cli, request_id_on_writes_only)
         "bad --request-id");
     bad("alloc p --tag t --request-id", "needs a value");
 }
+
+/* Found by tests/fuzz/fuzz_cli.c: `--version` parses to IDA_CLI_VERSION,
+ * whose usage text was NULL (a caller printing it would crash). Every
+ * command value has a text. */
+Test(cli, every_command_has_a_usage_text)
+{
+    for (int c = IDA_CLI_HELP; c <= IDA_CLI_LEADER_TRANSFER; c++) {
+        const char *u = ida_cli_usage((enum ida_cli_cmd)c);
+        cr_assert(u != NULL && strncmp(u, "usage: idalloc", 14) == 0,
+                  "command %d", c);
+    }
+    cr_assert_eq(parse("--version"), 0);
+    cr_assert_eq(cli.cmd, IDA_CLI_VERSION);
+    cr_assert_not_null(ida_cli_usage(cli.cmd));
+}
+
+/* An option where a value belongs is a missing value, named as such (it
+ * used to become the value: `alloc p --tag --json` allocated to the tag
+ * "--json"); a value that starts with `-` goes after `=`; unknown options
+ * are named, with or without `=`; empty addresses are refused. */
+Test(cli, options_are_never_taken_as_values)
+{
+    bad("alloc p --tag --json", "--tag needs a value, not the option --json");
+    bad("alloc p --tag --foo", "--tag needs a value, not the option --foo");
+    bad("alloc p --tag", "--tag needs a value (see idalloc alloc --help)");
+    bad("--cluster --timeout 5 status",
+        "--cluster needs a value, not the "
+        "option --timeout");
+    bad("--timeout", "--timeout needs a value (see idalloc --help)");
+    bad("--bogus=1 status", "unknown option --bogus (");
+    bad("alloc p --bogus=1 --tag x", "alloc: unknown option --bogus (");
+    bad("alloc p --bogus", "alloc: unknown option --bogus (");
+    bad("status --bogus", "status: unknown option --bogus");
+    bad("--cluster= status", "--cluster needs a value, not an empty string");
+    cr_assert_eq(parse("alloc p --tag=--json"), 0, "%s", err);
+    cr_assert_str_eq(cli.tag, "--json");
+    cr_assert_eq(parse("--cluster=127.0.0.1:1 --timeout=20 reserve s "
+                       "--count=3"),
+                 0, "%s", err);
+    cr_assert_str_eq(cli.cluster, "127.0.0.1:1");
+    cr_assert_eq(cli.timeout_ms, 20);
+    cr_assert_eq(cli.count, 3);
+    cr_assert_eq(parse("alloc p --tag=a=b"), 0, "%s", err);
+    cr_assert_str_eq(cli.tag, "a=b");
+    bad("alloc p --tag=x --tag=y", "--tag given twice");
+}
+
+/* list prints one line per holding: a tag holding a newline used to print
+ * as two lines. */
+Test(cli, tags_are_escaped_for_one_line_output)
+{
+    char out[4 * 32 + 1];
+    ida_cli_escape("plain \xc3\xa9t\xc3\xa9", out);
+    cr_assert_str_eq(out, "plain \xc3\xa9t\xc3\xa9");
+    ida_cli_escape("a\nb\tc\rd\\e", out);
+    cr_assert_str_eq(out, "a\\nb\\tc\\rd\\\\e");
+    ida_cli_escape("\x01\x1f\x7f", out);
+    cr_assert_str_eq(out, "\\x01\\x1f\\x7f");
+    ida_cli_escape("", out);
+    cr_assert_str_eq(out, "");
+}

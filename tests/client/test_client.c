@@ -532,3 +532,45 @@ Test(client, options_of_another_size_are_refused)
     cli = NULL;
     cr_assert_eq(idalloc_api_version(), IDALLOC_API_VERSION);
 }
+
+/* The library refuses what the cluster would, with the rule in the error
+ * detail, and sends nothing: tags 1-128 bytes of UTF-8, pool names 1-64 of
+ * A-Za-z0-9._:- (a C string cannot hold a NUL byte: the node and the state
+ * machine refuse one that a forged client sends, tests/cluster). */
+Test(client, bad_names_and_tags_are_refused_before_sending, .fini = teardown)
+{
+    start(1, FAKE_ANSWER, 0, 0);
+    connect_client(1000, 5000);
+    char tag[130], pool[66];
+    memset(tag, 't', sizeof(tag));
+    memset(pool, 'p', sizeof(pool));
+    uint64_t id;
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    uint8_t pre[9];
+    size_t plen;
+    tag[129] = '\0';
+    cr_assert_eq(idalloc_alloc(cli, "p", tag, &id, NULL, &call), IDA_ETOOBIG);
+    cr_assert(strstr(call.errmsg, "at most 128") != NULL, "%s", call.errmsg);
+    cr_assert_eq(idalloc_alloc(cli, "p", "\xff", &id, NULL, &call), IDA_EINVAL);
+    cr_assert(strstr(call.errmsg, "not valid UTF-8") != NULL);
+    cr_assert_eq(idalloc_free(cli, "p", 0, "a\xc3", NULL, &call), IDA_EINVAL);
+    cr_assert_eq(idalloc_lookup(cli, "p", "", &id, &call), IDA_EINVAL);
+    cr_assert_eq(
+        idalloc_prefix(cli, "p", "\xed\xa0\x80", pre, &plen, NULL, &call),
+        IDA_EINVAL);
+    pool[65] = '\0';
+    cr_assert_eq(idalloc_reserve(cli, pool, 1, &id, &call), IDA_EINVAL);
+    cr_assert(strstr(call.errmsg, "pool name must be") != NULL);
+    cr_assert_eq(
+        idalloc_pool_create(cli, "a b", IDALLOC_POOL_SEQUENCE, 0, NULL, &call),
+        IDA_EINVAL);
+    cr_assert_eq(fake_seen(&srv[0]), 0, "nothing was sent");
+    tag[128] = '\0';
+    pool[64] = '\0';
+    cr_assert_eq(idalloc_alloc(cli, pool, tag, &id, NULL, &call), 0, "%s",
+                 call.errmsg);
+    cr_assert_eq(idalloc_alloc(cli, "p", "\xc3\xa9t\xc3\xa9", &id, NULL, &call),
+                 0);
+    cr_assert_eq(fake_seen(&srv[0]), 2);
+}

@@ -334,7 +334,7 @@ Test(attack_client, non_reading_clients, .fini = teardown, .timeout = 240)
     long rss0 = forge_proc_kb(pid, "VmRSS");
 
     Idalloc__List list = IDALLOC__LIST__INIT;
-    list.pool = "b";
+    list.pool = (ProtobufCBinaryData){1, (uint8_t *)"b"};
     list.limit = 1000;
     Idalloc__ClientRequest r = IDALLOC__CLIENT_REQUEST__INIT;
     uint8_t cid[16] = {1};
@@ -403,8 +403,8 @@ Test(attack_client, half_close_gets_its_reply, .fini = teardown, .timeout = 120)
     uint64_t before = write_before(cl);
     idalloc_client_free(cl);
     Idalloc__Lookup lk = IDALLOC__LOOKUP__INIT;
-    lk.pool = "b";
-    lk.tag = "before";
+    lk.pool = (ProtobufCBinaryData){1, (uint8_t *)"b"};
+    lk.tag = (ProtobufCBinaryData){6, (uint8_t *)"before"};
     Idalloc__ClientRequest r = IDALLOC__CLIENT_REQUEST__INIT;
     uint8_t cid[16] = {2};
     r.client_id.data = cid;

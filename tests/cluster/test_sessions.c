@@ -151,7 +151,7 @@ Test(sessions_live,
             q.client_id.data = cid;
             q.client_id.len = 16;
             q.request_seq = (uint64_t)(done + i) + 1;
-            r.pool = "s";
+            r.pool = (ProtobufCBinaryData){1, (uint8_t *)"s"};
             r.count = 100;
             q.op_case = IDALLOC__CLIENT_REQUEST__OP_RESERVE;
             q.reserve = &r;

@@ -30,6 +30,7 @@ void fx_client_id(uint64_t client, uint8_t out[IDA_CLIENT_ID_BYTES])
 void fx_batch_init(struct fx_batch *b, uint64_t timestamp_ms)
 {
     b->timestamp_ms = timestamp_ms;
+    b->version = 0;
     b->n = 0;
 }
 
@@ -50,11 +51,15 @@ static Idalloc__Command *add(struct fx_batch *b, uint64_t client, uint64_t seq)
     return c;
 }
 
-static char *keep(char (*dst)[FX_STR_MAX], size_t i, const char *s)
+/* A copy of @s as the bytes of a command field (pool names and tags are
+ * proto `bytes`). */
+static ProtobufCBinaryData keep(char (*dst)[FX_STR_MAX],
+                                size_t i,
+                                const char *s)
 {
     FX_CHECK(strlen(s) < FX_STR_MAX);
     strcpy(dst[i], s);
-    return dst[i];
+    return (ProtobufCBinaryData){strlen(s), (uint8_t *)dst[i]};
 }
 
 void fx_add_create(struct fx_batch *b,
@@ -140,7 +145,7 @@ uint8_t *fx_batch_pack(const struct fx_batch *b, size_t *len)
 {
     Idalloc__CommandBatch m;
     idalloc__command_batch__init(&m);
-    m.version = IDA_BATCH_VERSION;
+    m.version = b->version != 0 ? b->version : IDA_BATCH_VERSION;
     m.timestamp_ms = b->timestamp_ms;
     m.n_commands = b->n;
     m.commands = (Idalloc__Command **)b->ptr;

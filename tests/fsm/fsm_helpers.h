@@ -15,6 +15,7 @@
 struct fx_batch
 {
     uint64_t timestamp_ms;
+    uint32_t version; /* CommandBatch.version; 0: IDA_BATCH_VERSION */
     size_t n;
     Idalloc__Command cmd[FX_BATCH_MAX];
     Idalloc__Command *ptr[FX_BATCH_MAX];

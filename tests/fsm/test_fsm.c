@@ -234,6 +234,106 @@ Test(fsm, bounded_tags_bounded_and_checked)
     cr_assert_not(ida_fsm_tag_valid(""));
 }
 
+/* A NUL byte inside a tag or a pool name is refused: proto `string`
+ * fields used to cut it, so "alice\0evil" was alice's tag and "p\0q" created
+ * p. A tag that is not UTF-8 is refused too (batches of version 2). Nothing
+ * changes. */
+Test(fsm, nul_bytes_and_bad_utf8_are_refused)
+{
+    static const char evil[] = "alice\0evil", pq[] = "p\0q";
+    assert_ok(create("b", BND, 10));
+    assert_ok(alloc("b", "alice"));
+    fx_batch_init(&b, now_ms);
+    fx_add_alloc(&b, 1, ++seq, "b", "x");
+    b.op[0].alloc.tag =
+        (ProtobufCBinaryData){sizeof(evil) - 1, (uint8_t *)evil};
+    struct ida_fsm_result r = fx_one(f, &b);
+    assert_err(r, IDA_EINVAL);
+    cr_assert_str_eq(r.error_msg, "tag holds a NUL byte");
+    fx_batch_init(&b, now_ms);
+    fx_add_free(&b, 1, ++seq, "b", 0, "x");
+    b.op[0].free.tag = (ProtobufCBinaryData){sizeof(evil) - 1, (uint8_t *)evil};
+    assert_err(fx_one(f, &b), IDA_EINVAL);
+    fx_batch_init(&b, now_ms);
+    fx_add_create(&b, 1, ++seq, "x", SEQ, 0);
+    b.op[0].create.name = (ProtobufCBinaryData){3, (uint8_t *)pq};
+    r = fx_one(f, &b);
+    assert_err(r, IDA_EINVAL);
+    cr_assert(strstr(r.error_msg, "pool name") != NULL);
+    cr_assert_eq(ida_fsm_pool_count(f), 1, "p was not created");
+    fx_batch_init(&b, now_ms);
+    fx_add_alloc(&b, 1, ++seq, "x", "bob");
+    b.op[0].alloc.pool = (ProtobufCBinaryData){3, (uint8_t *)"b\0q"};
+    assert_err(fx_one(f, &b), IDA_EINVAL);
+    static const char *const bad_utf8[] = {"\xff",         "a\xc3",
+                                           "\xc3\x28",     "\xc0\xaf",
+                                           "\xed\xa0\x80", "\xf4\x90\x80\x80"};
+    for (size_t i = 0; i < sizeof(bad_utf8) / sizeof(bad_utf8[0]); i++) {
+        r = alloc("b", bad_utf8[i]);
+        assert_err(r, IDA_EINVAL);
+        cr_assert_str_eq(r.error_msg, "tag is not valid UTF-8");
+        assert_err(prefix("b", bad_utf8[i]), IDA_EKIND);
+    }
+    uint64_t id;
+    cr_assert_eq(ida_fsm_lookup(f, "b", "alice", &id), 0);
+    cr_assert_eq(id, 0, "alice keeps her id");
+    cr_assert_eq(ida_fsm_lookup(f, "b", "\xff", &id), IDA_EINVAL);
+    r = alloc("b", "\xc3\xa9t\xc3\xa9 \xf0\x9f\x90\x8d");
+    assert_ok(r);
+    cr_assert_eq(r.id, 1, "the refused allocs took nothing");
+    cr_assert_not(ida_fsm_tag_valid("\xff"));
+    /* A batch of version 1 is applied with the rule it was written under
+     * (any bytes but NUL), so an old log replays to the same state. */
+    fx_batch_init(&b, now_ms);
+    b.version = 1;
+    fx_add_alloc(&b, 1, ++seq, "b", "\xff");
+    r = fx_one(f, &b);
+    assert_ok(r);
+    cr_assert_eq(r.id, 2);
+    fx_batch_init(&b, now_ms);
+    b.version = 1;
+    fx_add_alloc(&b, 1, ++seq, "b", "x");
+    b.op[0].alloc.tag =
+        (ProtobufCBinaryData){sizeof(evil) - 1, (uint8_t *)evil};
+    assert_err(fx_one(f, &b), IDA_EINVAL);
+}
+
+/* The checks the node runs at its door: a reason for each rule, and a C
+ * string of what was valid. */
+Test(fsm, wire_names_and_tags_are_checked_and_copied)
+{
+    char name[IDA_POOL_NAME_MAX + 1], tag[IDA_TAG_BYTES_MAX + 1];
+    char big[IDA_TAG_BYTES_MAX + 1];
+    memset(big, 'x', sizeof(big));
+    const char *why;
+    ProtobufCBinaryData in = {4, (uint8_t *)"a.b:"};
+    cr_assert_eq(ida_fsm_pool_name_get(&in, name, &why), 0);
+    cr_assert_str_eq(name, "a.b:");
+    in = (ProtobufCBinaryData){3, (uint8_t *)"p\0q"};
+    cr_assert_eq(ida_fsm_pool_name_get(&in, name, &why), IDA_EINVAL);
+    cr_assert(strstr(why, "pool name") != NULL);
+    cr_assert_str_eq(name, "");
+    in = (ProtobufCBinaryData){IDA_POOL_NAME_MAX + 1, (uint8_t *)big};
+    cr_assert_eq(ida_fsm_pool_name_get(&in, name, &why), IDA_EINVAL);
+    in = (ProtobufCBinaryData){IDA_POOL_NAME_MAX, (uint8_t *)big};
+    cr_assert_eq(ida_fsm_pool_name_get(&in, name, &why), 0);
+    in = (ProtobufCBinaryData){0, NULL};
+    cr_assert_eq(ida_fsm_pool_name_get(&in, name, &why), IDA_EINVAL);
+    cr_assert_eq(ida_fsm_tag_get(&in, tag, &why), IDA_EINVAL);
+    cr_assert_str_eq(why, "tag must not be empty");
+    in = (ProtobufCBinaryData){IDA_TAG_BYTES_MAX, (uint8_t *)big};
+    cr_assert_eq(ida_fsm_tag_get(&in, tag, &why), 0);
+    cr_assert_eq(strlen(tag), IDA_TAG_BYTES_MAX);
+    in = (ProtobufCBinaryData){IDA_TAG_BYTES_MAX + 1, (uint8_t *)big};
+    cr_assert_eq(ida_fsm_tag_get(&in, tag, &why), IDA_ETOOBIG);
+    in = (ProtobufCBinaryData){10, (uint8_t *)"alice\0evil"};
+    cr_assert_eq(ida_fsm_tag_get(&in, tag, &why), IDA_EINVAL);
+    cr_assert_str_eq(why, "tag holds a NUL byte");
+    in = (ProtobufCBinaryData){2, (uint8_t *)"\xc0\xaf"};
+    cr_assert_eq(ida_fsm_tag_get(&in, tag, &why), IDA_EINVAL);
+    cr_assert_str_eq(why, "tag is not valid UTF-8");
+}
+
 Test(fsm, bounded_huge_size_is_sparse)
 {
     /* 2^40 and 2^64-1 ids: memory follows allocations, not the size. */
@@ -530,7 +630,7 @@ Test(fsm, malformed_batches_are_deterministic_noops)
     /* A valid batch of an unknown version. */
     Idalloc__CommandBatch m;
     idalloc__command_batch__init(&m);
-    m.version = 2;
+    m.version = IDA_BATCH_VERSION + 1;
     uint8_t buf[16];
     size_t n = idalloc__command_batch__pack(&m, buf);
     cr_assert_eq(ida_fsm_apply(f, ++i, IDA_ENTRY_NORMAL, buf, n, &out), 0);

@@ -105,3 +105,38 @@ Test(convert, membership_removed_record_round_trips_and_is_checked)
     cr_assert_eq(node_conf_decode(buf, len, &d), IDA_EPROTO);
     cr_assert_eq(memcmp(&before, &d, sizeof(d)), 0);
 }
+
+/* The node's door: a forged request whose tag or pool name holds a NUL
+ * byte, or whose tag is not UTF-8, is refused with the rule it broke before
+ * anything of it reaches the log; valid ones and nameless ones pass. */
+Test(convert, request_check_refuses_bad_names_at_the_door)
+{
+    Idalloc__ClientRequest req = IDALLOC__CLIENT_REQUEST__INIT;
+    Idalloc__Alloc a = IDALLOC__ALLOC__INIT;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_ALLOC;
+    req.alloc = &a;
+    a.pool = (ProtobufCBinaryData){1, (uint8_t *)"b"};
+    a.tag = (ProtobufCBinaryData){5, (uint8_t *)"alice"};
+    const char *why = NULL;
+    cr_assert_eq(node_request_check(&req, &why), 0);
+    cr_assert_null(why, "left alone: the node's later errors say their own");
+    a.tag = (ProtobufCBinaryData){10, (uint8_t *)"alice\0evil"};
+    cr_assert_eq(node_request_check(&req, &why), IDA_EINVAL);
+    cr_assert_str_eq(why, "tag holds a NUL byte");
+    a.tag = (ProtobufCBinaryData){2, (uint8_t *)"\xff\xfe"};
+    cr_assert_eq(node_request_check(&req, &why), IDA_EINVAL);
+    cr_assert_str_eq(why, "tag is not valid UTF-8");
+    a.tag = (ProtobufCBinaryData){5, (uint8_t *)"alice"};
+    a.pool = (ProtobufCBinaryData){3, (uint8_t *)"b\0q"};
+    cr_assert_eq(node_request_check(&req, &why), IDA_EINVAL);
+    cr_assert(strstr(why, "pool name") != NULL);
+    Idalloc__PoolCreate pc = IDALLOC__POOL_CREATE__INIT;
+    pc.name = (ProtobufCBinaryData){3, (uint8_t *)"p\0q"};
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE;
+    req.pool_create = &pc;
+    cr_assert_eq(node_request_check(&req, &why), IDA_EINVAL);
+    Idalloc__Status st = IDALLOC__STATUS__INIT;
+    req.op_case = IDALLOC__CLIENT_REQUEST__OP_STATUS;
+    req.status = &st;
+    cr_assert_eq(node_request_check(&req, &why), 0);
+}

@@ -513,8 +513,8 @@ Test(net, reserve_slot_takes_only_status, .init = setup, .fini = teardown)
     /* Something other than status: refused with IDA_EBUSY, closed. */
     Idalloc__ClientRequest q = IDALLOC__CLIENT_REQUEST__INIT;
     Idalloc__Lookup lk = IDALLOC__LOOKUP__INIT;
-    lk.pool = "p";
-    lk.tag = "t";
+    lk.pool = (ProtobufCBinaryData){1, (uint8_t *)"p"};
+    lk.tag = (ProtobufCBinaryData){1, (uint8_t *)"t"};
     uint8_t cid[16] = {1};
     q.version = IDA_WIRE_VERSION;
     q.client_id.data = cid;

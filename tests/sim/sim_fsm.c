@@ -31,6 +31,12 @@ void sim__tag_name(char *buf, size_t n, int client, int tag)
     snprintf(buf, n, "c%d-t%d", client, tag);
 }
 
+/* A name or tag as a request's bytes field. */
+static ProtobufCBinaryData sim_bin(const char *str)
+{
+    return (ProtobufCBinaryData){strlen(str), (uint8_t *)str};
+}
+
 /* One command (client @client, @seq) in a batch of its own, stamped with
  * the virtual clock (the session clock of fsm/). Returns an ida_malloc'd
  * buffer, or NULL (out of memory: s->oom is set). */
@@ -63,7 +69,7 @@ uint8_t *sim__cmd_encode(struct sim *s,
         case SIM_OP_CREATE_SEQUENCE:
         case SIM_OP_CREATE_PREFIX:
             idalloc__pool_create__init(&create);
-            create.name = (char *)pool_names[r->op - SIM_OP_CREATE_BOUNDED];
+            create.name = sim_bin(pool_names[r->op - SIM_OP_CREATE_BOUNDED]);
             create.kind = r->op == SIM_OP_CREATE_BOUNDED
                               ? IDALLOC__POOL_KIND__POOL_KIND_BOUNDED
                           : r->op == SIM_OP_CREATE_SEQUENCE
@@ -75,30 +81,30 @@ uint8_t *sim__cmd_encode(struct sim *s,
             break;
         case SIM_OP_ALLOC:
             idalloc__alloc__init(&alloc);
-            alloc.pool = (char *)pool_names[0];
-            alloc.tag = tag;
+            alloc.pool = sim_bin(pool_names[0]);
+            alloc.tag = sim_bin(tag);
             cmd.op_case = IDALLOC__COMMAND__OP_ALLOC;
             cmd.alloc = &alloc;
             break;
         case SIM_OP_FREE:
             idalloc__free__init(&fr);
-            fr.pool = (char *)pool_names[0];
-            fr.tag = tag;
+            fr.pool = sim_bin(pool_names[0]);
+            fr.tag = sim_bin(tag);
             fr.id = r->id;
             cmd.op_case = IDALLOC__COMMAND__OP_FREE;
             cmd.free = &fr;
             break;
         case SIM_OP_RESERVE:
             idalloc__reserve__init(&reserve);
-            reserve.pool = (char *)pool_names[1];
+            reserve.pool = sim_bin(pool_names[1]);
             reserve.count = r->count;
             cmd.op_case = IDALLOC__COMMAND__OP_RESERVE;
             cmd.reserve = &reserve;
             break;
         case SIM_OP_PREFIX:
             idalloc__prefix_alloc__init(&prefix);
-            prefix.pool = (char *)pool_names[2];
-            prefix.tag = tag;
+            prefix.pool = sim_bin(pool_names[2]);
+            prefix.tag = sim_bin(tag);
             cmd.op_case = IDALLOC__COMMAND__OP_PREFIX_ALLOC;
             cmd.prefix_alloc = &prefix;
             break;

@@ -353,3 +353,55 @@ Test(config, bad_tls_lines)
                  "t.conf:6: ", "duplicate \"tls_dir\"");
     expect_error(GOOD "tls_dir\n", "t.conf:5: ", "missing field");
 }
+
+/* 0.0.0.0 and :: mean "any address": a node could bind them, but the
+ * cluster file's addresses are the ones other nodes and clients dial. */
+Test(config, unspecified_addresses_are_refused)
+{
+    expect_error("cluster c\nnode 1 0.0.0.0:7101 127.0.0.1:7201\n",
+                 "t.conf:2: ",
+                 "peer address 0.0.0.0:7101 is not an address other nodes "
+                 "can dial");
+    expect_error("cluster c\nnode 1 127.0.0.1:7101 0.0.0.0:7201\n",
+                 "t.conf:2: ", "client address 0.0.0.0:7201 is not an address");
+    expect_error("cluster c\nnode 1 [::]:7101 [::1]:7201\n", "t.conf:2: ",
+                 "peer address [::]:7101 is not an address other nodes can "
+                 "dial (:: means any address)");
+    expect_error("cluster c\nnode 1 [::1]:7101 [0:0::0]:7201\n",
+                 "t.conf:2: ", "client address [0:0::0]:7201");
+    expect_error("cluster c\nnode 1 [::ffff:0.0.0.0]:7101 [::1]:7201\n",
+                 "t.conf:2: ", "is not an address other nodes can dial");
+    cr_assert_eq(parse("cluster c\nnode 1 0.0.0.1:7101 [::2]:7201\n"), 0, "%s",
+                 err);
+}
+
+/* A `#` starts a comment only at the start of a line or after a space or
+ * tab: inside a field it is part of it (data_dir a#b was silently "a"). */
+Test(config, hash_inside_a_field_is_not_a_comment)
+{
+    cr_assert_eq(parse(GOOD "data_dir /srv/idalloc#2\n"), 0, "%s", err);
+    cr_assert_str_eq(cfg.data_dir, "/srv/idalloc#2");
+    cr_assert_eq(parse(GOOD "data_dir d # a comment\n#data_dir x\n"), 0, "%s",
+                 err);
+    cr_assert_str_eq(cfg.data_dir, "d");
+    cr_assert_eq(parse(GOOD "data_dir d\t#tab, then a comment\n"), 0, "%s",
+                 err);
+    cr_assert_str_eq(cfg.data_dir, "d");
+    expect_error(GOOD "heartbeat_ms 5#0\n",
+                 "t.conf:5: ", "bad value \"5#0\" for heartbeat_ms");
+    expect_error("cluster c#1\nnode 1 127.0.0.1:1 127.0.0.1:2\n",
+                 "t.conf:1: ", "bad cluster name \"c#1\"");
+}
+
+/* A file name longer than the message buffer (a long --config path) used
+ * to make the message's size negative and overflow the buffer. */
+Test(config, very_long_file_name)
+{
+    static char name[3 * IDA_ERRMSG_MAX];
+    memset(name, 'd', sizeof(name) - 1);
+    const char *text = "cluster c\nbogus 1\n";
+    cr_assert_eq(ida_config_parse(text, strlen(text), name, &cfg, err),
+                 IDA_ECONFIG);
+    cr_assert_lt(strlen(err), IDA_ERRMSG_MAX);
+    cr_assert_eq(strncmp(err, "ddd", 3), 0);
+}

@@ -1,0 +1,133 @@
+#include "src/node/args.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+
+const char ida_node_usage[] =
+    "usage: idallocd --config FILE --node ID [--data DIR]\n"
+    "                [--log-level LEVEL] [--log-format text|json]\n"
+    "       idallocd -h|--help | --version\n"
+    "\n"
+    "Run node ID of the cluster described by FILE (see README.md, \"Cluster\n"
+    "file\"). The node keeps its Raft log, hard state and snapshots in\n"
+    "DATA/nodeID, where DATA is the cluster file's data_dir unless --data\n"
+    "is given. The cluster file also sets the client port's limits\n"
+    "(client_connections_max, client_idle_timeout_ms, ...); at start the\n"
+    "node raises its soft descriptor limit (RLIMIT_NOFILE) to the hard one.\n"
+    "Logs go to stderr, one line per event.\n"
+    "\n"
+    "  --config FILE  the cluster file (required)\n"
+    "  --node ID      this node's id in the cluster file (required)\n"
+    "  --data DIR     keep data in DIR/nodeID instead of data_dir/nodeID\n"
+    "  --log-level LEVEL   debug, info, warn or error: overrides the cluster\n"
+    "                 file's log_level\n"
+    "  --log-format text|json   text (default): one line per event;\n"
+    "                 json: one JSON object per line with the same fields\n"
+    "                 (ts, level, node, msg)\n"
+    "  -h, --help     this text\n"
+    "  --version      print the version\n"
+    "Values may also follow an `=` (--data=DIR); that is the only way to\n"
+    "give a value that starts with `-`.\n"
+    "\n"
+    "SIGINT or SIGTERM: stop accepting requests, finish the storage step in\n"
+    "flight, close the data files, exit 0. Exit 2: bad usage, cluster file\n"
+    "or TLS files (its tls_dir: ca.crt, nodeID.crt, nodeID.key); 1: the data\n"
+    "directory cannot be used (foreign, newer format, I/O error) or the\n"
+    "addresses cannot be bound.\n";
+
+static enum ida_node_args_result bad(char *errmsg, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static enum ida_node_args_result bad(char *errmsg, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errmsg, IDA_ERRMSG_MAX, fmt, ap);
+    va_end(ap);
+    return IDA_NODE_ARGS_BAD;
+}
+
+enum ida_node_args_result ida_node_args_parse(int argc,
+                                              char **argv,
+                                              struct ida_node_opts *o,
+                                              char *errmsg)
+{
+    static const char *const names[] = {"--config", "--node", "--data",
+                                        "--log-level", "--log-format"};
+    enum { NAMES = 5 };
+    const char *vals[NAMES] = {NULL, NULL, NULL, NULL, NULL};
+    memset(o, 0, sizeof(*o));
+    errmsg[0] = '\0';
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            return IDA_NODE_ARGS_HELP;
+        }
+        if (strcmp(a, "--version") == 0) {
+            return IDA_NODE_ARGS_VERSION;
+        }
+        const char *eq = strchr(a, '=');
+        size_t n = eq != NULL ? (size_t)(eq - a) : strlen(a);
+        int k = 0;
+        while (k < NAMES &&
+               (strlen(names[k]) != n || strncmp(a, names[k], n))) {
+            k++;
+        }
+        if (k == NAMES) {
+            return bad(errmsg, "unknown option %.*s (see --help)", (int)n, a);
+        }
+        const char *v;
+        if (eq != NULL) {
+            v = eq + 1;
+        } else if (i + 1 < argc && argv[i + 1][0] != '-') {
+            v = argv[++i];
+        } else {
+            return bad(errmsg, "%s needs a value%s%s (see --help)", names[k],
+                       i + 1 < argc ? ", not the option " : "",
+                       i + 1 < argc ? argv[i + 1] : "");
+        }
+        if (vals[k] != NULL) {
+            return bad(errmsg, "%s given twice", names[k]);
+        }
+        if (v[0] == '\0') {
+            return bad(errmsg, "%s needs a value, not an empty string%s",
+                       names[k],
+                       k == 2 ? " (the node's files would go to /nodeID)" : "");
+        }
+        vals[k] = v;
+    }
+    if (vals[0] == NULL || vals[1] == NULL) {
+        return bad(errmsg, "--config and --node are required (see --help)");
+    }
+    unsigned long id = 0;
+    const char *s = vals[1];
+    for (; *s >= '0' && *s <= '9' && id <= 65535; s++) {
+        id = id * 10 + (unsigned long)(*s - '0');
+    }
+    if (*s != '\0' || id == 0 || id > 65535) {
+        return bad(errmsg, "bad --node \"%s\": expected a number in [1, 65535]",
+                   vals[1]);
+    }
+    if (vals[3] != NULL) {
+        if (ida_log_level_parse(vals[3], &o->log_level) != 0) {
+            return bad(errmsg,
+                       "bad --log-level \"%s\" (debug, info, warn or error)",
+                       vals[3]);
+        }
+        o->has_log_level = 1;
+    }
+    if (vals[4] != NULL) {
+        if (strcmp(vals[4], "json") != 0 && strcmp(vals[4], "text") != 0) {
+            return bad(errmsg, "bad --log-format \"%s\" (text or json)",
+                       vals[4]);
+        }
+        o->log_json = strcmp(vals[4], "json") == 0;
+    }
+    o->config_path = vals[0];
+    o->node_id = (unsigned)id;
+    o->data_dir = vals[2];
+    return IDA_NODE_ARGS_RUN;
+}

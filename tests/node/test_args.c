@@ -1,0 +1,79 @@
+/* bin/idallocd's command line (src/node/args.h). */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "src/node/args.h"
+
+static struct ida_node_opts o;
+static char err[IDA_ERRMSG_MAX];
+
+/* Parse a command line split at '|' (so empty arguments can be written). */
+static enum ida_node_args_result parse(const char *line)
+{
+    static char buf[512];
+    static char *argv[32];
+    int argc = 0;
+    strcpy(buf, line);
+    argv[argc++] = "idallocd";
+    char *p = buf;
+    for (;;) {
+        argv[argc++] = p;
+        char *bar = strchr(p, '|');
+        if (bar == NULL) {
+            break;
+        }
+        *bar = '\0';
+        p = bar + 1;
+    }
+    return ida_node_args_parse(argc, argv, &o, err);
+}
+
+static void bad(const char *line, const char *needle)
+{
+    cr_assert_eq(parse(line), IDA_NODE_ARGS_BAD, "accepted: %s", line);
+    cr_assert(strstr(err, needle) != NULL,
+              "\"%s\": message \"%s\" lacks \"%s\"", line, err, needle);
+}
+
+Test(node_args, good_lines)
+{
+    cr_assert_eq(parse("--config|c.conf|--node|2"), IDA_NODE_ARGS_RUN, "%s",
+                 err);
+    cr_assert_str_eq(o.config_path, "c.conf");
+    cr_assert_eq(o.node_id, 2);
+    cr_assert_null(o.data_dir);
+    cr_assert_eq(parse("--node=65535|--data=/tmp/x|--config=-odd.conf"),
+                 IDA_NODE_ARGS_RUN, "%s", err);
+    cr_assert_str_eq(o.config_path, "-odd.conf");
+    cr_assert_str_eq(o.data_dir, "/tmp/x");
+    cr_assert_eq(o.node_id, 65535);
+    cr_assert_eq(parse("--config|c|--help"), IDA_NODE_ARGS_HELP);
+    cr_assert_eq(parse("--version"), IDA_NODE_ARGS_VERSION);
+    cr_assert(strstr(ida_node_usage, "--data=DIR") != NULL);
+}
+
+/* `--data ''` used to put the node's files at /nodeID; an option where a
+ * value belongs used to become the value (`--config --node 1` read a
+ * cluster file called "--node"). */
+Test(node_args, bad_lines_are_named)
+{
+    bad("--config|c|--node|1|--data|",
+        "--data needs a value, not an empty "
+        "string (the node's files would go to "
+        "/nodeID)");
+    bad("--config|c|--node|1|--data=", "--data needs a value, not an empty");
+    bad("--config||--node|1", "--config needs a value, not an empty string");
+    bad("--config|--node|1", "--config needs a value, not the option --node");
+    bad("--node|--config|c", "--node needs a value, not the option --config");
+    bad("--config|c|--node", "--node needs a value (see --help)");
+    bad("--foo", "unknown option --foo (see --help)");
+    bad("--foo=1|--config|c|--node|1", "unknown option --foo (see --help)");
+    bad("--config|c|--node|1|--bogus", "unknown option --bogus");
+    bad("-x", "unknown option -x");
+    bad("--config|c", "--config and --node are required");
+    bad("--config|c|--node|0", "bad --node \"0\"");
+    bad("--config|c|--node|65536", "bad --node \"65536\"");
+    bad("--config|c|--node|1x", "bad --node \"1x\"");
+    bad("--config|c|--node|99999999999999999999", "bad --node");
+    bad("--config|c|--config|d|--node|1", "--config given twice");
+}
