@@ -200,7 +200,9 @@ static void flush(struct ida_fsm *a, struct ida_fsm *b, struct pending_batch *p)
     }
     ida_free(buf);
     for (size_t i = 0; i < p->n; i++) {
-        idalloc__client_request__free_unpacked(p->req[i], NULL);
+        if (p->req[i] != NULL) { /* NULL: a registration of the harness */
+            idalloc__client_request__free_unpacked(p->req[i], NULL);
+        }
     }
     p->n = 0;
 }
@@ -211,7 +213,9 @@ static bool is_write(Idalloc__ClientRequest__OpCase op)
            op == IDALLOC__CLIENT_REQUEST__OP_ALLOC ||
            op == IDALLOC__CLIENT_REQUEST__OP_FREE ||
            op == IDALLOC__CLIENT_REQUEST__OP_RESERVE ||
-           op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
+           op == IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC ||
+           op == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT ||
+           op == IDALLOC__CLIENT_REQUEST__OP_RESTORE;
 }
 
 /* A read, served as the fsm processor does. */
@@ -274,6 +278,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             idalloc__client_request__free_unpacked(req, NULL);
             continue;
+        }
+        if (!(flags & 0x20) && p.n + 2 <= BATCH_MAX &&
+            req->client_id.len == IDA_CLIENT_ID_BYTES) {
+            /* Register the session first (as the library does before its
+             * first write), unless the input says not to: writes of
+             * unknown sessions are then refused, as they must be. */
+            static Idalloc__RegisterClient rc = IDALLOC__REGISTER_CLIENT__INIT;
+            idalloc__command__init(&p.cmd[p.n]);
+            p.cmd[p.n].client_id = req->client_id;
+            p.cmd[p.n].request_seq = 1;
+            p.cmd[p.n].op_case = IDALLOC__COMMAND__OP_REGISTER_CLIENT;
+            p.cmd[p.n].register_client = &rc;
+            p.ptr[p.n] = &p.cmd[p.n];
+            p.req[p.n] = NULL;
+            p.door[p.n] = true;
+            p.n++;
         }
         idalloc__command__init(&p.cmd[p.n]);
         node_request_to_command(req, &p.cmd[p.n]);

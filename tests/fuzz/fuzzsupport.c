@@ -43,8 +43,10 @@ void fz_fsm_populate(struct ida_fsm *f)
 {
     static const char *const tags[] = {"alice", "bob", "carol",
                                        "\xc3\xa9t\xc3\xa9"};
-    enum { N = 12 };
+    enum { N = 14 };
     Idalloc__Command cmd[N], *ptr[N];
+    Idalloc__RegisterClient reg;
+    idalloc__register_client__init(&reg);
     Idalloc__PoolCreate pc[3];
     Idalloc__Alloc al[4];
     Idalloc__Reserve rs;
@@ -54,6 +56,13 @@ void fz_fsm_populate(struct ida_fsm *f)
     cid[0][15] = 1;
     cid[1][15] = 2;
     size_t n = 0;
+    /* Both clients register first: a write without a session never runs
+     * (fsm/fsm.h, "Sessions"). */
+    for (int i = 0; i < 2; i++, n++) {
+        idalloc__command__init(&cmd[n]);
+        cmd[n].op_case = IDALLOC__COMMAND__OP_REGISTER_CLIENT;
+        cmd[n].register_client = &reg;
+    }
     static const char *const names[] = {"b", "s", "p"};
     static const Idalloc__PoolKind kinds[] = {
         IDALLOC__POOL_KIND__POOL_KIND_BOUNDED,
