@@ -262,7 +262,8 @@ Test(cli, snapshot_save_and_restore)
     bad("snapshot save", "expected 1 argument");
     bad("snapshot save a b", "expected 1 argument");
     bad("snapshot save f --advance-sequences 1", "does not apply");
-    bad("snapshot restore f --advance-sequences -1", "bad --advance-sequences");
+    bad("snapshot restore f --advance-sequences -1", "needs a value");
+    bad("snapshot restore f --advance-sequences=-1", "bad --advance-sequences");
     bad("snapshot copy f", "unknown subcommand");
     bad("snapshot", "a subcommand is needed");
 }
