@@ -9,9 +9,9 @@
 #include "base/heap.h"
 #include "idalloc.h"
 #include "src/client/bench.h"
-#include "src/client/certs.h"
 #include "src/client/cli.h"
 #include "src/client/cli_backup.h"
+#include "src/client/cli_certs.h"
 #include "src/client/cli_json.h"
 #include "src/client/client.h"
 

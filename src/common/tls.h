@@ -11,7 +11,7 @@
  * (mutual TLS), except a client on a port that takes clients without one.
  *
  * IDENTITIES: the certificate's subject common name says who holds it
- * (`idalloc certs create` writes these, src/client/certs.h):
+ * (`idalloc certs create` writes these, src/client/cli_certs.h):
  *   CN=idalloc-node-I     node I (I in [1, 65535], decimal, no leading 0)
  *   CN=idalloc-client-J   a client (J in [1, 65535])
  * Anything else, or a certificate with more than one CN, has no identity

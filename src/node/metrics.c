@@ -477,6 +477,10 @@ char *ida_metrics_render(struct ida_metrics *m, size_t *len)
         ida_net_get_stats(m->net, &st);
         gauge(&o, "idalloc_client_connections", "Client connections open.",
               (double)st.clients_open);
+        counter(&o, "idalloc_client_connections_closed_by_limits_total",
+                "Client connections refused at the limit, evicted, timed out "
+                "or closed over a buffer cap (src/node/net.h).",
+                st.clients_closed_by_limits);
         counter(&o, "idalloc_client_requests_received_total",
                 "Client requests decoded.", st.client_requests);
         counter(&o, "idalloc_client_requests_rejected_total",

@@ -1,7 +1,7 @@
 /* The TLS engine (src/common/tls.h) in memory: two sessions pumped into
  * each other, no socket. Identities, a mutual handshake and data both
  * ways, byte-at-a-time input, refused certificates, bad files. Certificates
- * come from ida_certs_create() (src/client/certs.h) in a temporary
+ * come from ida_certs_create() (src/client/cli_certs.h) in a temporary
  * directory. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "idalloc_errors.h"
-#include "src/client/certs.h"
+#include "src/client/cli_certs.h"
 #include "src/common/config.h"
 #include "src/common/tls.h"
 

@@ -1,4 +1,4 @@
-#include "src/client/certs.h"
+#include "src/client/cli_certs.h"
 
 #include <errno.h>
 #include <fcntl.h>
