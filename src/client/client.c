@@ -794,7 +794,7 @@ static int send_call(struct idalloc_client *c,
     size_t target = atomic_load(&c->leader) % atomic_load(&c->nconns);
     uint64_t backoff = 10;
     int maybe_sent = 0, any_sent = 0;
-    char why[160] = "no attempt made";
+    char why[256] = "no attempt made";
     for (;;) {
         uint64_t now = ida__client_now_ms();
         if (now >= deadline) {
