@@ -2,7 +2,10 @@
  *
  * DESIGN: one TCP connection per node, opened lazily. A call encodes its
  * ClientRequest, registers a waiter keyed by request_seq on the connection,
- * writes the frame and sleeps on the waiter's condition variable. A reader
+ * queues the frame and sleeps on the waiter's condition variable. One call
+ * at a time is the connection's writer: it sends every frame queued, and
+ * what was queued while it sent, so concurrent calls share one send
+ * (conn_flush()). A reader
  * thread per connection decodes frames and hands each response to the
  * waiter with the same request_seq, so many calls from many threads are in
  * flight on one connection at once (pipelining). A response whose waiter
@@ -385,6 +388,12 @@ static int ensure_connected(struct idalloc_client *c,
                             uint64_t timeout_ms)
 {
     while (k->fd >= 0 && k->dead) {
+        if (k->writing) { /* the writer still uses fd and tls */
+            pthread_cond_wait(&k->written, &k->mu);
+            continue;
+        }
+        /* Frames queued for the dead connection: their waiters failed. */
+        k->out_len = 0;
         int old = k->fd;
         pthread_t t = k->reader;
         struct ida_tls *tls = k->tls;
@@ -438,6 +447,60 @@ static int conn_send(struct ida_client_conn *k, const uint8_t *p, size_t n)
     }
     pthread_mutex_unlock(&k->tls_mu);
     return rv != 0 ? IDA_ECLOSED : 0;
+}
+
+/* Append a frame to @k's queue for the writer. Holds k->mu. IDA_ENOMEM:
+ * nothing was queued. */
+static int conn_queue(struct ida_client_conn *k, const uint8_t *p, size_t n)
+{
+    if (k->out_len + n > k->out_cap) {
+        size_t cap = k->out_cap == 0 ? 4096 : k->out_cap;
+        while (cap < k->out_len + n) {
+            cap *= 2;
+        }
+        uint8_t *b = ida_realloc(k->out, cap);
+        if (b == NULL) {
+            return IDA_ENOMEM;
+        }
+        k->out = b;
+        k->out_cap = cap;
+    }
+    memcpy(k->out + k->out_len, p, n);
+    k->out_len += n;
+    return 0;
+}
+
+/* Become @k's writer: send what the calls queued, one send per round for
+ * every frame queued meanwhile, until nothing is left. Holds k->mu, and
+ * releases it while sending (the reader and other callers go on), so
+ * concurrent calls' frames leave together. fd and tls stay as they are
+ * while writing (ensure_connected() waits). A failed send shuts the
+ * connection down: the reader then fails every waiter (IDA_ECLOSED), and
+ * the frames still queued are dropped. */
+static int conn_flush(struct ida_client_conn *k)
+{
+    IDA_ASSERT(!k->writing);
+    k->writing = 1;
+    int rv = 0;
+    while (rv == 0 && k->out_len > 0) {
+        uint8_t *b = k->wbuf;
+        size_t cap = k->wbuf_cap, len = k->out_len;
+        k->wbuf = k->out;
+        k->wbuf_cap = k->out_cap;
+        k->out = b;
+        k->out_cap = cap;
+        k->out_len = 0;
+        pthread_mutex_unlock(&k->mu);
+        rv = conn_send(k, k->wbuf, len);
+        pthread_mutex_lock(&k->mu);
+    }
+    if (rv != 0) {
+        k->out_len = 0;
+        shutdown(k->fd, SHUT_RDWR); /* the reader reaps it */
+    }
+    k->writing = 0;
+    pthread_cond_broadcast(&k->written);
+    return rv;
 }
 
 static int write_all(int fd, const uint8_t *p, size_t n)
@@ -520,11 +583,18 @@ static int attempt(struct idalloc_client *c,
         w.seq = f->req->request_seq;
         w.next = k->waiters;
         k->waiters = &w;
-        *sent = 1;
-        rv = conn_send(k, f->buf, f->len);
+        rv = conn_queue(k, f->buf, f->len);
         if (rv != 0) {
             remove_waiter(k, &w);
-            shutdown(k->fd, SHUT_RDWR); /* the reader reaps it */
+        }
+    }
+    if (rv == 0) {
+        *sent = 1;
+        /* With a writer at work the frame leaves with its next round;
+         * else this call writes. A failed send shut the connection down:
+         * the reader fails the waiter (unless its answer came first). */
+        if (!k->writing) {
+            (void)conn_flush(k);
         }
     }
     if (rv == 0) {
@@ -586,6 +656,7 @@ size_t ida__client_learn(struct idalloc_client *c, const char *addr)
         k->tls = NULL;
         pthread_mutex_init(&k->mu, NULL);
         pthread_mutex_init(&k->tls_mu, NULL);
+        pthread_cond_init(&k->written, NULL);
         atomic_store(&c->nconns, n + 1); /* publishes the filled slot */
         i = n;
     }
@@ -1111,6 +1182,7 @@ static int add_conn(struct idalloc_client *c, const char *addr, char *errmsg)
     k->tls = NULL;
     pthread_mutex_init(&k->mu, NULL);
     pthread_mutex_init(&k->tls_mu, NULL);
+    pthread_cond_init(&k->written, NULL);
     atomic_store(&c->nconns, c->nconns + 1);
     return 0;
 }
@@ -1276,6 +1348,9 @@ void idalloc_client_free(struct idalloc_client *c)
         ida_tls_free(k->tls);
         pthread_mutex_destroy(&k->mu);
         pthread_mutex_destroy(&k->tls_mu);
+        pthread_cond_destroy(&k->written);
+        ida_free(k->out);
+        ida_free(k->wbuf);
     }
     ida_tls_ctx_free(c->tls);
     pthread_mutex_destroy(&c->mu);

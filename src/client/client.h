@@ -30,6 +30,15 @@ struct ida_client_conn
      * writers (under mu) and the reader (never holding mu with it). */
     struct ida_tls *tls;
     pthread_mutex_t tls_mu;
+    /* Coalesced writes (client.c, conn_flush()): the frames of concurrent
+     * calls wait in out while one of them, the writer, sends without mu;
+     * the writer takes them all in one send. wbuf is the writer's batch;
+     * written is signalled when writing drops to 0 (fd and tls change only
+     * then). */
+    uint8_t *out, *wbuf;
+    size_t out_len, out_cap, wbuf_cap;
+    int writing;
+    pthread_cond_t written;
 };
 
 struct ida_next_pool; /* next.c */

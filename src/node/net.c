@@ -31,8 +31,11 @@
 #define EVICT_IDLE_MS         1000
 #define SUMMARY_MS            1000
 #define TRIM_SLACK_BYTES      (1u << 20)
+/* Frames handed to libuv in one uv_write (one writev) at most. */
+#define BATCH_FRAMES_MAX 256
 
-/* An encoded frame on its way to a peer or a client connection. */
+/* An encoded frame on its way to a peer or a client connection. Once it is
+ * queued on a link, next chains the frames of its batch (struct batch). */
 struct outmsg
 {
     struct outmsg *next;
@@ -41,8 +44,17 @@ struct outmsg
     uint64_t conn_id;
     int counted; /* in its client connection's out_bytes */
     size_t len;
-    uv_write_t req;
+    uv_write_t req; /* used by the first frame of a batch */
     uint8_t data[];
+};
+
+/* The plaintext frames queued to one link during one loop wake-up: they
+ * leave in one uv_write with a buffer each (batch_flush()). */
+struct batch
+{
+    struct outmsg *head, **tail;
+    unsigned count;
+    size_t bytes;
 };
 
 enum peer_state { PEER_DOWN, PEER_CONNECTING, PEER_UP };
@@ -59,6 +71,7 @@ struct peer
     uint64_t up_since_ms; /* loop time the link last came up */
     char *rbuf;           /* outbound connections read only to notice EOF */
     struct ida_tls *tls;  /* with peer_tls: the link's session */
+    struct batch out;     /* plaintext: frames of this wake-up */
 };
 
 /* An accepted connection: a client, or a peer that dialled us. Reads go
@@ -77,8 +90,9 @@ struct conn
     int tls_sniff;        /* client_tls on: the first byte decides */
     int tls_checked;      /* the peer's identity was checked */
     unsigned tls_node_id; /* inbound peer link: its certificate's node */
-    int tls_dirty;        /* on the net's dirty list (flush_dirty()) */
+    int dirty;            /* on the net's dirty list (flush_dirty()) */
     struct conn *dirty_next;
+    struct batch out; /* plaintext: replies of this wake-up */
     struct ida_frame_decoder dec;
     struct ida_netlim_entry lim; /* limits bookkeeping (netlim.h) */
     size_t out_bytes;            /* client: replies queued, not yet written */
@@ -115,7 +129,7 @@ struct ida_net
     atomic_int peer_up[IDA_CONFIG_NODES_MAX];
     struct ida_net_tls tls;
     struct ida_net_refusals refusals;
-    struct conn *dirty; /* client links with TLS records to hand to libuv */
+    struct conn *dirty; /* client links with output to hand to libuv */
     atomic_uint_fast64_t st_peer_sent, st_peer_dropped, st_peer_received,
         st_peer_rejected, st_client_requests, st_client_replies,
         st_client_rejected, st_clients_open, st_limit_closed, st_in_bytes,
@@ -163,20 +177,38 @@ static void alloc_conn_rbuf(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 
 static void client_written(struct conn *k, size_t len);
 
+/* The frames of one uv_write, chained from req->data: each counted one
+ * releases its bytes of the connection's and the global output count. */
 static void write_cb(uv_write_t *req, int status)
 {
     struct outmsg *m = req->data;
+    /* @req lives in the first frame, freed by the first round. */
+    void *link = req->handle->data;
     (void)status; /* a failed write shows up as a read error/EOF too */
-    if (m->counted) {
-        client_written(req->handle->data, m->len);
+    while (m != NULL) {
+        struct outmsg *next = m->next;
+        if (m->counted) {
+            client_written(link, m->len);
+        }
+        ida_free(m);
+        m = next;
     }
-    ida_free(m);
 }
 
-/* Write @m on @stream; takes ownership of @m. */
+static void free_chain(struct outmsg *m)
+{
+    while (m != NULL) {
+        struct outmsg *next = m->next;
+        ida_free(m);
+        m = next;
+    }
+}
+
+/* Write @m alone on @stream at once; takes ownership of @m. */
 static int write_msg(uv_stream_t *stream, struct outmsg *m)
 {
     uv_buf_t b = uv_buf_init((char *)m->data, (unsigned)m->len);
+    m->next = NULL;
     m->req.data = m;
     int rv = uv_write(&m->req, stream, &b, 1, write_cb);
     if (rv != 0) {
@@ -185,8 +217,64 @@ static int write_msg(uv_stream_t *stream, struct outmsg *m)
     return rv;
 }
 
-/* Write @m on a link, through its TLS session when it has one (@tls may be
- * NULL); takes ownership of @m. */
+/* --- coalesced plaintext writes (struct batch) ---------------------------- */
+
+static void batch_init(struct batch *b)
+{
+    b->head = NULL;
+    b->tail = &b->head;
+    b->count = 0;
+    b->bytes = 0;
+}
+
+static void batch_push(struct batch *b, struct outmsg *m)
+{
+    m->next = NULL;
+    *b->tail = m;
+    b->tail = &m->next;
+    b->count++;
+    b->bytes += m->len;
+}
+
+/* Free the frames never handed to libuv (the link is closing). Their
+ * counted bytes are released by whoever closes the link (conn_close()). */
+static void batch_drop(struct batch *b)
+{
+    free_chain(b->head);
+    batch_init(b);
+}
+
+/* Hand every frame of @b to libuv on @stream: one uv_write (one writev)
+ * for up to BATCH_FRAMES_MAX frames, whose write_cb frees them. On error
+ * the frames not handed over are freed, @b is empty and the error is
+ * returned: the caller closes the link. */
+static int batch_flush(struct batch *b, uv_stream_t *stream)
+{
+    uv_buf_t bufs[BATCH_FRAMES_MAX];
+    while (b->head != NULL) {
+        struct outmsg *first = b->head, *last = NULL, *m = first;
+        unsigned nbufs = 0;
+        while (m != NULL && nbufs < BATCH_FRAMES_MAX) {
+            bufs[nbufs++] = uv_buf_init((char *)m->data, (unsigned)m->len);
+            last = m;
+            m = m->next;
+        }
+        last->next = NULL; /* the chain write_cb walks */
+        b->head = m;
+        first->req.data = first;
+        int rv = uv_write(&first->req, stream, bufs, nbufs, write_cb);
+        if (rv != 0) {
+            free_chain(first);
+            batch_drop(b);
+            return rv;
+        }
+    }
+    batch_init(b);
+    return 0;
+}
+
+/* Write @m on a link at once, through its TLS session when it has one (@tls
+ * may be NULL); takes ownership of @m. */
 static int link_write(uv_stream_t *stream,
                       struct ida_tls *tls,
                       struct outmsg *m)
@@ -199,28 +287,27 @@ static int link_write(uv_stream_t *stream,
     return rv != 0 ? rv : ida_net_tls_flush(tls, stream);
 }
 
-/* What a link holds back: libuv's write queue and, with TLS, ciphertext
- * not handed to libuv yet. */
-static size_t link_queued(uv_stream_t *stream, struct ida_tls *tls)
+/* What a link holds back: libuv's write queue, the frames of this wake-up
+ * and, with TLS, ciphertext not handed to libuv yet. */
+static size_t link_queued(uv_stream_t *stream,
+                          struct ida_tls *tls,
+                          const struct batch *b)
 {
-    return uv_stream_get_write_queue_size(stream) +
+    return uv_stream_get_write_queue_size(stream) + b->bytes +
            (tls != NULL ? ida_tls_out_pending(tls) : 0);
 }
 
-/* Like link_write(), but with TLS the record stays in the session's output
- * until flush_dirty() at the end of wake_cb(): every message of one wake-up
- * leaves in one write. *dirty is set when something waits. */
-static int link_queue(uv_stream_t *stream,
-                      struct ida_tls *tls,
-                      struct outmsg *m,
-                      int *dirty)
+/* Queue @m on a link until flush_dirty() at the end of wake_cb(), so that
+ * every message of one wake-up leaves in one write: with TLS as a record
+ * in the session's output, else in @b. Takes ownership of @m. */
+static int link_queue(struct ida_tls *tls, struct batch *b, struct outmsg *m)
 {
     if (tls == NULL) {
-        return write_msg(stream, m);
+        batch_push(b, m);
+        return 0;
     }
     int rv = ida_tls_write(tls, m->data, m->len);
     ida_free(m);
-    *dirty = 1;
     return rv;
 }
 
@@ -263,6 +350,7 @@ static void peer_down(struct peer *p)
     }
     ida_tls_free(p->tls);
     p->tls = NULL;
+    batch_drop(&p->out);
     p->state = PEER_DOWN;
     atomic_store(&n->peer_up[p - n->peers], 0);
     if (was_up &&
@@ -403,14 +491,13 @@ static void send_to_peer(struct ida_net *n, struct outmsg *m)
 {
     struct peer *p = peer_by_id(n, m->peer);
     if (p == NULL || p->state != PEER_UP ||
-        link_queued((uv_stream_t *)p->tcp, p->tls) + m->len >
+        link_queued((uv_stream_t *)p->tcp, p->tls, &p->out) + m->len >
             n->cfg.peer_queue_bytes_max) {
         atomic_fetch_add(&n->st_peer_dropped, 1);
         ida_free(m);
         return;
     }
-    int dirty = 0;
-    if (link_queue((uv_stream_t *)p->tcp, p->tls, m, &dirty) != 0) {
+    if (link_queue(p->tls, &p->out, m) != 0) {
         atomic_fetch_add(&n->st_peer_dropped, 1);
         peer_down(p);
         return;
@@ -439,6 +526,7 @@ static void conn_close(struct conn *k)
     ida_netlim_remove(&n->lim, &k->lim);
     n->client_out_bytes -= k->out_bytes; /* write_cb skips closing ones */
     k->out_bytes = 0;
+    batch_drop(&k->out); /* counted in out_bytes, released just above */
     if (k->is_client) {
         struct conn **pp = &n->buckets[k->id % BUCKETS];
         while (*pp != k) {
@@ -998,6 +1086,7 @@ static void on_accept(uv_stream_t *listener, int status, int is_client)
     }
     k->net = n;
     k->is_client = is_client;
+    batch_init(&k->out);
     ida_frame_decoder_init(&k->dec, n->cfg.max_frame_bytes);
     uv_tcp_init(&n->loop, &k->tcp);
     k->tcp.data = k;
@@ -1037,6 +1126,16 @@ static void on_peer_accept(uv_stream_t *l, int status)
     on_accept(l, status, 0);
 }
 
+/* Put @k on the list flush_dirty() walks at the end of this wake-up. */
+static void mark_dirty(struct conn *k)
+{
+    if (!k->dirty) {
+        k->dirty = 1;
+        k->dirty_next = k->net->dirty;
+        k->net->dirty = k;
+    }
+}
+
 static void send_to_client(struct ida_net *n, struct outmsg *m)
 {
     struct conn *k = client_by_id(n, m->conn_id);
@@ -1052,54 +1151,59 @@ static void send_to_client(struct ida_net *n, struct outmsg *m)
          * flush_dirty(); the per-connection cap counts what the link holds
          * back (libuv's queue and the session's output). The cap across
          * all clients counts plaintext connections only. */
-        if (link_queued((uv_stream_t *)&k->tcp, k->tls) + m->len >
+        if (link_queued((uv_stream_t *)&k->tcp, k->tls, &k->out) + m->len >
             n->cfg.client_queue_bytes_max) {
             ida_free(m);
             limit_close(k, IDA_NETLIM_QUEUE);
             return;
         }
-        int dirty = 0;
-        if (link_queue((uv_stream_t *)&k->tcp, k->tls, m, &dirty) != 0) {
+        if (link_queue(k->tls, &k->out, m) != 0) {
             conn_close(k);
             return;
         }
-        if (dirty && !k->tls_dirty) {
-            k->tls_dirty = 1;
-            k->dirty_next = n->dirty;
-            n->dirty = k;
-        }
     } else {
+        /* Plaintext: counted from now (out_bytes covers the batch and
+         * libuv's queue), released frame by frame by write_cb. */
         if (!limit_output(k, m->len)) {
             ida_free(m);
             return;
         }
         limit_queued(k, m);
-        if (write_msg((uv_stream_t *)&k->tcp, m) != 0) {
-            conn_close(k); /* write_msg freed @m: conn_close drops its count */
-            return;
-        }
+        link_queue(NULL, &k->out, m);
     }
+    mark_dirty(k);
     ida_netlim_touch(&n->lim, &k->lim, loop_ms(n));
     atomic_fetch_add(&n->st_client_replies, 1);
 }
 
-/* Hand the TLS records wake_cb() queued to libuv: one write per link. */
+/* Hand what wake_cb() queued to libuv: one write per link (TLS records
+ * through the session, plaintext frames through batch_flush()). */
 static void flush_dirty(struct ida_net *n)
 {
     for (unsigned i = 0; i < n->npeers; i++) {
         struct peer *p = &n->peers[i];
-        if (p->tls != NULL && p->state == PEER_UP &&
-            ida_net_tls_flush(p->tls, (uv_stream_t *)p->tcp) != 0) {
+        if (p->state != PEER_UP) {
+            continue;
+        }
+        int rv = p->tls != NULL
+                     ? ida_net_tls_flush(p->tls, (uv_stream_t *)p->tcp)
+                     : batch_flush(&p->out, (uv_stream_t *)p->tcp);
+        if (rv != 0) {
             peer_down(p);
         }
     }
     while (n->dirty != NULL) {
         struct conn *k = n->dirty;
         n->dirty = k->dirty_next;
-        k->tls_dirty = 0;
-        if (!k->closing &&
-            ida_net_tls_flush(k->tls, (uv_stream_t *)&k->tcp) != 0) {
-            conn_close(k);
+        k->dirty = 0;
+        if (k->closing) {
+            continue;
+        }
+        int rv = k->tls != NULL
+                     ? ida_net_tls_flush(k->tls, (uv_stream_t *)&k->tcp)
+                     : batch_flush(&k->out, (uv_stream_t *)&k->tcp);
+        if (rv != 0) {
+            conn_close(k); /* releases the counts of the frames dropped */
         }
     }
 }
@@ -1304,6 +1408,7 @@ int ida_net_start(const struct ida_net_config *cfg,
         p->net = n;
         p->node = node;
         p->backoff_ms = n->cfg.reconnect_min_ms;
+        batch_init(&p->out);
         p->rbuf = ida_malloc(READ_BUF_BYTES);
         uv_timer_init(&n->loop, &p->timer);
         p->timer.data = p;

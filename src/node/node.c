@@ -462,6 +462,10 @@ int ida_node_start(struct ida_node *n, char *errmsg)
 {
     /* One worker per processor: a storage fsync never stalls raft or fsm. */
     n->errtop_where = (struct ida_errtop_where){n->dir, n->self->id};
+    /* spin_us stays 0: with 3 nodes and the clients on 2 cores, a worker
+     * that spins takes the core a busy processor needs; measured at 10
+     * and 50 us, neither won (allocs/s equal or lower at 64 and 256
+     * clients, p99 higher). */
     struct ida_pool_config pcfg = {.threads = 3, .idle_wait_us = 1000};
     ida_errtop_sink(&pcfg.errors, &n->errtop_where);
     n->metrics = ida_metrics_new(n->self->id);
