@@ -57,6 +57,8 @@ struct phase
     uint64_t rss_kb;        /* the leader's VmRSS */
     uint64_t live;          /* live allocations at the measurement */
     uint64_t terms_overall; /* term movement over the whole phase */
+    double start_to_install_s, learner_to_install_s; /* -1: unknown */
+    uint64_t anon_kb, file_kb;                       /* RssAnon, RssFile */
 };
 
 static struct tc c;
@@ -84,7 +86,7 @@ static int leader_term(uint64_t *term)
     return l;
 }
 
-static uint64_t vmrss_kb(pid_t pid)
+static uint64_t vmrss_kb(pid_t pid, uint64_t *anon, uint64_t *file)
 {
     char path[64], line[256];
     snprintf(path, sizeof(path), "/proc/%ld/status", (long)pid);
@@ -94,6 +96,12 @@ static uint64_t vmrss_kb(pid_t pid)
         unsigned long long v;
         if (sscanf(line, "VmRSS: %llu kB", &v) == 1) {
             kb = v;
+        }
+        if (anon != NULL && sscanf(line, "RssAnon: %llu kB", &v) == 1) {
+            *anon = v;
+        }
+        if (file != NULL && sscanf(line, "RssFile: %llu kB", &v) == 1) {
+            *file = v;
         }
     }
     if (f != NULL) {
@@ -441,6 +449,31 @@ static uint64_t log_find(const char *path,
     return v;
 }
 
+/* Milliseconds of the day of the timestamp opening the first line of @path
+ * holding @needle ("2026-11-23T13:55:27.991Z ..."), the last such line when
+ * @last; -1 if none. */
+static double log_time_ms(const char *path, const char *needle, int last)
+{
+    FILE *fp = fopen(path, "r");
+    char line[1024];
+    double t = -1;
+    while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
+        unsigned h, m;
+        double sec;
+        if (strstr(line, needle) != NULL &&
+            sscanf(line, "%*10cT%u:%u:%lfZ", &h, &m, &sec) == 3) {
+            t = ((double)h * 3600 + (double)m * 60 + sec) * 1000.0;
+            if (!last) {
+                break;
+            }
+        }
+    }
+    if (fp != NULL) {
+        fclose(fp);
+    }
+    return t;
+}
+
 /* Whether all three nodes are voters again with no one waiting. */
 static int membership_whole(void)
 {
@@ -490,6 +523,15 @@ static void catch_up(struct phase *ph, int *which)
         log_find(llog, needle, "fsm: snapshot at index %llu (%llu bytes",
                  &bytes);
         ph->snap_bytes = bytes;
+        /* The transfer alone, from the logs' clocks: from the node's first
+         * line (its start) and from the leader adding it as a learner, to
+         * its "installed snapshot". */
+        double inst = log_time_ms(flog, "fsm: installed snapshot", 1);
+        double start = log_time_ms(flog, " INFO ", 0);
+        double learner = log_time_ms(llog, "voters, 1 learners", 1);
+        ph->start_to_install_s = inst >= start ? (inst - start) / 1000 : -1;
+        ph->learner_to_install_s =
+            learner >= 0 && inst >= learner ? (inst - learner) / 1000 : -1;
     }
     /* Re-admitted as a voter before anything else is measured. */
     for (uint64_t end = tc_now_ms() + 60000;
@@ -510,7 +552,7 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
     load(ph, name, secs);
     int l = tc_wait_leader(&c, 15000);
     ph->live = live_allocs;
-    ph->rss_kb = l >= 0 ? vmrss_kb(c.pid[l]) : 0;
+    ph->rss_kb = l >= 0 ? vmrss_kb(c.pid[l], &ph->anon_kb, &ph->file_kb) : 0;
     int which = 0;
     ph->restart_ms = restart(&which);
     printf("  restart: node %d served at the leader's commit after %.0f ms\n",
@@ -636,7 +678,7 @@ int main(int argc, char **argv)
         return 1;
     }
     struct phase empty = {0}, full = {0};
-    uint64_t rss_start = vmrss_kb(c.pid[tc_wait_leader(&c, 15000)]);
+    uint64_t rss_start = vmrss_kb(c.pid[tc_wait_leader(&c, 15000)], NULL, NULL);
     measure(&empty, "empty", secs);
 
     printf("fill\n");
@@ -672,8 +714,20 @@ int main(int argc, char **argv)
                     ? (double)full.snap_bytes / 1e6 / full.catchup_s
                     : 0;
     row("catch-up rate (snapshot / time)", re, rf, "MB/s");
+    row("  node start -> installed (logs)", empty.start_to_install_s,
+        full.start_to_install_s, "s");
+    row("  learner added -> installed (logs)", empty.learner_to_install_s,
+        full.learner_to_install_s, "s");
+    double lf = full.learner_to_install_s > 0
+                    ? (double)full.snap_bytes / 1e6 / full.learner_to_install_s
+                    : 0;
+    row("  rate learner added -> installed", 0, lf, "MB/s");
     row("leader VmRSS", (double)empty.rss_kb / 1024.0,
         (double)full.rss_kb / 1024.0, "MiB");
+    row("  of which RssAnon", (double)empty.anon_kb / 1024.0,
+        (double)full.anon_kb / 1024.0, "MiB");
+    row("  of which RssFile (LMDB map, code)", (double)empty.file_kb / 1024.0,
+        (double)full.file_kb / 1024.0, "MiB");
     row("live allocations", (double)empty.live, (double)full.live, "");
     double bpa =
         full.live > 0 ? (double)full.rss_kb * 1024.0 / (double)full.live : 0;
@@ -697,8 +751,10 @@ int main(int argc, char **argv)
     printf("  restart < 2 s:                %s (%.0f ms)\n",
            yes(full.restart_ms >= 0 && full.restart_ms < 2000),
            full.restart_ms);
-    printf("  catch-up > 100 MB/s:          %s (%.1f MB/s)\n", yes(rf > 100),
-           rf);
+    printf(
+        "  catch-up > 100 MB/s:          %s (%.1f MB/s start to caught up; "
+        "%.1f MB/s learner added to installed)\n",
+        yes(rf > 100), rf, lf);
     printf("  0 leader changes:             %s (%llu in the full phase)\n",
            yes(full.terms_overall == 0 && full.term_changes == 0),
            (unsigned long long)full.terms_overall);
