@@ -751,10 +751,16 @@ int main(int argc, char **argv)
     printf("  restart < 2 s:                %s (%.0f ms)\n",
            yes(full.restart_ms >= 0 && full.restart_ms < 2000),
            full.restart_ms);
-    printf(
-        "  catch-up > 100 MB/s:          %s (%.1f MB/s start to caught up; "
-        "%.1f MB/s learner added to installed)\n",
-        yes(rf > 100), rf, lf);
+    if (full.snap_index == 0) {
+        printf(
+            "  catch-up > 100 MB/s:          not measured (the wiped node "
+            "caught up by the log alone: no snapshot yet)\n");
+    } else {
+        printf(
+            "  catch-up > 100 MB/s:          %s (%.1f MB/s start to caught "
+            "up; %.1f MB/s learner added to installed)\n",
+            yes(rf > 100), rf, lf);
+    }
     printf("  0 leader changes:             %s (%llu in the full phase)\n",
            yes(full.terms_overall == 0 && full.term_changes == 0),
            (unsigned long long)full.terms_overall);
