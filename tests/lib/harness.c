@@ -127,10 +127,25 @@ void tc_setup(struct tc *c, int n, const char *extra)
         fprintf(f, "tls_dir tls\n");
     }
     fprintf(f, "election_timeout_ms 300\nheartbeat_ms 50\n");
+    /* The kernel may hand out a port it handed out a moment ago (each one
+     * is closed before the next is asked for): every address of the file
+     * must be distinct, so a repeat is drawn again. */
+    unsigned used[2 * TC_NODES_MAX];
+    int nused = 0;
+    for (int i = 0; i < 2 * n; i++) {
+        unsigned p = tc_free_port();
+        for (int j = 0; j < nused; j++) {
+            if (used[j] == p) {
+                p = tc_free_port();
+                j = -1; /* check the new one against all again */
+            }
+        }
+        used[nused++] = p;
+    }
     for (int i = 0; i < n; i++) {
-        unsigned cp = tc_free_port();
-        fprintf(f, "node %d 127.0.0.1:%u 127.0.0.1:%u\n", i + 1, tc_free_port(),
-                cp);
+        unsigned cp = used[2 * i];
+        fprintf(f, "node %d 127.0.0.1:%u 127.0.0.1:%u\n", i + 1,
+                used[2 * i + 1], cp);
         char a[32];
         snprintf(a, sizeof(a), "%s127.0.0.1:%u", i > 0 ? "," : "", cp);
         strcat(c->addrs, a);
