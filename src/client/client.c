@@ -201,24 +201,36 @@ struct plain_buf
     size_t len, cap;
 };
 
+/* Append @n bytes to the growable buffer (*p, *len, *cap), doubling from
+ * @first. IDA_ENOMEM: nothing changed. */
+static int buf_append(uint8_t **p,
+                      size_t *len,
+                      size_t *cap,
+                      size_t first,
+                      const uint8_t *data,
+                      size_t n)
+{
+    if (*len + n > *cap) {
+        size_t c = *cap == 0 ? first : *cap;
+        while (c < *len + n) {
+            c *= 2;
+        }
+        uint8_t *q = ida_realloc(*p, c);
+        if (q == NULL) {
+            return IDA_ENOMEM;
+        }
+        *p = q;
+        *cap = c;
+    }
+    memcpy(*p + *len, data, n);
+    *len += n;
+    return 0;
+}
+
 static int gather_plain(void *arg, const uint8_t *data, size_t len)
 {
     struct plain_buf *b = arg;
-    if (b->len + len > b->cap) {
-        size_t cap = b->cap == 0 ? 32768 : b->cap;
-        while (cap < b->len + len) {
-            cap *= 2;
-        }
-        uint8_t *p = ida_realloc(b->p, cap);
-        if (p == NULL) {
-            return IDA_ENOMEM;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, data, len);
-    b->len += len;
-    return 0;
+    return buf_append(&b->p, &b->len, &b->cap, 32768, data, len);
 }
 
 static int no_plain(void *arg, const uint8_t *data, size_t len)
@@ -453,21 +465,7 @@ static int conn_send(struct ida_client_conn *k, const uint8_t *p, size_t n)
  * nothing was queued. */
 static int conn_queue(struct ida_client_conn *k, const uint8_t *p, size_t n)
 {
-    if (k->out_len + n > k->out_cap) {
-        size_t cap = k->out_cap == 0 ? 4096 : k->out_cap;
-        while (cap < k->out_len + n) {
-            cap *= 2;
-        }
-        uint8_t *b = ida_realloc(k->out, cap);
-        if (b == NULL) {
-            return IDA_ENOMEM;
-        }
-        k->out = b;
-        k->out_cap = cap;
-    }
-    memcpy(k->out + k->out_len, p, n);
-    k->out_len += n;
-    return 0;
+    return buf_append(&k->out, &k->out_len, &k->out_cap, 4096, p, n);
 }
 
 /* Become @k's writer: send what the calls queued, one send per round for

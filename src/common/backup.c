@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/fdio.h"
 #include "base/heap.h"
 #include "proto/idalloc.pb-c.h"
 
@@ -170,39 +171,13 @@ int ida_backup_read(const char *path, struct ida_backup *out, char *errmsg)
         close(fd);
         return fail(errmsg, IDA_ENOMEM, "%s: out of memory", path);
     }
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = read(fd, buf + got, len - got);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r <= 0) {
-            break;
-        }
-        got += (size_t)r;
-    }
+    int short_read = ida_read_all(fd, buf, len) != 0;
     close(fd);
     char why[IDA_ERRMSG_MAX];
-    int rv = got != len ? fail(why, IDA_EIO, "short read")
+    int rv = short_read ? fail(why, IDA_EIO, "short read")
                         : ida_backup_decode(buf, len, out, why);
     ida_free(buf);
     return rv != 0 ? fail(errmsg, rv, "%s: %s", path, why) : 0;
-}
-
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) {
-            continue;
-        }
-        if (w <= 0) {
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
 }
 
 int ida_backup_write(const char *path, const struct ida_backup *b, char *errmsg)
@@ -229,7 +204,7 @@ int ida_backup_write(const char *path, const struct ida_backup *b, char *errmsg)
         return rv;
     }
     const char *step = NULL;
-    if (write_all(fd, data, len) != 0) {
+    if (ida_write_all(fd, data, len) != 0) {
         step = "write";
     } else if (fsync(fd) != 0) {
         step = "fsync";

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/fdio.h"
 #include "base/heap.h"
 #include "idalloc_errors.h"
 
@@ -25,22 +26,6 @@ static uint64_t mono_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) {
-            continue;
-        }
-        if (w <= 0) {
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
 }
 
 /* In the child: close every descriptor but @keep. */
@@ -94,8 +79,8 @@ static void child_main(const struct ida_fsm *f, int wfd, pid_t parent)
     for (int i = 0; i < 8; i++) {
         hdr[8 + i] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
     }
-    if (write_all(wfd, hdr, sizeof(hdr)) != 0 ||
-        write_all(wfd, data, len) != 0) {
+    if (ida_write_all(wfd, hdr, sizeof(hdr)) != 0 ||
+        ida_write_all(wfd, data, len) != 0) {
         _exit(1);
     }
     _exit(0);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/assert.h"
+#include "base/fdio.h"
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
@@ -137,22 +138,6 @@ void ida_errtop_add(struct ida_errtop *t,
     }
 }
 
-static int write_all(int fd, const uint8_t *buf, size_t len)
-{
-    while (len > 0) {
-        ssize_t w = write(fd, buf, len);
-        if (w < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return IDA_EIO;
-        }
-        buf += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
 static int fsync_dir_of(const char *path)
 {
     char *copy = ida_strndup(path, strlen(path));
@@ -226,7 +211,7 @@ int ida_errtop_dump(struct ida_errtop *t)
         rv = IDA_EIO;
         goto err_after_encode;
     }
-    rv = write_all(fd, buf, len);
+    rv = ida_write_all(fd, buf, len);
     if (rv == 0 && fsync(fd) != 0) {
         rv = IDA_EIO;
     }
@@ -276,19 +261,11 @@ static int read_file(const char *path, uint8_t **buf_out, size_t *len_out)
         rv = IDA_ENOMEM;
         goto out;
     }
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = read(fd, buf + got, len - got);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r <= 0) {
-            rv = IDA_EIO;
-            ida_free(buf);
-            buf = NULL;
-            goto out;
-        }
-        got += (size_t)r;
+    if (ida_read_all(fd, buf, len) != 0) {
+        rv = IDA_EIO;
+        ida_free(buf);
+        buf = NULL;
+        goto out;
     }
     *buf_out = buf;
     *len_out = len;

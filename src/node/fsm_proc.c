@@ -477,55 +477,50 @@ static void publish_pools(struct fsm_proc *fp)
         return;
     }
     static const char *const kinds[] = {"", "sequence", "bounded", "prefix"};
-    len += (size_t)snprintf(
-        buf + len, cap - len,
-        "# HELP idalloc_pool_info A pool and its kind (always 1).\n"
-        "# TYPE idalloc_pool_info gauge\n");
-    for (size_t i = 0; i < n; i++) {
-        struct ida_fsm_pool_info pi;
-        ida_fsm_pool_info(fp->fsm, i, &pi);
-        len +=
-            (size_t)snprintf(buf + len, cap - len,
-                             "idalloc_pool_info{pool=\"%s\",kind=\"%s\"} 1\n",
-                             pi.name, kinds[pi.kind]);
-    }
-    len += (size_t)snprintf(
-        buf + len, cap - len,
-        "# HELP idalloc_pool_held_ids Ids held in a bounded pool, tags held "
-        "in a prefix pool.\n# TYPE idalloc_pool_held_ids gauge\n");
-    for (size_t i = 0; i < n; i++) {
-        struct ida_fsm_pool_info pi;
-        ida_fsm_pool_info(fp->fsm, i, &pi);
-        if (pi.kind != IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
-            len += (size_t)snprintf(buf + len, cap - len,
-                                    "idalloc_pool_held_ids{pool=\"%s\"} %llu\n",
-                                    pi.name, (unsigned long long)pi.used);
-        }
-    }
-    len += (size_t)snprintf(
-        buf + len, cap - len,
-        "# HELP idalloc_pool_size_ids Size of a bounded pool.\n"
-        "# TYPE idalloc_pool_size_ids gauge\n");
-    for (size_t i = 0; i < n; i++) {
-        struct ida_fsm_pool_info pi;
-        ida_fsm_pool_info(fp->fsm, i, &pi);
-        if (pi.kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED) {
-            len += (size_t)snprintf(buf + len, cap - len,
-                                    "idalloc_pool_size_ids{pool=\"%s\"} %llu\n",
-                                    pi.name, (unsigned long long)pi.size);
-        }
-    }
-    len += (size_t)snprintf(
-        buf + len, cap - len,
-        "# HELP idalloc_sequence_next The next id a sequence pool hands "
-        "out.\n# TYPE idalloc_sequence_next gauge\n");
-    for (size_t i = 0; i < n; i++) {
-        struct ida_fsm_pool_info pi;
-        ida_fsm_pool_info(fp->fsm, i, &pi);
-        if (pi.kind == IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
-            len += (size_t)snprintf(buf + len, cap - len,
-                                    "idalloc_sequence_next{pool=\"%s\"} %llu\n",
-                                    pi.name, (unsigned long long)pi.used);
+    /* One series per row: which pool kinds it has (bit 1 << kind) and
+     * which value (used, size, or 1 with the kind as a label). */
+    enum {
+        SEQ = 1u << IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE,
+        BND = 1u << IDALLOC__POOL_KIND__POOL_KIND_BOUNDED,
+        PFX = 1u << IDALLOC__POOL_KIND__POOL_KIND_PREFIX
+    };
+    enum { V_INFO, V_USED, V_SIZE };
+    static const struct
+    {
+        const char *name, *help;
+        unsigned kinds;
+        int value;
+    } series[] = {
+        {"idalloc_pool_info", "A pool and its kind (always 1).",
+         SEQ | BND | PFX, V_INFO},
+        {"idalloc_pool_held_ids",
+         "Ids held in a bounded pool, tags held in a prefix pool.", BND | PFX,
+         V_USED},
+        {"idalloc_pool_size_ids", "Size of a bounded pool.", BND, V_SIZE},
+        {"idalloc_sequence_next", "The next id a sequence pool hands out.", SEQ,
+         V_USED},
+    };
+    for (size_t k = 0; k < sizeof(series) / sizeof(series[0]); k++) {
+        len += (size_t)snprintf(buf + len, cap - len,
+                                "# HELP %s %s\n# TYPE %s gauge\n",
+                                series[k].name, series[k].help, series[k].name);
+        for (size_t i = 0; i < n; i++) {
+            struct ida_fsm_pool_info pi;
+            ida_fsm_pool_info(fp->fsm, i, &pi);
+            if ((series[k].kinds & (1u << pi.kind)) == 0) {
+                continue;
+            }
+            if (series[k].value == V_INFO) {
+                len += (size_t)snprintf(
+                    buf + len, cap - len, "%s{pool=\"%s\",kind=\"%s\"} 1\n",
+                    series[k].name, pi.name, kinds[pi.kind]);
+            } else {
+                len += (size_t)snprintf(
+                    buf + len, cap - len, "%s{pool=\"%s\"} %llu\n",
+                    series[k].name, pi.name,
+                    (unsigned long long)(series[k].value == V_SIZE ? pi.size
+                                                                   : pi.used));
+            }
         }
     }
     ida_metrics_pools(fp->node->metrics, buf, len,
