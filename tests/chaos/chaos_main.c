@@ -12,8 +12,25 @@ int main(int argc, char **argv)
                            .seed = 1,
                            .clients = 4,
                            .history_path = "build/chaos-history.txt"};
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *k = argv[i], *v = argv[i + 1];
+    static const char usage[] =
+        "usage: chaos [--duration S] [--nodes 3|5] [--seed N] [--clients C] "
+        "[--history FILE]\n"
+        "  runs a cluster of real idallocd processes ($IDA_BINDIR, default "
+        "bin/) under\n"
+        "  a seeded nemesis for S seconds (default 60), then checks every "
+        "promise;\n"
+        "  exit 0 when there is no violation, 1 otherwise, 2 for bad usage\n";
+    for (int i = 1; i < argc; i += 2) {
+        const char *k = argv[i];
+        if (strcmp(k, "-h") == 0 || strcmp(k, "--help") == 0) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "chaos: %s needs a value\n%s", k, usage);
+            return 2;
+        }
+        const char *v = argv[i + 1];
         if (strcmp(k, "--duration") == 0) {
             o.duration_s = (unsigned)atoi(v);
         } else if (strcmp(k, "--nodes") == 0) {
@@ -30,9 +47,7 @@ int main(int argc, char **argv)
         }
     }
     if ((o.nodes != 3 && o.nodes != 5) || o.duration_s == 0 || o.clients == 0) {
-        fprintf(stderr,
-                "usage: chaos --duration S --nodes 3|5 --seed N "
-                "[--clients C] [--history FILE]\n");
+        fputs(usage, stderr);
         return 2;
     }
     struct chaos_report r;
