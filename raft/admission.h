@@ -56,15 +56,56 @@
  * minority of the current voters is gone, no leader can commit the
  * changes, and the cluster stays unavailable rather than wrong.
  *
- * What this does not catch: a node that restarts from an older copy of its
- * own directory keeps its incarnation. Storage refuses the local damage it
- * can see (an emptied or replaced database, a torn meta page), but a
- * whole-directory copy is self-consistent: together with the loss of the
- * nodes that saw its later state it can lose an acknowledged entry, and no
- * rule local to one node can tell it from an ordinary restart. A leader
- * could notice a follower whose log ends below what it acknowledged, but a
- * reordered old rejection looks the same without per-message sequence
- * numbers; that detection is not done yet.
+ * ROLLED-BACK STATE (rule A4)
+ * A node restarted from an older copy of its own directory keeps its
+ * incarnation: storage refuses the local damage it can see (an emptied or
+ * replaced database, a torn meta page), but a whole-directory copy is
+ * self-consistent, and its owner would vote and acknowledge from state it
+ * already promised beyond. What the node promised, though, its peers heard.
+ * So every message echoes back to its recipient what the sender heard from
+ * it, and the recipient compares that with its own durable state:
+ *
+ *  A4. Storage counts every start of a directory durably before the node
+ *      sends anything (ida_storage_boot(): count in the high 32 bits, a
+ *      random nonce in the low 32), and every message carries the sender's
+ *      boot id, and whether its term is durable (votes and acks go out
+ *      after their hard state is fsynced; a leader's term was fsynced when
+ *      it campaigned). Every node remembers, per member incarnation, the
+ *      latest boot id and the highest durable term it heard, and puts them
+ *      into each message to that member (to_inc, to_boot, to_term); a
+ *      leader adds the index the member acknowledged in its term
+ *      (to_match). Leader heartbeats also carry what the leader heard
+ *      from every voter (gossip), which each member merges into its own
+ *      memory, so the facts outlive the leader. A node told about its own
+ *      incarnation (echoed, or in gossip)
+ *        - a boot id with a higher count than its own, or the same count
+ *          and another nonce (two starts cannot share a count unless the
+ *          directory went back),
+ *        - a durable term above its current term (terms never go back),
+ *        - or, by the leader of its term, an acknowledged index beyond its
+ *          last (an acknowledged entry is durable, and only a leader of a
+ *          higher term can truncate it)
+ *      has lost state it promised: ida_raft_step() returns IDA_ELOSTSTATE,
+ *      and from then on the core steps nothing, sends nothing, votes and
+ *      campaigns no more (ida_raft_rolled_back()). The node marks its
+ *      directory untrusted and stops; removed, it can rejoin as a new
+ *      incarnation (A3).
+ *      Evidence counts only from members of the membership in effect.
+ *      Each fact is true whoever relays it: it is what the node itself
+ *      said, so gossip cannot make an honest node believe it went back.
+ *
+ * Each fact echoed back is one this node made durable before anyone heard
+ * it, so an honest restart never meets a contradiction: A4 has no false
+ * alarms, only misses. A copy taken before the node's last restart is
+ * caught by any member that heard the later start (directly or by gossip),
+ * and a copy older than a term the node made durable by any member that
+ * heard that term. It misses a copy taken during the node's last life when
+ * no peer that heard the lost part is left to say so: the copy's term was
+ * not passed since, and the leader that counted its acknowledgements is
+ * gone (a new leader starts with no progress). Together with that leader's
+ * loss a rolled-back node is a lost majority of a 3-node cluster, the case
+ * in which no protocol can know what was acknowledged: an operator must
+ * never restore a node from a copy of its directory (README, Runbook).
  *
  * Bootstrap: the first configuration binds every member's incarnation (the
  * node learns them from its peers before it writes it; src/node), so a
@@ -76,9 +117,45 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/types.h"
 #include "raft/conf.h"
 
 struct ida_raft;
+
+/* Rule A4: what this node last heard from member @id's incarnation @inc. */
+#define IDA_RAFT_SEEN_MAX (2 * IDA_RAFT_NODES_MAX)
+struct ida_raft_seen
+{
+    ida_node_id id; /* 0: free slot */
+    uint64_t inc;
+    uint64_t boot;     /* the latest boot id heard (highest count) */
+    uint64_t boot_alt; /* another start with boot's count, if one spoke */
+    uint64_t term;     /* the highest durable term heard */
+};
+
+/* Rule A4: how this node learned that its state went back. */
+enum ida_raft_rollback_kind {
+    IDA_RAFT_ROLLBACK_NONE = 0,
+    IDA_RAFT_ROLLBACK_BOOT = 1,  /* a peer heard a later start of ours */
+    IDA_RAFT_ROLLBACK_TERM = 2,  /* a peer heard a higher durable term */
+    IDA_RAFT_ROLLBACK_MATCH = 3, /* our leader saw us acknowledge more */
+};
+struct ida_raft_rollback
+{
+    enum ida_raft_rollback_kind kind;
+    ida_node_id by; /* the peer that told us */
+    uint64_t told;  /* what it heard: boot id, term or index */
+    uint64_t have;  /* what we hold: our boot id, term or last index */
+};
+
+/* Rule A4: boot id @a is a later start than @b of the same directory, or
+ * another start with the same count (then one of them came from a copy). */
+bool ida_raft_boot_later(uint64_t a, uint64_t b);
+
+/* Rule A4: true once a peer showed that @r's own state went back; @out (if
+ * not NULL) says how. Sticky for the life of the core. */
+bool ida_raft_rolled_back(const struct ida_raft *r,
+                          struct ida_raft_rollback *out);
 
 /* Rule A1: @r's own membership lists it as a voter with its incarnation (or
  * an unbound one). */

@@ -90,6 +90,20 @@ int ida__raft_handle_snapshot_response(struct ida_raft *r,
 int ida__raft_handle_install_snapshot(struct ida_raft *r,
                                       const struct ida_raft_msg *m);
 
+/* raft/rollback.c (rule A4 of raft/admission.h) */
+/* IDA_ELOSTSTATE when @m shows that this node's own state went back (and
+ * from then on, for every message), else 0. */
+int ida__raft_check_rollback(struct ida_raft *r, const struct ida_raft_msg *m);
+/* Remember the boot id and durable term a member sent. */
+void ida__raft_record_seen(struct ida_raft *r, const struct ida_raft_msg *m);
+/* Fill a leader heartbeat's gossip: what this node heard from each voter. */
+void ida__raft_fill_gossip(struct ida_raft *r, struct ida_raft_msg *m);
+/* Fill @m's from_boot, term_durable (@durable: sent after persist) and
+ * what this node heard from its recipient. */
+void ida__raft_fill_echo(struct ida_raft *r,
+                         struct ida_raft_msg *m,
+                         bool durable);
+
 /* raft/read.c */
 void ida__raft_check_reads(struct ida_raft *r);
 

@@ -243,6 +243,9 @@ void ida_raft_close(struct ida_raft *r)
 static void tick(struct ida_raft *r)
 {
     ida__raft_begin(r);
+    if (r->rollback.kind != IDA_RAFT_ROLLBACK_NONE) {
+        return; /* rule A4: this node's state is not to be trusted */
+    }
     if (r->role != IDA_RAFT_LEADER) {
         r->election_elapsed++;
         if (ida__raft_promotable(r) &&
@@ -339,6 +342,17 @@ static int valid_msg(const struct ida_raft *r, const struct ida_raft_msg *m)
         m->term == 0 || m->term > IDA_RAFT_TERM_MAX) {
         return IDA_EINVAL;
     }
+    /* Rule A4's echoes: a node takes any term it hears, so no term it
+     * heard from anyone is above its own. */
+    if (m->to_term > m->term || m->to_match > IDA_RAFT_INDEX_MAX ||
+        m->n_gossip > IDA_RAFT_NODES_MAX) {
+        return IDA_EINVAL;
+    }
+    for (size_t i = 0; i < m->n_gossip; i++) {
+        if (m->gossip[i].term > m->term) {
+            return IDA_EINVAL;
+        }
+    }
     switch (m->type) {
         case IDA_RAFT_MSG_REQUEST_VOTE:
             /* The candidate's log ends at or below its (pre-vote) term. */
@@ -399,6 +413,12 @@ static int step(struct ida_raft *r, const struct ida_raft_msg *m)
     IDA_ASSERT(m != NULL);
     ida__raft_begin(r);
     int rv = valid_msg(r, m);
+    if (rv != 0) {
+        return rv;
+    }
+    /* Rule A4 of raft/admission.h: our own state must not have gone back
+     * behind what this member heard from us. */
+    rv = ida__raft_check_rollback(r, m);
     if (rv != 0) {
         return rv;
     }
@@ -481,6 +501,8 @@ int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m)
     int rv = step(r, m);
     if (rv == IDA_EINVAL || rv == IDA_EPROTO) {
         r->dropped++;
+    } else if (rv != IDA_ELOSTSTATE) {
+        ida__raft_record_seen(r, m); /* after the step: see its comment */
     }
     ida__raft_check_invariants(r);
     return rv;

@@ -171,6 +171,19 @@ struct ida_raft_msg
     ida_node_id to;
     ida_term term;
     uint64_t from_inc; /* the sender's incarnation (raft/admission.h) */
+    /* Rule A4 of raft/admission.h (set by the core when it sends): */
+    uint64_t from_boot;   /* the sender's boot id (ida_raft_config.boot) */
+    bool term_durable;    /* @term is in the sender's durable hard state */
+    uint64_t to_inc;      /* the recipient's incarnation the fields below
+                             speak of (0: the sender heard nothing from it) */
+    uint64_t to_boot;     /* the latest boot id the sender heard from it */
+    uint64_t to_boot_alt; /* another start with to_boot's count it heard */
+    ida_term to_term;     /* the highest durable term the sender heard */
+    ida_index to_match;   /* leader: the index it acknowledged this term */
+    /* Leader heartbeats: what the leader heard from each voter, so every
+     * member can echo it even after the leader is gone. */
+    size_t n_gossip;
+    struct ida_raft_seen gossip[IDA_RAFT_NODES_MAX];
     union {
         struct ida_raft_request_vote request_vote;
         struct ida_raft_response_vote response_vote;
@@ -195,6 +208,10 @@ struct ida_raft_config
     /* This node's incarnation (raft/admission.h): sent in every message;
      * the node votes and campaigns only while its membership names it. */
     uint64_t incarnation;
+    /* This start's boot id (rule A4 of raft/admission.h; the node's is
+     * ida_storage_boot()): sent in every message. 0: no rollback checks
+     * of this node's own state (tests that do not model restarts). */
+    uint64_t boot;
     unsigned election_ticks;     /* >= 2 * heartbeat_ticks */
     unsigned heartbeat_ticks;    /* >= 1 */
     uint64_t seed;               /* election timeout PRNG */
@@ -392,6 +409,10 @@ struct ida_raft
     uint64_t rcv_total; /* total_size announced at offset 0 */
     /* Peer messages refused by ida_raft_step() (IDA_EINVAL, IDA_EPROTO). */
     uint64_t dropped;
+    /* Rule A4 (raft/admission.h): what each member said of itself, and
+     * whether a peer showed that this node's own state went back. */
+    struct ida_raft_seen seen[IDA_RAFT_SEEN_MAX];
+    struct ida_raft_rollback rollback;
 };
 
 /* Initialize @r from @cfg and what storage holds (@restore may be NULL for a

@@ -33,6 +33,7 @@ void ida__raft_send_now(struct ida_raft *r, struct ida_raft_msg *m)
 {
     m->from = r->cfg.id;
     m->from_inc = r->cfg.incarnation;
+    ida__raft_fill_echo(r, m, false);
     queue_msg(&r->msgs, &r->n_msgs, &r->cap_msgs, m);
 }
 
@@ -45,6 +46,7 @@ void ida__raft_send_after_persist(struct ida_raft *r, struct ida_raft_msg *m)
     }
     m->from = r->cfg.id;
     m->from_inc = r->cfg.incarnation;
+    ida__raft_fill_echo(r, m, true);
     queue_msg(&r->msgs_ap, &r->n_msgs_ap, &r->cap_msgs_ap, m);
 }
 

@@ -119,6 +119,7 @@ void ida__raft_send_heartbeat(struct ida_raft *r, struct ida_raft_progress *pr)
     m.u.append_entries.commit_index =
         r->commit < pr->match ? r->commit : pr->match;
     m.u.append_entries.read_ctx = r->read_seq;
+    ida__raft_fill_gossip(r, &m);
     ida__raft_send_now(r, &m);
 }
 

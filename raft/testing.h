@@ -27,6 +27,9 @@ enum ida_raft_bug {
     /* Read vote requests and answers of nodes outside the membership like
      * any other (their terms move ours). */
     IDA_RAFT_BUG_HEAR_STRANGERS = 1u << 5,
+    /* Ignore what peers echo back (raft/admission.h rule A4 off): a node
+     * restarted from an older copy of its directory acts as before. */
+    IDA_RAFT_BUG_IGNORE_ROLLBACK = 1u << 6,
 };
 
 /* Turn on the bugs in @bugs (a mask of enum ida_raft_bug) in @r. Call it

@@ -19,9 +19,7 @@
 
 /* --- incarnation --- */
 
-/* Fill @buf from the kernel's random source: getrandom(2) without blocking,
- * else /dev/urandom. 0 or an errno. */
-static int random_bytes(uint8_t *buf, size_t len)
+int ida__storage_random(uint8_t *buf, size_t len)
 {
     ssize_t n = getrandom(buf, len, GRND_NONBLOCK);
     if (n == (ssize_t)len) {
@@ -56,7 +54,7 @@ int ida__storage_mint(struct ida_storage *s,
     uint64_t v = 0;
     while (v == 0) {
         uint8_t b[8];
-        int err = random_bytes(b, sizeof(b));
+        int err = ida__storage_random(b, sizeof(b));
         if (err != 0) {
             return ida__storage_fail(s, dir, IDA_EIO,
                                      "cannot draw an incarnation id: %s",

@@ -23,6 +23,8 @@
 #define KEY_HARD_STATE "hard_state"
 #define KEY_LOG_PREV   "log_prev"
 #define KEY_SNAPSHOT   "snapshot"
+#define KEY_BOOT       "boot"
+#define KEY_UNTRUSTED  "untrusted"
 
 /* Every call must come from the process that opened the environment: an
  * LMDB environment must never be used across fork(). */
@@ -99,6 +101,10 @@ int ida__storage_run_write(struct ida_storage *s,
 
 struct ida__rec_identity;
 
+/* Fill @buf from the kernel's random source: getrandom(2) without blocking,
+ * else /dev/urandom. 0 or an errno. */
+int ida__storage_random(uint8_t *buf, size_t len);
+
 /* A fresh random nonzero incarnation id and the current unix time in ms.
  * 0 or IDA_EIO with s->errmsg set. */
 int ida__storage_mint(struct ida_storage *s,
@@ -135,6 +141,14 @@ enum ida__data_state {
 int ida__storage_check_data(struct ida_storage *s,
                             const char *dir,
                             enum ida__data_state *state);
+
+/* --- boots (storage/boot.c) --- */
+
+/* Inside open's write transaction, once the identity is known: refuse a
+ * directory marked untrusted (IDA_ELOSTSTATE, RC_REFUSED), else count this
+ * start in the boot record and set s->boot. MDB rc, RC_CORRUPT or
+ * RC_REFUSED. */
+int ida__storage_boot_step(struct ida_storage *s, MDB_txn *txn);
 
 /* --- log (storage/log.c) --- */
 

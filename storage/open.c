@@ -455,6 +455,9 @@ static int open_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
         if (rc == 0) {
             rc = load_state(s, txn);
         }
+        if (rc == 0) {
+            rc = ida__storage_boot_step(s, txn);
+        }
         return rc;
     }
     rc = mdb_dbi_open(txn, "meta", 0, &s->dbi_meta);
@@ -485,6 +488,9 @@ static int open_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
     }
     if (rc == 0) {
         rc = load_state(s, txn);
+    }
+    if (rc == 0) {
+        rc = ida__storage_boot_step(s, txn);
     }
     return rc;
 }

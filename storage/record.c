@@ -227,6 +227,51 @@ int ida__rec_log_prev_decode(const uint8_t *p,
     return 0;
 }
 
+void ida__rec_boot_encode(uint8_t out[IDA__REC_BOOT_BYTES], uint64_t count)
+{
+    memcpy(out, "IDAB", 4);
+    ida__put_be64(out + 4, count);
+    seal(out, IDA__REC_BOOT_BYTES);
+}
+
+int ida__rec_boot_decode(const uint8_t *p, size_t len, uint64_t *count)
+{
+    if (len != IDA__REC_BOOT_BYTES || check_sealed(p, len, "IDAB") != 0) {
+        return IDA_ECORRUPT;
+    }
+    *count = ida__get_be64(p + 4);
+    return 0;
+}
+
+size_t ida__rec_untrusted_encode(uint8_t *out, const char *reason, size_t len)
+{
+    IDA_ASSERT(len <= IDA__REC_REASON_MAX);
+    memcpy(out, "IDAU", 4);
+    out[4] = (uint8_t)(len >> 8);
+    out[5] = (uint8_t)len;
+    memcpy(out + 6, reason, len);
+    size_t n = IDA__REC_UNTRUSTED_FIXED + len;
+    seal(out, n);
+    return n;
+}
+
+int ida__rec_untrusted_decode(const uint8_t *p,
+                              size_t len,
+                              const char **reason,
+                              size_t *reason_len)
+{
+    if (len < IDA__REC_UNTRUSTED_FIXED || check_sealed(p, len, "IDAU") != 0) {
+        return IDA_ECORRUPT;
+    }
+    size_t n = ((size_t)p[4] << 8) | p[5];
+    if (n > IDA__REC_REASON_MAX || len != IDA__REC_UNTRUSTED_FIXED + n) {
+        return IDA_ECORRUPT;
+    }
+    *reason = (const char *)p + 6;
+    *reason_len = n;
+    return 0;
+}
+
 size_t ida__rec_snapshot_encode(uint8_t *out, const struct ida__rec_snapshot *r)
 {
     memcpy(out, "IDAS", 4);

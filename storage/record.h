@@ -10,6 +10,8 @@
  *   identity   (format 1) "IDAI" | u32 node_id | u16 name_len | name | u32 crc
  *   hard_state "IDAH" | u64 term | u32 vote | u64 commit | u32 crc  28 bytes
  *   log_prev   "IDAP" | u64 index | u64 term | u32 crc              24 bytes
+ *   boot       "IDAB" | u64 count | u32 crc                         16 bytes
+ *   untrusted  "IDAU" | u16 len | reason | u32 crc
  *   snapshot   "IDAS" | u64 id | u64 index | u64 term | u64 size
  *              | u32 data_crc | u64 chunks | u32 config_len | config
  *              | u32 crc
@@ -37,6 +39,9 @@
 #define IDA__REC_FORMAT_BYTES     12
 #define IDA__REC_HARD_STATE_BYTES 28
 #define IDA__REC_LOG_PREV_BYTES   24
+#define IDA__REC_BOOT_BYTES       16
+#define IDA__REC_UNTRUSTED_FIXED  (4 + 2 + 4)
+#define IDA__REC_REASON_MAX       400
 #define IDA__REC_ENTRY_HDR_BYTES  24
 #define IDA__REC_CHUNK_HDR_BYTES  4
 #define IDA__REC_SNAPSHOT_FIXED   (4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 4)
@@ -112,6 +117,17 @@ int ida__rec_log_prev_decode(const uint8_t *p,
                              size_t len,
                              ida_index *index,
                              ida_term *term);
+
+void ida__rec_boot_encode(uint8_t out[IDA__REC_BOOT_BYTES], uint64_t count);
+int ida__rec_boot_decode(const uint8_t *p, size_t len, uint64_t *count);
+
+/* @out must hold IDA__REC_UNTRUSTED_FIXED + @len bytes, @len at most
+ * IDA__REC_REASON_MAX. *reason points into @p (not NUL-terminated). */
+size_t ida__rec_untrusted_encode(uint8_t *out, const char *reason, size_t len);
+int ida__rec_untrusted_decode(const uint8_t *p,
+                              size_t len,
+                              const char **reason,
+                              size_t *reason_len);
 
 struct ida__rec_snapshot
 {

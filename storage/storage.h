@@ -85,8 +85,11 @@
  * truncated.
  *
  * Not detectable here: a copy of the whole directory taken earlier and put
- * back (a rollback) is self-consistent, IDENTITY included. Rolled-back
- * state is detected by the leader and the peers, not by storage.
+ * back (a rollback) is self-consistent, IDENTITY included. Storage counts
+ * every start in a "boot" record (ida_storage_boot()) so that the peers,
+ * which remember what the node told them, can tell it that it went back
+ * (raft/admission.h, rule A4); the node then marks the directory untrusted
+ * (ida_storage_mark_untrusted()) and every later open refuses it.
  *
  * THREADING
  *
@@ -232,8 +235,9 @@ struct ida_storage
     ida_term snapshot_term;
     uint64_t next_snapshot_id;
     int writer_active;
-    int failed;  /* sticky error code, 0 while healthy */
-    int refused; /* code of a check that refused the current write */
+    uint64_t boot; /* this start's boot id (ida_storage_boot()) */
+    int failed;    /* sticky error code, 0 while healthy */
+    int refused;   /* code of a check that refused the current write */
     /* Fault injection for tests (ida__storage_fault_set). */
     int fault_put_after;
     int fault_commit_after;
@@ -287,6 +291,20 @@ int ida_storage_failed(const struct ida_storage *s);
 
 /* The incarnation id of the open directory (nonzero). */
 uint64_t ida_storage_incarnation(const struct ida_storage *s);
+
+/* This start's boot id (nonzero): the number of times the directory was
+ * opened, this open included, in the high 32 bits, and a random nonzero
+ * nonce in the low 32. Open counts the start durably before it returns, so
+ * a node never sends anything under a boot id its directory does not hold.
+ * Two starts of one directory never get the same count unless the
+ * directory was put back to an older copy (raft/admission.h, rule A4). */
+uint64_t ida_storage_boot(const struct ida_storage *s);
+
+/* Mark the directory untrusted, durably: the node found that its state
+ * went back to an older copy (raft/admission.h, rule A4). Every later open
+ * refuses it with IDA_ELOSTSTATE, quoting @reason (cut at 400 bytes), until
+ * the operator removes the directory. 0 or the commit's error code. */
+int ida_storage_mark_untrusted(struct ida_storage *s, const char *reason);
 
 /* Current map size in bytes (owner). */
 uint64_t ida_storage_map_size(const struct ida_storage *s);

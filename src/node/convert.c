@@ -41,6 +41,27 @@ int node_raft_to_pb(const struct ida_raft_msg *m, struct node_pb_peer *pb)
     pb->msg.to = m->to;
     pb->msg.term = m->term;
     pb->msg.from_incarnation = m->from_inc;
+    pb->msg.from_boot = m->from_boot;
+    pb->msg.term_durable = m->term_durable;
+    pb->msg.to_incarnation = m->to_inc;
+    pb->msg.to_boot = m->to_boot;
+    pb->msg.to_boot_alt = m->to_boot_alt;
+    pb->msg.to_term = m->to_term;
+    pb->msg.to_match = m->to_match;
+    size_t ng =
+        m->n_gossip < IDA_RAFT_NODES_MAX ? m->n_gossip : IDA_RAFT_NODES_MAX;
+    for (size_t i = 0; i < ng; i++) {
+        Idalloc__Heard *h = &pb->gossip[i];
+        idalloc__heard__init(h);
+        h->id = m->gossip[i].id;
+        h->incarnation = m->gossip[i].inc;
+        h->boot = m->gossip[i].boot;
+        h->boot_alt = m->gossip[i].boot_alt;
+        h->term = m->gossip[i].term;
+        pb->gossip_ptrs[i] = h;
+    }
+    pb->msg.gossip = ng > 0 ? pb->gossip_ptrs : NULL;
+    pb->msg.n_gossip = ng;
     switch (m->type) {
         case IDA_RAFT_MSG_REQUEST_VOTE:
             idalloc__request_vote__init(&pb->u.rv);
@@ -169,6 +190,25 @@ int node_pb_to_raft(const Idalloc__PeerMessage *pb,
     m->to = pb->to;
     m->term = pb->term;
     m->from_inc = pb->from_incarnation;
+    m->from_boot = pb->from_boot;
+    m->term_durable = pb->term_durable;
+    m->to_inc = pb->to_incarnation;
+    m->to_boot = pb->to_boot;
+    m->to_boot_alt = pb->to_boot_alt;
+    m->to_term = pb->to_term;
+    m->to_match = pb->to_match;
+    if (pb->n_gossip > IDA_RAFT_NODES_MAX) {
+        return IDA_EPROTO;
+    }
+    for (size_t i = 0; i < pb->n_gossip; i++) {
+        const Idalloc__Heard *h = pb->gossip[i];
+        m->gossip[i] = (struct ida_raft_seen){.id = h->id,
+                                              .inc = h->incarnation,
+                                              .boot = h->boot,
+                                              .boot_alt = h->boot_alt,
+                                              .term = h->term};
+    }
+    m->n_gossip = pb->n_gossip;
     switch (pb->msg_case) {
         case IDALLOC__PEER_MESSAGE__MSG_REQUEST_VOTE:
             m->type = IDA_RAFT_MSG_REQUEST_VOTE;

@@ -26,6 +26,8 @@ struct node_pb_peer
     } u;
     Idalloc__LogEntry *entries;     /* ida_malloc'd */
     Idalloc__LogEntry **entry_ptrs; /* ida_malloc'd */
+    Idalloc__Heard gossip[IDA_RAFT_NODES_MAX];
+    Idalloc__Heard *gossip_ptrs[IDA_RAFT_NODES_MAX];
 };
 
 /* Fill @pb from @m. Returns 0 or IDA_ENOMEM. Release with

@@ -62,5 +62,5 @@ int main(int argc, char **argv)
     IDA_INFO("node: signal %d: stopping", sig);
     ida_node_close(&node);
     IDA_INFO("node: stopped");
-    return 0;
+    return node.exit_status;
 }

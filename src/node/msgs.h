@@ -40,6 +40,7 @@ enum node_msg_type {
     IDA_NM_STORAGE_FAILED,
     IDA_NM_MEMBERSHIP0,      /* raft -> storage: write the first membership */
     IDA_NM_MEMBERSHIP0_DONE, /* storage -> raft: written (or why not) */
+    IDA_NM_UNTRUSTED,        /* raft -> storage: mark the directory, stop */
 };
 
 struct ida_nm_client
@@ -131,6 +132,12 @@ struct ida_nm_membership0
     int rv; /* in the answer: 0 or why it was not written */
     uint8_t *data;
     size_t len;
+};
+
+/* IDA_NM_UNTRUSTED: why the directory is not to be trusted. */
+struct ida_nm_untrusted
+{
+    char why[400];
 };
 
 struct ida_nm_storage_failed

@@ -182,6 +182,7 @@ static int restore(struct ida_node *n,
     }
     if (rv == 0) {
         n->incarnation = ida_storage_incarnation(st);
+        n->boot = ida_storage_boot(st);
         rv = ida_storage_membership0(st, &n->membership0, &n->membership0_len);
         if (rv == IDA_ENOTFOUND) {
             rv = 0;

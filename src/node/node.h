@@ -73,6 +73,10 @@ struct ida_node
     struct ida_errtop_where errtop_where; /* for the pool's error sink */
     int lock_fd; /* the data directory, flock'ed while the node lives; -1 */
     uint64_t incarnation; /* this data directory's (storage) */
+    uint64_t boot;        /* this start's boot id (ida_storage_boot()) */
+    /* The exit status idallocd returns once stopped: 0, or 1 when the node
+     * stopped itself (its state went back: raft/admission.h, rule A4). */
+    volatile int exit_status;
     uint8_t *membership0; /* the first membership (storage), or NULL */
     size_t membership0_len;
     int fresh; /* a new directory: no membership, log, snapshot or vote */

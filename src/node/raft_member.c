@@ -188,6 +188,7 @@ int ida__rp_first_voters(struct raft_proc *rp, struct ida_raft_config *rc)
 {
     struct ida_node *n = rp->node;
     rc->incarnation = n->incarnation;
+    rc->boot = n->boot;
     struct ida_raft_conf c;
     if (n->membership0 != NULL) {
         int rv = node_conf_decode(n->membership0, n->membership0_len, &c);

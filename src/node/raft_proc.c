@@ -1,9 +1,11 @@
 /* The raft processor: owns the Raft core; turns client writes into log
  * entries (group commit), reads into ReadIndex rounds, and every batch of
  * the core into work for net, storage and fsm. See node.h. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/assert.h"
 #include "base/heap.h"
@@ -547,6 +549,40 @@ static void on_client(struct raft_proc *rp,
 /* --- the processor
  * ------------------------------------------------------------- */
 
+/* Rule A4 of raft/admission.h: a peer showed that this node's state went
+ * back to an older copy of its directory. The core takes no part any more;
+ * storage marks the directory untrusted and the node stops. */
+static void on_rolled_back(struct raft_proc *rp, struct ida_sender *s)
+{
+    struct ida_raft_rollback rb;
+    if (rp->rolled_back || !ida_raft_rolled_back(&rp->raft, &rb)) {
+        return;
+    }
+    rp->rolled_back = true;
+    static const char *const what[] = {"", "a later start (boot id)",
+                                       "a higher durable term",
+                                       "an acknowledged log index"};
+    struct ida_nm_untrusted *u = ida_calloc(1, sizeof(*u));
+    char why[sizeof(((struct ida_nm_untrusted *)0)->why)];
+    snprintf(why, sizeof(why),
+             "its state went back to an older copy: node %u heard %s %llu "
+             "from this incarnation, which holds %llu",
+             (unsigned)rb.by, what[rb.kind], (unsigned long long)rb.told,
+             (unsigned long long)rb.have);
+    IDA_ERROR(
+        "raft: data directory %s: %s; this node takes no part any "
+        "more",
+        rp->node->dir, why);
+    ida_sender_error(s, IDA_ELOSTSTATE, "state went back to an older copy");
+    if (u == NULL) {
+        rp->node->exit_status = 1;
+        kill(getpid(), SIGTERM); /* nothing marked: the log line says why */
+        return;
+    }
+    snprintf(u->why, sizeof(u->why), "%s", why);
+    node_post(&rp->q, s, rp->node->p_storage, IDA_NM_UNTRUSTED, u);
+}
+
 static void on_peer(struct raft_proc *rp,
                     struct ida_sender *s,
                     Idalloc__PeerMessage *pb)
@@ -563,6 +599,9 @@ static void on_peer(struct raft_proc *rp,
         int rv = ida_raft_step(&rp->raft, &m);
         if (rv == IDA_EFOREIGN) {
             ida__rp_note_incarnation(rp, pb->from, pb->from_incarnation);
+        }
+        if (rv == IDA_ELOSTSTATE) {
+            on_rolled_back(rp, s);
         }
         if (rv == IDA_EPROTO) {
             IDA_ERROR("raft: peer %u broke the protocol (message ignored)",

@@ -46,6 +46,7 @@ struct raft_proc
     ida_node_id leader;
     ida_term term;
     int storage_failed;
+    bool rolled_back; /* rule A4: the node is stopping (raft/admission.h) */
     int peer_up[IDA_CONFIG_NODES_MAX + 1];
     struct node_members mem;     /* joining, re-admission (src/node/member.h) */
     struct ida_raft_config base; /* what the core was started with */

@@ -14,8 +14,10 @@
  * raft batch and is stored whole before its acknowledgement; it first
  * drops a local snapshot still being stored (the installed one replaces
  * it), and a newer local snapshot replaces an older one still in progress. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/assert.h"
 #include "base/heap.h"
@@ -270,6 +272,31 @@ static void on_snapshot_store(struct storage_proc *sp,
     job_step(sp, s);
 }
 
+/* Rule A4 (raft/admission.h): the node's state went back. Mark the
+ * directory so that no later start trusts it, then stop the node: SIGTERM to
+ * ourselves, which idallocd's main thread takes like an operator's, and exit
+ * status 1. */
+static void on_untrusted(struct storage_proc *sp,
+                         const struct ida_nm_untrusted *u)
+{
+    struct ida_node *n = sp->node;
+    int rv = ida_storage_mark_untrusted(&n->storage, u->why);
+    if (rv != 0) {
+        IDA_ERROR(
+            "storage: cannot mark %s untrusted: %s; remove it before "
+            "starting this node again",
+            n->dir, n->storage.errmsg);
+    } else {
+        IDA_ERROR(
+            "storage: marked %s untrusted: this node stops and will "
+            "not start from it again; remove the directory to rejoin "
+            "as a new incarnation (README, Runbook)",
+            n->dir);
+    }
+    n->exit_status = 1;
+    kill(getpid(), SIGTERM);
+}
+
 static void storage_receive(void *state,
                             struct ida_msg *msg,
                             struct ida_sender *s)
@@ -282,6 +309,9 @@ static void storage_receive(void *state,
     } else if (msg->type == IDA_NM_SNAPSHOT_STORE) {
         on_snapshot_store(sp, s, msg);
         return; /* its first step is done */
+    } else if (msg->type == IDA_NM_UNTRUSTED) {
+        on_untrusted(sp, node_msg_payload(msg));
+        node_msg_free(msg);
     } else if (msg->type == IDA_NM_MEMBERSHIP0) {
         struct ida_nm_membership0 *m = node_msg_payload(msg);
         m->rv =

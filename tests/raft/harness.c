@@ -208,6 +208,10 @@ void h_start(ida_node_id id)
     }
     cfg.incarnation = H.inc[id];
     struct h_disk *d = &H.disk[id];
+    if (!H.no_boots) {
+        d->boots++; /* counted durably before the node sends anything */
+        cfg.boot = d->boots << 32 | (++H.nonce_seq * 2654435761u | 1u);
+    }
     struct ida_raft_restore st = {
         .hard_state = d->hs,
         .snapshot_index = d->snap_index,
@@ -259,6 +263,38 @@ void h_wipe(ida_node_id id, uint64_t inc)
     free(d->snap);
     memset(d, 0, sizeof(*d));
     H.inc[id] = inc;
+}
+
+static void disk_dup(struct h_disk *out, const struct h_disk *d)
+{
+    *out = *d;
+    out->snap = dup_bytes(d->snap, d->snap_len);
+    for (size_t i = 0; i < d->n; i++) {
+        out->ents[i].data = dup_bytes(d->ents[i].data, d->ents[i].len);
+    }
+}
+
+void h_disk_free(struct h_disk *d)
+{
+    for (size_t i = 0; i < d->n; i++) {
+        free(d->ents[i].data);
+    }
+    free(d->snap);
+    memset(d, 0, sizeof(*d));
+}
+
+void h_disk_copy(ida_node_id id, struct h_disk *out)
+{
+    disk_dup(out, &H.disk[id]);
+}
+
+void h_disk_restore(ida_node_id id, const struct h_disk *copy)
+{
+    if (H.up[id]) {
+        h_crash(id);
+    }
+    h_disk_free(&H.disk[id]);
+    disk_dup(&H.disk[id], copy);
 }
 
 void h_close(void)
@@ -364,12 +400,15 @@ bool h_deliver_one(void)
             H.snapshot_chunks++;
         }
         int rv = ida_raft_step(&H.r[to], &p.m);
-        if (!(rv == 0 || rv == IDA_ENOMEM || rv == IDA_EFOREIGN)) {
+        if (!(rv == 0 || rv == IDA_ENOMEM || rv == IDA_EFOREIGN ||
+              rv == IDA_ELOSTSTATE)) {
             fprintf(stderr, "step %u->%u type %d: %s\n", p.m.from, to, p.m.type,
                     idalloc_errname(rv));
         }
-        IDA_ASSERT(rv == 0 || rv == IDA_ENOMEM || rv == IDA_EFOREIGN);
+        IDA_ASSERT(rv == 0 || rv == IDA_ENOMEM || rv == IDA_EFOREIGN ||
+                   rv == IDA_ELOSTSTATE);
         H.foreign += rv == IDA_EFOREIGN;
+        H.lost_state += rv == IDA_ELOSTSTATE;
         h_collect(to);
     }
     pkt_free(&p);

@@ -20,6 +20,7 @@ struct h_disk
     size_t snap_len;
     struct ida_entry ents[512];
     size_t n;
+    uint64_t boots; /* starts counted (rule A4), durable like the rest */
 };
 
 struct h_cluster
@@ -44,9 +45,14 @@ struct h_cluster
     uint64_t inc[H_NODES_MAX + 1];
     uint64_t boot_inc[H_NODES_MAX + 1];
     bool bind_incs;
+    /* Rule A4: nodes start with boot ids (count from the disk, a fresh
+     * nonce); on by default, off for tests that need cfg.boot == 0. */
+    bool no_boots;
+    uint32_t nonce_seq;
     /* Counters for assertions. */
     size_t appends_sent;       /* AppendEntries carrying entries */
     size_t foreign;            /* messages dropped as another incarnation's */
+    size_t lost_state;         /* steps answered IDA_ELOSTSTATE (rule A4) */
     size_t rejects;            /* AppendResponse with success=false */
     size_t snapshot_chunks;    /* InstallSnapshot delivered */
     size_t max_entries_in_msg; /* largest AppendEntries seen */
@@ -67,6 +73,13 @@ void h_crash(ida_node_id id);
 void h_wipe(ida_node_id id, uint64_t inc);
 /* Free everything. */
 void h_close(void);
+/* A deep copy of @id's durable disk into @out (free with h_disk_free). */
+void h_disk_copy(ida_node_id id, struct h_disk *out);
+/* Crash @id (if up) and put @copy back as its disk (deep copy): the
+ * operator restored an older copy of the directory. Start it with
+ * h_start(). */
+void h_disk_restore(ida_node_id id, const struct h_disk *copy);
+void h_disk_free(struct h_disk *d);
 /* Drain @id's batches (persisting them unless held). */
 void h_collect(ida_node_id id);
 /* Persist the held batches of @id. */

@@ -225,6 +225,9 @@ static void run_instant(struct sim *s, uint64_t deadline)
     }
     for (int k = 0; k < s->n && !s->failed; k++) {
         struct node *nd = &s->nodes[k];
+        if (nd->untrusted) {
+            sim__untrusted_step(s, nd);
+        }
         if (!nd->up && !nd->dead && s->now >= nd->restart_at) {
             if (nd->needs_boot && !sim__boot_from_peer(s, nd)) {
                 nd->restart_at = s->now + 50; /* no live peer yet */
@@ -278,6 +281,7 @@ static void sim_free(struct sim *s)
         ida_free(nd->disk.snap_conf);
         sim__disk_free(&nd->old);
         sim__disk_free(&nd->lost);
+        sim__disk_free(&nd->rolled);
     }
     for (size_t i = 0; i < s->n_net; i++) {
         sim__packet_free(&s->net[i]);

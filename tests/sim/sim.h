@@ -36,11 +36,15 @@ struct sim_opts
     FILE *trace;          /* NULL: no readable trace */
     /* Faults off by default. no_wipe: never restart a node with an empty
      * disk (a new incarnation). rollback: restart nodes from an older copy
-     * of their own disk (same incarnation); this can lose acknowledged
-     * entries (raft/admission.h "What this does not catch"), so it is not
-     * part of the safety runs. */
+     * of their own disk (same incarnation), one lost disk at a time; rule
+     * A4 of raft/admission.h catches it only where a live member heard
+     * what the copy lacks, so it can lose acknowledged entries and is not
+     * part of the safety runs. rollback_old: only copies taken before the
+     * node's last start (a backup put back), which A4 catches whenever a
+     * live member heard the later start. */
     bool no_wipe;
     bool rollback;
+    bool rollback_old;
     /* Negative controls of the allocator checks only: the Raft-level
      * checks (election safety, log matching, leader completeness, commit
      * durability, replicas' states) are off, so a broken core can only be
@@ -67,14 +71,15 @@ struct sim_result
     uint64_t reads;     /* linearizable reads answered */
     uint64_t elections; /* terms that had a leader */
     uint64_t crashes;
-    uint64_t snapshots_sent;  /* InstallSnapshot chunks delivered */
-    uint64_t members_changed; /* voters removed or added */
-    uint64_t transfers;       /* TimeoutNow delivered */
-    uint64_t wipes;           /* restarts with an empty disk */
-    uint64_t readmitted;      /* emptied nodes voters again */
-    uint64_t scenarios;       /* scripted lost-disk scenarios run */
-    uint64_t rollbacks;       /* restarts from an older disk copy */
-    uint64_t foreign;         /* messages dropped as IDA_EFOREIGN */
+    uint64_t snapshots_sent;   /* InstallSnapshot chunks delivered */
+    uint64_t members_changed;  /* voters removed or added */
+    uint64_t transfers;        /* TimeoutNow delivered */
+    uint64_t wipes;            /* restarts with an empty disk */
+    uint64_t readmitted;       /* emptied nodes voters again */
+    uint64_t scenarios;        /* scripted lost-disk scenarios run */
+    uint64_t rollbacks;        /* restarts from an older disk copy */
+    uint64_t rollbacks_caught; /* nodes told their state went back (A4) */
+    uint64_t foreign;          /* messages dropped as IDA_EFOREIGN */
     uint64_t end_ms;
 };
 

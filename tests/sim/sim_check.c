@@ -183,6 +183,10 @@ void sim__check_commit(struct sim *s, struct node *nd)
             if (d->snap_index >= c ||
                 sim__disk_term_at(d, c) == s->glob_term[c]) {
                 have++;
+            } else if (d == &u->disk && u->has_rolled &&
+                       (u->rolled.snap_index >= c ||
+                        sim__disk_term_at(&u->rolled, c) == s->glob_term[c])) {
+                have++; /* acknowledged before its disk went back */
             }
         }
         if (have < v->n / 2 + 1) {

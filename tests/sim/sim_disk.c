@@ -112,6 +112,7 @@ bool sim__disk_copy(struct disk *dst, const struct disk *src)
 {
     memset(dst, 0, sizeof(*dst));
     dst->hs = src->hs;
+    dst->boots = src->boots;
     dst->snap_index = src->snap_index;
     dst->snap_term = src->snap_term;
     if (src->snap_len > 0) {

@@ -260,10 +260,24 @@ static bool disk_conf(const struct node *u, struct ida_raft_conf *out)
  * under way, and every live node's membership is the full cluster with
  * @nd as a voter and no dead member. Then the others stay a majority of
  * admitted voters: the cluster stays able to re-admit @nd. */
+/* Whether some node lost state that is not yet replaced: a rolled-back
+ * disk (caught or not) counts like an emptied one being re-admitted. */
+static bool state_lost_somewhere(const struct sim *s, const struct node *but)
+{
+    for (int k = 0; k < s->n; k++) {
+        const struct node *u = &s->nodes[k];
+        if (u != but && (u->has_rolled || u->untrusted)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static bool wipe_ok(struct sim *s, const struct node *nd)
 {
-    if (s->rejoin != 0 || s->retire != 0 || nd->dead || nd->needs_boot) {
-        return false;
+    if (s->rejoin != 0 || s->retire != 0 || nd->dead || nd->needs_boot ||
+        state_lost_somewhere(s, nd)) {
+        return false; /* one lost disk at a time: more is a lost majority */
     }
     for (int k = 0; k < s->n; k++) {
         const struct node *u = &s->nodes[k];
@@ -296,6 +310,15 @@ static void wipe(struct sim *s, struct node *nd, uint64_t restart_in)
     nd->restart_at = s->now + restart_in;
     s->rejoin = nd->id;
     s->rejoin_next = s->now + 20;
+}
+
+void sim__untrusted_step(struct sim *s, struct node *nd)
+{
+    if (nd->untrusted && !nd->up && wipe_ok(s, nd)) {
+        sim__tracef(s, "operator: node %u's untrusted directory is emptied",
+                    nd->id);
+        wipe(s, nd, 5 + sim__below(&s->rng, 200));
+    }
 }
 
 bool sim__boot_from_peer(struct sim *s, struct node *nd)
@@ -447,13 +470,26 @@ void sim__scenario_step(struct sim *s)
  * not caught by admission (raft/admission.h), so only with opts.rollback. */
 static void rollback(struct sim *s, struct node *nd)
 {
-    if (!nd->has_old || nd->dead || s->rejoin == nd->id) {
-        return;
+    if (!nd->has_old || nd->dead || nd->untrusted || s->rejoin != 0 ||
+        s->scen_phase != 0 || state_lost_somewhere(s, NULL)) {
+        return; /* one lost disk at a time: more is a lost majority */
+    }
+    if (s->o.rollback_old && nd->old.boots >= nd->disk.boots) {
+        return; /* the copy is of this life */
     }
     if (nd->up) {
         sim__node_crash(s, nd);
     }
-    sim__disk_free(&nd->disk);
+    /* What it acknowledged was durable on this image (the commit
+     * durability check counts it); keep the furthest one. */
+    if (!nd->has_rolled || nd->disk.snap_index + nd->disk.n >=
+                               nd->rolled.snap_index + nd->rolled.n) {
+        sim__disk_free(&nd->rolled);
+        nd->rolled = nd->disk;
+        nd->has_rolled = true;
+    } else {
+        sim__disk_free(&nd->disk);
+    }
     nd->disk = nd->old;
     memset(&nd->old, 0, sizeof(nd->old));
     nd->has_old = false;

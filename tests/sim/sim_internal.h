@@ -102,6 +102,7 @@ struct disk
     size_t snap_conf_len;
     struct ida_entry *ents;
     size_t n, cap;
+    uint64_t boots; /* starts counted (raft/admission.h rule A4) */
 };
 
 struct proposal
@@ -134,6 +135,13 @@ struct node
     /* An older copy of the durable image (the rollback fault). */
     struct disk old;
     bool has_old;
+    /* The image a rolled-back node had before its disk went back: what it
+     * acknowledged from (the commit durability check counts it). */
+    struct disk rolled;
+    bool has_rolled;
+    /* Told by a peer that its state went back (rule A4): stopped, and
+     * emptied by the operator once that can be done safely. */
+    bool untrusted;
     /* The image the previous incarnation had when its disk was emptied: the
      * commit durability check judges acknowledgements of that incarnation
      * against what it held. */
@@ -333,6 +341,9 @@ void sim__heal(struct sim *s);
 void sim__rejoin_step(struct sim *s);
 void sim__scenario_step(struct sim *s);
 bool sim__boot_from_peer(struct sim *s, struct node *nd);
+/* Empty the directory of a node that learned its state went back (rule A4
+ * of raft/admission.h), once that is safe, as the operator would. */
+void sim__untrusted_step(struct sim *s, struct node *nd);
 bool sim__liveness_done(struct sim *s);
 void sim__liveness_final_check(struct sim *s);
 

@@ -1,7 +1,8 @@
 /* build/prog/sim: run simulator seeds (make sim SEEDS=N START=S MODE=...).
  *
  *   sim --seeds N --start S --mode safety|liveness --nodes 3|5
- *       [--trace] [--duration MS] [--bugs MASK] [--no-wipe] [--rollback]
+ *       [--trace] [--duration MS] [--bugs MASK] [--no-wipe]
+ *       [--rollback|--rollback-old]
  *       [--garbage]
  *       [--client-checks-only]
  *
@@ -29,7 +30,8 @@ static int usage(void)
     fprintf(stderr,
             "usage: sim --seeds N --start S --mode safety|liveness "
             "--nodes 3|5 [--trace] [--duration MS] [--bugs MASK] "
-            "[--no-wipe] [--rollback] [--client-checks-only] [--garbage]\n");
+            "[--no-wipe] [--rollback|--rollback-old] [--client-checks-only] "
+            "[--garbage]\n");
     return 2;
 }
 
@@ -52,6 +54,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--rollback") == 0) {
             o.rollback = true;
+            continue;
+        }
+        if (strcmp(a, "--rollback-old") == 0) {
+            o.rollback = o.rollback_old = true;
             continue;
         }
         if (strcmp(a, "--client-checks-only") == 0) {
@@ -95,7 +101,7 @@ int main(int argc, char **argv)
     o.duration_ms = duration;
     o.trace = trace ? stdout : NULL;
     uint64_t passed = 0, failed = 0, acked = 0, wipes = 0, readmitted = 0;
-    uint64_t scenarios = 0, rollbacks = 0, foreign = 0;
+    uint64_t scenarios = 0, rollbacks = 0, caught = 0, foreign = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (uint64_t sd = start; sd < start + seeds; sd++) {
@@ -107,6 +113,7 @@ int main(int argc, char **argv)
         readmitted += r.readmitted;
         scenarios += r.scenarios;
         rollbacks += r.rollbacks;
+        caught += r.rollbacks_caught;
         foreign += r.foreign;
         if (rv == 0 && r.ok) {
             passed++;
@@ -125,7 +132,9 @@ int main(int argc, char **argv)
         failed++;
         char bugs[64] = "";
         snprintf(bugs, sizeof(bugs), "%s%s%s%s", o.no_wipe ? " --no-wipe" : "",
-                 o.rollback ? " --rollback" : "",
+                 o.rollback_old ? " --rollback-old"
+                 : o.rollback   ? " --rollback"
+                                : "",
                  o.client_checks_only ? " --client-checks-only" : "",
                  o.garbage ? " --garbage" : "");
         if (o.bugs != 0) {
@@ -146,9 +155,9 @@ int main(int argc, char **argv)
             "%.1f seeds/s, %" PRIu64 " requests acked, %" PRIu64
             " disks emptied (%" PRIu64 " in the scripted scenario), %" PRIu64
             " re-admitted, %" PRIu64 " foreign messages dropped, %" PRIu64
-            " rollbacks\n",
+            " rollbacks (%" PRIu64 " told by a peer)\n",
             secs > 0 ? (double)seeds / secs : 0.0, acked, wipes, scenarios,
-            readmitted, foreign, rollbacks);
+            readmitted, foreign, rollbacks, caught);
     printf("%" PRIu64 " passed, %" PRIu64 " failed\n", passed, failed);
     return failed ? 1 : 0;
 }

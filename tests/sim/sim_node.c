@@ -419,6 +419,30 @@ void sim__node_step(struct sim *s,
                     const struct ida_raft_msg *m)
 {
     int rv = ida_raft_step(&nd->raft, m);
+    if (rv == IDA_ELOSTSTATE) {
+        /* Rule A4: a peer told it its state went back. The real node marks
+         * its directory untrusted and stops; the operator empties it. */
+        struct ida_raft_rollback rb;
+        ida_raft_rolled_back(&nd->raft, &rb);
+        if (!s->o.rollback) {
+            sim__violation(s,
+                           "false alarm: node %u told by %u that its state "
+                           "went back (kind %d: told %" PRIu64 ", has %" PRIu64
+                           ") with no disk put back",
+                           nd->id, m->from, (int)rb.kind, rb.told, rb.have);
+            return;
+        }
+        s->res->rollbacks_caught++;
+        sim__hash_in(s, 21, nd->id, m->from, rb.kind);
+        sim__tracef(s,
+                    "node %u learns from %u that its state went back "
+                    "(kind %d: told %" PRIu64 ", has %" PRIu64 "): it stops",
+                    nd->id, m->from, (int)rb.kind, rb.told, rb.have);
+        sim__node_crash(s, nd);
+        nd->untrusted = true;
+        nd->restart_at = NEVER;
+        return;
+    }
     if (rv == IDA_EFOREIGN) {
         /* Another incarnation of a member (raft/admission.h A2). */
         s->res->foreign++;
@@ -500,7 +524,10 @@ void sim__node_sync(struct sim *s, struct node *nd)
 
 int sim__node_start(struct sim *s, struct node *nd)
 {
+    /* Rule A4: the start is counted on the disk before the node speaks. */
+    nd->disk.boots++;
     struct ida_raft_config cfg = {
+        .boot = nd->disk.boots << 32 | ((sim__rnd(&s->rng) & 0xffffffffu) | 1),
         .id = nd->id,
         .n_voters = nd->boot.n,
         .incarnation = nd->inc,
@@ -600,8 +627,17 @@ void sim__node_wipe(struct sim *s, struct node *nd)
         sim__node_crash(s, nd);
     }
     sim__disk_free(&nd->lost);
-    nd->lost = nd->disk;
+    if (nd->has_rolled) {
+        /* What the incarnation acknowledged from, not the copy. */
+        nd->lost = nd->rolled;
+        memset(&nd->rolled, 0, sizeof(nd->rolled));
+        nd->has_rolled = false;
+        sim__disk_free(&nd->disk);
+    } else {
+        nd->lost = nd->disk;
+    }
     nd->lost_inc = nd->inc;
+    nd->untrusted = false;
     memset(&nd->disk, 0, sizeof(nd->disk));
     sim__disk_free(&nd->old);
     nd->has_old = false;

@@ -264,3 +264,46 @@ Test(sim, allocator_checks_catch_votes_without_log_check, .timeout = 600)
     expect_caught_by(IDA_RAFT_BUG_VOTE_NO_LOG_CHECK, true,
                      "allocator checks, vote without log check");
 }
+
+/* Rule A4 (raft/admission.h): nodes restarted from a copy of their disk
+ * taken before their last start. No rule can save every such run (the
+ * members that heard the later start may all be down), so this checks that
+ * the rule is at work: it tells rolled-back nodes, and fewer seeds lose an
+ * acknowledged entry than with the rule off (IDA_RAFT_BUG_IGNORE_ROLLBACK,
+ * the negative control) on the same seeds. Every other run checks the
+ * converse: no honest restart is ever told (a false alarm is a violation). */
+static unsigned rollback_failures(uint32_t bugs, uint64_t *caught)
+{
+    unsigned failed = 0;
+    *caught = 0;
+    for (uint64_t sd = 1; sd <= 400; sd++) {
+        struct sim_opts o = {.seed = sd,
+                             .nodes = 3,
+                             .mode = SIM_SAFETY,
+                             .bugs = bugs,
+                             .rollback = true,
+                             .rollback_old = true};
+        struct sim_result r;
+        cr_assert_eq(sim_run(&o, &r), 0, "seed %" PRIu64 ": out of memory", sd);
+        failed += !r.ok;
+        *caught += r.rollbacks_caught;
+    }
+    return failed;
+}
+
+Test(sim, rolled_back_disks_are_told_and_lose_less, .timeout = 600)
+{
+    uint64_t caught_on, caught_off;
+    unsigned with_rule = rollback_failures(0, &caught_on);
+    unsigned without =
+        rollback_failures(IDA_RAFT_BUG_IGNORE_ROLLBACK, &caught_off);
+    cr_log_info("rollback-old, 400 seeds: %u failed with rule A4 (%" PRIu64
+                " nodes told), %u without",
+                with_rule, caught_on, without);
+    cr_assert_eq(caught_off, 0, "the control told a node anyway");
+    cr_assert_gt(caught_on, 100, "only %" PRIu64 " rolled-back nodes told",
+                 caught_on);
+    cr_assert_lt(with_rule, without,
+                 "rule A4 saved nothing: %u failed with it, %u without",
+                 with_rule, without);
+}
