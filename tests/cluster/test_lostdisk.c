@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "idalloc_errors.h"
 #include "tests/lib/harness.h"
@@ -146,5 +147,111 @@ Test(lostdisk,
     cr_assert_eq(rv, 0, "w does not count after re-admission: %s",
                  idalloc_strerror(rv));
     cr_assert(third != first && third != second && third != warm);
+    idalloc_client_free(cl);
+}
+
+/* Wait up to @ms for node @i's process to exit; its exit status, or -1 if
+ * it is still running (or died of a signal). */
+static int wait_exit(int i, unsigned ms)
+{
+    for (uint64_t end = tc_now_ms() + ms; tc_now_ms() < end;) {
+        int st;
+        pid_t r = waitpid(c.pid[i], &st, WNOHANG);
+        if (r == c.pid[i]) {
+            c.pid[i] = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        }
+        tc_sleep_ms(50);
+    }
+    return -1;
+}
+
+/* Rule A4 (raft/admission.h) with real processes: a follower's directory is
+ * copied, the follower restarts (a later start) and acknowledges more, then
+ * the copy is put back. The node learns from its peers that its state went
+ * back, marks the directory untrusted and exits 1; started again it is
+ * refused at once with one line. The Runbook's remedy (remove the
+ * directory, start the node) re-admits it as a new incarnation, and every
+ * acknowledged id is kept. */
+Test(lostdisk,
+     a_directory_put_back_is_told_and_refused,
+     .fini = teardown,
+     .timeout = 120)
+{
+    tc_start(&c, 3, NULL);
+    int all[3] = {0, 1, 2};
+    int l = wait_leader_among(all, 3, 15000);
+    cr_assert_geq(l, 0, "no leader");
+    int f = (l + 1) % 3;
+    struct idalloc_client *cl = tc_client(&c, 5000);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000, NULL,
+                                     tc_detail()),
+                 0);
+    uint64_t ids[40];
+    char tag[32];
+    for (int k = 0; k < 10; k++) {
+        snprintf(tag, sizeof(tag), "t%d", k);
+        cr_assert_eq(idalloc_alloc(cl, "b", tag, &ids[k], NULL, tc_detail()),
+                     0);
+    }
+    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 10000));
+    char out[256];
+    tc_signal(&c, f, SIGKILL);
+    cr_assert_eq(tc_run(out, sizeof(out), "cp -a %s/data/node%d %s/copy", c.dir,
+                        f + 1, c.dir),
+                 0);
+    tc_spawn(&c, f); /* a later start, which the others hear */
+    for (int k = 10; k < 40; k++) {
+        snprintf(tag, sizeof(tag), "t%d", k);
+        cr_assert_eq(idalloc_alloc(cl, "b", tag, &ids[k], NULL, tc_detail()),
+                     0);
+    }
+    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 10000),
+              "node %d did not catch up", f + 1);
+
+    /* The older copy put back. */
+    tc_signal(&c, f, SIGKILL);
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "rm -rf %s/data/node%d && mv %s/copy %s/data/node%d",
+                        c.dir, f + 1, c.dir, c.dir, f + 1),
+                 0);
+    tc_spawn(&c, f);
+    cr_assert_eq(wait_exit(f, 15000), 1,
+                 "the node restarted from a copy did not stop with status 1");
+    char flog[400];
+    snprintf(flog, sizeof(flog), "%s/node%d.log", c.dir, f + 1);
+    cr_assert(file_contains(flog, "went back to an older copy"));
+    cr_assert(file_contains(flog, "marked .* untrusted"));
+
+    /* Started again: refused at once, one line, exit 1. */
+    tc_spawn(&c, f);
+    cr_assert_eq(wait_exit(f, 10000), 1, "the untrusted directory was used");
+    cr_assert(file_contains(flog, "is marked untrusted"));
+
+    /* Writes went on meanwhile, on the two others. */
+    uint64_t more;
+    cr_assert_eq(idalloc_alloc(cl, "b", "more", &more, NULL, tc_detail()), 0);
+
+    /* The Runbook: remove the directory, start the node. */
+    cr_assert_eq(
+        tc_run(out, sizeof(out), "rm -rf %s/data/node%d", c.dir, f + 1), 0);
+    tc_spawn(&c, f);
+    bool back = false;
+    for (uint64_t end = tc_now_ms() + 30000; tc_now_ms() < end && !back;) {
+        struct idalloc_node_status s;
+        back = node_status(f, &s) == 0 && s.leader_id != 0 &&
+               s.applied_index >= tc_commit_index(&c) &&
+               file_contains(flog, "joined the cluster");
+        if (!back) {
+            tc_sleep_ms(100);
+        }
+    }
+    cr_assert(back, "the node did not rejoin as a new incarnation");
+    for (int k = 0; k < 40; k++) {
+        snprintf(tag, sizeof(tag), "t%d", k);
+        uint64_t got;
+        cr_assert_eq(idalloc_lookup(cl, "b", tag, &got, tc_detail()), 0);
+        cr_assert_eq(got, ids[k], "%s moved", tag);
+    }
     idalloc_client_free(cl);
 }
