@@ -35,8 +35,11 @@ const char ida_node_usage[] =
     "SIGINT or SIGTERM: stop accepting requests, finish the storage step in\n"
     "flight, close the data files, exit 0. Exit 2: bad usage, cluster file\n"
     "or TLS files (its tls_dir: ca.crt, nodeID.crt, nodeID.key); 1: the data\n"
-    "directory cannot be used (foreign, newer format, I/O error) or the\n"
-    "addresses cannot be bound.\n";
+    "directory cannot be used (foreign, newer format, lost or untrusted\n"
+    "state, I/O error) or the addresses cannot be bound; also 1 when the\n"
+    "node stops itself because its peers showed that its data directory\n"
+    "went back to an older copy (it marks the directory untrusted: remove\n"
+    "it to rejoin as a new incarnation, README Runbook).\n";
 
 static enum ida_node_args_result bad(char *errmsg, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
