@@ -103,7 +103,7 @@ CHAOS_EXTRA :=
 -include mk/*.mk
 
 # --- public targets ---------------------------------------------------------
-.PHONY: all build deps programs build-programs test asan tsan valgrind sim chaos bench run node \
+.PHONY: all build deps programs build-programs test asan tsan valgrind sim chaos bench bench-etcd run node \
     format format-check check-layers clean help test-run
 
 all: deps
@@ -172,6 +172,15 @@ bench: all
 	@if [ -z "$(BENCH_BINS)" ]; then \
 	  echo "make bench: no benchmarks yet (tests/*/bench_*.c)" >&2; exit 1; fi
 	@set -e; for b in $(BENCH_BINS); do echo "== $$b"; IDA_BINDIR=$(BINDIR) $$b; done
+	@if command -v etcd >/dev/null && command -v wrk >/dev/null; then \
+	  echo "== scripts/bench/vs-etcd.sh -d $(ETCD_S)"; scripts/bench/vs-etcd.sh -d $(ETCD_S); \
+	else echo "== idalloc beside etcd: skipped (apt-get install -y etcd-server etcd-client wrk, or make bench-etcd)"; fi
+
+# make bench-etcd [ETCD_S=s]: idalloc and a 3-node etcd on this machine, side
+# by side in one run (scripts/bench/vs-etcd.sh installs etcd and wrk as root).
+ETCD_S ?= 10
+bench-etcd: programs
+	@scripts/bench/vs-etcd.sh -d $(ETCD_S)
 
 # make run [CONF=FILE]: every node of the cluster file in the foreground.
 # make node N=ID [CONF=FILE]: node ID alone (restart one that died).
@@ -206,7 +215,8 @@ help:
 	@echo "  node N=ID     run node ID of CONF alone, e.g. to restart one that died"
 	@echo "  sim           the Raft simulator: SEEDS=N START=S [MODE=safety|liveness] [NODES=3|5]"
 	@echo "  chaos         long fault runs: [DURATION=s] [NODES=3|5] [SEED=n]"
-	@echo "  bench         every benchmark, with same-run baselines"
+	@echo "  bench         every benchmark, with same-run baselines (and beside etcd if installed)"
+	@echo "  bench-etcd    idalloc beside a 3-node etcd, same machine, one run [ETCD_S=s]"
 	@echo "  asan          the tests under AddressSanitizer + UBSan (build/asan/)"
 	@echo "  tsan          the pool's tests under ThreadSanitizer (build/tsan/)"
 	@echo "  fsm-soak      longer fsm property runs [FSM_COMMANDS=n] [FSM_SEED=s]"
