@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/heap.h"
+#include "base/log.h"
 #include "idalloc_errors.h"
 #include "src/node/convert.h"
 #include "src/node/node.h"
@@ -250,14 +251,29 @@ void node_members_heard(struct node_members *m,
         s->announced = inc;
     }
     struct ida_addr peer, client;
-    if (hello != NULL && hello->peer_addr != NULL &&
-        hello->client_addr != NULL &&
-        ida_addr_parse(hello->peer_addr, &peer) == 0 &&
-        ida_addr_parse(hello->client_addr, &client) == 0 &&
-        !ida_addr_unspecified(&peer) && !ida_addr_unspecified(&client)) {
-        s->has_addrs = true;
-        s->peer = peer;
-        s->client = client;
+    if (hello == NULL || hello->peer_addr == NULL ||
+        hello->client_addr == NULL ||
+        ida_addr_parse(hello->peer_addr, &peer) != 0 ||
+        ida_addr_parse(hello->client_addr, &client) != 0 ||
+        ida_addr_unspecified(&peer) || ida_addr_unspecified(&client)) {
+        return;
+    }
+    bool fresh = !s->has_addrs || !node_addr_same(&s->peer, &peer) ||
+                 !node_addr_same(&s->client, &client);
+    s->has_addrs = true;
+    s->peer = peer;
+    s->client = client;
+    const struct node_book_entry *e = node_book_find(&m->book, id);
+    if (fresh && e != NULL && e->member &&
+        (!node_addr_same(&e->peer, &peer) ||
+         !node_addr_same(&e->client, &client))) {
+        /* A member restarted elsewhere (README, Runbook: "Move a node"). */
+        IDA_INFO(
+            "membership: member %u says it listens on peer %s client %s, but "
+            "the membership names peer %s client %s: if it moved, run "
+            "idalloc member update %u %s %s",
+            id, peer.text, client.text, e->peer.text, e->client.text, id,
+            peer.text, client.text);
     }
 }
 

@@ -156,6 +156,9 @@ struct node_members
     bool compared;
     struct ida_raft_conf compared_conf;
     struct node_book compared_book;
+    /* The membership names this node elsewhere than it listens: it
+     * announces where it is (Hello), so `member update` can be checked. */
+    bool self_moved;
     /* The one membership change or transfer a client waits for. */
     struct
     {
@@ -264,8 +267,10 @@ const struct node_seen *node_members_seen(const struct node_members *m,
  *    leader promotes the learner once caught up.
  *  - update ID PEER CLIENT: member ID (voter or learner) is now at PEER
  *    and CLIENT: the same members, ID's addresses changed (no change at
- *    the same addresses; IDA_EREFUSED for a non-member or an address of
- *    another member).
+ *    the same addresses; IDA_EREFUSED for a non-member, an address of
+ *    another member, addresses other than those ID announced it listens on
+ *    (a member the membership names elsewhere announces them), and for
+ *    this leader, addresses other than those it listens on).
  *  - promote ID: a learner whose match index reached the commit index
  *    becomes a voter (IDA_EREFUSED with the reason otherwise).
  *  - transfer [to]: ida_raft_transfer() to @to or a caught-up voter.

@@ -79,13 +79,13 @@ static bool at_file_addresses(const struct ida_node *n,
 
 /* The membership in effect names this node at other addresses than the
  * ones it listens on: the others dial those. */
-static void compare_with_self(const struct ida_node *n,
-                              const struct node_book *b)
+static void compare_with_self(struct node_members *m, const struct ida_node *n)
 {
-    const struct node_book_entry *e = node_book_find(b, n->self->id);
-    if (e == NULL || !e->member ||
-        (node_addr_same(&e->peer, &n->self->peer) &&
-         node_addr_same(&e->client, &n->self->client))) {
+    const struct node_book_entry *e = node_book_find(&m->book, n->self->id);
+    m->self_moved = e != NULL && e->member &&
+                    (!node_addr_same(&e->peer, &n->self->peer) ||
+                     !node_addr_same(&e->client, &n->self->client));
+    if (!m->self_moved) {
         return;
     }
     IDA_WARN(
@@ -110,7 +110,7 @@ static void compare_with_file(struct node_members *m,
     m->compared = true;
     m->compared_conf = *c;
     m->compared_book = m->book;
-    compare_with_self(n, &m->book);
+    compare_with_self(m, n);
     char moved[512];
     bool same = c->n_learners == 0 && c->n == n->cfg.node_count;
     for (unsigned i = 0; i < n->cfg.node_count && same; i++) {
@@ -599,6 +599,24 @@ static void change_update(struct node_members *m,
     }
     if (node_addr_same(&e->peer, peer) && node_addr_same(&e->client, client)) {
         reply_change(n, conn, seq, false, 0, ida_raft_conf_inc(c, id));
+        return;
+    }
+    /* Where the node says it listens, when it said so: a typo must not
+     * send every node to an address where nobody is. */
+    const struct node_seen *s = node_members_seen(m, id);
+    const struct ida_addr *at_peer = id == n->self->id ? &n->self->peer
+                                     : s != NULL && s->has_addrs ? &s->peer
+                                                                 : NULL;
+    const struct ida_addr *at_client = id == n->self->id ? &n->self->client
+                                       : at_peer != NULL ? &s->client
+                                                         : NULL;
+    if (at_peer != NULL && (!node_addr_same(at_peer, peer) ||
+                            !node_addr_same(at_client, client))) {
+        reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                  "member update %u: node %u says it listens on peer %s "
+                  "client %s, not on peer %s client %s",
+                  id, id, at_peer->text, at_client->text, peer->text,
+                  client->text);
         return;
     }
     propose(m, n, r, conn, seq, "update", id, ida_raft_conf_inc(c, id), c, peer,

@@ -26,8 +26,10 @@ static void send_hello(struct raft_proc *rp, unsigned to, bool reply)
 }
 
 /* A joining node asks often; a member that is not admitted announces its
- * incarnation now and then, so a leader can re-admit it. Every node of the
- * address book is asked (src/node/book.h). */
+ * incarnation now and then, so a leader can re-admit it, and one the
+ * membership names elsewhere than it listens announces where it is, so a
+ * leader can check `member update`. Every node of the address book is
+ * asked (src/node/book.h). */
 void ida__rp_hello_all(struct raft_proc *rp, uint64_t now)
 {
     uint64_t every = rp->mem.joining ? 200 : 1000;

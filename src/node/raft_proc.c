@@ -700,7 +700,8 @@ static void raft_ping(void *state, struct ida_sender *s)
         rp->last_tick_ms += rp->tick_ms;
     }
     ida__rp_book_refresh(rp);
-    if (rp->mem.joining || !ida_raft_admitted(&rp->raft)) {
+    if (rp->mem.joining || !ida_raft_admitted(&rp->raft) ||
+        rp->mem.self_moved) {
         ida__rp_hello_all(rp, now);
     }
     if (!rp->mem.joining) {

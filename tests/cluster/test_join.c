@@ -274,10 +274,26 @@ Test(join, a_member_moves_to_new_addresses, .fini = teardown, .timeout = 300)
              "membership in effect names this node (%d) at peer %s", id,
              old_peer);
     cr_assert(ml_wait_log(&c, id, says, 30000), "node %d did not say so", id);
+    /* It tells the others where it is; they say what to run. */
+    char hint[160];
+    snprintf(hint, sizeof(hint), "run idalloc member update %d %s %s", id, peer,
+             client);
+    for (int i = 0; i < 3; i++) {
+        if (i != f) {
+            cr_assert(ml_wait_log(&c, i + 1, hint, 30000), "node %d", i + 1);
+        }
+    }
     wait_progress(ld, 20); /* the two others serve meanwhile */
-
+    /* An update elsewhere than it says it listens is refused. */
+    char typo[32];
+    new_addr(typo, sizeof(typo));
     int rc = ml_cli(out, sizeof(out), "--config %s member update %d %s %s",
-                    c.conf, id, peer, client);
+                    c.conf, id, typo, client);
+    cr_assert_eq(rc, 1, "%s", out);
+    cr_assert(strstr(out, "says it listens on") != NULL, "%s", out);
+
+    rc = ml_cli(out, sizeof(out), "--config %s member update %d %s %s", c.conf,
+                id, peer, client);
     cr_assert_eq(rc, 0, "member update: %s", out);
     cr_assert_str_eq(out, "updated\n");
     ml_wait_member_at(op, (unsigned)id, peer, client);
