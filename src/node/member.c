@@ -1,7 +1,9 @@
-/* Membership at the node: joining, re-admission, the seen table and the
- * address book. Contract and design: src/node/member.h. */
+/* Membership at the node: joining, re-admission, the seen table, the
+ * membership in effect against the cluster file, the address book.
+ * Contract and design: src/node/member.h. */
 #include "src/node/member.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "base/heap.h"
@@ -304,6 +306,152 @@ bool node_members_may_readmit(const struct node_members *m,
     uint64_t bound = s != NULL ? s->last_bound : 0;
     return node_conf_removed_slot(c, id) < 0 && bound != inc &&
            (node_file_index(n, id) >= 0 || bound != 0);
+}
+
+/* --- the membership in effect against the cluster file --------------------
+ */
+
+static bool same_ids(const struct ida_raft_conf *a,
+                     const struct ida_raft_conf *b)
+{
+    if (a->n != b->n || a->n_learners != b->n_learners) {
+        return false;
+    }
+    for (size_t i = 0; i < a->n; i++) {
+        if (ida_raft_conf_slot(b, a->voters[i]) < 0) {
+            return false;
+        }
+    }
+    for (size_t i = 0; i < a->n_learners; i++) {
+        if (ida_raft_conf_learner_slot(b, a->learners[i]) < 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void ids_text(char *buf, size_t cap, const ida_node_id *ids, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && len + 12 < cap; i++) {
+        len += (size_t)snprintf(buf + len, cap - len, "%s%u", i ? ", " : "",
+                                ids[i]);
+    }
+    if (n == 0) {
+        snprintf(buf, cap, "none");
+    }
+}
+
+/* Whether every member of @c is at its cluster-file line in @b. */
+static bool at_file_addresses(const struct ida_node *n,
+                              const struct node_book *b,
+                              const struct ida_raft_conf *c,
+                              char *moved,
+                              size_t cap)
+{
+    size_t len = 0;
+    bool same = true;
+    moved[0] = '\0';
+    for (size_t k = 0; k < c->n + c->n_learners; k++) {
+        ida_node_id id = k < c->n ? c->voters[k] : c->learners[k - c->n];
+        const struct node_book_entry *e = node_book_find(b, id);
+        const struct ida_config_node *f = ida_config_node(&n->cfg, id);
+        if (e == NULL || !e->member ||
+            (f != NULL && node_addr_same(&e->peer, &f->peer) &&
+             node_addr_same(&e->client, &f->client))) {
+            continue;
+        }
+        same = false;
+        if (len + 2 * IDA_ADDR_TEXT_MAX + 40 < cap) {
+            len += (size_t)snprintf(moved + len, cap - len,
+                                    "%snode %u at %s %s%s", len ? ", " : "", id,
+                                    e->peer.text, e->client.text,
+                                    f != NULL ? "" : " (not in the file)");
+        }
+    }
+    return same;
+}
+
+/* The membership in effect names this node at other addresses than the
+ * ones it listens on: the others dial those. */
+static void compare_with_self(struct node_members *m, const struct ida_node *n)
+{
+    const struct node_book_entry *e = node_book_find(&m->book, n->self->id);
+    m->self_moved = e != NULL && e->member &&
+                    (!node_addr_same(&e->peer, &n->self->peer) ||
+                     !node_addr_same(&e->client, &n->self->client));
+    if (!m->self_moved) {
+        return;
+    }
+    IDA_WARN(
+        "membership: the membership in effect names this node (%u) at peer "
+        "%s client %s, but it listens on peer %s client %s: the others "
+        "dial %s; if this node moved, run idalloc member update %u %s %s",
+        n->self->id, e->peer.text, e->client.text, n->self->peer.text,
+        n->self->client.text, e->peer.text, n->self->id, n->self->peer.text,
+        n->self->client.text);
+}
+
+/* Log once per membership that is not exactly the cluster file's nodes as
+ * voters at their file addresses (member.h). */
+static void compare_with_file(struct node_members *m,
+                              const struct ida_node *n,
+                              const struct ida_raft_conf *c)
+{
+    if (m->compared && same_ids(c, &m->compared_conf) &&
+        node_book_equal(&m->book, &m->compared_book)) {
+        return;
+    }
+    m->compared = true;
+    m->compared_conf = *c;
+    m->compared_book = m->book;
+    compare_with_self(m, n);
+    char moved[512];
+    bool same = c->n_learners == 0 && c->n == n->cfg.node_count;
+    for (unsigned i = 0; i < n->cfg.node_count && same; i++) {
+        same = ida_raft_conf_slot(c, n->cfg.nodes[i].id) >= 0;
+    }
+    same = at_file_addresses(n, &m->book, c, moved, sizeof(moved)) && same;
+    if (same) {
+        return;
+    }
+    char v[96], l[96], f[96];
+    ida_node_id file_ids[IDA_CONFIG_NODES_MAX];
+    for (unsigned i = 0; i < n->cfg.node_count; i++) {
+        file_ids[i] = n->cfg.nodes[i].id;
+    }
+    ids_text(v, sizeof(v), c->voters, c->n);
+    ids_text(l, sizeof(l), c->learners, c->n_learners);
+    ids_text(f, sizeof(f), file_ids, n->cfg.node_count);
+    IDA_INFO(
+        "membership: the membership in effect (voters %s; learners %s) "
+        "differs from the cluster file's nodes (%s)%s%s: the file's node "
+        "lines are only the first membership; changes are made with idalloc "
+        "member (see idalloc member list)",
+        v, l, f,
+        moved[0] != '\0' ? "; members not at their file addresses: " : "",
+        moved);
+}
+
+void node_members_track(struct node_members *m,
+                        const struct ida_node *n,
+                        const struct ida_raft *r)
+{
+    const struct ida_raft_conf *c = ida_raft_voters(r);
+    compare_with_file(m, n, c);
+    for (size_t k = 0; k < c->n + c->n_learners; k++) {
+        bool v = k < c->n;
+        node_members_bound(m, v ? c->voters[k] : c->learners[k - c->n],
+                           v ? c->voter_inc[k] : c->learner_inc[k - c->n]);
+    }
+    /* A learner is there to become a voter: with auto_rejoin the leader
+     * promotes it once it caught up (node_rejoin_step()). */
+    if (n->cfg.auto_rejoin && m->rejoin_id == 0 && c->n_learners > 0 &&
+        ida_raft_role(r) == IDA_RAFT_LEADER) {
+        m->rejoin_id = c->learners[0];
+        m->rejoin_inc = c->learner_inc[0];
+    }
 }
 
 /* --- addresses ------------------------------------------------------------
