@@ -1,5 +1,6 @@
 /* The node's network (src/node/net.h). Longer than STYLE's 800 lines:
- * peers, accepted connections, their TLS layer (the section "the TLS layer
+ * peers and the book that decides them (section "the book"), accepted
+ * connections, their TLS layer (the section "the TLS layer
  * of accepted connections", helpers in src/node/net_tls.c) and the client
  * port's limits (section "client port limits", bookkeeping in
  * src/node/netlim.c) share struct peer and struct conn; splitting them into
