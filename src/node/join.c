@@ -37,7 +37,7 @@ static int join_client(const struct ida_node *n,
     char cerr[IDALLOC_ERRMSG_MAX] = "";
     int rv = idalloc_client_new(&o, out, cerr);
     if (rv != 0) {
-        snprintf(errmsg, IDA_ERRMSG_MAX, "--join %.200s: %s", addrs,
+        snprintf(errmsg, IDA_ERRMSG_MAX, "--join %.200s: %.280s", addrs,
                  cerr[0] != '\0' ? cerr : idalloc_strerror(rv));
         return rv == IDA_ECONFIG ? IDA_EINVAL : rv;
     }
