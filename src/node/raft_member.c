@@ -51,8 +51,8 @@ void ida__rp_hello_all(struct raft_proc *rp, uint64_t now)
     if (node_file_index(n, n->self->id) < 0 || n->join) {
         IDA_INFO(
             "membership: new data directory: waiting to be added to cluster "
-            "%s (run: idalloc member add %u %s %s; the leader then answers "
-            "with the membership)",
+            "%s (a new node: run idalloc member add %u %s %s; a member whose "
+            "disk was replaced: the leader re-admits it with auto_rejoin on)",
             n->cfg.cluster, n->self->id, n->self->peer.text,
             n->self->client.text);
         return;

@@ -12,6 +12,7 @@
  *    still there. The Runbook's commands are run as written there (certs
  *    add, idallocd --join, member add, member remove);
  *  - a dead node replaced by a node with a new id (remove, --join, add);
+ *  - a joined node whose disk is replaced, re-admitted by the leader;
  *  - a member stopped and restarted with its data directory on new
  *    addresses, `member update`: the others dial the new address, it
  *    catches up, writes go on, and it can lead;
@@ -393,6 +394,69 @@ Test(join,
     }
     cr_assert_eq(rv, 0, "%s", tc_errmsg());
     cr_assert_geq(after, before + 100, "blocks overlap");
+    idalloc_client_free(op);
+}
+
+/* The incarnation of member @id in the leader's list (0: not a member). */
+static uint64_t incarnation_of(struct idalloc_client *cl, unsigned id)
+{
+    struct idalloc_member_list l;
+    if (idalloc_member_list(cl, &l, tc_detail()) != 0) {
+        return 0;
+    }
+    for (size_t i = 0; i < l.n; i++) {
+        if (l.members[i].id == id && !l.members[i].waiting) {
+            return l.members[i].incarnation;
+        }
+    }
+    return 0;
+}
+
+/* A node that is in no cluster file loses its disk and comes back with the
+ * same command line: with auto_rejoin on the leader re-admits the new
+ * incarnation (remove, add as a learner at the addresses it announces,
+ * promote), as for a node of the file. */
+Test(join,
+     a_joined_node_with_a_new_disk_is_readmitted,
+     .fini = teardown,
+     .timeout = 300)
+{
+    tc_setup(&c, 3, NULL);
+    snprintf(file_addrs, sizeof(file_addrs), "%s", c.addrs);
+    c.n = 4;
+    n_taken = 0;
+    for (int i = 0; i < 3; i++) {
+        tc_spawn(&c, i);
+    }
+    cr_assert_geq(tc_wait_leader(&c, 30000), 0, "no leader");
+    struct idalloc_client *op = ml_client_of(file_addrs);
+    char peer[32], client[32];
+    start_new_node(4, peer, client);
+    ml_wait_heard(op, 4);
+    ml_change(op, IDALLOC_MEMBER_ADD, 4, peer, client);
+    ml_wait_voter(op, 4, 1);
+    uint64_t old = incarnation_of(op, 4);
+    cr_assert_neq(old, 0);
+    tc_signal(&c, 3, SIGKILL);
+    char out[512];
+    cr_assert_eq(tc_run(out, sizeof(out), "rm -rf %s/data/node4", c.dir), 0);
+    tc_spawn(&c, 3);
+    uint64_t now = old;
+    for (uint64_t end = tc_now_ms() + 60000;
+         tc_now_ms() < end &&
+         (now == old || now == 0 || ml_is_voter(op, 4) != 1);) {
+        tc_sleep_ms(200);
+        now = incarnation_of(op, 4);
+    }
+    cr_assert(now != old && now != 0 && ml_is_voter(op, 4) == 1,
+              "node 4 was not re-admitted as a new incarnation");
+    ml_wait_member_at(op, 4, peer, client);
+    uint64_t first;
+    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
+                                     tc_detail()),
+                 0, "%s", tc_errmsg());
+    cr_assert_eq(idalloc_reserve(op, "s", 10, &first, tc_detail()), 0, "%s",
+                 tc_errmsg());
     idalloc_client_free(op);
 }
 
