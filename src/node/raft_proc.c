@@ -609,9 +609,12 @@ static void on_storage_failed(struct raft_proc *rp,
         /* Hand leadership to the most up-to-date peer. */
         ida_node_id best = 0;
         ida_index best_match = 0;
-        for (size_t i = 0; i < rp->raft.cfg.n_voters; i++) {
-            const struct ida_raft_progress *p = &rp->raft.prs[i];
-            if (p->id != rp->node->self->id && p->match >= best_match) {
+        const struct ida_raft_conf *c = ida_raft_voters(&rp->raft);
+        for (size_t i = 0; i < c->n; i++) {
+            const struct ida_raft_progress *p =
+                ida_raft_progress_of(&rp->raft, c->voters[i]);
+            if (p != NULL && p->id != rp->node->self->id &&
+                p->match >= best_match) {
                 best = p->id;
                 best_match = p->match;
             }

@@ -61,10 +61,13 @@ void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
     st.snapshot_index = rp->snapshot_index;
     st.snapshot_term = r->snap_term;
     size_t np = 0;
-    for (size_t i = 0;
-         ida_raft_role(r) == IDA_RAFT_LEADER && i < r->cfg.n_voters; i++) {
-        const struct ida_raft_progress *p = &r->prs[i];
-        if (p->id == n->self->id) {
+    /* The voters in effect (not those the core started with: the
+     * membership changes). */
+    const struct ida_raft_conf *c = ida_raft_voters(r);
+    for (size_t i = 0; i < c->n && np < IDA_RAFT_NODES_MAX; i++) {
+        const struct ida_raft_progress *p =
+            ida_raft_progress_of(r, c->voters[i]);
+        if (p == NULL || p->id == n->self->id) {
             continue;
         }
         idalloc__peer_progress__init(&pp[np]);
