@@ -363,8 +363,9 @@ IDALLOC_MUST_CHECK int idalloc_node_status(struct idalloc_client *c,
 
 /* --- membership (README, "Runbook") --------------------------------------
  *
- * Served by the leader (the library finds it). Only nodes of the cluster
- * file can be members; new node ids and new addresses are not supported. */
+ * Served by the leader (the library finds it). The membership names every
+ * member with its addresses: a node of any id joins at the addresses
+ * `member add` gives it, and a member moves with `member update`. */
 
 #define IDALLOC_MEMBERS_MAX 48
 
@@ -372,12 +373,13 @@ struct idalloc_member
 {
     unsigned id;
     uint64_t incarnation; /* its data directory's; 0: not bound */
-    char peer_addr[64];   /* from the leader's cluster file */
+    char peer_addr[64];   /* from the membership (waiting: as announced) */
     char client_addr[64];
-    int voter;   /* 1: voter; 0: learner (or waiting) */
-    int waiting; /* 1: not a member with this incarnation: a cluster-file
-                  * node that spoke with it (a replaced data directory
-                  * waiting for re-admission, or a removed node) */
+    int voter; /* 1: voter; 0: learner (or waiting) */
+    /* 1: not a member with this incarnation: a node that spoke with it (a
+     * replaced data directory waiting for re-admission, a removed node, or
+     * a node asking to join) */
+    int waiting;
     uint64_t match_index; /* the leader's replication progress */
     int connected;        /* the leader has a connection to it */
 };
@@ -398,12 +400,15 @@ IDALLOC_MUST_CHECK int idalloc_member_list(struct idalloc_client *c,
 
 enum idalloc_member_op {
     IDALLOC_MEMBER_REMOVE = 1,  /* voter or learner @id leaves */
-    IDALLOC_MEMBER_ADD = 2,     /* cluster-file node @id joins as a learner,
-                                 * bound to the incarnation it last spoke
-                                 * with; promoted automatically once caught
-                                 * up when the cluster file says
-                                 * auto_rejoin on */
+    IDALLOC_MEMBER_ADD = 2,     /* node @id joins as a learner, bound to
+                                 * the incarnation it last spoke with;
+                                 * promoted automatically once caught up
+                                 * when the cluster file says auto_rejoin
+                                 * on. Without addresses: at its line of
+                                 * the cluster file */
     IDALLOC_MEMBER_PROMOTE = 3, /* caught-up learner @id becomes a voter */
+    IDALLOC_MEMBER_UPDATE = 4,  /* member @id is now at new addresses
+                                 * (idalloc_member_change_addrs() only) */
 };
 
 /* One single-server membership change. Returns 0 once the change
@@ -423,6 +428,23 @@ IDALLOC_MUST_CHECK int idalloc_member_change(struct idalloc_client *c,
                                              unsigned id,
                                              int *changed,
                                              struct idalloc_call *call);
+
+/* IDALLOC_MEMBER_ADD of node @id at @peer_addr and @client_addr (where it
+ * listens for peers and clients: "IPv4:PORT" or "[IPv6]:PORT"), or
+ * IDALLOC_MEMBER_UPDATE: member @id is now there (the others dial the new
+ * peer address once the change committed). Answers as
+ * idalloc_member_change(). IDA_EINVAL (nothing sent) for an address that
+ * does not parse, 0.0.0.0 or ::, or the same address twice; IDA_EREFUSED
+ * (definite) for an address another member uses, a member added at other
+ * addresses than it has (update it instead), an update of a non-member, or
+ * addresses other than those node @id says it listens on. */
+IDALLOC_MUST_CHECK int idalloc_member_change_addrs(struct idalloc_client *c,
+                                                   enum idalloc_member_op op,
+                                                   unsigned id,
+                                                   const char *peer_addr,
+                                                   const char *client_addr,
+                                                   int *changed,
+                                                   struct idalloc_call *call);
 
 /* Hand leadership to voter @to (0: any caught-up voter). Returns 0 once
  * the old leader stepped down, *leader (may be NULL) the new leader (0 if

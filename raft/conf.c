@@ -74,6 +74,27 @@ int ida_raft_conf_one_change(const struct ida_raft_conf *a,
     return 0;
 }
 
+int ida_raft_conf_same_members(const struct ida_raft_conf *a,
+                               const struct ida_raft_conf *b)
+{
+    if (a->n != b->n || a->n_learners != b->n_learners) {
+        return 0;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        int s = ida_raft_conf_slot(a, b->voters[i]);
+        if (s < 0 || a->voter_inc[s] != b->voter_inc[i]) {
+            return 0;
+        }
+    }
+    for (size_t i = 0; i < b->n_learners; i++) {
+        int s = ida_raft_conf_learner_slot(a, b->learners[i]);
+        if (s < 0 || a->learner_inc[s] != b->learner_inc[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 int ida_raft_conf_check(const struct ida_raft_conf *c)
 {
     if (c->n == 0 || c->n > IDA_RAFT_NODES_MAX ||

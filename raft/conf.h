@@ -55,4 +55,10 @@ int ida_raft_conf_learner_slot(const struct ida_raft_conf *c, ida_node_id id);
 int ida_raft_conf_one_change(const struct ida_raft_conf *a,
                              const struct ida_raft_conf *b);
 
+/* Nonzero if @a and @b have the same voters and learners, each with the
+ * same incarnation (what else the application encodes in a membership,
+ * such as addresses, may differ). */
+int ida_raft_conf_same_members(const struct ida_raft_conf *a,
+                               const struct ida_raft_conf *b);
+
 #endif /* IDA_RAFT_CONF_H */

@@ -479,7 +479,9 @@ int ida_raft_step(struct ida_raft *r, const struct ida_raft_msg *m);
  * IDA_ENTRY_CONFIG (membership change, dissertation §4.1): @data is an
  * encoded membership (decoded by cfg.conf_decode) whose voters differ from the
  * current ones by exactly one added or removed voter (or only the learners
- * change); it takes effect at once (when appended), one change at a time. A
+ * change, or nothing the core sees: the members are the same and only what
+ * else the application encodes differs); it takes effect at once (when
+ * appended), one change at a time. A
  * leader removed by it keeps leading until the entry commits, then steps down.
  * To replace a server: add the new one as a learner (voter = false), promote it
  * once it caught up (ida_raft_progress_of() match reaches the commit index),

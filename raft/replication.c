@@ -461,7 +461,11 @@ int ida_raft_propose(struct ida_raft *r,
         if (rv == IDA_ENOMEM) {
             return rv;
         }
-        if (rv != 0 || !ida_raft_conf_one_change(&r->conf, &c)) {
+        /* The same members are no change of quorums: such an entry only
+         * carries what the application keeps in a membership (the node's
+         * addresses, src/node/book.h). */
+        if (rv != 0 || (!ida_raft_conf_one_change(&r->conf, &c) &&
+                        !ida_raft_conf_same_members(&r->conf, &c))) {
             return IDA_EINVAL;
         }
     }

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "src/common/config.h"
+
 static const char usage_all[] =
     "usage: idalloc [--cluster ADDR,ADDR,...|--config FILE] [--timeout MS]\n"
     "               [--tls-dir DIR [--tls-client NAME]] COMMAND [ARGS]\n"
@@ -27,6 +29,8 @@ static const char usage_all[] =
     "  member list                   one line per member (and waiting node)\n"
     "  member add|remove|promote ID  change the membership (README, "
     "Runbook)\n"
+    "  member add ID PEER_ADDR CLIENT_ADDR   add node ID at these addresses\n"
+    "  member update ID PEER_ADDR CLIENT_ADDR   member ID moved there\n"
     "  leader transfer [--to ID]     hand leadership to another voter\n"
     "  snapshot save FILE            back the whole state up into FILE\n"
     "  snapshot restore FILE [--advance-sequences N]   into a new cluster\n"
@@ -155,25 +159,41 @@ static const char *const usage_cmd[] = {
     [IDA_CLI_MEMBER_LIST] =
         "usage: idalloc member list [--json]\n"
         "       idalloc member add|remove|promote ID\n"
+        "       idalloc member add|update ID PEER_ADDR CLIENT_ADDR\n"
         "Ask the leader for the membership in effect; print one line per "
         "member:\n"
         "  id=ID role=voter|learner incarnation=HEX match=INDEX "
         "connected=yes|no\n"
         "  peer=ADDR client=ADDR\n"
-        "then one line with role=waiting per cluster-file node that is not a "
-        "member\nwith the incarnation it speaks with (a replaced data "
-        "directory waiting\nfor re-admission, or a removed node). match is "
-        "the leader's replication\nprogress. Only nodes of the cluster file "
-        "can be members (README, Runbook).\n",
+        "then one line with role=waiting per node that is not a member with "
+        "the\nincarnation it speaks with (a replaced data directory waiting "
+        "for\nre-admission, a removed node, or a node asking to join, at the "
+        "addresses\nit announced). match is the leader's replication "
+        "progress. Addresses are\nthe membership's (README, Runbook).\n",
     [IDA_CLI_MEMBER_ADD] =
-        "usage: idalloc member add ID\n"
-        "Add cluster-file node ID as a learner, bound to the incarnation it "
-        "last\nspoke with (it must be running). With `auto_rejoin on` in the "
-        "cluster file\nthe leader promotes it to voter once caught up; else "
-        "use `member promote`.\nPrints \"added\" once the change committed, "
-        "or \"already a member\".\nexit codes: 0 done; 1 refused (reason on "
-        "stderr); 2 usage; 3 outcome\nunknown or no leader: retrying is "
-        "safe.\n",
+        "usage: idalloc member add ID [PEER_ADDR CLIENT_ADDR]\n"
+        "Add node ID as a learner, bound to the incarnation it last spoke "
+        "with (it\nmust be running: a new node is started with idallocd "
+        "--join), at\nPEER_ADDR and CLIENT_ADDR (where it listens; without "
+        "them, at its line\nof the cluster file). Every node dials it there "
+        "once the change\ncommitted. With `auto_rejoin on` in the cluster "
+        "file the leader promotes\nit to voter once caught up; else use "
+        "`member promote`.\nPrints \"added\" once the change committed, or "
+        "\"already a member\".\nRefused (exit 1): an address another member "
+        "uses, not the addresses\nthe node says it listens on, a member at "
+        "other addresses (member update).\nexit codes: 0 done; 1 refused "
+        "(reason on stderr); 2 usage or a bad\naddress (nothing sent); 3 "
+        "outcome unknown or no leader: retrying is safe.\n",
+    [IDA_CLI_MEMBER_UPDATE] =
+        "usage: idalloc member update ID PEER_ADDR CLIENT_ADDR\n"
+        "Member ID (voter or learner) now listens on PEER_ADDR and "
+        "CLIENT_ADDR\n(restarted there with its data directory: idallocd "
+        "--peer ADDR --client\nADDR). The same members, ID at its new "
+        "addresses; every node dials the\nnew peer address once the change "
+        "committed. Prints \"updated\" once the\nchange committed, or "
+        "\"already at these addresses\".\nexit codes: 0 done; 1 refused "
+        "(not a member, an address another member\nuses); 2 usage or a bad "
+        "address; 3 outcome unknown or no leader.\n",
     [IDA_CLI_MEMBER_REMOVE] =
         "usage: idalloc member remove ID\n"
         "Remove member ID (voter or learner). The last voter cannot be "
@@ -638,15 +658,52 @@ static int parse_node_id(const char *s,
 static int parse_member(struct args *a, struct ida_cli *c, char *errmsg)
 {
     static const char *const names[] = {"member list", "member add",
-                                        "member remove", "member promote"};
+                                        "member remove", "member promote",
+                                        "member update"};
     const char *cmd = names[c->cmd - IDA_CLI_MEMBER_LIST];
     int rv =
         check_flags(a, c->cmd == IDA_CLI_MEMBER_LIST ? F_JSON : 0, cmd, errmsg);
     if (c->cmd == IDA_CLI_MEMBER_LIST) {
         return rv != 0 ? rv : want_pos(a, 0, cmd, errmsg);
     }
-    rv = rv != 0 ? rv : want_pos(a, 1, cmd, errmsg);
-    return rv != 0 ? rv : parse_node_id(a->pos[0], cmd, &c->node, errmsg);
+    if (rv == 0 && c->cmd == IDA_CLI_MEMBER_ADD && a->npos != 1 &&
+        a->npos != 3) {
+        return fail(errmsg,
+                    "%s: expected 1 or 3 arguments (ID [PEER_ADDR "
+                    "CLIENT_ADDR]), got %d (see idalloc %s --help)",
+                    cmd, a->npos, cmd);
+    }
+    if (rv == 0 && c->cmd != IDA_CLI_MEMBER_ADD) {
+        rv = want_pos(a, c->cmd == IDA_CLI_MEMBER_UPDATE ? 3 : 1, cmd, errmsg);
+    }
+    rv = rv != 0 ? rv : parse_node_id(a->pos[0], cmd, &c->node, errmsg);
+    if (rv != 0 || a->npos != 3) {
+        return rv;
+    }
+    struct ida_addr peer, client;
+    for (int i = 1; i <= 2; i++) {
+        struct ida_addr *x = i == 1 ? &peer : &client;
+        if (ida_addr_parse(a->pos[i], x) != 0) {
+            return fail(errmsg,
+                        "%s: bad %s address \"%s\": expected IPv4:PORT or "
+                        "[IPv6]:PORT",
+                        cmd, i == 1 ? "peer" : "client", a->pos[i]);
+        }
+        if (ida_addr_unspecified(x)) {
+            return fail(errmsg,
+                        "%s: %s is not an address other nodes can dial (it "
+                        "means any address); give the node's own IP",
+                        cmd, a->pos[i]);
+        }
+    }
+    if (strcmp(peer.host, client.host) == 0 && peer.port == client.port) {
+        return fail(errmsg,
+                    "%s: the peer and the client address are the same (%s)",
+                    cmd, a->pos[1]);
+    }
+    c->peer_addr = a->pos[1];
+    c->client_addr = a->pos[2];
+    return 0;
 }
 
 static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
@@ -658,6 +715,7 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
         case IDA_CLI_MEMBER_ADD:
         case IDA_CLI_MEMBER_REMOVE:
         case IDA_CLI_MEMBER_PROMOTE:
+        case IDA_CLI_MEMBER_UPDATE:
             return parse_member(a, c, errmsg);
         case IDA_CLI_LEADER_TRANSFER:
             rv = check_flags(a, F_TO, "leader transfer", errmsg);
@@ -822,6 +880,7 @@ static int parse_group(const char *name,
         {"member add", IDA_CLI_MEMBER_ADD},
         {"member remove", IDA_CLI_MEMBER_REMOVE},
         {"member promote", IDA_CLI_MEMBER_PROMOTE},
+        {"member update", IDA_CLI_MEMBER_UPDATE},
         {"leader transfer", IDA_CLI_LEADER_TRANSFER},
         {"snapshot save", IDA_CLI_SNAPSHOT_SAVE},
         {"snapshot restore", IDA_CLI_SNAPSHOT_RESTORE},

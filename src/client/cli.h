@@ -37,6 +37,7 @@ enum ida_cli_cmd {
     IDA_CLI_MEMBER_ADD,
     IDA_CLI_MEMBER_REMOVE,
     IDA_CLI_MEMBER_PROMOTE,
+    IDA_CLI_MEMBER_UPDATE,
     IDA_CLI_LEADER_TRANSFER,
     IDA_CLI_SNAPSHOT_SAVE,    /* snapshot save FILE (cli_backup.h) */
     IDA_CLI_SNAPSHOT_RESTORE, /* snapshot restore FILE [--advance-...] */
@@ -69,9 +70,13 @@ struct ida_cli
     enum ida_cli_bench_op bench_op;
     unsigned clients;
     unsigned duration_s;
-    int json;         /* --json or -w json: one JSON document (cli_json.h) */
-    int verbose;      /* status --verbose */
-    unsigned node;    /* member add/remove/promote ID, leader transfer --to */
+    int json;      /* --json or -w json: one JSON document (cli_json.h) */
+    int verbose;   /* status --verbose */
+    unsigned node; /* member add/remove/promote ID, leader transfer --to */
+    /* member add ID PEER CLIENT, member update: the node's addresses
+     * (checked: they parse, not 0.0.0.0 or ::, distinct); NULL: none. */
+    const char *peer_addr;
+    const char *client_addr;
     const char *file; /* snapshot save/restore FILE */
     uint64_t advance; /* snapshot restore --advance-sequences N */
     /* --request-id of a write (idalloc_call_parse() accepts it), or NULL */

@@ -207,19 +207,27 @@ static int cmd_member_change(struct idalloc_client *c,
                              const struct ida_cli *cli)
 {
     static const char *const what[] = {"member add", "member remove",
-                                       "member promote"};
-    static const char *const done[] = {"added", "removed", "promoted"};
+                                       "member promote", "member update"};
+    static const char *const done[] = {"added", "removed", "promoted",
+                                       "updated"};
     static const char *const already[] = {"already a member", "not a member",
-                                          "already a voter"};
+                                          "already a voter",
+                                          "already at these addresses"};
     enum idalloc_member_op op =
-        cli->cmd == IDA_CLI_MEMBER_ADD      ? IDALLOC_MEMBER_ADD
-        : cli->cmd == IDA_CLI_MEMBER_REMOVE ? IDALLOC_MEMBER_REMOVE
-                                            : IDALLOC_MEMBER_PROMOTE;
-    int k = cli->cmd == IDA_CLI_MEMBER_ADD      ? 0
-            : cli->cmd == IDA_CLI_MEMBER_REMOVE ? 1
-                                                : 2;
+        cli->cmd == IDA_CLI_MEMBER_ADD       ? IDALLOC_MEMBER_ADD
+        : cli->cmd == IDA_CLI_MEMBER_REMOVE  ? IDALLOC_MEMBER_REMOVE
+        : cli->cmd == IDA_CLI_MEMBER_PROMOTE ? IDALLOC_MEMBER_PROMOTE
+                                             : IDALLOC_MEMBER_UPDATE;
+    int k = cli->cmd == IDA_CLI_MEMBER_ADD       ? 0
+            : cli->cmd == IDA_CLI_MEMBER_REMOVE  ? 1
+            : cli->cmd == IDA_CLI_MEMBER_PROMOTE ? 2
+                                                 : 3;
     int changed = 0;
-    int rv = idalloc_member_change(c, op, cli->node, &changed, &call);
+    int rv =
+        cli->peer_addr != NULL
+            ? idalloc_member_change_addrs(c, op, cli->node, cli->peer_addr,
+                                          cli->client_addr, &changed, &call)
+            : idalloc_member_change(c, op, cli->node, &changed, &call);
     if (rv != 0) {
         return report_error(what[k], rv);
     }
@@ -296,6 +304,7 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
         case IDA_CLI_MEMBER_ADD:
         case IDA_CLI_MEMBER_REMOVE:
         case IDA_CLI_MEMBER_PROMOTE:
+        case IDA_CLI_MEMBER_UPDATE:
             return cmd_member_change(c, cli);
         case IDA_CLI_LEADER_TRANSFER: {
             unsigned leader = 0;

@@ -522,21 +522,23 @@ int idalloc_member_list(struct idalloc_client *c,
     return 0;
 }
 
-int idalloc_member_change(struct idalloc_client *c,
-                          enum idalloc_member_op op,
-                          unsigned id,
-                          int *changed,
-                          struct idalloc_call *call)
+/* A member change with addresses (NULL: none). */
+static int member_change(struct idalloc_client *c,
+                         enum idalloc_member_op op,
+                         unsigned id,
+                         const char *peer_addr,
+                         const char *client_addr,
+                         int *changed,
+                         struct idalloc_call *call)
 {
-    if (op < IDALLOC_MEMBER_REMOVE || op > IDALLOC_MEMBER_PROMOTE || id == 0) {
-        return bad_args(call,
-                        "member change: a known operation and a node id "
-                        "are needed");
-    }
     REQUEST(req);
     Idalloc__MemberChange mc = IDALLOC__MEMBER_CHANGE__INIT;
     mc.op = (Idalloc__MemberChange__Op)op;
     mc.id = id;
+    if (peer_addr != NULL) {
+        mc.peer_addr = (char *)peer_addr;
+        mc.client_addr = (char *)client_addr;
+    }
     req.op_case = IDALLOC__CLIENT_REQUEST__OP_MEMBER_CHANGE;
     req.member_change = &mc;
     Idalloc__ClientResponse *r;
@@ -549,6 +551,62 @@ int idalloc_member_change(struct idalloc_client *c,
         idalloc__client_response__free_unpacked(r, NULL);
     }
     return rv;
+}
+
+int idalloc_member_change(struct idalloc_client *c,
+                          enum idalloc_member_op op,
+                          unsigned id,
+                          int *changed,
+                          struct idalloc_call *call)
+{
+    if (op < IDALLOC_MEMBER_REMOVE || op > IDALLOC_MEMBER_PROMOTE || id == 0) {
+        return bad_args(call,
+                        "member change: a known operation and a node id "
+                        "are needed (member update needs addresses)");
+    }
+    return member_change(c, op, id, NULL, NULL, changed, call);
+}
+
+/* An address a node can be dialled at, into @a. */
+static int dial_addr(const char *s, struct ida_addr *a)
+{
+    return s != NULL && ida_addr_parse(s, a) == 0 && !ida_addr_unspecified(a)
+               ? 0
+               : IDA_EINVAL;
+}
+
+int idalloc_member_change_addrs(struct idalloc_client *c,
+                                enum idalloc_member_op op,
+                                unsigned id,
+                                const char *peer_addr,
+                                const char *client_addr,
+                                int *changed,
+                                struct idalloc_call *call)
+{
+    struct ida_addr peer, client;
+    if ((op != IDALLOC_MEMBER_ADD && op != IDALLOC_MEMBER_UPDATE) || id == 0) {
+        return bad_args(call,
+                        "member change with addresses: add or update, and "
+                        "a node id");
+    }
+    char why[160];
+    if (dial_addr(peer_addr, &peer) != 0 ||
+        dial_addr(client_addr, &client) != 0) {
+        const char *bad =
+            dial_addr(peer_addr, &peer) != 0 ? peer_addr : client_addr;
+        snprintf(why, sizeof(why),
+                 "bad address \"%.64s\": expected IPv4:PORT or [IPv6]:PORT "
+                 "that other nodes can dial (not 0.0.0.0 or ::)",
+                 bad != NULL ? bad : "");
+        return bad_args(call, why);
+    }
+    if (strcmp(peer.host, client.host) == 0 && peer.port == client.port) {
+        snprintf(why, sizeof(why),
+                 "the peer and the client address are the same (%s)",
+                 peer.text);
+        return bad_args(call, why);
+    }
+    return member_change(c, op, id, peer_addr, client_addr, changed, call);
 }
 
 int idalloc_leader_transfer(struct idalloc_client *c,

@@ -197,9 +197,8 @@ static int addr_taken(const struct ida_config *c,
     return 0;
 }
 
-/* 0.0.0.0, :: or ::ffff:0.0.0.0: "any address", fine to bind, but the
- * cluster file's addresses are also the ones peers and clients dial. */
-static int addr_unspecified(const struct ida_addr *a)
+/* The cluster file's addresses are also the ones peers and clients dial. */
+int ida_addr_unspecified(const struct ida_addr *a)
 {
     unsigned char b[16];
     if (a->family == AF_INET) {
@@ -243,7 +242,7 @@ static int parse_node(struct parser *p, struct ida_config *c, char **f, int nf)
                         "[IPv6]:PORT",
                         what, f[2 + i]);
         }
-        if (addr_unspecified(a)) {
+        if (ida_addr_unspecified(a)) {
             return perr(p,
                         "%s address %s is not an address other nodes can "
                         "dial (%s means any address); give this node's own "

@@ -152,4 +152,8 @@ const struct ida_config_node *ida_config_node(const struct ida_config *c,
 /* Parse "1.2.3.4:5" or "[::1]:5". Returns 0 or IDA_EINVAL. */
 int ida_addr_parse(const char *s, struct ida_addr *out);
 
+/* Whether @a is 0.0.0.0, :: or ::ffff:0.0.0.0 ("any address": fine to
+ * bind, but not an address other nodes and clients can dial). */
+int ida_addr_unspecified(const struct ida_addr *a);
+
 #endif /* IDA_CONFIG_H */

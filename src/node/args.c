@@ -8,6 +8,8 @@
 
 const char ida_node_usage[] =
     "usage: idallocd --config FILE --node ID [--data DIR]\n"
+    "                [--peer ADDR --client ADDR] [--metrics ADDR]\n"
+    "                [--join ADDR,ADDR,...]\n"
     "                [--log-level LEVEL] [--log-format text|json]\n"
     "       idallocd -h|--help | --version\n"
     "\n"
@@ -19,9 +21,28 @@ const char ida_node_usage[] =
     "node raises its soft descriptor limit (RLIMIT_NOFILE) to the hard one.\n"
     "Logs go to stderr, one line per event.\n"
     "\n"
-    "  --config FILE  the cluster file (required)\n"
-    "  --node ID      this node's id in the cluster file (required)\n"
+    "  --config FILE  the cluster file (required): the cluster's name, TLS\n"
+    "                 and settings; its node lines are the first membership\n"
+    "                 and where the other nodes are until the membership\n"
+    "                 says otherwise\n"
+    "  --node ID      this node's id (required)\n"
     "  --data DIR     keep data in DIR/nodeID instead of data_dir/nodeID\n"
+    "  --peer ADDR --client ADDR   where this node listens (peers, clients),\n"
+    "                 over its line of the cluster file; required when the\n"
+    "                 file has no line for ID. A node restarted on new\n"
+    "                 addresses with its data directory is reached there\n"
+    "                 once `idalloc member update ID PEER CLIENT` committed\n"
+    "  --metrics ADDR serve /metrics and /healthz there (over the file's\n"
+    "                 metrics=)\n"
+    "  --join ADDR,ADDR,...   client addresses of running members: a node\n"
+    "                 whose data directory is new asks them for the\n"
+    "                 membership (retrying every second until one answers),\n"
+    "                 never creates a cluster, and waits to be added by\n"
+    "                 `idalloc member add ID PEER CLIENT` (as a learner;\n"
+    "                 promoted once caught up with auto_rejoin on). Its\n"
+    "                 certificate (tls_dir/nodeID.crt) must exist: idalloc\n"
+    "                 certs add DIR --node ID. Ignored when the data\n"
+    "                 directory already holds a membership\n"
     "  --log-level LEVEL   debug, info, warn or error: overrides the cluster\n"
     "                 file's log_level\n"
     "  --log-format text|json   text (default): one line per event;\n"
@@ -36,10 +57,11 @@ const char ida_node_usage[] =
     "flight, close the data files, exit 0. Exit 2: bad usage, cluster file\n"
     "or TLS files (its tls_dir: ca.crt, nodeID.crt, nodeID.key); 1: the data\n"
     "directory cannot be used (foreign, newer format, lost or untrusted\n"
-    "state, I/O error) or the addresses cannot be bound; also 1 when the\n"
-    "node stops itself because its peers showed that its data directory\n"
-    "went back to an older copy (it marks the directory untrusted: remove\n"
-    "it to rejoin as a new incarnation, README Runbook).\n";
+    "state, I/O error), the addresses cannot be bound, or --join found\n"
+    "this node's address in use by a member; also 1 when the node stops\n"
+    "itself because its peers showed that its data directory went back to\n"
+    "an older copy (it marks the directory untrusted: remove it to rejoin\n"
+    "as a new incarnation, README Runbook).\n";
 
 static enum ida_node_args_result bad(char *errmsg, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -58,10 +80,11 @@ enum ida_node_args_result ida_node_args_parse(int argc,
                                               struct ida_node_opts *o,
                                               char *errmsg)
 {
-    static const char *const names[] = {"--config", "--node", "--data",
-                                        "--log-level", "--log-format"};
-    enum { NAMES = 5 };
-    const char *vals[NAMES] = {NULL, NULL, NULL, NULL, NULL};
+    static const char *const names[] = {
+        "--config", "--node",   "--data",    "--log-level", "--log-format",
+        "--peer",   "--client", "--metrics", "--join"};
+    enum { NAMES = 9 };
+    const char *vals[NAMES] = {NULL};
     memset(o, 0, sizeof(*o));
     errmsg[0] = '\0';
     for (int i = 1; i < argc; i++) {
@@ -129,8 +152,47 @@ enum ida_node_args_result ida_node_args_parse(int argc,
         }
         o->log_json = strcmp(vals[4], "json") == 0;
     }
+    if ((vals[5] == NULL) != (vals[6] == NULL)) {
+        return bad(errmsg, "--peer and --client go together (see --help)");
+    }
+    struct ida_addr a;
+    for (int k = 5; k <= 7; k++) {
+        if (vals[k] != NULL && ida_addr_parse(vals[k], &a) != 0) {
+            return bad(errmsg,
+                       "bad %s \"%s\": expected IPv4:PORT or [IPv6]:PORT",
+                       names[k], vals[k]);
+        }
+    }
+    if (vals[8] != NULL) {
+        char one[IDA_ADDR_TEXT_MAX];
+        for (const char *p = vals[8];;) {
+            size_t len = strcspn(p, ",");
+            if (len == 0 || len >= sizeof(one)) {
+                return bad(errmsg,
+                           "bad --join \"%s\": expected client addresses "
+                           "ADDR,ADDR,...",
+                           vals[8]);
+            }
+            memcpy(one, p, len);
+            one[len] = '\0';
+            if (ida_addr_parse(one, &a) != 0) {
+                return bad(errmsg,
+                           "bad --join address \"%s\": expected IPv4:PORT "
+                           "or [IPv6]:PORT",
+                           one);
+            }
+            if (p[len] == '\0') {
+                break;
+            }
+            p += len + 1;
+        }
+    }
     o->config_path = vals[0];
     o->node_id = (unsigned)id;
     o->data_dir = vals[2];
+    o->peer_addr = vals[5];
+    o->client_addr = vals[6];
+    o->metrics_addr = vals[7];
+    o->join = vals[8];
     return IDA_NODE_ARGS_RUN;
 }

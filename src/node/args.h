@@ -2,6 +2,8 @@
  * unit-tested and fuzzed (tests/node/test_args.c, tests/fuzz/fuzz_cli.c).
  *
  *   idallocd --config FILE --node ID [--data DIR]
+ *            [--peer ADDR --client ADDR] [--metrics ADDR]
+ *            [--join ADDR,ADDR,...]
  *            [--log-level LEVEL] [--log-format text|json]
  *   idallocd -h|--help | --version
  *
@@ -9,7 +11,9 @@
  * (`--data=DIR`). A value may not look like an option (start with `-`),
  * except after `=`: `--config --node 1` is "--config needs a value", not a
  * cluster file called "--node". Empty values are refused: `--data ''`
- * would put the node's files at /nodeID. */
+ * would put the node's files at /nodeID. Addresses must parse (IPv4:PORT
+ * or [IPv6]:PORT; --join takes a comma-separated list of them); --peer and
+ * --client go together. */
 #ifndef IDA_NODE_ARGS_H
 #define IDA_NODE_ARGS_H
 

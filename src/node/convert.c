@@ -348,10 +348,10 @@ int node_conf_decode(const uint8_t *data, size_t len, struct ida_raft_conf *out)
     return rv;
 }
 
-/* The members of @c as protobuf (pointing into @ms, @mp and @file), with
- * the addresses of @file (NULL: none); the removed nodes follow the
+/* The members of @c as protobuf (pointing into @ms, @mp and @book), with
+ * the addresses of @book (NULL: none); the removed nodes follow the
  * members in @ms and @mp. */
-static void conf_pb(const struct ida_config *file,
+static void conf_pb(const struct node_book *book,
                     const struct ida_raft_conf *c,
                     Idalloc__Member *ms,
                     Idalloc__Member **mp,
@@ -365,15 +365,15 @@ static void conf_pb(const struct ida_config *file,
             continue;
         }
         ida_node_id id = voter ? c->voters[i] : c->learners[i - c->n];
-        const struct ida_config_node *f =
-            file != NULL ? ida_config_node(file, id) : NULL;
+        const struct node_book_entry *e =
+            book != NULL ? node_book_find(book, id) : NULL;
         idalloc__member__init(&ms[k]);
         ms[k].id = id;
         ms[k].incarnation = voter ? c->voter_inc[i] : c->learner_inc[i - c->n];
         ms[k].voter = voter;
-        if (f != NULL) {
-            ms[k].peer_addr = (char *)f->peer.text;
-            ms[k].client_addr = (char *)f->client.text;
+        if (e != NULL) {
+            ms[k].peer_addr = (char *)e->peer.text;
+            ms[k].client_addr = (char *)e->client.text;
         }
         mp[k] = &ms[k];
         k++;
@@ -409,7 +409,7 @@ int node_conf_encode(const struct ida_raft_conf *c,
     return 0;
 }
 
-int node_conf_encode_full(const struct ida_config *file,
+int node_conf_encode_full(const struct node_book *book,
                           const struct ida_raft_conf *c,
                           uint8_t **out,
                           size_t *len)
@@ -417,7 +417,7 @@ int node_conf_encode_full(const struct ida_config *file,
     Idalloc__Member ms[3 * IDA_RAFT_NODES_MAX];
     Idalloc__Member *mp[3 * IDA_RAFT_NODES_MAX];
     Idalloc__ClusterConfig cc;
-    conf_pb(file, c, ms, mp, &cc);
+    conf_pb(book, c, ms, mp, &cc);
     *len = idalloc__cluster_config__get_packed_size(&cc);
     *out = ida_malloc(*len > 0 ? *len : 1);
     if (*out == NULL) {

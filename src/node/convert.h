@@ -9,6 +9,7 @@
 #include "proto/idalloc.pb-c.h"
 #include "raft/raft.h"
 #include "src/common/config.h"
+#include "src/node/book.h"
 
 /* Scratch space for one PeerMessage built from a raft message; it points
  * into @m (borrowed) and into itself. */
@@ -45,10 +46,10 @@ int node_pb_to_raft(const Idalloc__PeerMessage *pb,
 /* Decode an encoded idalloc.ClusterConfig into @out (in the encoded order):
  * members with `voter` set are voters, the others learners; `removed`
  * gives out->removed (an id there must not be a member nor repeat);
- * addresses are the node's business and are skipped. The node hands this to the
- * core as ida_raft_config.conf_decode. Returns 0, IDA_EPROTO (malformed, id 0,
- * duplicate ids, no voter, more than IDA_RAFT_NODES_MAX voters or
- * learners); on error @out is unchanged. */
+ * addresses are the node's business (src/node/book.h) and are skipped. The node
+ * hands this to the core as ida_raft_config.conf_decode. Returns 0, IDA_EPROTO
+ * (malformed, id 0, duplicate ids, no voter, more than IDA_RAFT_NODES_MAX
+ * voters or learners); on error @out is unchanged. */
 int node_conf_decode(const uint8_t *data,
                      size_t len,
                      struct ida_raft_conf *out);
@@ -65,10 +66,11 @@ int node_conf_encode(const struct ida_raft_conf *c,
                      size_t cap,
                      size_t *len);
 
-/* Encode @c as an idalloc.ClusterConfig with the addresses of the cluster
- * file @file into a new buffer (*@out, ida_malloc'd): the form of the
- * node's config entries, membership0 and Hello. Returns 0 or IDA_ENOMEM. */
-int node_conf_encode_full(const struct ida_config *file,
+/* Encode @c as an idalloc.ClusterConfig with each member's addresses from
+ * @book (a member @book does not name gets none) into a new buffer (*@out,
+ * ida_malloc'd): the form of the node's config entries, membership0 and
+ * Hello. Returns 0 or IDA_ENOMEM. */
+int node_conf_encode_full(const struct node_book *book,
                           const struct ida_raft_conf *c,
                           uint8_t **out,
                           size_t *len);

@@ -1,15 +1,20 @@
 /* bin/idallocd: run one node of an idalloc cluster.
  *
- *   idallocd --config FILE --node ID [--data DIR]
+ *   idallocd --config FILE --node ID [--data DIR] [--peer ADDR --client ADDR]
+ *            [--join ADDR,...]
  *
  * Config errors and a foreign data directory stop it with one line on
  * stderr (exit 2 for usage and config, 1 for storage) before anything is
- * bound. SIGINT/SIGTERM stop it cleanly (exit 0). */
+ * bound. With --join and a new data directory it first asks the running
+ * cluster for its membership (ida_node_join()), every second until a
+ * member answers. SIGINT/SIGTERM stop it cleanly (exit 0). */
+#define _GNU_SOURCE /* sigtimedwait() */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/log.h"
 #include "idalloc_errors.h"
@@ -51,6 +56,29 @@ int main(int argc, char **argv)
     }
     if (o.has_log_level) {
         ida_log_set_level(o.log_level); /* over the cluster file's */
+    }
+    if (o.join != NULL && !ida_node_is_new(&node)) {
+        IDA_INFO(
+            "join: the data directory holds this node's state: --join is "
+            "not needed (ignored)");
+    } else if (o.join != NULL) {
+        /* Until a member answers; a signal meanwhile stops the node. */
+        uint64_t tries = 0;
+        while ((rv = ida_node_join(&node, o.join, err)) != 0) {
+            if (rv == IDA_EINVAL) {
+                fprintf(stderr, "idallocd: %s\n", err);
+                ida_node_close(&node);
+                return 1;
+            }
+            if (tries++ % 10 == 0) {
+                IDA_WARN("%s; retrying every second", err);
+            }
+            struct timespec second = {.tv_sec = 1};
+            if (sigtimedwait(&set, NULL, &second) > 0) {
+                ida_node_close(&node);
+                return 0;
+            }
+        }
     }
     rv = ida_node_start(&node, err);
     if (rv != 0) {

@@ -1,5 +1,5 @@
 /* Membership commands of operators: member list, member add / remove /
- * promote, leader transfer. Contract: src/node/member.h. */
+ * promote / update, leader transfer. Contract: src/node/member.h. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,118 +14,6 @@
 #include "src/node/node.h"
 
 enum { OP_NONE = 0, OP_CHANGE = 1, OP_TRANSFER = 2 };
-
-void node_members_heard(struct node_members *m,
-                        const struct ida_node *n,
-                        ida_node_id id,
-                        uint64_t inc)
-{
-    int i = node_file_index(n, id);
-    if (i >= 0 && inc != 0) {
-        m->announced[i] = inc;
-    }
-}
-
-static bool same_ids(const struct ida_raft_conf *a,
-                     const struct ida_raft_conf *b)
-{
-    if (a->n != b->n || a->n_learners != b->n_learners) {
-        return false;
-    }
-    for (size_t i = 0; i < a->n; i++) {
-        if (ida_raft_conf_slot(b, a->voters[i]) < 0) {
-            return false;
-        }
-    }
-    for (size_t i = 0; i < a->n_learners; i++) {
-        if (ida_raft_conf_learner_slot(b, a->learners[i]) < 0) {
-            return false;
-        }
-    }
-    return true;
-}
-
-static void ids_text(char *buf, size_t cap, const ida_node_id *ids, size_t n)
-{
-    size_t len = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < n && len + 12 < cap; i++) {
-        len += (size_t)snprintf(buf + len, cap - len, "%s%u", i ? ", " : "",
-                                ids[i]);
-    }
-    if (n == 0) {
-        snprintf(buf, cap, "none");
-    }
-}
-
-/* Log once per membership that is not exactly the cluster file's nodes
- * as voters (member.h). */
-static void compare_with_file(struct node_members *m,
-                              const struct ida_node *n,
-                              const struct ida_raft_conf *c)
-{
-    if (m->compared && same_ids(c, &m->compared_conf)) {
-        return;
-    }
-    m->compared = true;
-    m->compared_conf = *c;
-    bool same = c->n_learners == 0 && c->n == n->cfg.node_count;
-    for (unsigned i = 0; i < n->cfg.node_count && same; i++) {
-        same = ida_raft_conf_slot(c, n->cfg.nodes[i].id) >= 0;
-    }
-    if (same) {
-        return;
-    }
-    char v[96], l[96], f[96];
-    ida_node_id file_ids[IDA_CONFIG_NODES_MAX];
-    for (unsigned i = 0; i < n->cfg.node_count; i++) {
-        file_ids[i] = n->cfg.nodes[i].id;
-    }
-    ids_text(v, sizeof(v), c->voters, c->n);
-    ids_text(l, sizeof(l), c->learners, c->n_learners);
-    ids_text(f, sizeof(f), file_ids, n->cfg.node_count);
-    IDA_INFO(
-        "membership: the membership in effect (voters %s; learners %s) "
-        "differs from the cluster file's nodes (%s): the file's node lines "
-        "are only the first membership; changes are made with idalloc "
-        "member (see idalloc member list)",
-        v, l, f);
-}
-
-void node_members_track(struct node_members *m,
-                        const struct ida_node *n,
-                        const struct ida_raft *r)
-{
-    const struct ida_raft_conf *c = ida_raft_voters(r);
-    compare_with_file(m, n, c);
-    for (size_t k = 0; k < c->n + c->n_learners; k++) {
-        bool v = k < c->n;
-        ida_node_id id = v ? c->voters[k] : c->learners[k - c->n];
-        uint64_t inc = v ? c->voter_inc[k] : c->learner_inc[k - c->n];
-        int i = node_file_index(n, id);
-        if (i >= 0 && inc != 0) {
-            m->last_bound[i] = inc;
-        }
-    }
-    /* A learner is there to become a voter: with auto_rejoin the leader
-     * promotes it once it caught up (node_rejoin_step()). */
-    if (n->cfg.auto_rejoin && m->rejoin_id == 0 && c->n_learners > 0 &&
-        ida_raft_role(r) == IDA_RAFT_LEADER) {
-        m->rejoin_id = c->learners[0];
-        m->rejoin_inc = c->learner_inc[0];
-    }
-}
-
-bool node_members_may_readmit(const struct node_members *m,
-                              const struct ida_node *n,
-                              const struct ida_raft_conf *c,
-                              ida_node_id id,
-                              uint64_t inc)
-{
-    int i = node_file_index(n, id);
-    return i >= 0 && m->last_bound[i] != inc &&
-           node_conf_removed_slot(c, id) < 0;
-}
 
 /* --- answers --------------------------------------------------------------
  */
@@ -189,21 +77,51 @@ static void reply_transfer(struct ida_node *n,
 
 #define LIST_MAX (2 * IDA_RAFT_NODES_MAX + IDA_CONFIG_NODES_MAX)
 
-static void fill_info(const struct ida_node *n,
+static bool peer_connected(struct ida_node *n, ida_node_id id)
+{
+    return n->net != NULL && ida_net_peer_up(n->net, id);
+}
+
+/* Where node @id is: the membership's addresses for a member, else where
+ * it said it listens, else its cluster-file line; NULL if unknown. */
+static void where(const struct node_members *m,
+                  const struct ida_node *n,
+                  ida_node_id id,
+                  const struct ida_addr **peer,
+                  const struct ida_addr **client)
+{
+    const struct node_book_entry *e = node_book_find(&m->book, id);
+    const struct node_seen *s = node_members_seen(m, id);
+    const struct ida_config_node *f = ida_config_node(&n->cfg, id);
+    *peer = *client = NULL;
+    if (e != NULL && e->member) {
+        *peer = &e->peer;
+        *client = &e->client;
+    } else if (s != NULL && s->has_addrs) {
+        *peer = &s->peer;
+        *client = &s->client;
+    } else if (f != NULL) {
+        *peer = &f->peer;
+        *client = &f->client;
+    }
+}
+
+static void fill_info(const struct node_members *m,
+                      struct ida_node *n,
                       const struct ida_raft *r,
-                      const int *peer_up,
                       ida_node_id id,
                       uint64_t inc,
                       bool voter,
                       bool waiting,
                       Idalloc__MemberInfo *mi)
 {
+    const struct ida_addr *peer, *client;
+    where(m, n, id, &peer, &client);
     idalloc__member_info__init(mi);
-    const struct ida_config_node *f = ida_config_node(&n->cfg, id);
     mi->id = id;
     mi->incarnation = inc;
-    mi->peer_addr = f != NULL ? (char *)f->peer.text : "";
-    mi->client_addr = f != NULL ? (char *)f->client.text : "";
+    mi->peer_addr = peer != NULL ? (char *)peer->text : "";
+    mi->client_addr = client != NULL ? (char *)client->text : "";
     mi->voter = voter;
     mi->waiting = waiting;
     if (id == n->self->id) {
@@ -212,14 +130,13 @@ static void fill_info(const struct ida_node *n,
     } else {
         const struct ida_raft_progress *pr = ida_raft_progress_of(r, id);
         mi->match_index = pr != NULL ? pr->match : 0;
-        mi->connected = id <= IDA_CONFIG_NODES_MAX && peer_up[id];
+        mi->connected = peer_connected(n, id);
     }
 }
 
 static void reply_list(const struct node_members *m,
                        struct ida_node *n,
                        const struct ida_raft *r,
-                       const int *peer_up,
                        uint64_t conn,
                        uint64_t seq)
 {
@@ -228,22 +145,23 @@ static void reply_list(const struct node_members *m,
     const struct ida_raft_conf *c = ida_raft_voters(r);
     for (size_t i = 0; i < c->n + c->n_learners && k < LIST_MAX; i++, k++) {
         bool v = i < c->n;
-        fill_info(n, r, peer_up, v ? c->voters[i] : c->learners[i - c->n],
+        fill_info(m, n, r, v ? c->voters[i] : c->learners[i - c->n],
                   v ? c->voter_inc[i] : c->learner_inc[i - c->n], v, false,
                   &mi[k]);
         mp[k] = &mi[k];
     }
-    for (unsigned i = 0; i < n->cfg.node_count && k < LIST_MAX; i++) {
-        ida_node_id id = n->cfg.nodes[i].id;
-        bool member = ida_raft_conf_slot(c, id) >= 0 ||
-                      ida_raft_conf_learner_slot(c, id) >= 0;
-        uint64_t bound = ida_raft_conf_inc(c, id);
-        uint64_t inc = m->announced[i];
-        if (id == n->self->id || inc == 0 ||
-            (member && (bound == 0 || bound == inc))) {
+    /* Waiting: nodes that spoke with an incarnation the membership does
+     * not name (a replaced disk, a removed node, a node asking to join). */
+    for (size_t i = 0; i < m->n_seen && k < LIST_MAX; i++) {
+        const struct node_seen *s = &m->seen[i];
+        bool member = ida_raft_conf_slot(c, s->id) >= 0 ||
+                      ida_raft_conf_learner_slot(c, s->id) >= 0;
+        uint64_t bound = ida_raft_conf_inc(c, s->id);
+        if (s->id == n->self->id || s->announced == 0 ||
+            (member && (bound == 0 || bound == s->announced))) {
             continue;
         }
-        fill_info(n, r, peer_up, id, inc, false, true, &mi[k]);
+        fill_info(m, n, r, s->id, s->announced, false, true, &mi[k]);
         mp[k] = &mi[k];
         k++;
     }
@@ -263,9 +181,7 @@ static void reply_list(const struct node_members *m,
 
 /* The voter other than this leader that is caught up (match at the commit
  * index), connected ones first, highest match first; 0 if none. */
-static ida_node_id caught_up_voter(const struct ida_node *n,
-                                   const struct ida_raft *r,
-                                   const int *peer_up)
+static ida_node_id caught_up_voter(struct ida_node *n, const struct ida_raft *r)
 {
     const struct ida_raft_conf *c = ida_raft_voters(r);
     ida_node_id best = 0;
@@ -277,7 +193,7 @@ static ida_node_id caught_up_voter(const struct ida_node *n,
         if (id == n->self->id || pr == NULL || pr->match < ida_raft_commit(r)) {
             continue;
         }
-        int up = id <= IDA_CONFIG_NODES_MAX && peer_up[id];
+        int up = peer_connected(n, id);
         if (up > best_up || (up == best_up && pr->match > best_match)) {
             best = id;
             best_match = pr->match;
@@ -298,12 +214,14 @@ static void drop(ida_node_id *ids, uint64_t *incs, size_t *cnt, int s)
 
 static const char *op_name(Idalloc__MemberChange__Op op)
 {
-    return op == IDALLOC__MEMBER_CHANGE__OP__REMOVE ? "remove"
-           : op == IDALLOC__MEMBER_CHANGE__OP__ADD  ? "add"
-                                                    : "promote";
+    return op == IDALLOC__MEMBER_CHANGE__OP__REMOVE   ? "remove"
+           : op == IDALLOC__MEMBER_CHANGE__OP__ADD    ? "add"
+           : op == IDALLOC__MEMBER_CHANGE__OP__UPDATE ? "update"
+                                                      : "promote";
 }
 
-/* Propose @c and wait for its commit. */
+/* Propose @c, with node @id (0: none) at @peer and @client, and wait for
+ * its commit. */
 static void propose(struct node_members *m,
                     struct ida_node *n,
                     struct ida_raft *r,
@@ -312,11 +230,14 @@ static void propose(struct node_members *m,
                     const char *what,
                     ida_node_id id,
                     uint64_t inc,
-                    const struct ida_raft_conf *c)
+                    const struct ida_raft_conf *c,
+                    const struct ida_addr *peer,
+                    const struct ida_addr *client)
 {
     uint8_t *buf;
     size_t len;
-    if (node_conf_encode_full(&n->cfg, c, &buf, &len) != 0) {
+    if (node_members_encode(m, c, peer != NULL ? id : 0, peer, client, &buf,
+                            &len) != 0) {
         reply_err(n, conn, seq, IDA_EBUSY, 0, "out of memory; retry");
         return;
     }
@@ -340,9 +261,11 @@ static void propose(struct node_members *m,
         return;
     }
     IDA_INFO(
-        "membership: operator: member %s %u (incarnation %016llx) proposed "
-        "at index %llu: %zu voters, %zu learners",
-        what, id, (unsigned long long)inc, (unsigned long long)index, c->n,
+        "membership: operator: member %s %u (incarnation %016llx%s%s%s%s) "
+        "proposed at index %llu: %zu voters, %zu learners",
+        what, id, (unsigned long long)inc, peer != NULL ? ", peer " : "",
+        peer != NULL ? peer->text : "", peer != NULL ? ", client " : "",
+        peer != NULL ? client->text : "", (unsigned long long)index, c->n,
         c->n_learners);
     m->op.kind = OP_CHANGE;
     m->op.conn = conn;
@@ -353,34 +276,257 @@ static void propose(struct node_members *m,
     m->op.started_ms = ida__node_mono_ms();
 }
 
+/* The addresses of a change: @mc's, parsed into @peer and @client (1),
+ * none given (0), or refused with the answer sent (-1). Only addresses a
+ * node can be dialled at, the two distinct, no other member's. */
+static int change_addrs(const struct node_members *m,
+                        struct ida_node *n,
+                        uint64_t conn,
+                        uint64_t seq,
+                        const char *what,
+                        const Idalloc__MemberChange *mc,
+                        struct ida_addr *peer,
+                        struct ida_addr *client)
+{
+    const char *p = mc->peer_addr != NULL ? mc->peer_addr : "";
+    const char *c = mc->client_addr != NULL ? mc->client_addr : "";
+    if (p[0] == '\0' && c[0] == '\0') {
+        return 0;
+    }
+    const char *bad = ida_addr_parse(p, peer) != 0     ? p
+                      : ida_addr_parse(c, client) != 0 ? c
+                                                       : NULL;
+    if (bad != NULL) {
+        reply_err(n, conn, seq, IDA_EINVAL, 0,
+                  "member %s %u: bad address \"%.64s\": expected IPv4:PORT or "
+                  "[IPv6]:PORT, a peer and a client address",
+                  what, mc->id, bad);
+        return -1;
+    }
+    const struct ida_addr *any = ida_addr_unspecified(peer)     ? peer
+                                 : ida_addr_unspecified(client) ? client
+                                                                : NULL;
+    if (any != NULL) {
+        reply_err(n, conn, seq, IDA_EINVAL, 0,
+                  "member %s %u: %s is not an address other nodes can dial; "
+                  "give the node's own IP",
+                  what, mc->id, any->text);
+        return -1;
+    }
+    if (node_addr_same(peer, client)) {
+        reply_err(n, conn, seq, IDA_EINVAL, 0,
+                  "member %s %u: the peer and the client address are the "
+                  "same (%s)",
+                  what, mc->id, peer->text);
+        return -1;
+    }
+    for (int i = 0; i < 2; i++) {
+        const struct ida_addr *a = i == 0 ? peer : client;
+        ida_node_id user = node_book_addr_user(&m->book, a, mc->id);
+        if (user != 0) {
+            reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                      "member %s %u: address %s is used by member %u", what,
+                      mc->id, a->text, user);
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* member add ID [PEER CLIENT] (member.h). */
+static void change_add(struct node_members *m,
+                       struct ida_node *n,
+                       struct ida_raft *r,
+                       uint64_t conn,
+                       uint64_t seq,
+                       const Idalloc__MemberChange *mc,
+                       int has_addrs,
+                       struct ida_addr *peer,
+                       struct ida_addr *client)
+{
+    ida_node_id id = mc->id;
+    struct ida_raft_conf c = *ida_raft_voters(r);
+    int vs = ida_raft_conf_slot(&c, id);
+    int ls = ida_raft_conf_learner_slot(&c, id);
+    uint64_t bound = ida_raft_conf_inc(&c, id);
+    const struct node_seen *s = node_members_seen(m, id);
+    uint64_t heard = s != NULL ? s->announced : 0;
+    if (vs >= 0 || ls >= 0) {
+        const struct node_book_entry *e = node_book_find(&m->book, id);
+        if (has_addrs && e != NULL &&
+            (!node_addr_same(&e->peer, peer) ||
+             !node_addr_same(&e->client, client))) {
+            reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                      "member add %u: it is a member at peer %s client %s; "
+                      "to move it: idalloc member update %u %s %s",
+                      id, e->peer.text, e->client.text, id, peer->text,
+                      client->text);
+        } else if (bound == 0 || heard == 0 || bound == heard) {
+            reply_change(n, conn, seq, false, 0, bound);
+        } else {
+            reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                      "member add %u: it is a member as incarnation "
+                      "%016llx but speaks as %016llx (its data "
+                      "directory was replaced): member remove %u first",
+                      id, (unsigned long long)bound, (unsigned long long)heard,
+                      id);
+        }
+        return;
+    }
+    if (!has_addrs) {
+        const struct ida_config_node *f = ida_config_node(&n->cfg, id);
+        if (f == NULL) {
+            reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                      "member add %u: node %u is not in the cluster file: "
+                      "give its addresses (idalloc member add %u PEER_ADDR "
+                      "CLIENT_ADDR)%s%s%s%s",
+                      id, id, id,
+                      s != NULL && s->has_addrs ? "; it says it "
+                                                  "listens on "
+                                                : "",
+                      s != NULL && s->has_addrs ? s->peer.text : "",
+                      s != NULL && s->has_addrs ? " " : "",
+                      s != NULL && s->has_addrs ? s->client.text : "");
+            return;
+        }
+        *peer = f->peer;
+        *client = f->client;
+        for (int i = 0; i < 2; i++) {
+            const struct ida_addr *a = i == 0 ? peer : client;
+            ida_node_id user = node_book_addr_user(&m->book, a, id);
+            if (user != 0) {
+                reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                          "member add %u: its cluster-file address %s is "
+                          "used by member %u: give its addresses",
+                          id, a->text, user);
+                return;
+            }
+        }
+    }
+    if (heard == 0) {
+        reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                  "member add %u: node %u has not been heard from, so "
+                  "its incarnation is unknown: start it, then retry",
+                  id, id);
+        return;
+    }
+    if (s->has_addrs && (!node_addr_same(&s->peer, peer) ||
+                         !node_addr_same(&s->client, client))) {
+        reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                  "member add %u: node %u says it listens on peer %s client "
+                  "%s, not on peer %s client %s",
+                  id, id, s->peer.text, s->client.text, peer->text,
+                  client->text);
+        return;
+    }
+    if (c.n_learners >= IDA_RAFT_NODES_MAX) {
+        reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                  "member add %u: too many learners", id);
+        return;
+    }
+    c.learners[c.n_learners] = id;
+    c.learner_inc[c.n_learners++] = heard;
+    int rs = node_conf_removed_slot(&c, id);
+    if (rs >= 0) {
+        drop(c.removed, c.removed_inc, &c.n_removed, rs);
+    }
+    propose(m, n, r, conn, seq, "add", id, heard, &c, peer, client);
+}
+
+/* member update ID PEER CLIENT (member.h). */
+static void change_update(struct node_members *m,
+                          struct ida_node *n,
+                          struct ida_raft *r,
+                          uint64_t conn,
+                          uint64_t seq,
+                          ida_node_id id,
+                          const struct ida_addr *peer,
+                          const struct ida_addr *client)
+{
+    const struct ida_raft_conf *c = ida_raft_voters(r);
+    const struct node_book_entry *e = node_book_find(&m->book, id);
+    if ((ida_raft_conf_slot(c, id) < 0 &&
+         ida_raft_conf_learner_slot(c, id) < 0) ||
+        e == NULL || !e->member) {
+        reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                  "member update %u: node %u is not a member (member add "
+                  "%u %s %s adds it)",
+                  id, id, id, peer->text, client->text);
+        return;
+    }
+    if (node_addr_same(&e->peer, peer) && node_addr_same(&e->client, client)) {
+        reply_change(n, conn, seq, false, 0, ida_raft_conf_inc(c, id));
+        return;
+    }
+    /* Where the node says it listens, when it said so: a typo must not
+     * send every node to an address where nobody is. */
+    const struct node_seen *s = node_members_seen(m, id);
+    const struct ida_addr *at_peer = id == n->self->id ? &n->self->peer
+                                     : s != NULL && s->has_addrs ? &s->peer
+                                                                 : NULL;
+    const struct ida_addr *at_client = id == n->self->id ? &n->self->client
+                                       : at_peer != NULL ? &s->client
+                                                         : NULL;
+    if (at_peer != NULL && (!node_addr_same(at_peer, peer) ||
+                            !node_addr_same(at_client, client))) {
+        reply_err(n, conn, seq, IDA_EREFUSED, 0,
+                  "member update %u: node %u says it listens on peer %s "
+                  "client %s, not on peer %s client %s",
+                  id, id, at_peer->text, at_client->text, peer->text,
+                  client->text);
+        return;
+    }
+    propose(m, n, r, conn, seq, "update", id, ida_raft_conf_inc(c, id), c, peer,
+            client);
+}
+
 static void change(struct node_members *m,
                    struct ida_node *n,
                    struct ida_raft *r,
-                   const int *peer_up,
                    uint64_t conn,
                    uint64_t seq,
                    const Idalloc__MemberChange *mc)
 {
     const char *what = op_name(mc->op);
     ida_node_id id = mc->id;
-    int fi = node_file_index(n, id);
-    if (mc->op == IDALLOC__MEMBER_CHANGE__OP__OP_UNSPECIFIED || id == 0) {
+    if (mc->op == IDALLOC__MEMBER_CHANGE__OP__OP_UNSPECIFIED || id == 0 ||
+        id > IDA_NET_NODE_ID_MAX) {
         reply_err(n, conn, seq, IDA_EINVAL, 0,
-                  "member change: an operation and a node id are needed");
+                  "member change: an operation and a node id (1 to %u) are "
+                  "needed",
+                  IDA_NET_NODE_ID_MAX);
         return;
     }
-    if (fi < 0) {
-        reply_err(n, conn, seq, IDA_EREFUSED, 0,
-                  "member %s %u: node %u is not in the cluster file (new "
-                  "node ids are not supported yet)",
-                  what, id, id);
+    struct ida_addr peer, client;
+    int has_addrs = change_addrs(m, n, conn, seq, what, mc, &peer, &client);
+    if (has_addrs < 0) {
+        return;
+    }
+    if (has_addrs && mc->op != IDALLOC__MEMBER_CHANGE__OP__ADD &&
+        mc->op != IDALLOC__MEMBER_CHANGE__OP__UPDATE) {
+        reply_err(n, conn, seq, IDA_EINVAL, 0,
+                  "member %s %u: takes no addresses", what, id);
+        return;
+    }
+    if (mc->op == IDALLOC__MEMBER_CHANGE__OP__ADD) {
+        change_add(m, n, r, conn, seq, mc, has_addrs, &peer, &client);
+        return;
+    }
+    if (mc->op == IDALLOC__MEMBER_CHANGE__OP__UPDATE) {
+        if (!has_addrs) {
+            reply_err(n, conn, seq, IDA_EINVAL, 0,
+                      "member update %u: a peer and a client address are "
+                      "needed",
+                      id);
+            return;
+        }
+        change_update(m, n, r, conn, seq, id, &peer, &client);
         return;
     }
     struct ida_raft_conf c = *ida_raft_voters(r);
     int vs = ida_raft_conf_slot(&c, id);
     int ls = ida_raft_conf_learner_slot(&c, id);
     uint64_t bound = ida_raft_conf_inc(&c, id);
-    uint64_t heard = m->announced[fi];
     if (mc->op == IDALLOC__MEMBER_CHANGE__OP__REMOVE) {
         if (vs < 0 && ls < 0) {
             reply_change(n, conn, seq, false, 0, 0);
@@ -392,7 +538,7 @@ static void change(struct node_members *m,
             return;
         }
         if (id == n->self->id) {
-            ida_node_id to = caught_up_voter(n, r, peer_up);
+            ida_node_id to = caught_up_voter(n, r);
             int rv = to != 0 ? ida_raft_transfer(r, to) : IDA_EBUSY;
             if (rv != 0) {
                 reply_err(n, conn, seq, IDA_EBUSY, 0,
@@ -427,42 +573,7 @@ static void change(struct node_members *m,
         }
         c.removed[c.n_removed] = id;
         c.removed_inc[c.n_removed++] = bound;
-        propose(m, n, r, conn, seq, what, id, bound, &c);
-        return;
-    }
-    if (mc->op == IDALLOC__MEMBER_CHANGE__OP__ADD) {
-        if (vs >= 0 || ls >= 0) {
-            if (bound == 0 || heard == 0 || bound == heard) {
-                reply_change(n, conn, seq, false, 0, bound);
-            } else {
-                reply_err(n, conn, seq, IDA_EREFUSED, 0,
-                          "member add %u: it is a member as incarnation "
-                          "%016llx but speaks as %016llx (its data "
-                          "directory was replaced): member remove %u first",
-                          id, (unsigned long long)bound,
-                          (unsigned long long)heard, id);
-            }
-            return;
-        }
-        if (heard == 0) {
-            reply_err(n, conn, seq, IDA_EREFUSED, 0,
-                      "member add %u: node %u has not been heard from, so "
-                      "its incarnation is unknown: start it, then retry",
-                      id, id);
-            return;
-        }
-        if (c.n_learners >= IDA_RAFT_NODES_MAX) {
-            reply_err(n, conn, seq, IDA_EREFUSED, 0,
-                      "member add %u: too many learners", id);
-            return;
-        }
-        c.learners[c.n_learners] = id;
-        c.learner_inc[c.n_learners++] = heard;
-        int rs = node_conf_removed_slot(&c, id);
-        if (rs >= 0) {
-            drop(c.removed, c.removed_inc, &c.n_removed, rs);
-        }
-        propose(m, n, r, conn, seq, what, id, heard, &c);
+        propose(m, n, r, conn, seq, what, id, bound, &c, NULL, NULL);
         return;
     }
     /* promote */
@@ -496,13 +607,12 @@ static void change(struct node_members *m,
     drop(c.learners, c.learner_inc, &c.n_learners, ls);
     c.voters[c.n] = id;
     c.voter_inc[c.n++] = inc;
-    propose(m, n, r, conn, seq, what, id, inc, &c);
+    propose(m, n, r, conn, seq, what, id, inc, &c, NULL, NULL);
 }
 
 static void transfer(struct node_members *m,
                      struct ida_node *n,
                      struct ida_raft *r,
-                     const int *peer_up,
                      uint64_t conn,
                      uint64_t seq,
                      ida_node_id to)
@@ -512,7 +622,7 @@ static void transfer(struct node_members *m,
         return;
     }
     if (to == 0) {
-        to = caught_up_voter(n, r, peer_up);
+        to = caught_up_voter(n, r);
         if (to == 0) {
             reply_err(n, conn, seq, IDA_EREFUSED, 0,
                       "leader transfer: no other voter is caught up");
@@ -544,13 +654,12 @@ static void transfer(struct node_members *m,
 void node_members_request(struct node_members *m,
                           struct ida_node *n,
                           struct ida_raft *r,
-                          const int *peer_up,
                           uint64_t conn,
                           const Idalloc__ClientRequest *req)
 {
     uint64_t seq = req->request_seq;
     if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_MEMBER_LIST) {
-        reply_list(m, n, r, peer_up, conn, seq);
+        reply_list(m, n, r, conn, seq);
         return;
     }
     if (m->op.kind != OP_NONE) {
@@ -560,9 +669,9 @@ void node_members_request(struct node_members *m,
         return;
     }
     if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_MEMBER_CHANGE) {
-        change(m, n, r, peer_up, conn, seq, req->member_change);
+        change(m, n, r, conn, seq, req->member_change);
     } else {
-        transfer(m, n, r, peer_up, conn, seq, req->leader_transfer->to);
+        transfer(m, n, r, conn, seq, req->leader_transfer->to);
     }
 }
 

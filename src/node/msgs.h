@@ -4,7 +4,7 @@
  * of the type's kind; ownership of that struct moves with the message (the
  * receiver frees it with node_msg_free()). Flow:
  *
- *   net --CLIENT, PEER, PEER_STATE--> raft
+ *   net --CLIENT, PEER--> raft
  *   raft --PERSIST--> storage --PERSISTED--> raft
  *   raft --APPLY, READ, REGISTER, LEADERSHIP_LOST--> fsm
  *   storage --APPLY (after a snapshot it installed)--> fsm
@@ -27,7 +27,6 @@
 enum node_msg_type {
     IDA_NM_CLIENT = 1,
     IDA_NM_PEER,
-    IDA_NM_PEER_STATE,
     IDA_NM_PERSIST,
     IDA_NM_PERSISTED,
     IDA_NM_APPLY,
@@ -47,12 +46,6 @@ struct ida_nm_client
 {
     uint64_t conn;
     Idalloc__ClientRequest *req; /* owned */
-};
-
-struct ida_nm_peer_state
-{
-    unsigned node_id;
-    int up;
 };
 
 /* One raft batch to make durable, then what to do after. */

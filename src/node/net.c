@@ -1,5 +1,6 @@
 /* The node's network (src/node/net.h). Longer than STYLE's 800 lines:
- * peers, accepted connections, their TLS layer (the section "the TLS layer
+ * peers and the book that decides them (section "the book"), accepted
+ * connections, their TLS layer (the section "the TLS layer
  * of accepted connections", helpers in src/node/net_tls.c) and the client
  * port's limits (section "client port limits", bookkeeping in
  * src/node/netlim.c) share struct peer and struct conn; splitting them into
@@ -59,11 +60,18 @@ struct batch
 
 enum peer_state { PEER_DOWN, PEER_CONNECTING, PEER_UP };
 
+/* A node this node dials (one of the book, ida_net_set_peers()). Its
+ * memory lives until every libuv handle it owns is closed: removing a
+ * peer closes them, and the last close callback frees it. */
 struct peer
 {
     struct ida_net *net;
-    const struct ida_config_node *node;
-    uv_tcp_t *tcp; /* NULL when there is no connection or attempt */
+    unsigned id;
+    struct ida_addr addr; /* where it is dialled */
+    unsigned slot;        /* in ida_net.peers */
+    unsigned refs;        /* its handles not closed yet (timer, tcp) */
+    int removed;          /* out of the book: freed once refs is 0 */
+    uv_tcp_t *tcp;        /* NULL when there is no connection or attempt */
     enum peer_state state;
     uv_connect_t connect_req;
     uv_timer_t timer; /* reconnect backoff */
@@ -114,8 +122,13 @@ struct ida_net
     struct outmsg *out_head, **out_tail;
     int stopping;
     int loop_stopping; /* the loop thread's own copy of stopping */
-    struct peer peers[IDA_CONFIG_NODES_MAX];
-    unsigned npeers;
+    struct peer *peers[IDA_NET_PEERS_MAX]; /* the loop's; NULL: free slot */
+    /* Under mu: the peers other threads asked for (ida_net_set_peers()),
+     * to be applied by the loop when want_new, and their ids, to which
+     * ida_net_send_peer() may send. */
+    struct ida_net_peer want[IDA_NET_PEERS_MAX];
+    size_t n_want;
+    int want_new;
     struct conn *buckets[BUCKETS];
     struct conn *all;
     uint64_t next_conn_id;
@@ -126,7 +139,9 @@ struct ida_net
     size_t mem_peak;                   /* of the two since the last trim */
     uv_timer_t sweep;
     char rbuf[READ_BUF_BYTES]; /* every accepted connection reads here */
-    atomic_int peer_up[IDA_CONFIG_NODES_MAX];
+    /* Each slot's node id and whether its link is up, for other threads. */
+    atomic_uint slot_id[IDA_NET_PEERS_MAX];
+    atomic_int peer_up[IDA_NET_PEERS_MAX];
     struct ida_net_tls tls;
     struct ida_net_refusals refusals;
     struct conn *dirty; /* client links with output to hand to libuv */
@@ -148,14 +163,26 @@ static int to_sockaddr(const struct ida_addr *a, struct sockaddr_storage *ss)
     return uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)ss);
 }
 
+/* The loop thread's peer @id, NULL if net does not dial it. */
 static struct peer *peer_by_id(struct ida_net *n, unsigned id)
 {
-    for (unsigned i = 0; i < n->npeers; i++) {
-        if (n->peers[i].node->id == id) {
-            return &n->peers[i];
+    for (unsigned i = 0; i < IDA_NET_PEERS_MAX; i++) {
+        if (n->peers[i] != NULL && n->peers[i]->id == id) {
+            return n->peers[i];
         }
     }
     return NULL;
+}
+
+/* Whether @id is among the peers asked for (under mu). */
+static int peer_wanted(const struct ida_net *n, unsigned id)
+{
+    for (size_t i = 0; i < n->n_want; i++) {
+        if (n->want[i].id == id) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static void alloc_peer_rbuf(uv_handle_t *h, size_t hint, uv_buf_t *buf)
@@ -334,9 +361,26 @@ static void peer_timer_cb(uv_timer_t *t)
     peer_connect(t->data);
 }
 
+/* One handle of @p is closed: the last one of a removed peer frees it. */
+static void peer_release(struct peer *p)
+{
+    IDA_ASSERT(p->refs > 0);
+    if (--p->refs == 0 && p->removed) {
+        ida_free(p->rbuf);
+        ida_free(p);
+    }
+}
+
 static void peer_tcp_closed(uv_handle_t *h)
 {
+    struct peer *p = h->data;
     ida_free(h);
+    peer_release(p);
+}
+
+static void peer_timer_closed(uv_handle_t *h)
+{
+    peer_release(h->data);
 }
 
 /* Drop the connection (if any) and schedule the next attempt. */
@@ -352,7 +396,7 @@ static void peer_down(struct peer *p)
     p->tls = NULL;
     batch_drop(&p->out);
     p->state = PEER_DOWN;
-    atomic_store(&n->peer_up[p - n->peers], 0);
+    atomic_store(&n->peer_up[p->slot], 0);
     if (was_up &&
         uv_now(&n->loop) - p->up_since_ms >= n->cfg.reconnect_max_ms) {
         /* A link that held is re-dialled at once; one that drops right
@@ -361,12 +405,12 @@ static void peer_down(struct peer *p)
         p->backoff_ms = n->cfg.reconnect_min_ms;
     }
     if (was_up) {
-        IDA_INFO("net: peer %u down", p->node->id);
+        IDA_INFO("net: peer %u down", p->id);
         if (n->h.peer_state != NULL) {
-            n->h.peer_state(n->h.arg, p->node->id, 0);
+            n->h.peer_state(n->h.arg, p->id, 0);
         }
     }
-    if (!n->loop_stopping) {
+    if (!n->loop_stopping && !p->removed) {
         uv_timer_start(&p->timer, peer_timer_cb, p->backoff_ms, 0);
         p->backoff_ms *= 2;
         if (p->backoff_ms > n->cfg.reconnect_max_ms) {
@@ -381,11 +425,11 @@ static void peer_up(struct peer *p)
     struct ida_net *n = p->net;
     p->state = PEER_UP;
     p->up_since_ms = uv_now(&n->loop);
-    atomic_store(&n->peer_up[p - n->peers], 1);
-    IDA_INFO("net: peer %u up (%s%s)", p->node->id, p->node->peer.text,
+    atomic_store(&n->peer_up[p->slot], 1);
+    IDA_INFO("net: peer %u up (%s%s)", p->id, p->addr.text,
              p->tls != NULL ? ", TLS" : "");
     if (n->h.peer_state != NULL) {
-        n->h.peer_state(n->h.arg, p->node->id, 1);
+        n->h.peer_state(n->h.arg, p->id, 1);
     }
 }
 
@@ -405,8 +449,7 @@ static void peer_tls_input(struct peer *p, const uint8_t *data, size_t len)
     int frv = ida_net_tls_flush(p->tls, (uv_stream_t *)p->tcp);
     rv = rv != 0 ? rv : frv;
     if (rv != 0) {
-        refusal(n, "link to node %u (%s) failed: %s", p->node->id,
-                p->node->peer.text,
+        refusal(n, "link to node %u (%s) failed: %s", p->id, p->addr.text,
                 ida_tls_errmsg(p->tls)[0] != '\0' ? ida_tls_errmsg(p->tls)
                                                   : idalloc_strerror(rv));
         peer_down(p);
@@ -416,14 +459,13 @@ static void peer_tls_input(struct peer *p, const uint8_t *data, size_t len)
         return;
     }
     struct ida_tls_identity id = ida_tls_peer(p->tls);
-    if (id.kind == IDA_TLS_NODE && id.id == p->node->id) {
+    if (id.kind == IDA_TLS_NODE && id.id == p->id) {
         peer_up(p);
         return;
     }
     char who[48];
-    refusal(n, "link to node %u (%s) refused: its certificate names %s",
-            p->node->id, p->node->peer.text,
-            ida_tls_identity_text(id, who, sizeof(who)));
+    refusal(n, "link to node %u (%s) refused: its certificate names %s", p->id,
+            p->addr.text, ida_tls_identity_text(id, who, sizeof(who)));
     peer_down(p);
 }
 
@@ -466,11 +508,11 @@ static void peer_connect_cb(uv_connect_t *req, int status)
 static void peer_connect(struct peer *p)
 {
     struct ida_net *n = p->net;
-    if (n->loop_stopping || p->state != PEER_DOWN) {
+    if (n->loop_stopping || p->removed || p->state != PEER_DOWN) {
         return;
     }
     struct sockaddr_storage ss;
-    to_sockaddr(&p->node->peer, &ss);
+    to_sockaddr(&p->addr, &ss);
     p->tcp = ida_malloc(sizeof(*p->tcp));
     if (p->tcp == NULL) {
         uv_timer_start(&p->timer, peer_timer_cb, p->backoff_ms, 0);
@@ -478,6 +520,7 @@ static void peer_connect(struct peer *p)
     }
     uv_tcp_init(&n->loop, p->tcp);
     p->tcp->data = p;
+    p->refs++; /* peer_tcp_closed() */
     p->connect_req.data = p;
     p->state = PEER_CONNECTING;
     int rv = uv_tcp_connect(&p->connect_req, p->tcp, (struct sockaddr *)&ss,
@@ -503,6 +546,112 @@ static void send_to_peer(struct ida_net *n, struct outmsg *m)
         return;
     }
     atomic_fetch_add(&n->st_peer_sent, 1);
+}
+
+/* --- the book: which peers are dialled (ida_net_set_peers()) -------------- */
+
+static void peer_add(struct ida_net *n, const struct ida_net_peer *w)
+{
+    unsigned slot = 0;
+    while (slot < IDA_NET_PEERS_MAX && n->peers[slot] != NULL) {
+        slot++;
+    }
+    struct peer *p =
+        slot < IDA_NET_PEERS_MAX ? ida_calloc(1, sizeof(*p)) : NULL;
+    char *rbuf = p != NULL ? ida_malloc(READ_BUF_BYTES) : NULL;
+    if (rbuf == NULL) {
+        /* Raft retransmits to whoever it can reach; the next change of the
+         * book tries again. */
+        IDA_WARN("net: cannot dial node %u (%s): %s", w->id, w->addr.text,
+                 p == NULL && slot == IDA_NET_PEERS_MAX ? "too many peers"
+                                                        : "out of memory");
+        ida_free(p);
+        return;
+    }
+    p->net = n;
+    p->id = w->id;
+    p->addr = w->addr;
+    p->slot = slot;
+    p->rbuf = rbuf;
+    p->backoff_ms = n->cfg.reconnect_min_ms;
+    batch_init(&p->out);
+    uv_timer_init(&n->loop, &p->timer);
+    p->timer.data = p;
+    p->refs = 1; /* the timer: peer_timer_closed() */
+    n->peers[slot] = p;
+    atomic_store(&n->slot_id[slot], p->id);
+    atomic_store(&n->peer_up[slot], 0);
+    peer_connect(p);
+}
+
+/* @p leaves the book: its link closes, its memory goes with the last
+ * handle (peer_release()). @notify: tell the handler if it was up. */
+static void peer_remove(struct peer *p, int notify)
+{
+    struct ida_net *n = p->net;
+    int was_up = p->state == PEER_UP;
+    n->peers[p->slot] = NULL;
+    atomic_store(&n->slot_id[p->slot], 0);
+    atomic_store(&n->peer_up[p->slot], 0);
+    p->removed = 1;
+    p->state = PEER_DOWN;
+    if (p->tcp != NULL) {
+        uv_close((uv_handle_t *)p->tcp, peer_tcp_closed);
+        p->tcp = NULL;
+    }
+    ida_tls_free(p->tls);
+    p->tls = NULL;
+    batch_drop(&p->out);
+    uv_timer_stop(&p->timer);
+    uv_close((uv_handle_t *)&p->timer, peer_timer_closed);
+    if (was_up && notify && n->h.peer_state != NULL) {
+        n->h.peer_state(n->h.arg, p->id, 0);
+    }
+}
+
+/* @p is now at @a: its link to the old address closes and it is dialled
+ * at once at the new one. */
+static void peer_move(struct peer *p, const struct ida_addr *a)
+{
+    struct ida_net *n = p->net;
+    p->addr = *a;
+    if (p->state != PEER_DOWN) {
+        peer_down(p);
+    }
+    p->backoff_ms = n->cfg.reconnect_min_ms;
+    uv_timer_start(&p->timer, peer_timer_cb, 0, 0);
+}
+
+/* Make @want (@count) the peers: dial new ones, close links to the nodes
+ * it no longer names, move those whose address changed. */
+static void apply_peers(struct ida_net *n,
+                        const struct ida_net_peer *want,
+                        size_t count)
+{
+    for (unsigned i = 0; i < IDA_NET_PEERS_MAX; i++) {
+        struct peer *p = n->peers[i];
+        if (p == NULL) {
+            continue;
+        }
+        size_t k = 0;
+        while (k < count && want[k].id != p->id) {
+            k++;
+        }
+        if (k == count) {
+            IDA_INFO("net: node %u (%s) is no longer a peer", p->id,
+                     p->addr.text);
+            peer_remove(p, 1);
+        } else if (strcmp(want[k].addr.text, p->addr.text) != 0) {
+            IDA_INFO("net: node %u moved from %s to %s", p->id, p->addr.text,
+                     want[k].addr.text);
+            peer_move(p, &want[k].addr);
+        }
+    }
+    for (size_t k = 0; k < count; k++) {
+        if (peer_by_id(n, want[k].id) == NULL) {
+            peer_add(n, &want[k]);
+        }
+    }
 }
 
 /* --- accepted connections ---------------------------------------------------
@@ -888,15 +1037,15 @@ static int on_peer_frame(void *arg,
                                   ? idalloc__peer_message__unpack(NULL, len, p)
                                   : NULL;
     char bad[128];
-    const char *why =
-        m == NULL                        ? "undecodable or not a peer message"
-        : m->version != IDA_WIRE_VERSION ? "unsupported version"
-        : strcmp(m->cluster, n->cfg.cluster->cluster) != 0
-            ? "message of another cluster"
-        : m->to != n->cfg.self_id ? "message for another node"
-        : m->from == n->cfg.self_id || peer_by_id(n, m->from) == NULL
-            ? "message from an unknown node"
-            : NULL;
+    const char *why = m == NULL ? "undecodable or not a peer message"
+                      : m->version != IDA_WIRE_VERSION ? "unsupported version"
+                      : strcmp(m->cluster, n->cfg.cluster->cluster) != 0
+                          ? "message of another cluster"
+                      : m->to != n->cfg.self_id ? "message for another node"
+                      : m->from == 0 || m->from > IDA_NET_NODE_ID_MAX ||
+                              m->from == n->cfg.self_id
+                          ? "message from an impossible node id"
+                          : NULL;
     if (why == NULL && k->tls != NULL && m->from != k->tls_node_id) {
         /* Only a node's key can speak as that node. */
         snprintf(bad, sizeof(bad),
@@ -923,8 +1072,10 @@ static int on_peer_frame(void *arg,
 /* --- the TLS layer of accepted connections (src/node/net_tls.h) ------------
  * Under the frame decoder: ciphertext in, plaintext to the decoder. */
 
-/* The identity of an inbound peer link's certificate: a node of this
- * cluster other than us. The client port takes any certificate of the CA. */
+/* The identity of an inbound peer link's certificate: a node other than
+ * us (any node id: a node that is not a member yet asks to join on such a
+ * link; the raft processor decides what its messages may do). The client
+ * port takes any certificate of the CA. */
 static int conn_tls_check(struct conn *k)
 {
     struct ida_net *n = k->net;
@@ -933,8 +1084,7 @@ static int conn_tls_check(struct conn *k)
         return 0;
     }
     struct ida_tls_identity id = ida_tls_peer(k->tls);
-    if (id.kind == IDA_TLS_NODE && id.id != n->cfg.self_id &&
-        peer_by_id(n, id.id) != NULL) {
+    if (id.kind == IDA_TLS_NODE && id.id != n->cfg.self_id) {
         k->tls_node_id = id.id;
         return 0;
     }
@@ -1180,9 +1330,9 @@ static void send_to_client(struct ida_net *n, struct outmsg *m)
  * through the session, plaintext frames through batch_flush()). */
 static void flush_dirty(struct ida_net *n)
 {
-    for (unsigned i = 0; i < n->npeers; i++) {
-        struct peer *p = &n->peers[i];
-        if (p->state != PEER_UP) {
+    for (unsigned i = 0; i < IDA_NET_PEERS_MAX; i++) {
+        struct peer *p = n->peers[i];
+        if (p == NULL || p->state != PEER_UP) {
             continue;
         }
         int rv = p->tls != NULL
@@ -1217,24 +1367,38 @@ static void close_all(struct ida_net *n)
     uv_close((uv_handle_t *)&n->client_listener, NULL);
     uv_close((uv_handle_t *)&n->wake, NULL);
     uv_close((uv_handle_t *)&n->sweep, NULL);
-    for (unsigned i = 0; i < n->npeers; i++) {
-        struct peer *p = &n->peers[i];
-        uv_close((uv_handle_t *)&p->timer, NULL);
-        if (p->tcp != NULL) {
-            uv_close((uv_handle_t *)p->tcp, peer_tcp_closed);
-            p->tcp = NULL;
+    for (unsigned i = 0; i < IDA_NET_PEERS_MAX; i++) {
+        if (n->peers[i] != NULL) {
+            peer_remove(n->peers[i], 0);
         }
-        ida_tls_free(p->tls);
-        p->tls = NULL;
     }
     while (n->all != NULL) {
         conn_close(n->all);
     }
 }
 
+/* Take a new set of peers if one was asked for (ida_net_set_peers()). */
+static void take_peers(struct ida_net *n)
+{
+    struct ida_net_peer want[IDA_NET_PEERS_MAX];
+    size_t count = 0;
+    pthread_mutex_lock(&n->mu);
+    int fresh = n->want_new && !n->stopping;
+    if (fresh) {
+        count = n->n_want;
+        memcpy(want, n->want, count * sizeof(want[0]));
+        n->want_new = 0;
+    }
+    pthread_mutex_unlock(&n->mu);
+    if (fresh) {
+        apply_peers(n, want, count);
+    }
+}
+
 static void wake_cb(uv_async_t *a)
 {
     struct ida_net *n = a->data;
+    take_peers(n);
     pthread_mutex_lock(&n->mu);
     struct outmsg *m = n->out_head;
     n->out_head = NULL;
@@ -1262,9 +1426,7 @@ static void wake_cb(uv_async_t *a)
 static void loop_main(void *arg)
 {
     struct ida_net *n = arg;
-    for (unsigned i = 0; i < n->npeers; i++) {
-        peer_connect(&n->peers[i]);
-    }
+    take_peers(n);
     uv_run(&n->loop, UV_RUN_DEFAULT);
 }
 
@@ -1359,7 +1521,8 @@ int ida_net_start(const struct ida_net_config *cfg,
                   char *errmsg)
 {
     const struct ida_config_node *self =
-        ida_config_node(cfg->cluster, cfg->self_id);
+        cfg->self != NULL ? cfg->self
+                          : ida_config_node(cfg->cluster, cfg->self_id);
     if (self == NULL || h->client_request == NULL || h->peer_message == NULL) {
         snprintf(errmsg, IDA_ERRMSG_MAX, "node %u is not in cluster %s",
                  cfg->self_id, cfg->cluster->cluster);
@@ -1399,32 +1562,19 @@ int ida_net_start(const struct ida_net_config *cfg,
     uv_async_init(&n->loop, &n->wake, wake_cb);
     n->wake.data = n;
     limits_start(n);
+    /* The peers until the node says otherwise: the other nodes of the
+     * cluster file (dialled once the loop runs). */
     for (unsigned i = 0; i < cfg->cluster->node_count; i++) {
         const struct ida_config_node *node = &cfg->cluster->nodes[i];
-        if (node->id == cfg->self_id) {
-            continue;
-        }
-        struct peer *p = &n->peers[n->npeers++];
-        p->net = n;
-        p->node = node;
-        p->backoff_ms = n->cfg.reconnect_min_ms;
-        batch_init(&p->out);
-        p->rbuf = ida_malloc(READ_BUF_BYTES);
-        uv_timer_init(&n->loop, &p->timer);
-        p->timer.data = p;
-        if (p->rbuf == NULL) {
-            rv = IDA_ENOMEM;
+        if (node->id != cfg->self_id && n->n_want < IDA_NET_PEERS_MAX) {
+            n->want[n->n_want++] =
+                (struct ida_net_peer){.id = node->id, .addr = node->peer};
         }
     }
-    if (rv == 0 && uv_thread_create(&n->thread, loop_main, n) != 0) {
-        rv = IDA_ENOMEM;
-    }
-    if (rv != 0) {
-        for (unsigned i = 0; i < n->npeers; i++) {
-            ida_free(n->peers[i].rbuf);
-        }
+    n->want_new = 1;
+    if (uv_thread_create(&n->thread, loop_main, n) != 0) {
         abort_start(n);
-        return rv;
+        return IDA_ENOMEM;
     }
     *out = n;
     return 0;
@@ -1437,37 +1587,61 @@ void ida_net_stop(struct ida_net *n)
     pthread_mutex_unlock(&n->mu);
     uv_async_send(&n->wake);
     uv_thread_join(&n->thread);
-    uv_loop_close(&n->loop);
-    for (unsigned i = 0; i < n->npeers; i++) {
-        ida_free(n->peers[i].rbuf);
-    }
+    uv_loop_close(&n->loop); /* every peer was freed by its close callbacks */
     ida_net_tls_close(&n->tls);
     pthread_mutex_destroy(&n->mu);
     ida_free(n);
 }
 
-/* Queue @m for the loop thread; frees it when stopping. */
+/* Queue @m for the loop thread; frees it when stopping, or when it is for
+ * a peer that is not in the book. */
 static int enqueue(struct ida_net *n, struct outmsg *m)
 {
     pthread_mutex_lock(&n->mu);
-    int stopping = n->stopping;
-    if (!stopping) {
+    int rv = n->stopping                              ? IDA_ESTOPPED
+             : m->to_peer && !peer_wanted(n, m->peer) ? IDA_EINVAL
+                                                      : 0;
+    if (rv == 0) {
         m->next = NULL;
         *n->out_tail = m;
         n->out_tail = &m->next;
     }
     pthread_mutex_unlock(&n->mu);
-    if (stopping) {
+    if (rv != 0) {
         ida_free(m);
-        return IDA_ESTOPPED;
+        return rv;
     }
+    uv_async_send(&n->wake);
+    return 0;
+}
+
+int ida_net_set_peers(struct ida_net *n,
+                      const struct ida_net_peer *peers,
+                      size_t count)
+{
+    struct ida_net_peer want[IDA_NET_PEERS_MAX];
+    size_t k = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (peers[i].id == n->cfg.self_id) {
+            continue;
+        }
+        if (k == IDA_NET_PEERS_MAX) {
+            return IDA_ELIMIT;
+        }
+        want[k++] = peers[i];
+    }
+    pthread_mutex_lock(&n->mu);
+    memcpy(n->want, want, k * sizeof(want[0]));
+    n->n_want = k;
+    n->want_new = 1;
+    pthread_mutex_unlock(&n->mu);
     uv_async_send(&n->wake);
     return 0;
 }
 
 int ida_net_send_peer(struct ida_net *n, unsigned to, Idalloc__PeerMessage *pm)
 {
-    if (peer_by_id(n, to) == NULL) {
+    if (to == n->cfg.self_id) {
         return IDA_EINVAL;
     }
     pm->version = IDA_WIRE_VERSION;
@@ -1525,6 +1699,10 @@ void ida_net_get_stats(struct ida_net *n, struct ida_net_stats *out)
 
 int ida_net_peer_up(struct ida_net *n, unsigned node_id)
 {
-    struct peer *p = peer_by_id(n, node_id);
-    return p != NULL && atomic_load(&n->peer_up[p - n->peers]);
+    for (unsigned i = 0; i < IDA_NET_PEERS_MAX; i++) {
+        if (atomic_load(&n->slot_id[i]) == node_id) {
+            return atomic_load(&n->peer_up[i]);
+        }
+    }
+    return 0;
 }

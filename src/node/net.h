@@ -6,16 +6,25 @@
  * guarded list) and wake the loop with uv_async_send(), which coalesces, so
  * the loop drains the whole outbox each time.
  *
- * Peers: every node dials every other node and uses that outbound
- * connection only to send; it receives on the connections other nodes
- * dialled to it. So each pair has one connection per direction and there
- * is no tie-breaking. A message to a peer that is not connected is dropped
- * (Raft retransmits), and so is a message that would push the bytes queued
- * to a slow peer past peer_queue_bytes_max: a slow or dead peer never
- * blocks the node or grows its memory. Lost connections are re-dialled
- * with exponential backoff between reconnect_min_ms and reconnect_max_ms.
- * An inbound peer message of another cluster, not addressed to this node,
- * or from an unknown node closes that connection.
+ * Peers: every node dials the nodes of its address book and uses that
+ * outbound connection only to send; it receives on the connections other
+ * nodes dialled to it. So each pair has one connection per direction and
+ * there is no tie-breaking. The book starts as the other nodes of the
+ * cluster file; the node replaces it whenever its membership in effect
+ * changes (ida_net_set_peers(), src/node/book.h): new nodes are dialled,
+ * links to nodes no longer named are closed, a node whose address changed
+ * is re-dialled at the new one. A message to a peer that is not connected
+ * is dropped (Raft retransmits), and so is a message that would push the
+ * bytes queued to a slow peer past peer_queue_bytes_max: a slow or dead
+ * peer never blocks the node or grows its memory. Lost connections are
+ * re-dialled with exponential backoff between reconnect_min_ms and
+ * reconnect_max_ms. An inbound peer message of another cluster, not
+ * addressed to this node, or claiming id 0 or this node's own id closes
+ * that connection; with peer TLS so does a message whose `from` is not the
+ * node named by the link's certificate. Messages from a node that is not
+ * in the book (a node asking to join, or one the membership dropped) are
+ * passed on like the others: the raft processor decides what they may do
+ * (src/node/member.h).
  *
  * Clients: each accepted connection gets an id (never reused). Every frame
  * must be a ClientRequest: a frame over max_frame_bytes (refused at its
@@ -58,6 +67,10 @@
 
 /* RegisterClient requests accepted on one client connection. */
 #define IDA_NET_REGISTERS_PER_CONN_MAX 16
+/* Peers in the book at once (src/node/book.h's NODE_BOOK_MAX fits). */
+#define IDA_NET_PEERS_MAX 40
+/* The highest node id (the cluster file's rule). */
+#define IDA_NET_NODE_ID_MAX 65535
 
 #include <stddef.h>
 #include <stdint.h>
@@ -69,6 +82,9 @@ struct ida_net_config
 {
     const struct ida_config *cluster; /* borrowed until ida_net_stop() */
     unsigned self_id;
+    /* This node's addresses, bound by ida_net_start(); NULL: its line of
+     * @cluster. Borrowed until ida_net_stop(). */
+    const struct ida_config_node *self;
     uint32_t max_frame_bytes;      /* 0: IDA_FRAME_PAYLOAD_BYTES_DEFAULT */
     size_t peer_queue_bytes_max;   /* 0: 64 MiB */
     size_t client_queue_bytes_max; /* 0: 16 MiB */
@@ -90,8 +106,9 @@ struct ida_net_handler
     void (*client_request)(void *arg,
                            uint64_t conn_id,
                            Idalloc__ClientRequest *req);
-    /* A validated peer message (cluster and `to` checked, `from` a known
-     * other node). Ownership passes (idalloc__peer_message__free_unpacked). */
+    /* A validated peer message (cluster and `to` checked, `from` another
+     * node id, with peer TLS the link certificate's). Ownership passes
+     * (idalloc__peer_message__free_unpacked). */
     void (*peer_message)(void *arg, Idalloc__PeerMessage *msg);
     /* Our outbound connection to @node_id came up (1) or went down (0). May
      * be NULL. */
@@ -112,9 +129,10 @@ struct ida_net_stats
 struct ida_net;
 
 /* Bind the peer and client addresses of node @cfg->self_id, then start the
- * loop thread. Binding happens before this returns, so "address in use" is
- * reported here (IDA_EIO with the address in @errmsg, IDA_ERRMSG_MAX). Also
- * IDA_EINVAL (self_id not in the cluster) or IDA_ENOMEM. */
+ * loop thread, which dials the other nodes of the cluster file. Binding
+ * happens before this returns, so "address in use" is reported here
+ * (IDA_EIO with the address in @errmsg, IDA_ERRMSG_MAX). Also IDA_EINVAL
+ * (no @cfg->self and self_id not in the cluster) or IDA_ENOMEM. */
 int ida_net_start(const struct ida_net_config *cfg,
                   const struct ida_net_handler *h,
                   struct ida_net **out,
@@ -124,10 +142,27 @@ int ida_net_start(const struct ida_net_config *cfg,
  * Messages still in the outbox are dropped. */
 void ida_net_stop(struct ida_net *n);
 
+/* A node to dial: its id and peer address. */
+struct ida_net_peer
+{
+    unsigned id;
+    struct ida_addr addr;
+};
+
+/* Thread-safe. Make @peers (@count; this node's own id is skipped) the
+ * address book: from the return on, messages may be sent to exactly these
+ * ids; the loop then dials the new ones, closes the links of nodes not
+ * named any more and re-dials at its new address a node whose address
+ * changed (each logged). Returns 0, or IDA_ELIMIT (more than
+ * IDA_NET_PEERS_MAX others; nothing changed). @peers is copied. */
+int ida_net_set_peers(struct ida_net *n,
+                      const struct ida_net_peer *peers,
+                      size_t count);
+
 /* Thread-safe. Encode @m (from, to, cluster and version are filled in here)
  * and queue it for peer @to. Returns 0 (queued; it may still be dropped if
- * the peer is down), IDA_EINVAL (unknown peer), IDA_ETOOBIG, IDA_ENOMEM or
- * IDA_ESTOPPED. @m stays the caller's. */
+ * the peer is down), IDA_EINVAL (not a peer of the book, or this node),
+ * IDA_ETOOBIG, IDA_ENOMEM or IDA_ESTOPPED. @m stays the caller's. */
 int ida_net_send_peer(struct ida_net *n, unsigned to, Idalloc__PeerMessage *m);
 
 /* Thread-safe. Encode @r (version filled in) and queue it for client

@@ -212,22 +212,102 @@ static int restore(struct ida_node *n,
     return rv;
 }
 
+/* One address of this node's (--peer, --client, --metrics) into @a. */
+static int self_addr(const char *text,
+                     const char *what,
+                     struct ida_addr *a,
+                     char *errmsg)
+{
+    if (ida_addr_parse(text, a) != 0) {
+        snprintf(errmsg, IDA_ERRMSG_MAX,
+                 "bad --%s \"%.100s\": expected IPv4:PORT or [IPv6]:PORT", what,
+                 text);
+        return IDA_ECONFIG;
+    }
+    if (ida_addr_unspecified(a)) {
+        snprintf(errmsg, IDA_ERRMSG_MAX,
+                 "--%s %s is not an address other nodes can dial; give this "
+                 "node's own IP",
+                 what, a->text);
+        return IDA_ECONFIG;
+    }
+    return 0;
+}
+
+/* Where this node listens: its line of the cluster file, or --peer and
+ * --client (required without a line), and --metrics. Its addresses may be
+ * no other node's of the file. */
+static int find_self(struct ida_node *n,
+                     const struct ida_node_opts *o,
+                     char *errmsg)
+{
+    const struct ida_config_node *f = ida_config_node(&n->cfg, o->node_id);
+    if (f == NULL && (o->peer_addr == NULL || o->client_addr == NULL)) {
+        snprintf(errmsg, IDA_ERRMSG_MAX,
+                 "%s: no node %u in cluster %s: give its addresses with "
+                 "--peer and --client (a new node joins a running cluster "
+                 "with --join, see --help)",
+                 o->config_path, o->node_id, n->cfg.cluster);
+        return IDA_ECONFIG;
+    }
+    struct ida_config_node *s = &n->self_node;
+    if (f != NULL) {
+        *s = *f;
+    } else {
+        memset(s, 0, sizeof(*s));
+        s->id = o->node_id;
+    }
+    int rv = 0;
+    if (o->peer_addr != NULL && o->client_addr != NULL) {
+        rv = self_addr(o->peer_addr, "peer", &s->peer, errmsg);
+        rv = rv != 0 ? rv
+                     : self_addr(o->client_addr, "client", &s->client, errmsg);
+    }
+    if (rv == 0 && o->metrics_addr != NULL) {
+        rv = self_addr(o->metrics_addr, "metrics", &s->metrics, errmsg);
+        s->has_metrics = rv == 0;
+    }
+    if (rv == 0 && node_addr_same(&s->peer, &s->client)) {
+        snprintf(errmsg, IDA_ERRMSG_MAX,
+                 "the peer and the client address are the same (%s)",
+                 s->peer.text);
+        rv = IDA_ECONFIG;
+    }
+    for (unsigned i = 0; rv == 0 && i < n->cfg.node_count; i++) {
+        const struct ida_config_node *k = &n->cfg.nodes[i];
+        const struct ida_addr *mine[2] = {&s->peer, &s->client};
+        for (int j = 0; rv == 0 && k->id != s->id && j < 2; j++) {
+            if (node_addr_same(mine[j], &k->peer) ||
+                node_addr_same(mine[j], &k->client)) {
+                snprintf(errmsg, IDA_ERRMSG_MAX,
+                         "%s: address %s is node %u's in the cluster file",
+                         o->config_path, mine[j]->text, k->id);
+                rv = IDA_ECONFIG;
+            }
+        }
+    }
+    n->self = s;
+    return rv;
+}
+
 int ida_node_open(struct ida_node *n,
                   const struct ida_node_opts *o,
                   char *errmsg)
 {
     memset(n, 0, sizeof(*n));
     n->lock_fd = -1;
+    pthread_mutex_init(&n->book_mu, NULL);
+    n->book_mu_init = 1;
     int rv = ida_config_load(o->config_path, &n->cfg, errmsg);
     if (rv != 0) {
         return IDA_ECONFIG; /* unreadable or bad: a usage problem either way */
     }
-    n->self = ida_config_node(&n->cfg, o->node_id);
-    if (n->self == NULL) {
-        snprintf(errmsg, IDA_ERRMSG_MAX, "%s: no node %u in cluster %s",
-                 o->config_path, o->node_id, n->cfg.cluster);
-        return IDA_ECONFIG;
+    rv = find_self(n, o, errmsg);
+    if (rv != 0) {
+        return rv;
     }
+    n->join = o->join != NULL;
+    node_book_build(&n->book, NULL, 0, &n->cfg);
     if (n->cfg.node_count > IDA_RAFT_NODES_MAX) {
         snprintf(errmsg, IDA_ERRMSG_MAX, "%s: at most %d nodes per cluster",
                  o->config_path, IDA_RAFT_NODES_MAX);
@@ -324,19 +404,25 @@ void ida__node_reply_error(struct ida_node *n,
 {
     Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
     Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
-    char *members[IDA_CONFIG_NODES_MAX];
+    char bufs[NODE_BOOK_MAX][IDA_ADDR_TEXT_MAX], *members[NODE_BOOK_MAX];
     if (err == IDA_ENOTLEADER) {
         r.member_addrs = members;
-        r.n_member_addrs = ida__node_member_addrs(n, members);
+        r.n_member_addrs = ida__node_member_addrs(n, bufs, members);
     }
     res.error = (uint32_t)err;
     res.error_msg = (char *)(why != NULL ? why : idalloc_strerror(err));
     r.request_seq = seq;
     r.result = &res;
+    char leader_addr[IDA_ADDR_TEXT_MAX] = "";
     if (leader != 0) {
-        const struct ida_config_node *l = ida_config_node(&n->cfg, leader);
+        pthread_mutex_lock(&n->book_mu);
+        const struct node_book_entry *l = node_book_find(&n->book, leader);
+        if (l != NULL) {
+            memcpy(leader_addr, l->client.text, sizeof(leader_addr));
+        }
+        pthread_mutex_unlock(&n->book_mu);
         r.leader_id = leader;
-        r.leader_addr = l != NULL ? (char *)l->client.text : "";
+        r.leader_addr = leader_addr;
     }
     ida_metrics_request_end(n->metrics, conn, seq, err);
     ida_net_reply(n->net, conn, &r);
@@ -356,12 +442,38 @@ void ida__node_req_name(const uint8_t *client_id,
              (unsigned long long)seq);
 }
 
-size_t ida__node_member_addrs(struct ida_node *n, char **out)
+void ida__node_book_publish(struct ida_node *n, const struct node_book *b)
 {
-    for (unsigned i = 0; i < n->cfg.node_count; i++) {
-        out[i] = (char *)n->cfg.nodes[i].client.text;
+    pthread_mutex_lock(&n->book_mu);
+    n->book = *b;
+    pthread_mutex_unlock(&n->book_mu);
+}
+
+size_t ida__node_member_addrs(struct ida_node *n,
+                              char (*bufs)[IDA_ADDR_TEXT_MAX],
+                              char **out)
+{
+    size_t k = 0, members = 0;
+    pthread_mutex_lock(&n->book_mu);
+    for (size_t i = 0; i < n->book.n; i++) {
+        members += n->book.e[i].member;
     }
-    return n->cfg.node_count;
+    /* Without a membership (a directory older than incarnations runs on the
+     * cluster file's nodes): every node of the book. */
+    for (size_t i = 0; i < n->book.n && k < NODE_BOOK_MAX; i++) {
+        if (n->book.e[i].member || members == 0) {
+            memcpy(bufs[k], n->book.e[i].client.text, IDA_ADDR_TEXT_MAX);
+            out[k] = bufs[k];
+            k++;
+        }
+    }
+    pthread_mutex_unlock(&n->book_mu);
+    return k;
+}
+
+int ida_node_is_new(const struct ida_node *n)
+{
+    return n->fresh;
 }
 
 /* --- net callbacks (on the net thread) -------------------------------------
@@ -405,25 +517,6 @@ static void net_peer_message(void *arg, Idalloc__PeerMessage *pm)
     }
     if (ida_pool_post(n->pool, n->p_raft, m) != 0) {
         node_msg_free(m); /* dropped: Raft retransmits */
-    }
-}
-
-static void net_peer_state(void *arg, unsigned id, int up)
-{
-    struct ida_node *n = arg;
-    struct ida_nm_peer_state *ps = ida_malloc(sizeof(*ps));
-    if (ps == NULL) {
-        return;
-    }
-    ps->node_id = id;
-    ps->up = up;
-    struct ida_msg *m = node_msg_new(IDA_NM_PEER_STATE, ps);
-    if (m == NULL || ida_pool_post(n->pool, n->p_raft, m) != 0) {
-        if (m != NULL) {
-            node_msg_free(m);
-        } else {
-            ida_free(ps);
-        }
     }
 }
 
@@ -480,6 +573,7 @@ int ida_node_start(struct ida_node *n, char *errmsg)
     struct ida_net_config nc = {
         .cluster = &n->cfg,
         .self_id = n->self->id,
+        .self = n->self,
         .client_queue_bytes_max = (size_t)n->cfg.client_queue_bytes_max,
         .client_output_bytes_max = (size_t)n->cfg.client_output_bytes_max,
         .client_input_bytes_max = (size_t)n->cfg.client_input_bytes_max,
@@ -489,8 +583,9 @@ int ida_node_start(struct ida_node *n, char *errmsg)
         .client_idle_timeout_ms = (unsigned)n->cfg.client_idle_timeout_ms,
         .client_frame_timeout_ms = (unsigned)n->cfg.client_frame_timeout_ms,
     };
-    struct ida_net_handler h = {net_client_request, net_peer_message,
-                                net_peer_state, n};
+    /* Whether a link is up is asked of net when needed (status, member
+     * list): no peer_state callback. */
+    struct ida_net_handler h = {net_client_request, net_peer_message, NULL, n};
     if (rv == 0) {
         rv = ida_net_start(&nc, &h, &n->net, errmsg);
     }
@@ -558,5 +653,9 @@ void ida_node_close(struct ida_node *n)
     if (n->lock_fd >= 0) {
         close(n->lock_fd); /* last: the directory is ours until here */
         n->lock_fd = -1;
+    }
+    if (n->book_mu_init) {
+        pthread_mutex_destroy(&n->book_mu);
+        n->book_mu_init = 0;
     }
 }

@@ -25,11 +25,13 @@
 #ifndef IDA_NODE_H
 #define IDA_NODE_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "fsm/fsm.h"
 #include "raft/raft.h"
 #include "src/common/config.h"
+#include "src/node/book.h"
 #include "src/node/errtop.h"
 #include "src/node/metrics.h"
 #include "src/node/msgs.h"
@@ -44,6 +46,15 @@ struct ida_node_opts
     const char *config_path;
     unsigned node_id;
     const char *data_dir; /* NULL: the cluster file's data_dir */
+    /* This node's addresses (--peer, --client, both or neither; --metrics):
+     * over its line of the cluster file, and required when the file has
+     * none. NULL: the file's. */
+    const char *peer_addr;
+    const char *client_addr;
+    const char *metrics_addr;
+    /* --join: client addresses of running members, comma-separated; NULL:
+     * none (ida_node_join()). */
+    const char *join;
     /* --log-level (over the cluster file's log_level) and --log-format:
      * applied by idallocd's main, not by ida_node_open(). */
     int has_log_level;
@@ -58,7 +69,18 @@ struct fsm_proc;
 struct ida_node
 {
     struct ida_config cfg;
-    const struct ida_config_node *self;
+    const struct ida_config_node *self; /* &self_node */
+    struct ida_config_node self_node;   /* id and where this node listens */
+    /* Started with --join: never a first start (src/node/member.h); the
+     * members ida_node_join() learned, the address book while joining. */
+    int join;
+    struct node_book join_book;
+    int has_join_book;
+    /* The raft processor's address book as other threads read it
+     * (ida__node_book_publish()). */
+    pthread_mutex_t book_mu;
+    int book_mu_init;
+    struct node_book book;
     char dir[IDA_PATH_MAX + 16]; /* data_dir/nodeN */
     struct ida_storage storage;
     int storage_open;
@@ -93,6 +115,22 @@ struct ida_node
 int ida_node_open(struct ida_node *n,
                   const struct ida_node_opts *o,
                   char *errmsg);
+
+/* --join: ask the running members at @addrs (client addresses, comma-
+ * separated) for the membership, once, through the client library: the
+ * leader's member list, with every member's addresses. Its members become
+ * the address book while the node joins (src/node/member.h); nothing is
+ * written. Returns 0, IDA_EINVAL (a bad address in @addrs, or this node's
+ * address is another member's: the message says which), or the client's
+ * error (IDA_EUNAVAIL, IDA_ETIMEDOUT...; retry later), with a one-line
+ * message in @errmsg (IDA_ERRMSG_MAX). Call it between ida_node_open()
+ * and ida_node_start(), only for a node whose data directory is new
+ * (ida_node_is_new()). */
+int ida_node_join(struct ida_node *n, const char *addrs, char *errmsg);
+
+/* Whether the node's data directory is new: no membership, log, snapshot
+ * or vote (it learns the cluster before it takes part). */
+int ida_node_is_new(const struct ida_node *n);
 
 /* Bind the addresses and start the threads. On error the node is closed. */
 int ida_node_start(struct ida_node *n, char *errmsg);
@@ -138,10 +176,17 @@ void ida__node_reply_error(struct ida_node *n,
                            const char *why,
                            ida_node_id leader);
 
-/* Point @out (IDA_CONFIG_NODES_MAX slots) at the client address of every
- * member (borrowed from the node's config); returns how many. A client that
- * was given one address learns the others from these. */
-size_t ida__node_member_addrs(struct ida_node *n, char **out);
+/* Make @b (copied) the address book the node's answers use (the member
+ * addresses and leader hints below). Thread-safe. */
+void ida__node_book_publish(struct ida_node *n, const struct node_book *b);
+
+/* Copy the client address of every member of the membership in effect into
+ * @bufs (NODE_BOOK_MAX slots) and point @out at them; returns how many. A
+ * client that was given one address learns the others from these.
+ * Thread-safe. */
+size_t ida__node_member_addrs(struct ida_node *n,
+                              char (*bufs)[IDA_ADDR_TEXT_MAX],
+                              char **out);
 
 /* "0a1b2c3d/1234": the first 4 bytes of a client id in hex and a request
  * seq, how debug logs name one request from receipt to answer. */

@@ -18,14 +18,18 @@ static void send_hello(struct raft_proc *rp, unsigned to, bool reply)
     Idalloc__Hello h;
     uint8_t *buf = NULL;
     const struct ida_raft *r = rp->mem.joining ? NULL : &rp->raft;
-    if (node_hello_make(rp->node, r, to, reply, &pm, &h, &buf) == 0) {
+    if (node_hello_make(rp->node, r, &rp->mem.book, to, reply, &pm, &h, &buf) ==
+        0) {
         ida_net_send_peer(rp->node->net, to, &pm);
     }
     ida_free(buf);
 }
 
 /* A joining node asks often; a member that is not admitted announces its
- * incarnation now and then, so a leader can re-admit it. */
+ * incarnation now and then, so a leader can re-admit it, and one the
+ * membership names elsewhere than it listens announces where it is, so a
+ * leader can check `member update`. Every node of the address book is
+ * asked (src/node/book.h). */
 void ida__rp_hello_all(struct raft_proc *rp, uint64_t now)
 {
     uint64_t every = rp->mem.joining ? 200 : 1000;
@@ -33,21 +37,36 @@ void ida__rp_hello_all(struct raft_proc *rp, uint64_t now)
         return;
     }
     rp->mem.last_hello_ms = now;
-    const struct ida_config *cfg = &rp->node->cfg;
+    const struct ida_node *n = rp->node;
+    const struct node_book *b = &rp->mem.book;
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->e[i].id != n->self->id) {
+            send_hello(rp, b->e[i].id, false);
+        }
+    }
+    if (!rp->mem.joining || now - rp->mem.last_wait_log_ms < 5000) {
+        return;
+    }
+    rp->mem.last_wait_log_ms = now;
+    if (node_file_index(n, n->self->id) < 0 || n->join) {
+        IDA_INFO(
+            "membership: new data directory: waiting to be added to cluster "
+            "%s (a new node: run idalloc member add %u %s %s; a member whose "
+            "disk was replaced: the leader re-admits it with auto_rejoin on)",
+            n->cfg.cluster, n->self->id, n->self->peer.text,
+            n->self->client.text);
+        return;
+    }
     char missing[128] = "";
     size_t len = 0;
-    for (unsigned i = 0; i < cfg->node_count; i++) {
-        if (cfg->nodes[i].id != rp->node->self->id) {
-            send_hello(rp, cfg->nodes[i].id, false);
-        }
+    for (unsigned i = 0; i < n->cfg.node_count; i++) {
         if (!rp->mem.heard[i] && len + 8 < sizeof(missing)) {
             len +=
                 (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u",
-                                 len > 0 ? ", " : "", cfg->nodes[i].id);
+                                 len > 0 ? ", " : "", n->cfg.nodes[i].id);
         }
     }
-    if (rp->mem.joining && len > 0 && now - rp->mem.last_wait_log_ms >= 5000) {
-        rp->mem.last_wait_log_ms = now;
+    if (len > 0) {
         IDA_INFO(
             "membership: new data directory: waiting to hear from "
             "node(s) %s (the first start of a cluster needs every node "
@@ -69,7 +88,22 @@ void ida__rp_note_incarnation(struct raft_proc *rp, unsigned id, uint64_t inc)
     }
     if (!member && rp->mem.rejoin_id != id &&
         !node_members_may_readmit(&rp->mem, rp->node, c, id, inc)) {
-        return; /* not in the file, or removed by an operator */
+        /* Removed by an operator, or a node id that never was a member:
+         * only an operator adds it (member.h). Said once per incarnation. */
+        const struct node_seen *s = node_members_seen(&rp->mem, id);
+        if (s != NULL && node_members_untold(&rp->mem, id, inc)) {
+            IDA_INFO(
+                "membership: node %u (incarnation %016llx%s%s%s%s) is not a "
+                "member; an operator adds it with: idalloc member add "
+                "%u%s%s%s%s",
+                id, (unsigned long long)inc, s->has_addrs ? ", peer " : "",
+                s->has_addrs ? s->peer.text : "",
+                s->has_addrs ? ", client " : "",
+                s->has_addrs ? s->client.text : "", id, s->has_addrs ? " " : "",
+                s->has_addrs ? s->peer.text : "", s->has_addrs ? " " : "",
+                s->has_addrs ? s->client.text : "");
+        }
+        return;
     }
     if (rp->mem.warned_id != id || rp->mem.warned_inc != inc) {
         rp->mem.warned_id = id;
@@ -90,16 +124,20 @@ void ida__rp_note_incarnation(struct raft_proc *rp, unsigned id, uint64_t inc)
     }
 }
 
+/* Write @data (@len bytes, ida_malloc'd; ownership moves here) as the
+ * first membership. */
 static void start_membership0(struct raft_proc *rp,
                               struct ida_sender *s,
-                              const struct ida_raft_conf *c)
+                              uint8_t *data,
+                              size_t len)
 {
     struct ida_nm_membership0 *m = ida_calloc(1, sizeof(*m));
-    if (m == NULL ||
-        node_conf_encode_full(&rp->node->cfg, c, &m->data, &m->len) != 0) {
-        ida_free(m);
+    if (m == NULL) {
+        ida_free(data);
         return; /* the next Hello answer tries again */
     }
+    m->data = data;
+    m->len = len;
     rp->mem.m0_pending = true;
     if (node_post(&rp->q, s, rp->node->p_storage, IDA_NM_MEMBERSHIP0, m) != 0) {
         rp->mem.m0_pending = false;
@@ -127,6 +165,12 @@ void ida__rp_on_membership0_done(struct raft_proc *rp,
     IDA_ASSERT(rv == 0);
     rp->base = rc;
     rp->mem.joining = false;
+    /* The membership in effect until the log holds one: the address book
+     * is built from it (ida__rp_book_refresh()). */
+    ida_free(rp->node->membership0);
+    rp->node->membership0 = m->data;
+    rp->node->membership0_len = m->len;
+    m->data = NULL;
     bool admitted = ida_raft_admitted(&rp->raft);
     IDA_INFO("membership: %s (%zu voters); this node is incarnation %016llx%s",
              admitted ? "created the cluster" : "joined the cluster", c.n,
@@ -142,10 +186,11 @@ void ida__rp_on_hello(struct raft_proc *rp,
         send_hello(rp, pb->from, true);
     }
     if (rp->mem.joining) {
-        struct ida_raft_conf c;
+        uint8_t *conf;
+        size_t len;
         if (!rp->mem.m0_pending &&
-            node_hello_learn(&rp->mem, rp->node, pb, &c)) {
-            start_membership0(rp, s, &c);
+            node_hello_learn(&rp->mem, rp->node, pb, &conf, &len)) {
+            start_membership0(rp, s, conf, len);
         }
         return;
     }
@@ -161,7 +206,7 @@ void ida__rp_rejoin_step(struct raft_proc *rp, uint64_t now)
     }
     uint8_t *buf;
     size_t len;
-    if (node_conf_encode_full(&rp->node->cfg, &c, &buf, &len) != 0) {
+    if (node_members_encode(&rp->mem, &c, 0, NULL, NULL, &buf, &len) != 0) {
         return;
     }
     int rv =
@@ -214,4 +259,55 @@ int ida__rp_first_voters(struct raft_proc *rp, struct ida_raft_config *rc)
     memcpy(rc->voters, c.voters, sizeof(rc->voters));
     memcpy(rc->voter_inc, c.voter_inc, sizeof(rc->voter_inc));
     return 0;
+}
+
+/* The encoded membership in effect at the core: its latest config entry,
+ * else its snapshot's config, else the first membership stored; NULL for
+ * a directory older than incarnations (the cluster file's nodes). */
+static const uint8_t *conf_in_effect(const struct raft_proc *rp, size_t *len)
+{
+    const struct ida_raft *r = &rp->raft;
+    /* conf_index is the core's own record of where its membership came
+     * from (read-only here, like snap_index in status). */
+    if (r->conf_index != 0) {
+        const struct ida_entry *e = ida_raft_entry(r, r->conf_index);
+        if (e != NULL && e->type == IDA_ENTRY_CONFIG) {
+            *len = e->len;
+            return e->data;
+        }
+    }
+    const uint8_t *snap = ida_raft_snapshot_config(r, len);
+    if (snap != NULL && *len > 0) {
+        return snap;
+    }
+    *len = rp->node->membership0_len;
+    return rp->node->membership0;
+}
+
+void ida__rp_book_refresh(struct raft_proc *rp)
+{
+    struct ida_node *n = rp->node;
+    size_t len = 0;
+    const uint8_t *conf = rp->mem.joining ? NULL : conf_in_effect(rp, &len);
+    const struct node_book *join =
+        rp->mem.joining && n->has_join_book ? &n->join_book : NULL;
+    if (!node_members_book(&rp->mem, n, conf, len, join) && rp->book_pushed) {
+        return;
+    }
+    const struct node_book *b = &rp->mem.book;
+    struct ida_net_peer peers[NODE_BOOK_MAX];
+    size_t k = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->e[i].id != n->self->id) {
+            peers[k++] =
+                (struct ida_net_peer){.id = b->e[i].id, .addr = b->e[i].peer};
+        }
+    }
+    int rv = ida_net_set_peers(n->net, peers, k);
+    if (rv != 0) {
+        IDA_WARN("membership: the address book was not taken by net: %s",
+                 idalloc_strerror(rv));
+    }
+    rp->book_pushed = rv == 0;
+    ida__node_book_publish(n, b);
 }

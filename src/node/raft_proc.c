@@ -508,8 +508,7 @@ static void on_client(struct raft_proc *rp,
         err = IDA_EINVAL;
         why = "client_id must be 16 bytes";
     } else if (is_member_op(req->op_case)) {
-        node_members_request(&rp->mem, rp->node, &rp->raft, rp->peer_up,
-                             c->conn, req);
+        node_members_request(&rp->mem, rp->node, &rp->raft, c->conn, req);
     } else if (!is_write(req->op_case)) {
         add_read(rp, c->conn, req);
         req = NULL;
@@ -589,7 +588,9 @@ static void on_peer(struct raft_proc *rp,
 {
     struct ida_raft_msg m;
     struct ida_entry *entries = NULL;
-    node_members_heard(&rp->mem, rp->node, pb->from, pb->from_incarnation);
+    node_members_heard(
+        &rp->mem, pb->from, pb->from_incarnation,
+        pb->msg_case == IDALLOC__PEER_MESSAGE__MSG_HELLO ? pb->hello : NULL);
     if (pb->msg_case == IDALLOC__PEER_MESSAGE__MSG_HELLO) {
         ida__rp_on_hello(rp, s, pb);
     } else if (rp->mem.joining) {
@@ -647,9 +648,12 @@ static void on_storage_failed(struct raft_proc *rp,
         /* Hand leadership to the most up-to-date peer. */
         ida_node_id best = 0;
         ida_index best_match = 0;
-        for (size_t i = 0; i < rp->raft.cfg.n_voters; i++) {
-            const struct ida_raft_progress *p = &rp->raft.prs[i];
-            if (p->id != rp->node->self->id && p->match >= best_match) {
+        const struct ida_raft_conf *c = ida_raft_voters(&rp->raft);
+        for (size_t i = 0; i < c->n; i++) {
+            const struct ida_raft_progress *p =
+                ida_raft_progress_of(&rp->raft, c->voters[i]);
+            if (p != NULL && p->id != rp->node->self->id &&
+                p->match >= best_match) {
                 best = p->id;
                 best_match = p->match;
             }
@@ -673,14 +677,6 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
         case IDA_NM_PEER:
             on_peer(rp, s, p);
             break;
-        case IDA_NM_PEER_STATE: {
-            const struct ida_nm_peer_state *ps = p;
-            if (ps->node_id <= IDA_CONFIG_NODES_MAX) {
-                rp->peer_up[ps->node_id] = ps->up;
-            }
-            ida_free(p);
-            break;
-        }
         case IDA_NM_PERSISTED:
             on_persisted(rp, s, p);
             ida_free(p);
@@ -745,7 +741,9 @@ static void raft_ping(void *state, struct ida_sender *s)
         ida_raft_tick(&rp->raft);
         rp->last_tick_ms += rp->tick_ms;
     }
-    if (rp->mem.joining || !ida_raft_admitted(&rp->raft)) {
+    ida__rp_book_refresh(rp);
+    if (rp->mem.joining || !ida_raft_admitted(&rp->raft) ||
+        rp->mem.self_moved) {
         ida__rp_hello_all(rp, now);
     }
     if (!rp->mem.joining) {
@@ -860,6 +858,7 @@ void ida__raft_proc_free(struct raft_proc *rp)
     ida_free(rp->open);
     ida_free(rp->reads);
     node_outq_close(&rp->q);
+    node_members_close(&rp->mem);
     ida_raft_close(&rp->raft);
     ida_free(rp);
 }

@@ -47,8 +47,8 @@ struct raft_proc
     ida_term term;
     int storage_failed;
     bool rolled_back; /* rule A4: the node is stopping (raft/admission.h) */
-    int peer_up[IDA_CONFIG_NODES_MAX + 1];
     struct node_members mem;     /* joining, re-admission (src/node/member.h) */
+    bool book_pushed;            /* net has mem.book (ida__rp_book_refresh()) */
     struct ida_raft_config base; /* what the core was started with */
     struct node_outq q;
 };
@@ -66,5 +66,8 @@ void ida__rp_on_membership0_done(struct raft_proc *rp,
                                  struct ida_nm_membership0 *m);
 void ida__rp_rejoin_step(struct raft_proc *rp, uint64_t now);
 int ida__rp_first_voters(struct raft_proc *rp, struct ida_raft_config *rc);
+/* Rebuild the address book if the membership in effect changed, and hand
+ * it to net and to the node's answers (src/node/book.h). */
+void ida__rp_book_refresh(struct raft_proc *rp);
 
 #endif /* IDA_NODE_RAFT_PROC_H */

@@ -61,10 +61,13 @@ void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
     st.snapshot_index = rp->snapshot_index;
     st.snapshot_term = r->snap_term;
     size_t np = 0;
-    for (size_t i = 0;
-         ida_raft_role(r) == IDA_RAFT_LEADER && i < r->cfg.n_voters; i++) {
-        const struct ida_raft_progress *p = &r->prs[i];
-        if (p->id == n->self->id) {
+    /* The voters in effect (not those the core started with: the
+     * membership changes). */
+    const struct ida_raft_conf *c = ida_raft_voters(r);
+    for (size_t i = 0; i < c->n && np < IDA_RAFT_NODES_MAX; i++) {
+        const struct ida_raft_progress *p =
+            ida_raft_progress_of(r, c->voters[i]);
+        if (p == NULL || p->id == n->self->id) {
             continue;
         }
         idalloc__peer_progress__init(&pp[np]);
@@ -72,7 +75,7 @@ void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
         pp[np].match_index = p->match;
         pp[np].next_index = p->next;
         pp[np].state = (char *)progress_state(p->state);
-        pp[np].connected = p->id <= IDA_CONFIG_NODES_MAX && rp->peer_up[p->id];
+        pp[np].connected = ida_net_peer_up(n->net, p->id);
         ppp[np] = &pp[np];
         np++;
     }
@@ -94,9 +97,9 @@ void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
     resp.request_seq = seq;
     resp.result = &res;
     resp.leader_id = ida_raft_leader(r);
-    char *members[IDA_CONFIG_NODES_MAX];
+    char bufs[NODE_BOOK_MAX][IDA_ADDR_TEXT_MAX], *members[NODE_BOOK_MAX];
     resp.member_addrs = members;
-    resp.n_member_addrs = ida__node_member_addrs(n, members);
+    resp.n_member_addrs = ida__node_member_addrs(n, bufs, members);
     ida_metrics_request_end(n->metrics, conn, seq, 0);
     ida_net_reply(n->net, conn, &resp);
 }

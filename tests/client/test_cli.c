@@ -235,13 +235,45 @@ Test(cli, membership)
     cr_assert(strstr(ida_cli_usage(IDA_CLI_MEMBER_PROMOTE), "caught") != NULL);
     bad("member", "a subcommand is needed");
     bad("member join 2", "unknown subcommand");
-    bad("member add", "expected 1 argument");
+    bad("member add", "expected 1 or 3 arguments");
     bad("member add 0", "bad node id");
     bad("member remove x", "bad node id");
     bad("member list 2", "expected 0 arguments");
     bad("member add 2 --to 3", "--to does not apply");
     bad("leader transfer --to 0", "bad node id");
     bad("leader elect", "unknown subcommand");
+}
+
+/* member add ID PEER CLIENT and member update: the addresses are checked
+ * before anything is sent (exit 2). */
+Test(cli, membership_with_addresses)
+{
+    cr_assert_eq(parse("member add 4 127.0.0.1:7104 127.0.0.1:7204"), 0, "%s",
+                 err);
+    cr_assert_eq(cli.cmd, IDA_CLI_MEMBER_ADD);
+    cr_assert_eq(cli.node, 4);
+    cr_assert_str_eq(cli.peer_addr, "127.0.0.1:7104");
+    cr_assert_str_eq(cli.client_addr, "127.0.0.1:7204");
+    cr_assert_eq(parse("member add 4"), 0, "%s", err);
+    cr_assert_null(cli.peer_addr);
+    cr_assert_eq(parse("member update 2 [::1]:1 [::1]:2"), 0, "%s", err);
+    cr_assert_eq(cli.cmd, IDA_CLI_MEMBER_UPDATE);
+    cr_assert_str_eq(cli.client_addr, "[::1]:2");
+    cr_assert_eq(parse("member update --help"), 0, "%s", err);
+    cr_assert_eq(cli.help_for, IDA_CLI_MEMBER_UPDATE);
+    cr_assert(strstr(ida_cli_usage(IDA_CLI_MEMBER_UPDATE), "PEER_ADDR") !=
+              NULL);
+    bad("member add 4 127.0.0.1:7104", "expected 1 or 3 arguments");
+    bad("member add 4 a b c", "expected 1 or 3 arguments");
+    bad("member add 4 127.0.0.1 127.0.0.1:2", "bad peer address");
+    bad("member add 4 127.0.0.1:1 localhost:2", "bad client address");
+    bad("member add 4 0.0.0.0:1 127.0.0.1:2", "not an address other nodes");
+    bad("member add 4 127.0.0.1:1 [::]:2", "not an address other nodes");
+    bad("member add 4 127.0.0.1:1 127.0.0.1:1", "are the same");
+    bad("member update 2", "expected 3 arguments");
+    bad("member update 2 127.0.0.1:1", "expected 3 arguments");
+    bad("member remove 2 127.0.0.1:1 127.0.0.1:2", "expected 1 argument");
+    bad("member promote 2 127.0.0.1:1 127.0.0.1:2", "expected 1 argument");
 }
 
 Test(cli, snapshot_save_and_restore)

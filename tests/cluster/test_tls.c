@@ -251,6 +251,14 @@ Test(tls,
                         "%s certs create %s --nodes 3 --clients 1 2>&1",
                         tc_bin("idalloc"), other),
                  0, "%s", out);
+    /* Node 9 is no member: a node that could ask to join holds such a
+     * certificate. Its links are heard, but only as node 9. */
+    cr_assert_eq(tc_run(out, sizeof(out), "%s certs add %s --node 9 2>&1",
+                        tc_bin("idalloc"), c.tls),
+                 0, "%s", out);
+    char n9crt[400], n9key[400];
+    path_in(n9crt, sizeof(n9crt), c.tls, "node9.crt");
+    path_in(n9key, sizeof(n9key), c.tls, "node9.key");
     char n2crt[400], n2key[400], c1crt[400], c1key[400], o2crt[400], o2key[400];
     path_in(n2crt, sizeof(n2crt), c.tls, "node2.crt");
     path_in(n2key, sizeof(n2key), c.tls, "node2.key");
@@ -276,6 +284,8 @@ Test(tls,
          "refused: a client certificate on the peer port: client 1"},
         {"node 2's certificate speaking as node 3", 1, n2crt, n2key, 3,
          "message from node 3 on the link of node 2's certificate"},
+        {"a non-member's certificate speaking as node 2", 1, n9crt, n9key, 2,
+         "message from node 2 on the link of node 9's certificate"},
     };
     unsigned port = c.cfg.nodes[0].peer.port;
     for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {

@@ -127,6 +127,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case IDA_CLI_MEMBER_REMOVE:
         case IDA_CLI_MEMBER_PROMOTE:
             FUZZ_CHECK(c.node >= 1);
+            FUZZ_CHECK((c.peer_addr == NULL) == (c.client_addr == NULL));
+            FUZZ_CHECK(c.peer_addr == NULL || c.cmd == IDA_CLI_MEMBER_ADD);
+            break;
+        case IDA_CLI_MEMBER_UPDATE:
+            FUZZ_CHECK(c.node >= 1);
+            FUZZ_CHECK(c.peer_addr != NULL && c.client_addr != NULL);
             break;
         default:
             break;

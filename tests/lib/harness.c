@@ -98,7 +98,16 @@ void tc_spawn(struct tc *c, int i)
         }
         const char *conf =
             c->node_conf[i][0] != '\0' ? c->node_conf[i] : c->conf;
-        execl(bin, bin, "--config", conf, "--node", id, (char *)NULL);
+        char *argv[32] = {(char *)bin, "--config", (char *)conf, "--node", id};
+        int argc = 5;
+        static char extra[sizeof(c->node_args[0])];
+        snprintf(extra, sizeof(extra), "%s", c->node_args[i]);
+        for (char *t = strtok(extra, " "); t != NULL && argc < 31;
+             t = strtok(NULL, " ")) {
+            argv[argc++] = t;
+        }
+        argv[argc] = NULL;
+        execv(bin, argv);
         _exit(127);
     }
     c->pid[i] = pid;

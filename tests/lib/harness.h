@@ -24,6 +24,10 @@ struct tc
     /* Per-node cluster files (""-: use conf). The chaos test gives each
      * node its own view of the peers' addresses (its proxies). */
     char node_conf[TC_NODES_MAX][320];
+    /* Per-node extra arguments of idallocd, separated by spaces (""-:
+     * none): a node outside the cluster file gets --peer, --client and
+     * --join here. */
+    char node_args[TC_NODES_MAX][512];
     /* 0: nodes inherit the test's RLIMIT_NOFILE; else they start with a
      * hard limit of nofile and a soft one of min(nofile, 1024), like a
      * default login (the attack tests run nodes with few descriptors). */
@@ -38,7 +42,8 @@ struct tc
 void tc_start(struct tc *c, int n, const char *extra);
 /* The same without starting anything. */
 void tc_setup(struct tc *c, int n, const char *extra);
-/* Start node @i (0-based) again. */
+/* Start node @i (0-based) again: idallocd --config FILE --node I+1, then
+ * node_args[i]. */
 void tc_spawn(struct tc *c, int i);
 /* Send @sig to node @i; for SIGKILL/SIGTERM wait for it and return its exit
  * status (as from waitpid), else 0. */

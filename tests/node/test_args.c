@@ -77,3 +77,33 @@ Test(node_args, bad_lines_are_named)
     bad("--config|c|--node|99999999999999999999", "bad --node");
     bad("--config|c|--config|d|--node|1", "--config given twice");
 }
+
+/* A node's own addresses and --join (src/node/member.h: joining). */
+Test(node_args, addresses_and_join)
+{
+    cr_assert_eq(parse("--config|c|--node|4|--peer|127.0.0.1:7104|--client|"
+                       "127.0.0.1:7204|--join|127.0.0.1:7201,[::1]:7202|"
+                       "--metrics|127.0.0.1:7304"),
+                 IDA_NODE_ARGS_RUN, "%s", err);
+    cr_assert_str_eq(o.peer_addr, "127.0.0.1:7104");
+    cr_assert_str_eq(o.client_addr, "127.0.0.1:7204");
+    cr_assert_str_eq(o.metrics_addr, "127.0.0.1:7304");
+    cr_assert_str_eq(o.join, "127.0.0.1:7201,[::1]:7202");
+    cr_assert_eq(parse("--config|c|--node|1"), IDA_NODE_ARGS_RUN, "%s", err);
+    cr_assert_null(o.peer_addr);
+    cr_assert_null(o.join);
+    bad("--config|c|--node|4|--peer|127.0.0.1:7104",
+        "--peer and --client go together");
+    bad("--config|c|--node|4|--client|127.0.0.1:7104",
+        "--peer and --client go together");
+    bad("--config|c|--node|4|--peer|host:1|--client|127.0.0.1:2",
+        "bad --peer \"host:1\"");
+    bad("--config|c|--node|4|--peer|127.0.0.1:1|--client|127.0.0.1:0",
+        "bad --client");
+    bad("--config|c|--node|4|--metrics|127.0.0.1", "bad --metrics");
+    bad("--config|c|--node|4|--join|127.0.0.1:1,,127.0.0.1:2", "bad --join");
+    bad("--config|c|--node|4|--join|127.0.0.1:1,", "bad --join");
+    bad("--config|c|--node|4|--join|127.0.0.1:1,x:2",
+        "bad --join address \"x:2\"");
+    cr_assert(strstr(ida_node_usage, "--join") != NULL);
+}

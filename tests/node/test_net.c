@@ -133,9 +133,10 @@ static void make_config(int nodes, const char *cluster)
                  err);
 }
 
-static void start_net(int i)
+/* Start node @i + 1 of cluster file @c (borrowed until it stops). */
+static void start_net_of(int i, const struct ida_config *c)
 {
-    struct ida_net_config nc = {.cluster = &cfg,
+    struct ida_net_config nc = {.cluster = c,
                                 .self_id = (unsigned)i + 1,
                                 .max_frame_bytes = 1024,
                                 .reconnect_min_ms = 10,
@@ -144,6 +145,26 @@ static void start_net(int i)
     char err[IDA_ERRMSG_MAX];
     cr_assert_eq(ida_net_start(&nc, &h, &nets[i], err), 0, "%s", err);
     box[i].net = nets[i];
+}
+
+static void start_net(int i)
+{
+    start_net_of(i, &cfg);
+}
+
+/* @c with a node @id (new, or moved) at fresh loopback ports. */
+static void add_node(struct ida_config *c, unsigned id)
+{
+    const struct ida_config_node *old = ida_config_node(c, id);
+    struct ida_config_node *n = old != NULL ? (struct ida_config_node *)old
+                                            : &c->nodes[c->node_count++];
+    *n = c->nodes[0];
+    n->id = id;
+    n->peer.port = (uint16_t)free_port();
+    n->client.port = (uint16_t)free_port();
+    snprintf(n->peer.text, sizeof(n->peer.text), "127.0.0.1:%u", n->peer.port);
+    snprintf(n->client.text, sizeof(n->client.text), "127.0.0.1:%u",
+             n->client.port);
 }
 
 static void setup(void)
@@ -458,20 +479,15 @@ Test(net, oversized_and_undecodable_frames, .init = setup, .fini = teardown)
     cr_assert_eq(box[0].nclient, 0, "nothing reached the handler");
 }
 
+static struct ida_config other;
+
 Test(net, foreign_cluster_peer_is_rejected, .init = setup, .fini = teardown)
 {
-    /* A node of cluster "other" that shares node 1's addresses table. */
-    strcpy(cfg.cluster, "other");
-    cfg.nodes[2] = cfg.nodes[1];
-    cfg.nodes[2].id = 3;
-    cfg.nodes[2].peer.port = (uint16_t)free_port();
-    cfg.nodes[2].client.port = (uint16_t)free_port();
-    snprintf(cfg.nodes[2].peer.text, sizeof(cfg.nodes[2].peer.text),
-             "127.0.0.1:%u", cfg.nodes[2].peer.port);
-    snprintf(cfg.nodes[2].client.text, sizeof(cfg.nodes[2].client.text),
-             "127.0.0.1:%u", cfg.nodes[2].client.port);
-    cfg.node_count = 3;
-    start_net(2);
+    /* A node of cluster "other" that knows node 1's addresses. */
+    other = cfg;
+    strcpy(other.cluster, "other");
+    add_node(&other, 3);
+    start_net_of(2, &other);
     for (int i = 0; i < 50; i++) {
         Idalloc__PeerMessage m = IDALLOC__PEER_MESSAGE__INIT;
         ida_net_send_peer(nets[2], 1, &m);
@@ -481,6 +497,62 @@ Test(net, foreign_cluster_peer_is_rejected, .init = setup, .fini = teardown)
     ida_net_get_stats(nets[0], &st);
     cr_assert_geq(st.peer_rejected, 1, "foreign cluster not rejected");
     cr_assert_eq(box[0].npeer, 0, "nothing foreign reached the handler");
+}
+
+/* A node that is not in the book (a node asking to join) is heard; it is
+ * sent to, and dialled, only once the book names it. */
+Test(net,
+     a_node_outside_the_book_is_heard_then_dialled_once_added,
+     .init = setup,
+     .fini = teardown)
+{
+    other = cfg;
+    add_node(&other, 3);
+    start_net_of(2, &other);
+    send_until_received(2, 0, 5);
+    cr_assert_eq(box[0].peer_from[box[0].npeer - 1], 3);
+    Idalloc__PeerMessage m = IDALLOC__PEER_MESSAGE__INIT;
+    cr_assert_eq(ida_net_send_peer(nets[0], 3, &m), IDA_EINVAL,
+                 "not in the book: not sent to");
+    cr_assert_not(ida_net_peer_up(nets[0], 3));
+    struct ida_net_peer book[2] = {{2, cfg.nodes[1].peer},
+                                   {3, other.nodes[2].peer}};
+    cr_assert_eq(ida_net_set_peers(nets[0], book, 2), 0);
+    send_until_received(0, 2, 6);
+    cr_assert(ida_net_peer_up(nets[0], 3));
+    send_until_received(0, 1, 7); /* node 2 kept its link */
+}
+
+/* A node dropped from the book: its link closes, nothing more goes to it;
+ * a node whose address changed is dialled at the new one. */
+Test(net, the_book_drops_and_moves_peers, .init = setup, .fini = teardown)
+{
+    send_until_received(0, 1, 1);
+    cr_assert_eq(ida_net_set_peers(nets[0], NULL, 0), 0);
+    cr_assert(wait_for(&box[0], &box[0].downs, 1), "link to 2 not closed");
+    Idalloc__PeerMessage m = IDALLOC__PEER_MESSAGE__INIT;
+    cr_assert_eq(ida_net_send_peer(nets[0], 2, &m), IDA_EINVAL);
+    cr_assert_not(ida_net_peer_up(nets[0], 2));
+    /* Node 2 comes back elsewhere. */
+    ida_net_stop(nets[1]);
+    nets[1] = NULL;
+    other = cfg;
+    add_node(&other, 2);
+    start_net_of(1, &other);
+    struct ida_net_peer old = {2, cfg.nodes[1].peer};
+    cr_assert_eq(ida_net_set_peers(nets[0], &old, 1), 0);
+    sleep_us(200000); /* dialled (in vain) at the old address first */
+    struct ida_net_peer moved = {2, other.nodes[1].peer};
+    cr_assert_eq(ida_net_set_peers(nets[0], &moved, 1), 0);
+    send_until_received(0, 1, 2);
+    cr_assert(ida_net_peer_up(nets[0], 2));
+    struct ida_net_peer too_many[IDA_NET_PEERS_MAX + 2];
+    for (unsigned i = 0; i < IDA_NET_PEERS_MAX + 2; i++) {
+        too_many[i] = (struct ida_net_peer){i + 2, cfg.nodes[1].peer};
+    }
+    cr_assert_eq(ida_net_set_peers(nets[0], too_many, IDA_NET_PEERS_MAX + 2),
+                 IDA_ELIMIT);
+    send_until_received(0, 1, 3); /* nothing changed */
 }
 
 Test(net, address_in_use_is_a_clear_error, .init = setup, .fini = teardown)

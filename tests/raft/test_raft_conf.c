@@ -70,13 +70,35 @@ Test(raft_conf, rejects_more_than_one_change)
     cr_assert_eq(h_propose_conf(1, two_new, 5), IDA_EINVAL);
     const ida_node_id swap[] = {1, 2, 4};
     cr_assert_eq(h_propose_conf(1, swap, 3), IDA_EINVAL, "add + remove");
-    const ida_node_id same[] = {1, 2, 3};
-    cr_assert_eq(h_propose_conf(1, same, 3), IDA_EINVAL, "no change");
     uint8_t junk[2] = {0xff, 0x01};
     cr_assert_eq(
         ida_raft_propose(&H.r[1], IDA_ENTRY_CONFIG, junk, 2, NULL, NULL),
         IDA_EINVAL);
     cr_assert_eq(ida_raft_last_index(&H.r[1]), 1, "nothing appended");
+}
+
+/* The same members change no quorum: such a membership is accepted as an
+ * entry that carries only what the application keeps in a membership (the
+ * node's addresses, src/node/book.h), one change at a time like others. */
+Test(raft_conf, same_members_is_an_entry_for_the_application)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    const ida_node_id same[] = {1, 2, 3};
+    ida_index last = ida_raft_last_index(&H.r[1]);
+    cr_assert_eq(h_propose_conf(1, same, 3), 0);
+    cr_assert_eq(ida_raft_last_index(&H.r[1]), last + 1);
+    cr_assert_eq(h_propose_conf(1, same, 3), IDA_EBUSY, "one at a time");
+    h_deliver_all();
+    h_tick(1, 1);
+    h_deliver_all();
+    for (int k = 1; k <= 3; k++) {
+        cr_assert(voters_are((ida_node_id)k, same, 3), "node %d", k);
+        cr_assert_eq(ida_raft_commit(&H.r[k]), last + 1, "node %d", k);
+    }
+    cr_assert_eq(ida_raft_role(&H.r[1]), IDA_RAFT_LEADER);
 }
 
 Test(raft_conf, config_waits_for_the_leaders_first_commit)
