@@ -11,6 +11,7 @@ const char ida_node_usage[] =
     "                [--peer ADDR --client ADDR] [--metrics ADDR]\n"
     "                [--join ADDR,ADDR,...]\n"
     "                [--log-level LEVEL] [--log-format text|json]\n"
+    "       idallocd --config FILE --node ID [--data DIR] --export-backup OUT\n"
     "       idallocd -h|--help | --version\n"
     "\n"
     "Run node ID of the cluster described by FILE (see README.md, \"Cluster\n"
@@ -43,6 +44,13 @@ const char ida_node_usage[] =
     "                 certificate (tls_dir/nodeID.crt) must exist: idalloc\n"
     "                 certs add DIR --node ID. Ignored when the data\n"
     "                 directory already holds a membership\n"
+    "  --export-backup OUT   do not run the node: write what its (stopped)\n"
+    "                 data directory holds, its snapshot and every entry of\n"
+    "                 its log, as a backup file OUT for `idalloc snapshot\n"
+    "                 restore` into a new cluster. The forced recovery after\n"
+    "                 losing a majority (README, Runbook); prints the state's\n"
+    "                 index and term (export every survivor, restore the one\n"
+    "                 with the highest term, then index)\n"
     "  --log-level LEVEL   debug, info, warn or error: overrides the cluster\n"
     "                 file's log_level\n"
     "  --log-format text|json   text (default): one line per event;\n"
@@ -82,8 +90,8 @@ enum ida_node_args_result ida_node_args_parse(int argc,
 {
     static const char *const names[] = {
         "--config", "--node",   "--data",    "--log-level", "--log-format",
-        "--peer",   "--client", "--metrics", "--join"};
-    enum { NAMES = 9 };
+        "--peer",   "--client", "--metrics", "--join",      "--export-backup"};
+    enum { NAMES = 10 };
     const char *vals[NAMES] = {NULL};
     memset(o, 0, sizeof(*o));
     errmsg[0] = '\0';
@@ -194,5 +202,12 @@ enum ida_node_args_result ida_node_args_parse(int argc,
     o->client_addr = vals[6];
     o->metrics_addr = vals[7];
     o->join = vals[8];
+    o->export_backup = vals[9];
+    if (o->export_backup != NULL &&
+        (o->join != NULL || o->peer_addr != NULL || o->metrics_addr != NULL)) {
+        return bad(errmsg,
+                   "--export-backup reads a stopped node's directory: it "
+                   "takes no --join, --peer, --client or --metrics");
+    }
     return IDA_NODE_ARGS_RUN;
 }

@@ -5,6 +5,7 @@
  *            [--peer ADDR --client ADDR] [--metrics ADDR]
  *            [--join ADDR,ADDR,...]
  *            [--log-level LEVEL] [--log-format text|json]
+ *   idallocd --config FILE --node ID [--data DIR] --export-backup OUT
  *   idallocd -h|--help | --version
  *
  * Each option takes its value from the next argument or after `=`

@@ -20,7 +20,30 @@
 #include "idalloc_errors.h"
 #include "idalloc_version.h"
 #include "src/node/args.h"
+#include "src/node/export.h"
 #include "src/node/node.h"
+
+/* --export-backup: the forced recovery's first step (src/node/export.h). */
+static int export_backup(const struct ida_node_opts *o)
+{
+    char err[IDA_ERRMSG_MAX] = "";
+    struct ida_node_export_info x;
+    if (o->has_log_level) {
+        ida_log_set_level(o->log_level);
+    }
+    int rv = ida_node_export(o, o->export_backup, &x, err);
+    if (rv != 0) {
+        fprintf(stderr, "idallocd: %s\n", err);
+        return rv == IDA_ECONFIG || rv == IDA_EINVAL ? 2 : 1;
+    }
+    printf(
+        "exported node %u to %s: index=%llu term=%llu (this node's commit "
+        "index %llu, snapshot %llu) pools=%zu bytes=%zu\n",
+        o->node_id, o->export_backup, (unsigned long long)x.index,
+        (unsigned long long)x.term, (unsigned long long)x.commit,
+        (unsigned long long)x.snapshot, x.pools, x.state_bytes);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -40,6 +63,9 @@ int main(int argc, char **argv)
             break;
     }
     ida_log_set_json(o.log_json);
+    if (o.export_backup != NULL) {
+        return export_backup(&o);
+    }
     /* Every thread inherits this mask; only main takes the signals. */
     sigset_t set;
     sigemptyset(&set);

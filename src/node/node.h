@@ -55,6 +55,9 @@ struct ida_node_opts
     /* --join: client addresses of running members, comma-separated; NULL:
      * none (ida_node_join()). */
     const char *join;
+    /* --export-backup: write the stopped node's state to this backup file
+     * instead of running (src/node/export.h); NULL: run. */
+    const char *export_backup;
     /* --log-level (over the cluster file's log_level) and --log-format:
      * applied by idallocd's main, not by ida_node_open(). */
     int has_log_level;
