@@ -16,6 +16,15 @@ void setup3(void)
     h_init(3);
 }
 
+void setup3_bound(void)
+{
+    h_init(3);
+    H.bind_incs = true;
+    for (int k = 1; k <= 3; k++) {
+        H.inc[k] = H.boot_inc[k] = 11u * (uint64_t)k;
+    }
+}
+
 void teardown(void)
 {
     h_close();

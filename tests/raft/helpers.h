@@ -11,6 +11,9 @@
 #include "raft/raft.h"
 
 void setup3(void);
+/* A 3-node harness whose bootstrap membership binds incarnations 11, 22,
+ * 33 to nodes 1, 2, 3 (raft/admission.h). */
+void setup3_bound(void);
 void teardown(void);
 
 /* A valid config for node 1 of a 3-voter cluster. */

@@ -10,18 +10,7 @@
 #include "tests/raft/harness.h"
 #include "tests/raft/helpers.h"
 
-/* A 3-node harness whose bootstrap membership binds incarnations 11, 22,
- * 33 to nodes 1, 2, 3. */
-static void setup_bound(void)
-{
-    h_init(3);
-    H.bind_incs = true;
-    for (int k = 1; k <= 3; k++) {
-        H.inc[k] = H.boot_inc[k] = 11u * (uint64_t)k;
-    }
-}
-
-TestSuite(admission, .init = setup_bound, .fini = teardown);
+TestSuite(admission, .init = setup3_bound, .fini = teardown);
 
 /* The count of messages of @type that @id sends in its next batches. */
 static size_t sent_by(ida_node_id id, enum ida_raft_msg_type type)

@@ -12,16 +12,7 @@
 #include "tests/raft/harness.h"
 #include "tests/raft/helpers.h"
 
-static void setup_bound(void)
-{
-    h_init(3);
-    H.bind_incs = true;
-    for (int k = 1; k <= 3; k++) {
-        H.inc[k] = H.boot_inc[k] = 11u * (uint64_t)k;
-    }
-}
-
-TestSuite(rollback, .init = setup_bound, .fini = teardown);
+TestSuite(rollback, .init = setup3_bound, .fini = teardown);
 
 /* Messages @id sends in its next batches. */
 static size_t sent_any(ida_node_id id)
