@@ -47,8 +47,10 @@ void tc_sleep_ms(unsigned ms)
 
 const char *tc_bin(const char *name)
 {
-    static char path[4][512];
-    static int k;
+    /* Per thread: the chaos nemesis spawns nodes while its operator runs
+     * bin/idalloc. */
+    static _Thread_local char path[4][512];
+    static _Thread_local int k;
     const char *dir = getenv("IDA_BINDIR");
     char *p = path[k++ % 4];
     snprintf(p, sizeof(path[0]), "%s/%s", dir != NULL ? dir : "bin", name);
@@ -306,7 +308,9 @@ int tc_run(char *out, size_t cap, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(cmd, sizeof(cmd), fmt, ap);
     va_end(ap);
-    FILE *p = popen(cmd, "r");
+    /* "e": the pipe's end stays out of what other threads start
+     * meanwhile. */
+    FILE *p = popen(cmd, "re");
     TC_CHECK(p != NULL, "popen failed");
     size_t n = fread(out, 1, cap - 1, p);
     out[n] = '\0';

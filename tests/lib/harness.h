@@ -60,10 +60,11 @@ int tc_wait_leader(struct tc *c, unsigned ms);
 int tc_wait_applied(struct tc *c, uint64_t index, unsigned ms);
 /* The highest commit index any running node reports. */
 uint64_t tc_commit_index(struct tc *c);
-/* Path of a built program (bin/idalloc...) honouring $IDA_BINDIR. */
+/* Path of a built program (bin/idalloc...) honouring $IDA_BINDIR; valid
+ * until the calling thread's fourth call after this one. */
 const char *tc_bin(const char *name);
 /* Run a shell command line, capturing stdout into @out (@cap bytes);
- * returns the exit status. */
+ * returns the exit status. Safe from several threads at once. */
 int tc_run(char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A loopback TCP port the kernel just handed out (free a moment ago). */
