@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "idalloc.h"
 #include "tests/chaos/proxy.h"
+#include "tests/chaos/run.h"
 #include "tests/lib/harness.h"
 
 #define POOL_SIZE   (1u << 20)
@@ -32,27 +34,9 @@ unsigned chaos_faults_total(const struct chaos_report *r)
     return n;
 }
 
-/* --- shared state of a run ------------------------------------------------ */
+/* --- what the files of a run share (tests/chaos/run.h) -------------------- */
 
-struct run
-{
-    const struct chaos_opts *o;
-    struct tc c;
-    struct proxy *px;
-    struct history h;
-    struct chaos_report *r;
-    volatile int stop;
-    uint64_t t0;
-    pthread_mutex_t mu; /* guards leader_kills */
-    uint64_t leader_kills[4096];
-    unsigned n_leader_kills;
-    /* A wiped node not yet re-admitted: how many promotions the nodes had
-     * logged when it was wiped (re-admission ends with one more). */
-    int wipe_pending;
-    long promotions_at_wipe;
-};
-
-static uint64_t rnd(uint64_t *s)
+uint64_t chaos_rnd(uint64_t *s)
 {
     *s ^= *s << 13;
     *s ^= *s >> 7;
@@ -60,13 +44,129 @@ static uint64_t rnd(uint64_t *s)
     return *s;
 }
 
-static uint64_t now(struct run *x)
+uint64_t chaos_now(struct run *x)
 {
     return tc_now_ms() - x->t0;
 }
 
-/* --- clients -----------------------------------------------------------------
- */
+void chaos_nap(struct run *x, uint64_t *rng, unsigned lo, unsigned hi)
+{
+    uint64_t end = tc_now_ms() + lo + chaos_rnd(rng) % (hi - lo + 1);
+    while (tc_now_ms() < end && !x->stop) {
+        tc_sleep_ms(20);
+    }
+}
+
+bool chaos_minority(const struct run *x, unsigned set)
+{
+    int k = 0;
+    for (int i = 0; i < x->c.n; i++) {
+        k += (set >> i) & 1u;
+    }
+    return 2 * k < x->c.n;
+}
+
+void chaos_trace(struct run *x, const char *fmt, ...)
+{
+    static int on = -1;
+    if (on < 0) {
+        on = getenv("IDA_CHAOS_TRACE") != NULL;
+    }
+    if (!on) {
+        return;
+    }
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    for (char *p = line; *p != '\0'; p++) {
+        *p = *p == '\n' ? '|' : *p; /* one line per event */
+    }
+    fprintf(stderr, "chaos: %7.2f s: %s\n", (double)chaos_now(x) / 1000.0,
+            line);
+}
+
+void chaos_failure(struct run *x, const char *fmt, ...)
+{
+    pthread_mutex_lock(&x->mu);
+    unsigned k = x->r->failures++;
+    if (k < 4) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(x->r->failure[k], sizeof(x->r->failure[k]), fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "chaos: %s\n", x->r->failure[k]);
+    }
+    pthread_mutex_unlock(&x->mu);
+}
+
+int chaos_status(struct run *x, int i, struct idalloc_node_status *s)
+{
+    struct idalloc_client *cl = tc_client(&x->c, 300);
+    int rv = idalloc_node_status(cl, (size_t)i, s, NULL);
+    idalloc_client_free(cl);
+    return rv;
+}
+
+int chaos_find_leader(struct run *x)
+{
+    struct idalloc_client *cl = tc_client(&x->c, 200);
+    int best = -1;
+    uint64_t term = 0;
+    for (int i = 0; i < x->c.n; i++) {
+        struct idalloc_node_status s;
+        if (x->c.pid[i] != 0 &&
+            idalloc_node_status(cl, (size_t)i, &s, NULL) == 0 &&
+            strcmp(s.role, "leader") == 0 && s.term >= term) {
+            best = i;
+            term = s.term;
+        }
+    }
+    idalloc_client_free(cl);
+    return best;
+}
+
+int chaos_members(struct run *x, struct idalloc_member_list *l, unsigned ms)
+{
+    struct idalloc_client *cl = tc_client(&x->c, ms);
+    int rv = idalloc_member_list(cl, l, NULL);
+    idalloc_client_free(cl);
+    return rv;
+}
+
+const struct idalloc_member *chaos_member(const struct idalloc_member_list *l,
+                                          unsigned id,
+                                          int waiting)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        if (l->members[i].id == id && l->members[i].waiting == waiting) {
+            return &l->members[i];
+        }
+    }
+    return NULL;
+}
+
+bool chaos_membership_whole(struct run *x, unsigned ms)
+{
+    for (uint64_t end = tc_now_ms() + ms; tc_now_ms() < end;) {
+        struct idalloc_member_list l;
+        if (chaos_members(x, &l, 1000) == 0) {
+            bool whole = l.n == (size_t)x->c.n;
+            for (unsigned id = 1; whole && id <= (unsigned)x->c.n; id++) {
+                const struct idalloc_member *m = chaos_member(&l, id, 0);
+                whole = m != NULL && m->voter;
+            }
+            if (whole) {
+                return true;
+            }
+        }
+        tc_sleep_ms(200);
+    }
+    return false;
+}
+
+/* --- clients -------------------------------------------------------------- */
 
 struct worker
 {
@@ -99,9 +199,9 @@ static void one_op(struct worker *w)
     struct hop o = {.thread = w->thread};
     struct idalloc_call call;
     idalloc_call_init(&call);
-    uint64_t r = rnd(&w->rng) % 100;
+    uint64_t r = chaos_rnd(&w->rng) % 100;
     int rv;
-    o.inv_ms = now(x);
+    o.inv_ms = chaos_now(x);
     if (r < 35 || (r < 50 && w->n_held == 0)) {
         o.kind = H_ALLOC;
         snprintf(o.tag, sizeof(o.tag), "w%d-a%u", w->thread, w->next_tag++);
@@ -112,14 +212,14 @@ static void one_op(struct worker *w)
         }
     } else if (r < 50) {
         o.kind = H_FREE;
-        int k = (int)(rnd(&w->rng) % (uint64_t)w->n_held);
+        int k = (int)(chaos_rnd(&w->rng) % (uint64_t)w->n_held);
         snprintf(o.tag, sizeof(o.tag), "%s", w->held[k].tag);
         o.id = w->held[k].id;
         w->held[k] = w->held[--w->n_held]; /* never freed twice */
         rv = idalloc_free(w->cl, "b", o.id, o.tag, NULL, &call);
     } else if (r < 65) {
         o.kind = H_RESERVE;
-        o.count = 1 + rnd(&w->rng) % 100;
+        o.count = 1 + chaos_rnd(&w->rng) % 100;
         rv = idalloc_reserve(w->cl, "s", o.count, &o.first, &call);
     } else if (r < 85) {
         o.kind = H_NEXT;
@@ -128,13 +228,13 @@ static void one_op(struct worker *w)
         o.out = rv == 0 ? O_OK : O_FAIL;
     } else {
         o.kind = H_PREFIX;
-        unsigned k = w->next_tag > 0 && rnd(&w->rng) % 5 == 0
-                         ? (unsigned)(rnd(&w->rng) % w->next_tag)
+        unsigned k = w->next_tag > 0 && chaos_rnd(&w->rng) % 5 == 0
+                         ? (unsigned)(chaos_rnd(&w->rng) % w->next_tag)
                          : w->next_tag++;
         snprintf(o.tag, sizeof(o.tag), "w%d-p%u", w->thread, k);
         rv = idalloc_prefix(w->cl, "p", o.tag, o.prefix, &o.plen, NULL, &call);
     }
-    o.done_ms = now(x);
+    o.done_ms = chaos_now(x);
     /* An unknown call stays wanted by the worker's client (its answer is
      * kept by the cluster) until resolve() repeats it by its request id. */
     memcpy(o.cid, call.client_id, sizeof(o.cid));
@@ -151,183 +251,6 @@ static void *worker_main(void *arg)
     struct worker *w = arg;
     while (!w->x->stop) {
         one_op(w);
-    }
-    return NULL;
-}
-
-/* --- nemesis
- * ------------------------------------------------------------------- */
-
-/* The node that claims to lead with the highest term, or -1. */
-static int find_leader(struct run *x)
-{
-    struct idalloc_client *cl = tc_client(&x->c, 200);
-    int best = -1;
-    uint64_t term = 0;
-    for (int i = 0; i < x->c.n; i++) {
-        struct idalloc_node_status s;
-        if (x->c.pid[i] != 0 &&
-            idalloc_node_status(cl, (size_t)i, &s, NULL) == 0 &&
-            strcmp(s.role, "leader") == 0 && s.term >= term) {
-            best = i;
-            term = s.term;
-        }
-    }
-    idalloc_client_free(cl);
-    return best;
-}
-
-static void nap(struct run *x, uint64_t *rng, unsigned lo, unsigned hi)
-{
-    uint64_t end = tc_now_ms() + lo + rnd(rng) % (hi - lo + 1);
-    while (tc_now_ms() < end && !x->stop) {
-        tc_sleep_ms(20);
-    }
-}
-
-static void isolate(struct run *x, int node, int both_ways)
-{
-    for (int j = 0; j < x->c.n; j++) {
-        if (j != node) {
-            proxy_block(x->px, node, j, 1);
-            if (both_ways) {
-                proxy_block(x->px, j, node, 1);
-            }
-        }
-    }
-}
-
-/* Promotions of a new incarnation logged by all nodes so far. */
-static long promotions(struct run *x)
-{
-    char out[64];
-    if (tc_run(
-            out, sizeof(out),
-            "cat %s/node*.log 2>/dev/null | grep -c 're-admitting.*0 learners'",
-            x->c.dir) > 1) {
-        return -1;
-    }
-    return atol(out);
-}
-
-/* Delete a follower's data directory and restart it empty, as after a
- * replaced disk: the leader re-admits it (auto_rejoin). Only one at a time,
- * and only when the previous one was re-admitted: two lost disks of three
- * are a lost majority, which no system survives without losing data. */
-static bool wipe(struct run *x, int leader, int target)
-{
-    if (x->wipe_pending) {
-        long p = promotions(x);
-        if (p < 0 || p <= x->promotions_at_wipe) {
-            return false;
-        }
-        x->wipe_pending = 0;
-    }
-    if (leader < 0 || target == leader || x->c.pid[target] == 0) {
-        return false;
-    }
-    long p = promotions(x);
-    if (p < 0) {
-        return false;
-    }
-    tc_signal(&x->c, target, SIGKILL);
-    char out[64];
-    tc_run(out, sizeof(out), "rm -rf %s/data/node%d", x->c.dir, target + 1);
-    tc_spawn(&x->c, target);
-    x->wipe_pending = 1;
-    x->promotions_at_wipe = p;
-    return true;
-}
-
-static void fault(struct run *x, uint64_t *rng)
-{
-    int n = x->c.n;
-    int leader = find_leader(x);
-    int r = (int)(rnd(rng) % 100);
-    int target = (int)(rnd(rng) % (uint64_t)n);
-    struct chaos_report *rep = x->r;
-    if (r < 12 && wipe(x, leader, target)) {
-        rep->faults[F_WIPE]++;
-        nap(x, rng, 500, 1500);
-    } else if (r < 50) { /* kill -9, the leader at least a third of the time */
-        int lead = leader >= 0 && rnd(rng) % 100 < 70;
-        target = lead ? leader : target;
-        if (lead) {
-            pthread_mutex_lock(&x->mu);
-            if (x->n_leader_kills < 4096) {
-                x->leader_kills[x->n_leader_kills++] = now(x);
-            }
-            pthread_mutex_unlock(&x->mu);
-        }
-        rep->faults[lead ? F_KILL_LEADER : F_KILL]++;
-        tc_signal(&x->c, target, SIGKILL);
-        nap(x, rng, 200, 1500);
-        tc_spawn(&x->c, target);
-    } else if (r < 68) { /* pause longer than an election timeout */
-        int lead = leader >= 0 && rnd(rng) % 2 == 0;
-        target = lead ? leader : target;
-        pid_t pid = x->c.pid[target];
-        if (pid <= 0) {
-            return; /* kill(0) would stop the whole process group */
-        }
-        rep->faults[lead ? F_PAUSE_LEADER : F_PAUSE]++;
-        kill(pid, SIGSTOP);
-        nap(x, rng, 500, 1500);
-        kill(pid, SIGCONT);
-    } else if (r < 95) { /* partitions */
-        int kind = (int)(rnd(rng) % 3);
-        if (kind == 0 && leader >= 0) {
-            rep->faults[F_ISOLATE_LEADER]++;
-            isolate(x, leader, 1);
-        } else if (kind == 1 || leader < 0) {
-            /* Minority / majority: with 5 nodes two go together. */
-            rep->faults[F_SPLIT]++;
-            int other = n == 5 ? (target + 1) % n : -1;
-            for (int i = 0; i < n; i++) {
-                for (int j = 0; j < n; j++) {
-                    int side_i = i == target || i == other;
-                    int side_j = j == target || j == other;
-                    if (i != j && side_i != side_j) {
-                        proxy_block(x->px, i, j, 1);
-                    }
-                }
-            }
-        } else {
-            /* One-way loss: the leader can send but hears nobody, or
-             * a random link dies in one direction. */
-            rep->faults[F_ONE_WAY]++;
-            if (rnd(rng) % 2 == 0) {
-                for (int j = 0; j < n; j++) {
-                    if (j != leader) {
-                        proxy_block(x->px, j, leader, 1);
-                    }
-                }
-            } else {
-                proxy_block(x->px, target, (target + 1) % n, 1);
-            }
-        }
-        nap(x, rng, 800, 2500);
-        proxy_heal(x->px);
-    } else { /* every node at once */
-        rep->faults[F_RESTART_ALL]++;
-        for (int i = 0; i < n; i++) {
-            tc_signal(&x->c, i, SIGKILL);
-        }
-        for (int i = 0; i < n; i++) {
-            tc_spawn(&x->c, i);
-        }
-    }
-}
-
-static void *nemesis_main(void *arg)
-{
-    struct run *x = arg;
-    uint64_t rng = x->o->seed * 0x9e3779b97f4a7c15ull + 1;
-    while (!x->stop) {
-        nap(x, &rng, 200, 700);
-        if (!x->stop) {
-            fault(x, &rng);
-        }
     }
     return NULL;
 }
@@ -502,11 +425,11 @@ static void resolve(struct run *x)
         int rv = replay(admin, o, &got);
         if (rv == 0) {
             got.resolved = R_EFFECT;
-            got.done_ms = now(x); /* certainly in effect from now on */
+            got.done_ms = chaos_now(x); /* certainly in effect from now on */
             *o = got;
         } else if (rv == IDA_ESESSION) {
             settle_by_tag(admin, o);
-            o->done_ms = now(x);
+            o->done_ms = chaos_now(x);
         } else if (idalloc_errclass(rv) == IDA_ERR_CLASS_DEFINITE) {
             o->resolved = R_NO_EFFECT;
         }
@@ -643,6 +566,7 @@ long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
     memset(r, 0, sizeof(*r));
     x.o = o;
     x.r = r;
+    x.replace_node = -1;
     pthread_mutex_init(&x.mu, NULL);
     history_init(&x.h, POOL_SIZE);
     long result = -1;
@@ -654,7 +578,7 @@ long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
     x.t0 = tc_now_ms();
     static struct worker w[CLIENTS_MAX];
     unsigned nw = o->clients < CLIENTS_MAX ? o->clients : CLIENTS_MAX;
-    pthread_t wt[CLIENTS_MAX], nt;
+    pthread_t wt[CLIENTS_MAX], nt, ot;
     for (unsigned i = 0; i < nw; i++) {
         memset(&w[i], 0, sizeof(w[i]));
         w[i].x = &x;
@@ -663,19 +587,29 @@ long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
         w[i].cl = tc_client(&x.c, 1500);
         pthread_create(&wt[i], NULL, worker_main, &w[i]);
     }
-    pthread_create(&nt, NULL, nemesis_main, &x);
+    pthread_create(&nt, NULL, chaos_nemesis_main, &x);
+    pthread_create(&ot, NULL, chaos_operator_main, &x);
     tc_sleep_ms(o->duration_s * 1000);
     x.stop = 1;
+    /* The nemesis ends its fault, then the operator ends its action and what
+     * the nemesis handed it. */
     pthread_join(nt, NULL);
     for (unsigned i = 0; i < nw; i++) {
         pthread_join(wt[i], NULL);
         idalloc_client_free(w[i].cl);
     }
-    uint64_t end = now(&x);
+    uint64_t end = chaos_now(&x);
+    pthread_join(ot, NULL);
     if (heal(&x) != 0) {
         fprintf(stderr, "chaos: no leader after healing\n");
         r->setup_failed = 1;
         goto out;
+    }
+    r->membership_whole = chaos_membership_whole(&x, 60000);
+    if (!r->membership_whole) {
+        chaos_failure(&x,
+                      "the membership is not every node as a voter "
+                      "60 s after healing");
     }
     resolve(&x);
     replay_acked(&x);
@@ -712,6 +646,26 @@ void chaos_report_print(const struct chaos_opts *o,
         printf(" %s=%u", fault_names[i], r->faults[i]);
     }
     printf("\n");
+    printf(
+        "availability rule (never more than a minority unavailable): %u "
+        "fault(s) moved onto an unavailable node, %u skipped\n",
+        r->moved, r->skipped);
+    const struct chaos_members *m = &r->m;
+    printf(
+        "operator (bin/idalloc): %u remove/add/promote "
+        "cycle(s), %u re-admission(s) by the "
+        "leader, %u leader transfer(s) (+%u not completed), %u action(s) "
+        "postponed; steps done remove=%u add=%u promote=%u (%u answered "
+        "already so); %u command(s), exit 0/1/3/other %u/%u/%u/%u\n",
+        m->cycles, m->readmissions, m->transfers, m->transfers_failed,
+        m->postponed, m->removes, m->adds, m->promotes, m->already, m->commands,
+        m->exits[0], m->exits[1], m->exits[2], m->exits[3]);
+    printf("membership after healing: %s\n",
+           r->membership_whole ? "every node a voter" : "NOT WHOLE");
+    printf("liveness failures: %u\n", r->failures);
+    for (unsigned i = 0; i < r->failures && i < 4; i++) {
+        printf("  failure: %s\n", r->failure[i]);
+    }
     check_report_print(&r->check, stdout);
     printf("longest write unavailability: %llu ms\n",
            (unsigned long long)r->longest_unavailable_ms);

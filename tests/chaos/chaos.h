@@ -1,11 +1,16 @@
 /* The chaos run: a cluster of real idallocd processes behind a link proxy,
- * concurrent clients recording a history, and a seeded nemesis that kills,
- * pauses, partitions and restarts nodes. Afterwards everything is healed,
- * unknown outcomes are resolved, a sample of acknowledged requests is
- * replayed, the final state is read, and the history is checked. */
+ * concurrent clients recording a history, a seeded nemesis that kills,
+ * pauses, partitions, restarts and wipes nodes,
+ * and an operator that changes the membership and transfers leadership
+ * through bin/idalloc while the faults go on. Never more than a
+ * minority of the nodes is unavailable at once (tests/chaos/run.h, "the
+ * availability rule"). Afterwards everything is healed, unknown outcomes
+ * are resolved, a sample of acknowledged requests is replayed, the final
+ * state is read, and the history is checked. */
 #ifndef IDA_CHAOS_H
 #define IDA_CHAOS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "tests/chaos/checker.h"
@@ -17,6 +22,9 @@ struct chaos_opts
     uint64_t seed;
     unsigned clients; /* client threads, each with its own client object */
     const char *history_path; /* where to write the history, or NULL */
+    /* No membership changes or leader transfers by the operator (wiped
+     * nodes are still re-admitted). */
+    bool no_members;
 };
 
 enum chaos_fault {
@@ -32,18 +40,43 @@ enum chaos_fault {
     F_KINDS
 };
 
+/* The operator's work, all through bin/idalloc. removes, adds, promotes:
+ * steps that ended with exit 0; already: those of them answered "already
+ * ..." or "not a member" (made before, e.g. by the leader's automatic
+ * promotion, or by the CLI's own attempt whose answer a leader change
+ * lost). */
+struct chaos_members
+{
+    unsigned cycles;       /* a node removed, added back and promoted */
+    unsigned readmissions; /* wiped nodes re-admitted by the leader */
+    unsigned removes, adds, promotes, already;
+    unsigned transfers, transfers_failed; /* leader transfer exit 0 / not */
+    unsigned commands;                    /* bin/idalloc runs */
+    unsigned exits[4];                    /* their exit codes 0, 1, 3, other */
+    unsigned postponed; /* actions dropped: no room under the rule */
+};
+
 struct chaos_report
 {
     unsigned faults[F_KINDS];
+    unsigned moved;   /* faults moved onto an unavailable node (the rule) */
+    unsigned skipped; /* faults skipped for the rule */
+    struct chaos_members m;
+    /* Liveness: operator actions, re-admissions or catch-ups that did not
+     * complete, and a membership not whole after healing. A failure, but
+     * not a violation of the promises the checker proves. */
+    unsigned failures;
+    bool membership_whole;
     struct check_report check;
     uint64_t longest_unavailable_ms;
     uint64_t kill_to_write_p50_ms, kill_to_write_p99_ms;
     unsigned kill_samples;
     int setup_failed;
+    char failure[4][200];
 };
 
 /* Run; returns the number of violations (or -1 if the cluster could not be
- * set up or healed). */
+ * set up or healed). r->failures counts the liveness failures. */
 long chaos_run(const struct chaos_opts *o, struct chaos_report *r);
 void chaos_report_print(const struct chaos_opts *o,
                         const struct chaos_report *r);

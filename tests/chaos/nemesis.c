@@ -1,0 +1,298 @@
+/* The nemesis of a chaos run (tests/chaos/run.h): one fault at a time,
+ * drawn from the seed, within the availability rule. Wiped nodes are
+ * handed to the operator (operator.c). */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tests/chaos/proxy.h"
+#include "tests/chaos/run.h"
+
+#define BIT(i) (1u << (unsigned)(i))
+
+/* A fault to inject: its kind, the nodes it touches (@set) and what it
+ * needs to be carried out. */
+struct plan
+{
+    enum chaos_fault kind;
+    int target;
+    int other;   /* split: the second node of the minority side, or -1 */
+    int variant; /* one-way: 0 the leader hears nobody, 1 one link */
+    unsigned set;
+    bool whole;
+};
+
+static void isolate(struct run *x, int node, int both_ways)
+{
+    for (int j = 0; j < x->c.n; j++) {
+        if (j != node) {
+            proxy_block(x->px, node, j, 1);
+            if (both_ways) {
+                proxy_block(x->px, j, node, 1);
+            }
+        }
+    }
+}
+
+/* Under the rule, start a fault on @p->set (the check and the mark in one
+ * critical section, so the operator sees it before it acts). */
+static bool fault_begin(struct run *x, const struct plan *p)
+{
+    pthread_mutex_lock(&x->mu);
+    bool ok;
+    if (p->whole) {
+        ok = x->unavail == 0 && !x->op_busy && x->replace_node < 0;
+    } else {
+        ok = chaos_minority(x, x->unavail | p->set);
+    }
+    if (ok) {
+        x->faulted = p->set;
+    }
+    pthread_mutex_unlock(&x->mu);
+    return ok;
+}
+
+static void fault_end(struct run *x)
+{
+    pthread_mutex_lock(&x->mu);
+    x->faulted = 0;
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void draw(struct run *x,
+                 uint64_t *rng,
+                 int r,
+                 int leader,
+                 int target,
+                 struct plan *p)
+{
+    int n = x->c.n;
+    memset(p, 0, sizeof(*p));
+    p->other = -1;
+    if (r < 50) { /* kill -9, the leader most of the time */
+        bool lead = leader >= 0 && chaos_rnd(rng) % 100 < 70;
+        p->kind = lead ? F_KILL_LEADER : F_KILL;
+        p->target = lead ? leader : target;
+    } else if (r < 68) { /* pause longer than an election timeout */
+        bool lead = leader >= 0 && chaos_rnd(rng) % 2 == 0;
+        p->kind = lead ? F_PAUSE_LEADER : F_PAUSE;
+        p->target = lead ? leader : target;
+    } else if (r < 95) { /* partitions */
+        int kind = (int)(chaos_rnd(rng) % 3);
+        if (kind == 0 && leader >= 0) {
+            p->kind = F_ISOLATE_LEADER;
+            p->target = leader;
+        } else if (kind == 1 || leader < 0) {
+            /* Minority / majority: with 5 nodes two go together. */
+            p->kind = F_SPLIT;
+            p->target = target;
+            p->other = n == 5 ? (target + 1) % n : -1;
+        } else {
+            /* One-way loss: the leader can send but hears nobody (it is
+             * as good as gone), or one link dies in one direction (its
+             * sender counts as gone: the others stay fully connected). */
+            p->kind = F_ONE_WAY;
+            p->variant = (int)(chaos_rnd(rng) % 2);
+            p->target = p->variant == 0 ? leader : target;
+        }
+    } else { /* every node at once */
+        p->kind = F_RESTART_ALL;
+        p->whole = true;
+        p->set = (1u << (unsigned)n) - 1;
+        return;
+    }
+    p->set = BIT(p->target) | (p->other >= 0 ? BIT(p->other) : 0);
+}
+
+/* The drawn fault would break the rule: the same kind of trouble for a
+ * node that is unavailable anyway (kill, pause or cut it off). */
+static bool move_to_unavailable(struct run *x, uint64_t *rng, struct plan *p)
+{
+    pthread_mutex_lock(&x->mu);
+    unsigned u = x->unavail;
+    pthread_mutex_unlock(&x->mu);
+    int cand[TC_NODES_MAX], k = 0;
+    for (int i = 0; i < x->c.n; i++) {
+        if (u & BIT(i)) {
+            cand[k++] = i;
+        }
+    }
+    if (k == 0) {
+        return false;
+    }
+    static const enum chaos_fault kinds[3] = {F_KILL, F_PAUSE, F_SPLIT};
+    memset(p, 0, sizeof(*p));
+    p->kind = kinds[chaos_rnd(rng) % 3];
+    p->target = cand[chaos_rnd(rng) % (uint64_t)k];
+    p->other = -1;
+    p->set = BIT(p->target);
+    return true;
+}
+
+static void carry_out(struct run *x, uint64_t *rng, const struct plan *p)
+{
+    int n = x->c.n;
+    struct chaos_report *rep = x->r;
+    rep->faults[p->kind]++;
+    if (p->kind == F_RESTART_ALL) {
+        chaos_trace(x, "nemesis: restart-all");
+    } else {
+        chaos_trace(
+            x, "nemesis: %s node %d%s", chaos_fault_name(p->kind),
+            p->target + 1,
+            p->kind == F_ONE_WAY && p->variant == 0 ? " (hears nobody)" : "");
+    }
+    switch (p->kind) {
+        case F_KILL:
+        case F_KILL_LEADER:
+            if (p->kind == F_KILL_LEADER) {
+                pthread_mutex_lock(&x->mu);
+                if (x->n_leader_kills < 4096) {
+                    x->leader_kills[x->n_leader_kills++] = chaos_now(x);
+                }
+                pthread_mutex_unlock(&x->mu);
+            }
+            tc_signal(&x->c, p->target, SIGKILL);
+            chaos_nap(x, rng, 200, 1500);
+            tc_spawn(&x->c, p->target);
+            break;
+        case F_PAUSE:
+        case F_PAUSE_LEADER: {
+            pid_t pid = x->c.pid[p->target];
+            if (pid <= 0) {
+                break; /* kill(0) would stop the whole process group */
+            }
+            kill(pid, SIGSTOP);
+            chaos_nap(x, rng, 500, 1500);
+            kill(pid, SIGCONT);
+            break;
+        }
+        case F_ISOLATE_LEADER:
+        case F_SPLIT:
+        case F_ONE_WAY:
+            if (p->kind == F_ISOLATE_LEADER) {
+                isolate(x, p->target, 1);
+            } else if (p->kind == F_SPLIT) {
+                for (int i = 0; i < n; i++) {
+                    for (int j = 0; j < n; j++) {
+                        int si = i == p->target || i == p->other;
+                        int sj = j == p->target || j == p->other;
+                        if (i != j && si != sj) {
+                            proxy_block(x->px, i, j, 1);
+                        }
+                    }
+                }
+            } else if (p->variant == 0) {
+                for (int j = 0; j < n; j++) {
+                    if (j != p->target) {
+                        proxy_block(x->px, j, p->target, 1);
+                    }
+                }
+            } else {
+                proxy_block(x->px, p->target, (p->target + 1) % n, 1);
+            }
+            chaos_nap(x, rng, 800, 2500);
+            proxy_heal(x->px);
+            break;
+        case F_RESTART_ALL:
+            for (int i = 0; i < n; i++) {
+                tc_signal(&x->c, i, SIGKILL);
+            }
+            for (int i = 0; i < n; i++) {
+                tc_spawn(&x->c, i);
+            }
+            break;
+        default:
+            break;
+    }
+}
+
+/* --- wipe ----------------------------------------------------------------- */
+
+/* Delete a follower's data directory and restart it empty, as after a
+ * replaced disk. It stays reserved until the operator saw it re-admitted
+ * by the leader. One at a
+ * time: two lost disks of three are a lost majority, which no system
+ * survives without losing data. */
+static bool wipe(struct run *x, int leader, int target)
+{
+    if (leader < 0 || target == leader || x->c.pid[target] == 0) {
+        return false;
+    }
+    struct idalloc_member_list l;
+    if (chaos_members(x, &l, 1000) != 0) {
+        return false;
+    }
+    const struct idalloc_member *m = chaos_member(&l, (unsigned)target + 1, 0);
+    if (m == NULL || !m->voter ||
+        chaos_member(&l, (unsigned)target + 1, 1) != NULL) {
+        return false; /* not a settled voter */
+    }
+    pthread_mutex_lock(&x->mu);
+    bool ok = x->replace_node < 0 && (x->unavail & BIT(target)) == 0 &&
+              chaos_minority(x, x->unavail | BIT(target));
+    if (ok) {
+        x->unavail |= BIT(target);
+    }
+    pthread_mutex_unlock(&x->mu);
+    if (!ok) {
+        return false;
+    }
+    tc_signal(&x->c, target, SIGKILL);
+    char out[64];
+    tc_run(out, sizeof(out), "rm -rf %s/data/node%d", x->c.dir, target + 1);
+    tc_spawn(&x->c, target);
+    chaos_trace(x, "nemesis: wipe node %d (incarnation %016llx)", target + 1,
+                (unsigned long long)m->incarnation);
+    pthread_mutex_lock(&x->mu);
+    x->replace_node = target;
+    x->replace_old_inc = m->incarnation;
+    pthread_mutex_unlock(&x->mu);
+    return true;
+}
+
+/* --- the loop ------------------------------------------------------------- */
+
+static void fault(struct run *x, uint64_t *rng)
+{
+    int n = x->c.n;
+    int leader = chaos_find_leader(x);
+    int r = (int)(chaos_rnd(rng) % 100);
+    int target = (int)(chaos_rnd(rng) % (uint64_t)n);
+    struct chaos_report *rep = x->r;
+    if (r < 12 && wipe(x, leader, target)) {
+        rep->faults[F_WIPE]++;
+        chaos_nap(x, rng, 500, 1500);
+        return;
+    }
+    struct plan p;
+    draw(x, rng, r < 12 ? 12 : r, leader, target, &p);
+    if (!fault_begin(x, &p)) {
+        /* Half of them land on the unavailable node, the other half are
+         * skipped: a node being re-admitted needs moments without faults
+         * to catch up. */
+        if (chaos_rnd(rng) % 2 == 0 || !move_to_unavailable(x, rng, &p) ||
+            !fault_begin(x, &p)) {
+            rep->skipped++;
+            return;
+        }
+        rep->moved++;
+    }
+    carry_out(x, rng, &p);
+    fault_end(x);
+}
+
+void *chaos_nemesis_main(void *arg)
+{
+    struct run *x = arg;
+    uint64_t rng = x->o->seed * 0x9e3779b97f4a7c15ull + 1;
+    while (!x->stop) {
+        chaos_nap(x, &rng, 200, 700);
+        if (!x->stop) {
+            fault(x, &rng);
+        }
+    }
+    x->nemesis_done = 1;
+    return NULL;
+}
