@@ -160,8 +160,8 @@ sim: all
 	  echo "make sim: the simulator is missing (tests/sim/sim_main.c)" >&2; exit 1; fi
 	@$(BUILD)/prog/sim --seeds $(SEEDS) --start $(START) --mode $(MODE) --nodes $(NODES)
 
-# make chaos [DURATION=seconds] [NODES=3|5] [SEED=n] [CHAOS_ARGS="--no-members"]
-#   (build/prog/chaos --help)
+# make chaos [DURATION=seconds] [NODES=3|5] [SEED=n] [CHAOS_ARGS="--manual-rejoin
+#   --no-members"] (build/prog/chaos --help)
 DURATION ?= 60
 SEED ?= 1
 CHAOS_ARGS ?=

@@ -273,8 +273,8 @@ static void write_node_confs(struct run *x)
         fprintf(f,
                 "cluster test\ndata_dir %s/data\nelection_timeout_ms 300\n"
                 "heartbeat_ms 50\nsnapshot_interval_entries 500\n"
-                "tls_dir %s\n",
-                c->dir, c->tls);
+                "tls_dir %s\n%s",
+                c->dir, c->tls, x->o->manual_rejoin ? "auto_rejoin off\n" : "");
         for (int j = 0; j < c->n; j++) {
             unsigned peer =
                 i == j ? c->cfg.nodes[j].peer.port : proxy_port(x->px, i, j);
@@ -287,7 +287,10 @@ static void write_node_confs(struct run *x)
 
 static int setup(struct run *x)
 {
-    tc_setup(&x->c, x->o->nodes, NULL);
+    /* The file bin/idalloc is given (--config) says what the nodes' files
+     * say, but for the proxies. */
+    tc_setup(&x->c, x->o->nodes,
+             x->o->manual_rejoin ? "auto_rejoin off\n" : NULL);
     uint16_t ports[PROXY_NODES_MAX];
     for (int i = 0; i < x->c.n; i++) {
         ports[i] = x->c.cfg.nodes[i].peer.port;
@@ -611,6 +614,17 @@ long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
                       "the membership is not every node as a voter "
                       "60 s after healing");
     }
+    char out[64];
+    if (o->manual_rejoin &&
+        tc_run(out, sizeof(out),
+               "cat %s/node*.log | grep -c 'membership: re-admitting'",
+               x.c.dir) == 0) {
+        /* The replacements must have been the operator's. */
+        chaos_failure(&x,
+                      "auto_rejoin off, yet %ld automatic re-admission "
+                      "step(s) in the nodes' logs",
+                      atol(out));
+    }
     resolve(&x);
     replay_acked(&x);
     read_final(&x);
@@ -652,14 +666,15 @@ void chaos_report_print(const struct chaos_opts *o,
         r->moved, r->skipped);
     const struct chaos_members *m = &r->m;
     printf(
-        "operator (bin/idalloc): %u remove/add/promote "
-        "cycle(s), %u re-admission(s) by the "
+        "operator (bin/idalloc, auto_rejoin %s): %u remove/add/promote "
+        "cycle(s), %u manual replacement(s), %u re-admission(s) by the "
         "leader, %u leader transfer(s) (+%u not completed), %u action(s) "
         "postponed; steps done remove=%u add=%u promote=%u (%u answered "
         "already so); %u command(s), exit 0/1/3/other %u/%u/%u/%u\n",
-        m->cycles, m->readmissions, m->transfers, m->transfers_failed,
-        m->postponed, m->removes, m->adds, m->promotes, m->already, m->commands,
-        m->exits[0], m->exits[1], m->exits[2], m->exits[3]);
+        o->manual_rejoin ? "off" : "on", m->cycles, m->replacements,
+        m->readmissions, m->transfers, m->transfers_failed, m->postponed,
+        m->removes, m->adds, m->promotes, m->already, m->commands, m->exits[0],
+        m->exits[1], m->exits[2], m->exits[3]);
     printf("membership after healing: %s\n",
            r->membership_whole ? "every node a voter" : "NOT WHOLE");
     printf("liveness failures: %u\n", r->failures);

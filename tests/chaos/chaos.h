@@ -2,7 +2,8 @@
  * concurrent clients recording a history, a seeded nemesis that kills,
  * pauses, partitions, restarts and wipes nodes,
  * and an operator that changes the membership and transfers leadership
- * through bin/idalloc while the faults go on. Never more than a
+ * through bin/idalloc while the faults go on, and replaces wiped nodes by
+ * the README Runbook's steps when auto_rejoin is off. Never more than a
  * minority of the nodes is unavailable at once (tests/chaos/run.h, "the
  * availability rule"). Afterwards everything is healed, unknown outcomes
  * are resolved, a sample of acknowledged requests is replayed, the final
@@ -22,6 +23,9 @@ struct chaos_opts
     uint64_t seed;
     unsigned clients; /* client threads, each with its own client object */
     const char *history_path; /* where to write the history, or NULL */
+    /* auto_rejoin off: a wiped node is replaced by the operator's remove,
+     * add and promote (README, Runbook) instead of by the leader. */
+    bool manual_rejoin;
     /* No membership changes or leader transfers by the operator (wiped
      * nodes are still re-admitted). */
     bool no_members;
@@ -48,6 +52,7 @@ enum chaos_fault {
 struct chaos_members
 {
     unsigned cycles;       /* a node removed, added back and promoted */
+    unsigned replacements; /* wiped nodes replaced by hand (Runbook) */
     unsigned readmissions; /* wiped nodes re-admitted by the leader */
     unsigned removes, adds, promotes, already;
     unsigned transfers, transfers_failed; /* leader transfer exit 0 / not */

@@ -1,5 +1,5 @@
 /* build/prog/chaos: make chaos [DURATION=s] [NODES=3|5] [SEED=n]
- * [CHAOS_ARGS="--no-members"]. */
+ * [CHAOS_ARGS="--manual-rejoin --no-members"]. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,12 +9,15 @@
 static const char usage[] =
     "usage: chaos [--duration S] [--nodes 3|5] [--seed N] [--clients C] "
     "[--history FILE]\n"
-    "             [--no-members]\n"
+    "             [--manual-rejoin] [--no-members]\n"
     "  runs a cluster of real idallocd processes ($IDA_BINDIR, default "
     "bin/) under\n"
     "  a seeded nemesis for S seconds (default 60), with an operator "
     "changing the\n"
     "  membership through bin/idalloc, then checks every promise.\n"
+    "  --manual-rejoin  auto_rejoin off: each wiped node is replaced by "
+    "the README\n"
+    "                   Runbook's member remove/add/promote\n"
     "  --no-members     no membership changes or leader transfers by the "
     "operator\n"
     "  exit 0 when there is no violation and no liveness failure, 1 "
@@ -33,6 +36,10 @@ int main(int argc, char **argv)
         if (strcmp(k, "-h") == 0 || strcmp(k, "--help") == 0) {
             fputs(usage, stdout);
             return 0;
+        }
+        if (strcmp(k, "--manual-rejoin") == 0) {
+            o.manual_rejoin = true;
+            continue;
         }
         if (strcmp(k, "--no-members") == 0) {
             o.no_members = true;

@@ -212,7 +212,7 @@ static void carry_out(struct run *x, uint64_t *rng, const struct plan *p)
 
 /* Delete a follower's data directory and restart it empty, as after a
  * replaced disk. It stays reserved until the operator saw it re-admitted
- * by the leader. One at a
+ * (by the leader, or by the Runbook's steps with manual_rejoin). One at a
  * time: two lost disks of three are a lost majority, which no system
  * survives without losing data. */
 static bool wipe(struct run *x, int leader, int target)

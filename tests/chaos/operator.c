@@ -1,9 +1,12 @@
 /* The operator of a chaos run (tests/chaos/run.h): every few seconds a
  * membership change (a node removed, added back and promoted) or a leader
- * transfer, and the watch of each wiped node until the leader re-admitted
- * it. Every command is bin/idalloc run as an operator would, with
+ * transfer, and the replacement of each wiped node: by hand with
+ * manual_rejoin, exactly as the README Runbook says (member remove, member
+ * add, member promote until "promoted"), else by watching the leader
+ * re-admit it. Every command is bin/idalloc run as an operator would, with
  * --config of the cluster file; the faults go on meanwhile, within the
  * availability rule. */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -168,14 +171,69 @@ static void transfer(struct run *x, uint64_t *rng)
     op_end(x, -1);
 }
 
-/* A wiped node: re-admitted by the leader (auto_rejoin on); then it is
- * available again. */
+/* The incarnation of node @id's waiting line in `member list`'s output, or
+ * 0. */
+static uint64_t waiting_inc(const char *out, int id)
+{
+    char needle[48];
+    snprintf(needle, sizeof(needle), "id=%d role=waiting incarnation=", id);
+    for (const char *p = out; (p = strstr(p, needle)) != NULL; p++) {
+        if (p == out || p[-1] == '\n') {
+            uint64_t inc = 0;
+            if (sscanf(p + strlen(needle), "%" SCNx64, &inc) == 1) {
+                return inc;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The README Runbook, "A node's disk died", auto_rejoin off: the node is
+ * listed as waiting; member remove, member add, member promote until
+ * "promoted". */
+static bool replace_by_hand(struct run *x, int i, uint64_t old_inc)
+{
+    int id = i + 1;
+    char out[4096] = "";
+    uint64_t inc = 0;
+    for (uint64_t end = tc_now_ms() + STEP_MS; inc == 0;) {
+        if (cli(x, out, sizeof(out), "member list") == 0) {
+            inc = waiting_inc(out, id);
+        }
+        if (inc == 0) {
+            if (tc_now_ms() >= end) {
+                chaos_failure(x, "node %d never listed as waiting: %.120s", id,
+                              out);
+                return false;
+            }
+            tc_sleep_ms(200);
+        }
+    }
+    struct chaos_members *m = &x->r->m;
+    if (!change(x, "remove", id, &m->removes) ||
+        !change(x, "add", id, &m->adds) ||
+        !change(x, "promote", id, &m->promotes)) {
+        return false;
+    }
+    if (!wait_voter(x, (unsigned)id, inc, old_inc, 30000)) {
+        chaos_failure(x, "node %d: replaced but not a voter as %016" PRIx64, id,
+                      inc);
+        return false;
+    }
+    m->replacements++;
+    return true;
+}
+
+/* A wiped node: replaced by hand, or
+ * re-admitted by the leader (auto_rejoin on); then it is available again. */
 static void replace(struct run *x, int i, uint64_t old_inc)
 {
     pthread_mutex_lock(&x->mu);
     x->op_busy = true;
     pthread_mutex_unlock(&x->mu);
-    if (wait_voter(x, (unsigned)i + 1, 0, old_inc, 90000)) {
+    if (x->o->manual_rejoin) {
+        replace_by_hand(x, i, old_inc);
+    } else if (wait_voter(x, (unsigned)i + 1, 0, old_inc, 90000)) {
         x->r->m.readmissions++;
     } else {
         chaos_failure(x, "wiped node %d not re-admitted within 90 s", i + 1);

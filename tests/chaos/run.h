@@ -1,8 +1,8 @@
 /* What the files of a chaos run share (tests/chaos/chaos.h is the contract):
  * chaos.c runs the clients, sets up, heals and checks; nemesis.c injects
  * the faults (kill, pause, partitions, restarts, wipes);
- * operator.c is the operator: membership changes and leader transfers
- * through bin/idalloc, and the watch of wiped nodes until re-admitted.
+ * operator.c is the operator: membership changes, leader transfers and the
+ * README Runbook's replacement of a wiped node, all through bin/idalloc.
  *
  * THE AVAILABILITY RULE. Never more than a minority of the cluster file's
  * nodes is unavailable at once (with 3 nodes: one). A node is unavailable
@@ -49,7 +49,8 @@ struct run
     unsigned unavail; /* bit i: node i reserved (see above) */
     unsigned faulted; /* bit i: node i touched by the current fault */
     bool op_busy;     /* the operator is in an action */
-    /* A wiped node handed to the operator: it waits for the leader to
+    /* A wiped node handed to the operator: it
+     * replaces it by hand (manual_rejoin) or waits for the leader to
      * re-admit it, then releases the reservation and sets replace_node to
      * -1. replace_old_inc: the incarnation the membership had for it. */
     int replace_node;
