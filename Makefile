@@ -161,7 +161,7 @@ sim: all
 	@$(BUILD)/prog/sim --seeds $(SEEDS) --start $(START) --mode $(MODE) --nodes $(NODES)
 
 # make chaos [DURATION=seconds] [NODES=3|5] [SEED=n] [CHAOS_ARGS="--manual-rejoin
-#   --no-members"] (build/prog/chaos --help)
+#   --rollback --no-members"] (build/prog/chaos --help)
 DURATION ?= 60
 SEED ?= 1
 CHAOS_ARGS ?=

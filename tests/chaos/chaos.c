@@ -18,7 +18,7 @@
 
 static const char *const fault_names[F_KINDS] = {
     "kill",  "kill-leader", "pause",       "pause-leader", "isolate-leader",
-    "split", "one-way",     "restart-all", "wipe"};
+    "split", "one-way",     "restart-all", "wipe",         "rollback"};
 
 const char *chaos_fault_name(enum chaos_fault f)
 {
@@ -570,6 +570,7 @@ long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
     x.o = o;
     x.r = r;
     x.replace_node = -1;
+    x.rollback_node = -1;
     pthread_mutex_init(&x.mu, NULL);
     history_init(&x.h, POOL_SIZE);
     long result = -1;
@@ -594,8 +595,8 @@ long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
     pthread_create(&ot, NULL, chaos_operator_main, &x);
     tc_sleep_ms(o->duration_s * 1000);
     x.stop = 1;
-    /* The nemesis ends its fault, then the operator ends its action and what
-     * the nemesis handed it. */
+    /* The nemesis ends its fault (a rollback being caught up included),
+     * then the operator ends its action and what the nemesis handed it. */
     pthread_join(nt, NULL);
     for (unsigned i = 0; i < nw; i++) {
         pthread_join(wt[i], NULL);
@@ -675,6 +676,20 @@ void chaos_report_print(const struct chaos_opts *o,
         m->readmissions, m->transfers, m->transfers_failed, m->postponed,
         m->removes, m->adds, m->promotes, m->already, m->commands, m->exits[0],
         m->exits[1], m->exits[2], m->exits[3]);
+    if (o->rollback) {
+        printf(
+            "rollbacks: %u cop(ies), %u restored (%u with a log ending below "
+            "the leader's commit index at the kill, by %llu entries on "
+            "average, %llu at most): %u caught up without leaving the "
+            "membership (not detected), %u detected; %u cop(ies) never "
+            "restored\n",
+            r->rb.copies, r->rb.restored, r->rb.rewound,
+            (unsigned long long)(r->rb.rewound > 0
+                                     ? r->rb.rewound_sum / r->rb.rewound
+                                     : 0),
+            (unsigned long long)r->rb.rewound_max, r->rb.caught_up,
+            r->rb.detected, r->rb.dropped);
+    }
     printf("membership after healing: %s\n",
            r->membership_whole ? "every node a voter" : "NOT WHOLE");
     printf("liveness failures: %u\n", r->failures);

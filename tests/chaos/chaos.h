@@ -1,6 +1,6 @@
 /* The chaos run: a cluster of real idallocd processes behind a link proxy,
  * concurrent clients recording a history, a seeded nemesis that kills,
- * pauses, partitions, restarts and wipes nodes,
+ * pauses, partitions, restarts, wipes and (optionally) rolls back nodes,
  * and an operator that changes the membership and transfers leadership
  * through bin/idalloc while the faults go on, and replaces wiped nodes by
  * the README Runbook's steps when auto_rejoin is off. Never more than a
@@ -29,6 +29,14 @@ struct chaos_opts
     /* No membership changes or leader transfers by the operator (wiped
      * nodes are still re-admitted). */
     bool no_members;
+    /* The rollback nemesis: a follower's data directory is copied while it
+     * is paused, and later the node is killed, restarted from the copy and
+     * watched until it caught up or was re-admitted. Off by default: a
+     * node restarted from an older copy is not detected yet (README, Known
+     * limitations), and combined with other faults it can lose
+     * acknowledged entries; so no other fault and no leader change is
+     * scheduled until it caught up. */
+    bool rollback;
 };
 
 enum chaos_fault {
@@ -40,7 +48,8 @@ enum chaos_fault {
     F_SPLIT,
     F_ONE_WAY,
     F_RESTART_ALL,
-    F_WIPE, /* a follower's data directory deleted, the node restarted */
+    F_WIPE,     /* a follower's data directory deleted, the node restarted */
+    F_ROLLBACK, /* a node restarted from an older copy of its directory */
     F_KINDS
 };
 
@@ -61,12 +70,26 @@ struct chaos_members
     unsigned postponed; /* actions dropped: no room under the rule */
 };
 
+struct chaos_rollbacks
+{
+    unsigned copies;    /* copies taken */
+    unsigned restored;  /* nodes restarted from a copy (F_ROLLBACK) */
+    unsigned caught_up; /* caught up without ever leaving the membership */
+    unsigned detected;  /* seen waiting or out of the voters afterwards */
+    unsigned dropped;   /* copies never restored */
+    /* restores whose log (from the node's start line) ended below what
+     * the leader had committed when the node was killed, by how much */
+    unsigned rewound;
+    uint64_t rewound_sum, rewound_max;
+};
+
 struct chaos_report
 {
     unsigned faults[F_KINDS];
     unsigned moved;   /* faults moved onto an unavailable node (the rule) */
     unsigned skipped; /* faults skipped for the rule */
     struct chaos_members m;
+    struct chaos_rollbacks rb;
     /* Liveness: operator actions, re-admissions or catch-ups that did not
      * complete, and a membership not whole after healing. A failure, but
      * not a violation of the promises the checker proves. */

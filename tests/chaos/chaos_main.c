@@ -1,5 +1,5 @@
 /* build/prog/chaos: make chaos [DURATION=s] [NODES=3|5] [SEED=n]
- * [CHAOS_ARGS="--manual-rejoin --no-members"]. */
+ * [CHAOS_ARGS="--manual-rejoin --rollback ..."]. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +9,7 @@
 static const char usage[] =
     "usage: chaos [--duration S] [--nodes 3|5] [--seed N] [--clients C] "
     "[--history FILE]\n"
-    "             [--manual-rejoin] [--no-members]\n"
+    "             [--manual-rejoin] [--no-members] [--rollback]\n"
     "  runs a cluster of real idallocd processes ($IDA_BINDIR, default "
     "bin/) under\n"
     "  a seeded nemesis for S seconds (default 60), with an operator "
@@ -20,6 +20,9 @@ static const char usage[] =
     "                   Runbook's member remove/add/promote\n"
     "  --no-members     no membership changes or leader transfers by the "
     "operator\n"
+    "  --rollback       also restart nodes from an older copy of their "
+    "data\n"
+    "                   directory (not detected yet: off by default)\n"
     "  exit 0 when there is no violation and no liveness failure, 1 "
     "otherwise,\n"
     "  2 for bad usage\n";
@@ -43,6 +46,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(k, "--no-members") == 0) {
             o.no_members = true;
+            continue;
+        }
+        if (strcmp(k, "--rollback") == 0) {
+            o.rollback = true;
             continue;
         }
         if (i + 1 >= argc) {

@@ -1,9 +1,11 @@
 /* The nemesis of a chaos run (tests/chaos/run.h): one fault at a time,
  * drawn from the seed, within the availability rule. Wiped nodes are
- * handed to the operator (operator.c). */
+ * handed to the operator (operator.c); the rollback nemesis waits here,
+ * with every other fault held back, until its node caught up. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tests/chaos/proxy.h"
@@ -36,15 +38,18 @@ static void isolate(struct run *x, int node, int both_ways)
 }
 
 /* Under the rule, start a fault on @p->set (the check and the mark in one
- * critical section, so the operator sees it before it acts). */
+ * critical section, so the operator sees it before it acts). During a
+ * freeze only reserved nodes may be touched. */
 static bool fault_begin(struct run *x, const struct plan *p)
 {
     pthread_mutex_lock(&x->mu);
     bool ok;
     if (p->whole) {
-        ok = x->unavail == 0 && !x->op_busy && x->replace_node < 0;
+        ok =
+            x->unavail == 0 && !x->freeze && !x->op_busy && x->replace_node < 0;
     } else {
-        ok = chaos_minority(x, x->unavail | p->set);
+        ok = chaos_minority(x, x->unavail | p->set) &&
+             (!x->freeze || (p->set & ~x->unavail) == 0);
     }
     if (ok) {
         x->faulted = p->set;
@@ -230,7 +235,8 @@ static bool wipe(struct run *x, int leader, int target)
         return false; /* not a settled voter */
     }
     pthread_mutex_lock(&x->mu);
-    bool ok = x->replace_node < 0 && (x->unavail & BIT(target)) == 0 &&
+    bool ok = x->replace_node < 0 && x->rollback_node != target && !x->freeze &&
+              (x->unavail & BIT(target)) == 0 &&
               chaos_minority(x, x->unavail | BIT(target));
     if (ok) {
         x->unavail |= BIT(target);
@@ -252,6 +258,245 @@ static bool wipe(struct run *x, int leader, int target)
     return true;
 }
 
+/* --- rollback ------------------------------------------------------------- */
+
+static char rb_copy[400];
+static uint64_t rb_copied_ms, rb_wait_ms;
+
+/* Copy a follower's data directory while it is paused (LMDB's files are
+ * then as after a kill -9: consistent). The node goes on; the copy is
+ * restored later by rollback_restore(). */
+static bool rollback_copy(struct run *x, uint64_t *rng, int leader)
+{
+    if (leader < 0) {
+        return false;
+    }
+    int n = x->c.n;
+    int target = (leader + 1 + (int)(chaos_rnd(rng) % (uint64_t)(n - 1))) % n;
+    if (x->c.pid[target] <= 0) {
+        return false;
+    }
+    struct plan p = {.kind = F_PAUSE, .target = target, .other = -1};
+    p.set = BIT(target);
+    pthread_mutex_lock(&x->mu);
+    bool ok = x->rollback_node < 0 && x->replace_node != target &&
+              (x->unavail & BIT(target)) == 0;
+    if (ok) {
+        x->rollback_node = target; /* the operator leaves it alone */
+    }
+    pthread_mutex_unlock(&x->mu);
+    if (!ok) {
+        return false;
+    }
+    if (!fault_begin(x, &p)) {
+        pthread_mutex_lock(&x->mu);
+        x->rollback_node = -1;
+        pthread_mutex_unlock(&x->mu);
+        return false;
+    }
+    snprintf(rb_copy, sizeof(rb_copy), "%s/rollback-copy", x->c.dir);
+    char out[256];
+    kill(x->c.pid[target], SIGSTOP);
+    int rc =
+        tc_run(out, sizeof(out), "rm -rf %s && cp -a %s/data/node%d %s 2>&1",
+               rb_copy, x->c.dir, target + 1, rb_copy);
+    kill(x->c.pid[target], SIGCONT);
+    fault_end(x);
+    if (rc != 0) {
+        chaos_failure(x, "rollback: copying node %d's directory: %s",
+                      target + 1, out);
+        pthread_mutex_lock(&x->mu);
+        x->rollback_node = -1;
+        pthread_mutex_unlock(&x->mu);
+        return false;
+    }
+    x->r->rb.copies++;
+    chaos_trace(x, "nemesis: rollback: node %d's directory copied", target + 1);
+    rb_copied_ms = tc_now_ms();
+    rb_wait_ms = 3000 + chaos_rnd(rng) % 9000;
+    return true;
+}
+
+/* How many times node @i logged its start ("node: restored ..."); with
+ * @last, the last such line's last log index (or snapshot index). */
+static long restored_lines(struct run *x, int i, uint64_t *last)
+{
+    char out[512];
+    if (tc_run(out, sizeof(out), "grep -c 'node: restored' %s/node%d.log",
+               x->c.dir, i + 1) > 1) {
+        return -1;
+    }
+    long k = atol(out);
+    if (last != NULL && k > 0) {
+        tc_run(out, sizeof(out),
+               "grep 'node: restored' %s/node%d.log | tail -1", x->c.dir,
+               i + 1);
+        unsigned long long snap = 0, lo = 0, hi = 0;
+        const char *p = strstr(out, "snapshot=");
+        if (p == NULL ||
+            sscanf(p, "snapshot=%llu log=%llu..%llu", &snap, &lo, &hi) != 3) {
+            return -1;
+        }
+        *last = hi > snap ? hi : snap;
+    }
+    return k;
+}
+
+static void rollback_forget(struct run *x)
+{
+    char out[64];
+    tc_run(out, sizeof(out), "rm -rf %s", rb_copy);
+    pthread_mutex_lock(&x->mu);
+    x->rollback_node = -1;
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* After a restore, until node @t caught up: its term reached @term0 and it
+ * applied what the leader had committed when it was killed (@commit0), and
+ * it is a voter with no waiting line. With detection of rolled-back nodes
+ * (not there yet) the leader would treat it as a lost disk: seen here as
+ * the node out of the voters or waiting, handed to the operator with
+ * manual_rejoin, and counted as detected. */
+static void rollback_settle(struct run *x,
+                            int t,
+                            uint64_t commit0,
+                            uint64_t term0)
+{
+    bool detected = false, handed = false;
+    int good = 0;
+    uint64_t end = tc_now_ms() + 90000;
+    while (good < 3 && tc_now_ms() < end) {
+        struct idalloc_member_list l;
+        bool in = false;
+        if (chaos_members(x, &l, 1000) == 0) {
+            const struct idalloc_member *m =
+                chaos_member(&l, (unsigned)t + 1, 0);
+            const struct idalloc_member *w =
+                chaos_member(&l, (unsigned)t + 1, 1);
+            in = m != NULL && m->voter && w == NULL;
+            detected |= !in;
+            if (w != NULL && x->o->manual_rejoin && !handed) {
+                pthread_mutex_lock(&x->mu);
+                x->replace_node = t;
+                x->replace_old_inc = 0;
+                pthread_mutex_unlock(&x->mu);
+                handed = true;
+            }
+        }
+        if (handed) {
+            pthread_mutex_lock(&x->mu);
+            in = in && x->replace_node < 0;
+            pthread_mutex_unlock(&x->mu);
+        }
+        struct idalloc_node_status s;
+        bool caught = chaos_status(x, t, &s) == 0 && s.term >= term0 &&
+                      s.applied_index >= commit0;
+        good = in && caught ? good + 1 : 0;
+        if (good < 3) {
+            tc_sleep_ms(100);
+        }
+    }
+    if (good < 3) {
+        chaos_failure(x,
+                      "rollback: node %d did not catch up to index %llu "
+                      "term %llu within 90 s",
+                      t + 1, (unsigned long long)commit0,
+                      (unsigned long long)term0);
+    }
+    chaos_trace(x, "nemesis: rollback: node %d %s, %s", t + 1,
+                good >= 3 ? "caught up" : "NOT caught up",
+                detected ? "detected" : "not detected");
+    if (detected) {
+        x->r->rb.detected++;
+    } else {
+        x->r->rb.caught_up++;
+    }
+}
+
+/* Kill the node whose copy was taken, put the copy back, restart it. Only
+ * when nothing else is going on and every running node follows the same
+ * leader; then every other fault and operator action waits (a freeze)
+ * until it caught up: today nothing tells its older disk apart, and a
+ * leader change before it caught up could elect a log without entries it
+ * had acknowledged. */
+static bool rollback_restore(struct run *x)
+{
+    int t = x->rollback_node;
+    pthread_mutex_lock(&x->mu);
+    bool ok = !x->freeze && !x->op_busy && x->replace_node < 0 &&
+              x->faulted == 0 && (x->unavail & BIT(t)) == 0 &&
+              chaos_minority(x, x->unavail | BIT(t));
+    if (ok) {
+        x->freeze = true;
+        x->unavail |= BIT(t);
+    }
+    pthread_mutex_unlock(&x->mu);
+    if (!ok) {
+        return false;
+    }
+    int leader = tc_wait_leader(&x->c, 300);
+    struct idalloc_node_status ls;
+    if (leader < 0 || leader == t || x->c.pid[t] <= 0 ||
+        chaos_status(x, leader, &ls) != 0) {
+        pthread_mutex_lock(&x->mu);
+        x->freeze = false;
+        x->unavail &= ~BIT(t);
+        pthread_mutex_unlock(&x->mu);
+        return false;
+    }
+    long starts = restored_lines(x, t, NULL);
+    tc_signal(&x->c, t, SIGKILL);
+    /* What the leader committed up to the kill (a later status can only
+     * be higher: the node must reach at least this). */
+    struct idalloc_node_status after;
+    if (chaos_status(x, leader, &after) == 0 && after.term == ls.term &&
+        after.commit_index > ls.commit_index) {
+        ls = after;
+    }
+    char out[256];
+    int rc = tc_run(out, sizeof(out),
+                    "rm -rf %s/data/node%d && cp -a %s %s/data/node%d 2>&1",
+                    x->c.dir, t + 1, rb_copy, x->c.dir, t + 1);
+    tc_spawn(&x->c, t);
+    /* Did the disk go back? The node's start line says where its log ends:
+     * below what the cluster had committed when it was killed, whatever
+     * it acknowledged of that is gone from its disk. */
+    uint64_t last = 0;
+    long k = -1;
+    for (uint64_t end = tc_now_ms() + 10000;
+         rc == 0 && tc_now_ms() < end &&
+         (k = restored_lines(x, t, &last)) >= 0 && k <= starts;) {
+        tc_sleep_ms(50);
+    }
+    if (rc == 0 && k > starts && last < ls.commit_index) {
+        uint64_t d = ls.commit_index - last;
+        x->r->rb.rewound++;
+        x->r->rb.rewound_sum += d;
+        x->r->rb.rewound_max =
+            d > x->r->rb.rewound_max ? d : x->r->rb.rewound_max;
+    }
+    if (rc != 0) {
+        chaos_failure(x, "rollback: restoring node %d: %s", t + 1, out);
+    } else {
+        chaos_trace(x,
+                    "nemesis: rollback: node %d restarted from its copy, "
+                    "its log ending at %llu (leader %d had committed %llu "
+                    "in term %llu)",
+                    t + 1, (unsigned long long)last, leader + 1,
+                    (unsigned long long)ls.commit_index,
+                    (unsigned long long)ls.term);
+        x->r->faults[F_ROLLBACK]++;
+        x->r->rb.restored++;
+        rollback_settle(x, t, ls.commit_index, ls.term);
+    }
+    rollback_forget(x);
+    pthread_mutex_lock(&x->mu);
+    x->freeze = false;
+    x->unavail &= ~BIT(t);
+    pthread_mutex_unlock(&x->mu);
+    return true;
+}
+
 /* --- the loop ------------------------------------------------------------- */
 
 static void fault(struct run *x, uint64_t *rng)
@@ -261,6 +506,20 @@ static void fault(struct run *x, uint64_t *rng)
     int r = (int)(chaos_rnd(rng) % 100);
     int target = (int)(chaos_rnd(rng) % (uint64_t)n);
     struct chaos_report *rep = x->r;
+    if (x->o->rollback && x->rollback_node >= 0) {
+        uint64_t age = tc_now_ms() - rb_copied_ms;
+        if (age >= rb_wait_ms && rollback_restore(x)) {
+            return;
+        }
+        if (age > 90000) { /* never the right moment */
+            rep->rb.dropped++;
+            rollback_forget(x);
+        }
+    }
+    if (x->o->rollback && x->rollback_node < 0 && r < 10 &&
+        rollback_copy(x, rng, leader)) {
+        return;
+    }
     if (r < 12 && wipe(x, leader, target)) {
         rep->faults[F_WIPE]++;
         chaos_nap(x, rng, 500, 1500);
@@ -292,6 +551,10 @@ void *chaos_nemesis_main(void *arg)
         if (!x->stop) {
             fault(x, &rng);
         }
+    }
+    if (x->rollback_node >= 0) {
+        x->r->rb.dropped++;
+        rollback_forget(x);
     }
     x->nemesis_done = 1;
     return NULL;

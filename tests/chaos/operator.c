@@ -101,14 +101,16 @@ static void op_end(struct run *x, int i)
     pthread_mutex_unlock(&x->mu);
 }
 
-/* Start a voluntary action, reserving node @i (-1: none) under the rule,
- * not while a replacement is pending. Waits up to 5 s for room. */
+/* Start a voluntary action, reserving node @i (-1: none) under the rule:
+ * not during a freeze or a pending replacement, not the node whose older
+ * copy the rollback nemesis keeps. Waits up to 5 s for room. */
 static bool op_begin(struct run *x, int i)
 {
     for (uint64_t end = tc_now_ms() + 5000; !x->stop && tc_now_ms() < end;) {
         pthread_mutex_lock(&x->mu);
         unsigned b = i >= 0 ? BIT(i) : 0;
-        bool ok = x->replace_node < 0 && (x->unavail & b) == 0 &&
+        bool ok = !x->freeze && x->replace_node < 0 &&
+                  (i < 0 || x->rollback_node != i) && (x->unavail & b) == 0 &&
                   chaos_minority(x, x->unavail | x->faulted | b);
         if (ok) {
             x->op_busy = true;
@@ -224,7 +226,7 @@ static bool replace_by_hand(struct run *x, int i, uint64_t old_inc)
     return true;
 }
 
-/* A wiped node: replaced by hand, or
+/* A wiped node (or a rolled-back one seen as waiting): replaced by hand, or
  * re-admitted by the leader (auto_rejoin on); then it is available again. */
 static void replace(struct run *x, int i, uint64_t old_inc)
 {

@@ -1,6 +1,6 @@
 /* What the files of a chaos run share (tests/chaos/chaos.h is the contract):
  * chaos.c runs the clients, sets up, heals and checks; nemesis.c injects
- * the faults (kill, pause, partitions, restarts, wipes);
+ * the faults (kill, pause, partitions, restarts, wipes, rollbacks);
  * operator.c is the operator: membership changes, leader transfers and the
  * README Runbook's replacement of a wiped node, all through bin/idalloc.
  *
@@ -8,13 +8,18 @@
  * nodes is unavailable at once (with 3 nodes: one). A node is unavailable
  * while the nemesis's current fault touches it (faulted) and while it is
  * reserved (unavail): taken out of the membership by the operator, wiped
- * and not yet re-admitted. Counting a removed node as unavailable among all the
- * file's nodes is stricter than counting the voters in effect, so a change in
+ * and not yet re-admitted, or restored from an older copy and not yet
+ * caught up. Counting a removed node as unavailable among all the file's
+ * nodes is stricter than counting the voters in effect, so a change in
  * flight (old or new membership) is covered too. A second wipe while one
  * is being re-admitted, a full restart during any of this and a fault on
  * a voter while a replacement runs on 2 of 3 voters are therefore never
  * scheduled: the nemesis moves such a fault onto an unavailable node or
  * skips it, the operator waits for room.
+ *
+ * A freeze (a rollback being caught up) admits faults only on reserved
+ * nodes and no voluntary operator action, so no leader changes while a
+ * node's disk is older than what it acknowledged.
  *
  * THREADING. One nemesis thread, one operator thread, the client threads;
  * the fields under "guarded by mu" are read and written under mu only.
@@ -48,13 +53,15 @@ struct run
     unsigned n_leader_kills;
     unsigned unavail; /* bit i: node i reserved (see above) */
     unsigned faulted; /* bit i: node i touched by the current fault */
+    bool freeze;      /* a rollback being caught up */
     bool op_busy;     /* the operator is in an action */
-    /* A wiped node handed to the operator: it
+    /* A wiped (or detected rolled-back) node handed to the operator: it
      * replaces it by hand (manual_rejoin) or waits for the leader to
      * re-admit it, then releases the reservation and sets replace_node to
      * -1. replace_old_inc: the incarnation the membership had for it. */
     int replace_node;
     uint64_t replace_old_inc;
+    int rollback_node;         /* the node whose older copy is kept, or -1 */
     volatile int nemesis_done; /* the nemesis thread ended (healed) */
 };
 
