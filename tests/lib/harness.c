@@ -192,6 +192,19 @@ int tc_signal(struct tc *c, int i, int sig)
     return status;
 }
 
+int tc_reap(struct tc *c, int i, int *status)
+{
+    int st = 0;
+    if (c->pid[i] == 0 || waitpid(c->pid[i], &st, WNOHANG) != c->pid[i]) {
+        return 0;
+    }
+    c->pid[i] = 0;
+    if (status != NULL) {
+        *status = st;
+    }
+    return 1;
+}
+
 void tc_destroy(struct tc *c)
 {
     for (int i = 0; i < c->n; i++) {

@@ -48,6 +48,10 @@ void tc_spawn(struct tc *c, int i);
 /* Send @sig to node @i; for SIGKILL/SIGTERM wait for it and return its exit
  * status (as from waitpid), else 0. */
 int tc_signal(struct tc *c, int i, int sig);
+/* Did node @i end on its own (exit, crash)? Reaps it without waiting: 1
+ * with c->pid[i] = 0 and its wait status in *@status (may be NULL), else
+ * 0 (running, stopped, or not started). */
+int tc_reap(struct tc *c, int i, int *status);
 /* Kill every node (SIGKILL) and remove the directory. */
 void tc_destroy(struct tc *c);
 /* A client of the cluster (call timeouts in ms); with `client_tls on` or
