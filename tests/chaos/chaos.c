@@ -332,6 +332,18 @@ static char proc_state(pid_t pid)
     return p != NULL && p[1] == ' ' ? p[2] : '?';
 }
 
+/* Nodes that ended by themselves since the nemesis last looked: failures
+ * (heal() starts them again). */
+static void ended_on_their_own(struct run *x)
+{
+    for (int i = 0; i < x->c.n; i++) {
+        int st;
+        if (tc_reap(&x->c, i, &st)) {
+            chaos_node_ended(x, i, st);
+        }
+    }
+}
+
 static int heal(struct run *x)
 {
     proxy_heal(x->px);
@@ -604,6 +616,7 @@ long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
     }
     uint64_t end = chaos_now(&x);
     pthread_join(ot, NULL);
+    ended_on_their_own(&x);
     if (heal(&x) != 0) {
         fprintf(stderr, "chaos: no leader after healing\n");
         r->setup_failed = 1;
@@ -629,6 +642,7 @@ long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
     resolve(&x);
     replay_acked(&x);
     read_final(&x);
+    ended_on_their_own(&x);
     figures(&x, end);
     result = (long)history_check(&x.h, &r->check);
     if (o->history_path != NULL) {
@@ -680,15 +694,15 @@ void chaos_report_print(const struct chaos_opts *o,
         printf(
             "rollbacks: %u cop(ies), %u restored (%u with a log ending below "
             "the leader's commit index at the kill, by %llu entries on "
-            "average, %llu at most): %u caught up without leaving the "
-            "membership (not detected), %u detected; %u cop(ies) never "
-            "restored\n",
+            "average, %llu at most): %u stopped by rule A4 and re-admitted "
+            "as a new incarnation, %u caught up unnoticed; %u cop(ies) "
+            "never restored\n",
             r->rb.copies, r->rb.restored, r->rb.rewound,
             (unsigned long long)(r->rb.rewound > 0
                                      ? r->rb.rewound_sum / r->rb.rewound
                                      : 0),
-            (unsigned long long)r->rb.rewound_max, r->rb.caught_up,
-            r->rb.detected, r->rb.dropped);
+            (unsigned long long)r->rb.rewound_max, r->rb.detected,
+            r->rb.caught_up, r->rb.dropped);
     }
     printf("membership after healing: %s\n",
            r->membership_whole ? "every node a voter" : "NOT WHOLE");

@@ -31,11 +31,12 @@ struct chaos_opts
     bool no_members;
     /* The rollback nemesis: a follower's data directory is copied while it
      * is paused, and later the node is killed, restarted from the copy and
-     * watched until it caught up or was re-admitted. Off by default: a
-     * node restarted from an older copy is not detected yet (README, Known
-     * limitations), and combined with other faults it can lose
-     * acknowledged entries; so no other fault and no leader change is
-     * scheduled until it caught up. */
+     * watched until rule A4 (raft/admission.h) stopped it and it was
+     * re-admitted as a new incarnation, or it caught up unnoticed. Off by
+     * default: combined with other faults a node restarted from an older
+     * copy can lose acknowledged entries (README, Known limitations), so
+     * no other fault, leader change or membership change is scheduled
+     * until then. */
     bool rollback;
 };
 
@@ -74,8 +75,8 @@ struct chaos_rollbacks
 {
     unsigned copies;    /* copies taken */
     unsigned restored;  /* nodes restarted from a copy (F_ROLLBACK) */
-    unsigned caught_up; /* caught up without ever leaving the membership */
-    unsigned detected;  /* seen waiting or out of the voters afterwards */
+    unsigned detected;  /* stopped by rule A4, then re-admitted */
+    unsigned caught_up; /* caught up unnoticed */
     unsigned dropped;   /* copies never restored */
     /* restores whose log (from the node's start line) ended below what
      * the leader had committed when the node was killed, by how much */
@@ -90,9 +91,10 @@ struct chaos_report
     unsigned skipped; /* faults skipped for the rule */
     struct chaos_members m;
     struct chaos_rollbacks rb;
-    /* Liveness: operator actions, re-admissions or catch-ups that did not
-     * complete, and a membership not whole after healing. A failure, but
-     * not a violation of the promises the checker proves. */
+    /* Operator actions, re-admissions or catch-ups that did not complete,
+     * a membership not whole after healing, a node that ended on its own:
+     * failures, though not violations of the promises the checker
+     * proves. */
     unsigned failures;
     bool membership_whole;
     struct check_report check;

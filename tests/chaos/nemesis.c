@@ -1,12 +1,15 @@
 /* The nemesis of a chaos run (tests/chaos/run.h): one fault at a time,
  * drawn from the seed, within the availability rule. Wiped nodes are
  * handed to the operator (operator.c); the rollback nemesis waits here,
- * with every other fault held back, until its node caught up. */
+ * with every other fault held back, until rule A4 stopped its node and the
+ * node was re-admitted, or it caught up unnoticed. A node that ends by
+ * itself otherwise is a failure. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "tests/chaos/proxy.h"
 #include "tests/chaos/run.h"
@@ -63,6 +66,65 @@ static void fault_end(struct run *x)
     pthread_mutex_lock(&x->mu);
     x->faulted = 0;
     pthread_mutex_unlock(&x->mu);
+}
+
+/* --- nodes that end on their own ---------------------------------------- */
+
+/* How many times node @i's log says rule A4 stopped it (raft/admission.h:
+ * its peers showed that its directory went back to an older copy). */
+static long a4_lines(struct run *x, int i)
+{
+    char out[64];
+    if (tc_run(out, sizeof(out),
+               "grep -c 'its state went back to an older copy' %s/node%d.log",
+               x->c.dir, i + 1) > 1) {
+        return -1;
+    }
+    return atol(out);
+}
+
+void chaos_node_ended(struct run *x, int i, int status)
+{
+    char how[32], line[256];
+    if (WIFEXITED(status)) {
+        snprintf(how, sizeof(how), "exit %d", WEXITSTATUS(status));
+    } else if (WIFSIGNALED(status)) {
+        snprintf(how, sizeof(how), "signal %d", WTERMSIG(status));
+    } else {
+        snprintf(how, sizeof(how), "status %#x", (unsigned)status);
+    }
+    tc_run(line, sizeof(line),
+           "grep ' ERROR ' %s/node%d.log | tail -1 | cut -c1-160", x->c.dir,
+           i + 1);
+    line[strcspn(line, "\n")] = '\0';
+    chaos_failure(x, "node %d ended on its own (%s): %s", i + 1, how,
+                  line[0] != '\0' ? line : "no ERROR line in its log");
+}
+
+/* kill -9 node @i; one that had ended on its own before is a failure. */
+static void kill9(struct run *x, int i)
+{
+    if (x->c.pid[i] == 0) {
+        return;
+    }
+    int st = tc_signal(&x->c, i, SIGKILL);
+    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
+        chaos_node_ended(x, i, st);
+    }
+}
+
+/* Every node but @skip that ended on its own since the last look: a
+ * failure (a crash, a storage stop, rule A4 on a node whose directory never
+ * went back); started again so the run goes on. */
+static void check_exits(struct run *x, int skip)
+{
+    for (int i = 0; i < x->c.n; i++) {
+        int st;
+        if (i != skip && tc_reap(&x->c, i, &st)) {
+            chaos_node_ended(x, i, st);
+            tc_spawn(&x->c, i);
+        }
+    }
 }
 
 static void draw(struct run *x,
@@ -158,7 +220,7 @@ static void carry_out(struct run *x, uint64_t *rng, const struct plan *p)
                 }
                 pthread_mutex_unlock(&x->mu);
             }
-            tc_signal(&x->c, p->target, SIGKILL);
+            kill9(x, p->target);
             chaos_nap(x, rng, 200, 1500);
             tc_spawn(&x->c, p->target);
             break;
@@ -202,7 +264,7 @@ static void carry_out(struct run *x, uint64_t *rng, const struct plan *p)
             break;
         case F_RESTART_ALL:
             for (int i = 0; i < n; i++) {
-                tc_signal(&x->c, i, SIGKILL);
+                kill9(x, i);
             }
             for (int i = 0; i < n; i++) {
                 tc_spawn(&x->c, i);
@@ -245,7 +307,7 @@ static bool wipe(struct run *x, int leader, int target)
     if (!ok) {
         return false;
     }
-    tc_signal(&x->c, target, SIGKILL);
+    kill9(x, target);
     char out[64];
     tc_run(out, sizeof(out), "rm -rf %s/data/node%d", x->c.dir, target + 1);
     tc_spawn(&x->c, target);
@@ -351,42 +413,67 @@ static void rollback_forget(struct run *x)
     pthread_mutex_unlock(&x->mu);
 }
 
-/* After a restore, until node @t caught up: its term reached @term0 and it
- * applied what the leader had committed when it was killed (@commit0), and
- * it is a voter with no waiting line. With detection of rolled-back nodes
- * (not there yet) the leader would treat it as a lost disk: seen here as
- * the node out of the voters or waiting, handed to the operator with
- * manual_rejoin, and counted as detected. */
+/* Rule A4 stopped node @t: the Runbook's remedy, "delete the directory and
+ * start the node; it rejoins as a new incarnation", re-admitted by the
+ * leader or by hand (--manual-rejoin) through the operator. Waits for it
+ * (the node stays reserved and the freeze on until then). */
+static void rollback_remedy(struct run *x, int t, uint64_t inc)
+{
+    char out[64];
+    tc_run(out, sizeof(out), "rm -rf %s/data/node%d", x->c.dir, t + 1);
+    tc_spawn(&x->c, t);
+    pthread_mutex_lock(&x->mu);
+    x->replace_node = t;
+    x->replace_old_inc = inc;
+    pthread_mutex_unlock(&x->mu);
+    for (uint64_t end = tc_now_ms() + 150000; tc_now_ms() < end;) {
+        pthread_mutex_lock(&x->mu);
+        bool done = x->replace_node < 0;
+        pthread_mutex_unlock(&x->mu);
+        if (done) {
+            return;
+        }
+        tc_sleep_ms(100);
+    }
+    chaos_failure(x, "rollback: node %d not re-admitted after rule A4", t + 1);
+}
+
+/* After a restore: either rule A4 stops node @t (its log says so, exit 1),
+ * then the remedy; or it catches up unnoticed: its term reached @term0, it
+ * applied what the leader had committed at the kill (@commit0) and it is a
+ * voter with no waiting line. @a4 is how many A4 lines its log had before
+ * the restore; @inc its incarnation. */
 static void rollback_settle(struct run *x,
                             int t,
                             uint64_t commit0,
-                            uint64_t term0)
+                            uint64_t term0,
+                            long a4,
+                            uint64_t inc)
 {
-    bool detected = false, handed = false;
     int good = 0;
-    uint64_t end = tc_now_ms() + 90000;
+    uint64_t t0 = tc_now_ms(), end = t0 + 90000;
     while (good < 3 && tc_now_ms() < end) {
+        int st;
+        if (tc_reap(&x->c, t, &st)) {
+            if (WIFEXITED(st) && WEXITSTATUS(st) == 1 && a4_lines(x, t) > a4) {
+                x->r->rb.detected++;
+                chaos_trace(x,
+                            "nemesis: rollback: rule A4 stopped node %d "
+                            "after %.1f s",
+                            t + 1, (double)(tc_now_ms() - t0) / 1000.0);
+                rollback_remedy(x, t, inc);
+                return;
+            }
+            chaos_node_ended(x, t, st);
+            tc_spawn(&x->c, t);
+        }
         struct idalloc_member_list l;
         bool in = false;
         if (chaos_members(x, &l, 1000) == 0) {
             const struct idalloc_member *m =
                 chaos_member(&l, (unsigned)t + 1, 0);
-            const struct idalloc_member *w =
-                chaos_member(&l, (unsigned)t + 1, 1);
-            in = m != NULL && m->voter && w == NULL;
-            detected |= !in;
-            if (w != NULL && x->o->manual_rejoin && !handed) {
-                pthread_mutex_lock(&x->mu);
-                x->replace_node = t;
-                x->replace_old_inc = 0;
-                pthread_mutex_unlock(&x->mu);
-                handed = true;
-            }
-        }
-        if (handed) {
-            pthread_mutex_lock(&x->mu);
-            in = in && x->replace_node < 0;
-            pthread_mutex_unlock(&x->mu);
+            in = m != NULL && m->voter &&
+                 chaos_member(&l, (unsigned)t + 1, 1) == NULL;
         }
         struct idalloc_node_status s;
         bool caught = chaos_status(x, t, &s) == 0 && s.term >= term0 &&
@@ -398,19 +485,14 @@ static void rollback_settle(struct run *x,
     }
     if (good < 3) {
         chaos_failure(x,
-                      "rollback: node %d did not catch up to index %llu "
-                      "term %llu within 90 s",
+                      "rollback: node %d neither stopped by rule A4 nor "
+                      "caught up to index %llu term %llu within 90 s",
                       t + 1, (unsigned long long)commit0,
                       (unsigned long long)term0);
+        return;
     }
-    chaos_trace(x, "nemesis: rollback: node %d %s, %s", t + 1,
-                good >= 3 ? "caught up" : "NOT caught up",
-                detected ? "detected" : "not detected");
-    if (detected) {
-        x->r->rb.detected++;
-    } else {
-        x->r->rb.caught_up++;
-    }
+    x->r->rb.caught_up++;
+    chaos_trace(x, "nemesis: rollback: node %d caught up, not detected", t + 1);
 }
 
 /* Kill the node whose copy was taken, put the copy back, restart it. Only
@@ -436,16 +518,23 @@ static bool rollback_restore(struct run *x)
     }
     int leader = tc_wait_leader(&x->c, 300);
     struct idalloc_node_status ls;
-    if (leader < 0 || leader == t || x->c.pid[t] <= 0 ||
-        chaos_status(x, leader, &ls) != 0) {
+    struct idalloc_member_list l;
+    const struct idalloc_member *m = NULL;
+    if (leader >= 0 && leader != t && x->c.pid[t] > 0 &&
+        chaos_status(x, leader, &ls) == 0 && chaos_members(x, &l, 1000) == 0) {
+        m = chaos_member(&l, (unsigned)t + 1, 0);
+    }
+    long a4 = a4_lines(x, t);
+    if (m == NULL || !m->voter || a4 < 0) {
         pthread_mutex_lock(&x->mu);
         x->freeze = false;
         x->unavail &= ~BIT(t);
         pthread_mutex_unlock(&x->mu);
         return false;
     }
+    uint64_t inc = m->incarnation;
     long starts = restored_lines(x, t, NULL);
-    tc_signal(&x->c, t, SIGKILL);
+    kill9(x, t);
     /* What the leader committed up to the kill (a later status can only
      * be higher: the node must reach at least this). */
     struct idalloc_node_status after;
@@ -487,7 +576,7 @@ static bool rollback_restore(struct run *x)
                     (unsigned long long)ls.term);
         x->r->faults[F_ROLLBACK]++;
         x->r->rb.restored++;
-        rollback_settle(x, t, ls.commit_index, ls.term);
+        rollback_settle(x, t, ls.commit_index, ls.term, a4, inc);
     }
     rollback_forget(x);
     pthread_mutex_lock(&x->mu);
@@ -502,6 +591,7 @@ static bool rollback_restore(struct run *x)
 static void fault(struct run *x, uint64_t *rng)
 {
     int n = x->c.n;
+    check_exits(x, -1);
     int leader = chaos_find_leader(x);
     int r = (int)(chaos_rnd(rng) % 100);
     int target = (int)(chaos_rnd(rng) % (uint64_t)n);
@@ -528,10 +618,10 @@ static void fault(struct run *x, uint64_t *rng)
     struct plan p;
     draw(x, rng, r < 12 ? 12 : r, leader, target, &p);
     if (!fault_begin(x, &p)) {
-        /* Half of them land on the unavailable node, the other half are
+        /* A third of them land on the unavailable node, the others are
          * skipped: a node being re-admitted needs moments without faults
-         * to catch up. */
-        if (chaos_rnd(rng) % 2 == 0 || !move_to_unavailable(x, rng, &p) ||
+         * to catch up (with half, a learner took 25 s to be promoted). */
+        if (chaos_rnd(rng) % 3 != 0 || !move_to_unavailable(x, rng, &p) ||
             !fault_begin(x, &p)) {
             rep->skipped++;
             return;
@@ -556,6 +646,7 @@ void *chaos_nemesis_main(void *arg)
         x->r->rb.dropped++;
         rollback_forget(x);
     }
+    check_exits(x, -1);
     x->nemesis_done = 1;
     return NULL;
 }

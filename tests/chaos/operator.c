@@ -226,7 +226,8 @@ static bool replace_by_hand(struct run *x, int i, uint64_t old_inc)
     return true;
 }
 
-/* A wiped node (or a rolled-back one seen as waiting): replaced by hand, or
+/* A wiped node (or one rule A4 stopped, its directory deleted): replaced by
+ * hand, or
  * re-admitted by the leader (auto_rejoin on); then it is available again. */
 static void replace(struct run *x, int i, uint64_t old_inc)
 {

@@ -55,8 +55,8 @@ struct run
     unsigned faulted; /* bit i: node i touched by the current fault */
     bool freeze;      /* a rollback being caught up */
     bool op_busy;     /* the operator is in an action */
-    /* A wiped (or detected rolled-back) node handed to the operator: it
-     * replaces it by hand (manual_rejoin) or waits for the leader to
+    /* A wiped node (or one rule A4 stopped, then wiped) handed to the operator:
+     * it replaces it by hand (manual_rejoin) or waits for the leader to
      * re-admit it, then releases the reservation and sets replace_node to
      * -1. replace_old_inc: the incarnation the membership had for it. */
     int replace_node;
@@ -93,6 +93,9 @@ const struct idalloc_member *chaos_member(const struct idalloc_member_list *l,
                                           unsigned id,
                                           int waiting);
 
+/* Node @i ended on its own with wait status @status: a failure naming it
+ * and its log's last ERROR line. */
+void chaos_node_ended(struct run *x, int i, int status);
 void *chaos_nemesis_main(void *arg);
 void *chaos_operator_main(void *arg);
 /* After the run: wait until every node of the file is a voter again with no
