@@ -22,7 +22,10 @@ static const char usage[] =
     "operator\n"
     "  --rollback       also restart nodes from an older copy of their "
     "data\n"
-    "                   directory (not detected yet: off by default)\n"
+    "                   directory (rule A4 must stop them; nothing else "
+    "runs until\n"
+    "                   they are re-admitted or caught up: off by "
+    "default)\n"
     "  exit 0 when there is no violation and no liveness failure, 1 "
     "otherwise,\n"
     "  2 for bad usage\n";
