@@ -97,6 +97,8 @@ struct chaos_report
      * proves. */
     unsigned failures;
     bool membership_whole;
+    size_t definite;         /* client operations with a definite error */
+    unsigned settled_in_run; /* unknown outcomes learnt by a worker's repeat */
     struct check_report check;
     uint64_t longest_unavailable_ms;
     uint64_t kill_to_write_p50_ms, kill_to_write_p99_ms;
