@@ -109,7 +109,32 @@ void tc_spawn(struct tc *c, int i)
             argv[argc++] = t;
         }
         argv[argc] = NULL;
-        execv(bin, argv);
+        /* The environment: the test's, each variable of node_env[i] over
+         * the test's of that name (static arrays: no malloc after fork). */
+        static char env[sizeof(c->node_env[0])];
+        static char *envp[1024];
+        char *set[64];
+        int nset = 0, ne = 0;
+        snprintf(env, sizeof(env), "%s", c->node_env[i]);
+        for (char *t = strtok(env, " "); t != NULL && nset < 64;
+             t = strtok(NULL, " ")) {
+            set[nset++] = t;
+        }
+        for (char **e = environ; *e != NULL && ne < 1023 - nset; e++) {
+            int over = 0;
+            for (int k = 0; k < nset && !over; k++) {
+                size_t l = strcspn(set[k], "=");
+                over = strncmp(*e, set[k], l) == 0 && (*e)[l] == '=';
+            }
+            if (!over) {
+                envp[ne++] = *e;
+            }
+        }
+        for (int k = 0; k < nset; k++) {
+            envp[ne++] = set[k];
+        }
+        envp[ne] = NULL;
+        execve(bin, argv, envp);
         _exit(127);
     }
     c->pid[i] = pid;

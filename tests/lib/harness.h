@@ -21,13 +21,16 @@ struct tc
     char addrs[512]; /* client addresses, comma-separated */
     pid_t pid[TC_NODES_MAX]; /* 0: not running */
     struct ida_config cfg;
-    /* Per-node cluster files (""-: use conf). The chaos test gives each
-     * node its own view of the peers' addresses (its proxies). */
+    /* Per-node cluster files (""-: use conf). */
     char node_conf[TC_NODES_MAX][320];
     /* Per-node extra arguments of idallocd, separated by spaces (""-:
      * none): a node outside the cluster file gets --peer, --client and
      * --join here. */
     char node_args[TC_NODES_MAX][512];
+    /* Per-node environment, NAME=VALUE entries separated by spaces (""-:
+     * the test's own), each over the test's variable of that name: the
+     * chaos test preloads its connect() shim into its nodes here. */
+    char node_env[TC_NODES_MAX][1024];
     /* 0: nodes inherit the test's RLIMIT_NOFILE; else they start with a
      * hard limit of nofile and a soft one of min(nofile, 1024), like a
      * default login (the attack tests run nodes with few descriptors). */
