@@ -1,5 +1,6 @@
 #include "tests/chaos/chaos.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "idalloc.h"
 #include "tests/chaos/proxy.h"
@@ -367,45 +369,86 @@ static void *worker_main(void *arg)
 /* --- setup and healing
  * ---------------------------------------------------------- */
 
-/* Node i's cluster file: its own addresses as they are, every other node's
- * peer address replaced by the proxy of link i -> j. */
-static void write_node_confs(struct run *x)
+/* The connect() shim (tests/chaos/shim/connect_shim.c, mk/chaos.mk):
+ * $IDA_CHAOS_SHIM, else lib/ida_chaos_shim.so of the build this program is
+ * part of ($(BUILD)/prog/chaos or $(BUILD)/tests/chaos/test_chaos). */
+static bool shim_path(char *out, size_t cap)
+{
+    const char *e = getenv("IDA_CHAOS_SHIM");
+    if (e != NULL) {
+        snprintf(out, cap, "%s", e);
+        return access(out, R_OK) == 0;
+    }
+    char exe[512];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) {
+        return false;
+    }
+    exe[n] = '\0';
+    *strrchr(exe, '/') = '\0';
+    static const char *const up[] = {"..", "../.."};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out, cap, "%s/%s/lib/ida_chaos_shim.so", exe, up[k]);
+        if (access(out, R_OK) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Every node dials its peers at their real addresses (the one cluster file,
+ * the membership); the preloaded shim sends node i's connections to node j
+ * to the proxy of link i -> j. IDA_CHAOS_NO_SHIM=1 leaves the shim out:
+ * the links then go around the proxy, and the run must fail (the negative
+ * control of check_links()). */
+static int route_through_proxy(struct run *x)
 {
     struct tc *c = &x->c;
-    for (int i = 0; i < c->n; i++) {
-        snprintf(c->node_conf[i], sizeof(c->node_conf[i]), "%s/node%d.conf",
-                 c->dir, i + 1);
-        FILE *f = fopen(c->node_conf[i], "w");
-        if (f == NULL) {
-            abort();
-        }
-        fprintf(f,
-                "cluster test\ndata_dir %s/data\nelection_timeout_ms 300\n"
-                "heartbeat_ms 50\nsnapshot_interval_entries 500\n"
-                "tls_dir %s\n%s",
-                c->dir, c->tls, x->o->manual_rejoin ? "auto_rejoin off\n" : "");
-        for (int j = 0; j < c->n; j++) {
-            unsigned peer =
-                i == j ? c->cfg.nodes[j].peer.port : proxy_port(x->px, i, j);
-            fprintf(f, "node %d 127.0.0.1:%u %s\n", j + 1, peer,
-                    c->cfg.nodes[j].client.text);
-        }
-        fclose(f);
+    char shim[600];
+    if (!shim_path(shim, sizeof(shim))) {
+        fprintf(stderr,
+                "chaos: the connect() shim lib/ida_chaos_shim.so is not "
+                "built (make; or set IDA_CHAOS_SHIM)\n");
+        return -1;
     }
+    const char *asan = getenv("ASAN_OPTIONS");
+    for (int i = 0; i < c->n; i++) {
+        char map[256] = "";
+        size_t len = 0;
+        for (int j = 0; j < c->n; j++) {
+            if (j != i) {
+                len += (size_t)snprintf(
+                    map + len, sizeof(map) - len, "%s%u=%u", len > 0 ? "," : "",
+                    c->cfg.nodes[j].peer.port, proxy_port(x->px, i, j));
+            }
+        }
+        /* An ASan node refuses a preloaded library ahead of its runtime
+         * unless told otherwise. */
+        snprintf(c->node_env[i], sizeof(c->node_env[i]),
+                 "%s%s IDA_CHAOS_CONNECT=%s "
+                 "ASAN_OPTIONS=%s%sverify_asan_link_order=0",
+                 getenv("IDA_CHAOS_NO_SHIM") != NULL ? "" : "LD_PRELOAD=",
+                 getenv("IDA_CHAOS_NO_SHIM") != NULL ? "" : shim, map,
+                 asan != NULL ? asan : "", asan != NULL ? ":" : "");
+    }
+    return 0;
 }
 
 static int setup(struct run *x)
 {
-    /* The file bin/idalloc is given (--config) says what the nodes' files
-     * say, but for the proxies. */
+    /* One cluster file, for the nodes and for bin/idalloc (--config). */
     tc_setup(&x->c, x->o->nodes,
-             x->o->manual_rejoin ? "auto_rejoin off\n" : NULL);
+             x->o->manual_rejoin
+                 ? "snapshot_interval_entries 500\nauto_rejoin off\n"
+                 : "snapshot_interval_entries 500\n");
     uint16_t ports[PROXY_NODES_MAX];
     for (int i = 0; i < x->c.n; i++) {
         ports[i] = x->c.cfg.nodes[i].peer.port;
     }
     x->px = proxy_start(x->c.n, ports);
-    write_node_confs(x);
+    if (route_through_proxy(x) != 0) {
+        return -1;
+    }
     for (int i = 0; i < x->c.n; i++) {
         tc_spawn(&x->c, i);
     }
@@ -691,6 +734,84 @@ static void figures(struct run *x, uint64_t end_ms)
     free(acks);
 }
 
+/* The socket inodes process @pid holds, into @v (up to @cap); how many. */
+static size_t socket_inodes(pid_t pid, unsigned long *v, size_t cap)
+{
+    char dir[64], path[320], got[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    size_t n = 0;
+    struct dirent *e;
+    while (d != NULL && n < cap && (e = readdir(d)) != NULL) {
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        ssize_t k = readlink(path, got, sizeof(got) - 1);
+        if (k > 0) {
+            got[k] = '\0';
+            n += sscanf(got, "socket:[%lu]", &v[n]) == 1;
+        }
+    }
+    if (d != NULL) {
+        closedir(d);
+    }
+    return n;
+}
+
+/* The links went through the proxy, or its faults cut nothing: every link
+ * i -> j carried a connection through it, and no node holds a connection
+ * of its own to another node's real peer port (/proc/net/tcp, owners by
+ * their descriptors). Looked at with every node up after the run. */
+static void check_links(struct run *x)
+{
+    struct tc *c = &x->c;
+    for (int i = 0; i < c->n; i++) {
+        for (int j = 0; j < c->n; j++) {
+            if (i != j && proxy_opened(x->px, i, j) == 0) {
+                chaos_failure(x,
+                              "link %d -> %d never went through the fault "
+                              "proxy",
+                              i + 1, j + 1);
+            }
+        }
+    }
+    static unsigned long mine[TC_NODES_MAX][4096];
+    size_t n_mine[TC_NODES_MAX] = {0};
+    for (int i = 0; i < c->n; i++) {
+        if (c->pid[i] != 0) {
+            n_mine[i] = socket_inodes(c->pid[i], mine[i], 4096);
+        }
+    }
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char line[512];
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        unsigned rp, st;
+        unsigned long ino;
+        if (sscanf(line,
+                   " %*d: %*x:%*x %*x:%x %x %*x:%*x %*x:%*x %*x %*u %*u %lu",
+                   &rp, &st, &ino) != 3 ||
+            st != 1 /* ESTABLISHED */) {
+            continue;
+        }
+        for (int j = 0; j < c->n; j++) {
+            if (rp != c->cfg.nodes[j].peer.port) {
+                continue;
+            }
+            for (int i = 0; i < c->n; i++) {
+                for (size_t k = 0; k < n_mine[i]; k++) {
+                    if (mine[i][k] == ino && i != j) {
+                        chaos_failure(x,
+                                      "node %d is connected to node %d's "
+                                      "peer port %u around the fault proxy",
+                                      i + 1, j + 1, rp);
+                    }
+                }
+            }
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+}
+
 /* No client operation of a run should get a definite "no": the pools do
  * not run out, tags are new, frees are of held ids. A flood of them (the
  * library's IDA_ELIMIT, refused at once in a loop) means the clients did
@@ -787,6 +908,7 @@ long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
     figures(&x, end);
     result = (long)history_check(&x.h, &r->check);
     definite_failures(&x);
+    check_links(&x);
     if (o->history_path != NULL) {
         FILE *f = fopen(o->history_path, "w");
         if (f != NULL) {
