@@ -498,9 +498,10 @@ static void rollback_settle(struct run *x,
 /* Kill the node whose copy was taken, put the copy back, restart it. Only
  * when nothing else is going on and every running node follows the same
  * leader; then every other fault and operator action waits (a freeze)
- * until it caught up: today nothing tells its older disk apart, and a
- * leader change before it caught up could elect a log without entries it
- * had acknowledged. */
+ * until rule A4 stopped it and it was re-admitted, or it caught up: a
+ * leader change before that could elect a log without entries it had
+ * acknowledged (rule A4 cannot see a copy once the leader that counted its
+ * acknowledgements is gone). */
 static bool rollback_restore(struct run *x)
 {
     int t = x->rollback_node;

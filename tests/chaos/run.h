@@ -1,5 +1,6 @@
 /* What the files of a chaos run share (tests/chaos/chaos.h is the contract):
- * chaos.c runs the clients, sets up, heals and checks; nemesis.c injects
+ * chaos.c sets up, heals and checks; clients.c runs the clients and
+ * learns what they could not; nemesis.c injects
  * the faults (kill, pause, partitions, restarts, wipes, rollbacks);
  * operator.c is the operator: membership changes, leader transfers and the
  * README Runbook's replacement of a wiped node, all through bin/idalloc.
@@ -8,17 +9,17 @@
  * nodes is unavailable at once (with 3 nodes: one). A node is unavailable
  * while the nemesis's current fault touches it (faulted) and while it is
  * reserved (unavail): taken out of the membership by the operator, wiped
- * and not yet re-admitted, or restored from an older copy and not yet
- * caught up. Counting a removed node as unavailable among all the file's
- * nodes is stricter than counting the voters in effect, so a change in
- * flight (old or new membership) is covered too. A second wipe while one
- * is being re-admitted, a full restart during any of this and a fault on
- * a voter while a replacement runs on 2 of 3 voters are therefore never
- * scheduled: the nemesis moves such a fault onto an unavailable node or
- * skips it, the operator waits for room.
+ * and not yet re-admitted, or restored from an older copy and neither
+ * re-admitted (after rule A4 stopped it) nor caught up. Counting a removed node
+ * as unavailable among all the file's nodes is stricter than counting the
+ * voters in effect, so a change in flight (old or new membership) is covered
+ * too. A second wipe while one is being re-admitted, a full restart during any
+ * of this and a fault on a voter while a replacement runs on 2 of 3 voters are
+ * therefore never scheduled: the nemesis moves such a fault onto an unavailable
+ * node or skips it, the operator waits for room.
  *
- * A freeze (a rollback being caught up) admits faults only on reserved
- * nodes and no voluntary operator action, so no leader changes while a
+ * A freeze (such a restored node not settled yet) admits faults only on
+ * reserved nodes and no voluntary operator action, so no leader changes while a
  * node's disk is older than what it acknowledged.
  *
  * THREADING. One nemesis thread, one operator thread, the client threads;
@@ -53,7 +54,7 @@ struct run
     unsigned n_leader_kills;
     unsigned unavail; /* bit i: node i reserved (see above) */
     unsigned faulted; /* bit i: node i touched by the current fault */
-    bool freeze;      /* a rollback being caught up */
+    bool freeze;      /* a restored node not settled yet */
     bool op_busy;     /* the operator is in an action */
     /* A wiped node (or one rule A4 stopped, then wiped) handed to the operator:
      * it replaces it by hand (manual_rejoin) or waits for the leader to
@@ -96,6 +97,17 @@ const struct idalloc_member *chaos_member(const struct idalloc_member_list *l,
 /* Node @i ended on its own with wait status @status: a failure naming it
  * and its log's last ERROR line. */
 void chaos_node_ended(struct run *x, int i, int status);
+/* clients.c: start the client threads (x->o->clients), and join them once
+ * x->stop is set. */
+void chaos_clients_start(struct run *x);
+void chaos_clients_join(struct run *x);
+/* After the run and the healing: learn the outcomes still unknown, replay
+ * a sample of acknowledged requests, read the final holdings; then count
+ * client operations that got a definite error (a failure). */
+void chaos_resolve(struct run *x);
+void chaos_replay_acked(struct run *x);
+void chaos_read_final(struct run *x);
+void chaos_definite_failures(struct run *x);
 void *chaos_nemesis_main(void *arg);
 void *chaos_operator_main(void *arg);
 /* After the run: wait until every node of the file is a voter again with no
