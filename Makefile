@@ -160,13 +160,15 @@ sim: all
 	  echo "make sim: the simulator is missing (tests/sim/sim_main.c)" >&2; exit 1; fi
 	@$(BUILD)/prog/sim --seeds $(SEEDS) --start $(START) --mode $(MODE) --nodes $(NODES)
 
-# make chaos [DURATION=seconds] [NODES=3|5] [SEED=n]
+# make chaos [DURATION=seconds] [NODES=3|5] [SEED=n] [CHAOS_ARGS="--manual-rejoin
+#   --rollback --no-members"] (build/prog/chaos --help)
 DURATION ?= 60
 SEED ?= 1
+CHAOS_ARGS ?=
 chaos: all $(CHAOS_EXTRA)
 	@if [ ! -x $(BUILD)/prog/chaos ]; then \
 	  echo "make chaos: the cluster chaos suite is missing (tests/chaos/chaos_main.c)" >&2; exit 1; fi
-	@IDA_BINDIR=$(BINDIR) $(BUILD)/prog/chaos --duration $(DURATION) --nodes $(NODES) --seed $(SEED)
+	@IDA_BINDIR=$(BINDIR) $(BUILD)/prog/chaos --duration $(DURATION) --nodes $(NODES) --seed $(SEED) $(CHAOS_ARGS)
 
 bench: all
 	@if [ -z "$(BENCH_BINS)" ]; then \
@@ -214,7 +216,7 @@ help:
 	@echo "  run           run every node of CONF (default $(CONF)) in the foreground"
 	@echo "  node N=ID     run node ID of CONF alone, e.g. to restart one that died"
 	@echo "  sim           the Raft simulator: SEEDS=N START=S [MODE=safety|liveness] [NODES=3|5]"
-	@echo "  chaos         long fault runs: [DURATION=s] [NODES=3|5] [SEED=n]"
+	@echo "  chaos         long fault runs: [DURATION=s] [NODES=3|5] [SEED=n] [CHAOS_ARGS=...]"
 	@echo "  bench         every benchmark, with same-run baselines (and beside etcd if installed)"
 	@echo "  bench-etcd    idalloc beside a 3-node etcd, same machine, one run [ETCD_S=s]"
 	@echo "  asan          the tests under AddressSanitizer + UBSan (build/asan/)"

@@ -28,7 +28,7 @@ void history_free(struct history *h)
     pthread_mutex_destroy(&h->mu);
 }
 
-void history_add(struct history *h, const struct hop *op)
+size_t history_add(struct history *h, const struct hop *op)
 {
     pthread_mutex_lock(&h->mu);
     if (h->n == h->cap) {
@@ -38,7 +38,16 @@ void history_add(struct history *h, const struct hop *op)
             abort();
         }
     }
-    h->v[h->n++] = *op;
+    size_t i = h->n++;
+    h->v[i] = *op;
+    pthread_mutex_unlock(&h->mu);
+    return i;
+}
+
+void history_set(struct history *h, size_t i, const struct hop *op)
+{
+    pthread_mutex_lock(&h->mu);
+    h->v[i] = *op;
     pthread_mutex_unlock(&h->mu);
 }
 

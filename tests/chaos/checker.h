@@ -74,8 +74,11 @@ struct history
 
 void history_init(struct history *h, uint64_t pool_size);
 void history_free(struct history *h);
-/* Append a copy of @op (thread-safe). */
-void history_add(struct history *h, const struct hop *op);
+/* Append a copy of @op (thread-safe); returns its index. */
+size_t history_add(struct history *h, const struct hop *op);
+/* Replace op @i with a copy of @op (thread-safe): an unknown outcome
+ * learnt later. */
+void history_set(struct history *h, size_t i, const struct hop *op);
 void history_add_final(struct history *h, const char *tag, uint64_t id);
 int history_write(const struct history *h, FILE *f);
 /* Returns 0, or -1 with a message on stderr naming the line. */

@@ -30,9 +30,10 @@ struct proxy
     int listen_fd[LINKS_MAX];
     uint16_t port[LINKS_MAX];
     pthread_mutex_t mu;
-    int blocked[LINKS_MAX]; /* guarded by mu */
-    int stop;               /* guarded by mu */
-    int wake[2];            /* self-pipe: the control side pokes poll() */
+    int blocked[LINKS_MAX];     /* guarded by mu */
+    unsigned opened[LINKS_MAX]; /* guarded by mu */
+    int stop;                   /* guarded by mu */
+    int wake[2];                /* self-pipe: the control side pokes poll() */
     struct pair pairs[PAIRS_MAX];
     pthread_t thread;
 };
@@ -136,6 +137,9 @@ static void accept_on(struct proxy *p, int link)
         return;
     }
     plog("open", link, fd, up);
+    pthread_mutex_lock(&p->mu);
+    p->opened[link]++;
+    pthread_mutex_unlock(&p->mu);
     nonblocking(fd);
     nonblocking(up);
     for (int k = 0; k < PAIRS_MAX; k++) {
@@ -304,6 +308,14 @@ void proxy_heal(struct proxy *p)
     memset(p->blocked, 0, sizeof(p->blocked));
     pthread_mutex_unlock(&p->mu);
     poke(p);
+}
+
+unsigned proxy_opened(struct proxy *p, int from, int to)
+{
+    pthread_mutex_lock(&p->mu);
+    unsigned k = p->opened[link_of(from, to)];
+    pthread_mutex_unlock(&p->mu);
+    return k;
 }
 
 void proxy_stop(struct proxy *p)

@@ -1,6 +1,8 @@
 /* A fault proxy for the links between nodes. Each directed link i -> j has
- * a listener on 127.0.0.1; node i is configured to dial node j there, and
- * the proxy forwards to node j's real peer port. Blocking a link closes its
+ * a listener on 127.0.0.1; node i dials node j there (the chaos run's
+ * connect() shim, tests/chaos/shim/connect_shim.c, sends it there when it
+ * dials node j's real peer port), and the proxy forwards to node j's real
+ * peer port. Blocking a link closes its
  * connections and refuses new ones until it is unblocked: to the nodes it
  * looks like a network that lost every packet on that link. Blocking i -> j
  * but not j -> i is one-way loss. */
@@ -22,6 +24,8 @@ uint16_t proxy_port(const struct proxy *p, int from, int to);
 void proxy_block(struct proxy *p, int from, int to, int blocked);
 /* Unblock every link. */
 void proxy_heal(struct proxy *p);
+/* Connections link @from -> @to carried so far (thread-safe). */
+unsigned proxy_opened(struct proxy *p, int from, int to);
 void proxy_stop(struct proxy *p);
 
 #endif

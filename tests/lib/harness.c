@@ -47,8 +47,10 @@ void tc_sleep_ms(unsigned ms)
 
 const char *tc_bin(const char *name)
 {
-    static char path[4][512];
-    static int k;
+    /* Per thread: the chaos nemesis spawns nodes while its operator runs
+     * bin/idalloc. */
+    static _Thread_local char path[4][512];
+    static _Thread_local int k;
     const char *dir = getenv("IDA_BINDIR");
     char *p = path[k++ % 4];
     snprintf(p, sizeof(path[0]), "%s/%s", dir != NULL ? dir : "bin", name);
@@ -107,7 +109,32 @@ void tc_spawn(struct tc *c, int i)
             argv[argc++] = t;
         }
         argv[argc] = NULL;
-        execv(bin, argv);
+        /* The environment: the test's, each variable of node_env[i] over
+         * the test's of that name (static arrays: no malloc after fork). */
+        static char env[sizeof(c->node_env[0])];
+        static char *envp[1024];
+        char *set[64];
+        int nset = 0, ne = 0;
+        snprintf(env, sizeof(env), "%s", c->node_env[i]);
+        for (char *t = strtok(env, " "); t != NULL && nset < 64;
+             t = strtok(NULL, " ")) {
+            set[nset++] = t;
+        }
+        for (char **e = environ; *e != NULL && ne < 1023 - nset; e++) {
+            int over = 0;
+            for (int k = 0; k < nset && !over; k++) {
+                size_t l = strcspn(set[k], "=");
+                over = strncmp(*e, set[k], l) == 0 && (*e)[l] == '=';
+            }
+            if (!over) {
+                envp[ne++] = *e;
+            }
+        }
+        for (int k = 0; k < nset; k++) {
+            envp[ne++] = set[k];
+        }
+        envp[ne] = NULL;
+        execve(bin, argv, envp);
         _exit(127);
     }
     c->pid[i] = pid;
@@ -188,6 +215,19 @@ int tc_signal(struct tc *c, int i, int sig)
     waitpid(c->pid[i], &status, 0);
     c->pid[i] = 0;
     return status;
+}
+
+int tc_reap(struct tc *c, int i, int *status)
+{
+    int st = 0;
+    if (c->pid[i] == 0 || waitpid(c->pid[i], &st, WNOHANG) != c->pid[i]) {
+        return 0;
+    }
+    c->pid[i] = 0;
+    if (status != NULL) {
+        *status = st;
+    }
+    return 1;
 }
 
 void tc_destroy(struct tc *c)
@@ -306,7 +346,9 @@ int tc_run(char *out, size_t cap, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(cmd, sizeof(cmd), fmt, ap);
     va_end(ap);
-    FILE *p = popen(cmd, "r");
+    /* "e": the pipe's end stays out of what other threads start
+     * meanwhile. */
+    FILE *p = popen(cmd, "re");
     TC_CHECK(p != NULL, "popen failed");
     size_t n = fread(out, 1, cap - 1, p);
     out[n] = '\0';

@@ -21,13 +21,16 @@ struct tc
     char addrs[512]; /* client addresses, comma-separated */
     pid_t pid[TC_NODES_MAX]; /* 0: not running */
     struct ida_config cfg;
-    /* Per-node cluster files (""-: use conf). The chaos test gives each
-     * node its own view of the peers' addresses (its proxies). */
+    /* Per-node cluster files (""-: use conf). */
     char node_conf[TC_NODES_MAX][320];
     /* Per-node extra arguments of idallocd, separated by spaces (""-:
      * none): a node outside the cluster file gets --peer, --client and
      * --join here. */
     char node_args[TC_NODES_MAX][512];
+    /* Per-node environment, NAME=VALUE entries separated by spaces (""-:
+     * the test's own), each over the test's variable of that name: the
+     * chaos test preloads its connect() shim into its nodes here. */
+    char node_env[TC_NODES_MAX][1024];
     /* 0: nodes inherit the test's RLIMIT_NOFILE; else they start with a
      * hard limit of nofile and a soft one of min(nofile, 1024), like a
      * default login (the attack tests run nodes with few descriptors). */
@@ -48,6 +51,10 @@ void tc_spawn(struct tc *c, int i);
 /* Send @sig to node @i; for SIGKILL/SIGTERM wait for it and return its exit
  * status (as from waitpid), else 0. */
 int tc_signal(struct tc *c, int i, int sig);
+/* Did node @i end on its own (exit, crash)? Reaps it without waiting: 1
+ * with c->pid[i] = 0 and its wait status in *@status (may be NULL), else
+ * 0 (running, stopped, or not started). */
+int tc_reap(struct tc *c, int i, int *status);
 /* Kill every node (SIGKILL) and remove the directory. */
 void tc_destroy(struct tc *c);
 /* A client of the cluster (call timeouts in ms); with `client_tls on` or
@@ -60,10 +67,11 @@ int tc_wait_leader(struct tc *c, unsigned ms);
 int tc_wait_applied(struct tc *c, uint64_t index, unsigned ms);
 /* The highest commit index any running node reports. */
 uint64_t tc_commit_index(struct tc *c);
-/* Path of a built program (bin/idalloc...) honouring $IDA_BINDIR. */
+/* Path of a built program (bin/idalloc...) honouring $IDA_BINDIR; valid
+ * until the calling thread's fourth call after this one. */
 const char *tc_bin(const char *name);
 /* Run a shell command line, capturing stdout into @out (@cap bytes);
- * returns the exit status. */
+ * returns the exit status. Safe from several threads at once. */
 int tc_run(char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A loopback TCP port the kernel just handed out (free a moment ago). */
