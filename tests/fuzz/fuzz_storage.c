@@ -23,6 +23,8 @@ enum {
     K_LOG_PREV,
     K_SNAPSHOT,
     K_ENTRY,
+    K_BOOT,
+    K_UNTRUSTED,
     K_COUNT
 };
 
@@ -120,6 +122,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (rv == 0) {
                 ida__rec_log_prev_encode(out, i, t);
                 same(out, IDA__REC_LOG_PREV_BYTES, p, len);
+            }
+            break;
+        }
+        case K_BOOT: {
+            uint64_t n;
+            rv = ida__rec_boot_decode(p, len, &n);
+            if (rv == 0) {
+                ida__rec_boot_encode(out, n);
+                same(out, IDA__REC_BOOT_BYTES, p, len);
+            }
+            break;
+        }
+        case K_UNTRUSTED: {
+            const char *why;
+            size_t wl;
+            rv = ida__rec_untrusted_decode(p, len, &why, &wl);
+            if (rv == 0) {
+                FUZZ_CHECK(wl <= IDA__REC_REASON_MAX);
+                FUZZ_CHECK(why >= (const char *)p &&
+                           why + wl <= (const char *)p + len);
+                size_t n = ida__rec_untrusted_encode(out, why, wl);
+                same(out, n, p, len);
             }
             break;
         }
