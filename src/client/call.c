@@ -134,6 +134,40 @@ static void undo_request_id(struct idalloc_client *c, struct ida_acall *a)
     }
 }
 
+static void live_link(struct idalloc_client *c, struct ida_acall *a);
+static void start_attempt_at(struct idalloc_client *c,
+                             struct ida_acall *a,
+                             uint64_t now);
+
+/* From a thread other than the I/O thread: when the I/O thread sleeps in
+ * poll() (lp_mu free) and @a's connection is ready, send @a now from this
+ * thread, waking the I/O thread only if @a's timer is due before its
+ * poll() returns. Returns 1 when @a is on its way (never completed here:
+ * its deadline is ahead), 0 when it must be queued. */
+static int submit_inline(struct idalloc_client *c, struct ida_acall *a)
+{
+    if (!a->has_seq || pthread_mutex_trylock(&c->lp_mu) != 0) {
+        return 0;
+    }
+    size_t t = a->node != SIZE_MAX
+                   ? a->node
+                   : atomic_load(&c->leader) % atomic_load(&c->nconns);
+    uint64_t now = ida__client_now_ms();
+    if (c->loop_closing || now >= a->deadline_ms || !ida__loop_ready(c, t)) {
+        pthread_mutex_unlock(&c->lp_mu);
+        return 0;
+    }
+    live_link(c, a);
+    a->target = t;
+    start_attempt_at(c, a, now); /* on the bucket, its frame queued */
+    int wake = ida__loop_flush(c, t) != 0 || a->due_ms < c->poll_until;
+    pthread_mutex_unlock(&c->lp_mu);
+    if (wake) {
+        ida__loop_wake(c);
+    }
+    return 1;
+}
+
 int ida__call_submit(struct idalloc_client *c, struct ida_acall *a)
 {
     a->c = c;
@@ -163,6 +197,8 @@ int ida__call_submit(struct idalloc_client *c, struct ida_acall *a)
                 }
                 c->lq_tail = a;
             }
+        } else if (submit_inline(c, a)) {
+            return 0;
         } else {
             pthread_mutex_lock(&c->q_mu);
             if (c->closing) {
@@ -255,9 +291,10 @@ static void out_of_time(struct idalloc_client *c, struct ida_acall *a)
 
 /* --- attempts ----------------------------------------------------------- */
 
-static void start_attempt(struct idalloc_client *c, struct ida_acall *a)
+static void start_attempt_at(struct idalloc_client *c,
+                             struct ida_acall *a,
+                             uint64_t now)
 {
-    uint64_t now = ida__client_now_ms();
     if (now >= a->deadline_ms) {
         out_of_time(c, a);
         return;
@@ -269,6 +306,11 @@ static void start_attempt(struct idalloc_client *c, struct ida_acall *a)
     a->earlier_sent = a->maybe_sent;
     ida__timer_set(c, a, due);
     ida__loop_send(c, a);
+}
+
+static void start_attempt(struct idalloc_client *c, struct ida_acall *a)
+{
+    start_attempt_at(c, a, ida__client_now_ms());
 }
 
 /* Wait before the next attempt (the deadline may come first). */
@@ -577,7 +619,7 @@ static void wait_session(struct idalloc_client *c, struct ida_acall *a)
 
 /* --- the I/O thread's entry points ------------------------------------- */
 
-void ida__call_intake(struct idalloc_client *c, struct ida_acall *a)
+static void live_link(struct idalloc_client *c, struct ida_acall *a)
 {
     a->live_prev = NULL;
     a->live_next = c->live;
@@ -585,6 +627,11 @@ void ida__call_intake(struct idalloc_client *c, struct ida_acall *a)
         c->live->live_prev = a;
     }
     c->live = a;
+}
+
+void ida__call_intake(struct idalloc_client *c, struct ida_acall *a)
+{
+    live_link(c, a);
     if (c->loop_closing) {
         ida__call_error(a->call,
                         "the client was freed before the call was sent; "

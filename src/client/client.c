@@ -498,6 +498,7 @@ int idalloc_client_new(const struct idalloc_options *o,
     c->opts.tls_key_file = NULL;
     pthread_mutex_init(&c->sess_mu, NULL);
     pthread_mutex_init(&c->q_mu, NULL);
+    pthread_mutex_init(&c->lp_mu, NULL);
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->conns_mu, NULL);
     atomic_init(&c->leader, 0);
@@ -562,6 +563,7 @@ void idalloc_client_free(struct idalloc_client *c)
     pthread_mutex_destroy(&c->conns_mu);
     pthread_mutex_destroy(&c->sess_mu);
     pthread_mutex_destroy(&c->q_mu);
+    pthread_mutex_destroy(&c->lp_mu);
     ida_free(c->outstanding);
     ida_free(c->heap);
     ida_free(c);

@@ -19,9 +19,15 @@
  *   conns_mu  adding a node to conns[] (a slot is filled, then published
  *             by nconns, and its address never changes after).
  *   mu        idalloc_next()'s pools (next.c).
- * Order: mu, then sess_mu, then q_mu. Everything else (connections, calls
- * in flight, timers, the registration) belongs to the I/O thread alone and
- * takes no lock. The I/O thread holds no lock while it runs a done hook.
+ *   lp_mu     everything else: the connections, the calls in flight, the
+ *             timers, the registration. The I/O thread holds it at all
+ *             times but while it sleeps in poll(); then a submitting thread
+ *             that gets it (trylock, never waiting) sends its call at once
+ *             when the call's connection is ready (ida__call_submit()): a
+ *             blocking call at 1 in flight costs no wake-up of the I/O
+ *             thread on its way out, only on the answer's way back.
+ * Order: lp_mu (the I/O thread's: others only try it), mu, sess_mu, q_mu.
+ * The I/O thread runs done hooks (and so callbacks) holding only lp_mu.
  */
 #ifndef IDA_CLIENT_H
 #define IDA_CLIENT_H
@@ -175,10 +181,14 @@ struct idalloc_client
     atomic_int wake_pending;
     pthread_t loop;
     int loop_running;
-    /* The I/O thread's alone: calls it submitted itself (from hooks and
-     * callbacks: no lock, no wake), every live call, the timer heap, the
-     * registration in flight and the writes waiting for it, and whether it
-     * saw `closing`. */
+    /* Under lp_mu (the I/O thread's but while it polls): calls the I/O
+     * thread submitted itself (from hooks and callbacks: no wake), every
+     * live call, the timer heap, the registration in flight and the writes
+     * waiting for it, whether it saw `closing`, and when its poll() will
+     * return at the latest (a call sent by another thread with an earlier
+     * timer wakes it). */
+    pthread_mutex_t lp_mu;
+    uint64_t poll_until;
     struct ida_acall *lq_head, *lq_tail;
     struct ida_acall *live;
     struct ida_acall **heap;
@@ -274,6 +284,11 @@ void ida__loop_wake(struct idalloc_client *c);
 /* Send @a (its frame) on node a->target: at once when the connection is
  * ready, else once it is (connecting it first). Sets a->phase. */
 void ida__loop_send(struct idalloc_client *c, struct ida_acall *a);
+/* Whether node @i's connection is ready to send on (holds lp_mu). */
+int ida__loop_ready(const struct idalloc_client *c, size_t i);
+/* Write what node @i's connection holds (holds lp_mu): 0, or nonzero when
+ * the I/O thread must look at it (output left, or the connection failed). */
+int ida__loop_flush(struct idalloc_client *c, size_t i);
 /* Lists of calls. */
 void ida__alist_push(struct ida_alist *l, struct ida_acall *a);
 void ida__alist_del(struct ida_acall *a); /* no-op when on no list */

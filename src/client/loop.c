@@ -336,6 +336,19 @@ static void conn_close(struct ida_client_conn *k)
     k->state = IDA_CONN_IDLE;
 }
 
+int ida__loop_ready(const struct idalloc_client *c, size_t i)
+{
+    const struct ida_client_conn *k = &c->conns[i];
+    return k->state == IDA_CONN_READY && k->out_off == k->out_len;
+}
+
+int ida__loop_flush(struct idalloc_client *c, size_t i)
+{
+    struct ida_client_conn *k = &c->conns[i];
+    conn_flush(k);
+    return k->state != IDA_CONN_READY || k->out_off != k->out_len;
+}
+
 void ida__loop_send(struct idalloc_client *c, struct ida_acall *a)
 {
     struct ida_client_conn *k = &c->conns[a->target];
@@ -573,10 +586,12 @@ static void fire_timers(struct idalloc_client *c, uint64_t now)
     }
 }
 
-/* Milliseconds until the next timer or connect deadline (-1: none). */
+/* Milliseconds until the next timer or connect deadline. With none, an
+ * attempt's timeout: a call sent meanwhile by another thread (its timer
+ * due an attempt's timeout after it) then needs no wake-up. */
 static int poll_timeout(struct idalloc_client *c, uint64_t now)
 {
-    uint64_t due = UINT64_MAX;
+    uint64_t due = now + c->opts.attempt_timeout_ms;
     if (c->heap_len > 0) {
         due = c->heap[0]->due_ms;
     }
@@ -589,9 +604,6 @@ static int poll_timeout(struct idalloc_client *c, uint64_t now)
             due = k->connect_due_ms;
         }
     }
-    if (due == UINT64_MAX) {
-        return -1;
-    }
     if (due <= now) {
         return 0;
     }
@@ -602,6 +614,7 @@ static void *loop_main(void *arg)
 {
     struct idalloc_client *c = arg;
     tl_loop = c;
+    pthread_mutex_lock(&c->lp_mu);
     struct reader rd = {.c = c};
     struct pollfd pfd[1 + IDA_CONFIG_NODES_MAX];
     size_t node_of[1 + IDA_CONFIG_NODES_MAX];
@@ -642,8 +655,12 @@ static void *loop_main(void *arg)
             pfd[np] = (struct pollfd){.fd = k->fd, .events = ev};
             node_of[np++] = i;
         }
-        int pr =
-            poll(pfd, np, failed ? 0 : poll_timeout(c, ida__client_now_ms()));
+        uint64_t t = ida__client_now_ms();
+        int timeout = failed ? 0 : poll_timeout(c, t);
+        c->poll_until = t + (uint64_t)timeout;
+        pthread_mutex_unlock(&c->lp_mu);
+        int pr = poll(pfd, np, timeout);
+        pthread_mutex_lock(&c->lp_mu);
         if (pr <= 0) {
             continue; /* EINTR or a timer */
         }
@@ -675,6 +692,7 @@ static void *loop_main(void *arg)
         }
     }
     ida_free(rd.plain);
+    pthread_mutex_unlock(&c->lp_mu);
     return NULL;
 }
 
@@ -694,6 +712,7 @@ int ida__loop_start(struct idalloc_client *c)
     if (c->heap == NULL) {
         return IDA_ENOMEM;
     }
+    c->poll_until = 0;
     if (pipe(c->wake_fd) != 0) {
         c->wake_fd[0] = c->wake_fd[1] = -1;
         return IDA_EIO;
