@@ -7,11 +7,13 @@
  * (calls are pipelined on one connection per node and matched by request
  * id). A struct idalloc_call is used by one call at a time; the library
  * keeps no per-thread state. Each client object runs one I/O thread of its
- * own, started by idalloc_client_new(): it owns the connections, sends and
- * reads every request, runs the retries and deadlines of every call, and
- * runs the completion callbacks of the asynchronous calls (below,
- * "asynchronous calls"). A blocking call is an asynchronous one and a wait
- * on a condition variable.
+ * own, started by idalloc_client_new(): it owns the connections, reads
+ * every answer, runs the retries and deadlines of every call, and runs the
+ * completion callbacks of the asynchronous calls (below, "asynchronous
+ * calls"). A blocking call is an asynchronous one and a wait on a condition
+ * variable. (A call submitted while the I/O thread sleeps is written to its
+ * socket by the submitting thread, to spare a wake-up; nothing else runs
+ * there.)
  *
  * ERRORS: every call returns 0 or an IDA_E* code (idalloc_errors.h) and, when
  * given a struct idalloc_call, leaves a one-line detail in call->errmsg.
@@ -367,7 +369,8 @@ IDALLOC_MUST_CHECK int idalloc_prefix(struct idalloc_client *c,
  * IDA_ELIMIT (IDALLOC_IN_FLIGHT_MAX calls in flight on @c, or the write
  * limits IDALLOC_OUTSTANDING_MAX and IDALLOC_SPAN_MAX; definite, nothing
  * done), IDA_ENOMEM, IDA_EUNAVAIL (@c is being freed), with the detail in
- * @call when it is given (its state then stays as it was).
+ * @call when it is given (a repeat's struct stays UNKNOWN, a fresh write's
+ * is NEW, a read's keeps its state).
  *
  * OWNERSHIP: the arguments (@pool, @tag, @name) are copied at submit: they
  * may be freed or reused as soon as the function returns. @call may be
@@ -376,8 +379,9 @@ IDALLOC_MUST_CHECK int idalloc_prefix(struct idalloc_client *c,
  * call without a call struct does. A caller's @call belongs to the library
  * from the submit (which sets it IN_FLIGHT) until the callback runs: do
  * not read, write or reuse it meanwhile. The callback receives it with its
- * final state (DONE, UNKNOWN, LOST, or NEW for a call that was not carried
- * out), error and detail; from then on it is the caller's again: keep it,
+ * final state (a write: DONE, UNKNOWN, LOST, or NEW for a call that was not
+ * carried out; a read: the state it had), error and detail; from then on
+ * it is the caller's again: keep it,
  * repeat it (an UNKNOWN call submitted again, blocking or asynchronous,
  * with the same operation and arguments, from the callback or later: the
  * exact repeat of the EXACTLY ONCE section) or release it. @arg is passed
