@@ -134,8 +134,10 @@ asan:
 	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	 $(MAKE) --no-print-directory test BUILD=build/asan SAN=address,undefined DEBUG=1
 
-# ThreadSanitizer on the pool's tests (src/pool, tests/pool).
-TSAN_TESTS = $(patsubst tests/%.c,build/tsan/tests/%,$(wildcard tests/pool/test_*.c))
+# ThreadSanitizer on the pool's tests (src/pool, tests/pool) and the client
+# library's (its I/O thread, tests/client/test_client.c and test_async.c).
+TSAN_TESTS = $(patsubst tests/%.c,build/tsan/tests/%,$(wildcard tests/pool/test_*.c) \
+    $(wildcard tests/client/test_client.c tests/client/test_async.c))
 tsan: deps
 	@if [ -z "$(TSAN_TESTS)" ]; then \
 	  echo "make tsan: no pool tests yet (tests/pool/test_*.c)" >&2; exit 1; fi
@@ -220,7 +222,7 @@ help:
 	@echo "  bench         every benchmark, with same-run baselines (and beside etcd if installed)"
 	@echo "  bench-etcd    idalloc beside a 3-node etcd, same machine, one run [ETCD_S=s]"
 	@echo "  asan          the tests under AddressSanitizer + UBSan (build/asan/)"
-	@echo "  tsan          the pool's tests under ThreadSanitizer (build/tsan/)"
+	@echo "  tsan          the pool's and the client library's tests under ThreadSanitizer (build/tsan/)"
 	@echo "  fsm-soak      longer fsm property runs [FSM_COMMANDS=n] [FSM_SEED=s]"
 	@echo "  pool-stress   long lock-free queue stress [POOL_STRESS_SECONDS=n]"
 	@echo "  sim-long      many more simulator seeds [SIM_LONG_SEEDS=N]"

@@ -6,7 +6,14 @@
  * THREADING: a client object is safe to use from many threads at once
  * (calls are pipelined on one connection per node and matched by request
  * id). A struct idalloc_call is used by one call at a time; the library
- * keeps no per-thread state.
+ * keeps no per-thread state. Each client object runs one I/O thread of its
+ * own, started by idalloc_client_new(): it owns the connections, reads
+ * every answer, runs the retries and deadlines of every call, and runs the
+ * completion callbacks of the asynchronous calls (below, "asynchronous
+ * calls"). A blocking call is an asynchronous one and a wait on a condition
+ * variable. (A call submitted while the I/O thread sleeps is written to its
+ * socket by the submitting thread, to spare a wake-up; nothing else runs
+ * there.)
  *
  * ERRORS: every call returns 0 or an IDA_E* code (idalloc_errors.h) and, when
  * given a struct idalloc_call, leaves a one-line detail in call->errmsg.
@@ -65,7 +72,10 @@ extern "C" {
 /* Writes whose answer a client object keeps wanted at once: calls in flight
  * plus calls that ended unknown and were not released. A write past it gets
  * IDA_ELIMIT at once, nothing sent. */
-#define IDALLOC_OUTSTANDING_MAX 1000
+#define IDALLOC_OUTSTANDING_MAX 4096
+/* Calls in flight on one client object at once, blocking and asynchronous,
+ * reads included. A call past it gets IDA_ELIMIT at once, nothing sent. */
+#define IDALLOC_IN_FLIGHT_MAX 4096
 /* The cluster keeps every answer of a client from its oldest wanted one on
  * (at most 65536, IDA_SESSION_RESULTS_MAX of fsm/fsm.h). A call left unknown
  * therefore pins the answers of the writes after it: once this many writes
@@ -133,9 +143,14 @@ IDALLOC_MUST_CHECK int idalloc_client_new(const struct idalloc_options *o,
                                           struct idalloc_client **out,
                                           char *errmsg);
 
-/* Close connections, stop background work, free. No call on @c may be in
- * progress or start later. Ids left in idalloc_next() blocks are never
- * handed out (they are skipped, not reused). NULL is ignored. */
+/* Close connections, stop the I/O thread, free. No blocking call on @c may
+ * be in progress, and no call may start later from another thread.
+ * Asynchronous calls still in flight are completed before it returns,
+ * their callbacks run on the I/O thread (see "asynchronous calls"); a
+ * callback that submits again then gets IDA_EUNAVAIL. Must not be called
+ * from a completion callback of @c (it would wait for its own thread).
+ * Ids left in idalloc_next() blocks are never handed out (they are
+ * skipped, not reused). NULL is ignored. */
 void idalloc_client_free(struct idalloc_client *c);
 
 /* --- calls: request ids, replays, error detail ---------------------------
@@ -164,14 +179,22 @@ void idalloc_client_free(struct idalloc_client *c);
  *                  wanted until a repeat ends DONE or idalloc_call_release().
  *   state LOST     the outcome can no longer be learned: the session expired
  *                  (IDA_ESESSION). Settle it by reading.
+ *   state IN_FLIGHT
+ *                  an asynchronous call (and a blocking one, which is built
+ *                  on it) owns the struct: set when it is submitted,
+ *                  replaced by one of the states above before its callback
+ *                  runs. A struct in this state given to any call:
+ *                  IDA_EINVAL, nothing done.
  *
- * A future asynchronous API takes the same struct (the state says whether a
- * call is in flight, the error and detail come back in it). */
+ * The asynchronous calls take the same struct: the error, the detail and
+ * the request id come back in it, and an UNKNOWN one is repeated the same
+ * way. */
 enum idalloc_call_state {
     IDALLOC_CALL_NEW = 0,
     IDALLOC_CALL_DONE = 1,
     IDALLOC_CALL_UNKNOWN = 2,
     IDALLOC_CALL_LOST = 3,
+    IDALLOC_CALL_IN_FLIGHT = 4,
 };
 
 struct idalloc_call
@@ -309,6 +332,142 @@ IDALLOC_MUST_CHECK int idalloc_prefix(struct idalloc_client *c,
                                       size_t *len,
                                       int *existed,
                                       struct idalloc_call *call);
+
+/* --- asynchronous calls ----------------------------------------------------
+ *
+ * Each operation above that a program issues at a high rate has an _async
+ * form beside the blocking one: it checks and copies its arguments, hands
+ * the call to the client's I/O thread and returns at once. The call then
+ * runs exactly as the blocking one does (the same code: leader hints
+ * followed, retries to other nodes with the same request id until the call
+ * deadline, call_timeout_ms from the submit; an unknown outcome reported
+ * UNKNOWN with its request id kept; the session registered by the first
+ * write), and its result goes to a completion callback:
+ *
+ *     cb(c, call, res, arg)
+ *
+ * runs exactly once for every call submitted (a submit that returned 0),
+ * never within the submitting function. res->error is what the blocking
+ * form would have returned; the other fields of @res hold its out values
+ * when res->error is 0. @res is valid during the callback only.
+ *
+ * WHY A CALLBACK (and not a completion queue behind a file descriptor): the
+ * I/O thread that read an answer runs its callback at once, with no thread
+ * hop, and a callback that submits the next call has it on the wire in the
+ * same pass of the loop: that is how `idalloc bench` keeps C calls in
+ * flight from one thread. A queue the caller polls costs a wake-up and a
+ * system call more per batch, and is a few lines on top of the callback
+ * where a program wants its completions on a thread of its own: in a libuv
+ * program the callback copies the result into a list guarded by a mutex and
+ * calls uv_async_send(); the loop's async callback drains the list (README,
+ * "The client library", has the example). The reverse (a callback on top of
+ * a queue) would keep the hop.
+ *
+ * SUBMIT: 0 means submitted. Any other return means nothing was submitted
+ * or sent and @cb will not run: IDA_EINVAL or IDA_ETOOBIG (bad arguments,
+ * checked here as the blocking form checks them; a call struct IN_FLIGHT),
+ * IDA_ELIMIT (IDALLOC_IN_FLIGHT_MAX calls in flight on @c, or the write
+ * limits IDALLOC_OUTSTANDING_MAX and IDALLOC_SPAN_MAX; definite, nothing
+ * done), IDA_ENOMEM, IDA_EUNAVAIL (@c is being freed), with the detail in
+ * @call when it is given (a repeat's struct stays UNKNOWN, a fresh write's
+ * is NEW, a read's keeps its state).
+ *
+ * OWNERSHIP: the arguments (@pool, @tag, @name) are copied at submit: they
+ * may be freed or reused as soon as the function returns. @call may be
+ * NULL: the callback then gets a struct of the library's, valid during the
+ * callback only, and an unknown outcome is given up (LOST) as a blocking
+ * call without a call struct does. A caller's @call belongs to the library
+ * from the submit (which sets it IN_FLIGHT) until the callback runs: do
+ * not read, write or reuse it meanwhile. The callback receives it with its
+ * final state (a write: DONE, UNKNOWN, LOST, or NEW for a call that was not
+ * carried out; a read: the state it had), error and detail; from then on
+ * it is the caller's again: keep it,
+ * repeat it (an UNKNOWN call submitted again, blocking or asynchronous,
+ * with the same operation and arguments, from the callback or later: the
+ * exact repeat of the EXACTLY ONCE section) or release it. @arg is passed
+ * through untouched.
+ *
+ * THREADING: the _async functions may be called from any thread, the
+ * callbacks included. The callbacks of a client run on its one I/O thread,
+ * one at a time, as the answers arrive (not in submit order). A callback
+ * must not block: every other call of the client (answers, timeouts,
+ * retries) waits for it. It must not call the blocking functions of the
+ * same client (idalloc_next() and idalloc_node_status() included: they
+ * return IDA_EINVAL, as they would wait for the thread they run on), nor
+ * idalloc_client_free() of its client. It may submit calls, release, format
+ * or parse call structs and use other client objects.
+ *
+ * FREE: idalloc_client_free() completes every call in flight before it
+ * returns, each with its callback: a call that was never sent ends
+ * IDA_EUNAVAIL (state NEW, nothing done), one that may have reached a node
+ * ends IDA_ECLOSED (state UNKNOWN, its request id kept: repeat it on
+ * another client object, as another process would, to learn its outcome).
+ */
+
+/* The out values of a call, for its callback. */
+struct idalloc_result
+{
+    int error;         /* 0 or IDA_E*: what the blocking form returns */
+    uint64_t id;       /* alloc, lookup: the id; reserve: the first id */
+    uint64_t count;    /* reserve: ids in the block [id, id + count) */
+    int existed;       /* alloc, prefix: the tag already held it */
+    int created;       /* pool create: 0 when an identical pool existed */
+    int freed;         /* free: 0 when it was already free */
+    size_t prefix_len; /* prefix: bytes of prefix (1 to 9) */
+    uint8_t prefix[9];
+};
+
+/* A completion callback: @call is the struct given at submit (or the
+ * library's when that was NULL), @res the result, @arg the submit's. */
+typedef void (*idalloc_done_cb)(struct idalloc_client *c,
+                                struct idalloc_call *call,
+                                const struct idalloc_result *res,
+                                void *arg);
+
+/* The asynchronous forms of idalloc_alloc(), idalloc_free(),
+ * idalloc_reserve(), idalloc_prefix(), idalloc_lookup() and
+ * idalloc_pool_create(): the same arguments (minus the out parameters),
+ * the same results in the callback's struct idalloc_result. @cb must not
+ * be NULL. Returns 0 (submitted: @cb runs exactly once) or an error
+ * (nothing submitted; see SUBMIT above). */
+IDALLOC_MUST_CHECK int idalloc_alloc_async(struct idalloc_client *c,
+                                           const char *pool,
+                                           const char *tag,
+                                           struct idalloc_call *call,
+                                           idalloc_done_cb cb,
+                                           void *arg);
+IDALLOC_MUST_CHECK int idalloc_free_async(struct idalloc_client *c,
+                                          const char *pool,
+                                          uint64_t id,
+                                          const char *tag,
+                                          struct idalloc_call *call,
+                                          idalloc_done_cb cb,
+                                          void *arg);
+IDALLOC_MUST_CHECK int idalloc_reserve_async(struct idalloc_client *c,
+                                             const char *pool,
+                                             uint64_t count,
+                                             struct idalloc_call *call,
+                                             idalloc_done_cb cb,
+                                             void *arg);
+IDALLOC_MUST_CHECK int idalloc_prefix_async(struct idalloc_client *c,
+                                            const char *pool,
+                                            const char *tag,
+                                            struct idalloc_call *call,
+                                            idalloc_done_cb cb,
+                                            void *arg);
+IDALLOC_MUST_CHECK int idalloc_lookup_async(struct idalloc_client *c,
+                                            const char *pool,
+                                            const char *tag,
+                                            struct idalloc_call *call,
+                                            idalloc_done_cb cb,
+                                            void *arg);
+IDALLOC_MUST_CHECK int idalloc_pool_create_async(struct idalloc_client *c,
+                                                 const char *name,
+                                                 enum idalloc_pool_kind kind,
+                                                 uint64_t size,
+                                                 struct idalloc_call *call,
+                                                 idalloc_done_cb cb,
+                                                 void *arg);
 
 #define IDALLOC_STATUS_PEERS_MAX      8
 #define IDALLOC_STATUS_ERRORS_MAX     8

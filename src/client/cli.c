@@ -25,7 +25,8 @@ static const char usage_all[] =
     "  status [--verbose]            one line per node (--verbose: peers, "
     "errors)\n"
     "  bench --op alloc|reserve|next|prefix --pool POOL --clients C\n"
-    "        --duration SECONDS [--count N] [--json]\n"
+    "        --duration SECONDS [--count N] [--threads T | --blocking] "
+    "[--json]\n"
     "  member list                   one line per member (and waiting node)\n"
     "  member add|remove|promote ID  change the membership (README, "
     "Runbook)\n"
@@ -145,17 +146,26 @@ static const char *const usage_cmd[] = {
     [IDA_CLI_BENCH] =
         "usage: idalloc bench --op alloc|reserve|next|prefix --pool POOL "
         "--clients C\n"
-        "                     --duration SECONDS [--count N] [--json]\n"
-        "Drive load for SECONDS with C requests in flight (C threads sharing "
-        "one\nclient object, so requests are pipelined on one connection per "
-        "node),\ncreating POOL if it does not exist. --count is the reserve "
-        "block size\n(1 to 16777216, default 1). Progress goes to stderr each "
-        "second; the "
-        "summary line\n(or a JSON object with --json) to stdout. Only ids the "
-        "cluster\nacknowledged are counted. A POOL of the wrong kind for --op "
-        "is "
-        "refused\nbefore the run (exit 1); a run in which no request succeeded "
-        "exits 1\n(definite errors) or 3 (outcomes unknown).\n",
+        "                     --duration SECONDS [--count N]\n"
+        "                     [--threads T | --blocking] [--json]\n"
+        "Drive load for SECONDS with C requests in flight, creating POOL if "
+        "it does\nnot exist. By default the C requests are C closed loops "
+        "of asynchronous\ncalls (idalloc_alloc_async() and the like: each "
+        "completion submits the\nslot's next request) on T client objects "
+        "(--threads, 1 to 16, default 1),\nso the bench runs T I/O threads "
+        "and pipelines the requests on one\nconnection per node and "
+        "client object. --blocking runs the C requests\nfrom C threads "
+        "sharing one client object, each making one blocking call\nat a "
+        "time (the way applications with a thread per request do; --op next\n"
+        "always runs so, next() being served from local blocks). --count is "
+        "the\nreserve block size (1 to 16777216, default 1). Progress goes "
+        "to stderr each\nsecond; the summary line (or a JSON object with "
+        "--json) to stdout: ok,\nerrors (definite), unknown (outcome "
+        "unknown), and the latency of every\nrequest from its submit to its "
+        "answer. Only ids the cluster acknowledged\nare counted. A POOL of "
+        "the wrong kind for --op is refused before the run\n(exit 1); a run "
+        "in which no request succeeded exits 1 (definite errors)\nor 3 "
+        "(outcomes unknown).\n",
     [IDA_CLI_MEMBER_LIST] =
         "usage: idalloc member list [--json]\n"
         "       idalloc member add|remove|promote ID\n"
@@ -324,9 +334,10 @@ struct args
     const char *pos[4];
     int npos;
     const char *kind, *size, *tag, *count, *format, *op, *pool, *clients,
-        *duration, *to, *advance, *reqid;
+        *duration, *to, *advance, *reqid, *threads;
     int json;
     int verbose;
+    int blocking;
 };
 
 /* Flags that take a value, and where it goes (@flag: @n bytes). */
@@ -343,10 +354,12 @@ static const char **flag_slot(struct args *a, const char *flag, size_t n)
                                         "--pool",
                                         "--to",
                                         "--advance-sequences",
-                                        "--request-id"};
+                                        "--request-id",
+                                        "--threads"};
     const char **slots[] = {&a->kind,   &a->size, &a->tag,     &a->count,
                             &a->format, &a->op,   &a->clients, &a->duration,
-                            &a->pool,   &a->to,   &a->advance, &a->reqid};
+                            &a->pool,   &a->to,   &a->advance, &a->reqid,
+                            &a->threads};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strlen(names[i]) == n && strncmp(flag, names[i], n) == 0) {
             return slots[i];
@@ -402,6 +415,10 @@ static int collect(int argc,
         }
         if (strcmp(s, "--verbose") == 0) {
             a->verbose = 1;
+            continue;
+        }
+        if (strcmp(s, "--blocking") == 0) {
+            a->blocking = 1;
             continue;
         }
         if (s[0] == '-' && s[1] != '\0') {
@@ -469,6 +486,7 @@ static int check_flags(const struct args *a,
              {a->pool, F_BENCH, "--pool"},
              {a->clients, F_BENCH, "--clients"},
              {a->duration, F_BENCH, "--duration"},
+             {a->threads, F_BENCH, "--threads"},
              {a->to, F_TO, "--to"},
              {a->advance, F_ADVANCE, "--advance-sequences"},
              {a->reqid, F_REQID, "--request-id"}};
@@ -482,6 +500,9 @@ static int check_flags(const struct args *a,
     }
     if (a->verbose && (allowed & F_VERBOSE) == 0) {
         return fail(errmsg, "%s: --verbose does not apply", cmd);
+    }
+    if (a->blocking && (allowed & F_BENCH) == 0) {
+        return fail(errmsg, "%s: --blocking does not apply", cmd);
     }
     struct idalloc_call t;
     if (a->reqid != NULL && idalloc_call_parse(a->reqid, &t) != 0) {
@@ -605,6 +626,24 @@ static int parse_bench(struct args *a, struct ida_cli *c, char *errmsg)
                     a->duration);
     }
     c->duration_s = (unsigned)v;
+    c->bench_blocking = a->blocking;
+    c->bench_threads = c->bench_blocking ? 0 : 1;
+    if (a->threads != NULL && c->bench_blocking) {
+        return fail(errmsg,
+                    "bench: --threads does not apply with --blocking (C "
+                    "threads, one blocking call each)");
+    }
+    if (a->threads != NULL) {
+        if (parse_u64(a->threads, &v) != 0 || v == 0 ||
+            v > IDA_CLI_BENCH_THREADS_MAX) {
+            return fail(errmsg, "bench: bad --threads \"%s\" (1 to %d)",
+                        a->threads, IDA_CLI_BENCH_THREADS_MAX);
+        }
+        c->bench_threads = (unsigned)v;
+    }
+    if (c->bench_threads > c->clients) {
+        c->bench_threads = c->clients; /* at least one request each */
+    }
     c->count = 1;
     if (a->count != NULL) {
         rv = parse_count(a->count, IDALLOC_RESERVE_COUNT_MAX, "bench",

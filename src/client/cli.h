@@ -19,6 +19,7 @@
 /* next --json holds every id in one document: a tenth of the plain limit. */
 #define IDA_CLI_NEXT_JSON_COUNT_MAX 1000000
 #define IDA_CLI_BENCH_CLIENTS_MAX   4096
+#define IDA_CLI_BENCH_THREADS_MAX   16
 
 enum ida_cli_cmd {
     IDA_CLI_HELP = 0,
@@ -70,6 +71,11 @@ struct ida_cli
     enum ida_cli_bench_op bench_op;
     unsigned clients;
     unsigned duration_s;
+    /* bench: C requests in flight driven by bench_threads client objects
+     * through the asynchronous API (default 1), or, with --blocking, by C
+     * threads each making one blocking call at a time (bench_threads 0). */
+    unsigned bench_threads;
+    int bench_blocking;
     int json;      /* --json or -w json: one JSON document (cli_json.h) */
     int verbose;   /* status --verbose */
     unsigned node; /* member add/remove/promote ID, leader transfer --to */

@@ -235,7 +235,9 @@ static int cmd_member_change(struct idalloc_client *c,
     return 0;
 }
 
-static int run(struct idalloc_client *c, const struct ida_cli *cli)
+static int run(struct idalloc_client *c,
+               const struct idalloc_options *opts,
+               const struct ida_cli *cli)
 {
     uint64_t id, first;
     int flag = 0, rv = 0;
@@ -297,7 +299,7 @@ static int run(struct idalloc_client *c, const struct ida_cli *cli)
         case IDA_CLI_STATUS:
             return cmd_status(c, cli->verbose);
         case IDA_CLI_BENCH:
-            rv = ida_bench_run(c, cli);
+            rv = ida_bench_run(c, opts, cli);
             return rv != 0 ? idalloc_exit_code(rv) : 0;
         case IDA_CLI_MEMBER_LIST:
             return cmd_member_list(c);
@@ -399,7 +401,7 @@ int main(int argc, char **argv)
     }
     int code = cli.json && cli.cmd != IDA_CLI_BENCH
                    ? ida_cli_json_run(c, &cli, &call)
-                   : run(c, &cli);
+                   : run(c, &o, &cli);
     fflush(stdout);
     idalloc_client_free(c);
     return code;

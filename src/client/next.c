@@ -1,10 +1,13 @@
 /* libidalloc: idalloc_next(), ids from locally held blocks.
  *
  * The bookkeeping is src/client/nextblock.c; this file adds the threads.
- * Every pool's block state is guarded by the client mutex c->mu. One
- * refiller thread per client performs the reserve calls, so a caller never
- * pays a round trip unless its pool ran completely dry; nextblock guarantees
- * at most one refill in flight per pool whatever the number of callers.
+ * Every pool's block state is guarded by the client mutex c->mu. A refill
+ * is an asynchronous reserve (idalloc_reserve_async()) whose callback, on
+ * the client's I/O thread, lands the block, so a caller never pays a round
+ * trip unless its pool ran completely dry; nextblock guarantees at most one
+ * refill in flight per pool whatever the number of callers. A refill that
+ * ends unknown is repeated once with its request id from its callback (if
+ * it acted, that returns its block instead of losing it), then released.
  *
  * Fast path (no lock, no atomic read-modify-write, no system call): each
  * thread keeps, per (client, pool), a small run of ids [lo, hi) taken from
@@ -47,9 +50,11 @@ struct ida_next_pool
 {
     char *name;
     struct ida_next_blocks b;
-    pthread_cond_t cond; /* a refill landed or failed */
-    uint64_t want;       /* ids the refiller should reserve; 0: none */
-    int last_err;        /* error of the last failed refill */
+    pthread_cond_t cond;        /* a refill landed or failed */
+    uint64_t refill_n;          /* ids the refill in flight asked for */
+    int refill_repeated;        /* it was repeated once already */
+    struct idalloc_call refill; /* its call struct */
+    int last_err;               /* error of the last failed refill */
     char last_errmsg[IDALLOC_ERRMSG_MAX]; /* and its detail */
     uint64_t fail_gen;                    /* bumped on each failed refill */
     uint64_t in_flight, max_in_flight;
@@ -112,81 +117,14 @@ static struct ida_next_pool *find_pool(struct idalloc_client *c,
     return p;
 }
 
-static struct ida_next_pool *pool_wanting_refill(struct idalloc_client *c)
-{
-    for (struct ida_next_pool *p = c->next_pools; p != NULL; p = p->next) {
-        if (p->want > 0) {
-            return p;
-        }
-    }
-    return NULL;
-}
-
-static void *refiller_main(void *arg)
-{
-    struct idalloc_client *c = arg;
-    pthread_mutex_lock(&c->mu);
-    while (!c->stopping) {
-        struct ida_next_pool *p = pool_wanting_refill(c);
-        if (p == NULL) {
-            pthread_cond_wait(&c->refill_cond, &c->mu);
-            continue;
-        }
-        uint64_t n = p->want;
-        p->want = 0;
-        pthread_mutex_unlock(&c->mu);
-        uint64_t first = 0;
-        struct idalloc_call call;
-        idalloc_call_init(&call);
-        int rv = idalloc_reserve(c, p->name, n, &first, &call);
-        /* An unknown refill is repeated once with its request id: if it
-         * acted, that returns its block instead of losing it. */
-        if (call.state == IDALLOC_CALL_UNKNOWN) {
-            rv = idalloc_reserve(c, p->name, n, &first, &call);
-        }
-        if (call.state == IDALLOC_CALL_UNKNOWN) {
-            (void)idalloc_call_release(c, &call);
-        }
-        pthread_mutex_lock(&c->mu);
-        p->in_flight--;
-        if (rv == 0) {
-            ida_next_refilled(&p->b, first, n, ida__client_now_ms());
-        } else {
-            ida_next_refill_failed(&p->b);
-            p->last_err = rv;
-            snprintf(p->last_errmsg, sizeof(p->last_errmsg), "%s", call.errmsg);
-            p->fail_gen++;
-        }
-        pthread_cond_broadcast(&p->cond);
-    }
-    pthread_mutex_unlock(&c->mu);
-    return NULL;
-}
-
-int ida__client_next_start(struct idalloc_client *c)
+void ida__client_next_init(struct idalloc_client *c)
 {
     c->next_gen = atomic_fetch_add(&client_gens, 1) + 1;
-    cond_init_monotonic(&c->refill_cond);
-    if (pthread_create(&c->refiller, NULL, refiller_main, c) != 0) {
-        pthread_cond_destroy(&c->refill_cond);
-        return IDA_ENOMEM;
-    }
-    c->refiller_running = 1;
-    return 0;
 }
 
-void ida__client_next_stop(struct idalloc_client *c)
+/* Free every pool: after the I/O thread stopped (no refill in flight). */
+void ida__client_next_free(struct idalloc_client *c)
 {
-    if (!c->refiller_running) {
-        return;
-    }
-    pthread_mutex_lock(&c->mu);
-    c->stopping = 1;
-    pthread_cond_broadcast(&c->refill_cond);
-    pthread_mutex_unlock(&c->mu);
-    pthread_join(c->refiller, NULL);
-    c->refiller_running = 0;
-    pthread_cond_destroy(&c->refill_cond);
     while (c->next_pools != NULL) {
         struct ida_next_pool *p = c->next_pools;
         c->next_pools = p->next;
@@ -201,17 +139,61 @@ void ida__client_next_stop(struct idalloc_client *c)
     }
 }
 
-/* Ask the refiller for @n ids for @p. Holds c->mu. */
+/* The refill ended @rv (its first id @first). Holds c->mu. */
+static void refill_ended(struct ida_next_pool *p, int rv, uint64_t first)
+{
+    p->in_flight--;
+    if (rv == 0) {
+        ida_next_refilled(&p->b, first, p->refill_n, ida__client_now_ms());
+    } else {
+        ida_next_refill_failed(&p->b);
+        p->last_err = rv;
+        snprintf(p->last_errmsg, sizeof(p->last_errmsg), "%s",
+                 p->refill.errmsg);
+        p->fail_gen++;
+    }
+    pthread_cond_broadcast(&p->cond);
+}
+
+/* A refill's callback, on the I/O thread. */
+static void refill_done(struct idalloc_client *c,
+                        struct idalloc_call *call,
+                        const struct idalloc_result *res,
+                        void *arg)
+{
+    struct ida_next_pool *p = arg;
+    int rv = res->error;
+    uint64_t first = res->id;
+    if (call->state == IDALLOC_CALL_UNKNOWN && !p->refill_repeated) {
+        p->refill_repeated = 1;
+        if (idalloc_reserve_async(c, p->name, p->refill_n, call, refill_done,
+                                  p) == 0) {
+            return; /* the repeat's callback lands it */
+        }
+    }
+    if (call->state == IDALLOC_CALL_UNKNOWN) {
+        (void)idalloc_call_release(c, call);
+    }
+    pthread_mutex_lock(&c->mu);
+    refill_ended(p, rv, first);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Reserve @n ids for @p. Holds c->mu. */
 static void request_refill(struct idalloc_client *c,
                            struct ida_next_pool *p,
                            uint64_t n)
 {
-    p->want = n;
     p->in_flight++;
     if (p->in_flight > p->max_in_flight) {
         p->max_in_flight = p->in_flight;
     }
-    pthread_cond_signal(&c->refill_cond);
+    p->refill_n = n;
+    p->refill_repeated = 0;
+    idalloc_call_init(&p->refill);
+    if (idalloc_reserve_async(c, p->name, n, &p->refill, refill_done, p) != 0) {
+        refill_ended(p, p->refill.error, 0);
+    }
 }
 
 /* This thread's slot for (@c, @p), created on first use. Holds c->mu. */
@@ -245,7 +227,7 @@ static inline uint64_t serve(struct next_slot *sl)
 }
 
 /* A next() call ends: it never has an outcome to resolve (a refill that
- * ended unknown is repeated by the refiller, not by the caller). */
+ * ended unknown is repeated by its callback, not by the caller). */
 static void call_done(struct idalloc_call *call, int rv)
 {
     if (call != NULL) {
@@ -282,6 +264,14 @@ int idalloc_next(struct idalloc_client *c,
     }
     if (call != NULL) {
         call->errmsg[0] = '\0';
+    }
+    if (ida__client_on_loop(c)) {
+        /* It may have to wait for a refill, which this thread lands. */
+        ida__call_error(call,
+                        "next: a blocking call from a completion callback "
+                        "would wait for its own thread");
+        call_done(call, IDA_EINVAL);
+        return IDA_EINVAL;
     }
     if (strlen(pool) > POOL_NAME_BYTES_MAX) {
         ida__call_error(call, "next: a pool name of at most %d bytes is needed",

@@ -1,4 +1,12 @@
-/* libidalloc: one function per operation, and id formatting. */
+/* libidalloc: the pool operations, asynchronous and blocking (pool create,
+ * alloc, free, lookup, reserve, prefix). Each builds its request in a
+ * struct aop holding copies of its arguments, hands it to the I/O thread
+ * (ida__call_submit(), src/client/call.c) and turns the answer into a
+ * struct idalloc_result for the callback. The blocking form is the same
+ * with the struct aop on the caller's stack and a callback that wakes the
+ * caller: one code path. The other calls (list, status, membership) are
+ * src/client/admin.c. */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -6,72 +14,46 @@
 #include "base/utf8.h"
 #include "src/client/client.h"
 
-/* Run @req and check its answer: 0 with *out set to the response (caller
- * frees), or the error with its detail in @call (may be NULL); a result of
- * another kind than @want is IDA_EPROTO. A write (@write) is numbered in
- * the session and settled in @call (ida__client_finish). */
-static int run(struct idalloc_client *c,
-               Idalloc__ClientRequest *req,
-               Idalloc__CommandResult__ResultCase want,
-               int write,
-               struct idalloc_call *call,
-               Idalloc__ClientResponse **out)
+struct aop
 {
+    struct ida_acall a;
+    Idalloc__ClientRequest req;
+    union {
+        Idalloc__Alloc alloc;
+        Idalloc__Free free;
+        Idalloc__Lookup lookup;
+        Idalloc__Reserve reserve;
+        Idalloc__PrefixAlloc prefix;
+        Idalloc__PoolCreate create;
+    } op;
+    char pool[IDA_CLIENT_POOL_NAME_MAX + 1];
+    char tag[IDA_CLIENT_TAG_BYTES_MAX + 1];
+    int write;
+    int keep;   /* the caller holds the call struct */
+    int replay; /* a write repeating the call's request id */
+    int heap;   /* allocated by the submit: freed after the callback */
+    enum idalloc_call_state prev; /* a read gives the state back */
+    struct idalloc_call *call;    /* the caller's, or local */
+    idalloc_done_cb cb;
+    void *arg;
     struct idalloc_call local;
-    int keep = call != NULL;
-    if (call == NULL) {
-        idalloc_call_init(&local);
-        call = &local;
-    }
-    if (write && call->state != IDALLOC_CALL_UNKNOWN) {
-        call->seq = 0; /* a fresh call */
-        call->state = IDALLOC_CALL_NEW;
-    }
-    int replay = write && call->state == IDALLOC_CALL_UNKNOWN;
-    call->errmsg[0] = '\0';
-    Idalloc__ClientResponse *r = NULL;
-    int rv = ida__client_call(c, req, write, call, &r);
-    if (rv == 0) {
-        Idalloc__CommandResult *res = r->result;
-        if (res->error != 0) {
-            rv = (int)res->error;
-            ida__call_error(call, "%s",
-                            res->error_msg[0] != '\0' ? res->error_msg
-                                                      : idalloc_strerror(rv));
-        } else if (res->result_case != want) {
-            rv = IDA_EPROTO;
-            ida__call_error(call,
-                            "the server answered with another result kind");
-        }
-        if (rv != 0) {
-            idalloc__client_response__free_unpacked(r, NULL);
-        }
-    }
-    if (write) {
-        rv = ida__client_finish(c, call, rv, keep, replay);
-    } else {
-        call->error = rv; /* a read has no request id to keep: the state of
-                           * the struct is left as it was */
-    }
-    if (rv == 0) {
-        *out = r;
+};
+
+/* --- arguments -------------------------------------------------------- */
+
+static int bad_args(struct idalloc_call *call, int rv, const char *what)
+{
+    if (call != NULL) {
+        ida__call_error(call, "%s", what);
+        call->error = rv;
     }
     return rv;
 }
 
-static int bad_args(struct idalloc_call *call, const char *what)
+/* A call struct another call holds: refused without touching it. */
+static int in_flight(const struct idalloc_call *call)
 {
-    ida__call_error(call, "%s", what);
-    if (call != NULL) {
-        call->error = IDA_EINVAL;
-    }
-    return IDA_EINVAL;
-}
-
-/* A C string as the bytes of a request field (proto `bytes`). */
-static ProtobufCBinaryData bin(const char *s)
-{
-    return (ProtobufCBinaryData){strlen(s), (uint8_t *)s};
+    return call != NULL && call->state == IDALLOC_CALL_IN_FLIGHT;
 }
 
 /* The tag half of check_names(). */
@@ -95,8 +77,10 @@ static int check_tag(struct idalloc_call *call, const char *op, const char *tag)
 }
 
 /* Refuse a pool name (and tag, unless NULL) the cluster would refuse, with
- * the rule in the error detail: nothing is sent. */
-static int check_names(struct idalloc_call *call,
+ * the rule in the error detail: nothing is sent. On 0 both are copied
+ * into @o. */
+static int check_names(struct aop *o,
+                       struct idalloc_call *call,
                        const char *op,
                        const char *pool,
                        const char *tag)
@@ -118,13 +102,482 @@ static int check_names(struct idalloc_call *call,
     } else if (tag != NULL) {
         rv = check_tag(call, op, tag);
     }
-    if (rv != 0 && call != NULL) {
+    if (rv != 0) {
+        if (call != NULL) {
+            call->error = rv;
+        }
+        return rv;
+    }
+    memcpy(o->pool, pool, n + 1);
+    if (tag != NULL) {
+        memcpy(o->tag, tag, strlen(tag) + 1);
+    }
+    return 0;
+}
+
+/* A C string as the bytes of a request field (proto `bytes`). */
+static ProtobufCBinaryData bin(const char *s)
+{
+    return (ProtobufCBinaryData){strlen(s), (uint8_t *)s};
+}
+
+/* --- the answer ------------------------------------------------------- */
+
+/* The out values of @r for @o's operation into @res: 0 or the error. */
+static int decode(struct aop *o,
+                  const Idalloc__CommandResult *res,
+                  struct idalloc_result *out)
+{
+    struct idalloc_call *call = o->call;
+    if (res->error != 0) {
+        int rv = (int)res->error;
+        ida__call_error(
+            call, "%s",
+            res->error_msg[0] != '\0' ? res->error_msg : idalloc_strerror(rv));
+        return rv;
+    }
+    Idalloc__CommandResult__ResultCase want;
+    switch (o->req.op_case) {
+        case IDALLOC__CLIENT_REQUEST__OP_ALLOC:
+            want = IDALLOC__COMMAND_RESULT__RESULT_ALLOC;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_FREE:
+            want = IDALLOC__COMMAND_RESULT__RESULT_FREE;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_LOOKUP:
+            want = IDALLOC__COMMAND_RESULT__RESULT_LOOKUP;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_RESERVE:
+            want = IDALLOC__COMMAND_RESULT__RESULT_RESERVE;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC:
+            want = IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC;
+            break;
+        default:
+            want = IDALLOC__COMMAND_RESULT__RESULT_POOL_CREATE;
+            break;
+    }
+    if (res->result_case != want) {
+        ida__call_error(call, "the server answered with another result kind");
+        return IDA_EPROTO;
+    }
+    switch (want) {
+        case IDALLOC__COMMAND_RESULT__RESULT_ALLOC:
+            out->id = res->alloc->id;
+            out->existed = res->alloc->existed;
+            return 0;
+        case IDALLOC__COMMAND_RESULT__RESULT_FREE:
+            out->freed = res->free->freed;
+            return 0;
+        case IDALLOC__COMMAND_RESULT__RESULT_LOOKUP:
+            out->id = res->lookup->id;
+            return 0;
+        case IDALLOC__COMMAND_RESULT__RESULT_RESERVE: {
+            const Idalloc__ReserveResult *rr = res->reserve;
+            uint64_t count = o->op.reserve.count;
+            if (rr->count != count) {
+                ida__call_error(call, "reserve: asked %llu ids, got %llu",
+                                (unsigned long long)count,
+                                (unsigned long long)rr->count);
+                return IDA_EPROTO;
+            }
+            if (rr->first > UINT64_MAX - count) {
+                /* A block must not wrap around the id space: the caller
+                 * (and next()'s bookkeeping) counts on first + count. */
+                ida__call_error(call,
+                                "reserve: the cluster answered a block "
+                                "[%llu, +%llu) past the largest id",
+                                (unsigned long long)rr->first,
+                                (unsigned long long)count);
+                return IDA_EPROTO;
+            }
+            out->id = rr->first;
+            out->count = count;
+            return 0;
+        }
+        case IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC: {
+            const ProtobufCBinaryData *p = &res->prefix_alloc->prefix;
+            if (p->len == 0 || p->len > 9) {
+                ida__call_error(call, "prefix of %zu bytes", p->len);
+                return IDA_EPROTO;
+            }
+            memcpy(out->prefix, p->data, p->len);
+            out->prefix_len = p->len;
+            out->existed = res->prefix_alloc->existed;
+            return 0;
+        }
+        default:
+            out->created = res->pool_create->created;
+            return 0;
+    }
+}
+
+/* The end of an operation, on the I/O thread. */
+static void aop_done(struct ida_acall *a, int rv, Idalloc__ClientResponse *r)
+{
+    struct aop *o = a->arg;
+    struct idalloc_client *c = a->c;
+    struct idalloc_result res;
+    memset(&res, 0, sizeof(res));
+    if (rv == 0) {
+        rv = decode(o, r->result, &res);
+        idalloc__client_response__free_unpacked(r, NULL);
+    }
+    if (o->write) {
+        rv = ida__client_finish(c, o->call, rv, o->keep, o->replay);
+    } else {
+        o->call->error = rv; /* a read has no request id to keep */
+        o->call->state = o->prev;
+    }
+    if (rv != 0) {
+        memset(&res, 0, sizeof(res));
+    }
+    res.error = rv;
+    int heap = o->heap;
+    o->cb(c, o->call, &res, o->arg);
+    if (heap) {
+        ida_free(o);
+    }
+}
+
+/* Submit @o (its request built): 0, or the error with nothing submitted
+ * and the call struct's state as it was (a fresh write: NEW). */
+static int aop_submit(struct idalloc_client *c,
+                      struct aop *o,
+                      int write,
+                      struct idalloc_call *call,
+                      idalloc_done_cb cb,
+                      void *arg)
+{
+    o->keep = call != NULL;
+    if (call == NULL) {
+        idalloc_call_init(&o->local);
+        call = &o->local;
+    }
+    o->call = call;
+    o->write = write;
+    o->cb = cb;
+    o->arg = arg;
+    o->prev = call->state;
+    o->replay = write && call->state == IDALLOC_CALL_UNKNOWN && call->seq != 0;
+    if (write && !o->replay) {
+        call->seq = 0; /* a fresh call */
+        o->prev = IDALLOC_CALL_NEW;
+    }
+    call->errmsg[0] = '\0';
+    ida__call_init(&o->a, &o->req, write, o->replay, call, aop_done, o);
+    call->state = IDALLOC_CALL_IN_FLIGHT;
+    int rv = ida__call_submit(c, &o->a);
+    if (rv != 0) {
+        call->state = o->prev;
         call->error = rv;
     }
     return rv;
 }
 
-#define REQUEST(var) Idalloc__ClientRequest var = IDALLOC__CLIENT_REQUEST__INIT
+/* A new struct aop for an asynchronous call (request fields zeroed). */
+static struct aop *aop_new(struct idalloc_call *call, int *rv)
+{
+    struct aop *o = ida_malloc(sizeof(*o));
+    if (o == NULL) {
+        *rv = bad_args(call, IDA_ENOMEM, "out of memory");
+        return NULL;
+    }
+    memset(o, 0, offsetof(struct aop, local));
+    idalloc__client_request__init(&o->req);
+    o->heap = 1;
+    return o;
+}
+
+/* --- blocking: the same, and a wait ------------------------------------ */
+
+struct waiter
+{
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    struct idalloc_result res;
+};
+
+static void wake_caller(struct idalloc_client *c,
+                        struct idalloc_call *call,
+                        const struct idalloc_result *res,
+                        void *arg)
+{
+    (void)c, (void)call;
+    struct waiter *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->res = *res;
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Run @o (on the caller's stack) and wait: its result in *res. */
+static int aop_wait(struct idalloc_client *c,
+                    struct aop *o,
+                    int write,
+                    struct idalloc_call *call,
+                    struct idalloc_result *res)
+{
+    if (ida__client_on_loop(c)) {
+        return bad_args(call, IDA_EINVAL,
+                        "a blocking call from a completion callback would "
+                        "wait for its own thread");
+    }
+    struct waiter w = {.done = 0};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    o->heap = 0;
+    int rv = aop_submit(c, o, write, call, wake_caller, &w);
+    if (rv == 0) {
+        pthread_mutex_lock(&w.mu);
+        while (!w.done) {
+            pthread_cond_wait(&w.cv, &w.mu);
+        }
+        pthread_mutex_unlock(&w.mu);
+        *res = w.res;
+        rv = res->error;
+    }
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    return rv;
+}
+
+/* A struct aop on the stack of a blocking call. */
+#define STACK_AOP(o)                            \
+    struct aop o;                               \
+    memset(&o, 0, offsetof(struct aop, local)); \
+    idalloc__client_request__init(&o.req)
+
+/* --- the operations --------------------------------------------------- */
+
+static int build_pool_create(struct aop *o,
+                             const char *name,
+                             enum idalloc_pool_kind kind,
+                             uint64_t size,
+                             struct idalloc_call *call)
+{
+    if (name == NULL || kind < IDALLOC_POOL_SEQUENCE ||
+        kind > IDALLOC_POOL_PREFIX) {
+        return bad_args(call, IDA_EINVAL,
+                        "pool create: a name and a known kind are needed");
+    }
+    int rv = check_names(o, call, "pool create", name, NULL);
+    if (rv == 0) {
+        idalloc__pool_create__init(&o->op.create);
+        o->op.create.name = bin(o->pool);
+        o->op.create.kind = (Idalloc__PoolKind)kind;
+        o->op.create.size = size;
+        o->req.op_case = IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE;
+        o->req.pool_create = &o->op.create;
+    }
+    return rv;
+}
+
+static int build_alloc(struct aop *o,
+                       const char *pool,
+                       const char *tag,
+                       struct idalloc_call *call)
+{
+    if (pool == NULL || tag == NULL) {
+        return bad_args(call, IDA_EINVAL, "alloc: pool and tag are needed");
+    }
+    int rv = check_names(o, call, "alloc", pool, tag);
+    if (rv == 0) {
+        idalloc__alloc__init(&o->op.alloc);
+        o->op.alloc.pool = bin(o->pool);
+        o->op.alloc.tag = bin(o->tag);
+        o->req.op_case = IDALLOC__CLIENT_REQUEST__OP_ALLOC;
+        o->req.alloc = &o->op.alloc;
+    }
+    return rv;
+}
+
+static int build_free(struct aop *o,
+                      const char *pool,
+                      uint64_t id,
+                      const char *tag,
+                      struct idalloc_call *call)
+{
+    if (pool == NULL || tag == NULL) {
+        return bad_args(call, IDA_EINVAL, "free: pool and tag are needed");
+    }
+    int rv = check_names(o, call, "free", pool, tag);
+    if (rv == 0) {
+        idalloc__free__init(&o->op.free);
+        o->op.free.pool = bin(o->pool);
+        o->op.free.id = id;
+        o->op.free.tag = bin(o->tag);
+        o->req.op_case = IDALLOC__CLIENT_REQUEST__OP_FREE;
+        o->req.free = &o->op.free;
+    }
+    return rv;
+}
+
+static int build_lookup(struct aop *o,
+                        const char *pool,
+                        const char *tag,
+                        struct idalloc_call *call)
+{
+    if (pool == NULL || tag == NULL) {
+        return bad_args(call, IDA_EINVAL, "lookup: pool and tag are needed");
+    }
+    int rv = check_names(o, call, "lookup", pool, tag);
+    if (rv == 0) {
+        idalloc__lookup__init(&o->op.lookup);
+        o->op.lookup.pool = bin(o->pool);
+        o->op.lookup.tag = bin(o->tag);
+        o->req.op_case = IDALLOC__CLIENT_REQUEST__OP_LOOKUP;
+        o->req.lookup = &o->op.lookup;
+    }
+    return rv;
+}
+
+static int build_reserve(struct aop *o,
+                         const char *pool,
+                         uint64_t count,
+                         struct idalloc_call *call)
+{
+    if (pool == NULL || count == 0) {
+        return bad_args(call, IDA_EINVAL,
+                        "reserve: a pool and a count > 0 are needed");
+    }
+    if (count > IDALLOC_RESERVE_COUNT_MAX) {
+        char why[128];
+        snprintf(why, sizeof(why),
+                 "reserve: %llu ids asked, at most %llu per reserve",
+                 (unsigned long long)count,
+                 (unsigned long long)IDALLOC_RESERVE_COUNT_MAX);
+        return bad_args(call, IDA_EINVAL, why);
+    }
+    int rv = check_names(o, call, "reserve", pool, NULL);
+    if (rv == 0) {
+        idalloc__reserve__init(&o->op.reserve);
+        o->op.reserve.pool = bin(o->pool);
+        o->op.reserve.count = count;
+        o->req.op_case = IDALLOC__CLIENT_REQUEST__OP_RESERVE;
+        o->req.reserve = &o->op.reserve;
+    }
+    return rv;
+}
+
+static int build_prefix(struct aop *o,
+                        const char *pool,
+                        const char *tag,
+                        struct idalloc_call *call)
+{
+    if (pool == NULL || tag == NULL) {
+        return bad_args(call, IDA_EINVAL, "prefix: pool and tag are needed");
+    }
+    int rv = check_names(o, call, "prefix", pool, tag);
+    if (rv == 0) {
+        idalloc__prefix_alloc__init(&o->op.prefix);
+        o->op.prefix.pool = bin(o->pool);
+        o->op.prefix.tag = bin(o->tag);
+        o->req.op_case = IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
+        o->req.prefix_alloc = &o->op.prefix;
+    }
+    return rv;
+}
+
+/* The asynchronous forms: check, build in a heap struct aop, submit. */
+#define ASYNC_BODY(write, build_call)                  \
+    if (in_flight(call)) {                             \
+        return IDA_EINVAL;                             \
+    }                                                  \
+    if (c == NULL || cb == NULL) {                     \
+        return bad_args(call, IDA_EINVAL,              \
+                        "a client and a callback are " \
+                        "needed");                     \
+    }                                                  \
+    int rv;                                            \
+    struct aop *o = aop_new(call, &rv);                \
+    if (o == NULL) {                                   \
+        return rv;                                     \
+    }                                                  \
+    rv = build_call;                                   \
+    if (rv == 0) {                                     \
+        rv = aop_submit(c, o, write, call, cb, arg);   \
+    }                                                  \
+    if (rv != 0) {                                     \
+        ida_free(o);                                   \
+    }                                                  \
+    return rv
+
+int idalloc_pool_create_async(struct idalloc_client *c,
+                              const char *name,
+                              enum idalloc_pool_kind kind,
+                              uint64_t size,
+                              struct idalloc_call *call,
+                              idalloc_done_cb cb,
+                              void *arg)
+{
+    ASYNC_BODY(1, build_pool_create(o, name, kind, size, call));
+}
+
+int idalloc_alloc_async(struct idalloc_client *c,
+                        const char *pool,
+                        const char *tag,
+                        struct idalloc_call *call,
+                        idalloc_done_cb cb,
+                        void *arg)
+{
+    ASYNC_BODY(1, build_alloc(o, pool, tag, call));
+}
+
+int idalloc_free_async(struct idalloc_client *c,
+                       const char *pool,
+                       uint64_t id,
+                       const char *tag,
+                       struct idalloc_call *call,
+                       idalloc_done_cb cb,
+                       void *arg)
+{
+    ASYNC_BODY(1, build_free(o, pool, id, tag, call));
+}
+
+int idalloc_lookup_async(struct idalloc_client *c,
+                         const char *pool,
+                         const char *tag,
+                         struct idalloc_call *call,
+                         idalloc_done_cb cb,
+                         void *arg)
+{
+    ASYNC_BODY(0, build_lookup(o, pool, tag, call));
+}
+
+int idalloc_reserve_async(struct idalloc_client *c,
+                          const char *pool,
+                          uint64_t count,
+                          struct idalloc_call *call,
+                          idalloc_done_cb cb,
+                          void *arg)
+{
+    ASYNC_BODY(1, build_reserve(o, pool, count, call));
+}
+
+int idalloc_prefix_async(struct idalloc_client *c,
+                         const char *pool,
+                         const char *tag,
+                         struct idalloc_call *call,
+                         idalloc_done_cb cb,
+                         void *arg)
+{
+    ASYNC_BODY(1, build_prefix(o, pool, tag, call));
+}
+
+/* The blocking forms: check, build on the stack, submit and wait. */
+#define BLOCKING_BODY(write, build_call)         \
+    if (in_flight(call)) {                       \
+        return IDA_EINVAL;                       \
+    }                                            \
+    STACK_AOP(o);                                \
+    struct idalloc_result res;                   \
+    int rv = build_call;                         \
+    if (rv == 0) {                               \
+        rv = aop_wait(c, &o, write, call, &res); \
+    }
 
 int idalloc_pool_create(struct idalloc_client *c,
                         const char *name,
@@ -133,30 +586,9 @@ int idalloc_pool_create(struct idalloc_client *c,
                         int *created,
                         struct idalloc_call *call)
 {
-    if (name == NULL || kind < IDALLOC_POOL_SEQUENCE ||
-        kind > IDALLOC_POOL_PREFIX) {
-        return bad_args(call,
-                        "pool create: a name and a known kind are needed");
-    }
-    int bad = check_names(call, "pool create", name, NULL);
-    if (bad != 0) {
-        return bad;
-    }
-    REQUEST(req);
-    Idalloc__PoolCreate op = IDALLOC__POOL_CREATE__INIT;
-    op.name = bin(name);
-    op.kind = (Idalloc__PoolKind)kind;
-    op.size = size;
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE;
-    req.pool_create = &op;
-    Idalloc__ClientResponse *r;
-    int rv =
-        run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_POOL_CREATE, 1, call, &r);
-    if (rv == 0) {
-        if (created != NULL) {
-            *created = r->result->pool_create->created;
-        }
-        idalloc__client_response__free_unpacked(r, NULL);
+    BLOCKING_BODY(1, build_pool_create(&o, name, kind, size, call));
+    if (rv == 0 && created != NULL) {
+        *created = res.created;
     }
     return rv;
 }
@@ -168,27 +600,15 @@ int idalloc_alloc(struct idalloc_client *c,
                   int *existed,
                   struct idalloc_call *call)
 {
-    if (pool == NULL || tag == NULL || id == NULL) {
-        return bad_args(call, "alloc: pool, tag and id are needed");
+    if (id == NULL && !in_flight(call)) {
+        return bad_args(call, IDA_EINVAL, "alloc: pool, tag and id are needed");
     }
-    int bad = check_names(call, "alloc", pool, tag);
-    if (bad != 0) {
-        return bad;
-    }
-    REQUEST(req);
-    Idalloc__Alloc op = IDALLOC__ALLOC__INIT;
-    op.pool = bin(pool);
-    op.tag = bin(tag);
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_ALLOC;
-    req.alloc = &op;
-    Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_ALLOC, 1, call, &r);
+    BLOCKING_BODY(1, build_alloc(&o, pool, tag, call));
     if (rv == 0) {
-        *id = r->result->alloc->id;
+        *id = res.id;
         if (existed != NULL) {
-            *existed = r->result->alloc->existed;
+            *existed = res.existed;
         }
-        idalloc__client_response__free_unpacked(r, NULL);
     }
     return rv;
 }
@@ -200,27 +620,9 @@ int idalloc_free(struct idalloc_client *c,
                  int *freed,
                  struct idalloc_call *call)
 {
-    if (pool == NULL || tag == NULL) {
-        return bad_args(call, "free: pool and tag are needed");
-    }
-    int bad = check_names(call, "free", pool, tag);
-    if (bad != 0) {
-        return bad;
-    }
-    REQUEST(req);
-    Idalloc__Free op = IDALLOC__FREE__INIT;
-    op.pool = bin(pool);
-    op.id = id;
-    op.tag = bin(tag);
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_FREE;
-    req.free = &op;
-    Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_FREE, 1, call, &r);
-    if (rv == 0) {
-        if (freed != NULL) {
-            *freed = r->result->free->freed;
-        }
-        idalloc__client_response__free_unpacked(r, NULL);
+    BLOCKING_BODY(1, build_free(&o, pool, id, tag, call));
+    if (rv == 0 && freed != NULL) {
+        *freed = res.freed;
     }
     return rv;
 }
@@ -231,92 +633,13 @@ int idalloc_lookup(struct idalloc_client *c,
                    uint64_t *id,
                    struct idalloc_call *call)
 {
-    if (pool == NULL || tag == NULL || id == NULL) {
-        return bad_args(call, "lookup: pool, tag and id are needed");
+    if (id == NULL && !in_flight(call)) {
+        return bad_args(call, IDA_EINVAL,
+                        "lookup: pool, tag and id are needed");
     }
-    int bad = check_names(call, "lookup", pool, tag);
-    if (bad != 0) {
-        return bad;
-    }
-    REQUEST(req);
-    Idalloc__Lookup op = IDALLOC__LOOKUP__INIT;
-    op.pool = bin(pool);
-    op.tag = bin(tag);
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_LOOKUP;
-    req.lookup = &op;
-    Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LOOKUP, 0, call, &r);
+    BLOCKING_BODY(0, build_lookup(&o, pool, tag, call));
     if (rv == 0) {
-        *id = r->result->lookup->id;
-        idalloc__client_response__free_unpacked(r, NULL);
-    }
-    return rv;
-}
-
-void idalloc_holdings_free(struct idalloc_holding *h, size_t count)
-{
-    for (size_t i = 0; h != NULL && i < count; i++) {
-        ida_free(h[i].tag);
-    }
-    ida_free(h);
-}
-
-static int copy_holdings(const Idalloc__ListResult *l,
-                         struct idalloc_holding **out,
-                         size_t *count)
-{
-    struct idalloc_holding *h =
-        ida_calloc(l->n_holdings > 0 ? l->n_holdings : 1, sizeof(*h));
-    if (h == NULL) {
-        return IDA_ENOMEM;
-    }
-    for (size_t i = 0; i < l->n_holdings; i++) {
-        h[i].id = l->holdings[i]->id;
-        h[i].tag =
-            ida_strndup(l->holdings[i]->tag, strlen(l->holdings[i]->tag));
-        if (h[i].tag == NULL) {
-            idalloc_holdings_free(h, i);
-            return IDA_ENOMEM;
-        }
-    }
-    *out = h;
-    *count = l->n_holdings;
-    return 0;
-}
-
-int idalloc_list(struct idalloc_client *c,
-                 const char *pool,
-                 int has_after,
-                 uint64_t after_id,
-                 uint32_t limit,
-                 struct idalloc_holding **out,
-                 size_t *count,
-                 int *more,
-                 struct idalloc_call *call)
-{
-    if (pool == NULL || out == NULL || count == NULL) {
-        return bad_args(call, "list: pool, out and count are needed");
-    }
-    int bad = check_names(call, "list", pool, NULL);
-    if (bad != 0) {
-        return bad;
-    }
-    REQUEST(req);
-    Idalloc__List op = IDALLOC__LIST__INIT;
-    op.pool = bin(pool);
-    op.has_after = has_after != 0;
-    op.after_id = after_id;
-    op.limit = limit;
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_LIST;
-    req.list = &op;
-    Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LIST, 0, call, &r);
-    if (rv == 0) {
-        rv = copy_holdings(r->result->list, out, count);
-        if (more != NULL) {
-            *more = r->result->list->more;
-        }
-        idalloc__client_response__free_unpacked(r, NULL);
+        *id = res.id;
     }
     return rv;
 }
@@ -327,50 +650,13 @@ int idalloc_reserve(struct idalloc_client *c,
                     uint64_t *first,
                     struct idalloc_call *call)
 {
-    if (pool == NULL || first == NULL || count == 0) {
-        return bad_args(call, "reserve: a pool and a count > 0 are needed");
+    if (first == NULL && !in_flight(call)) {
+        return bad_args(call, IDA_EINVAL,
+                        "reserve: a pool and a count > 0 are needed");
     }
-    if (count > IDALLOC_RESERVE_COUNT_MAX) {
-        if (call != NULL) {
-            call->error = IDA_EINVAL;
-        }
-        ida__call_error(call,
-                        "reserve: %llu ids asked, at most %llu per reserve",
-                        (unsigned long long)count,
-                        (unsigned long long)IDALLOC_RESERVE_COUNT_MAX);
-        return IDA_EINVAL;
-    }
-    int bad = check_names(call, "reserve", pool, NULL);
-    if (bad != 0) {
-        return bad;
-    }
-    REQUEST(req);
-    Idalloc__Reserve op = IDALLOC__RESERVE__INIT;
-    op.pool = bin(pool);
-    op.count = count;
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_RESERVE;
-    req.reserve = &op;
-    Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_RESERVE, 1, call, &r);
+    BLOCKING_BODY(1, build_reserve(&o, pool, count, call));
     if (rv == 0) {
-        const Idalloc__ReserveResult *rr = r->result->reserve;
-        if (rr->count != count) {
-            rv = IDA_EPROTO;
-            ida__call_error(call, "reserve: asked %llu ids, got %llu",
-                            (unsigned long long)count,
-                            (unsigned long long)rr->count);
-        } else if (rr->first > UINT64_MAX - count) {
-            /* A block must not wrap around the id space: the caller (and
-             * next()'s bookkeeping) counts on first + count. */
-            rv = IDA_EPROTO;
-            ida__call_error(call,
-                            "reserve: the cluster answered a block "
-                            "[%llu, +%llu) past the largest id",
-                            (unsigned long long)rr->first,
-                            (unsigned long long)count);
-        }
-        *first = rr->first;
-        idalloc__client_response__free_unpacked(r, NULL);
+        *first = res.id;
     }
     return rv;
 }
@@ -383,291 +669,17 @@ int idalloc_prefix(struct idalloc_client *c,
                    int *existed,
                    struct idalloc_call *call)
 {
-    if (pool == NULL || tag == NULL || out == NULL || len == NULL) {
-        return bad_args(call, "prefix: pool, tag, out and len are needed");
+    if ((out == NULL || len == NULL) && !in_flight(call)) {
+        return bad_args(call, IDA_EINVAL,
+                        "prefix: pool, tag, out and len are needed");
     }
-    int bad = check_names(call, "prefix", pool, tag);
-    if (bad != 0) {
-        return bad;
-    }
-    REQUEST(req);
-    Idalloc__PrefixAlloc op = IDALLOC__PREFIX_ALLOC__INIT;
-    op.pool = bin(pool);
-    op.tag = bin(tag);
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC;
-    req.prefix_alloc = &op;
-    Idalloc__ClientResponse *r;
-    int rv =
-        run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC, 1, call, &r);
+    BLOCKING_BODY(1, build_prefix(&o, pool, tag, call));
     if (rv == 0) {
-        const ProtobufCBinaryData *p = &r->result->prefix_alloc->prefix;
-        if (p->len == 0 || p->len > 9) {
-            rv = IDA_EPROTO;
-            ida__call_error(call, "prefix of %zu bytes", p->len);
-        } else {
-            memcpy(out, p->data, p->len);
-            *len = p->len;
-            if (existed != NULL) {
-                *existed = r->result->prefix_alloc->existed;
-            }
+        memcpy(out, res.prefix, res.prefix_len);
+        *len = res.prefix_len;
+        if (existed != NULL) {
+            *existed = res.existed;
         }
-        idalloc__client_response__free_unpacked(r, NULL);
     }
     return rv;
-}
-
-static void copy_str(char *dst, size_t cap, const char *src)
-{
-    snprintf(dst, cap, "%s", src != NULL ? src : "");
-}
-
-int idalloc_node_status(struct idalloc_client *c,
-                        size_t i,
-                        struct idalloc_node_status *out,
-                        struct idalloc_call *call)
-{
-    if (i >= c->nconns || out == NULL) {
-        return bad_args(call, "status: no such node");
-    }
-    memset(out, 0, sizeof(*out));
-    copy_str(out->address, sizeof(out->address), c->conns[i].addr.text);
-    REQUEST(req);
-    Idalloc__Status op = IDALLOC__STATUS__INIT;
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_STATUS;
-    req.status = &op;
-    Idalloc__ClientResponse *r;
-    int rv = ida__client_call_node(c, i, &req, &r);
-    if (rv != 0) {
-        ida__call_error(call, "%s: %s", c->conns[i].addr.text,
-                        idalloc_strerror(rv));
-        return rv;
-    }
-    ida__client_learn_members(c, r); /* status lists every member */
-    const Idalloc__CommandResult *res = r->result;
-    if (res == NULL || res->error != 0 ||
-        res->result_case != IDALLOC__COMMAND_RESULT__RESULT_STATUS) {
-        rv = res != NULL && res->error != 0 ? (int)res->error : IDA_EPROTO;
-    } else {
-        const Idalloc__NodeStatus *s = res->status;
-        out->node_id = s->node_id;
-        copy_str(out->role, sizeof(out->role), s->role);
-        out->term = s->term;
-        out->leader_id = s->leader_id;
-        out->commit_index = s->commit_index;
-        out->applied_index = s->applied_index;
-        out->log_first_index = s->log_first_index;
-        out->log_last_index = s->log_last_index;
-        out->snapshot_index = s->snapshot_index;
-        out->snapshot_term = s->snapshot_term;
-        for (size_t k = 0;
-             k < s->n_peers && out->n_peers < IDALLOC_STATUS_PEERS_MAX; k++) {
-            const Idalloc__PeerProgress *pp = s->peers[k];
-            size_t j = out->n_peers++;
-            out->peers[j].node_id = pp->node_id;
-            out->peers[j].match_index = pp->match_index;
-            out->peers[j].next_index = pp->next_index;
-            copy_str(out->peers[j].state, sizeof(out->peers[j].state),
-                     pp->state);
-            out->peers[j].connected = pp->connected;
-        }
-        for (size_t k = 0;
-             k < s->n_top_errors && out->n_errors < IDALLOC_STATUS_ERRORS_MAX;
-             k++) {
-            const Idalloc__ErrorCount *e = s->top_errors[k];
-            size_t j = out->n_errors++;
-            out->errors[j].code = (int)e->code;
-            copy_str(out->errors[j].text, sizeof(out->errors[j].text), e->text);
-            out->errors[j].count = e->count;
-            out->errors[j].last_seen_unix_ms = e->last_seen_unix_ms;
-        }
-    }
-    idalloc__client_response__free_unpacked(r, NULL);
-    return rv;
-}
-
-int idalloc_member_list(struct idalloc_client *c,
-                        struct idalloc_member_list *out,
-                        struct idalloc_call *call)
-{
-    if (out == NULL) {
-        return bad_args(call, "member list: out is needed");
-    }
-    memset(out, 0, sizeof(*out));
-    REQUEST(req);
-    Idalloc__MemberList op = IDALLOC__MEMBER_LIST__INIT;
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_MEMBER_LIST;
-    req.member_list = &op;
-    Idalloc__ClientResponse *r;
-    int rv =
-        run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_MEMBER_LIST, 0, call, &r);
-    if (rv != 0) {
-        return rv;
-    }
-    const Idalloc__MemberListResult *ml = r->result->member_list;
-    out->leader_id = ml->leader_id;
-    out->commit_index = ml->commit_index;
-    for (size_t k = 0; k < ml->n_members && out->n < IDALLOC_MEMBERS_MAX; k++) {
-        const Idalloc__MemberInfo *mi = ml->members[k];
-        struct idalloc_member *m = &out->members[out->n++];
-        m->id = mi->id;
-        m->incarnation = mi->incarnation;
-        copy_str(m->peer_addr, sizeof(m->peer_addr), mi->peer_addr);
-        copy_str(m->client_addr, sizeof(m->client_addr), mi->client_addr);
-        m->voter = mi->voter;
-        m->waiting = mi->waiting;
-        m->match_index = mi->match_index;
-        m->connected = mi->connected;
-    }
-    idalloc__client_response__free_unpacked(r, NULL);
-    return 0;
-}
-
-/* A member change with addresses (NULL: none). */
-static int member_change(struct idalloc_client *c,
-                         enum idalloc_member_op op,
-                         unsigned id,
-                         const char *peer_addr,
-                         const char *client_addr,
-                         int *changed,
-                         struct idalloc_call *call)
-{
-    REQUEST(req);
-    Idalloc__MemberChange mc = IDALLOC__MEMBER_CHANGE__INIT;
-    mc.op = (Idalloc__MemberChange__Op)op;
-    mc.id = id;
-    if (peer_addr != NULL) {
-        mc.peer_addr = (char *)peer_addr;
-        mc.client_addr = (char *)client_addr;
-    }
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_MEMBER_CHANGE;
-    req.member_change = &mc;
-    Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_MEMBER_CHANGE, 0,
-                 call, &r);
-    if (rv == 0) {
-        if (changed != NULL) {
-            *changed = r->result->member_change->changed;
-        }
-        idalloc__client_response__free_unpacked(r, NULL);
-    }
-    return rv;
-}
-
-int idalloc_member_change(struct idalloc_client *c,
-                          enum idalloc_member_op op,
-                          unsigned id,
-                          int *changed,
-                          struct idalloc_call *call)
-{
-    if (op < IDALLOC_MEMBER_REMOVE || op > IDALLOC_MEMBER_PROMOTE || id == 0) {
-        return bad_args(call,
-                        "member change: a known operation and a node id "
-                        "are needed (member update needs addresses)");
-    }
-    return member_change(c, op, id, NULL, NULL, changed, call);
-}
-
-/* An address a node can be dialled at, into @a. */
-static int dial_addr(const char *s, struct ida_addr *a)
-{
-    return s != NULL && ida_addr_parse(s, a) == 0 && !ida_addr_unspecified(a)
-               ? 0
-               : IDA_EINVAL;
-}
-
-int idalloc_member_change_addrs(struct idalloc_client *c,
-                                enum idalloc_member_op op,
-                                unsigned id,
-                                const char *peer_addr,
-                                const char *client_addr,
-                                int *changed,
-                                struct idalloc_call *call)
-{
-    struct ida_addr peer, client;
-    if ((op != IDALLOC_MEMBER_ADD && op != IDALLOC_MEMBER_UPDATE) || id == 0) {
-        return bad_args(call,
-                        "member change with addresses: add or update, and "
-                        "a node id");
-    }
-    char why[160];
-    if (dial_addr(peer_addr, &peer) != 0 ||
-        dial_addr(client_addr, &client) != 0) {
-        const char *bad =
-            dial_addr(peer_addr, &peer) != 0 ? peer_addr : client_addr;
-        snprintf(why, sizeof(why),
-                 "bad address \"%.64s\": expected IPv4:PORT or [IPv6]:PORT "
-                 "that other nodes can dial (not 0.0.0.0 or ::)",
-                 bad != NULL ? bad : "");
-        return bad_args(call, why);
-    }
-    if (strcmp(peer.host, client.host) == 0 && peer.port == client.port) {
-        snprintf(why, sizeof(why),
-                 "the peer and the client address are the same (%s)",
-                 peer.text);
-        return bad_args(call, why);
-    }
-    return member_change(c, op, id, peer_addr, client_addr, changed, call);
-}
-
-int idalloc_leader_transfer(struct idalloc_client *c,
-                            unsigned to,
-                            unsigned *leader,
-                            struct idalloc_call *call)
-{
-    REQUEST(req);
-    Idalloc__LeaderTransfer lt = IDALLOC__LEADER_TRANSFER__INIT;
-    lt.to = to;
-    req.op_case = IDALLOC__CLIENT_REQUEST__OP_LEADER_TRANSFER;
-    req.leader_transfer = &lt;
-    Idalloc__ClientResponse *r;
-    int rv = run(c, &req, IDALLOC__COMMAND_RESULT__RESULT_LEADER_TRANSFER, 0,
-                 call, &r);
-    if (rv == 0) {
-        if (leader != NULL) {
-            *leader = r->result->leader_transfer->leader_id;
-        }
-        idalloc__client_response__free_unpacked(r, NULL);
-    }
-    return rv;
-}
-
-void idalloc_format_hex(uint64_t id, char *buf)
-{
-    static const char digits[] = "0123456789abcdef";
-    int pos = 0;
-    for (int group = 3; group >= 0; group--) {
-        for (int d = 3; d >= 0; d--) {
-            buf[pos++] = digits[(id >> (group * 16 + d * 4)) & 0xf];
-        }
-        if (group > 0) {
-            buf[pos++] = '-';
-        }
-    }
-    buf[pos] = '\0';
-}
-
-int idalloc_parse_hex(const char *s, uint64_t *id)
-{
-    if (s == NULL || strlen(s) != IDALLOC_HEX_ID_LEN) {
-        return IDA_EINVAL;
-    }
-    uint64_t v = 0;
-    for (int i = 0; i < IDALLOC_HEX_ID_LEN; i++) {
-        char ch = s[i];
-        if (i % 5 == 4) {
-            if (ch != '-') {
-                return IDA_EINVAL;
-            }
-            continue;
-        }
-        int d = ch >= '0' && ch <= '9'   ? ch - '0'
-                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-                                         : -1;
-        if (d < 0) {
-            return IDA_EINVAL;
-        }
-        v = (v << 4) | (uint64_t)d;
-    }
-    *id = v;
-    return 0;
 }

@@ -32,25 +32,117 @@ static void send_response(int fd, Idalloc__ClientResponse *r)
     (void)w; /* the client may be gone */
 }
 
+/* The kept answer of (@client, @seq), or NULL. Holds s->mu. */
+static struct fake_kept *kept_find(struct fake_server *s,
+                                   const uint8_t *client,
+                                   uint64_t seq)
+{
+    for (int i = s->nkept - 1; i >= 0; i--) {
+        if (s->kept[i].seq == seq &&
+            memcmp(s->kept[i].client, client, 16) == 0) {
+            return &s->kept[i];
+        }
+    }
+    return NULL;
+}
+
+uint64_t fake_kept_value(struct fake_server *s,
+                         const uint8_t *client,
+                         uint64_t seq)
+{
+    pthread_mutex_lock(&s->mu);
+    struct fake_kept *k = kept_find(s, client, seq);
+    uint64_t v = k != NULL ? k->value : UINT64_MAX;
+    pthread_mutex_unlock(&s->mu);
+    return v;
+}
+
+/* With keep: the value @q gets, acting only the first time. Holds s->mu. */
+static uint64_t act_once(struct fake_server *s,
+                         const Idalloc__ClientRequest *q,
+                         uint64_t fresh)
+{
+    struct fake_kept *k = kept_find(s, q->client_id.data, q->request_seq);
+    if (k != NULL) {
+        return k->value;
+    }
+    if (s->nkept == FAKE_KEPT_MAX) {
+        abort(); /* a test that outgrew the fake */
+    }
+    k = &s->kept[s->nkept++];
+    memcpy(k->client, q->client_id.data, 16);
+    k->seq = q->request_seq;
+    k->value = fresh;
+    if (q->op_case == IDALLOC__CLIENT_REQUEST__OP_ALLOC) {
+        s->next_alloc++;
+    } else {
+        s->next_block += q->reserve->count;
+    }
+    return k->value;
+}
+
+struct answers
+{
+    Idalloc__AllocResult ar;
+    Idalloc__ReserveResult rr;
+    Idalloc__FreeResult fr;
+    Idalloc__LookupResult lr;
+    Idalloc__PrefixResult pr;
+    Idalloc__PoolCreateResult pc;
+    uint8_t prefix[3];
+};
+
 /* Fill @res for @q the way a healthy leader would. Holds s->mu. */
 static void answer(struct fake_server *s,
                    const Idalloc__ClientRequest *q,
                    Idalloc__CommandResult *res,
-                   Idalloc__AllocResult *ar,
-                   Idalloc__ReserveResult *rr)
+                   struct answers *a)
 {
     switch (q->op_case) {
         case IDALLOC__CLIENT_REQUEST__OP_ALLOC:
-            ar->id = 1000 + q->request_seq; /* lets the client check matching */
+            /* 1000 + request_seq lets the client check matching; with keep,
+             * ids in the order the fake acts. */
+            a->ar.id = s->keep ? act_once(s, q, 5000 + s->next_alloc)
+                               : 1000 + q->request_seq;
             res->result_case = IDALLOC__COMMAND_RESULT__RESULT_ALLOC;
-            res->alloc = ar;
+            res->alloc = &a->ar;
             break;
         case IDALLOC__CLIENT_REQUEST__OP_RESERVE:
-            rr->first = s->next_block;
-            rr->count = q->reserve->count;
-            s->next_block += q->reserve->count;
+            if (s->keep) {
+                a->rr.first = act_once(s, q, s->next_block);
+            } else {
+                a->rr.first = s->next_block;
+                s->next_block += q->reserve->count;
+            }
+            a->rr.count = q->reserve->count;
             res->result_case = IDALLOC__COMMAND_RESULT__RESULT_RESERVE;
-            res->reserve = rr;
+            res->reserve = &a->rr;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_FREE:
+            a->fr.freed = q->free->id % 2; /* odd ids were held */
+            res->result_case = IDALLOC__COMMAND_RESULT__RESULT_FREE;
+            res->free = &a->fr;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_LOOKUP:
+            a->lr.id = q->lookup->tag.len; /* the tag's length */
+            res->result_case = IDALLOC__COMMAND_RESULT__RESULT_LOOKUP;
+            res->lookup = &a->lr;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_PREFIX_ALLOC:
+            a->prefix[0] = 0xab;
+            a->prefix[1] = (uint8_t)q->prefix_alloc->tag.len;
+            a->prefix[2] = 0x01;
+            a->pr.prefix.data = a->prefix;
+            a->pr.prefix.len = 3;
+            a->pr.existed = 1;
+            res->result_case = IDALLOC__COMMAND_RESULT__RESULT_PREFIX_ALLOC;
+            res->prefix_alloc = &a->pr;
+            break;
+        case IDALLOC__CLIENT_REQUEST__OP_POOL_CREATE:
+            a->pc.created =
+                q->pool_create->kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED;
+            res->result_case = IDALLOC__COMMAND_RESULT__RESULT_POOL_CREATE;
+            res->pool_create = &a->pc;
             break;
         default:
             res->error = IDA_EINVAL;
@@ -80,8 +172,13 @@ static int on_frame(void *arg,
     }
     Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
     Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
-    Idalloc__AllocResult ar = IDALLOC__ALLOC_RESULT__INIT;
-    Idalloc__ReserveResult rr = IDALLOC__RESERVE_RESULT__INIT;
+    struct answers ans;
+    idalloc__alloc_result__init(&ans.ar);
+    idalloc__reserve_result__init(&ans.rr);
+    idalloc__free_result__init(&ans.fr);
+    idalloc__lookup_result__init(&ans.lr);
+    idalloc__prefix_result__init(&ans.pr);
+    idalloc__pool_create_result__init(&ans.pc);
     r.version = IDA_WIRE_VERSION;
     r.request_seq = q->request_seq;
     r.result = &res;
@@ -106,7 +203,9 @@ static int on_frame(void *arg,
             s->expire_next--;
             res.error = IDA_EEXPIRED;
         } else if (mode == FAKE_ANSWER) {
-            answer(s, q, &res, &ar, &rr);
+            answer(s, q, &res, &ans);
+        } else if (mode == FAKE_ACT_SILENT) {
+            answer(s, q, &res, &ans); /* acts (and keeps), then is silent */
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -215,4 +314,11 @@ int fake_seen(struct fake_server *s)
     int n = s->nseen;
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+void fake_set_mode(struct fake_server *s, enum fake_mode m)
+{
+    pthread_mutex_lock(&s->mu);
+    s->mode = m;
+    pthread_mutex_unlock(&s->mu);
 }

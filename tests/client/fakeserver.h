@@ -17,10 +17,25 @@ enum fake_mode {
     FAKE_SILENT,     /* read requests, never answer */
     FAKE_GARBAGE,    /* answer with bytes that are not a frame */
     FAKE_ERROR,      /* answer with error `error` */
+    FAKE_ACT_SILENT, /* act (with `keep` on: the answer is kept), never
+                      * answer: a leader that committed, then went quiet */
 };
 
-#define FAKE_SEEN_MAX  4096
+#define FAKE_SEEN_MAX  8192
 #define FAKE_CONNS_MAX 64
+#define FAKE_KEPT_MAX  8192
+
+/* With `keep` on, the fake acts once per request id, as the cluster's
+ * session table does: the first answer to (client_id, request_seq) is kept
+ * and a repeat gets it back; fresh allocs get ids 5000, 5001, ... in the
+ * order they act (not derived from the request), so a test sees whether a
+ * repeat carried the first request id. */
+struct fake_kept
+{
+    uint8_t client[16];
+    uint64_t seq;
+    uint64_t value; /* alloc: the id; reserve: the first id */
+};
 
 struct fake_server
 {
@@ -40,6 +55,10 @@ struct fake_server
     int expire_next;        /* answer this many requests IDA_EEXPIRED first */
     int violations;         /* malformed requests, too many connections */
     uint64_t next_block;    /* reserve: next first id */
+    int keep;               /* act once per request id (struct fake_kept) */
+    struct fake_kept kept[FAKE_KEPT_MAX];
+    int nkept;
+    uint64_t next_alloc; /* with keep: the next fresh alloc id - 5000 */
     int conns[FAKE_CONNS_MAX];
     pthread_t readers[FAKE_CONNS_MAX];
     int nconns;
@@ -48,5 +67,10 @@ struct fake_server
 void fake_start(struct fake_server *s, enum fake_mode mode);
 void fake_stop(struct fake_server *s);
 int fake_seen(struct fake_server *s); /* requests received so far */
+void fake_set_mode(struct fake_server *s, enum fake_mode m);
+/* With keep: the answer kept for (@client, @seq), or UINT64_MAX. */
+uint64_t fake_kept_value(struct fake_server *s,
+                         const uint8_t *client,
+                         uint64_t seq);
 
 #endif

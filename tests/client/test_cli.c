@@ -152,6 +152,31 @@ Test(cli, bench)
     cr_assert_eq(parse("bench --op alloc --pool b --clients 1 --duration 1"),
                  0);
     cr_assert_eq(cli.count, 1);
+    /* Asynchronous closed loops on one client object by default. */
+    cr_assert_eq(cli.bench_blocking, 0);
+    cr_assert_eq(cli.bench_threads, 1);
+    cr_assert_eq(parse("bench --op alloc --pool b --clients 64 --duration 1 "
+                       "--threads 2"),
+                 0, "%s", err);
+    cr_assert_eq(cli.bench_threads, 2);
+    cr_assert_eq(parse("bench --op alloc --pool b --clients 1 --duration 1 "
+                       "--threads=2"),
+                 0, "%s", err);
+    cr_assert_eq(cli.bench_threads, 1, "no more threads than requests");
+    cr_assert_eq(parse("bench --op alloc --pool b --clients 8 --duration 1 "
+                       "--blocking"),
+                 0, "%s", err);
+    cr_assert_eq(cli.bench_blocking, 1);
+    cr_assert_eq(cli.bench_threads, 0);
+    bad("bench --op alloc --pool b --clients 8 --duration 1 --blocking "
+        "--threads 2",
+        "--threads does not apply with --blocking");
+    bad("bench --op alloc --pool b --clients 8 --duration 1 --threads 0",
+        "bad --threads");
+    bad("bench --op alloc --pool b --clients 8 --duration 1 --threads 17",
+        "bad --threads");
+    bad("alloc p --tag t --blocking", "--blocking does not apply");
+    bad("alloc p --tag t --threads 2", "--threads does not apply");
     bad("bench --op alloc --pool b --clients 1", "--duration is required");
     bad("bench --op fly --pool b --clients 1 --duration 1", "unknown --op");
     bad("bench --op alloc --pool b --clients 0 --duration 1", "bad --clients");

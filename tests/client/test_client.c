@@ -379,6 +379,7 @@ Test(client, unknown_call_is_repeated_with_its_request_id, .fini = teardown)
     cr_assert_eq(idalloc_alloc(cli, "p", "t", &id, NULL, &call), IDA_ETIMEDOUT);
     cr_assert_eq(call.state, IDALLOC_CALL_UNKNOWN);
     uint64_t seq = call.seq;
+    cr_assert_geq(fake_seen(&srv[0]), 1); /* and reads seen_seq after it */
     cr_assert_eq(seq, srv[0].seen_seq[0]);
     ida__client_floor(cli, &floor, &n);
     cr_assert_eq(n, 1, "the unknown call's answer stays wanted");

@@ -1,6 +1,8 @@
 /* Linking against the client library exactly as README.md ("The client
  * library") says: statically, and shared with LD_LIBRARY_PATH or an rpath.
- * Only protobuf-c and pthreads are needed. */
+ * Only protobuf-c and pthreads are needed. And the README's libuv program
+ * of asynchronous calls, taken from README.md as it is, built and run
+ * against a scripted server. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +10,7 @@
 #include <unistd.h>
 
 #include "idalloc.h"
+#include "tests/client/fakeserver.h"
 #include "tests/lib/harness.h"
 
 /* --- fixture ------------------------------------------------------------- */
@@ -89,4 +92,45 @@ Test(link,
     cr_assert_str_eq(out, want);
     cr_assert_eq(tc_run(out, sizeof(out), "ldd %s/libidalloc.so", libdir()), 0);
     cr_assert_null(strstr(out, "libuv"), "%s", out);
+}
+
+Test(link,
+     the_readme_libuv_example_of_asynchronous_calls,
+     .init = setup,
+     .fini = teardown,
+     .timeout = 60)
+{
+    const char *build = getenv("IDA_BUILD");
+    if (build != NULL && strcmp(build, "build") != 0) {
+        cr_skip_test("%s: a sanitizer build's library needs its runtime",
+                     build);
+    }
+    /* The ```c block after the README's marker, as it is. */
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "awk '/<!-- example: async-libuv/ {m = 1; next} "
+                        "m && /^```c/ {c = 1; next} c && /^```/ {exit} c' "
+                        "README.md > %s/app_uv.c && wc -l < %s/app_uv.c",
+                        dir, dir),
+                 0, "%s", out);
+    cr_assert_gt(atoi(out), 40, "the example was not found in README.md");
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "cc -Iinclude -Wall -Werror %s/app_uv.c -L%s -lidalloc "
+                        "-luv -pthread -o %s/app_uv 2>&1",
+                        dir, libdir(), dir),
+                 0, "%s", out);
+    static struct fake_server srv;
+    fake_start(&srv, FAKE_ANSWER);
+    static char big[16384];
+    int rv = tc_run(big, sizeof(big), "LD_LIBRARY_PATH=%s %s/app_uv %s 2>&1",
+                    libdir(), dir, srv.addr);
+    int seen = fake_seen(&srv);
+    fake_stop(&srv);
+    cr_assert_eq(rv, 0, "%s", big);
+    int lines = 0;
+    for (const char *p = big; (p = strstr(p, "user-")) != NULL; p++) {
+        lines++;
+    }
+    cr_assert_eq(lines, 100, "%s", big);
+    cr_assert_eq(seen, 100);
+    cr_assert_eq(srv.violations, 0);
 }

@@ -54,7 +54,7 @@ static void load(struct idalloc_client *c,
                           .duration_s = secs,
                           .count = 1};
     fflush(stdout);
-    if (ida_bench_run(c, &cli) != 0) {
+    if (ida_bench_run(c, NULL, &cli) != 0) {
         printf("bench failed: %s\n", tc_errmsg());
     }
     fflush(stdout);

@@ -45,7 +45,7 @@ static double step(struct idalloc_client *c, unsigned clients, unsigned secs)
     fflush(stdout);
     int saved = dup(1);
     dup2(fd, 1);
-    int rv = ida_bench_run(c, &cli);
+    int rv = ida_bench_run(c, NULL, &cli);
     fflush(stdout);
     dup2(saved, 1);
     close(saved);
