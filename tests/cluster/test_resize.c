@@ -149,12 +149,12 @@ Test(resize,
 /* A client of nodes @from..@to (1-based) only. */
 static struct idalloc_client *client_of(int from, int to)
 {
-    char addrs[256] = "";
-    for (int i = from; i <= to; i++) {
-        char a[48];
-        snprintf(a, sizeof(a), "%s%s", i > from ? "," : "",
-                 c.cfg.nodes[i - 1].client.text);
-        strcat(addrs, a);
+    char addrs[512] = "";
+    size_t len = 0;
+    for (int i = from; i <= to && len < sizeof(addrs); i++) {
+        int n = snprintf(addrs + len, sizeof(addrs) - len, "%s%s",
+                         i > from ? "," : "", c.cfg.nodes[i - 1].client.text);
+        len += n > 0 ? (size_t)n : 0;
     }
     return ml_client_of(addrs);
 }
