@@ -70,13 +70,16 @@ static int cli(const char *cluster_addrs, const char *args)
  * "test"). */
 static void start_named(struct tc *c, const char *name)
 {
-    tc_setup(c, 3, NULL);
-    char cmd[800];
-    snprintf(cmd, sizeof(cmd), "sed -i 's/^cluster test$/cluster %s/' %s", name,
-             c->conf);
-    cr_assert_eq(system(cmd), 0);
-    for (int i = 0; i < 3; i++) {
-        tc_spawn(c, i);
+    for (int attempt = 0;; attempt++) {
+        tc_setup(c, 3, NULL);
+        char cmd[800];
+        snprintf(cmd, sizeof(cmd), "sed -i 's/^cluster test$/cluster %s/' %s",
+                 name, c->conf);
+        cr_assert_eq(system(cmd), 0);
+        if (!tc_spawn_all(c) || attempt == 3) {
+            break; /* a port taken meanwhile: start again */
+        }
+        tc_destroy(c);
     }
     cr_assert_geq(tc_wait_leader(c, 20000), 0, "no leader in %s", name);
 }

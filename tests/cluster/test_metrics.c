@@ -28,18 +28,30 @@ static void teardown(void)
 /* Three nodes, each with metrics=127.0.0.1:PORT on its line. */
 static void setup(void)
 {
-    /* Snapshots every 5 entries, so the snapshot series move too. */
-    tc_setup(&c, 3, "snapshot_interval_entries 5\n");
-    char cmd[2048];
-    for (int i = 0; i < 3; i++) {
-        mport[i] = tc_free_port();
-        snprintf(cmd, sizeof(cmd),
-                 "sed -i 's/^node %d .*/& metrics=127.0.0.1:%u/' %s", i + 1,
-                 mport[i], c.conf);
-        cr_assert_eq(system(cmd), 0);
-    }
-    for (int i = 0; i < 3; i++) {
-        tc_spawn(&c, i);
+    /* Snapshots every 5 entries, so the snapshot series move too. A port
+     * taken by another test meanwhile: start again (tests/lib/harness.h). */
+    for (int attempt = 0;; attempt++) {
+        tc_setup(&c, 3, "snapshot_interval_entries 5\n");
+        char cmd[2048];
+        for (int i = 0; i < 3; i++) {
+            mport[i] = tc_free_port();
+            for (int j = 0; j < 3; j++) { /* not one of the file's ports */
+                if (mport[i] == c.cfg.nodes[j].peer.port ||
+                    mport[i] == c.cfg.nodes[j].client.port ||
+                    (j < i && mport[i] == mport[j])) {
+                    mport[i] = tc_free_port();
+                    j = -1;
+                }
+            }
+            snprintf(cmd, sizeof(cmd),
+                     "sed -i 's/^node %d .*/& metrics=127.0.0.1:%u/' %s", i + 1,
+                     mport[i], c.conf);
+            cr_assert_eq(system(cmd), 0);
+        }
+        if (!tc_spawn_all(&c) || attempt == 3) {
+            break;
+        }
+        tc_destroy(&c);
     }
     cr_assert_geq(tc_wait_leader(&c, 20000), 0, "no leader elected");
 }

@@ -194,11 +194,69 @@ void tc_setup(struct tc *c, int n, const char *extra)
     TC_CHECK(ida_config_load(c->conf, &c->cfg, err) == 0, "%s", err);
 }
 
+/* Whether the file @path holds @needle. */
+static int log_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    char line[1024];
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f) != NULL) {
+        found = strstr(line, needle) != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
+int tc_port_taken(const struct tc *c)
+{
+    for (int i = 0; i < c->n; i++) {
+        char log[400];
+        snprintf(log, sizeof(log), "%s/node%d.log", c->dir, i + 1);
+        if (log_has(log, "cannot listen on") ||
+            log_has(log, "cannot serve metrics on")) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int tc_spawn_all(struct tc *c)
+{
+    for (int i = 0; i < c->n; i++) {
+        tc_spawn(c, i);
+    }
+    for (uint64_t end = tc_now_ms() + 5000; tc_now_ms() < end;) {
+        int settled = 0;
+        for (int i = 0; i < c->n; i++) {
+            char log[400];
+            snprintf(log, sizeof(log), "%s/node%d.log", c->dir, i + 1);
+            /* Ended? Asked without reaping: the test may want its status. */
+            siginfo_t si;
+            memset(&si, 0, sizeof(si));
+            settled += log_has(log, "node: started") ||
+                       (waitid(P_PID, (id_t)c->pid[i], &si,
+                               WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                        si.si_pid != 0);
+        }
+        if (settled == c->n) {
+            break;
+        }
+        tc_sleep_ms(20);
+    }
+    return tc_port_taken(c);
+}
+
 void tc_start(struct tc *c, int n, const char *extra)
 {
-    tc_setup(c, n, extra);
-    for (int i = 0; i < n; i++) {
-        tc_spawn(c, i);
+    for (int attempt = 0;; attempt++) {
+        tc_setup(c, n, extra);
+        if (!tc_spawn_all(c) || attempt == 3) {
+            return;
+        }
+        tc_destroy(c);
     }
 }
 

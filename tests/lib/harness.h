@@ -43,6 +43,17 @@ struct tc
  * says `tls_dir tls` (unless @extra has a tls_dir line of its own; "peer_tls
  * off" in @extra runs plaintext peers). */
 void tc_start(struct tc *c, int n, const char *extra);
+/* tc_start() starts again from tc_setup() (at most 3 more times) when a node
+ * could not bind an address: the harness picks free ports by binding and
+ * closing them, so a test running at the same time may take one first.
+ * A test that edits the file between tc_setup() and its spawns does the
+ * same with these two: */
+/* Spawn every node of @c, then wait (at most 5 s) until each logged that
+ * it started or ended; returns tc_port_taken(). */
+int tc_spawn_all(struct tc *c);
+/* Whether a node of @c logged that it could not bind one of its addresses
+ * (peer, client or metrics). */
+int tc_port_taken(const struct tc *c);
 /* The same without starting anything. */
 void tc_setup(struct tc *c, int n, const char *extra);
 /* Start node @i (0-based) again: idallocd --config FILE --node I+1, then
