@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "idalloc.h"
 #include "idalloc_errors.h"
 #include "proto/idalloc.pb-c.h"
 #include "src/common/frame.h"
@@ -321,4 +323,61 @@ void fake_set_mode(struct fake_server *s, enum fake_mode m)
     pthread_mutex_lock(&s->mu);
     s->mode = m;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* --- the fixture of the client tests ---------------------------------- */
+
+struct fake_server fx_srv[3];
+int fx_nsrv;
+struct idalloc_client *fx_cli;
+
+void fx_start(int n, enum fake_mode m0, enum fake_mode m1, enum fake_mode m2)
+{
+    enum fake_mode modes[3] = {m0, m1, m2};
+    fx_nsrv = n;
+    for (int i = 0; i < n; i++) {
+        fake_start(&fx_srv[i], modes[i]);
+    }
+}
+
+struct idalloc_client *fx_new_client(const char *addrs,
+                                     unsigned attempt_ms,
+                                     unsigned call_ms)
+{
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = addrs;
+    o.attempt_timeout_ms = attempt_ms;
+    o.call_timeout_ms = call_ms;
+    char err[IDALLOC_ERRMSG_MAX];
+    struct idalloc_client *c = NULL;
+    cr_assert_eq(idalloc_client_new(&o, &c, err), 0, "%s", err);
+    return c;
+}
+
+void fx_connect(unsigned attempt_ms, unsigned call_ms)
+{
+    char addrs[256] = "";
+    for (int i = 0; i < fx_nsrv; i++) {
+        strcat(addrs, i > 0 ? "," : "");
+        strcat(addrs, fx_srv[i].addr);
+    }
+    fx_cli = fx_new_client(addrs, attempt_ms, call_ms);
+}
+
+void fx_teardown(void)
+{
+    idalloc_client_free(fx_cli);
+    fx_cli = NULL;
+    for (int i = 0; i < fx_nsrv; i++) {
+        fake_stop(&fx_srv[i]);
+        cr_assert_eq(fx_srv[i].violations, 0, "server %d saw bad requests", i);
+    }
+}
+
+uint64_t fx_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }

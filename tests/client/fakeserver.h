@@ -73,4 +73,21 @@ uint64_t fake_kept_value(struct fake_server *s,
                          const uint8_t *client,
                          uint64_t seq);
 
+/* The fixture of the client tests (test_client.c, test_async.c): up to
+ * three fake servers and one client object of them. */
+extern struct fake_server fx_srv[3];
+extern int fx_nsrv;
+extern struct idalloc_client *fx_cli;
+/* Start servers 0..@n-1 in modes @m0, @m1, @m2. */
+void fx_start(int n, enum fake_mode m0, enum fake_mode m1, enum fake_mode m2);
+/* A client object of @addrs with these timeouts (fails the test if not). */
+struct idalloc_client *fx_new_client(const char *addrs,
+                                     unsigned attempt_ms,
+                                     unsigned call_ms);
+/* fx_cli: a client object of every started server. */
+void fx_connect(unsigned attempt_ms, unsigned call_ms);
+/* Free fx_cli, stop the servers, fail if one saw a bad request. */
+void fx_teardown(void);
+uint64_t fx_now_ms(void);
+
 #endif
