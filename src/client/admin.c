@@ -64,14 +64,7 @@ static int bad_args(struct idalloc_call *call, const char *what)
  * rule; here the cluster's answer names it). */
 static int check_pool(struct idalloc_call *call, const char *pool)
 {
-    size_t n = strlen(pool);
-    int ok = n >= 1 && n <= IDA_CLIENT_POOL_NAME_MAX;
-    for (size_t i = 0; ok && i < n; i++) {
-        char ch = pool[i];
-        ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-             (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == ':' ||
-             ch == '-';
-    }
+    int ok = ida__client_pool_name_ok(pool);
     if (ok) {
         return 0;
     }

@@ -139,6 +139,20 @@ static void start_attempt_at(struct idalloc_client *c,
                              struct ida_acall *a,
                              uint64_t now);
 
+/* Append @a to the list @head..@tail (the caller holds its lock). */
+static void queue_append(struct ida_acall **head,
+                         struct ida_acall **tail,
+                         struct ida_acall *a)
+{
+    a->next = NULL;
+    if (*tail != NULL) {
+        (*tail)->next = a;
+    } else {
+        *head = a;
+    }
+    *tail = a;
+}
+
 /* From a thread other than the I/O thread: when the I/O thread sleeps in
  * poll() (lp_mu free) and @a's connection is ready, send @a now from this
  * thread, waking the I/O thread only if @a's timer is due before its
@@ -189,13 +203,7 @@ int ida__call_submit(struct idalloc_client *c, struct ida_acall *a)
             if (c->loop_closing) {
                 rv = IDA_EUNAVAIL;
             } else {
-                a->next = NULL;
-                if (c->lq_tail != NULL) {
-                    c->lq_tail->next = a;
-                } else {
-                    c->lq_head = a;
-                }
-                c->lq_tail = a;
+                queue_append(&c->lq_head, &c->lq_tail, a);
             }
         } else if (submit_inline(c, a)) {
             return 0;
@@ -204,13 +212,7 @@ int ida__call_submit(struct idalloc_client *c, struct ida_acall *a)
             if (c->closing) {
                 rv = IDA_EUNAVAIL;
             } else {
-                a->next = NULL;
-                if (c->q_tail != NULL) {
-                    c->q_tail->next = a;
-                } else {
-                    c->q_head = a;
-                }
-                c->q_tail = a;
+                queue_append(&c->q_head, &c->q_tail, a);
             }
             pthread_mutex_unlock(&c->q_mu);
             if (rv == 0) {

@@ -49,6 +49,10 @@
 #define IDA_CLIENT_POOL_NAME_MAX 64
 #define IDA_CLIENT_TAG_BYTES_MAX 128
 
+/* Whether @pool (a C string) is a pool name the cluster takes: 1 to
+ * IDA_CLIENT_POOL_NAME_MAX characters of A-Za-z0-9._:- (ops.c). */
+int ida__client_pool_name_ok(const char *pool);
+
 /* Calls sent on one connection and waiting for their answer, by seq. */
 #define IDA_CONN_BUCKETS 512
 

@@ -79,13 +79,8 @@ static int check_tag(struct idalloc_call *call, const char *op, const char *tag)
 /* Refuse a pool name (and tag, unless NULL) the cluster would refuse, with
  * the rule in the error detail: nothing is sent. On 0 both are copied
  * into @o. */
-static int check_names(struct aop *o,
-                       struct idalloc_call *call,
-                       const char *op,
-                       const char *pool,
-                       const char *tag)
+int ida__client_pool_name_ok(const char *pool)
 {
-    int rv = 0;
     size_t n = strlen(pool);
     int ok = n >= 1 && n <= IDA_CLIENT_POOL_NAME_MAX;
     for (size_t i = 0; ok && i < n; i++) {
@@ -94,6 +89,18 @@ static int check_names(struct aop *o,
              (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == ':' ||
              ch == '-';
     }
+    return ok;
+}
+
+static int check_names(struct aop *o,
+                       struct idalloc_call *call,
+                       const char *op,
+                       const char *pool,
+                       const char *tag)
+{
+    int rv = 0;
+    size_t n = strlen(pool);
+    int ok = ida__client_pool_name_ok(pool);
     if (!ok) {
         ida__call_error(
             call, "%s: pool name must be 1-%d characters of A-Za-z0-9._:-", op,
