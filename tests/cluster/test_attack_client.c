@@ -62,36 +62,17 @@ static void teardown(void)
     tc_destroy(&c);
 }
 
-/* Whether a node could not bind its addresses (log line of net.c). */
-static int port_taken(void)
+/* The nodes' descriptor limit (struct tc's nofile). */
+static void set_nofile(struct tc *t, void *nofile)
 {
-    for (int i = 0; i < 3; i++) {
-        char path[400];
-        snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
-        if (forge_log_count(path, "cannot listen on") > 0) {
-            return 1;
-        }
-    }
-    return 0;
+    t->nofile = *(const unsigned *)nofile;
 }
 
 static void start(const char *extra, unsigned nofile)
 {
     cr_assert_gt(forge_raise_nofile(), 4000, "the test needs descriptors");
-    /* The harness picks free ports by binding and closing them: a test
-     * running at the same time may take one first. Start again then. */
-    for (int attempt = 0;; attempt++) {
-        tc_setup(&c, 3, extra);
-        c.nofile = nofile;
-        for (int i = 0; i < 3; i++) {
-            tc_spawn(&c, i);
-        }
-        leader = tc_wait_leader(&c, 20000);
-        if (leader >= 0 || attempt == 2 || !port_taken()) {
-            break;
-        }
-        tc_destroy(&c);
-    }
+    tc_start_edited(&c, 3, extra, set_nofile, &nofile);
+    leader = tc_wait_leader(&c, 20000);
     if (leader < 0) {
         static char logs[8192];
         tc_run(logs, sizeof(logs), "tail -n 4 %s/node*.log", c.dir);

@@ -71,26 +71,14 @@ static uint64_t term_of(int i)
     return s.term;
 }
 
-/* Whether a node could not bind its addresses (log line of net.c). */
-static int port_taken(void)
-{
-    for (int i = 0; i < 3; i++) {
-        char path[400];
-        snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
-        if (forge_log_count(path, "cannot listen on") > 0) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /* The harness's cluster file with an election timeout of 1 s instead of
  * 300 ms: on a loaded shared machine a stall of 300 ms is an ordinary
  * election, which the TimeoutNow test must not mistake for one the attack
  * caused. */
-static void slow_elections(void)
+static void slow_elections(struct tc *t, void *arg)
 {
-    FILE *f = fopen(c.conf, "r");
+    (void)arg;
+    FILE *f = fopen(t->conf, "r");
     cr_assert_not_null(f);
     static char text[8192];
     size_t n = fread(text, 1, sizeof(text) - 1, f);
@@ -98,7 +86,7 @@ static void slow_elections(void)
     text[n] = '\0';
     char *e = strstr(text, "election_timeout_ms 300\nheartbeat_ms 50\n");
     cr_assert_not_null(e, "the harness's cluster file changed");
-    f = fopen(c.conf, "w");
+    f = fopen(t->conf, "w");
     fwrite(text, 1, (size_t)(e - text), f);
     fputs("election_timeout_ms 1000\nheartbeat_ms 100\n", f);
     fputs(e + strlen("election_timeout_ms 300\nheartbeat_ms 50\n"), f);
@@ -108,23 +96,11 @@ static void slow_elections(void)
 /* A running cluster with state: 10 tagged allocs, one reserve. */
 static void start(void)
 {
-    /* The harness picks free ports by binding and closing them: a test
-     * running at the same time may take one first. Start again then. */
-    for (int attempt = 0;; attempt++) {
-        /* Plaintext peers: what is tested here is the Raft core's own
-         * checks of every field, for a forger TLS would not keep out (one
-         * holding a member's key). test_tls.c shows TLS keeping others out. */
-        tc_setup(&c, 3, "peer_tls off\n");
-        slow_elections();
-        for (int i = 0; i < 3; i++) {
-            tc_spawn(&c, i);
-        }
-        leader = tc_wait_leader(&c, 20000);
-        if (leader >= 0 || attempt == 2 || !port_taken()) {
-            break;
-        }
-        tc_destroy(&c);
-    }
+    /* Plaintext peers: what is tested here is the Raft core's own checks
+     * of every field, for a forger TLS would not keep out (one holding a
+     * member's key). test_tls.c shows TLS keeping others out. */
+    tc_start_edited(&c, 3, "peer_tls off\n", slow_elections, NULL);
+    leader = tc_wait_leader(&c, 20000);
     if (leader < 0) {
         static char logs[8192];
         tc_run(logs, sizeof(logs), "tail -n 4 %s/node*.log", c.dir);

@@ -66,21 +66,19 @@ static int cli(const char *cluster_addrs, const char *args)
                   tc_bin("idalloc"), cluster_addrs, args);
 }
 
+static void rename_cluster(struct tc *c, void *name)
+{
+    char cmd[800];
+    snprintf(cmd, sizeof(cmd), "sed -i 's/^cluster test$/cluster %s/' %s",
+             (const char *)name, c->conf);
+    cr_assert_eq(system(cmd), 0);
+}
+
 /* A cluster of 3 under the name @name (the harness names its clusters
  * "test"). */
 static void start_named(struct tc *c, const char *name)
 {
-    for (int attempt = 0;; attempt++) {
-        tc_setup(c, 3, NULL);
-        char cmd[800];
-        snprintf(cmd, sizeof(cmd), "sed -i 's/^cluster test$/cluster %s/' %s",
-                 name, c->conf);
-        cr_assert_eq(system(cmd), 0);
-        if (!tc_spawn_all(c) || attempt == 3) {
-            break; /* a port taken meanwhile: start again */
-        }
-        tc_destroy(c);
-    }
+    tc_start_edited(c, 3, NULL, rename_cluster, (void *)name);
     cr_assert_geq(tc_wait_leader(c, 20000), 0, "no leader in %s", name);
 }
 

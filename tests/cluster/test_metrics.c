@@ -25,34 +25,34 @@ static void teardown(void)
     tc_destroy(&c);
 }
 
+/* metrics=127.0.0.1:PORT on every node line, never one of the file's own
+ * ports. */
+static void add_metrics(struct tc *t, void *arg)
+{
+    (void)arg;
+    char cmd[2048];
+    for (int i = 0; i < 3; i++) {
+        mport[i] = tc_free_port();
+        for (int j = 0; j < 3; j++) {
+            if (mport[i] == t->cfg.nodes[j].peer.port ||
+                mport[i] == t->cfg.nodes[j].client.port ||
+                (j < i && mport[i] == mport[j])) {
+                mport[i] = tc_free_port();
+                j = -1;
+            }
+        }
+        snprintf(cmd, sizeof(cmd),
+                 "sed -i 's/^node %d .*/& metrics=127.0.0.1:%u/' %s", i + 1,
+                 mport[i], t->conf);
+        cr_assert_eq(system(cmd), 0);
+    }
+}
+
 /* Three nodes, each with metrics=127.0.0.1:PORT on its line. */
 static void setup(void)
 {
-    /* Snapshots every 5 entries, so the snapshot series move too. A port
-     * taken by another test meanwhile: start again (tests/lib/harness.h). */
-    for (int attempt = 0;; attempt++) {
-        tc_setup(&c, 3, "snapshot_interval_entries 5\n");
-        char cmd[2048];
-        for (int i = 0; i < 3; i++) {
-            mport[i] = tc_free_port();
-            for (int j = 0; j < 3; j++) { /* not one of the file's ports */
-                if (mport[i] == c.cfg.nodes[j].peer.port ||
-                    mport[i] == c.cfg.nodes[j].client.port ||
-                    (j < i && mport[i] == mport[j])) {
-                    mport[i] = tc_free_port();
-                    j = -1;
-                }
-            }
-            snprintf(cmd, sizeof(cmd),
-                     "sed -i 's/^node %d .*/& metrics=127.0.0.1:%u/' %s", i + 1,
-                     mport[i], c.conf);
-            cr_assert_eq(system(cmd), 0);
-        }
-        if (!tc_spawn_all(&c) || attempt == 3) {
-            break;
-        }
-        tc_destroy(&c);
-    }
+    /* Snapshots every 5 entries, so the snapshot series move too. */
+    tc_start_edited(&c, 3, "snapshot_interval_entries 5\n", add_metrics, NULL);
     cr_assert_geq(tc_wait_leader(&c, 20000), 0, "no leader elected");
 }
 

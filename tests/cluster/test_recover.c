@@ -26,6 +26,16 @@ static void teardown(void)
     tc_destroy(&b);
 }
 
+/* The new cluster's name: "recovered" (the old one is "test"). */
+static void rename_cluster(struct tc *t, void *arg)
+{
+    (void)arg;
+    char cmd[800];
+    snprintf(cmd, sizeof(cmd),
+             "sed -i 's/^cluster test$/cluster recovered/' %s", t->conf);
+    cr_assert_eq(system(cmd), 0);
+}
+
 static int idallocd(const char *args)
 {
     return tc_run(out, sizeof(out), "%s --config %s %s 2>&1",
@@ -113,17 +123,7 @@ Test(recover,
     cr_assert(strstr(out, "pools=3") != NULL, "%s", out);
 
     /* A new cluster under another name, seeded from the export. */
-    for (int attempt = 0;; attempt++) {
-        tc_setup(&b, 3, NULL);
-        char cmd[800];
-        snprintf(cmd, sizeof(cmd),
-                 "sed -i 's/^cluster test$/cluster recovered/' %s", b.conf);
-        cr_assert_eq(system(cmd), 0);
-        if (!tc_spawn_all(&b) || attempt == 3) {
-            break; /* a port taken meanwhile: start again */
-        }
-        tc_destroy(&b);
-    }
+    tc_start_edited(&b, 3, NULL, rename_cluster, NULL);
     cr_assert_geq(tc_wait_leader(&b, 20000), 0, "no leader in the new one");
     cr_assert_eq(tc_run(out, sizeof(out),
                         "%s --cluster %s --timeout 20000 snapshot restore %s "

@@ -249,15 +249,27 @@ int tc_spawn_all(struct tc *c)
     return tc_port_taken(c);
 }
 
-void tc_start(struct tc *c, int n, const char *extra)
+void tc_start_edited(struct tc *c,
+                     int n,
+                     const char *extra,
+                     void (*edit)(struct tc *c, void *arg),
+                     void *arg)
 {
     for (int attempt = 0;; attempt++) {
         tc_setup(c, n, extra);
+        if (edit != NULL) {
+            edit(c, arg);
+        }
         if (!tc_spawn_all(c) || attempt == 3) {
             return;
         }
         tc_destroy(c);
     }
+}
+
+void tc_start(struct tc *c, int n, const char *extra)
+{
+    tc_start_edited(c, n, extra, NULL, NULL);
 }
 
 int tc_signal(struct tc *c, int i, int sig)

@@ -43,11 +43,16 @@ struct tc
  * says `tls_dir tls` (unless @extra has a tls_dir line of its own; "peer_tls
  * off" in @extra runs plaintext peers). */
 void tc_start(struct tc *c, int n, const char *extra);
-/* tc_start() starts again from tc_setup() (at most 3 more times) when a node
- * could not bind an address: the harness picks free ports by binding and
- * closing them, so a test running at the same time may take one first.
- * A test that edits the file between tc_setup() and its spawns does the
- * same with these two: */
+/* tc_start() with @edit(@c, @arg) run after tc_setup() and before the
+ * spawns (to change the cluster file or c->nofile; NULL: nothing). Both
+ * start again from tc_setup() (at most 3 more times) when a node could not
+ * bind an address: the harness picks free ports by binding and closing
+ * them, so a test running at the same time may take one first. */
+void tc_start_edited(struct tc *c,
+                     int n,
+                     const char *extra,
+                     void (*edit)(struct tc *c, void *arg),
+                     void *arg);
 /* Spawn every node of @c, then wait (at most 5 s) until each logged that
  * it started or ended; returns tc_port_taken(). */
 int tc_spawn_all(struct tc *c);
