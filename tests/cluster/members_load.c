@@ -3,6 +3,7 @@
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,4 +280,27 @@ int ml_cli(char *out, size_t cap, const char *fmt, ...)
         }
     }
     return rc;
+}
+
+void ml_pools(struct idalloc_client *op)
+{
+    cr_assert_eq(idalloc_pool_create(op, "b", IDALLOC_POOL_BOUNDED, 1000000,
+                                     NULL, tc_detail()),
+                 0, "%s", tc_errmsg());
+    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
+                                     tc_detail()),
+                 0, "%s", tc_errmsg());
+}
+
+void ml_load_start(struct ml_load *ld,
+                   int no,
+                   atomic_int *stop,
+                   struct idalloc_client *cl,
+                   pthread_t *th)
+{
+    memset(ld, 0, sizeof(*ld));
+    ld->no = no;
+    ld->stop = stop;
+    ld->cl = cl;
+    cr_assert_eq(pthread_create(th, NULL, ml_load_main, ld), 0);
 }

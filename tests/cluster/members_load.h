@@ -9,6 +9,7 @@
 #ifndef IDA_TESTS_CLUSTER_MEMBERS_LOAD_H
 #define IDA_TESTS_CLUSTER_MEMBERS_LOAD_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,6 +36,17 @@ struct ml_load
 };
 
 void *ml_load_main(void *arg);
+
+/* Create the pools the load uses: "b" (bounded, 1,000,000 ids) and "s"
+ * (sequence), through @op. */
+void ml_pools(struct idalloc_client *op);
+
+/* Start load thread @no on @th, its calls through @cl (which it owns). */
+void ml_load_start(struct ml_load *ld,
+                   int no,
+                   atomic_int *stop,
+                   struct idalloc_client *cl,
+                   pthread_t *th);
 
 /* A client of the client addresses @addrs only (call timeout 5 s). */
 struct idalloc_client *ml_client_of(const char *addrs);

@@ -106,22 +106,13 @@ Test(join, three_to_five_by_join_then_three, .fini = teardown, .timeout = 500)
     cr_assert_geq(tc_wait_leader(&c, 30000), 0, "no leader");
     pid_t first[3] = {c.pid[0], c.pid[1], c.pid[2]};
     struct idalloc_client *op = ml_client_of(file_addrs);
-    cr_assert_eq(idalloc_pool_create(op, "b", IDALLOC_POOL_BOUNDED, 1000000,
-                                     NULL, tc_detail()),
-                 0, "%s", tc_errmsg());
-    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
-                                     tc_detail()),
-                 0, "%s", tc_errmsg());
+    ml_pools(op);
 
     static struct ml_load ld[2];
     atomic_int stop = 0;
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
-        memset(&ld[i], 0, sizeof(ld[i]));
-        ld[i].no = i;
-        ld[i].stop = &stop;
-        ld[i].cl = ml_client_of(file_addrs);
-        cr_assert_eq(pthread_create(&th[i], NULL, ml_load_main, &ld[i]), 0);
+        ml_load_start(&ld[i], i, &stop, ml_client_of(file_addrs), &th[i]);
     }
     tc_sleep_ms(500);
     uint64_t acked0 = ld[0].acked + ld[1].acked;
@@ -240,21 +231,12 @@ Test(join, a_member_moves_to_new_addresses, .fini = teardown, .timeout = 300)
     int lead = tc_wait_leader(&c, 30000);
     cr_assert_geq(lead, 0, "no leader");
     struct idalloc_client *op = ml_client_of(c.addrs);
-    cr_assert_eq(idalloc_pool_create(op, "b", IDALLOC_POOL_BOUNDED, 1000000,
-                                     NULL, tc_detail()),
-                 0, "%s", tc_errmsg());
-    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
-                                     tc_detail()),
-                 0, "%s", tc_errmsg());
+    ml_pools(op);
     static struct ml_load ld[2];
     atomic_int stop = 0;
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
-        memset(&ld[i], 0, sizeof(ld[i]));
-        ld[i].no = i;
-        ld[i].stop = &stop;
-        ld[i].cl = ml_client_of(c.addrs);
-        cr_assert_eq(pthread_create(&th[i], NULL, ml_load_main, &ld[i]), 0);
+        ml_load_start(&ld[i], i, &stop, ml_client_of(c.addrs), &th[i]);
     }
     tc_sleep_ms(500);
     uint64_t acked0 = ld[0].acked + ld[1].acked;

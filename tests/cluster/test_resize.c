@@ -49,12 +49,7 @@ Test(resize,
     tc_start(&c, 5, NULL);
     cr_assert_geq(tc_wait_leader(&c, 30000), 0, "no leader");
     struct idalloc_client *op = tc_client(&c, 10000);
-    cr_assert_eq(idalloc_pool_create(op, "b", IDALLOC_POOL_BOUNDED, 1000000,
-                                     NULL, tc_detail()),
-                 0, "%s", tc_errmsg());
-    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
-                                     tc_detail()),
-                 0, "%s", tc_errmsg());
+    ml_pools(op);
 
     /* Three voters to start from: 4 and 5 leave. */
     ml_change(op, IDALLOC_MEMBER_REMOVE, 4, NULL, NULL);
@@ -65,11 +60,9 @@ Test(resize,
     atomic_int stop = 0;
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
-        memset(&ld[i], 0, sizeof(ld[i]));
-        ld[i].no = i;
-        ld[i].stop = &stop;
-        ld[i].cl = i == 1 ? client_of_1_and_2() : tc_client(&c, 5000);
-        cr_assert_eq(pthread_create(&th[i], NULL, ml_load_main, &ld[i]), 0);
+        ml_load_start(&ld[i], i, &stop,
+                      i == 1 ? client_of_1_and_2() : tc_client(&c, 5000),
+                      &th[i]);
     }
     uint64_t acked0 = 0;
     tc_sleep_ms(1000);
@@ -184,23 +177,14 @@ Test(resize,
     }
     cr_assert_geq(tc_wait_leader(&c, 30000), 0, "no leader");
     struct idalloc_client *op = client_of(1, 3);
-    cr_assert_eq(idalloc_pool_create(op, "b", IDALLOC_POOL_BOUNDED, 1000000,
-                                     NULL, tc_detail()),
-                 0, "%s", tc_errmsg());
-    cr_assert_eq(idalloc_pool_create(op, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
-                                     tc_detail()),
-                 0, "%s", tc_errmsg());
+    ml_pools(op);
     cr_assert_eq(ml_count_voters(op), 3);
 
     static struct ml_load ld[2];
     atomic_int stop = 0;
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
-        memset(&ld[i], 0, sizeof(ld[i]));
-        ld[i].no = i;
-        ld[i].stop = &stop;
-        ld[i].cl = client_of(1, 3);
-        cr_assert_eq(pthread_create(&th[i], NULL, ml_load_main, &ld[i]), 0);
+        ml_load_start(&ld[i], i, &stop, client_of(1, 3), &th[i]);
     }
     tc_sleep_ms(500);
     uint64_t acked0 = ld[0].acked + ld[1].acked;
