@@ -401,12 +401,12 @@ bool h_deliver_one(void)
         }
         int rv = ida_raft_step(&H.r[to], &p.m);
         if (!(rv == 0 || rv == IDA_ENOMEM || rv == IDA_EFOREIGN ||
-              rv == IDA_ELOSTSTATE)) {
+              (rv == IDA_ELOSTSTATE && H.allow_lost_state))) {
             fprintf(stderr, "step %u->%u type %d: %s\n", p.m.from, to, p.m.type,
                     idalloc_errname(rv));
         }
         IDA_ASSERT(rv == 0 || rv == IDA_ENOMEM || rv == IDA_EFOREIGN ||
-                   rv == IDA_ELOSTSTATE);
+                   (rv == IDA_ELOSTSTATE && H.allow_lost_state));
         H.foreign += rv == IDA_EFOREIGN;
         H.lost_state += rv == IDA_ELOSTSTATE;
         h_collect(to);

@@ -49,6 +49,9 @@ struct h_cluster
      * nonce); on by default, off for tests that need cfg.boot == 0. */
     bool no_boots;
     uint32_t nonce_seq;
+    /* A step may answer IDA_ELOSTSTATE (counted in lost_state) only in
+     * tests that put a disk back; anywhere else it fails the test. */
+    bool allow_lost_state;
     /* Counters for assertions. */
     size_t appends_sent;       /* AppendEntries carrying entries */
     size_t foreign;            /* messages dropped as another incarnation's */

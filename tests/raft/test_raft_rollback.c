@@ -12,7 +12,14 @@
 #include "tests/raft/harness.h"
 #include "tests/raft/helpers.h"
 
-TestSuite(rollback, .init = setup3_bound, .fini = teardown);
+/* The bound 3-node harness, where a node may be told its state went back. */
+static void setup_rollback(void)
+{
+    setup3_bound();
+    H.allow_lost_state = true;
+}
+
+TestSuite(rollback, .init = setup_rollback, .fini = teardown);
 
 /* Messages @id sends in its next batches. */
 static size_t sent_any(ida_node_id id)
