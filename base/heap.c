@@ -1,8 +1,11 @@
+#define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
 #include "base/heap.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 /* Fault injection state: calls left before failing, failures left. */
@@ -50,6 +53,21 @@ void *ida_realloc(void *ptr, size_t size)
 void ida_free(void *ptr)
 {
     free(ptr);
+}
+
+void ida_heap_hint_huge(void *p, size_t size)
+{
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+    uintptr_t hi = ((uintptr_t)p + size) & ~(huge - 1);
+    if (p != NULL && hi > lo) {
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+    }
+#else
+    (void)p;
+    (void)size;
+#endif
 }
 
 char *ida_strndup(const char *src, size_t len)

@@ -135,7 +135,7 @@ static void tree_add(struct ida__bounded *b, uint64_t c, int delta)
     }
 }
 
-/* Take @id (free, chunk prepared) for @rec. */
+/* Take @id (free, chunk prepared) for @rec; the caller indexes its tag. */
 static void take(struct ida__bounded *b, uint64_t id, uint8_t *rec)
 {
     uint64_t c = id >> IDA__CHUNK_SHIFT;
@@ -149,7 +149,6 @@ static void take(struct ida__bounded *b, uint64_t id, uint8_t *rec)
     ch->tags[bit] = rec;
     tree_add(b, c, 1);
     b->held++;
-    ida__tagtab_insert(&b->tab, (uint32_t)id);
     IDA_ASSERT(b->tree[1] == b->held);
 }
 
@@ -187,18 +186,26 @@ int ida__bounded_alloc(struct ida__bounded *b,
         return -IDA_ENOMEM;
     }
     take(b, cand, rec);
+    ida__tagtab_insert(&b->tab, (uint32_t)cand);
     *id = cand;
     *existed = false;
     return IDA__R_OK;
 }
 
-int ida__bounded_put(struct ida__bounded *b, uint64_t id, uint8_t *rec)
+int ida__bounded_put(struct ida__bounded *b,
+                     uint64_t id,
+                     uint8_t *rec,
+                     uint64_t hash)
 {
     IDA_ASSERT(id < b->size && id < IDA_BOUNDED_HELD_MAX);
     IDA_ASSERT(!is_held(b, id));
     if (prepare_chunk(b, id >> IDA__CHUNK_SHIFT) != 0 ||
         ida__tagtab_reserve(&b->tab) != 0) {
         return -IDA_ENOMEM;
+    }
+    if (!ida__tagtab_insert_new(&b->tab, (uint32_t)id, rec + 1,
+                                ida__tagrec_len(rec), hash)) {
+        return 1;
     }
     take(b, id, rec);
     return 0;

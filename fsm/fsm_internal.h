@@ -124,6 +124,21 @@ int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n);
 /* Insert @ref (its key must be readable already and absent). Requires a
  * successful ida__tagtab_reserve() since the last insert. */
 void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref);
+/* Restore's bulk path, one probe per key instead of a find and an insert:
+ * insert @ref, whose key is the @len bytes at @key and whose hash is @hash
+ * (ida__hash of the key), unless an equal key is present already. True
+ * when inserted, false when the key was there (nothing changes). Requires
+ * a successful reserve since the last insert; @ref's key need not be
+ * readable yet. */
+bool ida__tagtab_insert_new(struct ida__tagtab *t,
+                            uint32_t ref,
+                            const uint8_t *key,
+                            size_t len,
+                            uint64_t hash);
+/* Start loading the home slot of @hash into the cache: restore computes
+ * the hashes of a batch of keys first, so the table's cache misses of the
+ * batch overlap instead of following one another. */
+void ida__tagtab_prefetch(const struct ida__tagtab *t, uint64_t hash);
 /* Remove @ref (must be present; its key must still be readable). */
 void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref);
 
@@ -203,9 +218,13 @@ uint32_t ida__bounded_find(const struct ida__bounded *b,
 uint64_t ida__bounded_next_held(const struct ida__bounded *b, uint64_t from);
 /* The record of held id @id (must be held). */
 const uint8_t *ida__bounded_tag(const struct ida__bounded *b, uint64_t id);
-/* Take @id for record @rec during restore (@id free and < size, tag absent):
- * 0 or -IDA_ENOMEM; on error @rec is not taken. */
-int ida__bounded_put(struct ida__bounded *b, uint64_t id, uint8_t *rec);
+/* Take @id for record @rec during restore (@id free and < size), @hash
+ * being ida__hash of its tag: 0; 1 when another id holds the tag already;
+ * or -IDA_ENOMEM. Unless 0, @rec is not taken and nothing changed. */
+int ida__bounded_put(struct ida__bounded *b,
+                     uint64_t id,
+                     uint8_t *rec,
+                     uint64_t hash);
 /* The lowest free id (may be >= size). */
 uint64_t ida__bounded_lowest_free(const struct ida__bounded *b);
 

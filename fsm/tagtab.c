@@ -119,6 +119,7 @@ int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n)
     if (ns == NULL) {
         return IDA_ENOMEM;
     }
+    ida_heap_hint_huge(ns, ncap * sizeof(*ns));
     uint64_t *old = t->slots;
     uint64_t ocap = t->cap;
     t->slots = ns;
@@ -138,6 +139,40 @@ void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref)
     IDA_ASSERT((t->used + 1) * 10 <= t->cap * 7);
     place(t, MAKE_SLOT(h32_of(t, ref), ref));
     t->used++;
+}
+
+void ida__tagtab_prefetch(const struct ida__tagtab *t, uint64_t hash)
+{
+    if (t->cap > 0) {
+        __builtin_prefetch(&t->slots[home(t, (uint32_t)(hash >> 32))], 1);
+    }
+}
+
+bool ida__tagtab_insert_new(struct ida__tagtab *t,
+                            uint32_t ref,
+                            const uint8_t *key,
+                            size_t len,
+                            uint64_t hash)
+{
+    IDA_ASSERT(ref != IDA__REF_NONE);
+    IDA_ASSERT((t->used + 1) * 10 <= t->cap * 7);
+    uint64_t mask = t->cap - 1;
+    uint32_t h32 = (uint32_t)(hash >> 32);
+    uint64_t i = home(t, h32);
+    for (; t->slots[i] != 0; i = (i + 1) & mask) {
+        uint64_t s = t->slots[i];
+        if (SLOT_H32(s) != h32) {
+            continue;
+        }
+        size_t klen;
+        const uint8_t *k = t->key_of(t->ctx, SLOT_REF(s), &klen);
+        if (klen == len && memcmp(k, key, len) == 0) {
+            return false;
+        }
+    }
+    t->slots[i] = MAKE_SLOT(h32, ref);
+    t->used++;
+    return true;
 }
 
 void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref)

@@ -112,7 +112,9 @@ static int check_restore(const struct ida_raft_config *cfg,
 {
     if ((st->snapshot_index == 0) != (st->snapshot_term == 0) ||
         st->hard_state.term > IDA_RAFT_TERM_MAX ||
-        (st->snapshot_len > 0 && st->snapshot_data == NULL) ||
+        (st->snapshot_data != NULL && st->snapshot_take != NULL) ||
+        (st->snapshot_len > 0 && st->snapshot_data == NULL &&
+         st->snapshot_take == NULL) ||
         (st->snapshot_config_len > 0 && st->snapshot_config == NULL)) {
         return IDA_EINVAL;
     }
@@ -146,8 +148,12 @@ static int restore_state(struct ida_raft *r, const struct ida_raft_restore *st)
         return rv;
     }
     if (st->snapshot_index > 0) {
-        rv = ida__raft_copy_data(st->snapshot_data, st->snapshot_len,
-                                 &r->snap_data);
+        if (st->snapshot_take != NULL) {
+            r->snap_data = st->snapshot_take; /* given back on failure */
+        } else {
+            rv = ida__raft_copy_data(st->snapshot_data, st->snapshot_len,
+                                     &r->snap_data);
+        }
         if (rv != 0) {
             return rv;
         }
@@ -200,13 +206,15 @@ int ida_raft_init(struct ida_raft *r,
     r->rng = (cfg->seed ^ ((uint64_t)cfg->id * 0x9E3779B97F4A7C15ULL)) | 1;
     if (restore != NULL) {
         rv = restore_state(r, restore);
-        if (rv != 0) {
-            ida_raft_close(r);
-            return rv;
-        }
     }
-    rv = ida__raft_conf_refresh(r);
+    if (rv == 0) {
+        rv = ida__raft_conf_refresh(r);
+    }
     if (rv != 0) {
+        if (restore != NULL && restore->snapshot_take != NULL &&
+            r->snap_data == restore->snapshot_take) {
+            r->snap_data = NULL; /* still the caller's */
+        }
         ida_raft_close(r);
         return rv;
     }

@@ -249,6 +249,10 @@ struct ida_raft_restore
     ida_index snapshot_index; /* 0: no snapshot */
     ida_term snapshot_term;
     const uint8_t *snapshot_data; /* copied */
+    /* Or, instead of snapshot_data, bytes from ida_malloc() the core takes
+     * without copying when ida_raft_init() succeeds (a restart's snapshot
+     * can be hundreds of MB); on failure they stay the caller's. */
+    uint8_t *snapshot_take;
     size_t snapshot_len;
     const uint8_t *snapshot_config; /* encoded membership; copied */
     size_t snapshot_config_len;     /* 0: the bootstrap voters */

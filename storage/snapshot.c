@@ -199,6 +199,7 @@ int ida_storage_snapshot_load(struct ida_storage *s,
     if (rc == 0 && r.size > 0) {
         buf = ida_malloc((size_t)r.size);
         rc = buf == NULL ? ENOMEM : 0;
+        ida_heap_hint_huge(buf, (size_t)r.size);
     }
     size_t n = 0;
     if (rc == 0) {

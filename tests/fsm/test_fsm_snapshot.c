@@ -491,3 +491,47 @@ Test(snap, enomem_on_every_snapshot_and_restore_path)
     ida_free(snap);
     ida_fsm_free(g);
 }
+
+/* Restore takes holdings in batches (fsm/snap_decode.c, HOLD_BATCH): a tag
+ * held twice is refused wherever the two fall, in one batch or in two, at
+ * the start, the end or across a batch boundary; and the state it refuses
+ * leaves the target as it was. */
+Test(snap, tag_held_twice_refused_across_batches)
+{
+    enum { N = 53 };
+    static Idalloc__Holding many[N], *pmany[N];
+    static char tags[N][8];
+    for (int i = 0; i < N; i++) {
+        idalloc__holding__init(&many[i]);
+        pmany[i] = &many[i];
+    }
+    const int pairs[][2] = {{0, 1},     {0, 15},       {0, 16},  {15, 16},
+                            {3, 40},    {16, 31},      {31, 32}, {47, 48},
+                            {0, N - 1}, {N - 2, N - 1}};
+    for (size_t p = 0; p < sizeof(pairs) / sizeof(pairs[0]); p++) {
+        forge_base();
+        bs.size = 1000;
+        for (int i = 0; i < N; i++) {
+            many[i].id = (uint64_t)(3 * i + 1);
+            snprintf(tags[i], sizeof(tags[i]), "t%d", i);
+            many[i].tag = tags[i];
+        }
+        bs.n_holdings = N;
+        bs.holdings = pmany;
+        cr_assert_eq(forge_restore(), 0, "the distinct tags load");
+        uint64_t id;
+        cr_assert_eq(ida_fsm_lookup(f, "a", "t52", &id), 0);
+        cr_assert_eq(id, 3 * 52 + 1);
+        size_t len0;
+        uint8_t *before = fx_snapshot(f, &len0);
+        many[pairs[p][1]].tag = tags[pairs[p][0]];
+        cr_assert_eq(forge_restore(), IDA_ECORRUPT, "holdings %d and %d",
+                     pairs[p][0], pairs[p][1]);
+        size_t len1;
+        uint8_t *after = fx_snapshot(f, &len1);
+        cr_assert(len0 == len1 && memcmp(before, after, len0) == 0,
+                  "a refused state changes nothing");
+        ida_free(before);
+        ida_free(after);
+    }
+}
