@@ -145,9 +145,11 @@ static int restore(struct ida_node *n,
     struct ida_snapshot_meta meta = {0};
     uint8_t *snap = NULL;
     struct ida_entry *entries = NULL;
+    uint64_t t0 = ida__node_mono_us(), t_load = t0, t_fsm = t0;
     int rv = ida_storage_hard_state(st, &rr.hard_state);
     if (rv == 0) {
         rv = ida_storage_snapshot_load(st, &meta, &snap);
+        t_load = t_fsm = ida__node_mono_us();
         if (rv == 0) {
             rr.snapshot_index = meta.index;
             rr.snapshot_term = meta.term;
@@ -157,6 +159,7 @@ static int restore(struct ida_node *n,
             rr.snapshot_config = meta.config;
             rr.snapshot_config_len = meta.config_len;
             rv = ida_fsm_restore(fsm, snap, meta.data_size);
+            t_fsm = ida__node_mono_us();
             /* A crash may have left log entries the snapshot covers. */
             if (rv == 0) {
                 rv = ida_storage_compact(st, meta.index);
@@ -203,11 +206,17 @@ static int restore(struct ida_node *n,
                  n->dir, idalloc_strerror(rv), st->errmsg[0] ? ": " : "",
                  st->errmsg);
     } else {
+        uint64_t t1 = ida__node_mono_us();
         IDA_INFO(
-            "node: restored term=%llu vote=%u snapshot=%llu log=%llu..%llu",
+            "node: restored term=%llu vote=%u snapshot=%llu log=%llu..%llu "
+            "in %llu ms (snapshot of %zu bytes read in %llu ms, state "
+            "rebuilt in %llu ms, log read in %llu ms)",
             (unsigned long long)rr.hard_state.term, rr.hard_state.vote,
             (unsigned long long)rr.snapshot_index, (unsigned long long)lo,
-            (unsigned long long)ls.last);
+            (unsigned long long)ls.last, (unsigned long long)(t1 - t0) / 1000,
+            rr.snapshot_len, (unsigned long long)(t_load - t0) / 1000,
+            (unsigned long long)(t_fsm - t_load) / 1000,
+            (unsigned long long)(t1 - t_fsm) / 1000);
     }
     ida_free(entries);
     ida_free(snap);

@@ -489,6 +489,26 @@ static int membership_whole(void)
     return ok && voters == c.n;
 }
 
+/* The restarted node's own account of its start (node.c, restore()). */
+static void print_restored_line(int which)
+{
+    char path[400], line[1024], last[1024] = "";
+    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, which);
+    FILE *fp = fopen(path, "r");
+    while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
+        const char *p = strstr(line, "node: restored ");
+        if (p != NULL) {
+            snprintf(last, sizeof(last), "%s", p);
+        }
+    }
+    if (fp != NULL) {
+        fclose(fp);
+    }
+    if (last[0] != '\0') {
+        printf("    its log: %s", last);
+    }
+}
+
 static void catch_up(struct phase *ph, int *which)
 {
     ph->catchup_s = -1;
@@ -557,6 +577,7 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
     ph->restart_ms = restart(&which);
     printf("  restart: node %d served at the leader's commit after %.0f ms\n",
            which, ph->restart_ms);
+    print_restored_line(which);
     fflush(stdout);
     catch_up(ph, &which);
     if (ph->snap_index > 0) {
