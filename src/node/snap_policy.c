@@ -43,7 +43,7 @@ void ida_snap_policy_applied(struct ida_snap_policy *p, size_t len)
 int ida_snap_policy_due(const struct ida_snap_policy *p)
 {
     return p->entries_since >= p->threshold_entries &&
-           p->bytes_since >= p->last_bytes;
+           p->bytes_since >= p->last_bytes / IDA_SNAP_LOG_DIVISOR;
 }
 
 void ida_snap_policy_taken(struct ida_snap_policy *p, size_t bytes)

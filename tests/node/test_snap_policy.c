@@ -40,9 +40,9 @@ Test(snap_policy, nodes_do_not_snapshot_together)
               (unsigned long long)at[2]);
 }
 
-/* Amortized: after a snapshot of S bytes, the next one waits for S bytes of
- * log, so the bytes encoded per byte applied stay <= 1 however big the
- * state grows. */
+/* Amortized: after a snapshot of S bytes, the next one waits for S / 2
+ * bytes of log, so the bytes encoded per byte applied stay <= 2 however big
+ * the state grows. */
 Test(snap_policy, cost_per_applied_byte_stays_bounded)
 {
     struct ida_snap_policy p;
@@ -57,9 +57,10 @@ Test(snap_policy, cost_per_applied_byte_stays_bounded)
             ida_snap_policy_taken(&p, (size_t)state);
         }
     }
-    /* Snapshot k+1 waits for S_k log bytes, so the sum of all snapshots but
-     * the last is at most what was applied: encoded <= applied + S_last. */
-    cr_assert_leq(encoded, applied + state,
+    /* Snapshot k+1 waits for S_k / 2 log bytes, so the sum of all
+     * snapshots but the last is at most twice what was applied: encoded <=
+     * 2 applied + S_last. */
+    cr_assert_leq(encoded, IDA_SNAP_LOG_DIVISOR * applied + state,
                   "encoded %llu bytes for %llu applied",
                   (unsigned long long)encoded, (unsigned long long)applied);
     /* The old rule (every 100 entries) would have encoded ~ n^2/2. */
@@ -76,6 +77,27 @@ Test(snap_policy, a_restored_snapshot_counts_as_the_last_one)
     ida_snap_policy_init(&p, 10, 3);
     p.last_bytes = 1 << 20;
     uint64_t n = entries_until_due(&p, 100);
-    cr_assert_geq(n, (1 << 20) / 100, "due after %llu entries",
-                  (unsigned long long)n);
+    cr_assert_geq(n, (1 << 20) / IDA_SNAP_LOG_DIVISOR / 100,
+                  "due after %llu entries", (unsigned long long)n);
+}
+
+/* What a restart replays and the log holds in memory: once the floor is
+ * passed, a snapshot is due as soon as the log reaches S / 2 bytes, not
+ * later (one entry of slack). */
+Test(snap_policy, the_log_between_snapshots_stays_under_half_the_state)
+{
+    struct ida_snap_policy p;
+    ida_snap_policy_init(&p, 10, 5);
+    const size_t len = 100;
+    for (uint64_t s = 1000; s <= 50000000; s *= 7) {
+        ida_snap_policy_taken(&p, (size_t)s);
+        uint64_t n = entries_until_due(&p, len);
+        uint64_t bytes = n * len;
+        uint64_t floor_bytes = p.threshold_entries * len;
+        cr_assert_leq(bytes, (floor_bytes > s / 2 ? floor_bytes : s / 2) + len,
+                      "state %llu: log of %llu bytes", (unsigned long long)s,
+                      (unsigned long long)bytes);
+        cr_assert_geq(bytes, s / 2, "state %llu: due after %llu bytes",
+                      (unsigned long long)s, (unsigned long long)bytes);
+    }
 }
