@@ -157,6 +157,7 @@ struct ida__slab
     uint8_t *blocks;                  /* list: first 8 bytes = next */
     uint8_t *cur;                     /* bump area of the newest block */
     size_t left;
+    size_t nblocks;
 };
 
 void ida__slab_close(struct ida__slab *s);
