@@ -232,13 +232,22 @@ struct ida_raft_config
     int (*conf_decode)(const uint8_t *data,
                        size_t len,
                        struct ida_raft_conf *out);
-    /* Check the state bytes of a snapshot received from a leader, once all
-     * of it arrived and before the core gives up its log for it: nonzero
-     * refuses it (the core keeps its log and state, answers the leader
-     * "not installed, start again from byte 0", and ida_raft_step() returns
-     * IDA_EPROTO). NULL: no
-     * check. The node's restores the bytes into a scratch state machine. */
-    int (*snapshot_check)(void *arg, const uint8_t *data, size_t len);
+    /* Check the state bytes @data (@len bytes, borrowed for the call) of
+     * the snapshot at @index, whose last entry has @term, received from a
+     * leader, once all of it arrived and before the core gives up its log
+     * for it: nonzero refuses it (the core keeps its log and state, answers
+     * the leader "not installed, start again from byte 0", and
+     * ida_raft_step() returns IDA_EPROTO). On 0 the core installs exactly
+     * these bytes: a later batch hands them out (has_snapshot) with the same
+     * @index and @term, unless a newer snapshot replaced them first, so what
+     * the check built from them may be kept for that batch. NULL: no check.
+     * The node's restores the bytes into a scratch state machine and hands
+     * that to its fsm processor with the install (src/node/raft_proc.c). */
+    int (*snapshot_check)(void *arg,
+                          ida_index index,
+                          ida_term term,
+                          const uint8_t *data,
+                          size_t len);
     void *snapshot_check_arg;
 };
 

@@ -240,8 +240,8 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
     IDA_ASSERT(r->rcv_len == r->rcv_total); /* done: offset + len == total */
     size_t len = r->rcv_len;
     if (r->cfg.snapshot_check != NULL &&
-        r->cfg.snapshot_check(r->cfg.snapshot_check_arg, r->rcv_data, len) !=
-            0) {
+        r->cfg.snapshot_check(r->cfg.snapshot_check_arg, r->rcv_index,
+                              r->rcv_term, r->rcv_data, len) != 0) {
         /* Nothing was given up: forget what arrived, keep the log. */
         ida_free(r->rcv_data);
         r->rcv_data = NULL;

@@ -773,9 +773,15 @@ const struct ida_proc_ops ida__raft_proc_ops = {raft_receive, raft_ping};
 /* A snapshot from a leader is restored into a scratch state machine before
  * the core gives up its log for it: bytes that do not restore (damaged or
  * forged) are refused and the node keeps running on what it had. */
-static int snapshot_check(void *arg, const uint8_t *data, size_t len)
+static int snapshot_check(void *arg,
+                          ida_index index,
+                          ida_term term,
+                          const uint8_t *data,
+                          size_t len)
 {
     (void)arg;
+    (void)index;
+    (void)term;
     struct ida_fsm *f;
     int rv = ida_fsm_new(&f);
     if (rv == 0) {

@@ -45,9 +45,15 @@ static struct
 } S;
 
 /* The node's check: a snapshot must restore into a state machine. */
-static int snapshot_check(void *arg, const uint8_t *data, size_t len)
+static int snapshot_check(void *arg,
+                          ida_index index,
+                          ida_term term,
+                          const uint8_t *data,
+                          size_t len)
 {
     (void)arg;
+    (void)index;
+    (void)term;
     struct ida_fsm *f;
     FUZZ_CHECK(ida_fsm_new(&f) == 0);
     int rv = ida_fsm_restore(f, data, len);

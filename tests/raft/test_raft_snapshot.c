@@ -53,27 +53,44 @@ Test(raft, lagging_follower_gets_a_chunked_snapshot)
 
 /* --- the application's check of a received snapshot ---------------------- */
 
-static int refuse_all(void *arg, const uint8_t *data, size_t len)
+static ida_index checked_index; /* what the last check was told */
+static ida_term checked_term;
+static size_t checked_len;
+
+static int refuse_all(void *arg,
+                      ida_index index,
+                      ida_term term,
+                      const uint8_t *data,
+                      size_t len)
 {
     (void)data;
-    (void)len;
+    checked_index = index;
+    checked_term = term;
+    checked_len = len;
     (*(int *)arg)++;
     return IDA_ECORRUPT;
 }
 
-static int accept_all(void *arg, const uint8_t *data, size_t len)
+static int accept_all(void *arg,
+                      ida_index index,
+                      ida_term term,
+                      const uint8_t *data,
+                      size_t len)
 {
     (void)data;
-    (void)len;
+    checked_index = index;
+    checked_term = term;
+    checked_len = len;
     (*(int *)arg)++;
     return 0;
 }
 
 /* Node 2 holds entries 1..3 of term 1; leader 1 sends a whole snapshot at
  * index 10 in one chunk. Returns what step() said. */
-static int offer_snapshot(struct ida_raft *r,
-                          int (*check)(void *, const uint8_t *, size_t),
-                          int *calls)
+static int offer_snapshot(
+    struct ida_raft *r,
+    int (*check)(void *, ida_index, ida_term, const uint8_t *, size_t),
+    int *calls)
 {
     struct ida_raft_config cfg = base_config();
     cfg.id = 2;
@@ -139,6 +156,24 @@ Test(snapshot_check, control_an_accepted_snapshot_is_installed)
     cr_assert_eq(offer_snapshot(&r, accept_all, &calls), 0);
     cr_assert_eq(calls, 1);
     cr_assert_eq(ida_raft_last_index(&r), 10);
+    /* The batch hands out what was checked, under the index and term the
+     * check was told (raft.h, snapshot_check). */
+    cr_assert_eq(checked_index, 10);
+    cr_assert_eq(checked_term, 2);
+    struct ida_raft_batch b;
+    int snapshots = 0;
+    while (ida_raft_ready(&r, &b)) {
+        if (b.has_snapshot) {
+            snapshots++;
+            cr_assert_eq(b.snapshot.index, checked_index);
+            cr_assert_eq(b.snapshot.term, checked_term);
+            cr_assert_eq(b.snapshot.len, checked_len);
+        }
+        if (b.id != 0) {
+            ida_raft_persisted(&r, b.id);
+        }
+    }
+    cr_assert_eq(snapshots, 1);
     ida_raft_close(&r);
 }
 
