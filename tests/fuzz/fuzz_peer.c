@@ -213,6 +213,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .max_inflight = 4,
         .max_msg_entries = 8,
         .snapshot_chunk_bytes = 64,
+        .snapshot_max_inflight = 4,
         .snapshot_bytes_max = 1u << 16,
         .conf_decode = node_conf_decode,
         .snapshot_check = snapshot_check,
