@@ -11,6 +11,7 @@
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
+#include "src/common/frame.h"
 #include "src/node/convert.h"
 #include "src/node/member.h"
 #include "src/node/node.h"
@@ -20,6 +21,17 @@
  * step is in flight. */
 #define OPEN_COMMANDS_MAX 4096
 #define OPEN_BYTES_MAX    (1u << 20)
+/* InstallSnapshot to a follower that fell behind: chunks of this size, this
+ * many in flight (raft.h, snapshot_max_inflight), so the leader's encoding
+ * and TLS overlap the follower's decoding instead of waiting for each
+ * answer. 4 MiB in flight per follower, well within what net queues to a
+ * peer (peer_queue_bytes_max, 64 MiB); a chunk and its message fit a
+ * frame (IDA_FRAME_PAYLOAD_BYTES_DEFAULT, 4 MiB). */
+#define SNAPSHOT_CHUNK_BYTES     (512u * 1024)
+#define SNAPSHOT_CHUNKS_INFLIGHT 8
+_Static_assert(SNAPSHOT_CHUNK_BYTES + 64 * 1024 <=
+                   IDA_FRAME_PAYLOAD_BYTES_DEFAULT,
+               "a snapshot chunk must fit a peer frame");
 
 uint64_t ida__node_mono_ms(void)
 {
@@ -857,7 +869,8 @@ int ida__raft_proc_new(struct ida_node *n,
         .check_quorum = true,
         .max_inflight = 32,
         .max_msg_entries = 256,
-        .snapshot_chunk_bytes = 512 * 1024,
+        .snapshot_chunk_bytes = SNAPSHOT_CHUNK_BYTES,
+        .snapshot_max_inflight = SNAPSHOT_CHUNKS_INFLIGHT,
         .conf_decode = node_conf_decode,
         .snapshot_check = snapshot_check,
         .snapshot_check_arg = rp,
