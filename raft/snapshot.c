@@ -105,8 +105,7 @@ int ida__raft_handle_snapshot_response(struct ida_raft *r,
         return IDA_EPROTO;
     }
     pr->recent_active = true;
-    if (pr->state != IDA_RAFT_SNAPSHOT || sr->last_index != pr->snap_index ||
-        pr->snap_index != r->snap_index) {
+    if (pr->state != IDA_RAFT_SNAPSHOT || sr->last_index != pr->snap_index) {
         return 0;
     }
     if (sr->done && sr->success) {
@@ -118,6 +117,12 @@ int ida__raft_handle_snapshot_response(struct ida_raft *r,
             ida__raft_broadcast_append(r, true);
         }
         ida__raft_send_append(r, pr, true);
+        return 0;
+    }
+    if (pr->snap_index != r->snap_index) {
+        /* About a snapshot replaced since (its offsets are not the new
+         * one's): the new one is sent from byte 0. */
+        ida__raft_send_snapshot_chunk(r, pr);
         return 0;
     }
     uint64_t at = sr->next_offset; /* the follower holds [0, at) */
