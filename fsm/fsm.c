@@ -230,6 +230,29 @@ void ida_fsm_free(struct ida_fsm *f)
     ida_free(f);
 }
 
+void ida_fsm_replace(struct ida_fsm *dst, struct ida_fsm *src)
+{
+    IDA_ASSERT(dst != NULL);
+    IDA_ASSERT(src != NULL);
+    IDA_ASSERT(dst != src);
+    /* Swap the contents, then free @src, which holds the old state. The
+     * tables point back at their owner (ctx), so re-aim the sessions table
+     * of both. Each keeps its own reply buffer: the replies of the last
+     * apply stay where ida_fsm_applied said they were. */
+    struct ida_fsm old = *dst;
+    struct ida_fsm_reply *replies = src->replies;
+    size_t replies_cap = src->replies_cap;
+    *dst = *src;
+    dst->sessions.ctx = dst;
+    dst->replies = old.replies;
+    dst->replies_cap = old.replies_cap;
+    *src = old;
+    src->sessions.ctx = src;
+    src->replies = replies;
+    src->replies_cap = replies_cap;
+    ida_fsm_free(src);
+}
+
 ida_index ida_fsm_applied_index(const struct ida_fsm *f)
 {
     return f->applied_index;

@@ -212,6 +212,14 @@ struct ida_fsm;
 int ida_fsm_new(struct ida_fsm **out);
 /* Release @f and everything it holds. NULL is ignored. */
 void ida_fsm_free(struct ida_fsm *f);
+/* Give @dst the whole state of @src (pools, sessions, applied index,
+ * clocks) and release its old state together with @src: ownership of @src
+ * moves in, the pointer is invalid afterwards. @dst itself (its address)
+ * stays valid, and so do the replies of its last ida_fsm_apply(). Nothing
+ * is copied or checked: a state that ida_fsm_restore() built in a scratch
+ * state machine is swapped in at the cost of freeing the old one. @dst and
+ * @src must differ. Cannot fail. */
+void ida_fsm_replace(struct ida_fsm *dst, struct ida_fsm *src);
 
 /* --- apply ----------------------------------------------------------------
  *

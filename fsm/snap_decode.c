@@ -633,17 +633,6 @@ int ida_fsm_restore(struct ida_fsm *f, const uint8_t *data, size_t len)
         ida_fsm_free(n);
         return rv;
     }
-    /* Swap: @f takes the new state, the old one is released. The tables
-     * point back at their owner (ctx), so re-aim the sessions table. */
-    struct ida_fsm old = *f;
-    *f = *n;
-    f->sessions.ctx = f;
-    f->replies = old.replies;
-    f->replies_cap = old.replies_cap;
-    *n = old;
-    n->sessions.ctx = n;
-    n->replies = NULL;
-    n->replies_cap = 0;
-    ida_fsm_free(n);
+    ida_fsm_replace(f, n); /* @f takes the new state, the old is freed */
     return 0;
 }

@@ -85,6 +85,7 @@ int ida__raft_handle_append(struct ida_raft *r, const struct ida_raft_msg *m);
 void ida__raft_send_snapshot_chunk(struct ida_raft *r,
                                    struct ida_raft_progress *pr);
 void ida__raft_start_snapshot(struct ida_raft *r, struct ida_raft_progress *pr);
+void ida__raft_tick_snapshot(struct ida_raft *r, struct ida_raft_progress *pr);
 int ida__raft_handle_snapshot_response(struct ida_raft *r,
                                        const struct ida_raft_msg *m);
 int ida__raft_handle_install_snapshot(struct ida_raft *r,

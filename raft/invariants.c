@@ -66,6 +66,11 @@ static void check_role(const struct ida_raft *r)
         /* send_append reads the log from next - 1. */
         IDA_ASSERT(pr->next <= ida__raft_last_index(r) + 1);
         IDA_ASSERT(pr->inflight_count <= r->cfg.max_inflight);
+        /* Snapshot mode: what is in flight lies within the snapshot. */
+        if (pr->state == IDA_RAFT_SNAPSHOT && pr->snap_index == r->snap_index) {
+            IDA_ASSERT(pr->snap_acked <= pr->snap_offset);
+            IDA_ASSERT(pr->snap_offset <= r->snap_len);
+        }
         IDA_ASSERT(pr->read_ack <= r->read_seq);
     }
 }

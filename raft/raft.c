@@ -91,6 +91,7 @@ static int check_config(const struct ida_raft_config *cfg)
         cfg->election_ticks < 2 * cfg->heartbeat_ticks ||
         cfg->max_inflight == 0 || cfg->max_inflight > IDA_RAFT_INFLIGHT_MAX ||
         cfg->max_msg_entries == 0 || cfg->snapshot_chunk_bytes == 0 ||
+        cfg->snapshot_max_inflight > IDA_RAFT_INFLIGHT_MAX ||
         cfg->conf_decode == NULL) {
         return IDA_EINVAL;
     }

@@ -8,10 +8,11 @@
  * with a bound on in-flight appends, fast conflict backtracking with a term
  * hint (§5.3 "optimization"), commit by counting replicas of current-term
  * entries only (§5.4.2, Figure 8), leader-side parallel persist (§10.2.1),
- * snapshots with chunked InstallSnapshot (§5), ReadIndex (§6.4),
- * leadership transfer with TimeoutNow (§3.10) and single-server membership
- * changes (§4.1: a config entry takes effect when appended; learners catch
- * up before they vote, §4.2.1; raft/conf.h).
+ * snapshots with chunked InstallSnapshot (§5; a window of chunks in
+ * flight, taken in order, go-back to the first one refused), ReadIndex
+ * (§6.4), leadership transfer with TimeoutNow (§3.10) and single-server
+ * membership changes (§4.1: a config entry takes effect when appended;
+ * learners catch up before they vote, §4.2.1; raft/conf.h).
  *
  * It does no I/O, reads no clock, starts no thread and has no global state.
  * The node runtime drives it with calls:
@@ -220,6 +221,12 @@ struct ida_raft_config
     unsigned max_inflight;       /* 1..IDA_RAFT_INFLIGHT_MAX */
     size_t max_msg_entries;      /* entries per append, >= 1 */
     size_t snapshot_chunk_bytes; /* InstallSnapshot chunk, >= 1 */
+    /* InstallSnapshot chunks sent to a follower before the first of them
+     * is answered, 0..IDA_RAFT_INFLIGHT_MAX; 0 and 1: one at a time. A
+     * follower takes chunks in order only and answers each with the bytes
+     * it holds; the leader goes back to that point, one chunk at a time,
+     * when one is refused or nothing is taken over a heartbeat interval. */
+    unsigned snapshot_max_inflight;
     /* Largest snapshot accepted from a leader (InstallSnapshot total_size);
      * 0: IDA_RAFT_SNAPSHOT_BYTES_DEFAULT (1 GiB). The receive buffer grows
      * with the chunks that arrived, never to a size only announced. */
@@ -232,13 +239,22 @@ struct ida_raft_config
     int (*conf_decode)(const uint8_t *data,
                        size_t len,
                        struct ida_raft_conf *out);
-    /* Check the state bytes of a snapshot received from a leader, once all
-     * of it arrived and before the core gives up its log for it: nonzero
-     * refuses it (the core keeps its log and state, answers the leader
-     * "not installed, start again from byte 0", and ida_raft_step() returns
-     * IDA_EPROTO). NULL: no
-     * check. The node's restores the bytes into a scratch state machine. */
-    int (*snapshot_check)(void *arg, const uint8_t *data, size_t len);
+    /* Check the state bytes @data (@len bytes, borrowed for the call) of
+     * the snapshot at @index, whose last entry has @term, received from a
+     * leader, once all of it arrived and before the core gives up its log
+     * for it: nonzero refuses it (the core keeps its log and state, answers
+     * the leader "not installed, start again from byte 0", and
+     * ida_raft_step() returns IDA_EPROTO). On 0 the core installs exactly
+     * these bytes: a later batch hands them out (has_snapshot) with the same
+     * @index and @term, unless a newer snapshot replaced them first, so what
+     * the check built from them may be kept for that batch. NULL: no check.
+     * The node's restores the bytes into a scratch state machine and hands
+     * that to its fsm processor with the install (src/node/raft_proc.c). */
+    int (*snapshot_check)(void *arg,
+                          ida_index index,
+                          ida_term term,
+                          const uint8_t *data,
+                          size_t len);
     void *snapshot_check_arg;
 };
 
@@ -292,14 +308,18 @@ struct ida_raft_progress
     enum ida_raft_progress_state state;
     bool probe_sent;    /* probe: one append in flight, wait */
     bool recent_active; /* heard from since the last quorum check */
-    bool acked;         /* replicate: progress since the last heartbeat */
+    bool acked;         /* replicate, snapshot: moved since last heartbeat */
     uint64_t read_ack;  /* highest read_ctx acknowledged this term */
     ida_index inflight[IDA_RAFT_INFLIGHT_MAX]; /* last index per append */
     unsigned inflight_head;
     unsigned inflight_count;
-    ida_index snap_index; /* snapshot mode: the snapshot being sent */
+    /* Snapshot mode: chunks [snap_acked, snap_offset) are in flight, at
+     * most cfg.snapshot_max_inflight of them (one while snap_probe). */
+    ida_index snap_index; /* the snapshot being sent */
     uint64_t snap_offset; /* next byte offset to send */
-    bool snap_sent;       /* a chunk is in flight */
+    uint64_t snap_acked;  /* bytes the follower said it holds, in order */
+    bool snap_probe;      /* one chunk at a time until one is taken */
+    bool snap_done_sent;  /* the last chunk went out since the last rewind */
 };
 
 /* One batch of work. Valid until the next ida_raft_* call (see MEMORY). */

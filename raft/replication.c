@@ -156,8 +156,7 @@ void ida__raft_tick_heartbeat_peer(struct ida_raft *r,
             pr->acked = false;
             break;
         case IDA_RAFT_SNAPSHOT:
-            pr->snap_sent = false; /* resend the chunk, it may be lost */
-            ida__raft_send_snapshot_chunk(r, pr);
+            ida__raft_tick_snapshot(r, pr);
             break;
     }
 }

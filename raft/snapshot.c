@@ -9,39 +9,83 @@
 #include "idalloc_errors.h"
 #include "raft/internal.h"
 
+/* Chunks of the snapshot in flight to @pr, [snap_acked, snap_offset). */
+static uint64_t chunks_in_flight(const struct ida_raft *r,
+                                 const struct ida_raft_progress *pr)
+{
+    uint64_t bytes = pr->snap_offset - pr->snap_acked;
+    uint64_t chunk = r->cfg.snapshot_chunk_bytes;
+    return bytes / chunk + (bytes % chunk != 0);
+}
+
+/* Send again from @at, which the follower holds: one chunk at a time until
+ * it takes one (a refused chunk is followed by the refusals of the others
+ * sent after it; a probe does not multiply them). */
+static void rewind_to(struct ida_raft_progress *pr, uint64_t at)
+{
+    pr->snap_acked = at;
+    pr->snap_offset = at;
+    pr->snap_probe = true;
+    pr->snap_done_sent = false;
+}
+
+/* Send the chunks of the snapshot the window allows: from snap_offset, at
+ * most cfg.snapshot_max_inflight chunks past snap_acked (one while
+ * probing), each of cfg.snapshot_chunk_bytes but the last, which carries
+ * done. */
 void ida__raft_send_snapshot_chunk(struct ida_raft *r,
                                    struct ida_raft_progress *pr)
 {
-    if (pr->snap_sent) {
-        return;
-    }
     if (pr->snap_index != r->snap_index) {
         /* A newer snapshot replaced the one being sent: start over. */
         pr->snap_index = r->snap_index;
-        pr->snap_offset = 0;
+        rewind_to(pr, 0);
     }
-    uint64_t left = r->snap_len - pr->snap_offset;
-    size_t len = left < r->cfg.snapshot_chunk_bytes
-                     ? (size_t)left
-                     : r->cfg.snapshot_chunk_bytes;
-    struct ida_raft_msg m;
-    ida__raft_msg_init(&m, IDA_RAFT_MSG_INSTALL_SNAPSHOT, pr->id, r->term);
-    m.u.install_snapshot.last_index = r->snap_index;
-    m.u.install_snapshot.last_term = r->snap_term;
-    m.u.install_snapshot.offset = pr->snap_offset;
-    m.u.install_snapshot.len = len;
-    m.u.install_snapshot.done = pr->snap_offset + len == r->snap_len;
-    m.u.install_snapshot.total_size = r->snap_len;
-    ida__raft_send_now(r, &m);
-    pr->snap_sent = true;
+    unsigned window = r->cfg.snapshot_max_inflight;
+    if (window == 0 || pr->snap_probe) {
+        window = 1;
+    }
+    while (!pr->snap_done_sent && chunks_in_flight(r, pr) < window) {
+        IDA_ASSERT(pr->snap_offset <= r->snap_len);
+        uint64_t left = r->snap_len - pr->snap_offset;
+        size_t len = left < r->cfg.snapshot_chunk_bytes
+                         ? (size_t)left
+                         : r->cfg.snapshot_chunk_bytes;
+        struct ida_raft_msg m;
+        ida__raft_msg_init(&m, IDA_RAFT_MSG_INSTALL_SNAPSHOT, pr->id, r->term);
+        m.u.install_snapshot.last_index = r->snap_index;
+        m.u.install_snapshot.last_term = r->snap_term;
+        m.u.install_snapshot.offset = pr->snap_offset;
+        m.u.install_snapshot.len = len;
+        m.u.install_snapshot.done = pr->snap_offset + len == r->snap_len;
+        m.u.install_snapshot.total_size = r->snap_len;
+        ida__raft_send_now(r, &m);
+        pr->snap_offset += len;
+        pr->snap_done_sent = m.u.install_snapshot.done;
+    }
 }
 
 void ida__raft_start_snapshot(struct ida_raft *r, struct ida_raft_progress *pr)
 {
     pr->state = IDA_RAFT_SNAPSHOT;
     pr->snap_index = r->snap_index;
-    pr->snap_offset = 0;
-    pr->snap_sent = false;
+    /* A probe first: the follower may hold part of this snapshot already
+     * (from an earlier transfer) and says how much. */
+    rewind_to(pr, 0);
+    pr->acked = false;
+    ida__raft_send_snapshot_chunk(r, pr);
+}
+
+/* Heartbeat tick of a follower in snapshot mode. */
+void ida__raft_tick_snapshot(struct ida_raft *r, struct ida_raft_progress *pr)
+{
+    if (!pr->acked) {
+        /* Nothing taken over a heartbeat interval: chunks or answers were
+         * lost (or the follower is busy checking the last one). Resend
+         * from what it holds, one chunk at a time. */
+        rewind_to(pr, pr->snap_acked);
+    }
+    pr->acked = false;
     ida__raft_send_snapshot_chunk(r, pr);
 }
 
@@ -75,16 +119,45 @@ int ida__raft_handle_snapshot_response(struct ida_raft *r,
         ida__raft_send_append(r, pr, true);
         return 0;
     }
-    pr->snap_sent = false;
-    pr->snap_offset =
-        sr->success && sr->next_offset <= r->snap_len ? sr->next_offset : 0;
+    if (pr->snap_index != r->snap_index) {
+        /* About a snapshot replaced since (its offsets are not the new
+         * one's): the new one is sent from byte 0. */
+        ida__raft_send_snapshot_chunk(r, pr);
+        return 0;
+    }
+    uint64_t at = sr->next_offset; /* the follower holds [0, at) */
+    if (sr->success) {
+        /* A chunk taken. An answer at or below what we know is an earlier
+         * one arriving late (or twice): nothing new. */
+        if (at > pr->snap_acked) {
+            pr->snap_acked = at;
+            pr->acked = true;
+            pr->snap_probe = false;
+            if (pr->snap_offset < at) {
+                pr->snap_offset = at; /* after a rewind: skip what it has */
+            }
+        }
+    } else if (!(pr->snap_probe && at == pr->snap_acked &&
+                 pr->snap_offset > at)) {
+        /* A chunk refused: a gap (one before it was lost), a chunk it
+         * already holds, another snapshot in progress there, or a failed
+         * check (at 0). Its refusal of the chunks sent after it says the
+         * same while the probe from @at is out: those are ignored above. */
+        if (at > pr->snap_acked) {
+            pr->acked = true;
+        }
+        rewind_to(pr, at);
+    }
     ida__raft_send_snapshot_chunk(r, pr);
     return 0;
 }
 
+/* Answer a chunk: @taken (success) or refused, holding [0, @next_offset)
+ * of the snapshot (0: nothing of it), @done once installed. */
 static void snapshot_reply(struct ida_raft *r,
                            const struct ida_raft_msg *m,
                            uint64_t next_offset,
+                           bool taken,
                            bool done,
                            bool after_persist)
 {
@@ -93,7 +166,7 @@ static void snapshot_reply(struct ida_raft *r,
     resp.u.snapshot_response.last_index = m->u.install_snapshot.last_index;
     resp.u.snapshot_response.next_offset = next_offset;
     resp.u.snapshot_response.done = done;
-    resp.u.snapshot_response.success = true;
+    resp.u.snapshot_response.success = taken;
     if (after_persist) {
         ida__raft_send_after_persist(r, &resp);
     } else {
@@ -177,8 +250,10 @@ static int rcv_reserve(struct ida_raft *r, size_t need)
 /* Figure 13 InstallSnapshot receiver. The chunk's own consistency (offset
  * + len <= total_size <= cfg.snapshot_bytes_max, done on the last byte,
  * last_term <= term) was checked by valid_msg() (raft/raft.c). Chunks are
- * taken in order only; the log and the state machine are given up only
- * once the whole snapshot arrived. */
+ * taken in order only (a gap or an overlap is refused, with the offset we
+ * hold, so a leader with several chunks in flight goes back there); the
+ * bytes of one snapshot at most are kept; the log and the state machine
+ * are given up only once the whole snapshot arrived. */
 int ida__raft_handle_install_snapshot(struct ida_raft *r,
                                       const struct ida_raft_msg *m)
 {
@@ -189,10 +264,15 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
          * learned before its entries were persisted): "done" may only leave
          * once that is durable, or a crash makes the leader believe we hold
          * what we lost and it never sends it again. */
-        snapshot_reply(r, m, 0, true, true);
+        snapshot_reply(r, m, 0, true, true, true);
         return 0;
     }
-    if (is->offset == 0) {
+    if (is->offset == 0 &&
+        (r->rcv_len == 0 || r->rcv_index != is->last_index ||
+         r->rcv_term != is->last_term || r->rcv_total != is->total_size)) {
+        /* The first chunk of another snapshot (or of the one in progress
+         * when nothing of it arrived yet): start over. A first chunk of
+         * the one in progress is a chunk we hold, answered below. */
         if (is->config_len > 0) {
             struct ida_raft_conf c;
             int rv =
@@ -216,9 +296,11 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
     }
     if (r->rcv_index != is->last_index || r->rcv_term != is->last_term ||
         is->offset != r->rcv_len) {
-        /* Another snapshot or a gap: tell the leader where we are. */
-        snapshot_reply(r, m, r->rcv_index == is->last_index ? r->rcv_len : 0,
-                       false, false);
+        /* Another snapshot, a gap or a chunk we hold (chunks are taken in
+         * order only): refused, and the leader told where we are. */
+        bool same =
+            r->rcv_index == is->last_index && r->rcv_term == is->last_term;
+        snapshot_reply(r, m, same ? r->rcv_len : 0, false, false, false);
         return 0;
     }
     if (is->total_size != r->rcv_total) {
@@ -234,21 +316,21 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
     }
     r->rcv_len += is->len;
     if (!is->done) {
-        snapshot_reply(r, m, r->rcv_len, false, false);
+        snapshot_reply(r, m, r->rcv_len, true, false, false);
         return 0;
     }
     IDA_ASSERT(r->rcv_len == r->rcv_total); /* done: offset + len == total */
     size_t len = r->rcv_len;
     if (r->cfg.snapshot_check != NULL &&
-        r->cfg.snapshot_check(r->cfg.snapshot_check_arg, r->rcv_data, len) !=
-            0) {
+        r->cfg.snapshot_check(r->cfg.snapshot_check_arg, r->rcv_index,
+                              r->rcv_term, r->rcv_data, len) != 0) {
         /* Nothing was given up: forget what arrived, keep the log. */
         ida_free(r->rcv_data);
         r->rcv_data = NULL;
         r->rcv_len = r->rcv_cap = 0;
         r->rcv_index = 0;
         r->rcv_total = 0;
-        snapshot_reply(r, m, 0, false, false);
+        snapshot_reply(r, m, 0, false, false, false);
         return IDA_EPROTO;
     }
     install_snapshot(r);
@@ -256,7 +338,7 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
      * snapshot stands and the membership is recomputed at the next change
      * or restart. */
     (void)ida__raft_conf_refresh(r);
-    snapshot_reply(r, m, len, true, true);
+    snapshot_reply(r, m, len, true, true, true);
     return 0;
 }
 

@@ -409,27 +409,46 @@ static void answer(struct fsm_proc *fp,
     }
 }
 
+/* Install the snapshot of @a (durable by now): swap in the state machine
+ * the raft processor's check restored from it (taken from @a), or restore
+ * its bytes when the check kept none. */
+static void install_snapshot(struct fsm_proc *fp, struct ida_nm_apply *a)
+{
+    /* The installed state replaces the one a child may be encoding. */
+    ida_bgsnap_cancel(&fp->bg);
+    uint64_t t0 = ida__node_mono_us();
+    int rv = 0;
+    const char *how = "the state checked when it arrived";
+    if (a->fsm != NULL) {
+        /* snapshot_check() refuses a state of another index. */
+        IDA_ASSERT(ida_fsm_applied_index(a->fsm) == a->snap_index);
+        ida_fsm_replace(fp->fsm, a->fsm);
+        a->fsm = NULL;
+    } else {
+        how = "restored from its bytes";
+        rv = ida_fsm_restore(fp->fsm, a->snap_data, a->snap_len);
+    }
+    uint64_t took_us = ida__node_mono_us() - t0;
+    ida_metrics_snapshot_installed(fp->node->metrics, took_us);
+    if (rv != 0) {
+        IDA_ERROR("fsm: cannot restore the snapshot at %llu: %s; exiting",
+                  (unsigned long long)a->snap_index, idalloc_strerror(rv));
+        exit(1); /* a restart rebuilds from durable storage */
+    }
+    fp->applied_term = a->snap_term;
+    fp->snapshot_index = a->snap_index;
+    ida_snap_policy_taken(&fp->snap, a->snap_len);
+    IDA_INFO("fsm: installed snapshot at index %llu (%zu bytes, %s, %.1f ms)",
+             (unsigned long long)a->snap_index, a->snap_len, how,
+             (double)took_us / 1000.0);
+}
+
 static void apply_entries(struct fsm_proc *fp,
                           struct ida_sender *s,
-                          const struct ida_nm_apply *a)
+                          struct ida_nm_apply *a)
 {
     if (a->has_snapshot) {
-        /* The installed state replaces the one a child may be encoding. */
-        ida_bgsnap_cancel(&fp->bg);
-        uint64_t t0 = ida__node_mono_us();
-        int rv = ida_fsm_restore(fp->fsm, a->snap_data, a->snap_len);
-        ida_metrics_snapshot_installed(fp->node->metrics,
-                                       ida__node_mono_us() - t0);
-        if (rv != 0) {
-            IDA_ERROR("fsm: cannot restore the snapshot at %llu: %s; exiting",
-                      (unsigned long long)a->snap_index, idalloc_strerror(rv));
-            exit(1); /* a restart rebuilds from durable storage */
-        }
-        fp->applied_term = a->snap_term;
-        fp->snapshot_index = a->snap_index;
-        ida_snap_policy_taken(&fp->snap, a->snap_len);
-        IDA_INFO("fsm: installed snapshot at index %llu",
-                 (unsigned long long)a->snap_index);
+        install_snapshot(fp, a);
     }
     for (size_t i = 0; i < a->n_entries; i++) {
         const struct ida_entry *e = &a->entries[i];
@@ -530,7 +549,7 @@ static void publish_pools(struct fsm_proc *fp)
 
 static void on_apply(struct fsm_proc *fp,
                      struct ida_sender *s,
-                     const struct ida_nm_apply *a)
+                     struct ida_nm_apply *a)
 {
     apply_entries(fp, s, a);
     ida_metrics_applied(fp->node->metrics, ida_fsm_applied_index(fp->fsm));

@@ -158,13 +158,20 @@ static void drop_slot(ida_node_id *ids, uint64_t *incs, size_t *n, int s)
     (*n)--;
 }
 
+/* Between two re-admission steps. A step is a config entry, which the core
+ * takes only once the previous one committed (IDA_EBUSY before), so this
+ * only paces the attempts: each step waits for that commit, not for a
+ * fixed time (at 500 ms, a wiped node's catch-up waited half a second
+ * between its removal and its return as a learner). */
+#define REJOIN_STEP_MS 50
+
 int node_rejoin_step(struct node_members *m,
                      const struct ida_raft *r,
                      uint64_t now_ms,
                      struct ida_raft_conf *out)
 {
     if (m->rejoin_id == 0 || ida_raft_role(r) != IDA_RAFT_LEADER ||
-        now_ms - m->last_rejoin_ms < 500) {
+        now_ms - m->last_rejoin_ms < REJOIN_STEP_MS) {
         return 0;
     }
     ida_node_id id = m->rejoin_id;

@@ -4,6 +4,7 @@
 
 #include "base/heap.h"
 #include "base/log.h"
+#include "fsm/fsm.h"
 #include "idalloc_errors.h"
 
 struct ida_msg *node_msg_new(enum node_msg_type type, void *payload)
@@ -100,6 +101,7 @@ void ida_nm_apply_free(struct ida_nm_apply *a)
     if (a == NULL) {
         return;
     }
+    ida_fsm_free(a->fsm);
     ida_free(a->snap_data);
     ida_free(a->entries);
     ida_free(a);

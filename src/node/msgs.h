@@ -74,15 +74,20 @@ struct ida_nm_persisted
     uint64_t batch_id;
 };
 
+struct ida_fsm; /* fsm/fsm.h */
+
 /* Committed entries (deep copies) for the fsm, optionally preceded by a
- * snapshot to restore. */
+ * snapshot to install: either the state machine the raft processor's check
+ * restored from it (@fsm, swapped in with ida_fsm_replace()), or, when the
+ * check kept none for this index and term, its bytes to restore. */
 struct ida_nm_apply
 {
     int has_snapshot;
     ida_index snap_index;
     ida_term snap_term;
-    uint8_t *snap_data;
-    size_t snap_len;
+    struct ida_fsm *fsm; /* owned; its applied index is snap_index */
+    uint8_t *snap_data;  /* NULL when @fsm is set */
+    size_t snap_len;     /* the snapshot's size in bytes, either way */
     struct ida_entry *entries;
     size_t n_entries;
 };

@@ -105,6 +105,7 @@ struct conn
     struct ida_netlim_entry lim; /* limits bookkeeping (netlim.h) */
     size_t out_bytes;            /* client: replies queued, not yet written */
     unsigned frames;             /* whole frames of the current read */
+    int peer_heard;              /* peer link: its first message came */
     struct conn *hnext;          /* client id hash chain */
     struct conn *prev, *next;    /* all connections */
 };
@@ -1025,6 +1026,24 @@ static int on_client_frame(void *arg,
     return 0;
 }
 
+/* Node @id spoke first on a link it opened to us: it is up, so our own
+ * link to it, if it waits out a reconnect backoff, is dialled now. A node
+ * that comes back (a restart, a new data directory) hears from us only on
+ * that link (answers to its Hello, a leader's appends and snapshot), and
+ * the backoff may have grown to reconnect_max_ms while it was away. Once
+ * per inbound connection, so a peer that keeps refusing our link does not
+ * make us dial it faster than it dials us. */
+static void peer_heard(struct ida_net *n, unsigned id)
+{
+    struct peer *p = peer_by_id(n, id);
+    if (p == NULL || p->state != PEER_DOWN || p->removed || n->loop_stopping) {
+        return;
+    }
+    uv_timer_stop(&p->timer);
+    p->backoff_ms = n->cfg.reconnect_min_ms;
+    peer_connect(p);
+}
+
 static int on_peer_frame(void *arg,
                          enum ida_frame_type type,
                          const uint8_t *p,
@@ -1065,6 +1084,10 @@ static int on_peer_frame(void *arg,
         return IDA_EPROTO;
     }
     atomic_fetch_add(&n->st_peer_received, 1);
+    if (!k->peer_heard) {
+        k->peer_heard = 1;
+        peer_heard(n, m->from);
+    }
     n->h.peer_message(n->h.arg, m);
     return 0;
 }

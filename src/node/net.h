@@ -18,7 +18,9 @@
  * bytes queued to a slow peer past peer_queue_bytes_max: a slow or dead
  * peer never blocks the node or grows its memory. Lost connections are
  * re-dialled with exponential backoff between reconnect_min_ms and
- * reconnect_max_ms. An inbound peer message of another cluster, not
+ * reconnect_max_ms; a peer whose first message arrives on a link it opened
+ * is up, so our link to it, if waiting out that backoff, is dialled at
+ * once. An inbound peer message of another cluster, not
  * addressed to this node, or claiming id 0 or this node's own id closes
  * that connection; with peer TLS so does a message whose `from` is not the
  * node named by the link's certificate. Messages from a node that is not

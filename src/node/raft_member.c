@@ -25,14 +25,15 @@ static void send_hello(struct raft_proc *rp, unsigned to, bool reply)
     ida_free(buf);
 }
 
-/* A joining node asks often; a member that is not admitted announces its
- * incarnation now and then, so a leader can re-admit it, and one the
- * membership names elsewhere than it listens announces where it is, so a
- * leader can check `member update`. Every node of the address book is
- * asked (src/node/book.h). */
+/* A joining node asks often (an answer sent before the other's link to it
+ * came up is lost, and the node takes no part until one arrives); a member
+ * that is not admitted announces its incarnation now and then, so a leader
+ * can re-admit it, and one the membership names elsewhere than it listens
+ * announces where it is, so a leader can check `member update`. Every node
+ * of the address book is asked (src/node/book.h). */
 void ida__rp_hello_all(struct raft_proc *rp, uint64_t now)
 {
-    uint64_t every = rp->mem.joining ? 200 : 1000;
+    uint64_t every = rp->mem.joining ? 50 : 1000;
     if (now - rp->mem.last_hello_ms < every) {
         return;
     }

@@ -11,6 +11,7 @@
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
+#include "src/common/frame.h"
 #include "src/node/convert.h"
 #include "src/node/member.h"
 #include "src/node/node.h"
@@ -20,6 +21,17 @@
  * step is in flight. */
 #define OPEN_COMMANDS_MAX 4096
 #define OPEN_BYTES_MAX    (1u << 20)
+/* InstallSnapshot to a follower that fell behind: chunks of this size, this
+ * many in flight (raft.h, snapshot_max_inflight), so the leader's encoding
+ * and TLS overlap the follower's decoding instead of waiting for each
+ * answer. 4 MiB in flight per follower, well within what net queues to a
+ * peer (peer_queue_bytes_max, 64 MiB); a chunk and its message fit a
+ * frame (IDA_FRAME_PAYLOAD_BYTES_DEFAULT, 4 MiB). */
+#define SNAPSHOT_CHUNK_BYTES     (512u * 1024)
+#define SNAPSHOT_CHUNKS_INFLIGHT 8
+_Static_assert(SNAPSHOT_CHUNK_BYTES + 64 * 1024 <=
+                   IDA_FRAME_PAYLOAD_BYTES_DEFAULT,
+               "a snapshot chunk must fit a peer frame");
 
 uint64_t ida__node_mono_ms(void)
 {
@@ -139,9 +151,12 @@ static void note_soft_state(struct raft_proc *rp,
 /* --- batches
  * ---------------------------------------------------------------------- */
 
-/* The fsm's part of a batch: its snapshot to restore (if any), then its
- * committed entries. */
-static struct ida_nm_apply *make_apply(const struct ida_raft_batch *b)
+/* The fsm's part of a batch: its snapshot to install (if any), then its
+ * committed entries. The snapshot goes as the state machine that
+ * snapshot_check() restored from it when that one is of the same index
+ * and term (ownership moves into the message), else as its bytes. */
+static struct ida_nm_apply *make_apply(struct raft_proc *rp,
+                                       const struct ida_raft_batch *b)
 {
     struct ida_nm_apply *a = ida_calloc(1, sizeof(*a));
     if (a == NULL) {
@@ -152,12 +167,19 @@ static struct ida_nm_apply *make_apply(const struct ida_raft_batch *b)
         a->snap_index = b->snapshot.index;
         a->snap_term = b->snapshot.term;
         a->snap_len = b->snapshot.len;
-        a->snap_data = ida_malloc(b->snapshot.len > 0 ? b->snapshot.len : 1);
-        if (a->snap_data == NULL) {
-            ida_free(a);
-            return NULL;
+        if (rp->checked != NULL && rp->checked_index == b->snapshot.index &&
+            rp->checked_term == b->snapshot.term) {
+            a->fsm = rp->checked;
+            rp->checked = NULL;
+        } else {
+            a->snap_data =
+                ida_malloc(b->snapshot.len > 0 ? b->snapshot.len : 1);
+            if (a->snap_data == NULL) {
+                ida_free(a);
+                return NULL;
+            }
+            memcpy(a->snap_data, b->snapshot.data, b->snapshot.len);
         }
-        memcpy(a->snap_data, b->snapshot.data, b->snapshot.len);
     }
     if (b->n_committed > 0) {
         a->entries = node_entries_copy(b->committed, b->n_committed);
@@ -278,7 +300,7 @@ static void handle_batch(struct raft_proc *rp,
     if (b->id != 0 || (route && fsm_part)) {
         struct ida_nm_persist *p = make_persist(b);
         if (p != NULL && route && fsm_part) {
-            p->apply_after = make_apply(b);
+            p->apply_after = make_apply(rp, b);
             if (p->apply_after == NULL) {
                 ida_nm_persist_free(p);
                 p = NULL;
@@ -292,8 +314,14 @@ static void handle_batch(struct raft_proc *rp,
         int rv = node_post(&rp->q, s, n->p_storage, IDA_NM_PERSIST, p);
         IDA_OOM_CHECK(rv == 0, "raft: posting a storage step");
     }
+    if (b->has_snapshot) {
+        /* Checked for an older snapshot (this batch installs another, or
+         * came from a local compaction): no one will take it. */
+        ida_fsm_free(rp->checked);
+        rp->checked = NULL;
+    }
     if (!route && b->n_committed > 0) {
-        struct ida_nm_apply *a = make_apply(b);
+        struct ida_nm_apply *a = make_apply(rp, b);
         /* The fsm must see every committed entry. */
         IDA_OOM_CHECK(a != NULL, "raft: building an apply step");
         int rv = node_post(&rp->q, s, n->p_fsm, IDA_NM_APPLY, a);
@@ -772,23 +800,54 @@ const struct ida_proc_ops ida__raft_proc_ops = {raft_receive, raft_ping};
 
 /* A snapshot from a leader is restored into a scratch state machine before
  * the core gives up its log for it: bytes that do not restore (damaged or
- * forged) are refused and the node keeps running on what it had. */
-static int snapshot_check(void *arg, const uint8_t *data, size_t len)
+ * forged), or hold the state of another index than the one they are sent
+ * as (the log after them would be applied to the wrong state), are refused
+ * and the node keeps running on what it had. The scratch state machine of
+ * an accepted snapshot is kept (rp->checked) and goes to the fsm processor
+ * with the batch that installs the snapshot (make_apply()): decoding a
+ * large state takes seconds, and this way it is done once. */
+static int snapshot_check(void *arg,
+                          ida_index index,
+                          ida_term term,
+                          const uint8_t *data,
+                          size_t len)
 {
-    (void)arg;
-    struct ida_fsm *f;
+    struct raft_proc *rp = arg;
+    uint64_t t0 = ida__node_mono_us();
+    struct ida_fsm *f = NULL;
     int rv = ida_fsm_new(&f);
     if (rv == 0) {
         rv = ida_fsm_restore(f, data, len);
+    }
+    if (rv == 0 && ida_fsm_applied_index(f) != index) {
+        IDA_WARN(
+            "raft: refused a snapshot at index %llu from the leader: it "
+            "holds the state at index %llu; keeping the log and state this "
+            "node has",
+            (unsigned long long)index,
+            (unsigned long long)ida_fsm_applied_index(f));
         ida_fsm_free(f);
+        return IDA_ECORRUPT;
     }
     if (rv != 0) {
         IDA_WARN(
             "raft: refused a snapshot of %zu bytes from the leader: %s; "
             "keeping the log and state this node has",
             len, idalloc_strerror(rv));
+        ida_fsm_free(f);
+        return rv;
     }
-    return rv;
+    /* One not handed out yet is older: this one replaces it. */
+    ida_fsm_free(rp->checked);
+    rp->checked = f;
+    rp->checked_index = index;
+    rp->checked_term = term;
+    IDA_INFO(
+        "raft: snapshot at index %llu term %llu (%zu bytes) received from "
+        "the leader and checked in %.1f ms",
+        (unsigned long long)index, (unsigned long long)term, len,
+        (double)(ida__node_mono_us() - t0) / 1000.0);
+    return 0;
 }
 
 int ida__raft_proc_new(struct ida_node *n,
@@ -810,9 +869,11 @@ int ida__raft_proc_new(struct ida_node *n,
         .check_quorum = true,
         .max_inflight = 32,
         .max_msg_entries = 256,
-        .snapshot_chunk_bytes = 512 * 1024,
+        .snapshot_chunk_bytes = SNAPSHOT_CHUNK_BYTES,
+        .snapshot_max_inflight = SNAPSHOT_CHUNKS_INFLIGHT,
         .conf_decode = node_conf_decode,
         .snapshot_check = snapshot_check,
+        .snapshot_check_arg = rp,
     };
     if (rc.heartbeat_ticks == 0) {
         rc.heartbeat_ticks = 1;
@@ -857,6 +918,7 @@ void ida__raft_proc_free(struct raft_proc *rp)
     }
     ida_free(rp->open);
     ida_free(rp->reads);
+    ida_fsm_free(rp->checked); /* accepted, never installed */
     node_outq_close(&rp->q);
     node_members_close(&rp->mem);
     ida_raft_close(&rp->raft);

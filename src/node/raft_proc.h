@@ -50,6 +50,13 @@ struct raft_proc
     struct node_members mem;     /* joining, re-admission (src/node/member.h) */
     bool book_pushed;            /* net has mem.book (ida__rp_book_refresh()) */
     struct ida_raft_config base; /* what the core was started with */
+    /* The state machine snapshot_check() restored from the last snapshot
+     * it accepted, with that snapshot's index and term; owned. The batch
+     * that installs the snapshot hands it to the fsm processor, which swaps
+     * it in: the bytes are decoded once. NULL: none waiting. */
+    struct ida_fsm *checked;
+    ida_index checked_index;
+    ida_term checked_term;
     struct node_outq q;
 };
 

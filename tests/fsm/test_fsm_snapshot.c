@@ -172,6 +172,47 @@ Test(snap, empty_state_round_trips)
     ida_fsm_free(g);
 }
 
+/* ida_fsm_replace(): the target takes the other state machine's whole
+ * state at its own address (the node's fsm processor keeps its pointer),
+ * keeps the replies of its last apply, and behaves like the source from
+ * there on (its tables point back at the right owner). */
+Test(snap, replace_takes_the_whole_state_in_place)
+{
+    struct ida_fsm *g, *h;
+    cr_assert_eq(ida_fsm_new(&g), 0);
+    cr_assert_eq(ida_fsm_new(&h), 0);
+    populate(f, 0);
+    populate(g, 0);
+    populate(g, 1);
+    size_t glen;
+    uint8_t *gsnap = fx_snapshot(g, &glen);
+    ida_index gindex = ida_fsm_applied_index(g);
+    cr_assert_eq(ida_fsm_restore(h, gsnap, glen), 0);
+    /* The replies of f's last apply, read after the replace. */
+    fx_batch_init(&b, 30000);
+    fx_add_reserve(&b, 5, 100000, "zeta-seq", 3);
+    struct ida_fsm_applied ap;
+    fx_apply(f, &b, &ap);
+    cr_assert_eq(ap.count, 1);
+    struct ida_fsm_reply first = ap.replies[0];
+    struct ida_fsm *self = f;
+    ida_fsm_replace(f, g); /* g is gone */
+    cr_assert_eq(f, self);
+    cr_assert_eq(ida_fsm_applied_index(f), gindex);
+    cr_assert_eq(memcmp(&ap.replies[0], &first, sizeof(first)), 0,
+                 "the last apply's replies moved or changed");
+    size_t len;
+    uint8_t *snap = fx_snapshot(f, &len);
+    cr_assert(len == glen && memcmp(snap, gsnap, len) == 0,
+              "not the source's state");
+    populate(f, 2);
+    populate(h, 2);
+    assert_same_bytes(f, h);
+    ida_free(snap);
+    ida_free(gsnap);
+    ida_fsm_free(h);
+}
+
 /* Every truncation and every single-byte change is refused, and the
  * target keeps its previous state. */
 Test(snap, truncated_or_damaged_snapshots_are_refused)

@@ -45,9 +45,15 @@ static struct
 } S;
 
 /* The node's check: a snapshot must restore into a state machine. */
-static int snapshot_check(void *arg, const uint8_t *data, size_t len)
+static int snapshot_check(void *arg,
+                          ida_index index,
+                          ida_term term,
+                          const uint8_t *data,
+                          size_t len)
 {
     (void)arg;
+    (void)index;
+    (void)term;
     struct ida_fsm *f;
     FUZZ_CHECK(ida_fsm_new(&f) == 0);
     int rv = ida_fsm_restore(f, data, len);
@@ -207,6 +213,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .max_inflight = 4,
         .max_msg_entries = 8,
         .snapshot_chunk_bytes = 64,
+        .snapshot_max_inflight = 4,
         .snapshot_bytes_max = 1u << 16,
         .conf_decode = node_conf_decode,
         .snapshot_check = snapshot_check,

@@ -371,6 +371,46 @@ Test(net, peers_talk_both_ways, .init = setup, .fini = teardown)
         IDA_EINVAL, "unknown peer");
 }
 
+/* Node 1 gave up on node 2 for a long backoff (20 s) while node 2 was
+ * down; node 2 comes up and speaks first on its own link: node 1 dials it
+ * at once instead of waiting the backoff out (a wiped node catching up
+ * hears from the leader only on the leader's link). */
+static void setup_slow_first(void)
+{
+    ida_log_set_level(IDA_LOG_ERROR);
+    make_config(2, "test");
+    for (int i = 0; i < 3; i++) {
+        memset(&box[i], 0, sizeof(box[i]));
+        pthread_mutex_init(&box[i].mu, NULL);
+        pthread_cond_init(&box[i].cv, NULL);
+    }
+    struct ida_net_config nc = {.cluster = &cfg,
+                                .self_id = 1,
+                                .max_frame_bytes = 1024,
+                                .reconnect_min_ms = 20000,
+                                .reconnect_max_ms = 20000};
+    struct ida_net_handler h = {on_client, on_peer, on_state, &box[0]};
+    char err[IDA_ERRMSG_MAX];
+    cr_assert_eq(ida_net_start(&nc, &h, &nets[0], err), 0, "%s", err);
+    box[0].net = nets[0];
+}
+
+Test(net,
+     a_peer_that_speaks_first_is_dialled_at_once,
+     .init = setup_slow_first,
+     .fini = teardown)
+{
+    sleep_us(300000); /* node 1's first dial failed: 20 s to the next */
+    cr_assert_not(ida_net_peer_up(nets[0], 2));
+    start_net(1);
+    send_until_received(1, 0, 3);
+    for (int i = 0; i < 200 && !ida_net_peer_up(nets[0], 2); i++) {
+        sleep_us(10000);
+    }
+    cr_assert(ida_net_peer_up(nets[0], 2), "node 1 waited for its backoff");
+    send_until_received(0, 1, 4);
+}
+
 Test(net, peer_reconnects_after_restart, .init = setup, .fini = teardown)
 {
     send_until_received(0, 1, 1);

@@ -199,6 +199,7 @@ void h_start(ida_node_id id)
         .max_inflight = 4,
         .max_msg_entries = H.max_msg_entries,
         .snapshot_chunk_bytes = 8,
+        .snapshot_max_inflight = H.snapshot_max_inflight,
         .conf_decode = node_conf_decode,
     };
     cfg.n_voters = (size_t)(H.bootstrap_n ? H.bootstrap_n : H.n);
@@ -491,6 +492,37 @@ void h_drop_all(void)
         q_head = (q_head + 1) % QUEUE_MAX;
         q_len--;
     }
+}
+
+const struct ida_raft_msg *h_peek(size_t k)
+{
+    return k < q_len ? &queue[(q_head + k) % QUEUE_MAX].m : NULL;
+}
+
+void h_drop(size_t k)
+{
+    IDA_ASSERT(k < q_len);
+    pkt_free(&queue[(q_head + k) % QUEUE_MAX]);
+    for (size_t i = k; i + 1 < q_len; i++) {
+        queue[(q_head + i) % QUEUE_MAX] = queue[(q_head + i + 1) % QUEUE_MAX];
+    }
+    q_len--;
+}
+
+void h_dup(size_t k)
+{
+    IDA_ASSERT(k < q_len && q_len < QUEUE_MAX);
+    struct pkt *p = &queue[(q_head + q_len) % QUEUE_MAX];
+    pkt_copy(p, &queue[(q_head + k) % QUEUE_MAX].m);
+    q_len++;
+}
+
+void h_swap(size_t i, size_t j)
+{
+    IDA_ASSERT(i < q_len && j < q_len);
+    struct pkt t = queue[(q_head + i) % QUEUE_MAX];
+    queue[(q_head + i) % QUEUE_MAX] = queue[(q_head + j) % QUEUE_MAX];
+    queue[(q_head + j) % QUEUE_MAX] = t;
 }
 
 void h_set_log(ida_node_id id,

@@ -39,6 +39,7 @@ struct h_cluster
     bool check_quorum;
     int bootstrap_n; /* bootstrap voters are 1..bootstrap_n (default n) */
     size_t max_msg_entries;
+    unsigned snapshot_max_inflight; /* InstallSnapshot chunks (8 bytes) */
     uint32_t bugs;
     /* Incarnations: inc[id] is node id's (0: none); with bind_incs the
      * bootstrap membership binds every voter to its inc at h_init() time. */
@@ -107,6 +108,15 @@ void h_heal(void);
 size_t h_queued(void);
 /* Drop all queued messages. */
 void h_drop_all(void);
+/* The @k-th queued message (0: the oldest), NULL if fewer are queued.
+ * Borrowed until the queue changes. */
+const struct ida_raft_msg *h_peek(size_t k);
+/* Drop the @k-th queued message (lost by the network). */
+void h_drop(size_t k);
+/* Queue a copy of the @k-th queued message last (a duplicate). */
+void h_dup(size_t k);
+/* Swap the @i-th and @j-th queued messages (reordering). */
+void h_swap(size_t i, size_t j);
 /* Restore @id's disk to a log of the given terms (index 1..n), hard state
  * term @term, commit @commit. */
 void h_set_log(ida_node_id id,

@@ -31,6 +31,12 @@ Test(raft_config, rejects_bad_configs)
     c = base_config();
     c.max_inflight = IDA_RAFT_INFLIGHT_MAX + 1;
     cr_assert_eq(ida_raft_init(&r, &c, NULL), IDA_EINVAL);
+    c = base_config();
+    c.snapshot_max_inflight = IDA_RAFT_INFLIGHT_MAX + 1;
+    cr_assert_eq(ida_raft_init(&r, &c, NULL), IDA_EINVAL);
+    c.snapshot_max_inflight = IDA_RAFT_INFLIGHT_MAX;
+    cr_assert_eq(ida_raft_init(&r, &c, NULL), 0);
+    ida_raft_close(&r);
 }
 
 Test(raft_config, rejects_inconsistent_restore)

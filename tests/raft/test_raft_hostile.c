@@ -277,6 +277,60 @@ Test(raft_hostile, snapshot_chunks_only_in_order_and_consistent)
     cr_assert_eq(memcmp(H.r[2].snap_data, d, 16), 0);
 }
 
+/* The answer node 2 queued last (to the leader). */
+static const struct ida_raft_snapshot_response *last_answer(void)
+{
+    const struct ida_raft_snapshot_response *sr = NULL;
+    for (size_t k = 0; h_peek(k) != NULL; k++) {
+        if (h_peek(k)->type == IDA_RAFT_MSG_SNAPSHOT_RESPONSE) {
+            sr = &h_peek(k)->u.snapshot_response;
+        }
+    }
+    cr_assert_not_null(sr);
+    return sr;
+}
+
+/* With chunks pipelined, a chunk may arrive again (a leader going back
+ * after a loss): one the follower holds, the first included, is refused
+ * with the offset it holds and changes nothing; only the next one counts. */
+Test(raft_hostile, snapshot_chunks_held_are_refused_not_restarted)
+{
+    running(2);
+    ida_index s = ida_raft_commit(&H.r[2]) + 10;
+    uint8_t d[24];
+    for (int i = 0; i < 24; i++) {
+        d[i] = (uint8_t)(100 + i);
+    }
+    h_drop_all();
+    struct ida_raft_msg m = chunk(s, 0, d, 8, 24, false);
+    cr_assert_eq(inject(2, &m), 0);
+    cr_assert(last_answer()->success);
+    cr_assert_eq(last_answer()->next_offset, 8);
+    m = chunk(s, 8, d + 8, 8, 24, false);
+    cr_assert_eq(inject(2, &m), 0);
+    cr_assert_eq(last_answer()->next_offset, 16);
+    const uint8_t other[8] = {0};
+    for (uint64_t off = 0; off <= 8; off += 8) {
+        m = chunk(s, off, other, 8, 24, false); /* held: not taken again */
+        cr_assert_eq(inject(2, &m), 0);
+        cr_assert_eq(H.r[2].rcv_len, 16, "offset %lu", (unsigned long)off);
+        cr_assert_not(last_answer()->success);
+        cr_assert_eq(last_answer()->next_offset, 16);
+    }
+    /* Of another snapshot (index): refused, saying nothing of it is held;
+     * the one in progress stays. */
+    m = chunk(s + 1, 8, other, 8, 24, false);
+    cr_assert_eq(inject(2, &m), 0);
+    cr_assert_not(last_answer()->success);
+    cr_assert_eq(last_answer()->next_offset, 0);
+    cr_assert_eq(H.r[2].rcv_len, 16);
+    m = chunk(s, 16, d + 16, 8, 24, true);
+    cr_assert_eq(inject(2, &m), 0);
+    cr_assert_eq(ida_raft_commit(&H.r[2]), s);
+    cr_assert_eq(H.r[2].snap_len, 24);
+    cr_assert_eq(memcmp(H.r[2].snap_data, d, 24), 0);
+}
+
 Test(raft_hostile, snapshot_response_past_the_snapshot_is_dropped)
 {
     running(2);
@@ -293,6 +347,7 @@ Test(raft_hostile, snapshot_response_past_the_snapshot_is_dropped)
     cr_assert_eq(pr->state, IDA_RAFT_SNAPSHOT);
     ida_term t = ida_raft_term(&H.r[1]);
     struct snap before = snap_of(1);
+    uint64_t offset = pr->snap_offset; /* past the first chunk, sent */
     struct ida_raft_msg m = msg(IDA_RAFT_MSG_SNAPSHOT_RESPONSE, 3, 1, t);
     m.u.snapshot_response.success = true;
     m.u.snapshot_response.last_index = s + 1;
@@ -303,7 +358,8 @@ Test(raft_hostile, snapshot_response_past_the_snapshot_is_dropped)
     m.u.snapshot_response.next_offset = UINT64_MAX;
     cr_assert_eq(inject(1, &m), IDA_EINVAL);
     cr_assert_eq(pr->state, IDA_RAFT_SNAPSHOT);
-    cr_assert_eq(pr->snap_offset, 0);
+    cr_assert_eq(pr->snap_offset, offset);
+    cr_assert_eq(pr->snap_acked, 0);
     assert_same(1, &before, "bad snapshot responses");
     /* The follower still gets the snapshot and the log. */
     settle(10);

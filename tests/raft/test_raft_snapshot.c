@@ -53,27 +53,44 @@ Test(raft, lagging_follower_gets_a_chunked_snapshot)
 
 /* --- the application's check of a received snapshot ---------------------- */
 
-static int refuse_all(void *arg, const uint8_t *data, size_t len)
+static ida_index checked_index; /* what the last check was told */
+static ida_term checked_term;
+static size_t checked_len;
+
+static int refuse_all(void *arg,
+                      ida_index index,
+                      ida_term term,
+                      const uint8_t *data,
+                      size_t len)
 {
     (void)data;
-    (void)len;
+    checked_index = index;
+    checked_term = term;
+    checked_len = len;
     (*(int *)arg)++;
     return IDA_ECORRUPT;
 }
 
-static int accept_all(void *arg, const uint8_t *data, size_t len)
+static int accept_all(void *arg,
+                      ida_index index,
+                      ida_term term,
+                      const uint8_t *data,
+                      size_t len)
 {
     (void)data;
-    (void)len;
+    checked_index = index;
+    checked_term = term;
+    checked_len = len;
     (*(int *)arg)++;
     return 0;
 }
 
 /* Node 2 holds entries 1..3 of term 1; leader 1 sends a whole snapshot at
  * index 10 in one chunk. Returns what step() said. */
-static int offer_snapshot(struct ida_raft *r,
-                          int (*check)(void *, const uint8_t *, size_t),
-                          int *calls)
+static int offer_snapshot(
+    struct ida_raft *r,
+    int (*check)(void *, ida_index, ida_term, const uint8_t *, size_t),
+    int *calls)
 {
     struct ida_raft_config cfg = base_config();
     cfg.id = 2;
@@ -139,6 +156,24 @@ Test(snapshot_check, control_an_accepted_snapshot_is_installed)
     cr_assert_eq(offer_snapshot(&r, accept_all, &calls), 0);
     cr_assert_eq(calls, 1);
     cr_assert_eq(ida_raft_last_index(&r), 10);
+    /* The batch hands out what was checked, under the index and term the
+     * check was told (raft.h, snapshot_check). */
+    cr_assert_eq(checked_index, 10);
+    cr_assert_eq(checked_term, 2);
+    struct ida_raft_batch b;
+    int snapshots = 0;
+    while (ida_raft_ready(&r, &b)) {
+        if (b.has_snapshot) {
+            snapshots++;
+            cr_assert_eq(b.snapshot.index, checked_index);
+            cr_assert_eq(b.snapshot.term, checked_term);
+            cr_assert_eq(b.snapshot.len, checked_len);
+        }
+        if (b.id != 0) {
+            ida_raft_persisted(&r, b.id);
+        }
+    }
+    cr_assert_eq(snapshots, 1);
     ida_raft_close(&r);
 }
 
@@ -185,4 +220,226 @@ Test(snapshot_check, done_for_what_is_only_in_memory_waits_for_persist)
     cr_assert_eq(early, 0, "\"done\" sent before the snapshot was durable");
     cr_assert_eq(late, 2, "both chunks answered once durable");
     ida_raft_close(&r);
+}
+
+/* --- pipelined chunks (cfg.snapshot_max_inflight) ------------------------ */
+
+#define SNAP_BYTES  100 /* 13 chunks of 8 bytes, the last of 4 */
+#define SNAP_CHUNKS 13
+static uint8_t snap_bytes[SNAP_BYTES];
+
+/* What a delivery loop saw. */
+struct flow
+{
+    size_t most_queued; /* InstallSnapshot chunks queued at once */
+    size_t refusals;    /* chunks the follower refused */
+    size_t refused_at_0;
+};
+
+static size_t queued_chunks(void)
+{
+    size_t n = 0;
+    for (size_t k = 0; h_peek(k) != NULL; k++) {
+        n += h_peek(k)->type == IDA_RAFT_MSG_INSTALL_SNAPSHOT;
+    }
+    return n;
+}
+
+/* The position of the @i-th queued chunk. */
+static size_t queued_chunk_at(size_t i)
+{
+    for (size_t k = 0; h_peek(k) != NULL; k++) {
+        if (h_peek(k)->type == IDA_RAFT_MSG_INSTALL_SNAPSHOT && i-- == 0) {
+            return k;
+        }
+    }
+    cr_assert_fail("fewer chunks queued");
+    return 0;
+}
+
+static bool deliver_watching(struct flow *f)
+{
+    const struct ida_raft_msg *m = h_peek(0);
+    if (m != NULL && m->type == IDA_RAFT_MSG_SNAPSHOT_RESPONSE &&
+        !m->u.snapshot_response.success) {
+        f->refusals++;
+        f->refused_at_0 += m->u.snapshot_response.next_offset == 0;
+    }
+    bool any = h_deliver_one();
+    size_t q = queued_chunks();
+    f->most_queued = q > f->most_queued ? q : f->most_queued;
+    return any;
+}
+
+/* Leader 1 has entries 1..31 committed and a snapshot at 20 (SNAP_BYTES);
+ * node 3, cut off meanwhile, is back, and the leader's heartbeat found the
+ * entries it needs compacted: its first chunk is queued. Chunks in flight
+ * at most @window. */
+static void lagging_follower(unsigned window)
+{
+    H.snapshot_max_inflight = window;
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_isolate(3);
+    h_propose(1, 30);
+    h_deliver_all();
+    for (size_t i = 0; i < SNAP_BYTES; i++) {
+        snap_bytes[i] = (uint8_t)(i * 7 + 1);
+    }
+    cr_assert_eq(ida_raft_compact(&H.r[1], 20, snap_bytes, SNAP_BYTES), 0);
+    h_heal();
+    const struct ida_raft_progress *pr = ida_raft_progress_of(&H.r[1], 3);
+    for (int i = 0; i < 3 && pr->state != IDA_RAFT_SNAPSHOT; i++) {
+        h_tick(1, 1);
+    }
+    cr_assert_eq(pr->state, IDA_RAFT_SNAPSHOT);
+    cr_assert_eq(queued_chunks(), 1, "one chunk first: a probe");
+}
+
+/* Node 3 holds exactly the leader's snapshot and then the log after it. */
+static void assert_installed(void)
+{
+    for (int i = 0; i < 10; i++) {
+        h_tick(1, 1);
+        h_deliver_all();
+    }
+    cr_assert_eq(H.disk[3].snap_index, 20);
+    cr_assert_eq(H.disk[3].snap_len, SNAP_BYTES);
+    cr_assert_eq(memcmp(H.disk[3].snap, snap_bytes, SNAP_BYTES), 0,
+                 "bytes out of order or from two transfers");
+    cr_assert_eq(ida_raft_commit(&H.r[3]), 31);
+    cr_assert_eq(H.applied[3], 31);
+    cr_assert(h_same_log(1, 3));
+    cr_assert_eq(H.r[3].rcv_data, NULL, "bytes of a second snapshot kept");
+}
+
+Test(pipeline, control_one_chunk_at_a_time, .init = setup3, .fini = teardown)
+{
+    lagging_follower(1);
+    struct flow f = {0};
+    while (deliver_watching(&f)) {
+    }
+    cr_assert_eq(f.most_queued, 1);
+    cr_assert_eq(f.refusals, 0);
+    cr_assert_eq(H.snapshot_chunks, SNAP_CHUNKS, "each chunk once");
+    assert_installed();
+}
+
+Test(pipeline,
+     a_window_of_chunks_each_sent_once,
+     .init = setup3,
+     .fini = teardown)
+{
+    lagging_follower(4);
+    struct flow f = {0};
+    while (deliver_watching(&f)) {
+    }
+    cr_assert_eq(f.most_queued, 4, "the window was not kept full");
+    cr_assert_eq(f.refusals, 0);
+    cr_assert_eq(H.snapshot_chunks, SNAP_CHUNKS, "each chunk once");
+    assert_installed();
+}
+
+/* A chunk lost in the middle of the window: the follower refuses the ones
+ * after it (a gap), the leader goes back to the gap once, one chunk at a
+ * time, then opens the window again. */
+Test(pipeline,
+     a_lost_chunk_is_resent_from_the_gap,
+     .init = setup3,
+     .fini = teardown)
+{
+    lagging_follower(4);
+    struct flow f = {0};
+    while (queued_chunks() < 4) {
+        cr_assert(deliver_watching(&f));
+    }
+    h_drop(queued_chunk_at(1));
+    while (deliver_watching(&f)) {
+    }
+    cr_assert_geq(f.refusals, 1, "the gap was not refused");
+    cr_assert_leq(f.refusals, 4, "refusals multiplied: %zu", f.refusals);
+    cr_assert_leq(H.snapshot_chunks, SNAP_CHUNKS + 2 * 4, "%zu chunks sent",
+                  H.snapshot_chunks);
+    assert_installed();
+}
+
+/* Chunks overtaking each other and a chunk delivered twice: the follower
+ * takes bytes only in order, refuses the rest, and ends with the
+ * snapshot's exact bytes. */
+Test(pipeline,
+     reordered_and_duplicated_chunks,
+     .init = setup3,
+     .fini = teardown)
+{
+    lagging_follower(4);
+    struct flow f = {0};
+    while (queued_chunks() < 4) {
+        cr_assert(deliver_watching(&f));
+    }
+    h_swap(queued_chunk_at(1), queued_chunk_at(2));
+    h_dup(queued_chunk_at(0));
+    h_dup(queued_chunk_at(3));
+    while (deliver_watching(&f)) {
+    }
+    cr_assert_geq(f.refusals, 2);
+    assert_installed();
+}
+
+/* A follower restarted in the middle of a transfer has nothing of it: it
+ * refuses the next chunk with offset 0 and the leader starts over. */
+Test(pipeline,
+     a_restarted_follower_gets_it_from_the_start,
+     .init = setup3,
+     .fini = teardown)
+{
+    lagging_follower(4);
+    struct flow f = {0};
+    while (H.snapshot_chunks < 6) {
+        cr_assert(deliver_watching(&f));
+    }
+    cr_assert_gt(H.r[3].rcv_len, 0);
+    h_crash(3);
+    h_start(3);
+    cr_assert_eq(H.r[3].rcv_len, 0);
+    for (int i = 0; i < 5; i++) {
+        h_tick(1, 1);
+        while (deliver_watching(&f)) {
+        }
+    }
+    cr_assert_geq(f.refused_at_0, 1, "the restart was not noticed");
+    assert_installed();
+}
+
+/* A leader that took a newer snapshot meanwhile sends that one from byte
+ * 0; answers about the older one change nothing. */
+Test(pipeline,
+     a_newer_snapshot_restarts_the_transfer,
+     .init = setup3,
+     .fini = teardown)
+{
+    lagging_follower(4);
+    struct flow f = {0};
+    while (H.snapshot_chunks < 6) {
+        cr_assert(deliver_watching(&f));
+    }
+    for (size_t i = 0; i < SNAP_BYTES; i++) {
+        snap_bytes[i] = (uint8_t)(255 - i);
+    }
+    cr_assert_eq(ida_raft_compact(&H.r[1], 25, snap_bytes, SNAP_BYTES), 0);
+    for (int i = 0; i < 5; i++) {
+        h_tick(1, 1);
+        while (deliver_watching(&f)) {
+        }
+    }
+    for (int i = 0; i < 10; i++) {
+        h_tick(1, 1);
+        h_deliver_all();
+    }
+    cr_assert_eq(H.disk[3].snap_index, 25);
+    cr_assert_eq(H.disk[3].snap_len, SNAP_BYTES);
+    cr_assert_eq(memcmp(H.disk[3].snap, snap_bytes, SNAP_BYTES), 0);
+    cr_assert_eq(ida_raft_commit(&H.r[3]), 31);
+    cr_assert_eq(H.r[3].rcv_data, NULL);
 }

@@ -140,9 +140,11 @@ const char *sim__msg_desc(const struct ida_raft_msg *m, char *buf, size_t n)
                      m->u.install_snapshot.done ? " done" : "");
             break;
         case IDA_RAFT_MSG_SNAPSHOT_RESPONSE:
-            snprintf(p, left, "SnapshotResponse %" PRIu64 " next %" PRIu64 "%s",
+            snprintf(p, left,
+                     "SnapshotResponse %" PRIu64 " next %" PRIu64 "%s%s",
                      m->u.snapshot_response.last_index,
                      m->u.snapshot_response.next_offset,
+                     m->u.snapshot_response.success ? "" : " refused",
                      m->u.snapshot_response.done ? " done" : "");
             break;
         case IDA_RAFT_MSG_TIMEOUT_NOW:

@@ -258,20 +258,33 @@ static void restore_fsm(struct sim *s,
 /* The node's check of a snapshot from the leader (the node's
  * snapshot_check: a scratch state machine restores it). The simulator's
  * snapshots are honest: a refusal is a violation. */
-static int snapshot_check(void *arg, const uint8_t *data, size_t len)
+static int snapshot_check(void *arg,
+                          ida_index index,
+                          ida_term term,
+                          const uint8_t *data,
+                          size_t len)
 {
+    (void)term;
     struct sim *s = arg;
-    struct ida_fsm *f;
+    struct ida_fsm *f = NULL;
     int rv = ida_fsm_new(&f);
     if (rv == 0) {
         rv = ida_fsm_restore(f, data, len);
-        ida_fsm_free(f);
     }
+    ida_index held = rv == 0 ? ida_fsm_applied_index(f) : 0;
+    ida_fsm_free(f);
     if (rv == IDA_ENOMEM) {
         s->oom = true;
     } else if (rv != 0) {
         sim__violation(s, "a snapshot of %zu bytes from a leader: %s", len,
                        idalloc_errname(rv));
+    } else if (held != index) {
+        /* The node refuses it (src/node/raft_proc.c, snapshot_check). */
+        sim__violation(s,
+                       "a snapshot at index %" PRIu64
+                       " from a leader holds the state of %" PRIu64,
+                       index, held);
+        rv = IDA_ECORRUPT;
     }
     return rv;
 }
@@ -538,7 +551,8 @@ int sim__node_start(struct sim *s, struct node *nd)
         .check_quorum = s->check_quorum,
         .max_inflight = 4,
         .max_msg_entries = 8,
-        .snapshot_chunk_bytes = 256,
+        .snapshot_chunk_bytes = 64,
+        .snapshot_max_inflight = 4,
         .conf_decode = node_conf_decode,
         .snapshot_check = snapshot_check,
         .snapshot_check_arg = s,

@@ -1,0 +1,238 @@
+/* A follower whose data directory was wiped catches up by InstallSnapshot
+ * with real processes (TLS peers, fsync on): the leader sends its snapshot
+ * of several MB in chunks, several in flight (src/node/raft_proc.c), the
+ * follower checks it by decoding it once and hands that state to its fsm
+ * (no second decode), the leader re-admits it (auto_rejoin), and then it
+ * holds exactly the leader's state: the nodes, stopped, export their state
+ * (idallocd --export-backup: snapshot plus log) and the three are the same
+ * bytes at the same index. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "src/common/backup.h"
+#include "tests/lib/harness.h"
+
+/* 32,000 holdings with 120-byte tags make a snapshot of more than 4 MB:
+ * more chunks of 512 KiB than the leader keeps in flight (8). */
+#define THREADS    16
+#define PER_THREAD 2000
+#define TAG_BYTES  120
+
+static struct tc c;
+static struct idalloc_client *cl;
+static char out[1 << 16];
+
+static void teardown(void)
+{
+    if (cl != NULL) {
+        idalloc_client_free(cl);
+        cl = NULL;
+    }
+    tc_destroy(&c);
+}
+
+/* --- helpers -------------------------------------------------------------- */
+
+static void make_tag(int t, int i, char *tag)
+{
+    int n = snprintf(tag, TAG_BYTES + 1, "t%d-%d-", t, i);
+    memset(tag + n, 'x', (size_t)(TAG_BYTES - n));
+    tag[TAG_BYTES] = '\0';
+}
+
+/* Thread @arg: PER_THREAD allocs in "b", a reserve in "s" and a prefix in
+ * "p" every 100th. */
+static void *writer(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    for (int i = 0; i < PER_THREAD; i++) {
+        char tag[TAG_BYTES + 1];
+        make_tag(t, i, tag);
+        uint64_t id;
+        uint8_t pfx[9];
+        size_t plen;
+        if (idalloc_alloc(cl, "b", tag, &id, NULL, tc_detail()) != 0) {
+            return (void *)1;
+        }
+        if (i % 100 == 0 &&
+            (idalloc_reserve(cl, "s", 10, &id, tc_detail()) != 0 ||
+             idalloc_prefix(cl, "p", tag, pfx, &plen, NULL, tc_detail()) !=
+                 0)) {
+            return (void *)1;
+        }
+    }
+    return NULL;
+}
+
+static void write_state(int round)
+{
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        pthread_create(&th[t], NULL, writer,
+                       (void *)(intptr_t)(round * THREADS + t));
+    }
+    for (int t = 0; t < THREADS; t++) {
+        void *r;
+        pthread_join(th[t], &r);
+        cr_assert_null(r, "a write failed: %s", tc_errmsg());
+    }
+}
+
+/* Whether the leader's member list has every node as a voter, none
+ * waiting. */
+static int membership_whole(void)
+{
+    struct idalloc_member_list m;
+    if (idalloc_member_list(cl, &m, NULL) != 0) {
+        return 0;
+    }
+    int voters = 0, ok = 1;
+    for (size_t i = 0; i < m.n; i++) {
+        voters += m.members[i].voter && !m.members[i].waiting;
+        ok &= !m.members[i].waiting;
+    }
+    return ok && voters == c.n;
+}
+
+/* The number of lines of node @i's log holding @needle. */
+static int log_count(int i, const char *needle)
+{
+    char path[400], line[1024];
+    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        n += strstr(line, needle) != NULL;
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return n;
+}
+
+/* The largest snapshot node @i took, in bytes (its "fsm: snapshot at
+ * index N (B bytes" lines). */
+static size_t snapshot_bytes(int i)
+{
+    char path[400], line[1024];
+    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
+    FILE *f = fopen(path, "r");
+    size_t best = 0;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, "fsm: snapshot at index");
+        const char *b = p != NULL ? strstr(p, " (") : NULL;
+        if (b != NULL) {
+            size_t n = strtoull(b + 2, NULL, 10);
+            best = n > best ? n : best;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return best;
+}
+
+/* Export the state of stopped node @i into @b. */
+static void export_state(int i, struct ida_backup *b)
+{
+    char file[400], err[IDA_ERRMSG_MAX];
+    snprintf(file, sizeof(file), "%s/node%d.ida", c.dir, i + 1);
+    int rv = tc_run(out, sizeof(out),
+                    "%s --config %s --node %d "
+                    "--export-backup %s 2>&1",
+                    tc_bin("idallocd"), c.conf, i + 1, file);
+    cr_assert_eq(rv, 0, "export of node %d: %s", i + 1, out);
+    cr_assert_eq(ida_backup_read(file, b, err), 0, "%s", err);
+}
+
+/* --- tests ---------------------------------------------------------------- */
+
+Test(catchup,
+     wiped_follower_catches_up_by_snapshot_and_holds_the_leaders_state,
+     .fini = teardown,
+     .timeout = 300)
+{
+    tc_start(&c, 3, "snapshot_interval_entries 100\n");
+    int l = tc_wait_leader(&c, 20000);
+    cr_assert_geq(l, 0, "no leader");
+    cl = tc_client(&c, 30000);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1u << 20,
+                                     NULL, tc_detail()),
+                 0, "%s", tc_errmsg());
+    cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
+                                     tc_detail()),
+                 0);
+    cr_assert_eq(
+        idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL, tc_detail()),
+        0);
+    write_state(0);
+    /* The leader snapshots once the log since its last snapshot is as
+     * large as that one (src/node/snap_policy.h): write until it took one
+     * of more than eight chunks. */
+    for (int round = 1; snapshot_bytes(l) < (8u << 19) + 1; round++) {
+        cr_assert_lt(round, 6, "the leader took no snapshot over 4 MiB");
+        write_state(round);
+    }
+
+    /* The follower's disk is replaced: it comes back empty. */
+    int f = (l + 1) % 3;
+    tc_signal(&c, f, SIGKILL);
+    cr_assert_eq(
+        tc_run(out, sizeof(out), "rm -rf %s/data/node%d", c.dir, f + 1), 0);
+    cr_assert_eq(tc_run(out, sizeof(out), "mv %s/node%d.log %s/node%d.log.old",
+                        c.dir, f + 1, c.dir, f + 1),
+                 0);
+    tc_spawn(&c, f);
+    /* Writes go on while it catches up: entries after the snapshot. */
+    write_state(100);
+    for (uint64_t end = tc_now_ms() + 120000;
+         tc_now_ms() < end && !membership_whole();) {
+        tc_sleep_ms(100);
+    }
+    cr_assert(membership_whole(), "node %d was not re-admitted", f + 1);
+    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 60000),
+              "not every node applied the commit index");
+    struct idalloc_node_status s;
+    cr_assert_eq(idalloc_node_status(cl, (size_t)f, &s, tc_detail()), 0);
+    cr_assert_gt(s.snapshot_index, 0, "node %d has no snapshot", f + 1);
+    cr_assert_geq(log_count(f, "received from the leader and checked"), 1,
+                  "node %d installed no snapshot from the leader", f + 1);
+    cr_assert_geq(log_count(f, "the state checked when it arrived"), 1,
+                  "node %d decoded the snapshot a second time", f + 1);
+    cr_assert_eq(log_count(f, "restored from its bytes"), 0);
+    cr_assert_eq(log_count(f, "refused a snapshot"), 0);
+
+    /* Stopped (followers first: the leader appends nothing alone), each
+     * node's state, exported from its directory, is the same. */
+    idalloc_client_free(cl);
+    cl = NULL;
+    int order[3] = {(l + 1) % 3, (l + 2) % 3, l};
+    for (int k = 0; k < 3; k++) {
+        int st = tc_signal(&c, order[k], SIGTERM);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "node %d did not stop cleanly", order[k] + 1);
+    }
+    struct ida_backup b[3];
+    for (int i = 0; i < 3; i++) {
+        export_state(i, &b[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(b[i].index, b[l].index,
+                     "node %d at index %llu, the "
+                     "leader at %llu",
+                     i + 1, (unsigned long long)b[i].index,
+                     (unsigned long long)b[l].index);
+        cr_assert(b[i].state_len == b[l].state_len &&
+                      memcmp(b[i].state, b[l].state, b[l].state_len) == 0,
+                  "node %d's state differs from the leader's", i + 1);
+    }
+    cr_assert_gt(b[l].state_len, 8u << 19);
+    for (int i = 0; i < 3; i++) {
+        ida_backup_free(&b[i]);
+    }
+}
