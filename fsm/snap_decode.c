@@ -71,22 +71,19 @@ static int dec_holding(struct ida__bounded *b,
     return 0;
 }
 
-/* Take the @n holdings of @h; their records are freed on error. */
+/* Take the @n holdings of @h; on error the records not taken are freed. */
 static int put_holdings(struct ida__bounded *b, struct holding *h, size_t n)
 {
-    int rv = 0;
     for (size_t i = 0; i < n; i++) {
-        int put =
-            rv != 0 ? -1 : ida__bounded_put(b, h[i].id, h[i].rec, h[i].hash);
+        int put = ida__bounded_put(b, h[i].id, h[i].rec, h[i].hash);
         if (put != 0) {
-            ida__tagrec_free(&b->slab, h[i].rec);
-            if (rv == 0) {
-                /* 1: one tag with two ids */
-                rv = put == 1 ? CORRUPT : IDA_ENOMEM;
+            for (size_t j = i; j < n; j++) {
+                ida__tagrec_free(&b->slab, h[j].rec);
             }
+            return put == 1 ? CORRUPT : IDA_ENOMEM; /* 1: a tag held twice */
         }
     }
-    return rv;
+    return 0;
 }
 
 static int dec_bounded(struct ida__pool *pool, struct ida__rbuf r)
@@ -126,14 +123,13 @@ static int dec_bounded(struct ida__pool *pool, struct ida__rbuf r)
             first = false;
         }
     }
-    int put = put_holdings(&pool->u.bounded, batch, rv == 0 ? n : 0);
-    for (size_t i = 0; rv != 0 && i < n; i++) {
+    if (rv == 0 && k >= 0) {
+        return put_holdings(&pool->u.bounded, batch, n);
+    }
+    for (size_t i = 0; i < n; i++) {
         ida__tagrec_free(&pool->u.bounded.slab, batch[i].rec);
     }
-    if (rv != 0) {
-        return rv;
-    }
-    return k < 0 ? CORRUPT : put;
+    return rv != 0 ? rv : CORRUPT;
 }
 
 static bool is_window_start(uint64_t s)

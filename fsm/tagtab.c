@@ -65,20 +65,18 @@ static uint32_t h32_of(const struct ida__tagtab *t, uint32_t ref)
     return (uint32_t)(ida__hash(k, len) >> 32);
 }
 
-uint32_t ida__tagtab_find(const struct ida__tagtab *t,
-                          const uint8_t *key,
-                          size_t len)
+/* Probe for @key, whose hash has high bits @h32 (cap > 0): its ref, or
+ * IDA__REF_NONE with @*end the empty slot that ended the probe. */
+static uint32_t probe(const struct ida__tagtab *t,
+                      const uint8_t *key,
+                      size_t len,
+                      uint32_t h32,
+                      uint64_t *end)
 {
-    if (t->cap == 0) {
-        return IDA__REF_NONE;
-    }
     uint64_t mask = t->cap - 1;
-    uint32_t h32 = (uint32_t)(ida__hash(key, len) >> 32);
-    for (uint64_t i = home(t, h32);; i = (i + 1) & mask) {
+    uint64_t i = home(t, h32);
+    for (; t->slots[i] != 0; i = (i + 1) & mask) {
         uint64_t s = t->slots[i];
-        if (s == 0) {
-            return IDA__REF_NONE;
-        }
         if (SLOT_H32(s) != h32) {
             continue;
         }
@@ -88,6 +86,19 @@ uint32_t ida__tagtab_find(const struct ida__tagtab *t,
             return SLOT_REF(s);
         }
     }
+    *end = i;
+    return IDA__REF_NONE;
+}
+
+uint32_t ida__tagtab_find(const struct ida__tagtab *t,
+                          const uint8_t *key,
+                          size_t len)
+{
+    if (t->cap == 0) {
+        return IDA__REF_NONE;
+    }
+    uint64_t end;
+    return probe(t, key, len, (uint32_t)(ida__hash(key, len) >> 32), &end);
 }
 
 static void place(struct ida__tagtab *t, uint64_t slot)
@@ -156,21 +167,12 @@ bool ida__tagtab_insert_new(struct ida__tagtab *t,
 {
     IDA_ASSERT(ref != IDA__REF_NONE);
     IDA_ASSERT((t->used + 1) * 10 <= t->cap * 7);
-    uint64_t mask = t->cap - 1;
     uint32_t h32 = (uint32_t)(hash >> 32);
-    uint64_t i = home(t, h32);
-    for (; t->slots[i] != 0; i = (i + 1) & mask) {
-        uint64_t s = t->slots[i];
-        if (SLOT_H32(s) != h32) {
-            continue;
-        }
-        size_t klen;
-        const uint8_t *k = t->key_of(t->ctx, SLOT_REF(s), &klen);
-        if (klen == len && memcmp(k, key, len) == 0) {
-            return false;
-        }
+    uint64_t end;
+    if (probe(t, key, len, h32, &end) != IDA__REF_NONE) {
+        return false;
     }
-    t->slots[i] = MAKE_SLOT(h32, ref);
+    t->slots[end] = MAKE_SLOT(h32, ref);
     t->used++;
     return true;
 }

@@ -38,13 +38,6 @@ static void teardown(void)
 
 /* --- helpers -------------------------------------------------------------- */
 
-static void make_tag(int t, int i, char *tag)
-{
-    int n = snprintf(tag, TAG_BYTES + 1, "t%d-%d-", t, i);
-    memset(tag + n, 'x', (size_t)(TAG_BYTES - n));
-    tag[TAG_BYTES] = '\0';
-}
-
 /* Thread @arg: PER_THREAD allocs in "b", a reserve in "s" and a prefix in
  * "p" every 100th. */
 static void *writer(void *arg)
@@ -52,7 +45,7 @@ static void *writer(void *arg)
     int t = (int)(intptr_t)arg;
     for (int i = 0; i < PER_THREAD; i++) {
         char tag[TAG_BYTES + 1];
-        make_tag(t, i, tag);
+        tc_long_tag(tag, TAG_BYTES, t, i);
         uint64_t id;
         uint8_t pfx[9];
         size_t plen;

@@ -29,19 +29,12 @@ static void teardown(void)
     tc_destroy(&c);
 }
 
-static void make_tag(int t, int i, char *tag)
-{
-    int n = snprintf(tag, TAG_BYTES + 1, "t%d-%d-", t, i);
-    memset(tag + n, 'x', (size_t)(TAG_BYTES - n));
-    tag[TAG_BYTES] = '\0';
-}
-
 static void *writer(void *arg)
 {
     int t = (int)(intptr_t)arg;
     for (int i = 0; i < PER_THREAD; i++) {
         char tag[TAG_BYTES + 1];
-        make_tag(t, i, tag);
+        tc_long_tag(tag, TAG_BYTES, t, i);
         uint64_t extra, *dst = t < THREADS ? &ids[t][i] : &extra;
         if (idalloc_alloc(cl, "b", tag, dst, NULL, tc_detail()) != 0) {
             return (void *)1;
@@ -134,7 +127,7 @@ Test(snapshot_steps,
         for (int i = 0; i < PER_THREAD; i++) {
             char tag[TAG_BYTES + 1];
             uint64_t id;
-            make_tag(t, i, tag);
+            tc_long_tag(tag, TAG_BYTES, t, i);
             cr_assert_eq(idalloc_lookup(cl, "b", tag, &id, tc_detail()), 0,
                          "lookup: %s", tc_errmsg());
             cr_assert_eq(id, ids[t][i], "tag %d-%d moved", t, i);

@@ -438,3 +438,12 @@ const char *tc_errmsg(void)
 {
     return detail.errmsg;
 }
+
+void tc_long_tag(char *tag, size_t bytes, int t, int i)
+{
+    int n = snprintf(tag, bytes + 1, "t%d-%d-", t, i);
+    if (n >= 0 && (size_t)n < bytes) {
+        memset(tag + n, 'x', bytes - (size_t)n);
+    }
+    tag[bytes] = '\0';
+}

@@ -100,5 +100,9 @@ struct idalloc_call *tc_detail(void);
 const char *tc_errmsg(void);
 uint64_t tc_now_ms(void);
 void tc_sleep_ms(unsigned ms);
+/* A tag of exactly @bytes bytes (plus the NUL) unique to writer @t's @i-th
+ * call, "t<t>-<i>-" padded with 'x': long tags make a large state (a
+ * snapshot of many chunks) from few calls. @tag holds @bytes + 1. */
+void tc_long_tag(char *tag, size_t bytes, int t, int i);
 
 #endif

@@ -167,15 +167,20 @@ static void add_node(struct ida_config *c, unsigned id)
              n->client.port);
 }
 
-static void setup(void)
+static void boxes_init(void)
 {
-    ida_log_set_level(IDA_LOG_ERROR);
-    make_config(2, "test");
     for (int i = 0; i < 3; i++) {
         memset(&box[i], 0, sizeof(box[i]));
         pthread_mutex_init(&box[i].mu, NULL);
         pthread_cond_init(&box[i].cv, NULL);
     }
+}
+
+static void setup(void)
+{
+    ida_log_set_level(IDA_LOG_ERROR);
+    make_config(2, "test");
+    boxes_init();
     start_net(0);
     start_net(1);
 }
@@ -379,11 +384,7 @@ static void setup_slow_first(void)
 {
     ida_log_set_level(IDA_LOG_ERROR);
     make_config(2, "test");
-    for (int i = 0; i < 3; i++) {
-        memset(&box[i], 0, sizeof(box[i]));
-        pthread_mutex_init(&box[i].mu, NULL);
-        pthread_cond_init(&box[i].cv, NULL);
-    }
+    boxes_init();
     struct ida_net_config nc = {.cluster = &cfg,
                                 .self_id = 1,
                                 .max_frame_bytes = 1024,
