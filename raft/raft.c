@@ -114,8 +114,11 @@ static int check_restore(const struct ida_raft_config *cfg,
     if ((st->snapshot_index == 0) != (st->snapshot_term == 0) ||
         st->hard_state.term > IDA_RAFT_TERM_MAX ||
         (st->snapshot_data != NULL && st->snapshot_take != NULL) ||
+        (st->snapshot_in_storage &&
+         (st->snapshot_data != NULL || st->snapshot_take != NULL ||
+          st->snapshot_index == 0)) ||
         (st->snapshot_len > 0 && st->snapshot_data == NULL &&
-         st->snapshot_take == NULL) ||
+         st->snapshot_take == NULL && !st->snapshot_in_storage) ||
         (st->snapshot_config_len > 0 && st->snapshot_config == NULL)) {
         return IDA_EINVAL;
     }
@@ -149,7 +152,9 @@ static int restore_state(struct ida_raft *r, const struct ida_raft_restore *st)
         return rv;
     }
     if (st->snapshot_index > 0) {
-        if (st->snapshot_take != NULL) {
+        if (st->snapshot_in_storage) {
+            r->snap_data = NULL; /* the application keeps it (contract 7) */
+        } else if (st->snapshot_take != NULL) {
             r->snap_data = st->snapshot_take; /* given back on failure */
         } else {
             rv = ida__raft_copy_data(st->snapshot_data, st->snapshot_len,

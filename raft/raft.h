@@ -48,11 +48,20 @@
  *     in order. batch.snapshot (received from the leader), once durable,
  *     replaces the state machine's state; the core hands out no entry after
  *     it before its batch is persisted.
- *  5. The application's own snapshots: store the snapshot durably (with
- *     ida_raft_snapshot_config() after the call), then ida_raft_compact();
- *     storage may then drop the entries up to its index.
+ *  5. The application's own snapshots: store the snapshot durably with the
+ *     membership in effect at its index (ida_raft_config_at()), then
+ *     ida_raft_compact(); storage may drop the entries up to its index
+ *     once the snapshot is durable.
  *  6. On restart, hand ida_raft_init() exactly what storage holds: the hard
  *     state, the snapshot (meta, data, config) and the entries after it.
+ *  7. Snapshot bytes kept by the application (ida_raft_compact() with NULL
+ *     data, or a restore with snapshot_in_storage): the core holds only the
+ *     snapshot's index, term, size and config. Its InstallSnapshot messages
+ *     then carry data NULL with len > 0: before sending one, the node fills
+ *     bytes [offset, offset + len) of the snapshot it stored at last_index,
+ *     or drops the message if it no longer holds that snapshot (the core
+ *     sends again, as for a lost message). A snapshot installed from a
+ *     leader is held in memory as before until the next compaction.
  *
  * MEMORY
  * Everything a batch points to (entries, entry data, messages, snapshot
@@ -269,6 +278,9 @@ struct ida_raft_restore
      * without copying when ida_raft_init() succeeds (a restart's snapshot
      * can be hundreds of MB); on failure they stay the caller's. */
     uint8_t *snapshot_take;
+    /* Or neither: the bytes stay in the application's storage (contract
+     * 7); only their length is given. */
+    bool snapshot_in_storage;
     size_t snapshot_len;
     const uint8_t *snapshot_config; /* encoded membership; copied */
     size_t snapshot_config_len;     /* 0: the bootstrap voters */
@@ -535,8 +547,10 @@ int ida_raft_read_index(struct ida_raft *r, uint64_t ctx);
 int ida_raft_transfer(struct ida_raft *r, ida_node_id to);
 
 /* The application took a snapshot of its state at @index (<= applied
- * index); @data (copied) is sent to followers that fell behind. The log up
- * to @index is dropped from memory; storage may drop it once it stored the
+ * index); @data (copied) is sent to followers that fell behind, or, when
+ * @data is NULL and @len > 0, the application keeps the @len bytes and
+ * fills them into the InstallSnapshot messages (contract 7). The log up to
+ * @index is dropped from memory; storage may drop it once it stored the
  * snapshot. Returns 0, IDA_EINVAL (@index not applied or not after the
  * current snapshot), IDA_ENOMEM. */
 int ida_raft_compact(struct ida_raft *r,
@@ -570,6 +584,16 @@ uint64_t ida_raft_dropped(const struct ida_raft *r);
  * NULL: the bootstrap voters. Storage keeps it with the snapshot and hands
  * it back in ida_raft_restore. Borrowed (see MEMORY). */
 const uint8_t *ida_raft_snapshot_config(const struct ida_raft *r, size_t *len);
+/* The encoded membership in effect at @index into *@conf and *@len, for a
+ * snapshot about to be stored at @index (contract 5): the last config
+ * entry at or before @index, else the current snapshot's (NULL and 0: the
+ * bootstrap voters). Borrowed (see MEMORY). Returns 0, or IDA_EINVAL when
+ * @index is not in (snapshot index, applied index], where
+ * ida_raft_compact() would refuse it too. */
+int ida_raft_config_at(const struct ida_raft *r,
+                       ida_index index,
+                       const uint8_t **conf,
+                       size_t *len);
 /* The leader's replication progress of member @id (voter or learner), NULL
  * if this node is not leader or @id is not a member. For status output
  * and to decide when a learner caught up. Borrowed. */

@@ -104,7 +104,7 @@ static size_t resolve_msgs(struct ida_raft *r)
                 continue;
             }
             m->u.install_snapshot.data =
-                is->len ? r->snap_data + is->offset : NULL;
+                is->len && r->snap_data ? r->snap_data + is->offset : NULL;
             m->u.install_snapshot.config = r->snap_conf;
             m->u.install_snapshot.config_len = r->snap_conf_len;
         }

@@ -342,6 +342,36 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
     return 0;
 }
 
+/* The last config entry in (snapshot index, @index], NULL if none. */
+static const struct ida_entry *config_entry_upto(const struct ida_raft *r,
+                                                 ida_index index)
+{
+    for (ida_index i = index; i > r->snap_index; i--) {
+        const struct ida_entry *e = ida__raft_entry_at(r, i);
+        if (e->type == IDA_ENTRY_CONFIG) {
+            return e;
+        }
+    }
+    return NULL;
+}
+
+int ida_raft_config_at(const struct ida_raft *r,
+                       ida_index index,
+                       const uint8_t **conf,
+                       size_t *len)
+{
+    IDA_ASSERT(r != NULL && conf != NULL && len != NULL);
+    *conf = NULL;
+    *len = 0;
+    if (index > r->applied || index <= r->snap_index) {
+        return IDA_EINVAL;
+    }
+    const struct ida_entry *ce = config_entry_upto(r, index);
+    *conf = ce != NULL ? ce->data : r->snap_conf;
+    *len = ce != NULL ? ce->len : r->snap_conf_len;
+    return 0;
+}
+
 int ida_raft_compact(struct ida_raft *r,
                      ida_index index,
                      const uint8_t *data,
@@ -349,22 +379,16 @@ int ida_raft_compact(struct ida_raft *r,
 {
     IDA_ASSERT(r != NULL);
     ida__raft_begin(r);
-    if (index > r->applied || index <= r->snap_index ||
-        (len > 0 && data == NULL)) {
+    if (index > r->applied || index <= r->snap_index) {
         return IDA_EINVAL;
     }
-    uint8_t *d;
-    int rv = ida__raft_copy_data(data, len, &d);
+    uint8_t *d = NULL; /* NULL with len > 0: the application keeps it */
+    int rv = data != NULL ? ida__raft_copy_data(data, len, &d) : 0;
     if (rv != 0) {
         return rv;
     }
     /* The snapshot keeps the config in effect at @index. */
-    const struct ida_entry *ce = NULL;
-    for (ida_index i = index; i > r->snap_index && ce == NULL; i--) {
-        if (ida__raft_entry_at(r, i)->type == IDA_ENTRY_CONFIG) {
-            ce = ida__raft_entry_at(r, i);
-        }
-    }
+    const struct ida_entry *ce = config_entry_upto(r, index);
     uint8_t *conf = NULL;
     if (ce != NULL) {
         rv = ida__raft_copy_data(ce->data, ce->len, &conf);

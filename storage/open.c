@@ -421,6 +421,7 @@ static int load_state(struct ida_storage *s, MDB_txn *txn)
         s->snapshot_id = r.id;
         s->snapshot_index = r.index;
         s->snapshot_term = r.term;
+        s->snapshot_size = r.size;
     } else if (rc != MDB_NOTFOUND) {
         return rc;
     }

@@ -438,6 +438,7 @@ int ida_storage_snapshot_finish(struct ida_storage *s,
     s->snapshot_id = w->id;
     s->snapshot_index = w->index;
     s->snapshot_term = w->term;
+    s->snapshot_size = w->size;
     writer_release(s, w);
     return 0;
 }

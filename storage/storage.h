@@ -233,6 +233,7 @@ struct ida_storage
     uint64_t snapshot_id;
     ida_index snapshot_index;
     ida_term snapshot_term;
+    uint64_t snapshot_size; /* its state's bytes */
     uint64_t next_snapshot_id;
     int writer_active;
     uint64_t boot; /* this start's boot id (ida_storage_boot()) */

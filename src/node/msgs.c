@@ -154,8 +154,15 @@ static void payload_free(uint32_t type, void *p)
             }
             ida_free(p);
             break;
+        case IDA_NM_SNAPSHOT_CHUNK:
+            if (p != NULL) {
+                ida_free(((struct ida_nm_snap_chunk *)p)->conf);
+            }
+            ida_free(p);
+            break;
         case IDA_NM_SNAPSHOT_TAKEN:
         case IDA_NM_SNAPSHOT_STORE:
+        case IDA_NM_SNAPSHOT_STORED:
             if (p != NULL) {
                 ida_free(((struct ida_nm_snapshot *)p)->data);
                 ida_free(((struct ida_nm_snapshot *)p)->conf);

@@ -9,7 +9,12 @@
  *   raft --APPLY, READ, REGISTER, LEADERSHIP_LOST--> fsm
  *   storage --APPLY (after a snapshot it installed)--> fsm
  *   fsm --APPLIED, SNAPSHOT_TAKEN--> raft --SNAPSHOT_STORE--> storage
- *       (raft compacts with the snapshot, then hands the same buffer on)
+ *       --SNAPSHOT_STORED--> raft (raft adds the membership at the index
+ *       and hands the buffer on; once storage made it durable, raft
+ *       compacts its log and keeps only the snapshot's size: raft.h
+ *       contract 7)
+ *   raft --SNAPSHOT_CHUNK--> storage (an InstallSnapshot chunk to fill
+ *       from the stored snapshot and send to the peer)
  *   storage --STORAGE_FAILED--> raft
  *
  * Replies to clients and messages to peers go straight to net (thread-safe).
@@ -40,6 +45,9 @@ enum node_msg_type {
     IDA_NM_MEMBERSHIP0,      /* raft -> storage: write the first membership */
     IDA_NM_MEMBERSHIP0_DONE, /* storage -> raft: written (or why not) */
     IDA_NM_UNTRUSTED,        /* raft -> storage: mark the directory, stop */
+    IDA_NM_SNAPSHOT_STORED,  /* storage -> raft: durable (ida_nm_snapshot,
+                                no data) */
+    IDA_NM_SNAPSHOT_CHUNK,   /* raft -> storage: fill and send */
 };
 
 struct ida_nm_client
@@ -122,6 +130,15 @@ struct ida_nm_snapshot
     size_t len;
     uint8_t *conf; /* the membership at index (encoded), NULL: bootstrap */
     size_t conf_len;
+};
+
+/* IDA_NM_SNAPSHOT_CHUNK: an InstallSnapshot message of the core whose
+ * bytes are in storage (data NULL, len > 0); @conf is its own copy of the
+ * message's config. */
+struct ida_nm_snap_chunk
+{
+    struct ida_raft_msg m;
+    uint8_t *conf;
 };
 
 /* IDA_NM_MEMBERSHIP0 and IDA_NM_MEMBERSHIP0_DONE. */

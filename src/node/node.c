@@ -153,7 +153,9 @@ static int restore(struct ida_node *n,
         if (rv == 0) {
             rr.snapshot_index = meta.index;
             rr.snapshot_term = meta.term;
-            rr.snapshot_take = snap; /* the core keeps it: no copy */
+            /* The core keeps only the size: chunks for followers are read
+             * back from storage (raft.h contract 7). */
+            rr.snapshot_in_storage = true;
             rr.snapshot_len = meta.data_size;
             n->snapshot_bytes0 = meta.data_size;
             rr.snapshot_config = meta.config;
@@ -195,9 +197,6 @@ static int restore(struct ida_node *n,
     }
     if (rv == 0) {
         rv = ida__raft_proc_new(n, &rr, &n->raft);
-        if (rv == 0) {
-            snap = NULL; /* taken by the core */
-        }
     }
     if (rv != 0) {
         snprintf(errmsg, IDA_ERRMSG_MAX,

@@ -76,8 +76,40 @@ static void reply_error(struct raft_proc *rp,
                           err == IDA_ENOTLEADER ? rp->leader : 0);
 }
 
-static void send_peer(struct raft_proc *rp, const struct ida_raft_msg *m)
+/* An InstallSnapshot chunk of a snapshot whose bytes are in storage (raft.h
+ * contract 7): the storage processor reads them and sends it. Lost when out
+ * of memory, like any message (the core sends again). */
+static void send_chunk_from_storage(struct raft_proc *rp,
+                                    struct ida_sender *s,
+                                    const struct ida_raft_msg *m)
 {
+    const struct ida_raft_install_snapshot *is = &m->u.install_snapshot;
+    struct ida_nm_snap_chunk *c = ida_calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return;
+    }
+    c->m = *m;
+    if (is->config_len > 0) {
+        c->conf = ida_malloc(is->config_len);
+        if (c->conf == NULL) {
+            ida_free(c);
+            return;
+        }
+        memcpy(c->conf, is->config, is->config_len);
+    }
+    c->m.u.install_snapshot.config = c->conf;
+    node_post(&rp->q, s, rp->node->p_storage, IDA_NM_SNAPSHOT_CHUNK, c);
+}
+
+static void send_peer(struct raft_proc *rp,
+                      struct ida_sender *s,
+                      const struct ida_raft_msg *m)
+{
+    if (m->type == IDA_RAFT_MSG_INSTALL_SNAPSHOT &&
+        m->u.install_snapshot.data == NULL && m->u.install_snapshot.len > 0) {
+        send_chunk_from_storage(rp, s, m);
+        return;
+    }
     struct node_pb_peer pb;
     if (node_raft_to_pb(m, &pb) == 0) {
         ida_net_send_peer(rp->node->net, m->to, &pb.msg);
@@ -280,7 +312,7 @@ static void handle_batch(struct raft_proc *rp,
     note_soft_state(rp, s, b->role, b->leader, b->term);
     for (size_t i = 0; i < b->n_msgs; i++) {
         trace_vote(&b->msgs[i], 0);
-        send_peer(rp, &b->msgs[i]);
+        send_peer(rp, s, &b->msgs[i]);
     }
     for (size_t i = 0; i < b->n_msgs_after_persist; i++) {
         trace_vote(&b->msgs_after_persist[i], 0); /* sent once durable */
@@ -717,30 +749,43 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
             break;
         }
         case IDA_NM_SNAPSHOT_TAKEN: {
+            /* Storage keeps the membership in effect at the snapshot's
+             * index with it (raft.h persistence contract 5). Not after
+             * the core's own snapshot: nothing to do. */
             struct ida_nm_snapshot *sn = p;
-            int rv = ida_raft_compact(&rp->raft, sn->index, sn->data, sn->len);
+            const uint8_t *conf;
+            size_t clen;
+            int rv = ida_raft_config_at(&rp->raft, sn->index, &conf, &clen);
+            if (rv == 0 && clen > 0) {
+                sn->conf = ida_malloc(clen);
+                rv = sn->conf == NULL ? IDA_ENOMEM : 0;
+                if (rv == 0) {
+                    memcpy(sn->conf, conf, clen);
+                    sn->conf_len = clen;
+                }
+            }
+            if (rv != 0) {
+                node_msg_free(msg); /* the log stays until the next one */
+                drive(rp, s);
+                return;
+            }
+            msg->type = IDA_NM_SNAPSHOT_STORE;
+            node_send(&rp->q, s, rp->node->p_storage, msg);
+            drive(rp, s);
+            return;
+        }
+        case IDA_NM_SNAPSHOT_STORED: {
+            /* Durable: the log it covers goes from memory, and its bytes
+             * stay in storage only (raft.h contract 7). IDA_EINVAL: the
+             * core has a newer snapshot meanwhile (installed from the
+             * leader). */
+            const struct ida_nm_snapshot *sn = p;
+            int rv = ida_raft_compact(&rp->raft, sn->index, NULL, sn->len);
             if (rv != 0 && rv != IDA_EINVAL) {
                 IDA_WARN("raft: compaction at %llu failed: %s",
                          (unsigned long long)sn->index, idalloc_strerror(rv));
             }
-            /* Storage keeps the membership in effect at the snapshot's
-             * index with it (raft.h persistence contract 5). */
-            size_t clen = 0;
-            const uint8_t *conf = ida_raft_snapshot_config(&rp->raft, &clen);
-            if (rv == 0 && clen > 0) {
-                sn->conf = ida_malloc(clen);
-                if (sn->conf == NULL) {
-                    node_msg_free(msg); /* storage keeps the older one */
-                    drive(rp, s);
-                    return;
-                }
-                memcpy(sn->conf, conf, clen);
-                sn->conf_len = clen;
-            }
-            /* The core copied what it needs: the same buffer goes on to
-             * storage (storage ignores a snapshot older than its own). */
-            msg->type = IDA_NM_SNAPSHOT_STORE;
-            node_send(&rp->q, s, rp->node->p_storage, msg);
+            node_msg_free(msg);
             drive(rp, s);
             return;
         }

@@ -239,8 +239,54 @@ static void job_step(struct storage_proc *sp, struct ida_sender *s)
         "storage: snapshot at index %llu term %llu (%zu bytes); log "
         "compacted",
         (unsigned long long)sn->index, (unsigned long long)sn->term, sn->len);
-    node_msg_free(sp->job_msg);
+    /* Raft now compacts its log and keeps only the size: the bytes are
+     * read back from here when a follower needs them. */
+    struct ida_msg *m = sp->job_msg;
     sp->job_msg = NULL;
+    struct ida_nm_snapshot *done = node_msg_payload(m);
+    ida_free(done->data);
+    done->data = NULL;
+    m->type = IDA_NM_SNAPSHOT_STORED;
+    node_send(&sp->q, s, sp->node->p_raft, m);
+}
+
+/* Fill an InstallSnapshot chunk from the stored snapshot and send it. A
+ * snapshot replaced meanwhile (or a failed read) drops it: the leader's core
+ * sends again, as for a lost message. */
+static void on_snapshot_chunk(struct storage_proc *sp,
+                              const struct ida_nm_snap_chunk *c)
+{
+    struct ida_storage *st = &sp->node->storage;
+    struct ida_raft_msg m = c->m;
+    struct ida_raft_install_snapshot *is = &m.u.install_snapshot;
+    if (sp->failed || !st->has_snapshot ||
+        st->snapshot_index != is->last_index ||
+        st->snapshot_term != is->last_term ||
+        st->snapshot_size != is->total_size || is->offset > is->total_size ||
+        is->len > is->total_size - is->offset) {
+        return;
+    }
+    uint8_t *buf = ida_malloc(is->len);
+    size_t got = 0;
+    int rv = buf == NULL ? IDA_ENOMEM
+                         : ida_storage_snapshot_read(st, st->snapshot_id,
+                                                     is->offset, buf, is->len,
+                                                     &got);
+    if (rv == 0 && got == is->len) {
+        is->data = buf;
+        struct node_pb_peer pb;
+        if (node_raft_to_pb(&m, &pb) == 0) {
+            ida_net_send_peer(sp->node->net, m.to, &pb.msg);
+        }
+        node_pb_peer_release(&pb);
+    } else if (rv != 0 && rv != IDA_ENOMEM) {
+        IDA_WARN("storage: cannot read snapshot %llu bytes %llu+%zu for node "
+                 "%u: %s",
+                 (unsigned long long)is->last_index,
+                 (unsigned long long)is->offset, is->len, m.to,
+                 idalloc_strerror(rv));
+    }
+    ida_free(buf);
 }
 
 /* Takes @msg. */
@@ -309,6 +355,9 @@ static void storage_receive(void *state,
     } else if (msg->type == IDA_NM_SNAPSHOT_STORE) {
         on_snapshot_store(sp, s, msg);
         return; /* its first step is done */
+    } else if (msg->type == IDA_NM_SNAPSHOT_CHUNK) {
+        on_snapshot_chunk(sp, node_msg_payload(msg));
+        node_msg_free(msg);
     } else if (msg->type == IDA_NM_UNTRUSTED) {
         on_untrusted(sp, node_msg_payload(msg));
         node_msg_free(msg);

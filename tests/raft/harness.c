@@ -104,6 +104,21 @@ static void enqueue(const struct ida_raft_msg *m)
     if (H.cut[m->from][m->to] || !H.up[m->from]) {
         return;
     }
+    struct ida_raft_msg filled;
+    if (m->type == IDA_RAFT_MSG_INSTALL_SNAPSHOT &&
+        m->u.install_snapshot.data == NULL && m->u.install_snapshot.len > 0) {
+        /* The node fills it from what it stored (contract 7). */
+        const struct h_disk *d = &H.disk[m->from];
+        const struct ida_raft_install_snapshot *is = &m->u.install_snapshot;
+        if (d->snap_index != is->last_index || d->snap_len != is->total_size ||
+            is->offset + is->len > d->snap_len) {
+            H.chunks_unfilled++;
+            return;
+        }
+        filled = *m;
+        filled.u.install_snapshot.data = d->snap + is->offset;
+        m = &filled;
+    }
     IDA_ASSERT(q_len < QUEUE_MAX);
     struct pkt *p = &queue[(q_head + q_len) % QUEUE_MAX];
     pkt_copy(p, m);
@@ -186,6 +201,34 @@ void h_init(int n)
     H.max_msg_entries = 64;
 }
 
+int h_compact_stored(ida_node_id id,
+                     ida_index index,
+                     const uint8_t *data,
+                     size_t len)
+{
+    const uint8_t *conf;
+    size_t clen;
+    int rv = ida_raft_config_at(&H.r[id], index, &conf, &clen);
+    if (rv != 0) {
+        return rv;
+    }
+    struct h_disk *d = &H.disk[id];
+    /* The disk's log starts after its snapshot. */
+    size_t drop = (size_t)(index - d->snap_index);
+    drop = drop < d->n ? drop : d->n;
+    for (size_t i = 0; i < drop; i++) {
+        free(d->ents[i].data);
+    }
+    memmove(d->ents, d->ents + drop, (d->n - drop) * sizeof(d->ents[0]));
+    d->n -= drop;
+    free(d->snap);
+    d->snap = dup_bytes(data, len);
+    d->snap_len = len;
+    d->snap_index = index;
+    d->snap_term = ida_raft_term_at(&H.r[id], index);
+    return ida_raft_compact(&H.r[id], index, NULL, len);
+}
+
 void h_start(ida_node_id id)
 {
     struct ida_raft_config cfg = {
@@ -217,7 +260,8 @@ void h_start(ida_node_id id)
         .hard_state = d->hs,
         .snapshot_index = d->snap_index,
         .snapshot_term = d->snap_term,
-        .snapshot_data = d->snap,
+        .snapshot_data = H.snap_in_storage ? NULL : d->snap,
+        .snapshot_in_storage = H.snap_in_storage && d->snap_index > 0,
         .snapshot_len = d->snap_len,
         .entries = d->ents,
         .n_entries = d->n,

@@ -41,6 +41,12 @@ struct h_cluster
     size_t max_msg_entries;
     unsigned snapshot_max_inflight; /* InstallSnapshot chunks (8 bytes) */
     uint32_t bugs;
+    /* Snapshot bytes kept by the "application" (raft.h contract 7): a
+     * restart restores with snapshot_in_storage, and chunks the core sends
+     * without bytes are filled from the sender's disk, or dropped
+     * (counted in chunks_unfilled) when its disk holds another snapshot. */
+    bool snap_in_storage;
+    size_t chunks_unfilled;
     /* Incarnations: inc[id] is node id's (0: none); with bind_incs the
      * bootstrap membership binds every voter to its inc at h_init() time. */
     uint64_t inc[H_NODES_MAX + 1];
@@ -66,6 +72,12 @@ extern struct h_cluster H;
 
 /* Reset H with @n nodes (not started). */
 void h_init(int n);
+/* Node @id's application took a snapshot at @index: @data goes to its disk
+ * (copied) and the core compacts keeping only the size (contract 7). */
+int h_compact_stored(ida_node_id id,
+                     ida_index index,
+                     const uint8_t *data,
+                     size_t len);
 /* Start node @id from its disk (empty for a new node). */
 void h_start(ida_node_id id);
 /* Start all nodes. */

@@ -443,3 +443,141 @@ Test(pipeline,
     cr_assert_eq(ida_raft_commit(&H.r[3]), 31);
     cr_assert_eq(H.r[3].rcv_data, NULL);
 }
+
+/* --- snapshot bytes kept by the application (raft.h contract 7) ---------- */
+
+/* The core of a node that compacted with NULL data holds no bytes; its
+ * chunks are filled from the node's disk and the follower gets the exact
+ * snapshot, then the log after it. */
+Test(in_storage, a_lagging_follower_gets_the_stored_bytes, .init = setup3,
+     .fini = teardown)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_isolate(3);
+    h_propose(1, 30);
+    h_deliver_all();
+    for (size_t i = 0; i < SNAP_BYTES; i++) {
+        snap_bytes[i] = (uint8_t)(i * 5 + 3);
+    }
+    cr_assert_eq(h_compact_stored(1, 40, snap_bytes, SNAP_BYTES), IDA_EINVAL,
+                 "not applied yet");
+    cr_assert_eq(h_compact_stored(1, 20, snap_bytes, SNAP_BYTES), 0);
+    cr_assert_null(H.r[1].snap_data, "the core copied the bytes");
+    cr_assert_eq(H.r[1].snap_len, SNAP_BYTES);
+    h_heal();
+    for (int i = 0; i < 30; i++) {
+        h_tick(1, 1);
+        h_deliver_all();
+    }
+    cr_assert_eq(H.chunks_unfilled, 0);
+    cr_assert_geq(H.snapshot_chunks, SNAP_CHUNKS);
+    cr_assert_eq(H.disk[3].snap_index, 20);
+    cr_assert_eq(H.disk[3].snap_len, SNAP_BYTES);
+    cr_assert_eq(memcmp(H.disk[3].snap, snap_bytes, SNAP_BYTES), 0);
+    cr_assert_eq(H.applied[3], 31);
+    cr_assert(h_same_log(1, 3));
+}
+
+/* A restarted leader restores with snapshot_in_storage: it holds only the
+ * size and still serves the snapshot from its disk. */
+Test(in_storage, a_restarted_node_serves_it_from_storage, .init = setup3,
+     .fini = teardown)
+{
+    H.snap_in_storage = true;
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_isolate(3);
+    h_propose(1, 30);
+    h_deliver_all();
+    for (size_t i = 0; i < SNAP_BYTES; i++) {
+        snap_bytes[i] = (uint8_t)(i * 11 + 2);
+    }
+    cr_assert_eq(h_compact_stored(1, 20, snap_bytes, SNAP_BYTES), 0);
+    h_crash(1);
+    for (int i = 0; i < 30; i++) {
+        h_tick(2, 1); /* node 2 forgets its leader */
+        h_deliver_all();
+    }
+    h_start(1);
+    cr_assert_null(H.r[1].snap_data);
+    cr_assert_eq(H.r[1].snap_len, SNAP_BYTES);
+    cr_assert_eq(ida_raft_term_at(&H.r[1], 20), 1);
+    /* Node 1 leads again; node 3, cut off all along, is back. */
+    h_heal();
+    h_elect(1);
+    cr_assert_eq(ida_raft_role(&H.r[1]), IDA_RAFT_LEADER);
+    for (int i = 0; i < 40; i++) {
+        h_tick(1, 1);
+        h_deliver_all();
+    }
+    cr_assert_eq(H.disk[3].snap_index, 20);
+    cr_assert_eq(memcmp(H.disk[3].snap, snap_bytes, SNAP_BYTES), 0);
+    cr_assert_eq(H.applied[3], ida_raft_commit(&H.r[1]));
+}
+
+/* While the node's storage holds another snapshot than the core's (stored
+ * later, or replaced), its chunks are dropped, never sent with other
+ * bytes; once the core compacts to the stored one, that one goes. */
+Test(in_storage, chunks_of_a_snapshot_no_longer_stored_are_dropped,
+     .init = setup3, .fini = teardown)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_isolate(3);
+    h_propose(1, 30);
+    h_deliver_all();
+    for (size_t i = 0; i < SNAP_BYTES; i++) {
+        snap_bytes[i] = (uint8_t)(i + 9);
+    }
+    cr_assert_eq(h_compact_stored(1, 20, snap_bytes, SNAP_BYTES), 0);
+    /* The disk moves on to a snapshot at 25 the core does not know yet. */
+    static uint8_t newer[SNAP_BYTES];
+    memset(newer, 0xee, sizeof(newer));
+    free(H.disk[1].snap);
+    H.disk[1].snap = malloc(SNAP_BYTES);
+    cr_assert_not_null(H.disk[1].snap);
+    memcpy(H.disk[1].snap, newer, SNAP_BYTES);
+    H.disk[1].snap_index = 25;
+    h_heal();
+    for (int i = 0; i < 5; i++) {
+        h_tick(1, 1);
+        h_deliver_all();
+    }
+    cr_assert_gt(H.chunks_unfilled, 0);
+    cr_assert_eq(H.disk[3].snap_index, 0, "nothing installed meanwhile");
+    cr_assert_eq(ida_raft_compact(&H.r[1], 25, NULL, SNAP_BYTES), 0);
+    for (int i = 0; i < 30; i++) {
+        h_tick(1, 1);
+        h_deliver_all();
+    }
+    cr_assert_eq(H.disk[3].snap_index, 25);
+    cr_assert_eq(memcmp(H.disk[3].snap, newer, SNAP_BYTES), 0);
+    cr_assert_eq(H.applied[3], 31);
+}
+
+/* The membership in effect at an index, before compacting there. */
+Test(in_storage, config_at_refuses_what_compact_refuses, .init = setup3,
+     .fini = teardown)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_propose(1, 5);
+    h_deliver_all();
+    const uint8_t *conf;
+    size_t len;
+    cr_assert_eq(ida_raft_config_at(&H.r[1], 3, &conf, &len), 0);
+    cr_assert_eq(len, 0, "the bootstrap voters");
+    cr_assert_eq(ida_raft_config_at(&H.r[1], 99, &conf, &len), IDA_EINVAL);
+    cr_assert_eq(ida_raft_compact(&H.r[1], 3, NULL, 4), 0);
+    cr_assert_eq(ida_raft_config_at(&H.r[1], 3, &conf, &len), IDA_EINVAL);
+    cr_assert_eq(ida_raft_config_at(&H.r[1], 0, &conf, &len), IDA_EINVAL);
+}
