@@ -1,5 +1,6 @@
 /* storage/: error codes and messages, small LMDB helpers, read and write
  * transactions, and map growth, shared by the other storage files. */
+#define _DEFAULT_SOURCE /* madvise(MADV_DONTNEED) */
 #include "storage/storage.h"
 
 #include <errno.h>
@@ -7,6 +8,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -172,6 +175,89 @@ static int grow_map(struct ida_storage *s)
              (unsigned long long)s->map_size_bytes, (unsigned long long)want);
     s->map_size_bytes = want;
     return 0;
+}
+
+int ida_storage_reserve(struct ida_storage *s, uint64_t bytes)
+{
+    IDA_ASSERT(s != NULL);
+    CHECK_PROCESS(s);
+    MDB_envinfo info;
+    MDB_stat st;
+    if (mdb_env_info(ENV(s), &info) != 0 || mdb_env_stat(ENV(s), &st) != 0) {
+        return IDA_EIO;
+    }
+    uint64_t used = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
+    /* Chunk overhead and the B-tree's own pages: an eighth, and 4 MiB. */
+    uint64_t need = used + bytes + bytes / 8 + (UINT64_C(4) << 20);
+    while (s->map_size_bytes < need) {
+        if (grow_map(s) != 0) {
+            return IDA_ENOSPC;
+        }
+    }
+    return 0;
+}
+
+/* Where LMDB mapped data.mdb: LMDB does not say (its envinfo gives an
+ * address only for MDB_FIXEDMAP), so the mapping of the file's inode is
+ * looked up in /proc/self/maps, every time: a stale address after LMDB
+ * moved the map could point at other memory. NULL if not found; *@len gets
+ * the mapping's length. */
+static char *map_address(struct ida_storage *s, uint64_t *len)
+{
+    int fd = -1;
+    struct stat sb;
+    if (mdb_env_get_fd(ENV(s), &fd) != 0 || fstat(fd, &sb) != 0) {
+        return NULL;
+    }
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    char *addr = NULL;
+    while (f != NULL && addr == NULL && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo, hi, ino;
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %lu", &lo, &hi, &ino) == 3 &&
+            ino == (unsigned long)sb.st_ino && strstr(line, "data.mdb")) {
+            addr = (char *)(uintptr_t)lo;
+            *len = hi - lo;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return addr;
+}
+
+void ida_storage_release_pages(struct ida_storage *s, size_t bytes)
+{
+    IDA_ASSERT(s != NULL);
+    CHECK_PROCESS(s);
+    MDB_envinfo info;
+    MDB_stat st;
+    if (mdb_env_info(ENV(s), &info) != 0 || mdb_env_stat(ENV(s), &st) != 0) {
+        return;
+    }
+    uint64_t mapped = 0;
+    char *base = map_address(s, &mapped);
+    if (base == NULL) {
+        return;
+    }
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uint64_t end = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
+    if (end > mapped) {
+        end = mapped;
+    }
+    if (s->release_at >= end) {
+        s->release_at = 0; /* a new round */
+    }
+    uint64_t len = end - s->release_at;
+    len = len < bytes ? len : bytes;
+    len -= len % page;
+    if (len == 0) {
+        s->release_at = 0;
+        return;
+    }
+    char *at = base + s->release_at;
+    (void)madvise(at, (size_t)len, MADV_DONTNEED); /* a hint: never fatal */
+    s->release_at += len;
 }
 
 /* Codes a failed transaction leaves the storage healthy with: nothing was

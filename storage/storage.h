@@ -226,6 +226,7 @@ struct ida_storage
     long pid;                  /* the process that opened it */
     uint64_t map_size_bytes;
     uint64_t map_size_max_bytes;
+    uint64_t release_at; /* ida_storage_release_pages()'s cursor */
     /* Owner's cache of what is durable; readers use read transactions. */
     struct ida_storage_log_state log;
     struct ida_hard_state hard_state;
@@ -309,6 +310,21 @@ int ida_storage_mark_untrusted(struct ida_storage *s, const char *reason);
 
 /* Current map size in bytes (owner). */
 uint64_t ida_storage_map_size(const struct ida_storage *s);
+
+/* Grow the map now, if needed, so that about @bytes more fit beside what
+ * the file holds: a snapshot about to be written. Without it a large write
+ * fails at each doubling and starts over from scratch. 0, or the growth's
+ * error (the write then grows as it goes). Owner, between calls. */
+int ida_storage_reserve(struct ida_storage *s, uint64_t bytes);
+
+/* Unmap from this process up to @bytes of the map's pages, from where the
+ * last call stopped, wrapping at the end of the file's used pages. The
+ * pages stay in the kernel's page cache: a later read maps them again (a
+ * minor fault). What goes is their count in the process's resident size,
+ * which would otherwise grow toward the whole file as writes, log
+ * compactions and snapshot reads touch it. Owner, between calls (no
+ * pointer into the map is held then). */
+void ida_storage_release_pages(struct ida_storage *s, size_t bytes);
 
 /* --- group commit (owner) --- */
 

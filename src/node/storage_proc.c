@@ -27,6 +27,11 @@
 #include "src/node/node.h"
 
 #define SNAP_STEP_BYTES (1u << 20)
+/* Map pages unmapped per ping (every 10 ms): a round of a 1 GiB file takes
+ * about 2.5 s, each call about 0.1 ms. Without it the node's resident size
+ * grows toward the whole data file (storage.h,
+ * ida_storage_release_pages()). */
+#define RELEASE_STEP_BYTES (4u << 20)
 
 struct storage_proc
 {
@@ -82,6 +87,7 @@ static int write_snapshot(struct storage_proc *sp,
 {
     struct ida_node *n = sp->node;
     struct ida_snapshot_writer w;
+    (void)ida_storage_reserve(&n->storage, len); /* else it grows as it goes */
     int rv = ida_storage_snapshot_begin(&n->storage, &w, index, term, conf,
                                         conf_len);
     if (rv != 0) {
@@ -305,6 +311,7 @@ static void on_snapshot_store(struct storage_proc *sp,
         return;
     }
     job_drop(sp); /* an older one still in progress */
+    (void)ida_storage_reserve(st, sn->len); /* else it grows as it goes */
     int rv = ida_storage_snapshot_begin(st, &sp->job_w, sn->index, sn->term,
                                         sn->conf, sn->conf_len);
     if (rv != 0) {
@@ -378,6 +385,9 @@ static void storage_ping(void *state, struct ida_sender *s)
     struct storage_proc *sp = state;
     node_outq_flush(&sp->q, s);
     job_step(sp, s);
+    if (!sp->failed) {
+        ida_storage_release_pages(&sp->node->storage, RELEASE_STEP_BYTES);
+    }
 }
 
 const struct ida_proc_ops ida__storage_proc_ops = {storage_receive,

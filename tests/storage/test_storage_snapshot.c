@@ -281,3 +281,59 @@ Test(storage, two_nodes_in_one_process)
     cr_assert_eq(ls.last, 0, "separate environments");
     ida_storage_close(&two);
 }
+
+/* --- the map: room made before a large write, pages given back --- */
+
+/* kB of this process's resident file-backed pages (/proc/self/status). */
+static long rss_file_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "RssFile: %ld kB", &kb) == 1) {
+            break;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return kb;
+}
+
+Test(storage, reserve_grows_the_map_once_before_a_large_snapshot)
+{
+    opts.map_size_bytes = 1 << 20;
+    opts.map_size_max_bytes = 256 << 20;
+    open_ok();
+    size_t size = 24u << 20;
+    cr_assert_eq(ida_storage_reserve(&st, size), 0);
+    uint64_t map = ida_storage_map_size(&st);
+    cr_assert_geq(map, size + size / 8, "room for the snapshot");
+    save_snapshot(10, 2, size);
+    cr_assert_eq(ida_storage_map_size(&st), map, "no growth while writing");
+    expect_snapshot(10, 2, size);
+    cr_assert_eq(ida_storage_reserve(&st, UINT64_C(1) << 40), IDA_ENOSPC,
+                 "beyond map_size_max_bytes");
+}
+
+Test(storage, released_pages_leave_the_resident_size_not_the_data)
+{
+    open_ok();
+    size_t size = 32u << 20;
+    save_snapshot(10, 2, size);
+    expect_snapshot(10, 2, size); /* reads every chunk through the map */
+    long before = rss_file_kb();
+    cr_assert_gt(before, 30 * 1024, "the read mapped the snapshot's pages");
+    for (int i = 0; i < 64; i++) {
+        ida_storage_release_pages(&st, 4u << 20); /* wraps past the end */
+    }
+    long after = rss_file_kb();
+    cr_assert_lt(after, before - 28 * 1024, "RssFile %ld kB -> %ld kB", before,
+                 after);
+    expect_snapshot(10, 2, size); /* the same bytes, mapped again */
+    append(1, 10, 2);
+    ida_storage_release_pages(&st, SIZE_MAX);
+    reopen();
+    expect_snapshot(10, 2, size);
+}
