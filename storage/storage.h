@@ -388,10 +388,11 @@ int ida_storage_compact(struct ida_storage *s, ida_index upto);
 
 /* --- reads (owner) --- */
 
-/* Each read runs in its own read transaction. The node reads storage at
- * start only (its Raft core keeps the log tail and the snapshot bytes in
- * memory); the entry and term reads are kept for reading old entries when
- * the in-memory log is bounded. These never write s->errmsg: a corrupt record
+/* Each read runs in its own read transaction. The node reads the log at
+ * start only (its Raft core keeps the log tail in memory), and the
+ * snapshot at start and for each InstallSnapshot chunk it sends (the core
+ * keeps only its size); the entry and term reads are kept for reading old
+ * entries when the in-memory log is bounded. These never write s->errmsg: a corrupt record
  * is reported with a log line naming it, and the code says what kind. */
 
 /* The log's bounds, as of one consistent read. Returns 0 or IDA_EIO. */

@@ -58,6 +58,9 @@ struct fsm_proc
     size_t backup_len;
     ida_index backup_index;
     ida_term backup_term;
+    /* A restart's snapshot, rebuilt before anything else (node.h). */
+    uint8_t *restore_snap;
+    size_t restore_len;
     uint64_t pools_published_us; /* metrics: the last pool table */
     int pools_dirty;             /* applied since it was published */
     struct node_outq q;
@@ -443,6 +446,33 @@ static void install_snapshot(struct fsm_proc *fp, struct ida_nm_apply *a)
              (double)took_us / 1000.0);
 }
 
+/* The restart's rebuild, once, before the first message or ping. */
+static void finish_restore(struct fsm_proc *fp)
+{
+    if (fp->restore_snap == NULL) {
+        return;
+    }
+    uint64_t t0 = ida__node_mono_us();
+    int rv = ida_fsm_restore(fp->fsm, fp->restore_snap, fp->restore_len);
+    ida_free(fp->restore_snap);
+    fp->restore_snap = NULL;
+    if (rv == 0 && ida_fsm_applied_index(fp->fsm) != fp->snapshot_index) {
+        rv = IDA_ECORRUPT; /* a state of another index than storage says */
+    }
+    if (rv != 0) {
+        IDA_ERROR(
+            "fsm: cannot rebuild the state from the snapshot at %llu in "
+            "%s: %s; exiting",
+            (unsigned long long)fp->snapshot_index, fp->node->dir,
+            idalloc_strerror(rv));
+        exit(1); /* nothing was answered from it */
+    }
+    IDA_INFO("fsm: state rebuilt from the snapshot at index %llu (%zu bytes) "
+             "in %llu ms",
+             (unsigned long long)fp->snapshot_index, fp->restore_len,
+             (unsigned long long)(ida__node_mono_us() - t0) / 1000);
+}
+
 static void apply_entries(struct fsm_proc *fp,
                           struct ida_sender *s,
                           struct ida_nm_apply *a)
@@ -570,6 +600,7 @@ static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
 {
     struct fsm_proc *fp = state;
     void *p = node_msg_payload(msg);
+    finish_restore(fp);
     node_outq_flush(&fp->q, s);
     switch ((enum node_msg_type)msg->type) {
         case IDA_NM_APPLY:
@@ -594,6 +625,7 @@ static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
 static void fsm_ping(void *state, struct ida_sender *s)
 {
     struct fsm_proc *fp = state;
+    finish_restore(fp);
     node_outq_flush(&fp->q, s);
     publish_pools(fp);
     poll_bgsnap(fp, s);
@@ -604,16 +636,22 @@ const struct ida_proc_ops ida__fsm_proc_ops = {fsm_receive, fsm_ping};
 int ida__fsm_proc_new(struct ida_node *n,
                       struct ida_fsm *fsm,
                       ida_term applied_term,
+                      ida_index snap_index,
+                      uint8_t *snap,
+                      size_t snap_len,
                       struct fsm_proc **out)
 {
     struct fsm_proc *fp = ida_calloc(1, sizeof(*fp));
     if (fp == NULL) {
+        ida_free(snap);
         return IDA_ENOMEM;
     }
     fp->node = n;
     fp->fsm = fsm;
     fp->applied_term = applied_term;
-    fp->snapshot_index = ida_fsm_applied_index(fsm);
+    fp->restore_snap = snap;
+    fp->restore_len = snap_len;
+    fp->snapshot_index = snap != NULL ? snap_index : ida_fsm_applied_index(fsm);
     ida_snap_policy_init(
         &fp->snap, n->cfg.snapshot_interval_entries,
         (uint64_t)n->self->id * 0x9e3779b97f4a7c15ull ^ n->incarnation);
@@ -628,6 +666,7 @@ void ida__fsm_proc_free(struct fsm_proc *fp)
         return;
     }
     ida_bgsnap_cancel(&fp->bg);
+    ida_free(fp->restore_snap);
     for (size_t b = 0; b < PENDING_BUCKETS; b++) {
         while (fp->buckets[b] != NULL) {
             struct pending *p = fp->buckets[b];

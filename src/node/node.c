@@ -134,10 +134,13 @@ static int lock_dir(struct ida_node *n, char *errmsg)
     return 0;
 }
 
-/* Rebuild the state machine and the Raft core from storage. */
+/* Rebuild the Raft core from storage, and load the snapshot the fsm
+ * processor rebuilds the state machine from (*@snap_out, *@snap_index;
+ * NULL without a snapshot) while the core and the links start. */
 static int restore(struct ida_node *n,
-                   struct ida_fsm *fsm,
                    ida_term *applied_term,
+                   ida_index *snap_index,
+                   uint8_t **snap_out,
                    char *errmsg)
 {
     struct ida_storage *st = &n->storage;
@@ -145,11 +148,11 @@ static int restore(struct ida_node *n,
     struct ida_snapshot_meta meta = {0};
     uint8_t *snap = NULL;
     struct ida_entry *entries = NULL;
-    uint64_t t0 = ida__node_mono_us(), t_load = t0, t_fsm = t0;
+    uint64_t t0 = ida__node_mono_us(), t_load = t0;
     int rv = ida_storage_hard_state(st, &rr.hard_state);
     if (rv == 0) {
         rv = ida_storage_snapshot_load(st, &meta, &snap);
-        t_load = t_fsm = ida__node_mono_us();
+        t_load = ida__node_mono_us();
         if (rv == 0) {
             rr.snapshot_index = meta.index;
             rr.snapshot_term = meta.term;
@@ -160,12 +163,9 @@ static int restore(struct ida_node *n,
             n->snapshot_bytes0 = meta.data_size;
             rr.snapshot_config = meta.config;
             rr.snapshot_config_len = meta.config_len;
-            rv = ida_fsm_restore(fsm, snap, meta.data_size);
-            t_fsm = ida__node_mono_us();
             /* A crash may have left log entries the snapshot covers. */
-            if (rv == 0) {
-                rv = ida_storage_compact(st, meta.index);
-            }
+            rv = snap == NULL ? IDA_ECORRUPT /* no state: not ours */
+                              : ida_storage_compact(st, meta.index);
         } else if (rv == IDA_ENOTFOUND) {
             rv = 0;
         }
@@ -208,14 +208,16 @@ static int restore(struct ida_node *n,
         uint64_t t1 = ida__node_mono_us();
         IDA_INFO(
             "node: restored term=%llu vote=%u snapshot=%llu log=%llu..%llu "
-            "in %llu ms (snapshot of %zu bytes read in %llu ms, state "
-            "rebuilt in %llu ms, log read in %llu ms)",
+            "in %llu ms (snapshot of %zu bytes read in %llu ms, log read in "
+            "%llu ms; the fsm processor rebuilds the state meanwhile)",
             (unsigned long long)rr.hard_state.term, rr.hard_state.vote,
             (unsigned long long)rr.snapshot_index, (unsigned long long)lo,
             (unsigned long long)ls.last, (unsigned long long)(t1 - t0) / 1000,
             rr.snapshot_len, (unsigned long long)(t_load - t0) / 1000,
-            (unsigned long long)(t_fsm - t_load) / 1000,
-            (unsigned long long)(t1 - t_fsm) / 1000);
+            (unsigned long long)(t1 - t_load) / 1000);
+        *snap_index = rr.snapshot_index;
+        *snap_out = snap; /* the fsm processor's */
+        snap = NULL;
     }
     ida_free(entries);
     ida_free(snap);
@@ -368,20 +370,25 @@ int ida_node_open(struct ida_node *n,
              id->created ? " (new data directory)" : "");
     struct ida_fsm *fsm = NULL;
     ida_term applied_term = 0;
+    ida_index snap_index = 0;
+    uint8_t *snap = NULL;
     rv = encode_cluster(n);
     if (rv == 0) {
         rv = ida_fsm_new(&fsm);
     }
     if (rv == 0) {
-        rv = restore(n, fsm, &applied_term, errmsg);
+        rv = restore(n, &applied_term, &snap_index, &snap, errmsg);
     }
     if (rv == 0) {
         rv = ida__storage_proc_new(n, &n->sp);
     }
     if (rv == 0) {
-        rv = ida__fsm_proc_new(n, fsm, applied_term, &n->fp);
+        rv = ida__fsm_proc_new(n, fsm, applied_term, snap_index, snap,
+                               n->snapshot_bytes0, &n->fp);
+        snap = NULL; /* taken either way */
         fsm = rv == 0 ? NULL : fsm; /* owned by the processor now */
     }
+    ida_free(snap);
     ida_fsm_free(fsm);
     if (rv != 0) {
         if (errmsg[0] == '\0') {
