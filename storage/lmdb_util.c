@@ -171,6 +171,7 @@ static int grow_map(struct ida_storage *s)
                   (unsigned long long)want, mdb_strerror(rc));
         return rc;
     }
+    s->map_base = NULL; /* moved, perhaps (ida_storage_release_pages) */
     IDA_INFO("storage %s: map grown from %llu to %llu bytes", s->dir,
              (unsigned long long)s->map_size_bytes, (unsigned long long)want);
     s->map_size_bytes = want;
@@ -199,9 +200,8 @@ int ida_storage_reserve(struct ida_storage *s, uint64_t bytes)
 
 /* Where LMDB mapped data.mdb: LMDB does not say (its envinfo gives an
  * address only for MDB_FIXEDMAP), so the mapping of the file's inode is
- * looked up in /proc/self/maps, every time: a stale address after LMDB
- * moved the map could point at other memory. NULL if not found; *@len gets
- * the mapping's length. */
+ * looked up in /proc/self/maps. NULL if not found; *@len gets the
+ * mapping's length. */
 static char *map_address(struct ida_storage *s, uint64_t *len)
 {
     int fd = -1;
@@ -235,11 +235,19 @@ void ida_storage_release_pages(struct ida_storage *s, size_t bytes)
     if (mdb_env_info(ENV(s), &info) != 0 || mdb_env_stat(ENV(s), &st) != 0) {
         return;
     }
-    uint64_t mapped = 0;
-    char *base = map_address(s, &mapped);
-    if (base == NULL) {
-        return;
+    /* LMDB maps again only when the map is resized (mdb_env_set_mapsize(),
+     * called by grow_map() and at open in this process, which is the only
+     * one with the file open): a stale address could point at other
+     * memory, so it is looked up again whenever the size differs. */
+    if (s->map_base == NULL || s->map_base_size != info.me_mapsize) {
+        s->map_base = map_address(s, &s->map_base_len);
+        s->map_base_size = info.me_mapsize;
+        if (s->map_base == NULL) {
+            return;
+        }
     }
+    char *base = s->map_base;
+    uint64_t mapped = s->map_base_len;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     uint64_t end = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
     if (end > mapped) {

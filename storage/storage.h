@@ -227,6 +227,9 @@ struct ida_storage
     uint64_t map_size_bytes;
     uint64_t map_size_max_bytes;
     uint64_t release_at; /* ida_storage_release_pages()'s cursor */
+    char *map_base;      /* where data.mdb is mapped, for a map of */
+    uint64_t map_base_size; /* this size; map_base_len bytes mapped */
+    uint64_t map_base_len;
     /* Owner's cache of what is durable; readers use read transactions. */
     struct ida_storage_log_state log;
     struct ida_hard_state hard_state;
