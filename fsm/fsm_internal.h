@@ -22,8 +22,24 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "fsm/fsm.h"
+
+/* The 8 bytes at @p as a little-endian word: one load where the machine is
+ * little-endian (gcc does not merge the portable byte loop into one). */
+static inline uint64_t ida__load_le64(const uint8_t *p)
+{
+    uint64_t w = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(&w, p, 8);
+#else
+    for (int b = 7; b >= 0; b--) {
+        w = (w << 8) | p[b];
+    }
+#endif
+    return w;
+}
 
 /* --- error reasons: one static message per failure ----------------------- */
 

@@ -16,12 +16,31 @@
 /* FNV-1a, then a final mix so linear probing sees well-spread low bits.
  * Deterministic on purpose: the table's layout never shows in answers or
  * snapshots, so any fixed function is fine. */
+/* One word of the key into the running hash. */
+static inline uint64_t hash_word(uint64_t h, uint64_t w)
+{
+    w *= UINT64_C(0x9e3779b97f4a7c15);
+    w ^= w >> 32;
+    return (h ^ w) * UINT64_C(0xff51afd7ed558ccd);
+}
+
+/* Eight bytes at a time (FNV-1a's byte loop was a third of a restore's
+ * hashing time at 10M tags). In memory only: no table order reaches a
+ * snapshot, so the function may change between versions; the words are
+ * read little-endian so it is also the same on every machine. */
 uint64_t ida__hash(const uint8_t *key, size_t len)
 {
-    uint64_t h = UINT64_C(0xcbf29ce484222325);
-    for (size_t i = 0; i < len; i++) {
-        h ^= key[i];
-        h *= UINT64_C(0x100000001b3);
+    uint64_t h = UINT64_C(0xcbf29ce484222325) ^ (uint64_t)len;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        h = hash_word(h, ida__load_le64(key + i));
+    }
+    if (i < len) {
+        uint64_t w = 0;
+        for (size_t b = len; b > i; b--) {
+            w = (w << 8) | key[b - 1];
+        }
+        h = hash_word(h, w);
     }
     h ^= h >> 33;
     h *= UINT64_C(0xff51afd7ed558ccd);
