@@ -552,6 +552,20 @@ uint64_t ida_raft_dropped(const struct ida_raft *r)
     return r->dropped;
 }
 
+ida_index ida_raft_snapshot_index(const struct ida_raft *r)
+{
+    return r->snap_index;
+}
+
+uint64_t ida_raft_receiving(const struct ida_raft *r,
+                            ida_index *index,
+                            ida_term *term)
+{
+    *index = r->rcv_len > 0 ? r->rcv_index : 0;
+    *term = r->rcv_len > 0 ? r->rcv_term : 0;
+    return r->rcv_len;
+}
+
 const uint8_t *ida_raft_snapshot_config(const struct ida_raft *r, size_t *len)
 {
     *len = r->snap_conf_len;

@@ -576,6 +576,13 @@ ida_node_id ida_raft_leader(const struct ida_raft *r);
 ida_term ida_raft_term(const struct ida_raft *r);
 ida_index ida_raft_commit(const struct ida_raft *r);
 ida_index ida_raft_last_index(const struct ida_raft *r);
+/* The index of the snapshot the core holds (0: none). */
+ida_index ida_raft_snapshot_index(const struct ida_raft *r);
+/* A snapshot being received from the leader: bytes taken so far (in
+ * order, from offset 0), and its index and term; 0 when none. */
+uint64_t ida_raft_receiving(const struct ida_raft *r,
+                            ida_index *index,
+                            ida_term *term);
 /* Peer messages ida_raft_step() refused (IDA_EINVAL or IDA_EPROTO), and
  * vote requests and answers of nodes outside the membership it ignored. */
 uint64_t ida_raft_dropped(const struct ida_raft *r);

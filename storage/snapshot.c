@@ -425,6 +425,14 @@ static int finish_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
     return rc;
 }
 
+int ida_storage_snapshot_writer_holds(const struct ida_snapshot_writer *w,
+                                      const uint8_t *data,
+                                      size_t len)
+{
+    IDA_ASSERT(w != NULL && (data != NULL || len == 0));
+    return w->size == len && w->crc == ida__crc32c(0, data, len);
+}
+
 int ida_storage_snapshot_finish(struct ida_storage *s,
                                 struct ida_snapshot_writer *w)
 {

@@ -483,6 +483,12 @@ int ida_storage_snapshot_write(struct ida_storage *s,
 int ida_storage_snapshot_finish(struct ida_storage *s,
                                 struct ida_snapshot_writer *w);
 
+/* Whether writer @w was given exactly @len bytes and they are @data (by
+ * size and CRC-32C): a snapshot stored as it arrived is the one to install. */
+int ida_storage_snapshot_writer_holds(const struct ida_snapshot_writer *w,
+                                      const uint8_t *data,
+                                      size_t len);
+
 /* Drop an unfinished snapshot: its stored chunks are deleted (best effort;
  * leftovers are collected at the next open) and the writer released. */
 void ida_storage_snapshot_abort(struct ida_storage *s,

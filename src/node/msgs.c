@@ -160,6 +160,13 @@ static void payload_free(uint32_t type, void *p)
             }
             ida_free(p);
             break;
+        case IDA_NM_SNAPSHOT_RCV:
+            if (p != NULL) {
+                ida_free(((struct ida_nm_snap_rcv *)p)->data);
+                ida_free(((struct ida_nm_snap_rcv *)p)->conf);
+            }
+            ida_free(p);
+            break;
         case IDA_NM_SNAPSHOT_TAKEN:
         case IDA_NM_SNAPSHOT_STORE:
         case IDA_NM_SNAPSHOT_STORED:

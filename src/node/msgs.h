@@ -15,6 +15,9 @@
  *       contract 7)
  *   raft --SNAPSHOT_CHUNK--> storage (an InstallSnapshot chunk to fill
  *       from the stored snapshot and send to the peer)
+ *   raft --SNAPSHOT_RCV--> storage (a chunk of the leader's snapshot the
+ *       core took: stored as it arrives, installed by the PERSIST that
+ *       carries the whole snapshot)
  *   storage --STORAGE_FAILED--> raft
  *
  * Replies to clients and messages to peers go straight to net (thread-safe).
@@ -48,6 +51,7 @@ enum node_msg_type {
     IDA_NM_SNAPSHOT_STORED,  /* storage -> raft: durable (ida_nm_snapshot,
                                 no data) */
     IDA_NM_SNAPSHOT_CHUNK,   /* raft -> storage: fill and send */
+    IDA_NM_SNAPSHOT_RCV,     /* raft -> storage: store as it arrives */
 };
 
 struct ida_nm_client
@@ -139,6 +143,20 @@ struct ida_nm_snap_chunk
 {
     struct ida_raft_msg m;
     uint8_t *conf;
+};
+
+/* IDA_NM_SNAPSHOT_RCV: bytes [offset, offset + len) of the snapshot at
+ * (index, term) of total bytes the leader is sending; the first chunk
+ * (offset 0) carries its membership (@conf, NULL: bootstrap). */
+struct ida_nm_snap_rcv
+{
+    ida_index index;
+    ida_term term;
+    uint64_t total, offset;
+    uint8_t *data;
+    size_t len;
+    uint8_t *conf;
+    size_t conf_len;
 };
 
 /* IDA_NM_MEMBERSHIP0 and IDA_NM_MEMBERSHIP0_DONE. */

@@ -642,6 +642,66 @@ static void on_rolled_back(struct raft_proc *rp, struct ida_sender *s)
     node_post(&rp->q, s, rp->node->p_storage, IDA_NM_UNTRUSTED, u);
 }
 
+/* Where the core's receipt of a leader's snapshot stood. */
+struct rcv_mark
+{
+    ida_index index;
+    ida_term term;
+    uint64_t len;
+};
+
+/* A chunk of a leader's snapshot the core just took (in order: at the
+ * offset it held, or the first of a snapshot) goes to storage too, which
+ * stores it while the rest arrives and the state is checked; the batch
+ * that installs the snapshot then only finishes it (storage_proc.c). A
+ * chunk lost here (out of memory) only means storage writes the whole
+ * snapshot with that batch, as it would without this. */
+static void stream_chunk(struct raft_proc *rp,
+                         struct ida_sender *s,
+                         const struct ida_raft_install_snapshot *is,
+                         const struct rcv_mark *before)
+{
+    struct rcv_mark after;
+    after.len = ida_raft_receiving(&rp->raft, &after.index, &after.term);
+    int same = before->index == is->last_index &&
+               before->term == is->last_term;
+    int in_order = is->offset == 0 || (same && before->len == is->offset);
+    int taken = after.index == is->last_index &&
+                after.term == is->last_term &&
+                after.len == is->offset + is->len;
+    int installed = is->done &&
+                    ida_raft_snapshot_index(&rp->raft) == is->last_index;
+    if (!in_order || !(taken || installed) || is->len == 0) {
+        return;
+    }
+    struct ida_nm_snap_rcv *c = ida_calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return;
+    }
+    *c = (struct ida_nm_snap_rcv){.index = is->last_index,
+                                  .term = is->last_term,
+                                  .total = is->total_size,
+                                  .offset = is->offset,
+                                  .len = is->len};
+    c->data = ida_malloc(is->len);
+    if (is->offset == 0 && is->config_len > 0) {
+        c->conf = ida_malloc(is->config_len);
+        c->conf_len = c->conf != NULL ? is->config_len : 0;
+    }
+    if (c->data == NULL || (is->config_len > 0 && is->offset == 0 &&
+                            c->conf == NULL)) {
+        ida_free(c->data);
+        ida_free(c->conf);
+        ida_free(c);
+        return;
+    }
+    memcpy(c->data, is->data, is->len);
+    if (c->conf != NULL) {
+        memcpy(c->conf, is->config, is->config_len);
+    }
+    node_post(&rp->q, s, rp->node->p_storage, IDA_NM_SNAPSHOT_RCV, c);
+}
+
 static void on_peer(struct raft_proc *rp,
                     struct ida_sender *s,
                     Idalloc__PeerMessage *pb)
@@ -657,7 +717,13 @@ static void on_peer(struct raft_proc *rp,
         /* Takes no part until it knows the cluster (member.h). */
     } else if (node_pb_to_raft(pb, &m, &entries) == 0) {
         trace_vote(&m, 1);
+        struct rcv_mark before;
+        before.len = ida_raft_receiving(&rp->raft, &before.index,
+                                        &before.term);
         int rv = ida_raft_step(&rp->raft, &m);
+        if (rv == 0 && m.type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) {
+            stream_chunk(rp, s, &m.u.install_snapshot, &before);
+        }
         if (rv == IDA_EFOREIGN) {
             ida__rp_note_incarnation(rp, pb->from, pb->from_incarnation);
         }

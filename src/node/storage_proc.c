@@ -13,7 +13,16 @@
  * snapshot and the longer log). A snapshot installed from the leader is a
  * raft batch and is stored whole before its acknowledgement; it first
  * drops a local snapshot still being stored (the installed one replaces
- * it), and a newer local snapshot replaces an older one still in progress. */
+ * it), and a newer local snapshot replaces an older one still in progress.
+ *
+ * A snapshot arriving from the leader is stored as its chunks arrive
+ * (IDA_NM_SNAPSHOT_RCV, in order; invisible like a local one's steps), so
+ * that storing it overlaps the transfer and the raft processor's check;
+ * the batch that installs it then finishes that writer when it holds
+ * exactly the batch's bytes (size and CRC-32C) and membership, and
+ * otherwise writes the snapshot whole as before. Storage has one writer:
+ * a local snapshot arriving meanwhile takes it (the stream is dropped),
+ * and a stream does not start while a local snapshot is being stored. */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -46,7 +55,85 @@ struct storage_proc
     struct ida_snapshot_writer job_w;
     size_t job_off;
     uint64_t job_t0; /* when it began (ida__node_mono_us), for metrics */
+    /* A leader's snapshot stored as it arrives. */
+    struct
+    {
+        int active;
+        ida_index index;
+        ida_term term;
+        uint64_t total, next;
+        uint8_t *conf;
+        size_t conf_len;
+        struct ida_snapshot_writer w;
+    } rcv;
 };
+
+static void rcv_drop(struct storage_proc *sp)
+{
+    if (sp->rcv.active) {
+        ida_storage_snapshot_abort(&sp->node->storage, &sp->rcv.w);
+        sp->rcv.active = 0;
+    }
+    ida_free(sp->rcv.conf);
+    sp->rcv.conf = NULL;
+    sp->rcv.conf_len = 0;
+}
+
+/* Takes nothing: @c's bytes are copied into the writer. */
+static void on_snapshot_rcv(struct storage_proc *sp,
+                           const struct ida_nm_snap_rcv *c)
+{
+    struct ida_storage *st = &sp->node->storage;
+    if (c->offset == 0) {
+        rcv_drop(sp);
+        if (sp->failed || sp->job_msg != NULL) {
+            return; /* the local snapshot has the writer */
+        }
+        (void)ida_storage_reserve(st, c->total);
+        if (ida_storage_snapshot_begin(st, &sp->rcv.w, c->index, c->term,
+                                       c->conf, c->conf_len) != 0) {
+            return; /* written whole when it is installed */
+        }
+        sp->rcv.active = 1;
+        sp->rcv.index = c->index;
+        sp->rcv.term = c->term;
+        sp->rcv.total = c->total;
+        sp->rcv.next = 0;
+        if (c->conf_len > 0) {
+            sp->rcv.conf = ida_malloc(c->conf_len);
+            if (sp->rcv.conf == NULL) {
+                rcv_drop(sp);
+                return;
+            }
+            memcpy(sp->rcv.conf, c->conf, c->conf_len);
+            sp->rcv.conf_len = c->conf_len;
+        }
+    }
+    if (!sp->rcv.active || c->index != sp->rcv.index ||
+        c->term != sp->rcv.term || c->offset != sp->rcv.next ||
+        c->len > sp->rcv.total - sp->rcv.next) {
+        rcv_drop(sp);
+        return;
+    }
+    if (ida_storage_snapshot_write(st, &sp->rcv.w, c->data, c->len) != 0) {
+        rcv_drop(sp); /* a sticky error shows in the next batch */
+        return;
+    }
+    sp->rcv.next += c->len;
+}
+
+/* Whether the stream holds exactly the snapshot of @p. */
+static int rcv_holds(const struct storage_proc *sp,
+                     const struct ida_nm_persist *p)
+{
+    return sp->rcv.active && sp->rcv.index == p->snap_index &&
+           sp->rcv.term == p->snap_term && sp->rcv.next == sp->rcv.total &&
+           sp->rcv.conf_len == p->snap_conf_len &&
+           (p->snap_conf_len == 0 ||
+            memcmp(sp->rcv.conf, p->snap_conf, p->snap_conf_len) == 0) &&
+           ida_storage_snapshot_writer_holds(&sp->rcv.w, p->snap_data,
+                                             p->snap_len);
+}
 
 static void job_drop(struct storage_proc *sp)
 {
@@ -116,8 +203,18 @@ static int persist(struct storage_proc *sp,
     if (p->has_snapshot) {
         *what = "installing a snapshot";
         job_drop(sp);
-        rv = write_snapshot(sp, p->snap_index, p->snap_term, p->snap_data,
-                            p->snap_len, p->snap_conf, p->snap_conf_len);
+        if (rcv_holds(sp, p)) {
+            sp->rcv.active = 0; /* finish releases the writer either way */
+            rv = ida_storage_snapshot_finish(st, &sp->rcv.w);
+            IDA_INFO("storage: snapshot at index %llu (%zu bytes) stored as "
+                     "it arrived",
+                     (unsigned long long)p->snap_index, p->snap_len);
+        } else {
+            rcv_drop(sp);
+            rv = write_snapshot(sp, p->snap_index, p->snap_term, p->snap_data,
+                                p->snap_len, p->snap_conf, p->snap_conf_len);
+        }
+        rcv_drop(sp);
         if (rv == 0) {
             rv = ida_storage_compact(st, p->snap_index);
         }
@@ -314,6 +411,7 @@ static void on_snapshot_store(struct storage_proc *sp,
         return;
     }
     job_drop(sp); /* an older one still in progress */
+    rcv_drop(sp); /* storage has one writer */
     (void)ida_storage_reserve(st, sn->len); /* else it grows as it goes */
     int rv = ida_storage_snapshot_begin(st, &sp->job_w, sn->index, sn->term,
                                         sn->conf, sn->conf_len);
@@ -365,6 +463,9 @@ static void storage_receive(void *state,
     } else if (msg->type == IDA_NM_SNAPSHOT_STORE) {
         on_snapshot_store(sp, s, msg);
         return; /* its first step is done */
+    } else if (msg->type == IDA_NM_SNAPSHOT_RCV) {
+        on_snapshot_rcv(sp, node_msg_payload(msg));
+        node_msg_free(msg);
     } else if (msg->type == IDA_NM_SNAPSHOT_CHUNK) {
         on_snapshot_chunk(sp, node_msg_payload(msg));
         node_msg_free(msg);
@@ -411,6 +512,7 @@ void ida__storage_proc_free(struct storage_proc *sp)
 {
     if (sp != NULL) {
         job_drop(sp);
+        rcv_drop(sp);
         node_outq_close(&sp->q);
         ida_free(sp);
     }

@@ -199,6 +199,9 @@ Test(catchup,
                   "node %d decoded the snapshot a second time", f + 1);
     cr_assert_eq(log_count(f, "restored from its bytes"), 0);
     cr_assert_eq(log_count(f, "refused a snapshot"), 0);
+    cr_assert_geq(log_count(f, "stored as it arrived"), 1,
+                  "node %d stored the snapshot only once it was checked",
+                  f + 1);
 
     /* Stopped (followers first: the leader appends nothing alone), each
      * node's state, exported from its directory, is the same. */

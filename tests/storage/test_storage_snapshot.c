@@ -352,3 +352,30 @@ Test(storage, released_pages_leave_the_resident_size_not_the_data)
     reopen();
     expect_snapshot(10, 2, size);
 }
+
+/* A snapshot written as it arrived is installed only if the writer holds
+ * exactly the bytes the installing batch carries. */
+Test(storage, writer_holds_exactly_its_bytes)
+{
+    open_ok();
+    size_t size = 2 * IDA_STORAGE_CHUNK_BYTES + 77;
+    uint8_t *state = make_state(size);
+    struct ida_snapshot_writer w;
+    const uint8_t config[] = {0x0a, 0x03, 0x08, 0x01, 0x20}; /* as saved */
+    cr_assert_eq(
+        ida_storage_snapshot_begin(&st, &w, 5, 1, config, sizeof(config)), 0);
+    cr_assert_eq(ida_storage_snapshot_write(&st, &w, state, 1000), 0);
+    cr_assert_not(ida_storage_snapshot_writer_holds(&w, state, size),
+                  "only part of it");
+    cr_assert_eq(
+        ida_storage_snapshot_write(&st, &w, state + 1000, size - 1000), 0);
+    cr_assert(ida_storage_snapshot_writer_holds(&w, state, size));
+    state[size / 2] ^= 1;
+    cr_assert_not(ida_storage_snapshot_writer_holds(&w, state, size),
+                  "one bit differs");
+    state[size / 2] ^= 1;
+    cr_assert_not(ida_storage_snapshot_writer_holds(&w, state, size - 1));
+    cr_assert_eq(ida_storage_snapshot_finish(&st, &w), 0);
+    free(state);
+    expect_snapshot(5, 1, size);
+}
