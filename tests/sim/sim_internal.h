@@ -237,6 +237,7 @@ struct sim
     size_t ids_cap;
     bool failed;
     bool oom;
+    size_t chunks_unfilled; /* InstallSnapshot chunks dropped (fill_chunk) */
 };
 
 #define CTX_SHIFT 48 /* read ctx: client << CTX_SHIFT | seq */

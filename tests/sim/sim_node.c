@@ -158,6 +158,38 @@ static void apply_entry(struct sim *s,
     }
 }
 
+/* Odd-numbered nodes keep their snapshot's bytes on their disk only, as
+ * idallocd does (raft.h contract 7): the core compacts and restarts with
+ * none and their InstallSnapshot chunks are filled from the disk when sent
+ * (fill_chunk()); even-numbered ones hand the core a copy. A cluster runs
+ * both ways at once. */
+static bool host_keeps_snapshot(const struct node *nd)
+{
+    return nd->id % 2 == 1;
+}
+
+/* Fill an InstallSnapshot chunk the core sent without bytes from @nd's
+ * disk, into @m. False (the chunk is dropped, as storage does) when the
+ * disk holds another snapshot than the chunk's. */
+static bool fill_chunk(struct sim *s,
+                       const struct node *nd,
+                       struct ida_raft_msg *m)
+{
+    struct ida_raft_install_snapshot *is = &m->u.install_snapshot;
+    const struct disk *d = &nd->disk;
+    if (!host_keeps_snapshot(nd) && sim__raft_checks(s)) {
+        sim__violation(s, "node %u sent a chunk without bytes", nd->id);
+    }
+    if (d->snap_index != is->last_index || d->snap_term != is->last_term ||
+        d->snap_len != is->total_size || is->offset > d->snap_len ||
+        is->len > d->snap_len - is->offset) {
+        s->chunks_unfilled++;
+        return false;
+    }
+    is->data = d->snap + is->offset;
+    return true;
+}
+
 static void take_snapshot(struct sim *s, struct node *nd)
 {
     struct disk *d = &nd->disk;
@@ -198,7 +230,8 @@ static void take_snapshot(struct sim *s, struct node *nd)
     d->snap_len = len;
     d->snap_index = at;
     d->snap_term = t;
-    int rv = ida_raft_compact(&nd->raft, at, data, len);
+    int rv = ida_raft_compact(&nd->raft, at,
+                              host_keeps_snapshot(nd) ? NULL : data, len);
     if (rv != 0) {
         sim__violation(s, "node %u compact at %" PRIu64 ": %s", nd->id, at,
                        idalloc_errname(rv));
@@ -362,7 +395,13 @@ static void handle_batch(struct sim *s,
     }
     for (size_t i = 0; i < b->n_msgs; i++) {
         struct packet p;
-        if (!sim__packet_copy(&p, &b->msgs[i])) {
+        struct ida_raft_msg m = b->msgs[i];
+        if (m.type == IDA_RAFT_MSG_INSTALL_SNAPSHOT &&
+            m.u.install_snapshot.data == NULL &&
+            m.u.install_snapshot.len > 0 && !fill_chunk(s, nd, &m)) {
+            continue;
+        }
+        if (!sim__packet_copy(&p, &m)) {
             s->oom = true;
             return;
         }
@@ -567,7 +606,8 @@ int sim__node_start(struct sim *s, struct node *nd)
         .hard_state = d->hs,
         .snapshot_index = d->snap_index,
         .snapshot_term = d->snap_term,
-        .snapshot_data = d->snap,
+        .snapshot_data = host_keeps_snapshot(nd) ? NULL : d->snap,
+        .snapshot_in_storage = host_keeps_snapshot(nd) && d->snap_index > 0,
         .snapshot_len = d->snap_len,
         .snapshot_config = d->snap_conf,
         .snapshot_config_len = d->snap_conf_len,
