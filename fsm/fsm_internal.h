@@ -125,6 +125,8 @@ struct ida__tagtab
 #define IDA__REF_NONE UINT32_MAX
 
 uint64_t ida__hash(const uint8_t *key, size_t len);
+/* A hash whose values are kept in snapshots: never changes (tagtab.c). */
+uint64_t ida__hash_stable(const uint8_t *key, size_t len);
 void ida__tagtab_init(struct ida__tagtab *t,
                       ida__key_of_fn key_of,
                       const void *ctx);

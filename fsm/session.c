@@ -226,7 +226,7 @@ static uint64_t mix(uint64_t h, uint64_t v)
         b[i] = (uint8_t)(h >> (8 * i));
         b[8 + i] = (uint8_t)(v >> (8 * i));
     }
-    return ida__hash(b, sizeof(b));
+    return ida__hash_stable(b, sizeof(b));
 }
 
 /* A name or tag (bytes on the wire since they may hold any byte; the
@@ -235,7 +235,7 @@ static uint64_t mix(uint64_t h, uint64_t v)
 static uint64_t mix_str(uint64_t h, ProtobufCBinaryData b)
 {
     static const uint8_t none = 0;
-    return mix(h, ida__hash(b.data != NULL ? b.data : &none, b.len));
+    return mix(h, ida__hash_stable(b.data != NULL ? b.data : &none, b.len));
 }
 
 /* 64 bits: two different commands under one (client_id, request_seq)
@@ -262,10 +262,11 @@ uint64_t ida__fsm_fingerprint(const Idalloc__Command *c)
             h = mix_str(h, c->prefix_alloc->pool);
             return mix_str(h, c->prefix_alloc->tag);
         case IDALLOC__COMMAND__OP_RESTORE:
+            h = mix(h, ida__hash_stable(c->restore->state.data,
+                                        c->restore->state.len));
             h = mix(h,
-                    ida__hash(c->restore->state.data, c->restore->state.len));
-            h = mix(h, ida__hash((const uint8_t *)c->restore->from_cluster,
-                                 strlen(c->restore->from_cluster)));
+                    ida__hash_stable((const uint8_t *)c->restore->from_cluster,
+                                     strlen(c->restore->from_cluster)));
             h = mix(h, c->restore->from_index);
             return mix(h, c->restore->advance_sequences);
         default:
