@@ -7,10 +7,12 @@
 #include <lmdb.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "base/assert.h"
@@ -172,6 +174,7 @@ static int grow_map(struct ida_storage *s)
         return rc;
     }
     s->map_base = NULL; /* moved, perhaps (ida_storage_release_pages) */
+    s->map_base_size = 0;
     IDA_INFO("storage %s: map grown from %llu to %llu bytes", s->dir,
              (unsigned long long)s->map_size_bytes, (unsigned long long)want);
     s->map_size_bytes = want;
@@ -199,10 +202,10 @@ int ida_storage_reserve(struct ida_storage *s, uint64_t bytes)
 }
 
 /* Where LMDB mapped data.mdb: LMDB does not say (its envinfo gives an
- * address only for MDB_FIXEDMAP), so the mapping of the file's inode is
- * looked up in /proc/self/maps. NULL if not found; *@len gets the
- * mapping's length. */
-static char *map_address(struct ida_storage *s, uint64_t *len)
+ * address only for MDB_FIXEDMAP), so the mapping of the file (device and
+ * inode) of exactly @size bytes is looked up in /proc/self/maps. NULL if
+ * there is no such mapping. */
+static char *map_address(struct ida_storage *s, uint64_t size)
 {
     int fd = -1;
     struct stat sb;
@@ -210,16 +213,20 @@ static char *map_address(struct ida_storage *s, uint64_t *len)
         return NULL;
     }
     FILE *f = fopen("/proc/self/maps", "r");
-    char line[512];
+    char *line = NULL;
+    size_t cap = 0;
     char *addr = NULL;
-    while (f != NULL && addr == NULL && fgets(line, sizeof(line), f) != NULL) {
+    while (f != NULL && addr == NULL && getline(&line, &cap, f) > 0) {
         unsigned long lo, hi, ino;
-        if (sscanf(line, "%lx-%lx %*s %*s %*s %lu", &lo, &hi, &ino) == 3 &&
-            ino == (unsigned long)sb.st_ino && strstr(line, "data.mdb")) {
+        unsigned maj, min;
+        if (sscanf(line, "%lx-%lx %*s %*s %x:%x %lu", &lo, &hi, &maj, &min,
+                   &ino) == 5 &&
+            ino == (unsigned long)sb.st_ino && maj == major(sb.st_dev) &&
+            min == minor(sb.st_dev) && hi - lo == size) {
             addr = (char *)(uintptr_t)lo;
-            *len = hi - lo;
         }
     }
+    free(line);
     if (f != NULL) {
         fclose(f);
     }
@@ -238,16 +245,17 @@ void ida_storage_release_pages(struct ida_storage *s, size_t bytes)
     /* LMDB maps again only when the map is resized (mdb_env_set_mapsize(),
      * called by grow_map() and at open in this process, which is the only
      * one with the file open): a stale address could point at other
-     * memory, so it is looked up again whenever the size differs. */
-    if (s->map_base == NULL || s->map_base_size != info.me_mapsize) {
-        s->map_base = map_address(s, &s->map_base_len);
+     * memory, so it is looked up again whenever the size differs (once per
+     * size: a lookup that found nothing is not repeated every call). */
+    if (s->map_base_size != info.me_mapsize) {
+        s->map_base = map_address(s, info.me_mapsize);
         s->map_base_size = info.me_mapsize;
-        if (s->map_base == NULL) {
-            return;
-        }
+    }
+    if (s->map_base == NULL) {
+        return;
     }
     char *base = s->map_base;
-    uint64_t mapped = s->map_base_len;
+    uint64_t mapped = info.me_mapsize;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     uint64_t end = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
     if (end > mapped) {

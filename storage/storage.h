@@ -226,10 +226,9 @@ struct ida_storage
     long pid;                  /* the process that opened it */
     uint64_t map_size_bytes;
     uint64_t map_size_max_bytes;
-    uint64_t release_at; /* ida_storage_release_pages()'s cursor */
-    char *map_base;      /* where data.mdb is mapped, for a map of */
-    uint64_t map_base_size; /* this size; map_base_len bytes mapped */
-    uint64_t map_base_len;
+    uint64_t release_at;    /* ida_storage_release_pages()'s cursor */
+    char *map_base;         /* where data.mdb is mapped (NULL: unknown), */
+    uint64_t map_base_size; /* for a map of this size */
     /* Owner's cache of what is durable; readers use read transactions. */
     struct ida_storage_log_state log;
     struct ida_hard_state hard_state;
@@ -395,8 +394,9 @@ int ida_storage_compact(struct ida_storage *s, ida_index upto);
  * start only (its Raft core keeps the log tail in memory), and the
  * snapshot at start and for each InstallSnapshot chunk it sends (the core
  * keeps only its size); the entry and term reads are kept for reading old
- * entries when the in-memory log is bounded. These never write s->errmsg: a corrupt record
- * is reported with a log line naming it, and the code says what kind. */
+ * entries when the in-memory log is bounded. These never write s->errmsg: a
+ * corrupt record is reported with a log line naming it, and the code says what
+ * kind. */
 
 /* The log's bounds, as of one consistent read. Returns 0 or IDA_EIO. */
 int ida_storage_log_state(struct ida_storage *s,

@@ -467,10 +467,11 @@ static void finish_restore(struct fsm_proc *fp)
             idalloc_strerror(rv));
         exit(1); /* nothing was answered from it */
     }
-    IDA_INFO("fsm: state rebuilt from the snapshot at index %llu (%zu bytes) "
-             "in %llu ms",
-             (unsigned long long)fp->snapshot_index, fp->restore_len,
-             (unsigned long long)(ida__node_mono_us() - t0) / 1000);
+    IDA_INFO(
+        "fsm: state rebuilt from the snapshot at index %llu (%zu bytes) "
+        "in %llu ms",
+        (unsigned long long)fp->snapshot_index, fp->restore_len,
+        (unsigned long long)(ida__node_mono_us() - t0) / 1000);
 }
 
 static void apply_entries(struct fsm_proc *fp,

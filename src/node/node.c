@@ -13,6 +13,7 @@
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
+#include "src/node/convert.h"
 #include "src/node/net_tls.h"
 
 /* The cluster as an encoded ClusterConfig (stored in snapshot metas). */
@@ -385,7 +386,7 @@ int ida_node_open(struct ida_node *n,
     if (rv == 0) {
         rv = ida__fsm_proc_new(n, fsm, applied_term, snap_index, snap,
                                n->snapshot_bytes0, &n->fp);
-        snap = NULL; /* taken either way */
+        snap = NULL;                /* taken either way */
         fsm = rv == 0 ? NULL : fsm; /* owned by the processor now */
     }
     ida_free(snap);
@@ -397,6 +398,15 @@ int ida_node_open(struct ida_node *n,
         ida_node_close(n);
     }
     return rv;
+}
+
+void ida__node_send_raft(struct ida_node *n, const struct ida_raft_msg *m)
+{
+    struct node_pb_peer pb;
+    if (node_raft_to_pb(m, &pb) == 0) {
+        ida_net_send_peer(n->net, m->to, &pb.msg);
+    }
+    node_pb_peer_release(&pb);
 }
 
 void ida__node_reply_result(struct ida_node *n,

@@ -169,6 +169,10 @@ int ida__fsm_proc_new(struct ida_node *n,
 void ida__fsm_proc_free(struct fsm_proc *fp);
 extern const struct ida_proc_ops ida__fsm_proc_ops;
 
+/* Send Raft message @m to its peer (converted; net copies it). Thread-safe
+ * (goes through net); a message net cannot take is lost, as on a wire. */
+void ida__node_send_raft(struct ida_node *n, const struct ida_raft_msg *m);
+
 /* Answer client connection @conn's request @seq with @res (borrowed for
  * the call); @leader (0: none) goes in leader_id. Thread-safe. */
 void ida__node_reply_result(struct ida_node *n,

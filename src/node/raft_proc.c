@@ -110,11 +110,7 @@ static void send_peer(struct raft_proc *rp,
         send_chunk_from_storage(rp, s, m);
         return;
     }
-    struct node_pb_peer pb;
-    if (node_raft_to_pb(m, &pb) == 0) {
-        ida_net_send_peer(rp->node->net, m->to, &pb.msg);
-    }
-    node_pb_peer_release(&pb);
+    ida__node_send_raft(rp->node, m);
 }
 
 /* --- leadership
@@ -648,6 +644,7 @@ struct rcv_mark
     ida_index index;
     ida_term term;
     uint64_t len;
+    ida_index snap; /* the core's snapshot index */
 };
 
 /* A chunk of a leader's snapshot the core just took (in order: at the
@@ -663,13 +660,12 @@ static void stream_chunk(struct raft_proc *rp,
 {
     struct rcv_mark after;
     after.len = ida_raft_receiving(&rp->raft, &after.index, &after.term);
-    int same = before->index == is->last_index &&
-               before->term == is->last_term;
+    int same = before->index == is->last_index && before->term == is->last_term;
     int in_order = is->offset == 0 || (same && before->len == is->offset);
-    int taken = after.index == is->last_index &&
-                after.term == is->last_term &&
+    int taken = after.index == is->last_index && after.term == is->last_term &&
                 after.len == is->offset + is->len;
-    int installed = is->done &&
+    /* Installed by this chunk (not a repeat of one installed before). */
+    int installed = is->done && before->snap != is->last_index &&
                     ida_raft_snapshot_index(&rp->raft) == is->last_index;
     if (!in_order || !(taken || installed) || is->len == 0) {
         return;
@@ -688,8 +684,8 @@ static void stream_chunk(struct raft_proc *rp,
         c->conf = ida_malloc(is->config_len);
         c->conf_len = c->conf != NULL ? is->config_len : 0;
     }
-    if (c->data == NULL || (is->config_len > 0 && is->offset == 0 &&
-                            c->conf == NULL)) {
+    if (c->data == NULL ||
+        (is->config_len > 0 && is->offset == 0 && c->conf == NULL)) {
         ida_free(c->data);
         ida_free(c->conf);
         ida_free(c);
@@ -718,8 +714,8 @@ static void on_peer(struct raft_proc *rp,
     } else if (node_pb_to_raft(pb, &m, &entries) == 0) {
         trace_vote(&m, 1);
         struct rcv_mark before;
-        before.len = ida_raft_receiving(&rp->raft, &before.index,
-                                        &before.term);
+        before.len = ida_raft_receiving(&rp->raft, &before.index, &before.term);
+        before.snap = ida_raft_snapshot_index(&rp->raft);
         int rv = ida_raft_step(&rp->raft, &m);
         if (rv == 0 && m.type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) {
             stream_chunk(rp, s, &m.u.install_snapshot, &before);

@@ -11,9 +11,9 @@
  * the log it covers is compacted; until then the log still holds every
  * entry, so a crash in between loses nothing (the next start uses the older
  * snapshot and the longer log). A snapshot installed from the leader is a
- * raft batch and is stored whole before its acknowledgement; it first
- * drops a local snapshot still being stored (the installed one replaces
- * it), and a newer local snapshot replaces an older one still in progress.
+ * raft batch and is durable before its acknowledgement; it first drops a
+ * local snapshot still being stored (the installed one replaces it), and a
+ * newer local snapshot replaces an older one still in progress.
  *
  * A snapshot arriving from the leader is stored as its chunks arrive
  * (IDA_NM_SNAPSHOT_RCV, in order; invisible like a local one's steps), so
@@ -81,7 +81,7 @@ static void rcv_drop(struct storage_proc *sp)
 
 /* Takes nothing: @c's bytes are copied into the writer. */
 static void on_snapshot_rcv(struct storage_proc *sp,
-                           const struct ida_nm_snap_rcv *c)
+                            const struct ida_nm_snap_rcv *c)
 {
     struct ida_storage *st = &sp->node->storage;
     if (c->offset == 0) {
@@ -89,7 +89,6 @@ static void on_snapshot_rcv(struct storage_proc *sp,
         if (sp->failed || sp->job_msg != NULL) {
             return; /* the local snapshot has the writer */
         }
-        (void)ida_storage_reserve(st, c->total);
         if (ida_storage_snapshot_begin(st, &sp->rcv.w, c->index, c->term,
                                        c->conf, c->conf_len) != 0) {
             return; /* written whole when it is installed */
@@ -115,6 +114,8 @@ static void on_snapshot_rcv(struct storage_proc *sp,
         rcv_drop(sp);
         return;
     }
+    /* Room for what arrived, not for the size the leader announces. */
+    (void)ida_storage_reserve(st, c->len);
     if (ida_storage_snapshot_write(st, &sp->rcv.w, c->data, c->len) != 0) {
         rcv_drop(sp); /* a sticky error shows in the next batch */
         return;
@@ -206,15 +207,16 @@ static int persist(struct storage_proc *sp,
         if (rcv_holds(sp, p)) {
             sp->rcv.active = 0; /* finish releases the writer either way */
             rv = ida_storage_snapshot_finish(st, &sp->rcv.w);
-            IDA_INFO("storage: snapshot at index %llu (%zu bytes) stored as "
-                     "it arrived",
-                     (unsigned long long)p->snap_index, p->snap_len);
+            IDA_INFO(
+                "storage: snapshot at index %llu (%zu bytes) stored as "
+                "it arrived",
+                (unsigned long long)p->snap_index, p->snap_len);
         } else {
-            rcv_drop(sp);
+            rcv_drop(sp); /* storage has one writer */
             rv = write_snapshot(sp, p->snap_index, p->snap_term, p->snap_data,
                                 p->snap_len, p->snap_conf, p->snap_conf_len);
         }
-        rcv_drop(sp);
+        rcv_drop(sp); /* its membership copy */
         if (rv == 0) {
             rv = ida_storage_compact(st, p->snap_index);
         }
@@ -257,11 +259,7 @@ static int persist(struct storage_proc *sp,
 static void send_after(struct storage_proc *sp, const struct ida_nm_persist *p)
 {
     for (size_t i = 0; i < p->n_after; i++) {
-        struct node_pb_peer pb;
-        if (node_raft_to_pb(&p->after[i], &pb) == 0) {
-            ida_net_send_peer(sp->node->net, p->after[i].to, &pb.msg);
-        }
-        node_pb_peer_release(&pb);
+        ida__node_send_raft(sp->node, &p->after[i]);
     }
 }
 
@@ -346,14 +344,17 @@ static void job_step(struct storage_proc *sp, struct ida_sender *s)
         "compacted",
         (unsigned long long)sn->index, (unsigned long long)sn->term, sn->len);
     /* Raft now compacts its log and keeps only the size: the bytes are
-     * read back from here when a follower needs them. */
-    struct ida_msg *m = sp->job_msg;
+     * read back from here when a follower needs them. Not to be lost: the
+     * core's snapshot (whose chunks are read from here) is gone from
+     * storage now. */
+    struct ida_nm_snapshot *done = ida_calloc(1, sizeof(*done));
+    IDA_OOM_CHECK(done != NULL, "storage: a snapshot-stored notice");
+    *done = (struct ida_nm_snapshot){
+        .index = sn->index, .term = sn->term, .len = sn->len};
+    node_msg_free(sp->job_msg);
     sp->job_msg = NULL;
-    struct ida_nm_snapshot *done = node_msg_payload(m);
-    ida_free(done->data);
-    done->data = NULL;
-    m->type = IDA_NM_SNAPSHOT_STORED;
-    node_send(&sp->q, s, sp->node->p_raft, m);
+    rv = node_post(&sp->q, s, sp->node->p_raft, IDA_NM_SNAPSHOT_STORED, done);
+    IDA_OOM_CHECK(rv == 0, "storage: posting a snapshot-stored notice");
 }
 
 /* Fill an InstallSnapshot chunk from the stored snapshot and send it. A
@@ -374,23 +375,19 @@ static void on_snapshot_chunk(struct storage_proc *sp,
     }
     uint8_t *buf = ida_malloc(is->len);
     size_t got = 0;
-    int rv = buf == NULL ? IDA_ENOMEM
-                         : ida_storage_snapshot_read(st, st->snapshot_id,
-                                                     is->offset, buf, is->len,
-                                                     &got);
+    int rv = buf == NULL
+                 ? IDA_ENOMEM
+                 : ida_storage_snapshot_read(st, st->snapshot_id, is->offset,
+                                             buf, is->len, &got);
     if (rv == 0 && got == is->len) {
         is->data = buf;
-        struct node_pb_peer pb;
-        if (node_raft_to_pb(&m, &pb) == 0) {
-            ida_net_send_peer(sp->node->net, m.to, &pb.msg);
-        }
-        node_pb_peer_release(&pb);
+        ida__node_send_raft(sp->node, &m);
     } else if (rv != 0 && rv != IDA_ENOMEM) {
-        IDA_WARN("storage: cannot read snapshot %llu bytes %llu+%zu for node "
-                 "%u: %s",
-                 (unsigned long long)is->last_index,
-                 (unsigned long long)is->offset, is->len, m.to,
-                 idalloc_strerror(rv));
+        IDA_WARN(
+            "storage: cannot read snapshot %llu bytes %llu+%zu for node "
+            "%u: %s",
+            (unsigned long long)is->last_index, (unsigned long long)is->offset,
+            is->len, m.to, idalloc_strerror(rv));
     }
     ida_free(buf);
 }
@@ -410,8 +407,8 @@ static void on_snapshot_store(struct storage_proc *sp,
         node_msg_free(msg);
         return;
     }
-    job_drop(sp); /* an older one still in progress */
-    rcv_drop(sp); /* storage has one writer */
+    job_drop(sp);                           /* an older one still in progress */
+    rcv_drop(sp);                           /* storage has one writer */
     (void)ida_storage_reserve(st, sn->len); /* else it grows as it goes */
     int rv = ida_storage_snapshot_begin(st, &sp->job_w, sn->index, sn->term,
                                         sn->conf, sn->conf_len);

@@ -110,7 +110,8 @@ static void enqueue(const struct ida_raft_msg *m)
         /* The node fills it from what it stored (contract 7). */
         const struct h_disk *d = &H.disk[m->from];
         const struct ida_raft_install_snapshot *is = &m->u.install_snapshot;
-        if (d->snap_index != is->last_index || d->snap_len != is->total_size ||
+        if (d->snap_index != is->last_index || d->snap_term != is->last_term ||
+            d->snap_len != is->total_size ||
             is->offset + is->len > d->snap_len) {
             H.chunks_unfilled++;
             return;

@@ -449,7 +449,9 @@ Test(pipeline,
 /* The core of a node that compacted with NULL data holds no bytes; its
  * chunks are filled from the node's disk and the follower gets the exact
  * snapshot, then the log after it. */
-Test(in_storage, a_lagging_follower_gets_the_stored_bytes, .init = setup3,
+Test(in_storage,
+     a_lagging_follower_gets_the_stored_bytes,
+     .init = setup3,
      .fini = teardown)
 {
     h_start_all();
@@ -483,7 +485,9 @@ Test(in_storage, a_lagging_follower_gets_the_stored_bytes, .init = setup3,
 
 /* A restarted leader restores with snapshot_in_storage: it holds only the
  * size and still serves the snapshot from its disk. */
-Test(in_storage, a_restarted_node_serves_it_from_storage, .init = setup3,
+Test(in_storage,
+     a_restarted_node_serves_it_from_storage,
+     .init = setup3,
      .fini = teardown)
 {
     H.snap_in_storage = true;
@@ -523,8 +527,10 @@ Test(in_storage, a_restarted_node_serves_it_from_storage, .init = setup3,
 /* While the node's storage holds another snapshot than the core's (stored
  * later, or replaced), its chunks are dropped, never sent with other
  * bytes; once the core compacts to the stored one, that one goes. */
-Test(in_storage, chunks_of_a_snapshot_no_longer_stored_are_dropped,
-     .init = setup3, .fini = teardown)
+Test(in_storage,
+     chunks_of_a_snapshot_no_longer_stored_are_dropped,
+     .init = setup3,
+     .fini = teardown)
 {
     h_start_all();
     h_elect(1);
@@ -563,7 +569,9 @@ Test(in_storage, chunks_of_a_snapshot_no_longer_stored_are_dropped,
 }
 
 /* The membership in effect at an index, before compacting there. */
-Test(in_storage, config_at_refuses_what_compact_refuses, .init = setup3,
+Test(in_storage,
+     config_at_refuses_what_compact_refuses,
+     .init = setup3,
      .fini = teardown)
 {
     h_start_all();

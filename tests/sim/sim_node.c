@@ -397,8 +397,8 @@ static void handle_batch(struct sim *s,
         struct packet p;
         struct ida_raft_msg m = b->msgs[i];
         if (m.type == IDA_RAFT_MSG_INSTALL_SNAPSHOT &&
-            m.u.install_snapshot.data == NULL &&
-            m.u.install_snapshot.len > 0 && !fill_chunk(s, nd, &m)) {
+            m.u.install_snapshot.data == NULL && m.u.install_snapshot.len > 0 &&
+            !fill_chunk(s, nd, &m)) {
             continue;
         }
         if (!sim__packet_copy(&p, &m)) {

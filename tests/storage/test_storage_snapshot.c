@@ -367,8 +367,8 @@ Test(storage, writer_holds_exactly_its_bytes)
     cr_assert_eq(ida_storage_snapshot_write(&st, &w, state, 1000), 0);
     cr_assert_not(ida_storage_snapshot_writer_holds(&w, state, size),
                   "only part of it");
-    cr_assert_eq(
-        ida_storage_snapshot_write(&st, &w, state + 1000, size - 1000), 0);
+    cr_assert_eq(ida_storage_snapshot_write(&st, &w, state + 1000, size - 1000),
+                 0);
     cr_assert(ida_storage_snapshot_writer_holds(&w, state, size));
     state[size / 2] ^= 1;
     cr_assert_not(ida_storage_snapshot_writer_holds(&w, state, size),
