@@ -61,7 +61,8 @@
  *     bytes [offset, offset + len) of the snapshot it stored at last_index,
  *     or drops the message if it no longer holds that snapshot (the core
  *     sends again, as for a lost message). A snapshot installed from a
- *     leader is held in memory as before until the next compaction.
+ *     leader is held in memory until its batch is durable; then
+ *     ida_raft_snapshot_stored() lets the core drop those bytes too.
  *
  * MEMORY
  * Everything a batch points to (entries, entry data, messages, snapshot
@@ -557,6 +558,12 @@ int ida_raft_compact(struct ida_raft *r,
                      ida_index index,
                      const uint8_t *data,
                      size_t len);
+
+/* The application's storage holds the snapshot at @index durably (the
+ * batch that installed it from a leader was persisted): the core drops its
+ * bytes and keeps only the size (contract 7). No-op unless @index is the
+ * core's snapshot and its batch went out. */
+void ida_raft_snapshot_stored(struct ida_raft *r, ida_index index);
 
 /* Collect the work to do into @b. Returns true if @b holds any work. The
  * batch stays valid until the next ida_raft_* call (see MEMORY). At most

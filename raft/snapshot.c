@@ -342,6 +342,16 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
     return 0;
 }
 
+void ida_raft_snapshot_stored(struct ida_raft *r, ida_index index)
+{
+    IDA_ASSERT(r != NULL);
+    ida__raft_begin(r);
+    if (index == r->snap_index && !r->snap_unsent) {
+        ida_free(r->snap_data);
+        r->snap_data = NULL;
+    }
+}
+
 /* The last config entry in (snapshot index, @index], NULL if none. */
 static const struct ida_entry *config_entry_upto(const struct ida_raft *r,
                                                  ida_index index)

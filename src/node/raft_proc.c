@@ -320,6 +320,7 @@ static void handle_batch(struct raft_proc *rp,
     }
     if (b->has_snapshot) {
         rp->route_until = b->id;
+        rp->route_snap = b->snapshot.index;
     }
     /* After a snapshot batch, the fsm must restore it (once durable)
      * before it applies anything else: route its part through storage. */
@@ -750,6 +751,8 @@ static void on_persisted(struct raft_proc *rp,
     rp->persist_inflight--;
     if (rp->route_until != 0 && p->batch_id >= rp->route_until) {
         rp->route_until = 0;
+        /* The installed snapshot is durable: storage has its bytes. */
+        ida_raft_snapshot_stored(&rp->raft, rp->route_snap);
     }
     drive(rp, s);
     if (rp->persist_inflight == 0) {

@@ -40,6 +40,7 @@ struct raft_proc
     /* Route committed entries through storage until this batch is durable
      * (after a snapshot batch: the restore must precede them). */
     uint64_t route_until;
+    ida_index route_snap; /* the snapshot that batch installs */
     /* What we know of the others. */
     ida_index applied, snapshot_index;
     enum ida_raft_role role;

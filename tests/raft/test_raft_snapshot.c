@@ -589,3 +589,39 @@ Test(in_storage,
     cr_assert_eq(ida_raft_config_at(&H.r[1], 3, &conf, &len), IDA_EINVAL);
     cr_assert_eq(ida_raft_config_at(&H.r[1], 0, &conf, &len), IDA_EINVAL);
 }
+
+/* A follower's core holds an installed snapshot's bytes until its batch
+ * is durable; once told storage has them, it drops them (a node in that
+ * state serving chunks from its disk: the simulator's odd nodes). */
+Test(in_storage,
+     an_installed_snapshot_is_dropped_once_stored,
+     .init = setup3,
+     .fini = teardown)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_isolate(3);
+    h_propose(1, 30);
+    h_deliver_all();
+    for (size_t i = 0; i < SNAP_BYTES; i++) {
+        snap_bytes[i] = (uint8_t)(i * 3 + 1);
+    }
+    cr_assert_eq(ida_raft_compact(&H.r[1], 20, snap_bytes, SNAP_BYTES), 0);
+    h_heal();
+    for (int i = 0; i < 30; i++) {
+        h_tick(1, 1);
+        h_deliver_all();
+    }
+    cr_assert_eq(H.disk[3].snap_index, 20, "installed and persisted");
+    cr_assert_not_null(H.r[3].snap_data);
+    ida_raft_snapshot_stored(&H.r[3], 19); /* not its snapshot: no-op */
+    cr_assert_not_null(H.r[3].snap_data);
+    ida_raft_snapshot_stored(&H.r[3], 20);
+    cr_assert_null(H.r[3].snap_data);
+    cr_assert_eq(H.r[3].snap_len, SNAP_BYTES);
+    cr_assert_eq(ida_raft_term_at(&H.r[3], 20), 1, "still its snapshot");
+    ida_raft_snapshot_stored(&H.r[3], 20); /* again: nothing to drop */
+    cr_assert_null(H.r[3].snap_data);
+}

@@ -570,6 +570,9 @@ void sim__node_sync(struct sim *s, struct node *nd)
     }
     nd->n_writes = 0;
     ida_raft_persisted(&nd->raft, last_id);
+    if (snap != 0 && host_keeps_snapshot(nd)) {
+        ida_raft_snapshot_stored(&nd->raft, snap); /* the disk has it */
+    }
     sim__drain(s, nd);
     sim__serve_reads(s, nd);
 }
