@@ -446,13 +446,9 @@ Test(pipeline,
 
 /* --- snapshot bytes kept by the application (raft.h contract 7) ---------- */
 
-/* The core of a node that compacted with NULL data holds no bytes; its
- * chunks are filled from the node's disk and the follower gets the exact
- * snapshot, then the log after it. */
-Test(in_storage,
-     a_lagging_follower_gets_the_stored_bytes,
-     .init = setup3,
-     .fini = teardown)
+/* Leader 1 has entries 1..31 committed; node 3 was cut off from entry 2
+ * on (still cut off); snap_bytes holds a pattern of @mul and @add. */
+static void lagging_third(unsigned mul, unsigned add)
 {
     h_start_all();
     h_elect(1);
@@ -462,8 +458,19 @@ Test(in_storage,
     h_propose(1, 30);
     h_deliver_all();
     for (size_t i = 0; i < SNAP_BYTES; i++) {
-        snap_bytes[i] = (uint8_t)(i * 5 + 3);
+        snap_bytes[i] = (uint8_t)(i * mul + add);
     }
+}
+
+/* The core of a node that compacted with NULL data holds no bytes; its
+ * chunks are filled from the node's disk and the follower gets the exact
+ * snapshot, then the log after it. */
+Test(in_storage,
+     a_lagging_follower_gets_the_stored_bytes,
+     .init = setup3,
+     .fini = teardown)
+{
+    lagging_third(5, 3);
     cr_assert_eq(h_compact_stored(1, 40, snap_bytes, SNAP_BYTES), IDA_EINVAL,
                  "not applied yet");
     cr_assert_eq(h_compact_stored(1, 20, snap_bytes, SNAP_BYTES), 0);
@@ -491,16 +498,7 @@ Test(in_storage,
      .fini = teardown)
 {
     H.snap_in_storage = true;
-    h_start_all();
-    h_elect(1);
-    h_tick(1, 1);
-    h_deliver_all();
-    h_isolate(3);
-    h_propose(1, 30);
-    h_deliver_all();
-    for (size_t i = 0; i < SNAP_BYTES; i++) {
-        snap_bytes[i] = (uint8_t)(i * 11 + 2);
-    }
+    lagging_third(11, 2);
     cr_assert_eq(h_compact_stored(1, 20, snap_bytes, SNAP_BYTES), 0);
     h_crash(1);
     for (int i = 0; i < 30; i++) {
@@ -532,16 +530,7 @@ Test(in_storage,
      .init = setup3,
      .fini = teardown)
 {
-    h_start_all();
-    h_elect(1);
-    h_tick(1, 1);
-    h_deliver_all();
-    h_isolate(3);
-    h_propose(1, 30);
-    h_deliver_all();
-    for (size_t i = 0; i < SNAP_BYTES; i++) {
-        snap_bytes[i] = (uint8_t)(i + 9);
-    }
+    lagging_third(1, 9);
     cr_assert_eq(h_compact_stored(1, 20, snap_bytes, SNAP_BYTES), 0);
     /* The disk moves on to a snapshot at 25 the core does not know yet. */
     static uint8_t newer[SNAP_BYTES];
@@ -598,16 +587,7 @@ Test(in_storage,
      .init = setup3,
      .fini = teardown)
 {
-    h_start_all();
-    h_elect(1);
-    h_tick(1, 1);
-    h_deliver_all();
-    h_isolate(3);
-    h_propose(1, 30);
-    h_deliver_all();
-    for (size_t i = 0; i < SNAP_BYTES; i++) {
-        snap_bytes[i] = (uint8_t)(i * 3 + 1);
-    }
+    lagging_third(3, 1);
     cr_assert_eq(ida_raft_compact(&H.r[1], 20, snap_bytes, SNAP_BYTES), 0);
     h_heal();
     for (int i = 0; i < 30; i++) {
