@@ -271,13 +271,10 @@ static bool deliver_watching(struct flow *f)
     return any;
 }
 
-/* Leader 1 has entries 1..31 committed and a snapshot at 20 (SNAP_BYTES);
- * node 3, cut off meanwhile, is back, and the leader's heartbeat found the
- * entries it needs compacted: its first chunk is queued. Chunks in flight
- * at most @window. */
-static void lagging_follower(unsigned window)
+/* Leader 1 has entries 1..31 committed; node 3 was cut off from entry 2
+ * on (still cut off); snap_bytes holds a pattern of @mul and @add. */
+static void lagging_third(unsigned mul, unsigned add)
 {
-    H.snapshot_max_inflight = window;
     h_start_all();
     h_elect(1);
     h_tick(1, 1);
@@ -286,8 +283,18 @@ static void lagging_follower(unsigned window)
     h_propose(1, 30);
     h_deliver_all();
     for (size_t i = 0; i < SNAP_BYTES; i++) {
-        snap_bytes[i] = (uint8_t)(i * 7 + 1);
+        snap_bytes[i] = (uint8_t)(i * mul + add);
     }
+}
+
+/* Leader 1 has entries 1..31 committed and a snapshot at 20 (SNAP_BYTES);
+ * node 3, cut off meanwhile, is back, and the leader's heartbeat found the
+ * entries it needs compacted: its first chunk is queued. Chunks in flight
+ * at most @window. */
+static void lagging_follower(unsigned window)
+{
+    H.snapshot_max_inflight = window;
+    lagging_third(7, 1);
     cr_assert_eq(ida_raft_compact(&H.r[1], 20, snap_bytes, SNAP_BYTES), 0);
     h_heal();
     const struct ida_raft_progress *pr = ida_raft_progress_of(&H.r[1], 3);
@@ -445,22 +452,6 @@ Test(pipeline,
 }
 
 /* --- snapshot bytes kept by the application (raft.h contract 7) ---------- */
-
-/* Leader 1 has entries 1..31 committed; node 3 was cut off from entry 2
- * on (still cut off); snap_bytes holds a pattern of @mul and @add. */
-static void lagging_third(unsigned mul, unsigned add)
-{
-    h_start_all();
-    h_elect(1);
-    h_tick(1, 1);
-    h_deliver_all();
-    h_isolate(3);
-    h_propose(1, 30);
-    h_deliver_all();
-    for (size_t i = 0; i < SNAP_BYTES; i++) {
-        snap_bytes[i] = (uint8_t)(i * mul + add);
-    }
-}
 
 /* The core of a node that compacted with NULL data holds no bytes; its
  * chunks are filled from the node's disk and the follower gets the exact
