@@ -181,16 +181,28 @@ static int grow_map(struct ida_storage *s)
     return 0;
 }
 
+/* The map's size and the bytes of the file's pages in use (up to the last
+ * page the last commit used). 0, or nonzero when LMDB cannot say. */
+static int map_use(struct ida_storage *s, uint64_t *mapsize, uint64_t *used)
+{
+    MDB_envinfo info;
+    MDB_stat st;
+    if (mdb_env_info(ENV(s), &info) != 0 || mdb_env_stat(ENV(s), &st) != 0) {
+        return -1;
+    }
+    *mapsize = info.me_mapsize;
+    *used = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
+    return 0;
+}
+
 int ida_storage_reserve(struct ida_storage *s, uint64_t bytes)
 {
     IDA_ASSERT(s != NULL);
     CHECK_PROCESS(s);
-    MDB_envinfo info;
-    MDB_stat st;
-    if (mdb_env_info(ENV(s), &info) != 0 || mdb_env_stat(ENV(s), &st) != 0) {
+    uint64_t mapsize, used;
+    if (map_use(s, &mapsize, &used) != 0) {
         return IDA_EIO;
     }
-    uint64_t used = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
     /* Chunk overhead and the B-tree's own pages: an eighth, and 4 MiB. */
     uint64_t need = used + bytes + bytes / 8 + (UINT64_C(4) << 20);
     while (s->map_size_bytes < need) {
@@ -237,9 +249,8 @@ void ida_storage_release_pages(struct ida_storage *s, size_t bytes)
 {
     IDA_ASSERT(s != NULL);
     CHECK_PROCESS(s);
-    MDB_envinfo info;
-    MDB_stat st;
-    if (mdb_env_info(ENV(s), &info) != 0 || mdb_env_stat(ENV(s), &st) != 0) {
+    uint64_t mapsize, end;
+    if (map_use(s, &mapsize, &end) != 0) {
         return;
     }
     /* LMDB maps again only when the map is resized (mdb_env_set_mapsize(),
@@ -247,19 +258,17 @@ void ida_storage_release_pages(struct ida_storage *s, size_t bytes)
      * one with the file open): a stale address could point at other
      * memory, so it is looked up again whenever the size differs (once per
      * size: a lookup that found nothing is not repeated every call). */
-    if (s->map_base_size != info.me_mapsize) {
-        s->map_base = map_address(s, info.me_mapsize);
-        s->map_base_size = info.me_mapsize;
+    if (s->map_base_size != mapsize) {
+        s->map_base = map_address(s, mapsize);
+        s->map_base_size = mapsize;
     }
     if (s->map_base == NULL) {
         return;
     }
     char *base = s->map_base;
-    uint64_t mapped = info.me_mapsize;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uint64_t end = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
-    if (end > mapped) {
-        end = mapped;
+    if (end > mapsize) {
+        end = mapsize;
     }
     if (s->release_at >= end) {
         s->release_at = 0; /* a new round */

@@ -426,11 +426,19 @@ static int finish_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
 }
 
 int ida_storage_snapshot_writer_holds(const struct ida_snapshot_writer *w,
+                                      ida_index index,
+                                      ida_term term,
+                                      const uint8_t *config,
+                                      size_t config_len,
                                       const uint8_t *data,
                                       size_t len)
 {
     IDA_ASSERT(w != NULL && (data != NULL || len == 0));
-    return w->size == len && w->crc == ida__crc32c(0, data, len);
+    IDA_ASSERT(config != NULL || config_len == 0);
+    return w->index == index && w->term == term &&
+           w->config_len == config_len &&
+           (config_len == 0 || memcmp(w->config, config, config_len) == 0) &&
+           w->size == len && w->crc == ida__crc32c(0, data, len);
 }
 
 int ida_storage_snapshot_finish(struct ida_storage *s,

@@ -483,9 +483,15 @@ int ida_storage_snapshot_write(struct ida_storage *s,
 int ida_storage_snapshot_finish(struct ida_storage *s,
                                 struct ida_snapshot_writer *w);
 
-/* Whether writer @w was given exactly @len bytes and they are @data (by
- * size and CRC-32C): a snapshot stored as it arrived is the one to install. */
+/* Whether writer @w holds exactly the snapshot at (@index, @term) with
+ * membership @config (@config_len bytes) and state @data (@len bytes, by
+ * size and CRC-32C): a snapshot stored as it arrived is the one to
+ * install. */
 int ida_storage_snapshot_writer_holds(const struct ida_snapshot_writer *w,
+                                      ida_index index,
+                                      ida_term term,
+                                      const uint8_t *config,
+                                      size_t config_len,
                                       const uint8_t *data,
                                       size_t len);
 

@@ -81,9 +81,7 @@ struct storage_proc
         ida_index index;
         ida_term term;
         uint64_t total, next;
-        uint8_t *conf;
-        size_t conf_len;
-        struct ida_snapshot_writer w;
+        struct ida_snapshot_writer w; /* holds its membership */
     } rcv;
 };
 
@@ -93,9 +91,6 @@ static void rcv_drop(struct storage_proc *sp)
         ida_storage_snapshot_abort(&sp->node->storage, &sp->rcv.w);
         sp->rcv.active = 0;
     }
-    ida_free(sp->rcv.conf);
-    sp->rcv.conf = NULL;
-    sp->rcv.conf_len = 0;
 }
 
 /* Takes nothing: @c's bytes are copied into the writer. */
@@ -117,15 +112,6 @@ static void on_snapshot_rcv(struct storage_proc *sp,
         sp->rcv.term = c->term;
         sp->rcv.total = c->total;
         sp->rcv.next = 0;
-        if (c->conf_len > 0) {
-            sp->rcv.conf = ida_malloc(c->conf_len);
-            if (sp->rcv.conf == NULL) {
-                rcv_drop(sp);
-                return;
-            }
-            memcpy(sp->rcv.conf, c->conf, c->conf_len);
-            sp->rcv.conf_len = c->conf_len;
-        }
     }
     if (!sp->rcv.active || c->index != sp->rcv.index ||
         c->term != sp->rcv.term || c->offset != sp->rcv.next ||
@@ -146,13 +132,10 @@ static void on_snapshot_rcv(struct storage_proc *sp,
 static int rcv_holds(const struct storage_proc *sp,
                      const struct ida_nm_persist *p)
 {
-    return sp->rcv.active && sp->rcv.index == p->snap_index &&
-           sp->rcv.term == p->snap_term && sp->rcv.next == sp->rcv.total &&
-           sp->rcv.conf_len == p->snap_conf_len &&
-           (p->snap_conf_len == 0 ||
-            memcmp(sp->rcv.conf, p->snap_conf, p->snap_conf_len) == 0) &&
-           ida_storage_snapshot_writer_holds(&sp->rcv.w, p->snap_data,
-                                             p->snap_len);
+    return sp->rcv.active && sp->rcv.next == sp->rcv.total &&
+           ida_storage_snapshot_writer_holds(
+               &sp->rcv.w, p->snap_index, p->snap_term, p->snap_conf,
+               p->snap_conf_len, p->snap_data, p->snap_len);
 }
 
 static void job_drop(struct storage_proc *sp)
@@ -235,7 +218,7 @@ static int persist(struct storage_proc *sp,
             rv = write_snapshot(sp, p->snap_index, p->snap_term, p->snap_data,
                                 p->snap_len, p->snap_conf, p->snap_conf_len);
         }
-        rcv_drop(sp); /* its membership copy */
+
         if (rv == 0) {
             rv = ida_storage_compact(st, p->snap_index);
         }

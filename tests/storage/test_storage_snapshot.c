@@ -365,16 +365,20 @@ Test(storage, writer_holds_exactly_its_bytes)
     cr_assert_eq(
         ida_storage_snapshot_begin(&st, &w, 5, 1, config, sizeof(config)), 0);
     cr_assert_eq(ida_storage_snapshot_write(&st, &w, state, 1000), 0);
-    cr_assert_not(ida_storage_snapshot_writer_holds(&w, state, size),
+    cr_assert_not(ida_storage_snapshot_writer_holds(
+                      &w, 5, 1, config, sizeof(config), state, size),
                   "only part of it");
     cr_assert_eq(ida_storage_snapshot_write(&st, &w, state + 1000, size - 1000),
                  0);
-    cr_assert(ida_storage_snapshot_writer_holds(&w, state, size));
+    cr_assert(ida_storage_snapshot_writer_holds(&w, 5, 1, config,
+                                                sizeof(config), state, size));
     state[size / 2] ^= 1;
-    cr_assert_not(ida_storage_snapshot_writer_holds(&w, state, size),
+    cr_assert_not(ida_storage_snapshot_writer_holds(
+                      &w, 5, 1, config, sizeof(config), state, size),
                   "one bit differs");
     state[size / 2] ^= 1;
-    cr_assert_not(ida_storage_snapshot_writer_holds(&w, state, size - 1));
+    cr_assert_not(ida_storage_snapshot_writer_holds(
+        &w, 5, 1, config, sizeof(config), state, size - 1));
     cr_assert_eq(ida_storage_snapshot_finish(&st, &w), 0);
     free(state);
     expect_snapshot(5, 1, size);
