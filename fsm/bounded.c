@@ -192,23 +192,10 @@ int ida__bounded_alloc(struct ida__bounded *b,
     return IDA__R_OK;
 }
 
-int ida__bounded_put(struct ida__bounded *b,
-                     uint64_t id,
-                     uint8_t *rec,
-                     uint64_t hash)
+int ida__bounded_prepare(struct ida__bounded *b, uint64_t id)
 {
-    IDA_ASSERT(id < b->size && id < IDA_BOUNDED_HELD_MAX);
-    IDA_ASSERT(!is_held(b, id));
-    if (prepare_chunk(b, id >> IDA__CHUNK_SHIFT) != 0 ||
-        ida__tagtab_reserve(&b->tab) != 0) {
-        return -IDA_ENOMEM;
-    }
-    if (!ida__tagtab_insert_new(&b->tab, (uint32_t)id, rec + 1,
-                                ida__tagrec_len(rec), hash)) {
-        return 1;
-    }
-    take(b, id, rec);
-    return 0;
+    IDA_ASSERT(id < b->size);
+    return prepare_chunk(b, id >> IDA__CHUNK_SHIFT);
 }
 
 int ida__bounded_free(struct ida__bounded *b,

@@ -327,6 +327,27 @@ int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len);
  * breaks an invariant), or IDA_ENOMEM; on error @f is unchanged. */
 int ida_fsm_restore(struct ida_fsm *f, const uint8_t *data, size_t len);
 
+/* A second thread lent to ida_fsm_restore_with(): the state machine starts
+ * none itself (it is pure: no threads, no I/O). @start runs fn(arg) on
+ * another thread and returns 0, or returns nonzero having run nothing (the
+ * restore then does that work itself); @join returns once the function
+ * @start ran has returned. */
+struct ida_fsm_helper
+{
+    int (*start)(void *ctx, void (*fn)(void *arg), void *arg);
+    void (*join)(void *ctx);
+    void *ctx;
+};
+
+/* ida_fsm_restore(), with the holdings of a large bounded pool (the bulk of
+ * a large state) decoded in two halves, one on @helper's thread: about
+ * twice as fast where a second core is free. @helper may be NULL (then it
+ * is ida_fsm_restore()). Same result, same validation, same errors. */
+int ida_fsm_restore_with(struct ida_fsm *f,
+                         const uint8_t *data,
+                         size_t len,
+                         const struct ida_fsm_helper *helper);
+
 /* --- protobuf view of a result ------------------------------------------- */
 
 /* A CommandResult that points into this struct only (no allocation). It is

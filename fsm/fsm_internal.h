@@ -145,14 +145,20 @@ void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref);
 /* Restore's bulk path, one probe per key instead of a find and an insert:
  * insert @ref, whose key is the @len bytes at @key and whose hash is @hash
  * (ida__hash of the key), unless an equal key is present already. True
- * when inserted, false when the key was there (nothing changes). Requires
- * a successful reserve since the last insert; @ref's key need not be
- * readable yet. */
-bool ida__tagtab_insert_new(struct ida__tagtab *t,
-                            uint32_t ref,
-                            const uint8_t *key,
-                            size_t len,
-                            uint64_t hash);
+ * when inserted, false when the key was there (nothing changes). Safe
+ * while other threads call it on the same table, provided nothing else
+ * touches the table meanwhile. An empty slot is claimed with a
+ * compare-and-swap, so two equal keys inserted at once still meet: one claims
+ * the slot, the other finds it claimed and compares. @ref's key must be
+ * readable before the call (another thread may compare against it as soon as it
+ * is in). Does not count the insert: the caller adds its inserts to t->used
+ * once the threads are done. The table must have room for all of them
+ * (ida__tagtab_reserve_n() beforehand). */
+bool ida__tagtab_insert_shared(struct ida__tagtab *t,
+                               uint32_t ref,
+                               const uint8_t *key,
+                               size_t len,
+                               uint64_t hash);
 /* Start loading the home slot of @hash into the cache: restore computes
  * the hashes of a batch of keys first, so the table's cache misses of the
  * batch overlap instead of following one another. */
@@ -179,6 +185,9 @@ struct ida__slab
 };
 
 void ida__slab_close(struct ida__slab *s);
+/* Give @dst the blocks (and records) of @src, which is left empty. @src has
+ * never freed a record. */
+void ida__slab_merge(struct ida__slab *dst, struct ida__slab *src);
 /* A record for @tag (@len in [1, IDA_TAG_BYTES_MAX]); NULL on ENOMEM. */
 uint8_t *ida__tagrec_new(struct ida__slab *s, const char *tag, size_t len);
 void ida__tagrec_free(struct ida__slab *s, uint8_t *rec);
@@ -237,13 +246,10 @@ uint32_t ida__bounded_find(const struct ida__bounded *b,
 uint64_t ida__bounded_next_held(const struct ida__bounded *b, uint64_t from);
 /* The record of held id @id (must be held). */
 const uint8_t *ida__bounded_tag(const struct ida__bounded *b, uint64_t id);
-/* Take @id for record @rec during restore (@id free and < size), @hash
- * being ida__hash of its tag: 0; 1 when another id holds the tag already;
- * or -IDA_ENOMEM. Unless 0, @rec is not taken and nothing changed. */
-int ida__bounded_put(struct ida__bounded *b,
-                     uint64_t id,
-                     uint8_t *rec,
-                     uint64_t hash);
+/* Restore: index the chunks up to the one of @id (< size) and allocate
+ * that one; 0 or IDA_ENOMEM. Restore then fills chunks itself and sums
+ * the count tree (snap_decode.c). */
+int ida__bounded_prepare(struct ida__bounded *b, uint64_t id);
 /* The lowest free id (may be >= size). */
 uint64_t ida__bounded_lowest_free(const struct ida__bounded *b);
 

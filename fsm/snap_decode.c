@@ -19,13 +19,26 @@ static bool tag_ok(const struct ida__rbuf *b)
     return n >= 1 && n <= IDA_TAG_BYTES_MAX && memchr(b->p, 0, n) == NULL;
 }
 
-/* Holdings are decoded in batches: each one's tag is copied into the slab
- * and hashed, and the table slot it will probe is prefetched, before any of
+/* Holdings.
+ *
+ * They are decoded in batches: each one's tag is copied into a slab and
+ * hashed, and the table slot it will probe is prefetched, before any of
  * the batch is inserted. At ten million holdings the table is far larger
  * than the cache, so each insert is a cache miss; batched, the misses of a
  * batch overlap instead of following one another (restore time is most of
- * a node's restart and of a new node's catch-up). */
-#define HOLD_BATCH 16
+ * a node's restart and of a new node's catch-up).
+ *
+ * A large pool's holdings are decoded by two threads when the caller lends
+ * one (struct ida_fsm_helper): the holdings are cut in two shares at a
+ * chunk boundary near the middle, so each thread takes ids in chunks of its
+ * own, into a slab of its own; they share only the tag table, whose empty
+ * slots are claimed by compare-and-swap (ida__tagtab_insert_shared()). The
+ * chunks' count tree, which every take would climb to the root, is summed
+ * once at the end instead. A share's bounds are checked as data (ids
+ * strictly increasing, within [lo, hi]), so damaged or forged bytes cannot
+ * make the shares overlap. */
+#define HOLD_BATCH     16
+#define HOLD_SPLIT_MIN 65536 /* holdings below which one thread does all */
 
 struct holding
 {
@@ -34,11 +47,34 @@ struct holding
     uint64_t hash;
 };
 
-/* Parse one Holding into @h (record in the slab, hash prefetched). */
-static int dec_holding(struct ida__bounded *b,
+/* One thread's share of a bounded pool's holdings. */
+struct share
+{
+    struct ida__bounded *b;
+    struct ida__rbuf r;    /* the pool's fields holding the share */
+    uint64_t lo, hi;       /* its ids are within [lo, hi], increasing */
+    struct ida__slab slab; /* records of the share */
+    uint64_t held;
+    int rv;
+};
+
+/* The id of the Holding in @r (absent: 0, protobuf's default). */
+static uint64_t holding_id(struct ida__rbuf r)
+{
+    struct ida__field f;
+    uint64_t id = 0;
+    while (ida__r_field(&r, &f) == 1) {
+        if (f.num == 1 && f.type == IDA__WT_VARINT) {
+            id = f.v;
+        }
+    }
+    return id;
+}
+
+/* Parse one Holding into @h (record in the share's slab, slot prefetched). */
+static int dec_holding(struct share *sh,
                        struct ida__rbuf r,
-                       bool first,
-                       uint64_t *last_id,
+                       uint64_t *next,
                        struct holding *h)
 {
     struct ida__field f;
@@ -52,84 +88,192 @@ static int dec_holding(struct ida__bounded *b,
             tag = f.sub;
         }
     }
-    if (k < 0 || tag.p == NULL) {
-        return CORRUPT;
-    }
-    if ((!first && id <= *last_id) || id >= b->size ||
-        id >= IDA_BOUNDED_HELD_MAX || !tag_ok(&tag)) {
+    if (k < 0 || tag.p == NULL || id < *next || id > sh->hi ||
+        id >= sh->b->size || id >= IDA_BOUNDED_HELD_MAX || !tag_ok(&tag)) {
         return CORRUPT;
     }
     size_t n = (size_t)(tag.end - tag.p);
-    h->rec = ida__tagrec_new(&b->slab, (const char *)tag.p, n);
+    h->rec = ida__tagrec_new(&sh->slab, (const char *)tag.p, n);
     if (h->rec == NULL) {
         return IDA_ENOMEM;
     }
     h->id = id;
     h->hash = ida__hash(tag.p, n);
-    ida__tagtab_prefetch(&b->tab, h->hash);
-    *last_id = id;
+    ida__tagtab_prefetch(&sh->b->tab, h->hash);
+    *next = id + 1;
     return 0;
 }
 
-/* Take the @n holdings of @h; on error the records not taken are freed. */
-static int put_holdings(struct ida__bounded *b, struct holding *h, size_t n)
+/* Take the @n holdings of @h: the id first (its record is then readable by
+ * the other thread's compares), then its tag into the table. */
+static int put_holdings(struct share *sh, const struct holding *h, size_t n)
 {
+    struct ida__bounded *b = sh->b;
     for (size_t i = 0; i < n; i++) {
-        int put = ida__bounded_put(b, h[i].id, h[i].rec, h[i].hash);
-        if (put != 0) {
-            for (size_t j = i; j < n; j++) {
-                ida__tagrec_free(&b->slab, h[j].rec);
+        uint64_t c = h[i].id >> IDA__CHUNK_SHIFT;
+        struct ida__chunk *ch = b->chunks[c];
+        if (ch == NULL) {
+            ch = b->chunks[c] = ida_calloc(1, sizeof(*ch));
+            if (ch == NULL) {
+                return IDA_ENOMEM;
             }
-            return put == 1 ? CORRUPT : IDA_ENOMEM; /* 1: a tag held twice */
+        }
+        unsigned bit = (unsigned)(h[i].id & (IDA__CHUNK_IDS - 1));
+        ch->bits[bit / 64] |= UINT64_C(1) << (bit % 64);
+        if (ch->bits[bit / 64] == UINT64_MAX) {
+            ch->full_words |= UINT64_C(1) << (bit / 64);
+        }
+        ch->tags[bit] = h[i].rec;
+        sh->held++;
+        if (!ida__tagtab_insert_shared(&b->tab, (uint32_t)h[i].id, h[i].rec + 1,
+                                       ida__tagrec_len(h[i].rec), h[i].hash)) {
+            return CORRUPT; /* a tag held twice */
         }
     }
     return 0;
 }
 
-static int dec_bounded(struct ida__pool *pool, struct ida__rbuf r)
+/* Decode and take a share's holdings (a thread's whole work). */
+static void run_share(void *arg)
+{
+    struct share *sh = arg;
+    struct holding batch[HOLD_BATCH];
+    struct ida__field f;
+    size_t n = 0;
+    uint64_t next = sh->lo;
+    int k, rv = 0;
+    while (rv == 0 && (k = ida__r_field(&sh->r, &f)) == 1) {
+        if (f.num == 2 && f.type == IDA__WT_LEN) {
+            rv = dec_holding(sh, f.sub, &next, &batch[n]);
+            if (rv == 0 && ++n == HOLD_BATCH) {
+                rv = put_holdings(sh, batch, n);
+                n = 0;
+            }
+        }
+    }
+    if (rv == 0) {
+        rv = k < 0 ? CORRUPT : put_holdings(sh, batch, n);
+    }
+    sh->rv = rv; /* records not taken stay in the slab until it closes */
+}
+
+/* Where the second share starts: the first Holding at or after the one at
+ * @mid (a field start) whose chunk differs from the one before it; *@cut_id
+ * is that chunk's first id. NULL when there is none. */
+static const uint8_t *find_cut(struct ida__rbuf r,
+                               const uint8_t *mid,
+                               uint64_t *cut_id)
+{
+    struct ida__field f;
+    uint64_t chunk = UINT64_MAX;
+    r.p = mid;
+    for (const uint8_t *at = r.p; ida__r_field(&r, &f) == 1; at = r.p) {
+        if (f.num != 2 || f.type != IDA__WT_LEN) {
+            continue;
+        }
+        uint64_t c = holding_id(f.sub) >> IDA__CHUNK_SHIFT;
+        if (chunk != UINT64_MAX && c > chunk) {
+            *cut_id = c << IDA__CHUNK_SHIFT;
+            return at;
+        }
+        chunk = c;
+    }
+    return NULL;
+}
+
+/* Sum the count tree from the chunks' bits (after a bulk take). */
+static void sum_tree(struct ida__bounded *b)
+{
+    for (uint64_t c = 0; c < b->leaves; c++) {
+        uint32_t n = 0;
+        const struct ida__chunk *ch = b->chunks[c];
+        for (unsigned w = 0; ch != NULL && w < IDA__CHUNK_WORDS; w++) {
+            n += (uint32_t)__builtin_popcountll(ch->bits[w]);
+        }
+        b->tree[b->leaves + c] = n;
+    }
+    for (uint64_t i = b->leaves - 1; i >= 1; i--) {
+        b->tree[i] = b->tree[2 * i] + b->tree[2 * i + 1];
+    }
+}
+
+static int dec_bounded(struct ida__pool *pool,
+                       struct ida__rbuf r,
+                       const struct ida_fsm_helper *helper)
 {
     struct ida__field f;
     uint64_t size = 0, holdings = 0;
+    struct ida__rbuf last = {NULL, NULL};
+    /* The second share starts near the Holding that crosses the middle
+     * byte (holdings are about the same size). */
+    const uint8_t *half = r.p + (r.end - r.p) / 2, *mid = NULL;
     int k;
     struct ida__rbuf r2 = r;
-    while ((k = ida__r_field(&r, &f)) == 1) {
+    for (const uint8_t *at = r.p; (k = ida__r_field(&r, &f)) == 1; at = r.p) {
         if (f.num == 1 && f.type == IDA__WT_VARINT) {
             size = f.v;
         } else if (f.num == 2 && f.type == IDA__WT_LEN) {
+            last = f.sub;
             holdings++;
+            if (mid == NULL && at >= half) {
+                mid = at;
+            }
         }
     }
     if (k < 0 || size == 0 || holdings > IDA_BOUNDED_HELD_MAX) {
         return CORRUPT;
     }
-    ida__bounded_init(&pool->u.bounded, size);
+    struct ida__bounded *b = &pool->u.bounded;
+    ida__bounded_init(b, size);
     pool->kind = IDALLOC__POOL_KIND__POOL_KIND_BOUNDED; /* now closeable */
-    /* Size the tag index once instead of growing it 20 times. */
-    if (ida__tagtab_reserve_n(&pool->u.bounded.tab, holdings) != 0) {
+    if (holdings == 0) {
+        return 0;
+    }
+    /* The highest id is the last one: the chunk index is sized for it once,
+     * and the tag index for every holding (instead of growing 20 times). */
+    uint64_t max_id = holding_id(last);
+    if (max_id >= size || max_id >= IDA_BOUNDED_HELD_MAX) {
+        return CORRUPT;
+    }
+    if (ida__bounded_prepare(b, max_id) != 0 ||
+        ida__tagtab_reserve_n(&b->tab, holdings) != 0) {
         return IDA_ENOMEM;
     }
-    struct holding batch[HOLD_BATCH];
-    size_t n = 0;
-    uint64_t last = 0;
-    bool first = true;
+    struct share sh[2] = {{.b = b, .r = r2, .lo = 0, .hi = max_id},
+                          {.b = b, .r = r2, .hi = max_id}};
+    int shares = 1;
+    uint64_t cut_id;
+    const uint8_t *cut = helper != NULL && holdings >= HOLD_SPLIT_MIN &&
+                                 mid != NULL
+                             ? find_cut(r2, mid, &cut_id)
+                             : NULL;
+    if (cut != NULL) {
+        shares = 2;
+        sh[0].r.end = cut;
+        sh[0].hi = cut_id - 1 < max_id ? cut_id - 1 : max_id;
+        sh[1].r.p = cut;
+        sh[1].lo = cut_id;
+    }
+    bool helped =
+        shares == 2 && helper->start(helper->ctx, run_share, &sh[1]) == 0;
+    run_share(&sh[0]);
+    if (helped) {
+        helper->join(helper->ctx);
+    } else if (shares == 2) {
+        run_share(&sh[1]);
+    }
     int rv = 0;
-    while (rv == 0 && (k = ida__r_field(&r2, &f)) == 1) {
-        if (f.num == 2 && f.type == IDA__WT_LEN) {
-            rv = dec_holding(&pool->u.bounded, f.sub, first, &last, &batch[n]);
-            if (rv == 0 && ++n == HOLD_BATCH) {
-                rv = put_holdings(&pool->u.bounded, batch, n);
-                n = 0;
-            }
-            first = false;
-        }
+    for (int i = 0; i < shares; i++) {
+        ida__slab_merge(&b->slab, &sh[i].slab);
+        b->held += sh[i].held;
+        b->tab.used += sh[i].held;
+        rv = rv != 0 ? rv : sh[i].rv;
     }
-    if (rv == 0 && k >= 0) {
-        return put_holdings(&pool->u.bounded, batch, n);
+    if (rv == 0) {
+        sum_tree(b);
+        IDA_ASSERT(b->tree[1] == b->held);
     }
-    for (size_t i = 0; i < n; i++) {
-        ida__tagrec_free(&pool->u.bounded.slab, batch[i].rec);
-    }
-    return rv != 0 ? rv : CORRUPT;
+    return rv;
 }
 
 static bool is_window_start(uint64_t s)
@@ -305,7 +449,9 @@ static int dec_seq(struct ida__pool *pool, struct ida__rbuf r)
     return 0;
 }
 
-static int dec_pool(struct ida_fsm *f, struct ida__rbuf r)
+static int dec_pool(struct ida_fsm *f,
+                    struct ida__rbuf r,
+                    const struct ida_fsm_helper *helper)
 {
     struct ida__field fl;
     struct ida__rbuf name = {NULL, NULL}, sub[6] = {{NULL, NULL}};
@@ -347,7 +493,7 @@ static int dec_pool(struct ida_fsm *f, struct ida__rbuf r)
     if (kind == IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
         rv = dec_seq(p, sub[3]);
     } else if (kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED) {
-        rv = dec_bounded(p, sub[4]);
+        rv = dec_bounded(p, sub[4], helper);
     } else {
         rv = dec_prefix(p, sub[5]);
     }
@@ -552,7 +698,9 @@ static int relink_sessions(struct ida_fsm *f)
 /* --- restore -------------------------------------------------------------- */
 
 /* Decode @r into the empty @f. */
-static int dec_state(struct ida_fsm *f, struct ida__rbuf r)
+static int dec_state(struct ida_fsm *f,
+                     struct ida__rbuf r,
+                     const struct ida_fsm_helper *helper)
 {
     struct ida__field fl;
     int k;
@@ -588,7 +736,7 @@ static int dec_state(struct ida_fsm *f, struct ida__rbuf r)
     while ((k = ida__r_field(&r2, &fl)) == 1) {
         int rv = 0;
         if (fl.num == 2 && fl.type == IDA__WT_LEN) {
-            rv = dec_pool(f, fl.sub);
+            rv = dec_pool(f, fl.sub, helper);
         } else if (fl.num == 3 && fl.type == IDA__WT_LEN) {
             rv = dec_session(f, fl.sub, &last_id);
         }
@@ -603,6 +751,14 @@ static int dec_state(struct ida_fsm *f, struct ida__rbuf r)
 }
 
 int ida_fsm_restore(struct ida_fsm *f, const uint8_t *data, size_t len)
+{
+    return ida_fsm_restore_with(f, data, len, NULL);
+}
+
+int ida_fsm_restore_with(struct ida_fsm *f,
+                         const uint8_t *data,
+                         size_t len,
+                         const struct ida_fsm_helper *helper)
 {
     IDA_ASSERT(f != NULL);
     if (data == NULL && len > 0) {
@@ -622,7 +778,7 @@ int ida_fsm_restore(struct ida_fsm *f, const uint8_t *data, size_t len)
         }
         if (sum == ida__snapshot_checksum(data, len - IDA__CHECKSUM_BYTES)) {
             struct ida__rbuf r = {data, data + len - IDA__CHECKSUM_BYTES};
-            rv = dec_state(n, r);
+            rv = dec_state(n, r, helper);
         }
     }
     if (rv != 0) {

@@ -189,22 +189,32 @@ void ida__tagtab_prefetch(const struct ida__tagtab *t, uint64_t hash)
     }
 }
 
-bool ida__tagtab_insert_new(struct ida__tagtab *t,
-                            uint32_t ref,
-                            const uint8_t *key,
-                            size_t len,
-                            uint64_t hash)
+bool ida__tagtab_insert_shared(struct ida__tagtab *t,
+                               uint32_t ref,
+                               const uint8_t *key,
+                               size_t len,
+                               uint64_t hash)
 {
-    IDA_ASSERT(ref != IDA__REF_NONE);
-    IDA_ASSERT((t->used + 1) * 10 <= t->cap * 7);
+    IDA_ASSERT(ref != IDA__REF_NONE && t->cap > 0);
     uint32_t h32 = (uint32_t)(hash >> 32);
-    uint64_t end;
-    if (probe(t, key, len, h32, &end) != IDA__REF_NONE) {
-        return false;
+    uint64_t mask = t->cap - 1, mine = MAKE_SLOT(h32, ref);
+    /* Ends: the caller reserved room for every insert of every thread. */
+    for (uint64_t i = home(t, h32);; i = (i + 1) & mask) {
+        uint64_t s = __atomic_load_n(&t->slots[i], __ATOMIC_ACQUIRE);
+        if (s == 0 &&
+            __atomic_compare_exchange_n(&t->slots[i], &s, mine, false,
+                                        __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
+            return true;
+        }
+        /* Full (or claimed just now by another thread: @s is its slot). */
+        if (SLOT_H32(s) == h32) {
+            size_t klen;
+            const uint8_t *k = t->key_of(t->ctx, SLOT_REF(s), &klen);
+            if (klen == len && memcmp(k, key, len) == 0) {
+                return false;
+            }
+        }
     }
-    t->slots[end] = MAKE_SLOT(h32, ref);
-    t->used++;
-    return true;
 }
 
 void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref)
@@ -285,6 +295,30 @@ void ida__tagrec_free(struct ida__slab *s, uint8_t *rec)
     size_t c = class_of(rec[0]);
     memcpy(rec, &s->free[c], sizeof(uint8_t *));
     s->free[c] = rec;
+}
+
+void ida__slab_merge(struct ida__slab *dst, struct ida__slab *src)
+{
+    for (size_t c = 0; c < IDA__SLAB_CLASSES; c++) {
+        IDA_ASSERT(src->free[c] == NULL);
+    }
+    /* Append @dst's list to the end of @src's, then take the whole. */
+    if (src->blocks != NULL) {
+        uint8_t *last = src->blocks, *next;
+        for (memcpy(&next, last, sizeof(next)); next != NULL;
+             memcpy(&next, last, sizeof(next))) {
+            last = next;
+        }
+        memcpy(last, &dst->blocks, sizeof(uint8_t *));
+        dst->blocks = src->blocks;
+    }
+    /* Keep bumping in whichever block has more room left. */
+    if (src->left > dst->left) {
+        dst->cur = src->cur;
+        dst->left = src->left;
+    }
+    dst->nblocks += src->nblocks;
+    memset(src, 0, sizeof(*src));
 }
 
 void ida__slab_close(struct ida__slab *s)

@@ -106,7 +106,7 @@ void ida__w_msg_sized(struct ida__wbuf *w,
 
 /* --- reader --------------------------------------------------------------- */
 
-int ida__r_varint(struct ida__rbuf *r, uint64_t *v)
+int ida__r_varint_any(struct ida__rbuf *r, uint64_t *v)
 {
     uint64_t x = 0;
     for (unsigned shift = 0; shift < 64; shift += 7) {
@@ -123,14 +123,13 @@ int ida__r_varint(struct ida__rbuf *r, uint64_t *v)
     return -1;
 }
 
-/* 1: a field read, 0: end of buffer, -1: malformed. */
-int ida__r_field(struct ida__rbuf *r, struct ida__field *f)
+int ida__r_field_any(struct ida__rbuf *r, struct ida__field *f)
 {
     if (r->p == r->end) {
         return 0;
     }
     uint64_t key;
-    if (ida__r_varint(r, &key) != 0 || (key >> 3) == 0 ||
+    if (ida__r_varint_any(r, &key) != 0 || (key >> 3) == 0 ||
         (key >> 3) > UINT32_MAX) {
         return -1;
     }

@@ -54,9 +54,46 @@ struct ida__field
     struct ida__rbuf sub;
 };
 
-int ida__r_varint(struct ida__rbuf *r, uint64_t *v);
+/* The readers below, whole; the inline ones take the common one-byte case
+ * themselves (a snapshot holds tens of millions of fields) and call these
+ * for the rest. */
+int ida__r_varint_any(struct ida__rbuf *r, uint64_t *v);
+int ida__r_field_any(struct ida__rbuf *r, struct ida__field *f);
+
+static inline int ida__r_varint(struct ida__rbuf *r, uint64_t *v)
+{
+    if (r->p != r->end && *r->p < 0x80) {
+        *v = *r->p++;
+        return 0;
+    }
+    return ida__r_varint_any(r, v);
+}
+
 /* 1: a field read, 0: end of buffer, -1: malformed. */
-int ida__r_field(struct ida__rbuf *r, struct ida__field *f);
+static inline int ida__r_field(struct ida__rbuf *r, struct ida__field *f)
+{
+    /* A one-byte key of field 1..15, then a one-byte value or length. */
+    if (r->end - r->p >= 2 && r->p[0] >= 8 && r->p[0] < 0x80 &&
+        r->p[1] < 0x80) {
+        uint8_t key = r->p[0], b = r->p[1];
+        if ((key & 7) == IDA__WT_VARINT) {
+            f->num = key >> 3;
+            f->type = IDA__WT_VARINT;
+            f->v = b;
+            r->p += 2;
+            return 1;
+        }
+        if ((key & 7) == IDA__WT_LEN && b <= r->end - r->p - 2) {
+            f->num = key >> 3;
+            f->type = IDA__WT_LEN;
+            f->sub.p = r->p + 2;
+            f->sub.end = r->p + 2 + b;
+            r->p += 2 + b;
+            return 1;
+        }
+    }
+    return ida__r_field_any(r, f);
+}
 
 /* The checksum trailer of a snapshot: field 7, fixed64. */
 #define IDA__CHECKSUM_KEY   ((7u << 3) | IDA__WT_I64)

@@ -11,6 +11,7 @@
 #include "idalloc_errors.h"
 #include "src/common/backup.h"
 #include "src/common/config.h"
+#include "src/node/lend.h"
 #include "storage/storage.h"
 
 #define EXPORT_READ_BYTES (8u << 20) /* log read per step */
@@ -108,7 +109,7 @@ static int export_state(struct ida_node *n,
         if (rv == 0) {
             info->snapshot = meta.index;
             term = meta.term;
-            rv = ida_fsm_restore(f, snap, meta.data_size);
+            rv = ida__restore_lent(f, snap, meta.data_size);
             if (rv != 0) {
                 snprintf(errmsg, IDA_ERRMSG_MAX,
                          "%s: its snapshot at %llu does not restore: %s",

@@ -16,6 +16,7 @@
 #include "src/client/client.h"
 #include "src/node/bgsnap.h"
 #include "src/node/convert.h"
+#include "src/node/lend.h"
 #include "src/node/node.h"
 #include "src/node/snap_policy.h"
 
@@ -429,7 +430,7 @@ static void install_snapshot(struct fsm_proc *fp, struct ida_nm_apply *a)
         a->fsm = NULL;
     } else {
         how = "restored from its bytes";
-        rv = ida_fsm_restore(fp->fsm, a->snap_data, a->snap_len);
+        rv = ida__restore_lent(fp->fsm, a->snap_data, a->snap_len);
     }
     uint64_t took_us = ida__node_mono_us() - t0;
     ida_metrics_snapshot_installed(fp->node->metrics, took_us);
@@ -453,7 +454,7 @@ static void finish_restore(struct fsm_proc *fp)
         return;
     }
     uint64_t t0 = ida__node_mono_us();
-    int rv = ida_fsm_restore(fp->fsm, fp->restore_snap, fp->restore_len);
+    int rv = ida__restore_lent(fp->fsm, fp->restore_snap, fp->restore_len);
     ida_free(fp->restore_snap);
     fp->restore_snap = NULL;
     if (rv == 0 && ida_fsm_applied_index(fp->fsm) != fp->snapshot_index) {

@@ -13,6 +13,7 @@
 #include "idalloc_errors.h"
 #include "src/common/frame.h"
 #include "src/node/convert.h"
+#include "src/node/lend.h"
 #include "src/node/member.h"
 #include "src/node/node.h"
 #include "src/node/raft_proc.h"
@@ -927,7 +928,7 @@ static int snapshot_check(void *arg,
     struct ida_fsm *f = NULL;
     int rv = ida_fsm_new(&f);
     if (rv == 0) {
-        rv = ida_fsm_restore(f, data, len);
+        rv = ida__restore_lent(f, data, len);
     }
     if (rv == 0 && ida_fsm_applied_index(f) != index) {
         IDA_WARN(

@@ -24,6 +24,7 @@
 #include "base/heap.h"
 #include "fsm/fsm.h"
 #include "idalloc_errors.h"
+#include "src/node/lend.h"
 #include "tests/fsm/fsm_helpers.h"
 
 #define BATCH   64
@@ -261,19 +262,34 @@ int main(int argc, char **argv)
      * process pays for faulting in memory the system never gave it before
      * (on a virtual machine, often the larger part); later ones show the
      * decoding alone. */
-    printf("restore again:");
-    for (int i = 0; i < 2; i++) {
-        ida_fsm_free(g);
-        rv = ida_fsm_new(&g);
-        double t4 = now_s();
-        rv = rv != 0 ? rv : ida_fsm_restore(g, snap, len);
-        double t5 = now_s();
-        if (rv != 0) {
-            die("restore", rv);
+    /* IDA_BENCH_RESTORES: how many (2 by default; more to profile). The
+     * same again with a second thread lent (what a node does). */
+    const char *nr = getenv("IDA_BENCH_RESTORES");
+    int restores = nr != NULL ? atoi(nr) : 2;
+    for (int lent = 0; lent < 2; lent++) {
+        printf("restore again%s:", lent ? ", two threads" : "");
+        for (int i = 0; i < restores; i++) {
+            ida_free(snap2);
+            ida_fsm_free(g);
+            struct ida__lend l;
+            ida__lend_init(&l);
+            rv = ida_fsm_new(&g);
+            double t4 = now_s();
+            rv = rv != 0 ? rv
+                         : ida_fsm_restore_with(g, snap, len,
+                                                lent ? &l.helper : NULL);
+            double t5 = now_s();
+            if (rv == 0) {
+                rv = ida_fsm_snapshot(g, &snap2, &len2);
+            }
+            if (rv != 0) {
+                die("restore", rv);
+            }
+            same = same && len == len2 && memcmp(snap, snap2, len) == 0;
+            printf(" %.2f s", t5 - t4);
         }
-        printf(" %.2f s", t5 - t4);
+        printf("%s\n", same ? "" : " (re-snapshot DIFFERS)");
     }
-    printf("\n");
     ida_free(snap);
     ida_free(snap2);
     ida_fsm_free(g);

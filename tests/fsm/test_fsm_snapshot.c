@@ -8,6 +8,7 @@
 #include "base/heap.h"
 #include "fsm/fsm.h"
 #include "idalloc_errors.h"
+#include "src/node/lend.h"
 #include "tests/fsm/fsm_helpers.h"
 
 /* --- fixture ------------------------------------------------------------- */
@@ -575,4 +576,173 @@ Test(snap, tag_held_twice_refused_across_batches)
         ida_free(before);
         ida_free(after);
     }
+}
+
+/* --- two threads (ida_fsm_restore_with) ------------------------------------
+ * A bounded pool of at least 65,536 holdings is decoded in two shares cut at
+ * a chunk boundary near the middle, the second on a lent thread. */
+
+enum { BIG = 100000 };
+/* On the heap: TSan builds put Criterion's arena where a large .bss would
+ * be. Allocated once per test process, left to its exit. */
+static Idalloc__Holding *big, **pbig;
+static char (*bigtag)[12];
+
+/* Counts the threads asked for; @refuse: lends none (the restore then
+ * decodes both shares itself). */
+struct counted
+{
+    struct ida_fsm_helper h;
+    struct ida__lend l;
+    int starts;
+    bool refuse;
+};
+
+static int counted_start(void *ctx, void (*fn)(void *arg), void *arg)
+{
+    struct counted *c = ctx;
+    c->starts++;
+    return c->refuse ? -1 : c->l.helper.start(c->l.helper.ctx, fn, arg);
+}
+
+static void counted_join(void *ctx)
+{
+    struct counted *c = ctx;
+    c->l.helper.join(c->l.helper.ctx);
+}
+
+static void counted_init(struct counted *c, bool refuse)
+{
+    memset(c, 0, sizeof(*c));
+    ida__lend_init(&c->l);
+    c->h = (struct ida_fsm_helper){counted_start, counted_join, c};
+    c->refuse = refuse;
+}
+
+/* forge_base() with pool "a" holding BIG ids 3i+1 tagged "t<i>". */
+static void forge_big(void)
+{
+    forge_base();
+    if (big == NULL) {
+        big = calloc(BIG, sizeof(*big));
+        pbig = calloc(BIG, sizeof(*pbig));
+        bigtag = calloc(BIG, sizeof(*bigtag));
+        cr_assert(big != NULL && pbig != NULL && bigtag != NULL);
+    }
+    bs.size = 3 * BIG + 10;
+    for (int i = 0; i < BIG; i++) {
+        idalloc__holding__init(&big[i]);
+        pbig[i] = &big[i];
+        big[i].id = (uint64_t)(3 * i + 1);
+        snprintf(bigtag[i], sizeof(bigtag[i]), "t%d", i);
+        big[i].tag = bigtag[i];
+    }
+    bs.n_holdings = BIG;
+    bs.holdings = pbig;
+}
+
+static int forge_restore_with(struct counted *c)
+{
+    size_t len;
+    uint8_t *buf = fx_forge(&st, &len);
+    int rv = ida_fsm_restore_with(f, buf, len, &c->h);
+    free(buf);
+    return rv;
+}
+
+Test(snap, two_threads_restore_what_one_does)
+{
+    forge_big();
+    size_t len;
+    uint8_t *forged = fx_forge(&st, &len);
+    for (int refuse = 0; refuse < 2; refuse++) {
+        struct ida_fsm *g;
+        cr_assert_eq(ida_fsm_new(&g), 0);
+        struct counted c;
+        counted_init(&c, refuse);
+        cr_assert_eq(ida_fsm_restore_with(g, forged, len, &c.h), 0);
+        cr_assert_eq(c.starts, 1, "a second thread was asked for");
+        size_t l;
+        uint8_t *again = fx_snapshot(g, &l);
+        cr_assert(l == len && memcmp(again, forged, len) == 0,
+                  "the restored state gives back the same bytes");
+        ida_free(again);
+        /* Tags of both halves are found; the lowest free ids come next
+         * (the count tree summed at the end is right). */
+        uint64_t id;
+        for (int i = 0; i < BIG; i += 997) {
+            cr_assert_eq(ida_fsm_lookup(g, "a", bigtag[i], &id), 0);
+            cr_assert_eq(id, (uint64_t)(3 * i + 1));
+        }
+        fx_register(g, 1, 1);
+        fx_batch_init(&b, 1);
+        fx_add_alloc(&b, 1, 1, "a", "n1");
+        fx_add_alloc(&b, 1, 2, "a", "n2");
+        fx_add_alloc(&b, 1, 3, "a", "t0");
+        struct ida_fsm_applied out;
+        fx_apply(g, &b, &out);
+        cr_assert_eq(out.replies[0].result.id, 0);
+        cr_assert_eq(out.replies[1].result.id, 2);
+        cr_assert(out.replies[2].result.flag, "t0 existed");
+        cr_assert_eq(out.replies[2].result.id, 1);
+        ida_fsm_free(g);
+    }
+    /* A small pool is decoded by one thread. */
+    forge_base();
+    struct counted c;
+    counted_init(&c, false);
+    cr_assert_eq(forge_restore_with(&c), 0);
+    cr_assert_eq(c.starts, 0);
+    free(forged);
+}
+
+/* Damage at the cut (wherever it falls near the middle), across the two
+ * shares, and at the end is refused as it is by one thread, and leaves the
+ * target as it was. */
+Test(snap, two_threads_refuse_what_one_does)
+{
+    forge_base();
+    cr_assert_eq(forge_restore(), 0);
+    size_t len0;
+    uint8_t *before = fx_snapshot(f, &len0);
+    for (int refuse = 0; refuse < 2; refuse++) {
+        for (int damage = 0; damage < 30; damage++) {
+            forge_big();
+            int at = BIG / 2 - 10 + damage % 20;
+            if (damage < 20) {
+                big[at].id = big[at - 1].id; /* not increasing */
+            } else if (damage == 20) {
+                big[BIG - 10].tag = bigtag[10]; /* a tag in both shares */
+            } else if (damage == 21) {
+                big[BIG - 1].tag = bigtag[BIG - 2]; /* twice, second share */
+            } else if (damage == 22) {
+                big[BIG - 1].id = 5; /* the last id is not the highest */
+            } else if (damage == 23) {
+                big[3].id = 3 * BIG; /* first share beyond the cut */
+            } else if (damage == 24) {
+                big[BIG - 1].id = bs.size; /* beyond the pool */
+            } else if (damage == 25) {
+                big[BIG / 2 + 5].tag = ""; /* an empty tag */
+            } else if (damage == 26) {
+                big[BIG / 2 + 5].id = big[BIG / 2 + 5].id - 3; /* repeated */
+            } else if (damage == 27) {
+                big[0].tag = bigtag[BIG - 1]; /* first and last */
+            } else if (damage == 28) {
+                big[BIG / 2].tag = bigtag[BIG / 2 + 1]; /* at the middle */
+            } else {
+                big[1].id = 0; /* equals the first */
+                big[0].id = 0;
+            }
+            struct counted c;
+            counted_init(&c, refuse);
+            cr_assert_eq(forge_restore_with(&c), IDA_ECORRUPT,
+                         "accepted damage %d (lent: %d)", damage, !refuse);
+            size_t len1;
+            uint8_t *after = fx_snapshot(f, &len1);
+            cr_assert(len0 == len1 && memcmp(before, after, len0) == 0,
+                      "a refused state changes nothing");
+            ida_free(after);
+        }
+    }
+    ida_free(before);
 }
