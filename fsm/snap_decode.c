@@ -243,10 +243,10 @@ static int dec_bounded(struct ida__pool *pool,
                           {.b = b, .r = r2, .hi = max_id}};
     int shares = 1;
     uint64_t cut_id;
-    const uint8_t *cut = helper != NULL && holdings >= HOLD_SPLIT_MIN &&
-                                 mid != NULL
-                             ? find_cut(r2, mid, &cut_id)
-                             : NULL;
+    const uint8_t *cut =
+        helper != NULL && holdings >= HOLD_SPLIT_MIN && mid != NULL
+            ? find_cut(r2, mid, &cut_id)
+            : NULL;
     if (cut != NULL) {
         shares = 2;
         sh[0].r.end = cut;

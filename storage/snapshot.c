@@ -425,6 +425,28 @@ static int finish_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
     return rc;
 }
 
+int ida_storage_snapshot_set_config(struct ida_snapshot_writer *w,
+                                    const uint8_t *config,
+                                    size_t config_len)
+{
+    IDA_ASSERT(w != NULL && w->buf != NULL);
+    IDA_ASSERT(config != NULL || config_len == 0);
+    if (config_len > IDA_STORAGE_CONFIG_BYTES_MAX) {
+        return IDA_ETOOBIG;
+    }
+    uint8_t *c = ida_malloc(config_len > 0 ? config_len : 1);
+    if (c == NULL) {
+        return IDA_ENOMEM;
+    }
+    if (config_len > 0) {
+        memcpy(c, config, config_len);
+    }
+    ida_free(w->config);
+    w->config = c;
+    w->config_len = config_len;
+    return 0;
+}
+
 int ida_storage_snapshot_writer_holds(const struct ida_snapshot_writer *w,
                                       ida_index index,
                                       ida_term term,

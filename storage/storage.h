@@ -475,6 +475,14 @@ int ida_storage_snapshot_write(struct ida_storage *s,
                                const uint8_t *data,
                                size_t len);
 
+/* Replace the membership @w will store with the snapshot by @config
+ * (@config_len bytes, copied): a snapshot streamed before the membership at
+ * its index was looked up. Returns 0, IDA_ETOOBIG or IDA_ENOMEM (then the
+ * writer is as it was). */
+int ida_storage_snapshot_set_config(struct ida_snapshot_writer *w,
+                                    const uint8_t *config,
+                                    size_t config_len);
+
 /* Store the last chunk and make the snapshot the current one, durably, in one
  * commit that also deletes the previous snapshot's chunks. The log is not
  * touched: call ida_storage_compact() afterwards (it can only remove what a

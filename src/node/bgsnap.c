@@ -142,46 +142,64 @@ void ida_bgsnap_cancel(struct ida_bgsnap *b)
     reap(b, NULL);
 }
 
-int ida_bgsnap_poll(struct ida_bgsnap *b,
-                    size_t budget,
-                    uint8_t **data,
-                    size_t *len)
+/* The header's 16 bytes, read as far as they came: 0 (all in), 1 (not
+ * yet), minus an IDA_E* code (the job failed and is over). Sets @*eof. */
+static int read_header(struct ida_bgsnap *b, int *eof)
 {
+    while (b->hdr_got < IDA_BGSNAP_HDR_BYTES) {
+        ssize_t r =
+            read(b->fd, b->hdr + b->hdr_got, IDA_BGSNAP_HDR_BYTES - b->hdr_got);
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
+            return 1;
+        }
+        if (r < 0) {
+            ida_bgsnap_cancel(b);
+            return -IDA_EIO;
+        }
+        if (r == 0) {
+            *eof = 1;
+            return 1;
+        }
+        b->hdr_got += (size_t)r;
+    }
+    if (b->len_known) {
+        return 0;
+    }
+    uint64_t n = 0;
+    for (int i = 0; i < 8; i++) {
+        n = n << 8 | b->hdr[8 + i];
+    }
+    if (memcmp(b->hdr, MAGIC, 8) != 0 || n > BGSNAP_BYTES_MAX || n > SIZE_MAX) {
+        ida_bgsnap_cancel(b);
+        return -IDA_ECORRUPT;
+    }
+    b->len = (size_t)n;
+    b->len_known = 1;
+    return 0;
+}
+
+int ida_bgsnap_read(struct ida_bgsnap *b,
+                    uint8_t *dst,
+                    size_t cap,
+                    struct ida_bgsnap_slice *out)
+{
+    *out = (struct ida_bgsnap_slice){0};
     if (b->pid == 0) {
         return -IDA_EINVAL;
     }
     int eof = 0;
-    while (budget > 0) {
-        uint8_t *dst;
-        size_t want;
-        if (b->hdr_got < IDA_BGSNAP_HDR_BYTES) {
-            dst = b->hdr + b->hdr_got;
-            want = IDA_BGSNAP_HDR_BYTES - b->hdr_got;
-        } else {
-            dst = b->buf + b->got;
-            want = b->len - b->got;
-            if (want == 0) {
-                /* all announced bytes are in: wait for EOF */
-                uint8_t extra;
-                ssize_t r = read(b->fd, &extra, 1);
-                if (r == 0) {
-                    eof = 1;
-                } else if (r > 0) {
-                    ida_bgsnap_cancel(b); /* more than announced */
-                    return -IDA_ECORRUPT;
-                } else if (errno != EAGAIN && errno != EINTR) {
-                    ida_bgsnap_cancel(b);
-                    return -IDA_EIO;
-                }
-                break;
-            }
-        }
-        if (want > budget) {
-            want = budget;
-        }
-        ssize_t r = read(b->fd, dst, want);
+    int rv = read_header(b, &eof);
+    if (rv < 0) {
+        return rv;
+    }
+    out->offset = b->got;
+    out->total = b->len;
+    while (rv == 0 && !eof && out->len < cap && b->got < b->len) {
+        size_t want = b->len - b->got;
+        want = want < cap - out->len ? want : cap - out->len;
+        ssize_t r = read(b->fd, dst + out->len, want);
         if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
-            break;
+            return 0;
         }
         if (r < 0) {
             ida_bgsnap_cancel(b);
@@ -191,44 +209,63 @@ int ida_bgsnap_poll(struct ida_bgsnap *b,
             eof = 1;
             break;
         }
-        budget -= (size_t)r;
-        if (b->hdr_got < IDA_BGSNAP_HDR_BYTES) {
-            b->hdr_got += (size_t)r;
-            if (b->hdr_got == IDA_BGSNAP_HDR_BYTES) {
-                uint64_t n = 0;
-                for (int i = 0; i < 8; i++) {
-                    n = n << 8 | b->hdr[8 + i];
-                }
-                if (memcmp(b->hdr, MAGIC, 8) != 0 || n > BGSNAP_BYTES_MAX ||
-                    n > SIZE_MAX) {
-                    ida_bgsnap_cancel(b);
-                    return -IDA_ECORRUPT;
-                }
-                b->len = (size_t)n;
-                b->buf = ida_malloc(b->len > 0 ? b->len : 1);
-                if (b->buf == NULL) {
-                    ida_bgsnap_cancel(b);
-                    return -IDA_ENOMEM;
-                }
-            }
-        } else {
-            b->got += (size_t)r;
+        out->len += (size_t)r;
+        b->got += (size_t)r;
+    }
+    if (rv == 0 && !eof && b->got == b->len) {
+        /* all announced bytes are in: wait for EOF */
+        uint8_t extra;
+        ssize_t r = read(b->fd, &extra, 1);
+        if (r == 0) {
+            eof = 1;
+        } else if (r > 0) {
+            ida_bgsnap_cancel(b); /* more than announced */
+            return -IDA_ECORRUPT;
+        } else if (errno != EAGAIN && errno != EINTR) {
+            ida_bgsnap_cancel(b);
+            return -IDA_EIO;
         }
     }
     if (!eof) {
         return 0;
     }
-    int complete = b->hdr_got == IDA_BGSNAP_HDR_BYTES && b->got == b->len;
-    uint8_t *buf = b->buf;
-    size_t n = b->len;
-    b->buf = NULL; /* keep it from reap() */
+    int complete = b->len_known && b->got == b->len;
     int st;
     reap(b, &st);
     if (!complete || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        ida_free(buf);
         return -IDA_EIO;
     }
-    *data = buf;
-    *len = n;
     return 1;
+}
+
+int ida_bgsnap_poll(struct ida_bgsnap *b,
+                    size_t budget,
+                    uint8_t **data,
+                    size_t *len)
+{
+    struct ida_bgsnap_slice sl;
+    if (b->buf == NULL) {
+        int rv = ida_bgsnap_read(b, NULL, 0, &sl); /* the header */
+        if (rv != 0 || !b->len_known) {
+            return rv == 1 ? -IDA_EIO : rv; /* no bytes, yet "done" */
+        }
+        b->buf = ida_malloc(b->len > 0 ? b->len : 1);
+        if (b->buf == NULL) {
+            ida_bgsnap_cancel(b);
+            return -IDA_ENOMEM;
+        }
+    }
+    uint8_t *buf = b->buf;
+    size_t n = b->len;
+    b->buf = NULL; /* a job that ends in this read must not free it */
+    int rv = ida_bgsnap_read(b, buf + b->got, budget, &sl);
+    if (rv == 0) {
+        b->buf = buf;
+    } else if (rv == 1) {
+        *data = buf;
+        *len = n;
+    } else {
+        ida_free(buf);
+    }
+    return rv;
 }

@@ -53,8 +53,17 @@ struct ida_bgsnap
     uint64_t started_us;
     uint8_t hdr[IDA_BGSNAP_HDR_BYTES];
     size_t hdr_got;
-    uint8_t *buf; /* ida_malloc'd once the header is in */
-    size_t len, got;
+    int len_known;   /* the header is in: len is the snapshot's size */
+    uint8_t *buf;    /* ida_bgsnap_poll(): ida_malloc'd once the header is in */
+    size_t len, got; /* size, and bytes read so far */
+};
+
+/* What one ida_bgsnap_read() gave: bytes [offset, offset + len) of a
+ * snapshot of @total bytes (total is 0 until the header is in). */
+struct ida_bgsnap_slice
+{
+    uint64_t offset, total;
+    size_t len;
 };
 
 /* Fork a child that encodes @f (at @index, @term). Returns 0 (a job runs),
@@ -73,6 +82,17 @@ int ida_bgsnap_poll(struct ida_bgsnap *b,
                     size_t budget,
                     uint8_t **data,
                     size_t *len);
+
+/* Streaming instead: read at most @cap of the job's next bytes into @dst
+ * (*@out says which; len may be 0). Returns 0 (still running), 1 (done:
+ * every byte was given, exactly the announced size, and the child exited
+ * with status 0; the job is over) or minus an IDA_E* code (the job failed
+ * and is over: bytes given before are not a snapshot; -IDA_EINVAL: no
+ * job). Never blocks. Use either this or ida_bgsnap_poll() for a job. */
+int ida_bgsnap_read(struct ida_bgsnap *b,
+                    uint8_t *dst,
+                    size_t cap,
+                    struct ida_bgsnap_slice *out);
 
 /* Stop a running job (kill, reap, free). No-op without one. */
 void ida_bgsnap_cancel(struct ida_bgsnap *b);

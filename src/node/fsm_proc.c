@@ -50,6 +50,11 @@ struct fsm_proc
     struct ida_snap_policy snap;
     struct ida_bgsnap bg; /* a snapshot being encoded by a child process */
     int bg_failed;        /* the last child failed: the next one in line */
+    /* Its bytes on their way to storage, sent a BGSNAP_STEP_BYTES slice at
+     * a time (one write transaction each). */
+    uint8_t *enc_buf;
+    size_t enc_len;
+    uint64_t enc_off; /* offset of enc_buf[0] in the snapshot */
     struct pending *buckets[PENDING_BUCKETS];
     size_t n_pending;
     struct ida_nm_read **reads; /* FIFO; indexes never decrease */
@@ -304,19 +309,31 @@ static void on_read(struct fsm_proc *fp, struct ida_nm_read *rd)
 /* --- apply ------------------------------------------------------------------
  */
 
-/* Hand a finished snapshot of the state at @index to raft (which compacts
- * its log with it, then passes it on to storage). Takes @data. */
+/* A snapshot of the state at @index, @len bytes, was taken. */
+static void snapshot_noted(struct fsm_proc *fp,
+                           ida_index index,
+                           size_t len,
+                           uint64_t took_us,
+                           const char *how)
+{
+    ida_metrics_snapshot(fp->node->metrics, len, took_us);
+    fp->snapshot_index = index;
+    fp->snap.last_bytes = len;
+    IDA_INFO("fsm: snapshot at index %llu (%zu bytes, %s, %.1f ms)",
+             (unsigned long long)index, len, how, (double)took_us / 1000.0);
+}
+
+/* Hand a snapshot encoded in line to raft (which adds the membership at the
+ * index and passes it on to storage). Takes @data. */
 static void snapshot_taken(struct fsm_proc *fp,
                            struct ida_sender *s,
                            ida_index index,
                            ida_term term,
                            uint8_t *data,
                            size_t len,
-                           uint64_t took_us,
-                           const char *how)
+                           uint64_t took_us)
 {
     struct ida_node *n = fp->node;
-    ida_metrics_snapshot(n->metrics, len, took_us);
     struct ida_nm_snapshot *sn = ida_malloc(sizeof(*sn));
     if (sn == NULL) {
         ida_free(data);
@@ -324,33 +341,81 @@ static void snapshot_taken(struct fsm_proc *fp,
     }
     *sn = (struct ida_nm_snapshot){index, term, data, len, NULL, 0};
     node_post(&fp->q, s, n->p_raft, IDA_NM_SNAPSHOT_TAKEN, sn);
-    fp->snapshot_index = index;
-    fp->snap.last_bytes = len;
-    IDA_INFO("fsm: snapshot at index %llu (%zu bytes, %s, %.1f ms)",
-             (unsigned long long)index, len, how, (double)took_us / 1000.0);
+    snapshot_noted(fp, index, len, took_us, "in line");
 }
 
-/* Collect what the background encoder wrote since the last look. */
+/* Send the slice gathered so far to storage (@end: see ida_nm_snap_enc). */
+static void enc_send(struct fsm_proc *fp,
+                     struct ida_sender *s,
+                     ida_index index,
+                     ida_term term,
+                     uint64_t total,
+                     int end)
+{
+    struct ida_nm_snap_enc *e = ida_malloc(sizeof(*e));
+    if (e == NULL) {
+        return; /* storage drops the stream at its next start */
+    }
+    *e = (struct ida_nm_snap_enc){index,       term,        total, fp->enc_off,
+                                  fp->enc_buf, fp->enc_len, end};
+    fp->enc_buf = NULL;
+    fp->enc_off += fp->enc_len;
+    fp->enc_len = 0;
+    node_post(&fp->q, s, fp->node->p_storage, IDA_NM_SNAPSHOT_ENC, e);
+}
+
+/* Stop the background snapshot, if any (storage drops what it got of it
+ * when the next one starts or a snapshot is installed). */
+static void bg_cancel(struct fsm_proc *fp)
+{
+    ida_bgsnap_cancel(&fp->bg);
+    ida_free(fp->enc_buf);
+    fp->enc_buf = NULL;
+    fp->enc_len = 0;
+    fp->enc_off = 0;
+}
+
+/* Pass on what the background encoder wrote since the last look: storage
+ * stores it as it comes (IDA_NM_SNAPSHOT_ENC), so the encoded state is never
+ * whole in this process. */
 static void poll_bgsnap(struct fsm_proc *fp, struct ida_sender *s)
 {
     if (!ida_bgsnap_running(&fp->bg)) {
         return;
     }
+    if (fp->enc_buf == NULL) {
+        fp->enc_buf = ida_malloc(BGSNAP_STEP_BYTES);
+        if (fp->enc_buf == NULL) {
+            return; /* the child waits on its pipe meanwhile */
+        }
+    }
     ida_index index = fp->bg.index;
     ida_term term = fp->bg.term;
     uint64_t t0 = fp->bg.started_us;
-    uint8_t *data;
-    size_t len;
-    int rv = ida_bgsnap_poll(&fp->bg, BGSNAP_STEP_BYTES, &data, &len);
-    if (rv == 1) {
-        snapshot_taken(fp, s, index, term, data, len, ida__node_mono_us() - t0,
-                       "encoded by a child process");
-    } else if (rv < 0) {
+    struct ida_bgsnap_slice sl;
+    int rv = ida_bgsnap_read(&fp->bg, fp->enc_buf + fp->enc_len,
+                             BGSNAP_STEP_BYTES - fp->enc_len, &sl);
+    if (rv < 0) {
+        /* Storage drops what came (end -1): no snapshot from it. */
+        fp->enc_len = 0;
+        enc_send(fp, s, index, term, sl.total, -1);
+        fp->enc_off = 0;
         IDA_WARN(
             "fsm: the snapshot child for index %llu failed (%s); the "
             "next one is taken in line",
             (unsigned long long)index, idalloc_strerror(-rv));
         fp->bg_failed = 1;
+        return;
+    }
+    fp->enc_len += sl.len;
+    if (rv == 0 && fp->enc_len < BGSNAP_STEP_BYTES) {
+        return; /* a slice is sent when full or at the end */
+    }
+    enc_send(fp, s, index, term, sl.total, rv == 1);
+    if (rv == 1) {
+        fp->enc_off = 0;
+        snapshot_noted(fp, index, sl.total, ida__node_mono_us() - t0,
+                       "encoded by a child process");
     }
 }
 
@@ -377,7 +442,7 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
         return;
     }
     snapshot_taken(fp, s, applied, fp->applied_term, data, len,
-                   ida__node_mono_us() - t0, "in line");
+                   ida__node_mono_us() - t0);
 }
 
 static void answer(struct fsm_proc *fp,
@@ -419,7 +484,7 @@ static void answer(struct fsm_proc *fp,
 static void install_snapshot(struct fsm_proc *fp, struct ida_nm_apply *a)
 {
     /* The installed state replaces the one a child may be encoding. */
-    ida_bgsnap_cancel(&fp->bg);
+    bg_cancel(fp);
     uint64_t t0 = ida__node_mono_us();
     int rv = 0;
     const char *how = "the state checked when it arrived";
@@ -667,7 +732,7 @@ void ida__fsm_proc_free(struct fsm_proc *fp)
     if (fp == NULL) {
         return;
     }
-    ida_bgsnap_cancel(&fp->bg);
+    bg_cancel(fp);
     ida_free(fp->restore_snap);
     for (size_t b = 0; b < PENDING_BUCKETS; b++) {
         while (fp->buckets[b] != NULL) {

@@ -167,6 +167,12 @@ static void payload_free(uint32_t type, void *p)
             }
             ida_free(p);
             break;
+        case IDA_NM_SNAPSHOT_ENC:
+            if (p != NULL) {
+                ida_free(((struct ida_nm_snap_enc *)p)->data);
+            }
+            ida_free(p);
+            break;
         case IDA_NM_SNAPSHOT_TAKEN:
         case IDA_NM_SNAPSHOT_STORE:
         case IDA_NM_SNAPSHOT_STORED:

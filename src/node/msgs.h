@@ -13,6 +13,11 @@
  *       and hands the buffer on; once storage made it durable, raft
  *       compacts its log and keeps only the snapshot's size: raft.h
  *       contract 7)
+ *   fsm --SNAPSHOT_ENC--> storage (this node's snapshot as the child
+ *       encoding it writes it, stored as it comes; once all is in,
+ *       storage --SNAPSHOT_TAKEN (no bytes)--> raft --SNAPSHOT_STORE (no
+ *       bytes, the membership)--> storage, which makes it current; the
+ *       encoded snapshot is never whole in this process's memory)
  *   raft --SNAPSHOT_CHUNK--> storage (an InstallSnapshot chunk to fill
  *       from the stored snapshot and send to the peer)
  *   raft --SNAPSHOT_RCV--> storage (a chunk of the leader's snapshot the
@@ -52,6 +57,7 @@ enum node_msg_type {
                                 no data) */
     IDA_NM_SNAPSHOT_CHUNK,   /* raft -> storage: fill and send */
     IDA_NM_SNAPSHOT_RCV,     /* raft -> storage: store as it arrives */
+    IDA_NM_SNAPSHOT_ENC,     /* fsm -> storage: store as it is encoded */
 };
 
 struct ida_nm_client
@@ -157,6 +163,21 @@ struct ida_nm_snap_rcv
     size_t len;
     uint8_t *conf;
     size_t conf_len;
+};
+
+/* IDA_NM_SNAPSHOT_ENC: bytes [offset, offset + len) of this node's own
+ * snapshot at (index, term), @total bytes, as the child encoding it wrote
+ * them (in order). @end: 0 more follow; 1 the child finished and exited
+ * well after exactly @total bytes (this is the last; len may be 0); -1 it
+ * failed (what came is no snapshot). */
+struct ida_nm_snap_enc
+{
+    ida_index index;
+    ida_term term;
+    uint64_t total, offset;
+    uint8_t *data;
+    size_t len;
+    int end;
 };
 
 /* IDA_NM_MEMBERSHIP0 and IDA_NM_MEMBERSHIP0_DONE. */

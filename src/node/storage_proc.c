@@ -15,6 +15,17 @@
  * local snapshot still being stored (the installed one replaces it), and a
  * newer local snapshot replaces an older one still in progress.
  *
+ * This node's own snapshot, encoded by a child process (bgsnap.h), is
+ * stored as the fsm processor reads it from the child (IDA_NM_SNAPSHOT_ENC,
+ * in order, one write per slice; invisible like the steps above), so the
+ * encoded state is never whole in this process's memory (at 10 million
+ * allocations, 190 MB more resident while it was stored) and storing
+ * overlaps encoding. Once the child finished well and every byte is in,
+ * storage tells raft (SNAPSHOT_TAKEN without bytes); raft answers with the
+ * membership at the index (SNAPSHOT_STORE without bytes) and the writer is
+ * finished with it. A snapshot encoded in line (no child) still comes whole
+ * through raft and is stored in steps.
+ *
  * A snapshot arriving from the leader is stored as its chunks arrive
  * (IDA_NM_SNAPSHOT_RCV, in order; invisible like a local one's steps), so
  * that storing it overlaps the transfer and the raft processor's check;
@@ -83,7 +94,26 @@ struct storage_proc
         uint64_t total, next;
         struct ida_snapshot_writer w; /* holds its membership */
     } rcv;
+    /* This node's own snapshot stored as it is encoded. */
+    struct
+    {
+        int active;
+        int complete; /* all in; raft was told, its membership awaited */
+        ida_index index;
+        ida_term term;
+        uint64_t total, next;
+        uint64_t t0;
+        struct ida_snapshot_writer w;
+    } enc;
 };
+
+static void enc_drop(struct storage_proc *sp)
+{
+    if (sp->enc.active) {
+        ida_storage_snapshot_abort(&sp->node->storage, &sp->enc.w);
+        sp->enc.active = 0;
+    }
+}
 
 static void rcv_drop(struct storage_proc *sp)
 {
@@ -100,7 +130,7 @@ static void on_snapshot_rcv(struct storage_proc *sp,
     struct ida_storage *st = &sp->node->storage;
     if (c->offset == 0) {
         rcv_drop(sp);
-        if (sp->failed || sp->job_msg != NULL) {
+        if (sp->failed || sp->job_msg != NULL || sp->enc.active) {
             return; /* the local snapshot has the writer */
         }
         if (ida_storage_snapshot_begin(st, &sp->rcv.w, c->index, c->term,
@@ -206,6 +236,7 @@ static int persist(struct storage_proc *sp,
     if (p->has_snapshot) {
         *what = "installing a snapshot";
         job_drop(sp);
+        enc_drop(sp);
         if (rcv_holds(sp, p)) {
             sp->rcv.active = 0; /* finish releases the writer either way */
             rv = ida_storage_snapshot_finish(st, &sp->rcv.w);
@@ -306,6 +337,33 @@ static void on_persist(struct storage_proc *sp,
     ida_nm_persist_free(p);
 }
 
+/* This node's snapshot at (@index, @term) of @len bytes is durable and the
+ * log it covers compacted: tell raft. */
+static void stored(struct storage_proc *sp,
+                   struct ida_sender *s,
+                   ida_index index,
+                   ida_term term,
+                   size_t len,
+                   uint64_t t0,
+                   const char *how)
+{
+    ida_metrics_snapshot_stored(sp->node->metrics, ida__node_mono_us() - t0);
+    IDA_INFO(
+        "storage: snapshot at index %llu term %llu (%zu bytes%s); log "
+        "compacted",
+        (unsigned long long)index, (unsigned long long)term, len, how);
+    /* Raft now compacts its log and keeps only the size: the bytes are
+     * read back from here when a follower needs them. Not to be lost: the
+     * core's snapshot (whose chunks are read from here) is gone from
+     * storage now. */
+    struct ida_nm_snapshot *done = ida_calloc(1, sizeof(*done));
+    IDA_OOM_CHECK(done != NULL, "storage: a snapshot-stored notice");
+    *done = (struct ida_nm_snapshot){.index = index, .term = term, .len = len};
+    int rv =
+        node_post(&sp->q, s, sp->node->p_raft, IDA_NM_SNAPSHOT_STORED, done);
+    IDA_OOM_CHECK(rv == 0, "storage: posting a snapshot-stored notice");
+}
+
 /* Store the next step of the local snapshot in progress. */
 static void job_step(struct storage_proc *sp, struct ida_sender *s)
 {
@@ -339,24 +397,110 @@ static void job_step(struct storage_proc *sp, struct ida_sender *s)
         report_failure(sp, s, rv, "storing a snapshot");
         return;
     }
-    ida_metrics_snapshot_stored(sp->node->metrics,
-                                ida__node_mono_us() - sp->job_t0);
-    IDA_INFO(
-        "storage: snapshot at index %llu term %llu (%zu bytes); log "
-        "compacted",
-        (unsigned long long)sn->index, (unsigned long long)sn->term, sn->len);
-    /* Raft now compacts its log and keeps only the size: the bytes are
-     * read back from here when a follower needs them. Not to be lost: the
-     * core's snapshot (whose chunks are read from here) is gone from
-     * storage now. */
-    struct ida_nm_snapshot *done = ida_calloc(1, sizeof(*done));
-    IDA_OOM_CHECK(done != NULL, "storage: a snapshot-stored notice");
-    *done = (struct ida_nm_snapshot){
-        .index = sn->index, .term = sn->term, .len = sn->len};
+    stored(sp, s, sn->index, sn->term, sn->len, sp->job_t0, "");
     node_msg_free(sp->job_msg);
     sp->job_msg = NULL;
-    rv = node_post(&sp->q, s, sp->node->p_raft, IDA_NM_SNAPSHOT_STORED, done);
-    IDA_OOM_CHECK(rv == 0, "storage: posting a snapshot-stored notice");
+}
+
+/* A slice of this node's snapshot as its encoder wrote it (see the top). */
+static void on_snapshot_enc(struct storage_proc *sp,
+                            struct ida_sender *s,
+                            const struct ida_nm_snap_enc *c)
+{
+    struct ida_storage *st = &sp->node->storage;
+    if (c->offset == 0 && c->end >= 0) {
+        /* A new one: it takes the writer from an older one and from a
+         * leader's stream (storage has one writer). */
+        if (sp->failed || c->index <= st->snapshot_index ||
+            (sp->job_msg != NULL &&
+             c->index <=
+                 ((const struct ida_nm_snapshot *)node_msg_payload(sp->job_msg))
+                     ->index)) {
+            return;
+        }
+        job_drop(sp);
+        enc_drop(sp);
+        rcv_drop(sp);
+        (void)ida_storage_reserve(st, c->total); /* else it grows as it goes */
+        if (ida_storage_snapshot_begin(st, &sp->enc.w, c->index, c->term, NULL,
+                                       0) != 0) {
+            return; /* the log stays until the next one */
+        }
+        sp->enc.active = 1;
+        sp->enc.complete = 0;
+        sp->enc.index = c->index;
+        sp->enc.term = c->term;
+        sp->enc.total = c->total;
+        sp->enc.next = 0;
+        sp->enc.t0 = ida__node_mono_us();
+    }
+    if (!sp->enc.active || sp->enc.complete || c->index != sp->enc.index ||
+        c->term != sp->enc.term) {
+        return; /* of one dropped or replaced */
+    }
+    if (c->end < 0 || c->offset != sp->enc.next || c->total != sp->enc.total ||
+        c->len > sp->enc.total - sp->enc.next) {
+        enc_drop(sp);
+        return;
+    }
+    if (c->len > 0) {
+        int rv = ida_storage_snapshot_write(st, &sp->enc.w, c->data, c->len);
+        if (rv != 0) {
+            enc_drop(sp);
+            report_failure(sp, s, rv, "storing a snapshot");
+            return;
+        }
+        sp->enc.next += c->len;
+    }
+    if (c->end == 0) {
+        return;
+    }
+    if (sp->enc.next != sp->enc.total) {
+        enc_drop(sp);
+        return;
+    }
+    /* All in: raft looks up the membership at the index and sends it back
+     * in a SNAPSHOT_STORE without bytes (on_snapshot_store()). */
+    sp->enc.complete = 1;
+    struct ida_nm_snapshot *sn = ida_calloc(1, sizeof(*sn));
+    if (sn != NULL) {
+        *sn = (struct ida_nm_snapshot){
+            .index = c->index, .term = c->term, .len = c->total};
+    }
+    if (sn == NULL || node_post(&sp->q, s, sp->node->p_raft,
+                                IDA_NM_SNAPSHOT_TAKEN, sn) != 0) {
+        enc_drop(sp); /* (node_post freed @sn) the log stays */
+    }
+}
+
+/* The membership for the snapshot stored as it was encoded: make it
+ * current. */
+static void enc_finish(struct storage_proc *sp,
+                       struct ida_sender *s,
+                       const struct ida_nm_snapshot *sn)
+{
+    struct ida_storage *st = &sp->node->storage;
+    if (sp->failed || !sp->enc.active || !sp->enc.complete ||
+        sn->index != sp->enc.index || sn->term != sp->enc.term ||
+        sn->len != sp->enc.total) {
+        return; /* dropped or replaced meanwhile */
+    }
+    if (ida_storage_snapshot_set_config(&sp->enc.w, sn->conf, sn->conf_len) !=
+        0) {
+        enc_drop(sp);
+        return;
+    }
+    sp->enc.active = 0; /* finish releases the writer either way */
+    int rv = ida_storage_snapshot_finish(st, &sp->enc.w);
+    if (rv == 0) {
+        rv = ida_storage_compact(st, sn->index);
+    }
+    if (rv != 0) {
+        report_failure(sp, s, rv, "storing a snapshot");
+        return;
+    }
+    stored(sp, s, sn->index, sn->term, sn->len, sp->enc.t0,
+           ", stored as it was encoded");
 }
 
 /* Fill an InstallSnapshot chunk from the stored snapshot and send it. A
@@ -401,7 +545,13 @@ static void on_snapshot_store(struct storage_proc *sp,
 {
     struct ida_storage *st = &sp->node->storage;
     const struct ida_nm_snapshot *sn = node_msg_payload(msg);
+    if (sn->data == NULL) {
+        enc_finish(sp, s, sn);
+        node_msg_free(msg);
+        return;
+    }
     if (sp->failed || sn->index <= st->snapshot_index ||
+        (sp->enc.active && sn->index <= sp->enc.index) ||
         (sp->job_msg != NULL &&
          sn->index <=
              ((const struct ida_nm_snapshot *)node_msg_payload(sp->job_msg))
@@ -409,7 +559,8 @@ static void on_snapshot_store(struct storage_proc *sp,
         node_msg_free(msg);
         return;
     }
-    job_drop(sp);                           /* an older one still in progress */
+    job_drop(sp); /* an older one still in progress */
+    enc_drop(sp);
     rcv_drop(sp);                           /* storage has one writer */
     (void)ida_storage_reserve(st, sn->len); /* else it grows as it goes */
     int rv = ida_storage_snapshot_begin(st, &sp->job_w, sn->index, sn->term,
@@ -462,6 +613,9 @@ static void storage_receive(void *state,
     } else if (msg->type == IDA_NM_SNAPSHOT_STORE) {
         on_snapshot_store(sp, s, msg);
         return; /* its first step is done */
+    } else if (msg->type == IDA_NM_SNAPSHOT_ENC) {
+        on_snapshot_enc(sp, s, node_msg_payload(msg));
+        node_msg_free(msg);
     } else if (msg->type == IDA_NM_SNAPSHOT_RCV) {
         on_snapshot_rcv(sp, node_msg_payload(msg));
         node_msg_free(msg);
@@ -511,6 +665,7 @@ void ida__storage_proc_free(struct storage_proc *sp)
 {
     if (sp != NULL) {
         job_drop(sp);
+        enc_drop(sp);
         rcv_drop(sp);
         node_outq_close(&sp->q);
         ida_free(sp);

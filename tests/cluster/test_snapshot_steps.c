@@ -1,5 +1,6 @@
 /* A snapshot larger than one storage step (1 MiB) is stored in steps
- * between raft batches (src/node/storage_proc.c): writes go on meanwhile,
+ * between raft batches (src/node/storage_proc.c), as the child encoding it
+ * writes it (never whole in the node's memory): writes go on meanwhile,
  * every node completes it, and after all three are killed at once the
  * cluster comes back with every acknowledged allocation, from the stored
  * snapshot plus the log that followed it. */
@@ -43,8 +44,9 @@ static void *writer(void *arg)
     return NULL;
 }
 
-/* The largest snapshot node @i says it stored, in bytes. */
-static size_t stored_snapshot_bytes(int i)
+/* The largest snapshot node @i says it stored, in bytes; *@streamed: how
+ * many of its snapshots it stored as their encoder wrote them. */
+static size_t stored_snapshot_bytes_streamed(int i, int *streamed)
 {
     char path[400], line[512];
     snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
@@ -59,10 +61,17 @@ static size_t stored_snapshot_bytes(int i)
         if (b != NULL) {
             size_t n = strtoull(b + 2, NULL, 10);
             best = n > best ? n : best;
+            *streamed += strstr(b, "stored as it was encoded") != NULL;
         }
     }
     fclose(f);
     return best;
+}
+
+static size_t stored_snapshot_bytes(int i)
+{
+    int streamed = 0;
+    return stored_snapshot_bytes_streamed(i, &streamed);
 }
 
 Test(snapshot_steps,
@@ -110,8 +119,11 @@ Test(snapshot_steps,
         round++;
     }
     for (int i = 0; i < 3; i++) {
-        cr_assert_gt(stored_snapshot_bytes(i), 1u << 20,
+        int streamed = 0;
+        cr_assert_gt(stored_snapshot_bytes_streamed(i, &streamed), 1u << 20,
                      "node %d stored no snapshot over 1 MiB", i + 1);
+        cr_assert_gt(streamed, 0,
+                     "node %d stored no snapshot as it was encoded", i + 1);
     }
     idalloc_client_free(cl);
     cl = NULL;
@@ -123,6 +135,135 @@ Test(snapshot_steps,
     }
     cr_assert_geq(tc_wait_leader(&c, 20000), 0);
     cl = tc_client(&c, 20000);
+    for (int t = 0; t < THREADS; t++) {
+        for (int i = 0; i < PER_THREAD; i++) {
+            char tag[TAG_BYTES + 1];
+            uint64_t id;
+            tc_long_tag(tag, TAG_BYTES, t, i);
+            cr_assert_eq(idalloc_lookup(cl, "b", tag, &id, tc_detail()), 0,
+                         "lookup: %s", tc_errmsg());
+            cr_assert_eq(id, ids[t][i], "tag %d-%d moved", t, i);
+        }
+    }
+}
+
+/* Kill node @i's snapshot children (a node forks nothing else): how many. */
+static int kill_children(int i)
+{
+    char cmd[64], line[32];
+    snprintf(cmd, sizeof(cmd), "pgrep -P %d", (int)c.pid[i]);
+    FILE *p = popen(cmd, "r");
+    int n = 0;
+    while (p != NULL && fgets(line, sizeof(line), p) != NULL) {
+        pid_t child = (pid_t)atoi(line);
+        n += child > 0 && kill(child, SIGKILL) == 0;
+    }
+    if (p != NULL) {
+        pclose(p);
+    }
+    return n;
+}
+
+/* How many lines of node @i's log hold @needle. */
+static int log_count(int i, const char *needle)
+{
+    char path[400], line[512];
+    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        n += strstr(line, needle) != NULL;
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return n;
+}
+
+static void *killer(void *arg)
+{
+    int *kills = arg;
+    for (uint64_t end = tc_now_ms() + 60000; tc_now_ms() < end && *kills < 6;) {
+        for (int i = 0; i < 3; i++) {
+            *kills += kill_children(i);
+        }
+    }
+    return NULL;
+}
+
+/* A snapshot child killed while its bytes stream into storage costs nothing
+ * but a retry: what it sent is dropped, the next snapshot is stored, and
+ * after all three nodes are killed the cluster comes back with every
+ * acknowledged allocation. */
+Test(snapshot_steps,
+     child_killed_mid_stream_costs_nothing,
+     .fini = teardown,
+     .timeout = 240)
+{
+    tc_start(&c, 3, "snapshot_interval_entries 200\n");
+    cr_assert_geq(tc_wait_leader(&c, 10000), 0);
+    cl = tc_client(&c, 20000);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1u << 20,
+                                     NULL, tc_detail()),
+                 0);
+    int kills = 0;
+    pthread_t k, th[THREADS];
+    pthread_create(&k, NULL, killer, &kills);
+    for (int round = 0; round < 20 && kills < 6; round++) {
+        for (int t = 0; t < THREADS; t++) {
+            pthread_create(&th[t], NULL, writer,
+                           (void *)(intptr_t)(THREADS * round + t));
+        }
+        for (int t = 0; t < THREADS; t++) {
+            void *r;
+            pthread_join(th[t], &r);
+            cr_assert_null(r, "alloc failed: %s", tc_errmsg());
+        }
+    }
+    pthread_join(k, NULL);
+    cr_assert_gt(kills, 0, "no snapshot child was ever running to kill");
+    int failed = 0;
+    for (int i = 0; i < 3; i++) {
+        failed += log_count(i, "the snapshot child for index");
+    }
+    cr_assert_gt(failed, 0, "%d children killed, no node noticed", kills);
+    /* Without the killer, every node stores a snapshot again. */
+    int before[3];
+    for (int i = 0; i < 3; i++) {
+        before[i] = log_count(i, "storage: snapshot at index");
+    }
+    uint64_t deadline = tc_now_ms() + 120000;
+    for (int round = 100;; round++) {
+        int all = 1;
+        for (int i = 0; i < 3; i++) {
+            all &= log_count(i, "storage: snapshot at index") > before[i];
+        }
+        if (all || tc_now_ms() > deadline) {
+            break;
+        }
+        for (int t = 0; t < THREADS; t++) {
+            pthread_create(&th[t], NULL, writer,
+                           (void *)(intptr_t)(THREADS * round + t));
+        }
+        for (int t = 0; t < THREADS; t++) {
+            pthread_join(th[t], NULL);
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        cr_assert_gt(log_count(i, "storage: snapshot at index"), before[i],
+                     "node %d stored no snapshot after the kills", i + 1);
+    }
+    idalloc_client_free(cl);
+    cl = NULL;
+    for (int i = 0; i < 3; i++) {
+        tc_signal(&c, i, SIGKILL);
+    }
+    for (int i = 0; i < 3; i++) {
+        tc_spawn(&c, i);
+    }
+    cr_assert_geq(tc_wait_leader(&c, 20000), 0);
+    cl = tc_client(&c, 20000);
+    /* The first round's tags (threads 0..THREADS-1) with their ids. */
     for (int t = 0; t < THREADS; t++) {
         for (int i = 0; i < PER_THREAD; i++) {
             char tag[TAG_BYTES + 1];

@@ -33,6 +33,7 @@ static struct ida_fsm *filled(int n)
 {
     struct ida_fsm *f;
     cr_assert_eq(ida_fsm_new(&f), 0);
+    fx_register(f, 1, 1000); /* the session the commands below use */
     fx_batch_init(&b, 1000);
     fx_add_create(&b, 1, ++seq, "p", IDALLOC__POOL_KIND__POOL_KIND_BOUNDED,
                   1u << 22);
@@ -102,5 +103,58 @@ Test(bgsnap, a_killed_child_is_a_failure_not_a_snapshot)
     cr_assert_eq(ida_bgsnap_start(&bg, f, 1, 1), 0);
     cr_assert_eq(wait_done(&bg, &got, &len), 1);
     ida_free(got);
+    ida_fsm_free(f);
+}
+
+/* Streamed (ida_bgsnap_read): slices in order, with no gap, that make the
+ * same bytes; done only once the child exited after all of them. */
+Test(bgsnap, streamed_slices_are_the_snapshot_in_order)
+{
+    struct ida_fsm *f = filled(20000);
+    size_t want_len;
+    uint8_t *want = fx_snapshot(f, &want_len);
+    cr_assert_gt(want_len, 20000 * 8, "the tags are in the state");
+    struct ida_bgsnap bg = {0};
+    cr_assert_eq(ida_bgsnap_start(&bg, f, ida_fsm_applied_index(f), 7), 0);
+    add_tags(f, 20000, 5000);
+    uint8_t *got = ida_malloc(want_len);
+    uint8_t slice[3000];
+    uint64_t next = 0;
+    int rv = 0, slices = 0;
+    for (int i = 0; i < 100000 && rv == 0; i++) {
+        struct ida_bgsnap_slice sl;
+        rv = ida_bgsnap_read(&bg, slice, sizeof(slice), &sl);
+        cr_assert_geq(rv, 0);
+        if (sl.len == 0) {
+            if (rv == 0) {
+                nanosleep(&(struct timespec){0, 100000}, NULL);
+            }
+            continue;
+        }
+        cr_assert_eq(sl.offset, next, "a gap or an overlap");
+        cr_assert_eq(sl.total, want_len);
+        cr_assert_leq(sl.offset + sl.len, want_len);
+        memcpy(got + sl.offset, slice, sl.len);
+        next += sl.len;
+        slices++;
+    }
+    cr_assert_eq(rv, 1);
+    cr_assert_eq(next, want_len);
+    cr_assert_gt(slices, 1);
+    cr_assert_eq(memcmp(got, want, want_len), 0);
+    cr_assert_not(ida_bgsnap_running(&bg));
+    /* A killed child ends the stream with a failure. */
+    cr_assert_eq(ida_bgsnap_start(&bg, f, 1, 1), 0);
+    kill(bg.pid, SIGKILL);
+    for (int i = 0; i < 100000 && rv >= 0 && ida_bgsnap_running(&bg); i++) {
+        struct ida_bgsnap_slice sl;
+        rv = ida_bgsnap_read(&bg, slice, sizeof(slice), &sl);
+        if (rv == 0) {
+            nanosleep(&(struct timespec){0, 100000}, NULL);
+        }
+    }
+    cr_assert_lt(rv, 0, "a killed child ended a stream with %d", rv);
+    ida_free(got);
+    ida_free(want);
     ida_fsm_free(f);
 }

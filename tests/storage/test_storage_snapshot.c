@@ -383,3 +383,33 @@ Test(storage, writer_holds_exactly_its_bytes)
     free(state);
     expect_snapshot(5, 1, size);
 }
+
+/* A snapshot streamed before its membership was known: the membership set
+ * last is the one stored with it, and survives a reopen. */
+Test(storage, membership_set_after_the_bytes_is_stored)
+{
+    open_ok();
+    size_t size = IDA_STORAGE_CHUNK_BYTES + 5;
+    uint8_t *state = make_state(size);
+    struct ida_snapshot_writer w;
+    cr_assert_eq(ida_storage_snapshot_begin(&st, &w, 6, 2, NULL, 0), 0);
+    cr_assert_eq(ida_storage_snapshot_write(&st, &w, state, size), 0);
+    const uint8_t config[] = {0x0a, 0x03, 0x08, 0x01, 0x20};
+    uint8_t big[IDA_STORAGE_CONFIG_BYTES_MAX + 1] = {0};
+    cr_assert_eq(ida_storage_snapshot_set_config(&w, big, sizeof(big)),
+                 IDA_ETOOBIG);
+    cr_assert_eq(ida_storage_snapshot_set_config(&w, config, sizeof(config)),
+                 0);
+    cr_assert(ida_storage_snapshot_writer_holds(&w, 6, 2, config,
+                                                sizeof(config), state, size));
+    cr_assert_eq(ida_storage_snapshot_finish(&st, &w), 0);
+    reopen();
+    struct ida_snapshot_meta m;
+    cr_assert_eq(ida_storage_snapshot_meta(&st, &m), 0);
+    cr_assert_eq(m.index, 6);
+    cr_assert_eq(m.config_len, sizeof(config));
+    cr_assert_eq(memcmp(m.config, config, sizeof(config)), 0);
+    ida_snapshot_meta_release(&m);
+    expect_snapshot(6, 2, size);
+    free(state);
+}
