@@ -10,11 +10,13 @@
  * runs. The child encodes with the same ida_fsm_snapshot() the node always
  * used and writes the bytes to a pipe: a 16-byte header ("IDABGSN1" and the
  * length, big-endian) then the snapshot. The parent reads the pipe a
- * bounded slice at a time (ida_bgsnap_poll's budget, on the fsm
- * processor's ping and after each apply), so no step reads more than the
- * budget. The snapshot counts only when the child exited with status 0
- * after exactly the announced bytes: a child that died, was killed or wrote
- * short costs nothing but a retry.
+ * bounded slice at a time (on the fsm processor's ping and after each
+ * apply), so no step reads more than the budget: the node passes each
+ * slice on to storage as it comes (ida_bgsnap_read(), storage_proc.c), so
+ * the encoded state is never whole in its memory; ida_bgsnap_poll() gathers
+ * the whole instead. The snapshot counts only when the child exited with
+ * status 0 after exactly the announced bytes: a child that died, was
+ * killed or wrote short costs nothing but a retry.
  *
  * Why a fork and not a persistent (copy-on-write) state machine: the fsm's
  * tables are plain hash tables and bitmaps tuned for apply speed and memory;

@@ -65,8 +65,8 @@ struct fsm_proc
     ida_index backup_index;
     ida_term backup_term;
     /* A restart's snapshot, rebuilt before anything else (node.h). */
-    uint8_t *restore_snap;
-    size_t restore_len;
+    struct ida__rebuild *rebuild; /* the state being rebuilt at start */
+    size_t rebuild_len;
     uint64_t pools_published_us; /* metrics: the last pool table */
     int pools_dirty;             /* applied since it was published */
     struct node_outq q;
@@ -515,15 +515,16 @@ static void install_snapshot(struct fsm_proc *fp, struct ida_nm_apply *a)
 /* The restart's rebuild, once, before the first message or ping. */
 static void finish_restore(struct fsm_proc *fp)
 {
-    if (fp->restore_snap == NULL) {
+    if (fp->rebuild == NULL) {
         return;
     }
-    uint64_t t0 = ida__node_mono_us();
-    int rv = ida__restore_lent(fp->fsm, fp->restore_snap, fp->restore_len);
-    ida_free(fp->restore_snap);
-    fp->restore_snap = NULL;
-    if (rv == 0 && ida_fsm_applied_index(fp->fsm) != fp->snapshot_index) {
+    uint64_t t0 = ida__node_mono_us(), took_us;
+    struct ida_fsm *f;
+    int rv = ida__rebuild_finish(fp->rebuild, &f, &took_us);
+    fp->rebuild = NULL;
+    if (rv == 0 && ida_fsm_applied_index(f) != fp->snapshot_index) {
         rv = IDA_ECORRUPT; /* a state of another index than storage says */
+        ida_fsm_free(f);
     }
     if (rv != 0) {
         IDA_ERROR(
@@ -533,10 +534,12 @@ static void finish_restore(struct fsm_proc *fp)
             idalloc_strerror(rv));
         exit(1); /* nothing was answered from it */
     }
+    ida_fsm_replace(fp->fsm, f);
     IDA_INFO(
         "fsm: state rebuilt from the snapshot at index %llu (%zu bytes) "
-        "in %llu ms",
-        (unsigned long long)fp->snapshot_index, fp->restore_len,
+        "in %llu ms (the processor waited %llu ms for it)",
+        (unsigned long long)fp->snapshot_index, fp->rebuild_len,
+        (unsigned long long)took_us / 1000,
         (unsigned long long)(ida__node_mono_us() - t0) / 1000);
 }
 
@@ -704,21 +707,22 @@ int ida__fsm_proc_new(struct ida_node *n,
                       struct ida_fsm *fsm,
                       ida_term applied_term,
                       ida_index snap_index,
-                      uint8_t *snap,
+                      struct ida__rebuild *rebuild,
                       size_t snap_len,
                       struct fsm_proc **out)
 {
     struct fsm_proc *fp = ida_calloc(1, sizeof(*fp));
     if (fp == NULL) {
-        ida_free(snap);
+        ida__rebuild_drop(rebuild);
         return IDA_ENOMEM;
     }
     fp->node = n;
     fp->fsm = fsm;
     fp->applied_term = applied_term;
-    fp->restore_snap = snap;
-    fp->restore_len = snap_len;
-    fp->snapshot_index = snap != NULL ? snap_index : ida_fsm_applied_index(fsm);
+    fp->rebuild = rebuild;
+    fp->rebuild_len = snap_len;
+    fp->snapshot_index =
+        rebuild != NULL ? snap_index : ida_fsm_applied_index(fsm);
     ida_snap_policy_init(
         &fp->snap, n->cfg.snapshot_interval_entries,
         (uint64_t)n->self->id * 0x9e3779b97f4a7c15ull ^ n->incarnation);
@@ -733,7 +737,7 @@ void ida__fsm_proc_free(struct fsm_proc *fp)
         return;
     }
     bg_cancel(fp);
-    ida_free(fp->restore_snap);
+    ida__rebuild_drop(fp->rebuild);
     for (size_t b = 0; b < PENDING_BUCKETS; b++) {
         while (fp->buckets[b] != NULL) {
             struct pending *p = fp->buckets[b];

@@ -31,4 +31,25 @@ void ida__lend_init(struct ida__lend *l);
 /* ida_fsm_restore() with a thread lent for its duration. */
 int ida__restore_lent(struct ida_fsm *f, const uint8_t *data, size_t len);
 
+/* A state machine rebuilt from snapshot bytes on a thread of its own (and
+ * one lent to it): a restarting node starts it as soon as the snapshot is
+ * read, and reads its log, opens its ports and hears from the leader
+ * meanwhile; the fsm processor waits for it before its first step. */
+struct ida__rebuild;
+
+/* Start rebuilding from @data (@len bytes, taken: freed once decoded).
+ * NULL when out of memory (then @data was freed). Without a thread the
+ * work is done at ida__rebuild_finish(). */
+struct ida__rebuild *ida__rebuild_start(uint8_t *data, size_t len);
+
+/* Wait for @r and free it: 0 with *@out the rebuilt state machine (the
+ * caller's) and *@took_us how long the rebuild took, or the restore's
+ * error (nothing to free). */
+int ida__rebuild_finish(struct ida__rebuild *r,
+                        struct ida_fsm **out,
+                        uint64_t *took_us);
+
+/* Wait for @r and drop what it built (NULL is ignored). */
+void ida__rebuild_drop(struct ida__rebuild *r);
+
 #endif /* IDA_NODE_LEND_H */

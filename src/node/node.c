@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "idalloc_errors.h"
 #include "src/node/convert.h"
+#include "src/node/lend.h"
 #include "src/node/net_tls.h"
 
 /* The cluster as an encoded ClusterConfig (stored in snapshot metas). */
@@ -141,13 +142,14 @@ static int lock_dir(struct ida_node *n, char *errmsg)
 static int restore(struct ida_node *n,
                    ida_term *applied_term,
                    ida_index *snap_index,
-                   uint8_t **snap_out,
+                   struct ida__rebuild **rebuild_out,
                    char *errmsg)
 {
     struct ida_storage *st = &n->storage;
     struct ida_raft_restore rr = {0};
     struct ida_snapshot_meta meta = {0};
     uint8_t *snap = NULL;
+    struct ida__rebuild *rebuild = NULL;
     struct ida_entry *entries = NULL;
     uint64_t t0 = ida__node_mono_us(), t_load = t0;
     int rv = ida_storage_hard_state(st, &rr.hard_state);
@@ -167,6 +169,12 @@ static int restore(struct ida_node *n,
             /* A crash may have left log entries the snapshot covers. */
             rv = snap == NULL ? IDA_ECORRUPT /* no state: not ours */
                               : ida_storage_compact(st, meta.index);
+            if (rv == 0) {
+                /* The state is rebuilt from here on, beside the rest. */
+                rebuild = ida__rebuild_start(snap, meta.data_size);
+                snap = NULL;
+                rv = rebuild == NULL ? IDA_ENOMEM : 0;
+            }
         } else if (rv == IDA_ENOTFOUND) {
             rv = 0;
         }
@@ -210,16 +218,17 @@ static int restore(struct ida_node *n,
         IDA_INFO(
             "node: restored term=%llu vote=%u snapshot=%llu log=%llu..%llu "
             "in %llu ms (snapshot of %zu bytes read in %llu ms, log read in "
-            "%llu ms; the fsm processor rebuilds the state meanwhile)",
+            "%llu ms; the state is rebuilt meanwhile)",
             (unsigned long long)rr.hard_state.term, rr.hard_state.vote,
             (unsigned long long)rr.snapshot_index, (unsigned long long)lo,
             (unsigned long long)ls.last, (unsigned long long)(t1 - t0) / 1000,
             rr.snapshot_len, (unsigned long long)(t_load - t0) / 1000,
             (unsigned long long)(t1 - t_load) / 1000);
         *snap_index = rr.snapshot_index;
-        *snap_out = snap; /* the fsm processor's */
-        snap = NULL;
+        *rebuild_out = rebuild; /* the fsm processor's */
+        rebuild = NULL;
     }
+    ida__rebuild_drop(rebuild);
     ida_free(entries);
     ida_free(snap);
     ida_snapshot_meta_release(&meta);
@@ -372,24 +381,24 @@ int ida_node_open(struct ida_node *n,
     struct ida_fsm *fsm = NULL;
     ida_term applied_term = 0;
     ida_index snap_index = 0;
-    uint8_t *snap = NULL;
+    struct ida__rebuild *rebuild = NULL;
     rv = encode_cluster(n);
     if (rv == 0) {
         rv = ida_fsm_new(&fsm);
     }
     if (rv == 0) {
-        rv = restore(n, &applied_term, &snap_index, &snap, errmsg);
+        rv = restore(n, &applied_term, &snap_index, &rebuild, errmsg);
     }
     if (rv == 0) {
         rv = ida__storage_proc_new(n, &n->sp);
     }
     if (rv == 0) {
-        rv = ida__fsm_proc_new(n, fsm, applied_term, snap_index, snap,
+        rv = ida__fsm_proc_new(n, fsm, applied_term, snap_index, rebuild,
                                n->snapshot_bytes0, &n->fp);
-        snap = NULL;                /* taken either way */
+        rebuild = NULL;             /* taken either way */
         fsm = rv == 0 ? NULL : fsm; /* owned by the processor now */
     }
-    ida_free(snap);
+    ida__rebuild_drop(rebuild);
     ida_fsm_free(fsm);
     if (rv != 0) {
         if (errmsg[0] == '\0') {

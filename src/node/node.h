@@ -154,16 +154,18 @@ int ida__storage_proc_new(struct ida_node *n, struct storage_proc **out);
 void ida__storage_proc_free(struct storage_proc *sp);
 extern const struct ida_proc_ops ida__storage_proc_ops;
 
-/* The fsm processor over @fsm (taken). With @snap (ida_malloc'd, taken
- * either way), @fsm is empty and the processor rebuilds it from those
- * @snap_len bytes of the snapshot at @snap_index before anything else it
- * does: a restart's Raft core and links start meanwhile. A snapshot that
- * does not decode then ends the process, as a failed install does. */
+/* The fsm processor over @fsm (taken). With @rebuild (lend.h, taken
+ * either way), @fsm is empty and the processor waits for the state @rebuild
+ * makes of the @snap_len bytes of the snapshot at @snap_index before
+ * anything else it does: a restart's log read, Raft core and links
+ * proceed meanwhile. A snapshot that does not decode then ends the
+ * process, as a failed install does. */
+struct ida__rebuild;
 int ida__fsm_proc_new(struct ida_node *n,
                       struct ida_fsm *fsm,
                       ida_term applied_term,
                       ida_index snap_index,
-                      uint8_t *snap,
+                      struct ida__rebuild *rebuild,
                       size_t snap_len,
                       struct fsm_proc **out);
 void ida__fsm_proc_free(struct fsm_proc *fp);

@@ -816,8 +816,11 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
         }
         case IDA_NM_SNAPSHOT_TAKEN: {
             /* Storage keeps the membership in effect at the snapshot's
-             * index with it (raft.h persistence contract 5). Not after
-             * the core's own snapshot: nothing to do. */
+             * index with it (raft.h persistence contract 5). From the fsm
+             * with the bytes (encoded in line), or from storage without
+             * them (stored as the child encoded it: the answer finishes
+             * it there). Not after the core's own snapshot: nothing to
+             * do. */
             struct ida_nm_snapshot *sn = p;
             const uint8_t *conf;
             size_t clen;
