@@ -362,10 +362,15 @@ int ida_storage_snapshot_write(struct ida_storage *s,
     return 0;
 }
 
-/* Delete every chunk of snapshot @id. The cursor is re-positioned with
- * MDB_SET_RANGE after each delete: its position after deleting the last
- * record is not one MDB_GET_CURRENT can use. */
-static int delete_chunks(struct ida_storage *s, MDB_txn *txn, uint64_t id)
+/* Delete the chunks of snapshot @id, all of them or at most @max (0: all);
+ * *@left (may be NULL) says whether any remain. The cursor is
+ * re-positioned with MDB_SET_RANGE after each delete: its position after
+ * deleting the last record is not one MDB_GET_CURRENT can use. */
+static int delete_chunks(struct ida_storage *s,
+                         MDB_txn *txn,
+                         uint64_t id,
+                         size_t max,
+                         int *left)
 {
     MDB_cursor *cur;
     int rc = mdb_cursor_open(txn, s->dbi_snap, &cur);
@@ -374,31 +379,48 @@ static int delete_chunks(struct ida_storage *s, MDB_txn *txn, uint64_t id)
     }
     uint8_t kb[16];
     ida__storage_chunk_key(kb, id, 0);
+    size_t n = 0;
+    int more = 0;
     for (;;) {
         MDB_val k = ida__storage_mkval(kb, 16), v;
         rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
         if (rc != 0 || k.mv_size != 16 || ida__get_be64(k.mv_data) != id) {
             break;
         }
+        if (max > 0 && n == max) {
+            more = 1;
+            break;
+        }
         rc = mdb_cursor_del(cur, 0);
         if (rc != 0) {
             break;
         }
+        n++;
     }
     mdb_cursor_close(cur);
+    if (left != NULL) {
+        *left = more;
+    }
     return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
+struct finish_args
+{
+    struct ida_snapshot_writer *w;
+    int keep_replaced; /* leave the replaced snapshot's chunks */
+};
+
 static int finish_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
 {
-    struct ida_snapshot_writer *w = arg;
+    const struct finish_args *a = arg;
+    struct ida_snapshot_writer *w = a->w;
     int rc = 0;
     uint64_t chunks = w->chunk_count;
     if (w->buf_len > 0) {
         rc = put_chunk(s, txn, w->id, chunks++, w->buf, w->buf_len);
     }
-    if (rc == 0 && s->has_snapshot) {
-        rc = delete_chunks(s, txn, s->snapshot_id);
+    if (rc == 0 && s->has_snapshot && !a->keep_replaced) {
+        rc = delete_chunks(s, txn, s->snapshot_id, 0, NULL);
     }
     if (rc != 0) {
         return rc;
@@ -463,14 +485,20 @@ int ida_storage_snapshot_writer_holds(const struct ida_snapshot_writer *w,
            w->size == len && w->crc == ida__crc32c(0, data, len);
 }
 
-int ida_storage_snapshot_finish(struct ida_storage *s,
-                                struct ida_snapshot_writer *w)
+static int finish(struct ida_storage *s,
+                  struct ida_snapshot_writer *w,
+                  int lazy)
 {
     IDA_ASSERT(s != NULL && w != NULL && s->writer_active);
-    int rv = ida__storage_run_write(s, "snapshot finish", finish_txn, w);
+    struct finish_args a = {.w = w,
+                            .keep_replaced = lazy && s->replaced_id == 0};
+    int rv = ida__storage_run_write(s, "snapshot finish", finish_txn, &a);
     if (rv != 0) {
         ida_storage_snapshot_abort(s, w);
         return rv;
+    }
+    if (a.keep_replaced && s->has_snapshot) {
+        s->replaced_id = s->snapshot_id;
     }
     s->has_snapshot = 1;
     s->snapshot_id = w->id;
@@ -481,9 +509,57 @@ int ida_storage_snapshot_finish(struct ida_storage *s,
     return 0;
 }
 
+int ida_storage_snapshot_finish(struct ida_storage *s,
+                                struct ida_snapshot_writer *w)
+{
+    return finish(s, w, 0);
+}
+
+int ida_storage_snapshot_finish_lazy(struct ida_storage *s,
+                                     struct ida_snapshot_writer *w)
+{
+    return finish(s, w, 1);
+}
+
+struct tidy_args
+{
+    uint64_t id;
+    size_t max;
+    int more;
+};
+
+static int tidy_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
+{
+    struct tidy_args *a = arg;
+    return delete_chunks(s, txn, a->id, a->max, &a->more);
+}
+
+int ida_storage_snapshot_tidy(struct ida_storage *s, size_t max, int *more)
+{
+    IDA_ASSERT(s != NULL && more != NULL && max > 0);
+    CHECK_PROCESS(s);
+    *more = 0;
+    if (s->failed != 0) {
+        return s->failed;
+    }
+    if (s->replaced_id == 0) {
+        return 0;
+    }
+    struct tidy_args a = {.id = s->replaced_id, .max = max};
+    int rv = ida__storage_run_write(s, "snapshot tidy", tidy_txn, &a);
+    if (rv != 0) {
+        return rv;
+    }
+    if (!a.more) {
+        s->replaced_id = 0;
+    }
+    *more = a.more;
+    return 0;
+}
+
 static int abort_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
 {
-    return delete_chunks(s, txn, *(uint64_t *)arg);
+    return delete_chunks(s, txn, *(uint64_t *)arg, 0, NULL);
 }
 
 void ida_storage_snapshot_abort(struct ida_storage *s,

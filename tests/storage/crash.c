@@ -24,6 +24,12 @@
 
 #define SNAPSHOT_MAX   (200 * 1024) /* snapshot state 0..200 KiB */
 #define SNAPSHOT_PIECE 10000        /* written in pieces of this size */
+/* As the node does (storage_proc.c, tidy_step()): the snapshot is finished
+ * without deleting the one it replaces, whose chunks then go TIDY_CHUNKS at
+ * a time, and the log it covers COMPACT_STEP entries at a time; a crash may
+ * stop it after any of those commits. */
+#define TIDY_CHUNKS  2
+#define COMPACT_STEP 5
 
 /* The log, hard state and snapshot as they must be. terms[i] is the term of
  * entry i (kept below prev_index too, for the model's own use). */
@@ -125,17 +131,29 @@ static void plan_next(uint64_t *rng, const struct model *m, struct plan *p)
         m->hs.commit + ida_test_rand(rng) % (new_last - m->hs.commit + 1);
 }
 
-/* Apply step @p to @m. A snapshot step has two durable stages: 1 the
- * snapshot is finished, 2 the log is compacted too. */
-static int model_apply_stage(struct model *m, const struct plan *p, int stage)
+/* The log compacted in steps after a snapshot: where the step after
+ * @upto ends (COMPACT_STEP entries on, at most @to). */
+static ida_index compact_next(ida_index upto, ida_index to)
+{
+    return to - upto > COMPACT_STEP ? upto + COMPACT_STEP : to;
+}
+
+/* Apply step @p to @m. A snapshot step has durable stages: 1 the snapshot
+ * is finished, 2 the log is compacted too, and between them the log
+ * compacted up to @upto (stage 3; one of compact_next()'s). */
+static int model_apply_stage(struct model *m,
+                             const struct plan *p,
+                             int stage,
+                             ida_index upto)
 {
     if (p->snapshot) {
         m->snap_index = p->snap_index;
         m->snap_term = p->snap_term;
         m->snap_size = p->snap_size;
-        if (stage == 2 && p->compact_to > m->prev_index) {
-            m->prev_index = p->compact_to;
-            m->prev_term = m->terms[p->compact_to];
+        upto = stage == 2 ? p->compact_to : stage == 3 ? upto : 0;
+        if (upto > m->prev_index) {
+            m->prev_index = upto;
+            m->prev_term = m->terms[upto];
         }
         return 0;
     }
@@ -153,7 +171,7 @@ static int model_apply_stage(struct model *m, const struct plan *p, int stage)
 
 static int model_apply(struct model *m, const struct plan *p)
 {
-    return model_apply_stage(m, p, 2);
+    return model_apply_stage(m, p, 2, 0);
 }
 
 static void snapshot_fill(uint8_t *buf, size_t len, const struct plan *p)
@@ -161,8 +179,11 @@ static void snapshot_fill(uint8_t *buf, size_t len, const struct plan *p)
     ida_test_fill(buf, len, p->snap_index, p->snap_term + 1000);
 }
 
-/* Child side of a snapshot step. 0 or an IDA code. */
-static int child_snapshot(struct ida_storage *s, const struct plan *p)
+/* Child side of a snapshot step (@prev: compacted up to here before).
+ * 0 or an IDA code. */
+static int child_snapshot(struct ida_storage *s,
+                          const struct plan *p,
+                          ida_index prev)
 {
     static const uint8_t config[] = {1, 2, 3};
     uint8_t *state = ida_malloc(p->snap_size + 1);
@@ -182,10 +203,14 @@ static int child_snapshot(struct ida_storage *s, const struct plan *p)
         }
     }
     if (rv == 0) {
-        rv = ida_storage_snapshot_finish(s, &w);
+        rv = ida_storage_snapshot_finish_lazy(s, &w);
     }
-    if (rv == 0) {
-        rv = ida_storage_compact(s, p->compact_to);
+    for (int more = 1; rv == 0 && more;) {
+        rv = ida_storage_snapshot_tidy(s, TIDY_CHUNKS, &more);
+    }
+    for (ida_index upto = prev; rv == 0 && upto < p->compact_to;) {
+        upto = compact_next(upto, p->compact_to);
+        rv = ida_storage_compact(s, upto);
     }
     ida_free(state);
     return rv;
@@ -208,7 +233,8 @@ static _Noreturn void child_run(const char *dir,
         struct plan p;
         plan_next(&rng, m, &p);
         if (p.snapshot) {
-            if (child_snapshot(&s, &p) != 0 || model_apply(m, &p) != 0) {
+            if (child_snapshot(&s, &p, m->prev_index) != 0 ||
+                model_apply(m, &p) != 0) {
                 fprintf(stderr, "crash child: snapshot %d: %s\n", b, s.errmsg);
                 _exit(4);
             }
@@ -423,16 +449,32 @@ static int round_run(const char *dir,
     /* The step in flight may have reached the disk: as a whole for a batch,
      * or in either of its two durable stages for a snapshot step. */
     plan_next(&rng, m, &p);
-    struct model cand[2];
-    int ncand = p.snapshot ? 2 : 1;
-    int rv = 0;
+    /* Candidates: the batch; or the snapshot finished (1), the log then
+     * compacted up to each step's end (3), or all of it (2). */
+    ida_index steps = 0;
+    for (ida_index u = m->prev_index; p.snapshot && u < p.compact_to;) {
+        u = compact_next(u, p.compact_to);
+        steps += u < p.compact_to;
+    }
+    int ncand = p.snapshot ? 2 + (int)steps : 1;
+    struct model *cand = ida_calloc((size_t)ncand, sizeof(*cand));
+    if (cand == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    ida_index upto = m->prev_index;
     for (int c = 0; c < ncand; c++) {
+        int stage = !p.snapshot ? 2 : c == 0 ? 1 : c == ncand - 1 ? 2 : 3;
+        if (stage == 3) {
+            upto = compact_next(upto, p.compact_to);
+        }
         if (model_copy(&cand[c], m) != 0 ||
-            model_apply_stage(&cand[c], &p, p.snapshot ? c + 1 : 2) != 0) {
+            model_apply_stage(&cand[c], &p, stage, upto) != 0) {
             snprintf(err, errcap, "out of memory");
             return -1; /* a test process: leaks on OOM do not matter */
         }
     }
+    int rv = 0;
     struct ida_storage s;
     struct ida_storage_opts o = {.cluster = CLUSTER, .node_id = 1};
     if (ida_storage_open(&s, dir, &o) != 0) {
@@ -478,6 +520,7 @@ static int round_run(const char *dir,
     for (int c = 0; c < ncand; c++) {
         ida_free(cand[c].terms);
     }
+    ida_free(cand);
     return rv;
 }
 

@@ -413,3 +413,50 @@ Test(storage, membership_set_after_the_bytes_is_stored)
     expect_snapshot(6, 2, size);
     free(state);
 }
+
+/* A lazy finish leaves the replaced snapshot's chunks for tidy steps; a
+ * second lazy finish before they are gone deletes its own predecessor in
+ * its commit; what a crash leaves is collected at the next open. */
+Test(storage, lazy_finish_leaves_the_replaced_chunks_to_tidy)
+{
+    open_ok();
+    size_t size = 5 * IDA_STORAGE_CHUNK_BYTES;
+    uint8_t *state = make_state(size);
+    struct ida_snapshot_writer w;
+    const uint8_t config[] = {0x0a, 0x03, 0x08, 0x01, 0x20}; /* as saved */
+    int more = 1;
+    cr_assert_eq(ida_storage_snapshot_tidy(&st, 2, &more), 0);
+    cr_assert_not(more, "nothing to tidy");
+    for (ida_index i = 1; i <= 3; i++) {
+        cr_assert_eq(
+            ida_storage_snapshot_begin(&st, &w, i, 1, config, sizeof(config)),
+            0);
+        cr_assert_eq(ida_storage_snapshot_write(&st, &w, state, size), 0);
+        cr_assert_eq(ida_storage_snapshot_finish_lazy(&st, &w), 0);
+    }
+    close_st();
+    /* 1 deleted by 3's commit (2 was waiting); 2 and 3 remain. */
+    cr_assert_eq(count_records(dir, "snap"), 10);
+    open_ok(); /* collects 2's */
+    close_st();
+    cr_assert_eq(count_records(dir, "snap"), 5);
+    open_ok();
+    expect_snapshot(3, 1, size);
+    cr_assert_eq(
+        ida_storage_snapshot_begin(&st, &w, 4, 1, config, sizeof(config)), 0);
+    uint8_t *small = make_state(100);
+    cr_assert_eq(ida_storage_snapshot_write(&st, &w, small, 100), 0);
+    free(small);
+    cr_assert_eq(ida_storage_snapshot_finish_lazy(&st, &w), 0);
+    int steps = 0;
+    do {
+        cr_assert_eq(ida_storage_snapshot_tidy(&st, 2, &more), 0);
+        steps++;
+    } while (more);
+    cr_assert_eq(steps, 3, "5 chunks, 2 at a time");
+    close_st();
+    cr_assert_eq(count_records(dir, "snap"), 1);
+    open_ok();
+    expect_snapshot(4, 1, 100);
+    free(state);
+}
