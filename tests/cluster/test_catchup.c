@@ -92,22 +92,6 @@ static int membership_whole(void)
     return ok && voters == c.n;
 }
 
-/* The number of lines of node @i's log holding @needle. */
-static int log_count(int i, const char *needle)
-{
-    char path[400], line[1024];
-    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
-    FILE *f = fopen(path, "r");
-    int n = 0;
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        n += strstr(line, needle) != NULL;
-    }
-    if (f != NULL) {
-        fclose(f);
-    }
-    return n;
-}
-
 /* The largest snapshot node @i took, in bytes (its "fsm: snapshot at
  * index N (B bytes" lines). */
 static size_t snapshot_bytes(int i)
@@ -193,13 +177,13 @@ Test(catchup,
     struct idalloc_node_status s;
     cr_assert_eq(idalloc_node_status(cl, (size_t)f, &s, tc_detail()), 0);
     cr_assert_gt(s.snapshot_index, 0, "node %d has no snapshot", f + 1);
-    cr_assert_geq(log_count(f, "received from the leader and checked"), 1,
-                  "node %d installed no snapshot from the leader", f + 1);
-    cr_assert_geq(log_count(f, "the state checked when it arrived"), 1,
+    cr_assert_geq(tc_log_count(&c, f, "received from the leader and checked"),
+                  1, "node %d installed no snapshot from the leader", f + 1);
+    cr_assert_geq(tc_log_count(&c, f, "the state checked when it arrived"), 1,
                   "node %d decoded the snapshot a second time", f + 1);
-    cr_assert_eq(log_count(f, "restored from its bytes"), 0);
-    cr_assert_eq(log_count(f, "refused a snapshot"), 0);
-    cr_assert_geq(log_count(f, "stored as it arrived"), 1,
+    cr_assert_eq(tc_log_count(&c, f, "restored from its bytes"), 0);
+    cr_assert_eq(tc_log_count(&c, f, "refused a snapshot"), 0);
+    cr_assert_geq(tc_log_count(&c, f, "stored as it arrived"), 1,
                   "node %d stored the snapshot only once it was checked",
                   f + 1);
 

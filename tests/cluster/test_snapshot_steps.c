@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,10 +75,9 @@ static size_t stored_snapshot_bytes(int i)
     return stored_snapshot_bytes_streamed(i, &streamed);
 }
 
-Test(snapshot_steps,
-     large_snapshot_stored_in_steps_survives_kill_all,
-     .fini = teardown,
-     .timeout = 240)
+/* A cluster snapshotting every 200 entries (then by its size), with a
+ * client and bounded pool "b". */
+static void start_with_pool(void)
 {
     tc_start(&c, 3, "snapshot_interval_entries 200\n");
     cr_assert_geq(tc_wait_leader(&c, 10000), 0);
@@ -85,46 +85,30 @@ Test(snapshot_steps,
     cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1u << 20,
                                      NULL, tc_detail()),
                  0);
+}
+
+/* THREADS writers at once, of tag threads THREADS * @round on; true when
+ * every alloc succeeded. */
+static bool write_round(int round)
+{
     pthread_t th[THREADS];
+    bool ok = true;
     for (int t = 0; t < THREADS; t++) {
-        pthread_create(&th[t], NULL, writer, (void *)(intptr_t)t);
+        pthread_create(&th[t], NULL, writer,
+                       (void *)(intptr_t)(THREADS * round + t));
     }
     for (int t = 0; t < THREADS; t++) {
         void *r;
         pthread_join(th[t], &r);
-        cr_assert_null(r, "alloc failed: %s", tc_errmsg());
+        ok &= r == NULL;
     }
-    /* Every node stored a snapshot of more than one step. A node
-     * snapshots again only after as many log bytes as its last snapshot
-     * (src/node/snap_policy.h), so more writes may be needed: rounds of
-     * THREADS writers (tags of other threads, checked only by the node)
-     * until every node has one. */
-    uint64_t deadline = tc_now_ms() + 120000;
-    int round = 0;
-    for (;;) {
-        int all = 1;
-        for (int i = 0; i < 3; i++) {
-            all &= stored_snapshot_bytes(i) > (1u << 20);
-        }
-        if (all || tc_now_ms() > deadline) {
-            break;
-        }
-        for (int t = 0; t < THREADS; t++) {
-            pthread_create(&th[t], NULL, writer,
-                           (void *)(intptr_t)(THREADS * (1 + round) + t));
-        }
-        for (int t = 0; t < THREADS; t++) {
-            pthread_join(th[t], NULL);
-        }
-        round++;
-    }
-    for (int i = 0; i < 3; i++) {
-        int streamed = 0;
-        cr_assert_gt(stored_snapshot_bytes_streamed(i, &streamed), 1u << 20,
-                     "node %d stored no snapshot over 1 MiB", i + 1);
-        cr_assert_gt(streamed, 0,
-                     "node %d stored no snapshot as it was encoded", i + 1);
-    }
+    return ok;
+}
+
+/* Kill all three nodes at once, start them again, and find every tag of
+ * the first round (threads 0..THREADS-1) with its id. */
+static void kill_all_then_check(void)
+{
     idalloc_client_free(cl);
     cl = NULL;
     for (int i = 0; i < 3; i++) {
@@ -147,6 +131,40 @@ Test(snapshot_steps,
     }
 }
 
+Test(snapshot_steps,
+     large_snapshot_stored_in_steps_survives_kill_all,
+     .fini = teardown,
+     .timeout = 240)
+{
+    start_with_pool();
+    cr_assert(write_round(0), "alloc failed: %s", tc_errmsg());
+    /* Every node stored a snapshot of more than one step. A node
+     * snapshots again only after as many log bytes as its last snapshot
+     * (src/node/snap_policy.h), so more writes may be needed: rounds of
+     * THREADS writers (tags of other threads, checked only by the node)
+     * until every node has one. */
+    uint64_t deadline = tc_now_ms() + 120000;
+    int round = 0;
+    for (;;) {
+        int all = 1;
+        for (int i = 0; i < 3; i++) {
+            all &= stored_snapshot_bytes(i) > (1u << 20);
+        }
+        if (all || tc_now_ms() > deadline) {
+            break;
+        }
+        write_round(++round);
+    }
+    for (int i = 0; i < 3; i++) {
+        int streamed = 0;
+        cr_assert_gt(stored_snapshot_bytes_streamed(i, &streamed), 1u << 20,
+                     "node %d stored no snapshot over 1 MiB", i + 1);
+        cr_assert_gt(streamed, 0,
+                     "node %d stored no snapshot as it was encoded", i + 1);
+    }
+    kill_all_then_check();
+}
+
 /* Kill node @i's snapshot children (a node forks nothing else): how many. */
 static int kill_children(int i)
 {
@@ -160,22 +178,6 @@ static int kill_children(int i)
     }
     if (p != NULL) {
         pclose(p);
-    }
-    return n;
-}
-
-/* How many lines of node @i's log hold @needle. */
-static int log_count(int i, const char *needle)
-{
-    char path[400], line[512];
-    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
-    FILE *f = fopen(path, "r");
-    int n = 0;
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        n += strstr(line, needle) != NULL;
-    }
-    if (f != NULL) {
-        fclose(f);
     }
     return n;
 }
@@ -200,78 +202,41 @@ Test(snapshot_steps,
      .fini = teardown,
      .timeout = 240)
 {
-    tc_start(&c, 3, "snapshot_interval_entries 200\n");
-    cr_assert_geq(tc_wait_leader(&c, 10000), 0);
-    cl = tc_client(&c, 20000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1u << 20,
-                                     NULL, tc_detail()),
-                 0);
+    start_with_pool();
     int kills = 0;
-    pthread_t k, th[THREADS];
+    pthread_t k;
     pthread_create(&k, NULL, killer, &kills);
     for (int round = 0; round < 20 && kills < 6; round++) {
-        for (int t = 0; t < THREADS; t++) {
-            pthread_create(&th[t], NULL, writer,
-                           (void *)(intptr_t)(THREADS * round + t));
-        }
-        for (int t = 0; t < THREADS; t++) {
-            void *r;
-            pthread_join(th[t], &r);
-            cr_assert_null(r, "alloc failed: %s", tc_errmsg());
-        }
+        cr_assert(write_round(round), "alloc failed: %s", tc_errmsg());
     }
     pthread_join(k, NULL);
     cr_assert_gt(kills, 0, "no snapshot child was ever running to kill");
     int failed = 0;
     for (int i = 0; i < 3; i++) {
-        failed += log_count(i, "the snapshot child for index");
+        failed += tc_log_count(&c, i, "the snapshot child for index");
     }
     cr_assert_gt(failed, 0, "%d children killed, no node noticed", kills);
     /* Without the killer, every node stores a snapshot again. */
     int before[3];
     for (int i = 0; i < 3; i++) {
-        before[i] = log_count(i, "storage: snapshot at index");
+        before[i] = tc_log_count(&c, i, "storage: snapshot at index");
     }
     uint64_t deadline = tc_now_ms() + 120000;
     for (int round = 100;; round++) {
         int all = 1;
         for (int i = 0; i < 3; i++) {
-            all &= log_count(i, "storage: snapshot at index") > before[i];
+            all &=
+                tc_log_count(&c, i, "storage: snapshot at index") > before[i];
         }
         if (all || tc_now_ms() > deadline) {
             break;
         }
-        for (int t = 0; t < THREADS; t++) {
-            pthread_create(&th[t], NULL, writer,
-                           (void *)(intptr_t)(THREADS * round + t));
-        }
-        for (int t = 0; t < THREADS; t++) {
-            pthread_join(th[t], NULL);
-        }
+        write_round(round);
     }
     for (int i = 0; i < 3; i++) {
-        cr_assert_gt(log_count(i, "storage: snapshot at index"), before[i],
-                     "node %d stored no snapshot after the kills", i + 1);
+        cr_assert_gt(tc_log_count(&c, i, "storage: snapshot at index"),
+                     before[i], "node %d stored no snapshot after the kills",
+                     i + 1);
     }
-    idalloc_client_free(cl);
-    cl = NULL;
-    for (int i = 0; i < 3; i++) {
-        tc_signal(&c, i, SIGKILL);
-    }
-    for (int i = 0; i < 3; i++) {
-        tc_spawn(&c, i);
-    }
-    cr_assert_geq(tc_wait_leader(&c, 20000), 0);
-    cl = tc_client(&c, 20000);
-    /* The first round's tags (threads 0..THREADS-1) with their ids. */
-    for (int t = 0; t < THREADS; t++) {
-        for (int i = 0; i < PER_THREAD; i++) {
-            char tag[TAG_BYTES + 1];
-            uint64_t id;
-            tc_long_tag(tag, TAG_BYTES, t, i);
-            cr_assert_eq(idalloc_lookup(cl, "b", tag, &id, tc_detail()), 0,
-                         "lookup: %s", tc_errmsg());
-            cr_assert_eq(id, ids[t][i], "tag %d-%d moved", t, i);
-        }
-    }
+    kill_all_then_check();
 }

@@ -409,6 +409,21 @@ int tc_wait_applied(struct tc *c, uint64_t index, unsigned ms)
     return ok;
 }
 
+int tc_log_count(const struct tc *c, int i, const char *needle)
+{
+    char path[400], line[1024];
+    snprintf(path, sizeof(path), "%s/node%d.log", c->dir, i + 1);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        n += strstr(line, needle) != NULL;
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return n;
+}
+
 int tc_run(char *out, size_t cap, const char *fmt, ...)
 {
     char cmd[2048];

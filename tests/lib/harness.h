@@ -90,6 +90,8 @@ const char *tc_bin(const char *name);
  * returns the exit status. Safe from several threads at once. */
 int tc_run(char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* How many lines of node @i's log (of @c) hold @needle. */
+int tc_log_count(const struct tc *c, int i, const char *needle);
 /* A loopback TCP port the kernel just handed out (free a moment ago). */
 unsigned tc_free_port(void);
 /* A struct idalloc_call for one call's error detail in a test's failure
