@@ -31,6 +31,8 @@ _Static_assert(IDA_CLIENT_POOL_NAME_MAX == IDA_POOL_NAME_MAX &&
 #define PENDING_BUCKETS 4096
 /* Bytes of a background snapshot read per step of the fsm processor. */
 #define BGSNAP_STEP_BYTES (1u << 20)
+/* Slices of it on their way to storage at most (node.h, enc_slices). */
+#define IDA_ENC_SLICES_MAX 4
 
 /* A write this node proposed, waiting for its entry to apply. */
 struct pending
@@ -344,7 +346,18 @@ static void snapshot_taken(struct fsm_proc *fp,
     snapshot_noted(fp, index, len, took_us, "in line");
 }
 
-/* Send the slice gathered so far to storage (@end: see ida_nm_snap_enc). */
+/* Forget the stream in progress (its slice, its offset). */
+static void enc_reset(struct fsm_proc *fp)
+{
+    ida_free(fp->enc_buf);
+    fp->enc_buf = NULL;
+    fp->enc_len = 0;
+    fp->enc_off = 0;
+}
+
+/* Send the slice gathered so far to storage (@end: see ida_nm_snap_enc).
+ * Without memory for the message the stream is broken: storage drops it
+ * at the next slice, or when the next one starts. */
 static void enc_send(struct fsm_proc *fp,
                      struct ida_sender *s,
                      ida_index index,
@@ -352,16 +365,21 @@ static void enc_send(struct fsm_proc *fp,
                      uint64_t total,
                      int end)
 {
+    struct ida_node *n = fp->node;
     struct ida_nm_snap_enc *e = ida_malloc(sizeof(*e));
     if (e == NULL) {
-        return; /* storage drops the stream at its next start */
+        enc_reset(fp);
+        return;
     }
     *e = (struct ida_nm_snap_enc){index,       term,        total, fp->enc_off,
                                   fp->enc_buf, fp->enc_len, end};
     fp->enc_buf = NULL;
     fp->enc_off += fp->enc_len;
     fp->enc_len = 0;
-    node_post(&fp->q, s, fp->node->p_storage, IDA_NM_SNAPSHOT_ENC, e);
+    atomic_fetch_add(&n->enc_slices, 1);
+    if (node_post(&fp->q, s, n->p_storage, IDA_NM_SNAPSHOT_ENC, e) != 0) {
+        atomic_fetch_sub(&n->enc_slices, 1); /* freed, never to arrive */
+    }
 }
 
 /* Stop the background snapshot, if any (storage drops what it got of it
@@ -369,10 +387,7 @@ static void enc_send(struct fsm_proc *fp,
 static void bg_cancel(struct fsm_proc *fp)
 {
     ida_bgsnap_cancel(&fp->bg);
-    ida_free(fp->enc_buf);
-    fp->enc_buf = NULL;
-    fp->enc_len = 0;
-    fp->enc_off = 0;
+    enc_reset(fp);
 }
 
 /* Pass on what the background encoder wrote since the last look: storage
@@ -380,8 +395,9 @@ static void bg_cancel(struct fsm_proc *fp)
  * whole in this process. */
 static void poll_bgsnap(struct fsm_proc *fp, struct ida_sender *s)
 {
-    if (!ida_bgsnap_running(&fp->bg)) {
-        return;
+    if (!ida_bgsnap_running(&fp->bg) ||
+        atomic_load(&fp->node->enc_slices) >= IDA_ENC_SLICES_MAX) {
+        return; /* (the child waits on its pipe meanwhile) */
     }
     if (fp->enc_buf == NULL) {
         fp->enc_buf = ida_malloc(BGSNAP_STEP_BYTES);
@@ -399,7 +415,7 @@ static void poll_bgsnap(struct fsm_proc *fp, struct ida_sender *s)
         /* Storage drops what came (end -1): no snapshot from it. */
         fp->enc_len = 0;
         enc_send(fp, s, index, term, sl.total, -1);
-        fp->enc_off = 0;
+        enc_reset(fp);
         IDA_WARN(
             "fsm: the snapshot child for index %llu failed (%s); the "
             "next one is taken in line",
@@ -413,7 +429,7 @@ static void poll_bgsnap(struct fsm_proc *fp, struct ida_sender *s)
     }
     enc_send(fp, s, index, term, sl.total, rv == 1);
     if (rv == 1) {
-        fp->enc_off = 0;
+        enc_reset(fp);
         snapshot_noted(fp, index, sl.total, ida__node_mono_us() - t0,
                        "encoded by a child process");
     }
@@ -428,6 +444,7 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
     /* The log since now counts toward the next one; the size of the last
      * stays until this one's is known. */
     ida_snap_policy_taken(&fp->snap, fp->snap.last_bytes);
+    enc_reset(fp); /* a new stream starts at offset 0 */
     if (!fp->bg_failed &&
         ida_bgsnap_start(&fp->bg, fp->fsm, applied, fp->applied_term) == 0) {
         return;

@@ -26,6 +26,7 @@
 #define IDA_NODE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "fsm/fsm.h"
@@ -105,7 +106,12 @@ struct ida_node
     uint8_t *membership0; /* the first membership (storage), or NULL */
     size_t membership0_len;
     int fresh; /* a new directory: no membership, log, snapshot or vote */
-    size_t snapshot_bytes0;      /* size of the snapshot restored at start */
+    size_t snapshot_bytes0; /* size of the snapshot restored at start */
+    /* Slices of this node's snapshot sent by the fsm processor and not yet
+     * written by storage (IDA_NM_SNAPSHOT_ENC): the fsm reads no more of
+     * the child's pipe while IDA_ENC_SLICES_MAX are on their way, so the
+     * encoded state is never gathered in memory, whatever storage's pace. */
+    atomic_uint enc_slices;
     struct ida_metrics *metrics; /* src/node/metrics.h; from start to close */
 };
 

@@ -32,8 +32,12 @@
  * the batch that installs it then finishes that writer when it holds
  * exactly the batch's bytes (size and CRC-32C) and membership, and
  * otherwise writes the snapshot whole as before. Storage has one writer:
- * a local snapshot arriving meanwhile takes it (the stream is dropped),
- * and a stream does not start while a local snapshot is being stored. */
+ * a local snapshot encoded in line takes it (the leader's stream is
+ * dropped) and a leader's stream does not start while one is being
+ * stored; but a leader's stream takes it from a local snapshot streaming
+ * in from its encoder (the leader's is newer and replaces this node's
+ * state), and this node's own stream does not start while a leader's
+ * arrives. */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -145,7 +149,8 @@ static void on_snapshot_rcv(struct storage_proc *sp,
     struct ida_storage *st = &sp->node->storage;
     if (c->offset == 0) {
         rcv_drop(sp);
-        if (sp->failed || sp->job_msg != NULL || sp->enc.active) {
+        enc_drop(sp); /* the leader's is newer: this node installs it */
+        if (sp->failed || sp->job_msg != NULL) {
             return; /* the local snapshot has the writer */
         }
         if (ida_storage_snapshot_begin(st, &sp->rcv.w, c->index, c->term,
@@ -471,9 +476,10 @@ static void on_snapshot_enc(struct storage_proc *sp,
 {
     struct ida_storage *st = &sp->node->storage;
     if (c->offset == 0 && c->end >= 0) {
-        /* A new one: it takes the writer from an older one and from a
-         * leader's stream (storage has one writer). */
-        if (sp->failed || c->index <= st->snapshot_index ||
+        /* A new one: it takes the writer from an older one of its own;
+         * a leader's snapshot arriving keeps it (this node installs that
+         * one, which replaces its own). */
+        if (sp->failed || c->index <= st->snapshot_index || sp->rcv.active ||
             (sp->job_msg != NULL &&
              c->index <=
                  ((const struct ida_nm_snapshot *)node_msg_payload(sp->job_msg))
@@ -482,7 +488,6 @@ static void on_snapshot_enc(struct storage_proc *sp,
         }
         job_drop(sp);
         enc_drop(sp);
-        rcv_drop(sp);
         (void)ida_storage_reserve(st, c->total); /* else it grows as it goes */
         if (ida_storage_snapshot_begin(st, &sp->enc.w, c->index, c->term, NULL,
                                        0) != 0) {
@@ -690,6 +695,7 @@ static void storage_receive(void *state,
     } else if (msg->type == IDA_NM_SNAPSHOT_ENC) {
         on_snapshot_enc(sp, s, node_msg_payload(msg));
         node_msg_free(msg);
+        atomic_fetch_sub(&sp->node->enc_slices, 1);
     } else if (msg->type == IDA_NM_SNAPSHOT_RCV) {
         on_snapshot_rcv(sp, node_msg_payload(msg));
         node_msg_free(msg);

@@ -696,39 +696,70 @@ Test(snap, two_threads_restore_what_one_does)
     free(forged);
 }
 
-/* Damage at the cut (wherever it falls near the middle), across the two
- * shares, and at the end is refused as it is by one thread, and leaves the
- * target as it was. */
+/* Bytes of @v as a varint. */
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    for (; v >= 0x80; v >>= 7) {
+        n++;
+    }
+    return n;
+}
+
+/* Where restore cuts forge_big()'s holdings in two (snap_decode.c,
+ * find_cut()): the holding that starts at or past the middle byte of the
+ * pool's Bounded message, then the first after it in another chunk. */
+static int big_cut(void)
+{
+    size_t total = 1 + varint_len(bs.size), at = total;
+    for (int i = 0; i < BIG; i++) {
+        size_t tl = strlen(big[i].tag);
+        total += 2 + (big[i].id != 0 ? 1 + varint_len(big[i].id) : 0) + 2 + tl;
+    }
+    int mid = 0;
+    for (; mid < BIG && at < total / 2; mid++) {
+        size_t tl = strlen(big[mid].tag);
+        at += 2 + (big[mid].id != 0 ? 1 + varint_len(big[mid].id) : 0) + 2 + tl;
+    }
+    int cut = mid + 1;
+    while (cut < BIG && big[cut].id >> 12 == big[mid].id >> 12) {
+        cut++;
+    }
+    cr_assert_lt(cut, BIG);
+    return cut;
+}
+
+/* Damage next to the cut, across the two shares and at the ends is
+ * refused as it is by one thread, and leaves the target as it was. */
 Test(snap, two_threads_refuse_what_one_does)
 {
     forge_base();
     cr_assert_eq(forge_restore(), 0);
     size_t len0;
     uint8_t *before = fx_snapshot(f, &len0);
+    forge_big();
+    const int cut = big_cut();
+    cr_assert(cut > BIG / 3 && cut < 2 * BIG / 3, "cut at %d", cut);
     for (int refuse = 0; refuse < 2; refuse++) {
-        for (int damage = 0; damage < 30; damage++) {
+        for (int damage = 0; damage < 24; damage++) {
             forge_big();
-            int at = BIG / 2 - 10 + damage % 20;
-            if (damage < 20) {
+            int at = cut - 3 + damage % 6;
+            if (damage < 6) {
                 big[at].id = big[at - 1].id; /* not increasing */
-            } else if (damage == 20) {
-                big[BIG - 10].tag = bigtag[10]; /* a tag in both shares */
-            } else if (damage == 21) {
-                big[BIG - 1].tag = bigtag[BIG - 2]; /* twice, second share */
-            } else if (damage == 22) {
+            } else if (damage < 12) {
+                big[at].tag = bigtag[at - 1]; /* twice, side by side */
+            } else if (damage < 18) {
+                big[at].tag = bigtag[at - 1000]; /* twice, far apart */
+            } else if (damage == 18) {
                 big[BIG - 1].id = 5; /* the last id is not the highest */
-            } else if (damage == 23) {
+            } else if (damage == 19) {
                 big[3].id = 3 * BIG; /* first share beyond the cut */
-            } else if (damage == 24) {
+            } else if (damage == 20) {
                 big[BIG - 1].id = bs.size; /* beyond the pool */
-            } else if (damage == 25) {
-                big[BIG / 2 + 5].tag = ""; /* an empty tag */
-            } else if (damage == 26) {
-                big[BIG / 2 + 5].id = big[BIG / 2 + 5].id - 3; /* repeated */
-            } else if (damage == 27) {
+            } else if (damage == 21) {
+                big[cut + 5].tag = ""; /* an empty tag */
+            } else if (damage == 22) {
                 big[0].tag = bigtag[BIG - 1]; /* first and last */
-            } else if (damage == 28) {
-                big[BIG / 2].tag = bigtag[BIG / 2 + 1]; /* at the middle */
             } else {
                 big[1].id = 0; /* equals the first */
                 big[0].id = 0;
@@ -744,5 +775,39 @@ Test(snap, two_threads_refuse_what_one_does)
             ida_free(after);
         }
     }
+    ida_free(before);
+}
+
+/* Out of memory anywhere in a two-thread restore is IDA_ENOMEM and leaves
+ * the target as it was (the second share decoded by the restore's own
+ * thread, so the sweep is deterministic). */
+Test(snap, two_threads_enomem_changes_nothing)
+{
+    forge_base();
+    cr_assert_eq(forge_restore(), 0);
+    size_t len0;
+    uint8_t *before = fx_snapshot(f, &len0);
+    forge_big();
+    size_t len;
+    uint8_t *forged = fx_forge(&st, &len);
+    int n;
+    for (n = 0;; n += 1 + n / 8) {
+        struct counted c;
+        counted_init(&c, true);
+        ida_heap_fault_set(n, 1);
+        int rv = ida_fsm_restore_with(f, forged, len, &c.h);
+        ida_heap_fault_set(0, 0);
+        if (rv == 0) {
+            break;
+        }
+        cr_assert_eq(rv, IDA_ENOMEM, "allocation %d: %d", n, rv);
+        size_t len1;
+        uint8_t *after = fx_snapshot(f, &len1);
+        cr_assert(len0 == len1 && memcmp(before, after, len0) == 0,
+                  "allocation %d", n);
+        ida_free(after);
+    }
+    cr_assert_gt(n, 10);
+    free(forged);
     ida_free(before);
 }

@@ -435,9 +435,10 @@ Test(storage, lazy_finish_leaves_the_replaced_chunks_to_tidy)
         cr_assert_eq(ida_storage_snapshot_finish_lazy(&st, &w), 0);
     }
     close_st();
-    /* 1 deleted by 3's commit (2 was waiting); 2 and 3 remain. */
+    /* 2's commit left 1 to tidy; 3's deleted 2 (1 still waiting): 1 and
+     * 3 remain. */
     cr_assert_eq(count_records(dir, "snap"), 10);
-    open_ok(); /* collects 2's */
+    open_ok(); /* collects 1's */
     close_st();
     cr_assert_eq(count_records(dir, "snap"), 5);
     open_ok();
