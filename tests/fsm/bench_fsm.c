@@ -2,7 +2,9 @@
  * at 10 million live allocations, snapshot and restore time of that state.
  *
  * Run with no arguments (make bench), or `bench_fsm N` for N live bounded
- * allocations (default 10,000,000).
+ * allocations (default 10,000,000). Restores are timed on one thread, then
+ * with a second thread lent (ida_fsm_restore_with(), as a node restores);
+ * IDA_BENCH_RESTORES=K times each (default 2; more to profile).
  *
  * Throughput counts only ida_fsm_apply() (each batch of 64 commands is
  * encoded before its clock starts, as the node receives it from the log).
