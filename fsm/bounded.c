@@ -135,11 +135,10 @@ static void tree_add(struct ida__bounded *b, uint64_t c, int delta)
     }
 }
 
-/* Take @id (free, chunk prepared) for @rec; the caller indexes its tag. */
-static void take(struct ida__bounded *b, uint64_t id, uint8_t *rec)
+/* Mark @id held by @rec in its chunk @ch (the bits and the record; not
+ * the count tree). */
+static void mark(struct ida__chunk *ch, uint64_t id, uint8_t *rec)
 {
-    uint64_t c = id >> IDA__CHUNK_SHIFT;
-    struct ida__chunk *ch = b->chunks[c];
     unsigned bit = (unsigned)(id & (IDA__CHUNK_IDS - 1));
     IDA_ASSERT(ch->tags[bit] == NULL);
     ch->bits[bit / 64] |= UINT64_C(1) << (bit % 64);
@@ -147,6 +146,13 @@ static void take(struct ida__bounded *b, uint64_t id, uint8_t *rec)
         ch->full_words |= UINT64_C(1) << (bit / 64);
     }
     ch->tags[bit] = rec;
+}
+
+/* Take @id (free, chunk prepared) for @rec; the caller indexes its tag. */
+static void take(struct ida__bounded *b, uint64_t id, uint8_t *rec)
+{
+    uint64_t c = id >> IDA__CHUNK_SHIFT;
+    mark(b->chunks[c], id, rec);
     tree_add(b, c, 1);
     b->held++;
     IDA_ASSERT(b->tree[1] == b->held);
@@ -196,6 +202,35 @@ int ida__bounded_prepare(struct ida__bounded *b, uint64_t id)
 {
     IDA_ASSERT(id < b->size);
     return prepare_chunk(b, id >> IDA__CHUNK_SHIFT);
+}
+
+int ida__bounded_fill(struct ida__bounded *b, uint64_t id, uint8_t *rec)
+{
+    uint64_t c = id >> IDA__CHUNK_SHIFT;
+    /* Indexed by ida__bounded_prepare(): this only allocates the chunk. */
+    IDA_ASSERT(id < b->size && c < b->leaves);
+    if (prepare_chunk(b, c) != 0) {
+        return IDA_ENOMEM;
+    }
+    mark(b->chunks[c], id, rec);
+    return 0;
+}
+
+void ida__bounded_recount(struct ida__bounded *b)
+{
+    for (uint64_t c = 0; c < b->leaves; c++) {
+        uint32_t n = 0;
+        const struct ida__chunk *ch = b->chunks[c];
+        for (unsigned w = 0; ch != NULL && w < IDA__CHUNK_WORDS; w++) {
+            n += (uint32_t)__builtin_popcountll(ch->bits[w]);
+        }
+        b->tree[b->leaves + c] = n;
+    }
+    for (uint64_t i = b->leaves - 1; i >= 1; i--) {
+        b->tree[i] = b->tree[2 * i] + b->tree[2 * i + 1];
+    }
+    b->held = b->leaves > 0 ? b->tree[1] : 0;
+    b->tab.used = b->held; /* one tag per held id */
 }
 
 int ida__bounded_free(struct ida__bounded *b,

@@ -151,8 +151,8 @@ void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref);
  * compare-and-swap, so two equal keys inserted at once still meet: one claims
  * the slot, the other finds it claimed and compares. @ref's key must be
  * readable before the call (another thread may compare against it as soon as it
- * is in). Does not count the insert: the caller adds its inserts to t->used
- * once the threads are done. The table must have room for all of them
+ * is in). Does not count the insert (ida__bounded_recount() sets t->used
+ * once the threads are done). The table must have room for all of them
  * (ida__tagtab_reserve_n() beforehand). */
 bool ida__tagtab_insert_shared(struct ida__tagtab *t,
                                uint32_t ref,
@@ -246,10 +246,16 @@ uint32_t ida__bounded_find(const struct ida__bounded *b,
 uint64_t ida__bounded_next_held(const struct ida__bounded *b, uint64_t from);
 /* The record of held id @id (must be held). */
 const uint8_t *ida__bounded_tag(const struct ida__bounded *b, uint64_t id);
-/* Restore: index the chunks up to the one of @id (< size) and allocate
- * that one; 0 or IDA_ENOMEM. Restore then fills chunks itself and sums
- * the count tree (snap_decode.c). */
+/* Restore's bulk path (snap_decode.c). ida__bounded_prepare() indexes the
+ * chunks up to the one of @id (< size; the highest to come) and allocates
+ * that one: 0 or IDA_ENOMEM. ida__bounded_fill() then marks free id @id
+ * held by @rec, allocating its chunk (0 or IDA_ENOMEM), without the count
+ * tree or the held count: threads may fill ids of distinct chunks at once.
+ * ida__bounded_recount() then sums the tree, the held count and the tag
+ * table's count from the chunks (every held id's tag inserted). */
 int ida__bounded_prepare(struct ida__bounded *b, uint64_t id);
+int ida__bounded_fill(struct ida__bounded *b, uint64_t id, uint8_t *rec);
+void ida__bounded_recount(struct ida__bounded *b);
 /* The lowest free id (may be >= size). */
 uint64_t ida__bounded_lowest_free(const struct ida__bounded *b);
 

@@ -34,9 +34,9 @@ static bool tag_ok(const struct ida__rbuf *b)
  * own, into a slab of its own; they share only the tag table, whose empty
  * slots are claimed by compare-and-swap (ida__tagtab_insert_shared()). The
  * chunks' count tree, which every take would climb to the root, is summed
- * once at the end instead. A share's bounds are checked as data (ids
- * strictly increasing, within [lo, hi]), so damaged or forged bytes cannot
- * make the shares overlap. */
+ * once at the end instead (ida__bounded_recount()). A share's bounds are
+ * checked as data (ids strictly increasing, within [lo, hi]), so damaged or
+ * forged bytes cannot make the shares overlap. */
 #define HOLD_BATCH     16
 #define HOLD_SPLIT_MIN 65536 /* holdings below which one thread does all */
 
@@ -54,7 +54,6 @@ struct share
     struct ida__rbuf r;    /* the pool's fields holding the share */
     uint64_t lo, hi;       /* its ids are within [lo, hi], increasing */
     struct ida__slab slab; /* records of the share */
-    uint64_t held;
     int rv;
 };
 
@@ -108,25 +107,13 @@ static int dec_holding(struct share *sh,
  * the other thread's compares), then its tag into the table. */
 static int put_holdings(struct share *sh, const struct holding *h, size_t n)
 {
-    struct ida__bounded *b = sh->b;
     for (size_t i = 0; i < n; i++) {
-        uint64_t c = h[i].id >> IDA__CHUNK_SHIFT;
-        struct ida__chunk *ch = b->chunks[c];
-        if (ch == NULL) {
-            ch = b->chunks[c] = ida_calloc(1, sizeof(*ch));
-            if (ch == NULL) {
-                return IDA_ENOMEM;
-            }
+        if (ida__bounded_fill(sh->b, h[i].id, h[i].rec) != 0) {
+            return IDA_ENOMEM;
         }
-        unsigned bit = (unsigned)(h[i].id & (IDA__CHUNK_IDS - 1));
-        ch->bits[bit / 64] |= UINT64_C(1) << (bit % 64);
-        if (ch->bits[bit / 64] == UINT64_MAX) {
-            ch->full_words |= UINT64_C(1) << (bit / 64);
-        }
-        ch->tags[bit] = h[i].rec;
-        sh->held++;
-        if (!ida__tagtab_insert_shared(&b->tab, (uint32_t)h[i].id, h[i].rec + 1,
-                                       ida__tagrec_len(h[i].rec), h[i].hash)) {
+        if (!ida__tagtab_insert_shared(&sh->b->tab, (uint32_t)h[i].id,
+                                       h[i].rec + 1, ida__tagrec_len(h[i].rec),
+                                       h[i].hash)) {
             return CORRUPT; /* a tag held twice */
         }
     }
@@ -179,22 +166,6 @@ static const uint8_t *find_cut(struct ida__rbuf r,
         chunk = c;
     }
     return NULL;
-}
-
-/* Sum the count tree from the chunks' bits (after a bulk take). */
-static void sum_tree(struct ida__bounded *b)
-{
-    for (uint64_t c = 0; c < b->leaves; c++) {
-        uint32_t n = 0;
-        const struct ida__chunk *ch = b->chunks[c];
-        for (unsigned w = 0; ch != NULL && w < IDA__CHUNK_WORDS; w++) {
-            n += (uint32_t)__builtin_popcountll(ch->bits[w]);
-        }
-        b->tree[b->leaves + c] = n;
-    }
-    for (uint64_t i = b->leaves - 1; i >= 1; i--) {
-        b->tree[i] = b->tree[2 * i] + b->tree[2 * i + 1];
-    }
 }
 
 static int dec_bounded(struct ida__pool *pool,
@@ -265,13 +236,10 @@ static int dec_bounded(struct ida__pool *pool,
     int rv = 0;
     for (int i = 0; i < shares; i++) {
         ida__slab_merge(&b->slab, &sh[i].slab);
-        b->held += sh[i].held;
-        b->tab.used += sh[i].held;
         rv = rv != 0 ? rv : sh[i].rv;
     }
     if (rv == 0) {
-        sum_tree(b);
-        IDA_ASSERT(b->tree[1] == b->held);
+        ida__bounded_recount(b);
     }
     return rv;
 }

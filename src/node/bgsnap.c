@@ -142,28 +142,48 @@ void ida_bgsnap_cancel(struct ida_bgsnap *b)
     reap(b, NULL);
 }
 
-/* The header's 16 bytes, read as far as they came: 0 (all in), 1 (not
- * yet), minus an IDA_E* code (the job failed and is over). Sets @*eof. */
+/* One read of at most @n bytes from the job's pipe: how many came (0 at
+ * the end), PIPE_LATER when none are there yet, or PIPE_FAILED (the job is
+ * cancelled). */
+#define PIPE_LATER  (-1)
+#define PIPE_FAILED (-2)
+static ssize_t pipe_read(struct ida_bgsnap *b, uint8_t *dst, size_t n)
+{
+    ssize_t r = read(b->fd, dst, n);
+    if (r >= 0) {
+        return r;
+    }
+    if (errno == EAGAIN || errno == EINTR) {
+        return PIPE_LATER;
+    }
+    ida_bgsnap_cancel(b);
+    return PIPE_FAILED;
+}
+
+static int header_in(const struct ida_bgsnap *b)
+{
+    return b->hdr_got == IDA_BGSNAP_HDR_BYTES;
+}
+
+/* The header's 16 bytes, read as far as they came: 0 (all in: b->len is
+ * the size), 1 (not yet), minus an IDA_E* code (the job failed and is
+ * over). Sets @*eof. */
 static int read_header(struct ida_bgsnap *b, int *eof)
 {
-    while (b->hdr_got < IDA_BGSNAP_HDR_BYTES) {
-        ssize_t r =
-            read(b->fd, b->hdr + b->hdr_got, IDA_BGSNAP_HDR_BYTES - b->hdr_got);
-        if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
-            return 1;
-        }
-        if (r < 0) {
-            ida_bgsnap_cancel(b);
+    if (header_in(b)) {
+        return 0;
+    }
+    while (!header_in(b)) {
+        ssize_t r = pipe_read(b, b->hdr + b->hdr_got,
+                              IDA_BGSNAP_HDR_BYTES - b->hdr_got);
+        if (r == PIPE_FAILED) {
             return -IDA_EIO;
         }
-        if (r == 0) {
-            *eof = 1;
+        if (r <= 0) {
+            *eof = r == 0;
             return 1;
         }
         b->hdr_got += (size_t)r;
-    }
-    if (b->len_known) {
-        return 0;
     }
     uint64_t n = 0;
     for (int i = 0; i < 8; i++) {
@@ -174,7 +194,6 @@ static int read_header(struct ida_bgsnap *b, int *eof)
         return -IDA_ECORRUPT;
     }
     b->len = (size_t)n;
-    b->len_known = 1;
     return 0;
 }
 
@@ -197,39 +216,34 @@ int ida_bgsnap_read(struct ida_bgsnap *b,
     while (rv == 0 && !eof && out->len < cap && b->got < b->len) {
         size_t want = b->len - b->got;
         want = want < cap - out->len ? want : cap - out->len;
-        ssize_t r = read(b->fd, dst + out->len, want);
-        if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
-            return 0;
-        }
-        if (r < 0) {
-            ida_bgsnap_cancel(b);
+        ssize_t r = pipe_read(b, dst + out->len, want);
+        if (r == PIPE_FAILED) {
             return -IDA_EIO;
         }
-        if (r == 0) {
-            eof = 1;
-            break;
+        if (r == PIPE_LATER) {
+            return 0;
         }
+        eof = r == 0;
         out->len += (size_t)r;
         b->got += (size_t)r;
     }
     if (rv == 0 && !eof && b->got == b->len) {
         /* all announced bytes are in: wait for EOF */
         uint8_t extra;
-        ssize_t r = read(b->fd, &extra, 1);
-        if (r == 0) {
-            eof = 1;
-        } else if (r > 0) {
-            ida_bgsnap_cancel(b); /* more than announced */
-            return -IDA_ECORRUPT;
-        } else if (errno != EAGAIN && errno != EINTR) {
-            ida_bgsnap_cancel(b);
+        ssize_t r = pipe_read(b, &extra, 1);
+        if (r == PIPE_FAILED) {
             return -IDA_EIO;
         }
+        if (r > 0) {
+            ida_bgsnap_cancel(b); /* more than announced */
+            return -IDA_ECORRUPT;
+        }
+        eof = r == 0;
     }
     if (!eof) {
         return 0;
     }
-    int complete = b->len_known && b->got == b->len;
+    int complete = header_in(b) && b->got == b->len;
     int st;
     reap(b, &st);
     if (!complete || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
@@ -246,7 +260,7 @@ int ida_bgsnap_poll(struct ida_bgsnap *b,
     struct ida_bgsnap_slice sl;
     if (b->buf == NULL) {
         int rv = ida_bgsnap_read(b, NULL, 0, &sl); /* the header */
-        if (rv != 0 || !b->len_known) {
+        if (rv != 0 || !header_in(b)) {
             return rv == 1 ? -IDA_EIO : rv; /* no bytes, yet "done" */
         }
         b->buf = ida_malloc(b->len > 0 ? b->len : 1);

@@ -54,8 +54,7 @@ struct ida_bgsnap
     ida_term term;
     uint64_t started_us;
     uint8_t hdr[IDA_BGSNAP_HDR_BYTES];
-    size_t hdr_got;
-    int len_known;   /* the header is in: len is the snapshot's size */
+    size_t hdr_got;  /* all 16 in: len is the snapshot's size */
     uint8_t *buf;    /* ida_bgsnap_poll(): ida_malloc'd once the header is in */
     size_t len, got; /* size, and bytes read so far */
 };

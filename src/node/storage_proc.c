@@ -469,6 +469,17 @@ static void job_step(struct storage_proc *sp, struct ida_sender *s)
     sp->job_msg = NULL;
 }
 
+/* Whether a snapshot of this node's at @index is newer than the one stored
+ * and any of its own being stored (and storage works). */
+static int newest_local(const struct storage_proc *sp, ida_index index)
+{
+    const struct ida_nm_snapshot *job =
+        sp->job_msg != NULL ? node_msg_payload(sp->job_msg) : NULL;
+    return !sp->failed && index > sp->node->storage.snapshot_index &&
+           (job == NULL || index > job->index) &&
+           (!sp->enc.active || index > sp->enc.index);
+}
+
 /* A slice of this node's snapshot as its encoder wrote it (see the top). */
 static void on_snapshot_enc(struct storage_proc *sp,
                             struct ida_sender *s,
@@ -479,11 +490,7 @@ static void on_snapshot_enc(struct storage_proc *sp,
         /* A new one: it takes the writer from an older one of its own;
          * a leader's snapshot arriving keeps it (this node installs that
          * one, which replaces its own). */
-        if (sp->failed || c->index <= st->snapshot_index || sp->rcv.active ||
-            (sp->job_msg != NULL &&
-             c->index <=
-                 ((const struct ida_nm_snapshot *)node_msg_payload(sp->job_msg))
-                     ->index)) {
+        if (!newest_local(sp, c->index) || sp->rcv.active) {
             return;
         }
         job_drop(sp);
@@ -616,12 +623,7 @@ static void on_snapshot_store(struct storage_proc *sp,
         node_msg_free(msg);
         return;
     }
-    if (sp->failed || sn->index <= st->snapshot_index ||
-        (sp->enc.active && sn->index <= sp->enc.index) ||
-        (sp->job_msg != NULL &&
-         sn->index <=
-             ((const struct ida_nm_snapshot *)node_msg_payload(sp->job_msg))
-                 ->index)) {
+    if (!newest_local(sp, sn->index)) {
         node_msg_free(msg);
         return;
     }
