@@ -781,10 +781,8 @@ int ida_fsm_apply(struct ida_fsm *f,
     }
     if (type == IDA_ENTRY_NORMAL) {
         /* Decoded into the arena: freed all at once by the next reset. */
-        ProtobufCAllocator alloc = {ida__arena_alloc, ida__arena_free, f};
         ida__arena_reset(f);
-        Idalloc__CommandBatch *b =
-            idalloc__command_batch__unpack(&alloc, len, data);
+        Idalloc__CommandBatch *b = ida__batch_unpack(f, data, len);
         if (b == NULL && f->arena_failed) {
             /* Out of memory is local, not a property of the entry: it must
              * not be mistaken for a malformed batch (replicas would part). */

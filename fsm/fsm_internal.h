@@ -417,6 +417,19 @@ void ida__arena_release(struct ida_fsm *f);
 /* Empty the arena before decoding the next entry. */
 void ida__arena_reset(struct ida_fsm *f);
 
+/* Log entries (fsm/batch.c). idalloc__command_batch__unpack() into the
+ * arena, the simple case read by hand: the same batch or the same NULL
+ * (with f->arena_failed set when memory ran out). */
+Idalloc__CommandBatch *ida__batch_unpack(struct ida_fsm *f,
+                                         const uint8_t *data,
+                                         size_t len);
+/* The hand reader alone: 0 with *@out (what protobuf-c would build), 1 if
+ * the bytes are not the simple case (nothing judged), -IDA_ENOMEM. */
+int ida__batch_decode_simple(struct ida_fsm *f,
+                             const uint8_t *data,
+                             size_t len,
+                             Idalloc__CommandBatch **out);
+
 /* --- snapshots ---------------------------------------------------------- */
 
 /* The hash stored as FsmState.checksum over the @len bytes before it. */
