@@ -339,10 +339,12 @@ struct ida_fsm_helper
     void *ctx;
 };
 
-/* ida_fsm_restore(), with the holdings of a large bounded pool (the bulk of
- * a large state) decoded in two halves, one on @helper's thread: about
- * twice as fast where a second core is free. @helper may be NULL (then it
- * is ida_fsm_restore()). Same result, same validation, same errors. */
+/* ida_fsm_restore(), with @helper's thread computing the checksum while
+ * decoding starts, then decoding half of the holdings of a large bounded
+ * pool (the bulk of a large state): about twice as fast where a second
+ * core is free. @helper may be NULL (then it is ida_fsm_restore()). Same
+ * result, same validation, same errors: bytes whose checksum does not
+ * match are refused whatever they decoded to. */
 int ida_fsm_restore_with(struct ida_fsm *f,
                          const uint8_t *data,
                          size_t len,

@@ -7,6 +7,8 @@
 
 #include "base/heap.h"
 #include "fsm/fsm.h"
+#include "fsm/fsm_internal.h"
+#include "fsm/wire.h"
 #include "idalloc_errors.h"
 #include "src/node/lend.h"
 #include "tests/fsm/fsm_helpers.h"
@@ -661,7 +663,9 @@ Test(snap, two_threads_restore_what_one_does)
         struct counted c;
         counted_init(&c, refuse);
         cr_assert_eq(ida_fsm_restore_with(g, forged, len, &c.h), 0);
-        cr_assert_eq(c.starts, 1, "a second thread was asked for");
+        cr_assert_eq(c.starts, 2,
+                     "the thread asked for the checksum, then "
+                     "for the second share");
         size_t l;
         uint8_t *again = fx_snapshot(g, &l);
         cr_assert(l == len && memcmp(again, forged, len) == 0,
@@ -692,8 +696,58 @@ Test(snap, two_threads_restore_what_one_does)
     struct counted c;
     counted_init(&c, false);
     cr_assert_eq(forge_restore_with(&c), 0);
-    cr_assert_eq(c.starts, 0);
+    cr_assert_eq(c.starts, 1, "the checksum only");
     free(forged);
+}
+
+/* The checksum runs on the lent thread while decoding starts: bytes that
+ * decode well but do not match their checksum are refused all the same,
+ * and change nothing, whether the thread is lent or refused. */
+Test(snap, two_threads_check_the_checksum)
+{
+    forge_base();
+    cr_assert_eq(forge_restore(), 0);
+    size_t len0;
+    uint8_t *before = fx_snapshot(f, &len0);
+    forge_big();
+    size_t len;
+    uint8_t *forged = fx_forge(&st, &len);
+    /* A tag of the second half changed to another unused one: every field
+     * still decodes. */
+    char t[32], u[32];
+    snprintf(t, sizeof(t), "%s", bigtag[BIG - 5]);
+    snprintf(u, sizeof(u), "u%s", t + 1);
+    size_t tl = strlen(t), at = 0;
+    for (size_t i = 1; i + tl <= len && at == 0; i++) {
+        if (forged[i - 1] == tl && memcmp(forged + i, t, tl) == 0) {
+            at = i;
+        }
+    }
+    cr_assert_gt(at, len / 2);
+    forged[at] = 'u';
+    for (int refuse = 0; refuse < 2; refuse++) {
+        struct counted c;
+        counted_init(&c, refuse);
+        cr_assert_eq(ida_fsm_restore_with(f, forged, len, &c.h), IDA_ECORRUPT);
+        size_t len1;
+        uint8_t *after = fx_snapshot(f, &len1);
+        cr_assert(len0 == len1 && memcmp(before, after, len0) == 0);
+        ida_free(after);
+    }
+    /* With the checksum made right, the same bytes are a valid state. */
+    uint64_t sum = ida__snapshot_checksum(forged, len - IDA__CHECKSUM_BYTES);
+    for (int k = 0; k < 8; k++) {
+        forged[len - 8 + (size_t)k] = (uint8_t)(sum >> (8 * k));
+    }
+    struct counted c;
+    counted_init(&c, false);
+    cr_assert_eq(ida_fsm_restore_with(f, forged, len, &c.h), 0);
+    uint64_t id;
+    cr_assert_eq(ida_fsm_lookup(f, "a", t, &id), IDA_ENOTFOUND);
+    cr_assert_eq(ida_fsm_lookup(f, "a", u, &id), 0);
+    cr_assert_eq(id, (uint64_t)(3 * (BIG - 5) + 1));
+    free(forged);
+    ida_free(before);
 }
 
 /* Bytes of @v as a varint. */
