@@ -874,15 +874,50 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
     ida_msg_free(msg);
 }
 
+/* Run the ticks due by @now. Late by more than LATE_TICKS ticks (this
+ * processor was not run: the machine is overloaded, or the process was
+ * paused), it runs one and forgets the rest: the time it could not read
+ * its inbox must not count as time it heard nothing. Caught up, a leader
+ * would judge check-quorum, and a follower its election timeout, before
+ * reading the answers and heartbeats waiting in its inbox (the pool runs
+ * a processor's ping before its messages), and step down or campaign on a
+ * healthy cluster. Raft's safety does not depend on ticks (reads use
+ * ReadIndex), only how soon a dead leader is replaced, and a process
+ * that runs late learns of any newer term from its inbox. */
+#define LATE_TICKS         2
+#define LATE_WARN_EVERY_MS 10000
+
+static void tick_due(struct raft_proc *rp, uint64_t now)
+{
+    uint64_t due = (now - rp->last_tick_ms) / rp->tick_ms;
+    if (due > LATE_TICKS) {
+        uint64_t late = now - rp->last_tick_ms - rp->tick_ms;
+        rp->late_ms_total += late;
+        if (late >= rp->node->cfg.election_timeout_ms / 2 &&
+            now - rp->late_warned_ms >= LATE_WARN_EVERY_MS) {
+            rp->late_warned_ms = now;
+            IDA_WARN(
+                "raft: this node's raft processor ran %llu ms late (a "
+                "tick is due every %u ms; %llu ms late in all since "
+                "start): the machine is overloaded or the process was "
+                "paused; the lost time does not count toward elections",
+                (unsigned long long)late, rp->tick_ms,
+                (unsigned long long)rp->late_ms_total);
+        }
+        rp->last_tick_ms = now - rp->tick_ms;
+    }
+    while (now - rp->last_tick_ms >= rp->tick_ms) {
+        ida_raft_tick(&rp->raft);
+        rp->last_tick_ms += rp->tick_ms;
+    }
+}
+
 static void raft_ping(void *state, struct ida_sender *s)
 {
     struct raft_proc *rp = state;
     node_outq_flush(&rp->q, s);
     uint64_t now = ida__node_mono_ms();
-    while (now - rp->last_tick_ms >= rp->tick_ms) {
-        ida_raft_tick(&rp->raft);
-        rp->last_tick_ms += rp->tick_ms;
-    }
+    tick_due(rp, now);
     ida__rp_book_refresh(rp);
     if (rp->mem.joining || !ida_raft_admitted(&rp->raft) ||
         rp->mem.self_moved) {

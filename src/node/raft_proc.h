@@ -29,6 +29,8 @@ struct raft_proc
     struct ida_raft raft;
     unsigned tick_ms;
     uint64_t last_tick_ms;
+    /* Ticks this processor ran too late to see (raft_ping()). */
+    uint64_t late_ms_total, late_warned_ms;
     /* The open batch: requests whose ops go into the next entry. */
     Idalloc__ClientRequest **open;
     size_t n_open, cap_open, open_bytes;

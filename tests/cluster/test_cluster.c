@@ -329,3 +329,47 @@ Test(cluster, follower_catches_up_by_snapshot, .fini = teardown, .timeout = 120)
     cr_assert_eq(idalloc_reserve(cl, "s", 78, &again, &call), IDA_EREUSED,
                  "same request id, other count");
 }
+
+/* A follower paused for three election timeouts (SIGSTOP: what an
+ * overloaded machine does to a process, in the large) comes back without
+ * an election: the ticks it could not see are forgotten, so it reads the
+ * leader's heartbeats waiting in its inbox before its election timer
+ * counts again; and it says in its log that it ran late. */
+Test(cluster,
+     paused_follower_comes_back_quietly,
+     .init = setup3,
+     .fini = teardown,
+     .timeout = 60)
+{
+    int l = tc_wait_leader(&c, 10000);
+    cr_assert_geq(l, 0);
+    int f = (l + 1) % 3;
+    struct idalloc_node_status s0, s;
+    cr_assert_eq(idalloc_node_status(cl, (size_t)l, &s0, tc_detail()), 0, "%s",
+                 tc_errmsg());
+    cr_assert_eq(tc_log_count(&c, f, "raft processor ran"), 0);
+    tc_signal(&c, f, SIGSTOP);
+    tc_sleep_ms(1000);
+    tc_signal(&c, f, SIGCONT);
+    uint64_t end = tc_now_ms() + 5000;
+    while (tc_log_count(&c, f, "raft processor ran") == 0 &&
+           tc_now_ms() < end) {
+        tc_sleep_ms(20);
+    }
+    cr_assert_eq(tc_log_count(&c, f, "raft processor ran"), 1);
+    tc_sleep_ms(600); /* two election timeouts */
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(idalloc_node_status(cl, (size_t)i, &s, tc_detail()), 0,
+                     "node %d: %s", i + 1, tc_errmsg());
+        cr_assert_eq(s.term, s0.term, "node %d: term %llu -> %llu", i + 1,
+                     (unsigned long long)s0.term, (unsigned long long)s.term);
+        cr_assert_eq(s.leader_id, (unsigned)l + 1);
+    }
+    uint64_t first;
+    int created;
+    cr_assert_eq(idalloc_pool_create(cl, "after", IDALLOC_POOL_SEQUENCE, 0,
+                                     &created, tc_detail()),
+                 0, "%s", tc_errmsg());
+    cr_assert_eq(idalloc_reserve(cl, "after", 1, &first, tc_detail()), 0, "%s",
+                 tc_errmsg());
+}
