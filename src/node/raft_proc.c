@@ -897,10 +897,11 @@ static void tick_due(struct raft_proc *rp, uint64_t now)
             now - rp->late_warned_ms >= LATE_WARN_EVERY_MS) {
             rp->late_warned_ms = now;
             IDA_WARN(
-                "raft: this node's raft processor ran %llu ms late (a "
-                "tick is due every %u ms; %llu ms late in all since "
-                "start): the machine is overloaded or the process was "
-                "paused; the lost time does not count toward elections",
+                "raft: ticks ran %llu ms late (one is due every %u ms; "
+                "%llu ms late in all since start): this processor was busy "
+                "(a long step, such as checking a leader's snapshot) or not "
+                "run (an overloaded machine, a paused process); the lost "
+                "time does not count toward elections",
                 (unsigned long long)late, rp->tick_ms,
                 (unsigned long long)rp->late_ms_total);
         }

@@ -111,6 +111,7 @@ struct storage_proc
         ida_index index;
         ida_term term;
         uint64_t total, next;
+        uint64_t last_us;             /* when its last chunk was written */
         struct ida_snapshot_writer w; /* holds its membership */
     } rcv;
     /* This node's own snapshot stored as it is encoded. */
@@ -176,6 +177,7 @@ static void on_snapshot_rcv(struct storage_proc *sp,
         return;
     }
     sp->rcv.next += c->len;
+    sp->rcv.last_us = ida__node_mono_us();
 }
 
 /* Whether the stream holds exactly the snapshot of @p. */
@@ -257,13 +259,18 @@ static int persist(struct storage_proc *sp,
         *what = "installing a snapshot";
         job_drop(sp);
         enc_drop(sp);
+        uint64_t t0 = ida__node_mono_us();
         if (rcv_holds(sp, p)) {
             sp->rcv.active = 0; /* finish releases the writer either way */
             rv = ida_storage_snapshot_finish(st, &sp->rcv.w);
+            uint64_t t1 = ida__node_mono_us();
             IDA_INFO(
                 "storage: snapshot at index %llu (%zu bytes) stored as "
-                "it arrived",
-                (unsigned long long)p->snap_index, p->snap_len);
+                "it arrived (its last chunk was written %.1f ms before the "
+                "batch that installs it came; finishing took %.1f ms)",
+                (unsigned long long)p->snap_index, p->snap_len,
+                (double)(t0 - sp->rcv.last_us) / 1000.0,
+                (double)(t1 - t0) / 1000.0);
         } else {
             rcv_drop(sp); /* storage has one writer */
             rv = write_snapshot(sp, p->snap_index, p->snap_term, p->snap_data,

@@ -347,16 +347,16 @@ Test(cluster,
     struct idalloc_node_status s0, s;
     cr_assert_eq(idalloc_node_status(cl, (size_t)l, &s0, tc_detail()), 0, "%s",
                  tc_errmsg());
-    cr_assert_eq(tc_log_count(&c, f, "raft processor ran"), 0);
+    cr_assert_eq(tc_log_count(&c, f, "raft: ticks ran"), 0);
     tc_signal(&c, f, SIGSTOP);
     tc_sleep_ms(1000);
     tc_signal(&c, f, SIGCONT);
     uint64_t end = tc_now_ms() + 5000;
-    while (tc_log_count(&c, f, "raft processor ran") == 0 &&
+    while (tc_log_count(&c, f, "raft: ticks ran") == 0 &&
            tc_now_ms() < end) {
         tc_sleep_ms(20);
     }
-    cr_assert_eq(tc_log_count(&c, f, "raft processor ran"), 1);
+    cr_assert_eq(tc_log_count(&c, f, "raft: ticks ran"), 1);
     tc_sleep_ms(600); /* two election timeouts */
     for (int i = 0; i < 3; i++) {
         cr_assert_eq(idalloc_node_status(cl, (size_t)i, &s, tc_detail()), 0,
