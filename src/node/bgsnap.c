@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* F_SETPIPE_SZ */
 #include "src/node/bgsnap.h"
 
 #include <dirent.h>
@@ -110,6 +111,13 @@ int ida_bgsnap_start(struct ida_bgsnap *b,
         child_main(f, p[1], parent);
     }
     close(p[1]);
+    /* A pipe holds 64 KiB by default: the child stopped at each 64 KiB
+     * until the parent's next look (every 10 ms on an idle node: 6 MB/s,
+     * half a minute for 180 MB; 3.2 s instead of 0.7 s for the encoding of
+     * 10 M allocations on an idle machine). A slice's worth lets it run
+     * ahead by one slice. Best effort: the system's pipe-max-size may be
+     * lower, and the default still works. */
+    (void)fcntl(p[0], F_SETPIPE_SZ, (int)IDA_BGSNAP_PIPE_BYTES);
     (void)fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
     (void)fcntl(p[0], F_SETFD, FD_CLOEXEC);
     *b = (struct ida_bgsnap){.pid = pid,

@@ -5,7 +5,7 @@
  * At 10M live allocations, encoding the state takes ~0.8 s; done on the
  * fsm processor, every client waits that long. fork() gives the child a
  * frozen copy-on-write view of the whole process at the applied index, for
- * the price of copying page tables (milliseconds: see tests/node/
+ * the price of copying page tables (milliseconds: see tests/fsm/
  * bench_bgsnap.c) plus a copy of each page the parent writes while the child
  * runs. The child encodes with the same ida_fsm_snapshot() the node always
  * used and writes the bytes to a pipe: a 16-byte header ("IDABGSN1" and the
@@ -45,6 +45,9 @@
 #include "fsm/fsm.h"
 
 #define IDA_BGSNAP_HDR_BYTES 16
+
+/* The pipe's capacity asked for: one 1 MiB slice (fsm_proc.c). */
+#define IDA_BGSNAP_PIPE_BYTES (1u << 20)
 
 struct ida_bgsnap
 {

@@ -45,6 +45,11 @@ int main(int argc, char **argv)
         return 1;
     }
     uint64_t seq = 0;
+    /* The 64 clients' sessions first: a command of a client without one is
+     * refused (and the state would stay empty). */
+    for (uint64_t c = 1; c <= 64; c++) {
+        fx_register(f, c, 1000);
+    }
     fx_batch_init(&b, 1000);
     fx_add_create(&b, 1, ++seq, "p", IDALLOC__POOL_KIND__POOL_KIND_BOUNDED,
                   (uint64_t)n + 1);
@@ -57,6 +62,11 @@ int main(int argc, char **argv)
             fx_add_alloc(&b, 1 + (uint64_t)(i % 64), ++seq, "p", tag);
         }
         apply(f);
+    }
+    uint64_t id;
+    if (ida_fsm_lookup(f, "p", "tag-000000000", &id) != 0) {
+        fprintf(stderr, "bench_bgsnap: the allocations were not made\n");
+        return 1;
     }
     double t0 = now_s();
     uint8_t *data;
