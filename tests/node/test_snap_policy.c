@@ -40,9 +40,9 @@ Test(snap_policy, nodes_do_not_snapshot_together)
               (unsigned long long)at[2]);
 }
 
-/* Amortized: after a snapshot of S bytes, the next one waits for S / 2
- * bytes of log, so the bytes encoded per byte applied stay <= 2 however big
- * the state grows. */
+/* Amortized: after a snapshot of S bytes, the next one waits for S / D
+ * bytes of log (D = IDA_SNAP_LOG_DIVISOR), so the bytes encoded per byte
+ * applied stay <= D however big the state grows. */
 Test(snap_policy, cost_per_applied_byte_stays_bounded)
 {
     struct ida_snap_policy p;
@@ -57,9 +57,9 @@ Test(snap_policy, cost_per_applied_byte_stays_bounded)
             ida_snap_policy_taken(&p, (size_t)state);
         }
     }
-    /* Snapshot k+1 waits for S_k / 2 log bytes, so the sum of all
-     * snapshots but the last is at most twice what was applied: encoded <=
-     * 2 applied + S_last. */
+    /* Snapshot k+1 waits for S_k / D log bytes, so the sum of all
+     * snapshots but the last is at most D times what was applied: encoded
+     * <= D applied + S_last. */
     cr_assert_leq(encoded, IDA_SNAP_LOG_DIVISOR * applied + state,
                   "encoded %llu bytes for %llu applied",
                   (unsigned long long)encoded, (unsigned long long)applied);
@@ -82,9 +82,9 @@ Test(snap_policy, a_restored_snapshot_counts_as_the_last_one)
 }
 
 /* What a restart replays and the log holds in memory: once the floor is
- * passed, a snapshot is due as soon as the log reaches S / 2 bytes, not
+ * passed, a snapshot is due as soon as the log reaches S / D bytes, not
  * later (one entry of slack). */
-Test(snap_policy, the_log_between_snapshots_stays_under_half_the_state)
+Test(snap_policy, the_log_between_snapshots_stays_under_a_share_of_the_state)
 {
     struct ida_snap_policy p;
     ida_snap_policy_init(&p, 10, 5);
@@ -94,10 +94,11 @@ Test(snap_policy, the_log_between_snapshots_stays_under_half_the_state)
         uint64_t n = entries_until_due(&p, len);
         uint64_t bytes = n * len;
         uint64_t floor_bytes = p.threshold_entries * len;
-        cr_assert_leq(bytes, (floor_bytes > s / 2 ? floor_bytes : s / 2) + len,
+        uint64_t share = s / IDA_SNAP_LOG_DIVISOR;
+        cr_assert_leq(bytes, (floor_bytes > share ? floor_bytes : share) + len,
                       "state %llu: log of %llu bytes", (unsigned long long)s,
                       (unsigned long long)bytes);
-        cr_assert_geq(bytes, s / 2, "state %llu: due after %llu bytes",
+        cr_assert_geq(bytes, share, "state %llu: due after %llu bytes",
                       (unsigned long long)s, (unsigned long long)bytes);
     }
 }
