@@ -255,36 +255,44 @@ static int rd_command(struct ida_fsm *f, struct rd *r, Idalloc__Command *c)
     idalloc__command__init(c);
     while (r->p != r->end) {
         unsigned num, wt, bit;
-        int rv;
         struct rd s;
         if (rd_key(r, &num, &wt) != 0) {
             return NOT_SIMPLE;
         }
-        if (num == 1 && wt == LEN) {
-            bit = 1;
-            rv = rd_len(r, &s);
-            if (rv == 0) {
-                rv = bytes_of(f, &s, &c->client_id);
-            }
-        } else if (num == 2 && wt == VARINT) {
-            bit = 2;
-            rv = rd_varint(r, &c->request_seq);
-        } else if (num == 3 && wt == VARINT) {
-            bit = 3;
-            rv = rd_varint(r, &c->ack_below);
+        if (num >= 1 && num <= 3 && wt == (num == 1 ? LEN : VARINT)) {
+            bit = num;
         } else if (wt == LEN && (num == 11 || num == 12 || num == 15 ||
                                  num == 16 || num == 21)) {
             bit = 4;
-            rv = rd_len(r, &s);
         } else {
             return NOT_SIMPLE;
         }
+        /* A field twice is protobuf-c's to judge, before anything of the
+         * second is read (or allocated). */
         if (seen & (1u << bit)) {
             return NOT_SIMPLE;
         }
         seen |= 1u << bit;
-        if (rv == 0 && bit == 4) {
-            rv = op_of(f, num, &s, c);
+        int rv;
+        switch (bit) {
+            case 1:
+                rv = rd_len(r, &s);
+                if (rv == 0) {
+                    rv = bytes_of(f, &s, &c->client_id);
+                }
+                break;
+            case 2:
+                rv = rd_varint(r, &c->request_seq);
+                break;
+            case 3:
+                rv = rd_varint(r, &c->ack_below);
+                break;
+            default:
+                rv = rd_len(r, &s);
+                if (rv == 0) {
+                    rv = op_of(f, num, &s, c);
+                }
+                break;
         }
         if (rv != 0) {
             return rv;
@@ -298,6 +306,9 @@ int ida__batch_decode_simple(struct ida_fsm *f,
                              size_t len,
                              Idalloc__CommandBatch **out)
 {
+    if (len == 0) { /* (data may be NULL) */
+        data = (const uint8_t *)"";
+    }
     /* Pass 1: the batch's own fields, and how many commands. */
     struct rd r = {data, data + len};
     unsigned seen = 0;

@@ -874,27 +874,50 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
     ida_msg_free(msg);
 }
 
-/* Run the ticks due by @now. Late by more than LATE_TICKS ticks (this
- * processor was not run: the machine is overloaded, or the process was
- * paused), it runs one and forgets the rest: the time it could not read
- * its inbox must not count as time it heard nothing. Caught up, a leader
- * would judge check-quorum, and a follower its election timeout, before
- * reading the answers and heartbeats waiting in its inbox (the pool runs
- * a processor's ping before its messages), and step down or campaign on a
- * healthy cluster. Raft's safety does not depend on ticks (reads use
- * ReadIndex), only how soon a dead leader is replaced, and a process
- * that runs late learns of any newer term from its inbox. */
-#define LATE_TICKS         2
+/* Ticks (raft_proc.h, ida__raft_ticks_due()): the ones this processor ran
+ * too late to see, by half an election timeout or more, are forgotten. It
+ * was busy (a long step of its own) or not run (an overloaded machine, a
+ * paused process); caught up, a leader would judge check-quorum, and a
+ * follower its election timeout, before reading the answers and
+ * heartbeats waiting in its inbox (the pool runs a processor's ping
+ * before its messages), and step down or campaign on a healthy cluster.
+ * Smaller delays are caught up as before, so heartbeats keep their pace
+ * when pings merely run a little late under load. Raft's safety does not
+ * depend on ticks (reads use ReadIndex), only how soon a dead leader is
+ * replaced, and a process that ran late learns of any newer term from its
+ * inbox. */
 #define LATE_WARN_EVERY_MS 10000
+
+uint64_t ida__raft_ticks_due(uint64_t *last,
+                             uint64_t now,
+                             unsigned tick_ms,
+                             unsigned drop_ms,
+                             uint64_t *late_ms)
+{
+    *late_ms = 0;
+    if (*last == 0 || now < *last) {
+        *last = now; /* the first look */
+        return 0;
+    }
+    uint64_t due = (now - *last) / tick_ms;
+    if (due >= 1 && now - *last - tick_ms >= drop_ms) {
+        *late_ms = now - *last - tick_ms;
+        *last = now;
+        return 1;
+    }
+    *last += due * tick_ms;
+    return due;
+}
 
 static void tick_due(struct raft_proc *rp, uint64_t now)
 {
-    uint64_t due = (now - rp->last_tick_ms) / rp->tick_ms;
-    if (due > LATE_TICKS) {
-        uint64_t late = now - rp->last_tick_ms - rp->tick_ms;
+    uint64_t late;
+    unsigned drop_ms = rp->node->cfg.election_timeout_ms / 2;
+    uint64_t n = ida__raft_ticks_due(&rp->last_tick_ms, now, rp->tick_ms,
+                                     drop_ms > 0 ? drop_ms : 1, &late);
+    if (late > 0) {
         rp->late_ms_total += late;
-        if (late >= rp->node->cfg.election_timeout_ms / 2 &&
-            now - rp->late_warned_ms >= LATE_WARN_EVERY_MS) {
+        if (now - rp->late_warned_ms >= LATE_WARN_EVERY_MS) {
             rp->late_warned_ms = now;
             IDA_WARN(
                 "raft: ticks ran %llu ms late (one is due every %u ms; "
@@ -905,11 +928,9 @@ static void tick_due(struct raft_proc *rp, uint64_t now)
                 (unsigned long long)late, rp->tick_ms,
                 (unsigned long long)rp->late_ms_total);
         }
-        rp->last_tick_ms = now - rp->tick_ms;
     }
-    while (now - rp->last_tick_ms >= rp->tick_ms) {
+    for (uint64_t i = 0; i < n; i++) {
         ida_raft_tick(&rp->raft);
-        rp->last_tick_ms += rp->tick_ms;
     }
 }
 
@@ -1048,7 +1069,7 @@ int ida__raft_proc_new(struct ida_node *n,
     }
     rp->applied = r != NULL ? r->snapshot_index : 0;
     rp->snapshot_index = rp->applied;
-    rp->last_tick_ms = ida__node_mono_ms();
+    rp->last_tick_ms = 0; /* set by the first ping (the pool's start) */
     rp->role = ida_raft_role(&rp->raft);
     rp->term = ida_raft_term(&rp->raft);
     *out = rp;

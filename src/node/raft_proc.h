@@ -75,6 +75,16 @@ void ida__rp_on_hello(struct raft_proc *rp,
 void ida__rp_on_membership0_done(struct raft_proc *rp,
                                  struct ida_nm_membership0 *m);
 void ida__rp_rejoin_step(struct raft_proc *rp, uint64_t now);
+/* How many raft ticks to run at @now (ms), one being due every @tick_ms
+ * after *@last: all that are due, or only one when the first of them is
+ * late by @drop_ms or more (the rest are forgotten; how late in
+ * *@late_ms, else 0). *@last moves on; 0 (and a first look) starts it at
+ * @now with no tick. Pure (raft_proc.c explains why ticks are dropped). */
+uint64_t ida__raft_ticks_due(uint64_t *last,
+                             uint64_t now,
+                             unsigned tick_ms,
+                             unsigned drop_ms,
+                             uint64_t *late_ms);
 int ida__rp_first_voters(struct raft_proc *rp, struct ida_raft_config *rc);
 /* Rebuild the address book if the membership in effect changed, and hand
  * it to net and to the node's answers (src/node/book.h). */

@@ -382,7 +382,11 @@ Test(batch, edges)
         {"request_seq as bytes", {0x1a, 0x02, 0x12, 0x00}, 4, 0},
         {"pool create", {0x1a, 0x02, 0x52, 0x00}, 4, 0},
         {"length of 5 bytes", {0x1a, 0x80, 0x80, 0x80, 0x80, 0x00}, 6, 0},
+        {"key of two bytes for field 1", {0x1a, 0x03, 0x8a, 0x00, 0x00}, 5, 1},
+        {"length of two bytes for 0", {0x1a, 0x03, 0x0a, 0x80, 0x00}, 5, 1},
+        {"field 0", {0x1a, 0x02, 0x02, 0x00}, 4, 0},
     };
+    cr_assert_eq(compare(NULL, 0), 1, "no bytes at all: an empty batch");
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         cr_assert_eq(compare(cases[i].bytes, cases[i].len), cases[i].claimed,
                      "%s", cases[i].what);
