@@ -22,22 +22,25 @@
  * request id, a session, the pool name: about 45 bytes against 19), so a
  * log as big as S is two to three times as many commands as the state has
  * allocations, and replaying it at a restart took as long as rebuilding
- * the state (at 10 M allocations, 0.75 s of a 2.4 s restart). S / 3
- * cuts the replay and the memory the log takes to a third, for three
- * times the snapshot work: still O(1) per byte applied (encoded <= 3 x
- * applied + S), and done by a forked child off the critical path
- * (bgsnap.h). The divisor weighs two targets of the same run against each
- * other (10 M allocations, 2 cores shared by three nodes and the load):
- * - restart: the rebuild takes ~1.2 s, and the log replays at ~12 us per
- *   entry (~2 KB); with S / 2 the worst restart (killed just before its
- *   next snapshot) replayed ~43 k entries, ~0.55 s, and came to ~2.05 s;
- *   with S / 3 ~0.37 s, ~1.87 s;
- * - throughput: each snapshot costs a node ~1 to 1.5 s of CPU (the child's
- *   encoding of 180 MB, storing it, copy-on-write faults); with S / 4 three
- *   snapshots fell in the 30 s measured and throughput was 75% of the
- *   empty cluster's (target 80%), with S / 2 84 to 98%.
- * A new node's catch-up replays the leader's log since its snapshot, so it
- * gains with restarts.
+ * the state (at 10 M allocations, 0.75 s of a 2.4 s restart). S / 2
+ * halves the replay and the memory the log takes, for twice the snapshot
+ * work: still O(1) per byte applied (encoded <= 2 x applied + S), and done
+ * by a forked child off the critical path (bgsnap.h). The divisor weighs
+ * two targets of the same run against each other (10 M allocations, 2
+ * cores shared by three nodes and the load; make bench-scale):
+ * - throughput under load: each snapshot costs its node ~1 to 1.5 s of CPU
+ *   (the child's encoding of 180 MB, storing it, copy-on-write faults).
+ *   With S / 2 the full cluster ran at 84 to 98% of the empty one's rate
+ *   (target 80%); with S / 3 at 76% and with S / 4 at 75% (one run each:
+ *   two to three snapshots fell in the 30 s measured);
+ * - restart: the rebuild takes ~1.2 s, then the log since the snapshot
+ *   replays at ~12 us per entry (~2 KB). With S / 2 a node killed just
+ *   before its next snapshot replays ~43 k entries, ~0.55 s: about 2.05 s
+ *   in all, the target's edge (measured: 1.67 and 1.74 s); S / 3
+ *   would make it ~1.87 s.
+ * Throughput is paid all the time, the worst restart only by a node killed
+ * at the wrong moment: S / 2. A new node's catch-up replays the leader's
+ * log since its snapshot, so it weighs the same way.
  *
  * snapshot_interval_entries stays the floor (a small state still snapshots
  * every N entries, so the log of a quiet-but-busy cluster stays short), and
@@ -54,7 +57,7 @@
 
 /* A snapshot is due once the log since the last one holds that snapshot's
  * size divided by this (and the floor's entries). */
-#define IDA_SNAP_LOG_DIVISOR 3
+#define IDA_SNAP_LOG_DIVISOR 2
 
 struct ida_snap_policy
 {
