@@ -700,16 +700,25 @@ Test(snap, two_threads_restore_what_one_does)
     free(forged);
 }
 
+/* forge_base() restored into the target (its snapshot returned, *@len
+ * bytes, ida_free'd by the caller), then forge_big() forged: what the
+ * two-thread tests restore over it, and what it must stay after a refusal. */
+static uint8_t *base_then_big(size_t *len)
+{
+    forge_base();
+    cr_assert_eq(forge_restore(), 0);
+    uint8_t *before = fx_snapshot(f, len);
+    forge_big();
+    return before;
+}
+
 /* The checksum runs on the lent thread while decoding starts: bytes that
  * decode well but do not match their checksum are refused all the same,
  * and change nothing, whether the thread is lent or refused. */
 Test(snap, two_threads_check_the_checksum)
 {
-    forge_base();
-    cr_assert_eq(forge_restore(), 0);
     size_t len0;
-    uint8_t *before = fx_snapshot(f, &len0);
-    forge_big();
+    uint8_t *before = base_then_big(&len0);
     size_t len;
     uint8_t *forged = fx_forge(&st, &len);
     /* A tag of the second half changed to another unused one: every field
@@ -787,11 +796,8 @@ static int big_cut(void)
  * refused as it is by one thread, and leaves the target as it was. */
 Test(snap, two_threads_refuse_what_one_does)
 {
-    forge_base();
-    cr_assert_eq(forge_restore(), 0);
     size_t len0;
-    uint8_t *before = fx_snapshot(f, &len0);
-    forge_big();
+    uint8_t *before = base_then_big(&len0);
     const int cut = big_cut();
     cr_assert(cut > BIG / 3 && cut < 2 * BIG / 3, "cut at %d", cut);
     for (int refuse = 0; refuse < 2; refuse++) {
@@ -837,11 +843,8 @@ Test(snap, two_threads_refuse_what_one_does)
  * thread, so the sweep is deterministic). */
 Test(snap, two_threads_enomem_changes_nothing)
 {
-    forge_base();
-    cr_assert_eq(forge_restore(), 0);
     size_t len0;
-    uint8_t *before = fx_snapshot(f, &len0);
-    forge_big();
+    uint8_t *before = base_then_big(&len0);
     size_t len;
     uint8_t *forged = fx_forge(&st, &len);
     int n;
