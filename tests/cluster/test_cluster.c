@@ -352,8 +352,7 @@ Test(cluster,
     tc_sleep_ms(1000);
     tc_signal(&c, f, SIGCONT);
     uint64_t end = tc_now_ms() + 5000;
-    while (tc_log_count(&c, f, "raft: ticks ran") == 0 &&
-           tc_now_ms() < end) {
+    while (tc_log_count(&c, f, "raft: ticks ran") == 0 && tc_now_ms() < end) {
         tc_sleep_ms(20);
     }
     cr_assert_eq(tc_log_count(&c, f, "raft: ticks ran"), 1);
