@@ -565,6 +565,17 @@ int ida_raft_compact(struct ida_raft *r,
  * core's snapshot and its batch went out. */
 void ida_raft_snapshot_stored(struct ida_raft *r, ida_index index);
 
+/* The bytes of the snapshot at @index that a batch handed out (installed
+ * from a leader), taken from the core so the node need not copy them: the
+ * caller owns them (ida_free), and the core keeps only the size, as after
+ * ida_raft_snapshot_stored() (a chunk this node sends of that snapshot
+ * carries data NULL, for the node to fill from storage, or to drop while
+ * storage does not hold it yet). NULL, and nothing taken, unless @index is
+ * the core's snapshot, its batch went out and the core still holds the
+ * bytes. Unlike the other calls it leaves the batch being handled valid
+ * (MEMORY): it may be called while a batch is handled. */
+uint8_t *ida_raft_snapshot_take(struct ida_raft *r, ida_index index);
+
 /* Collect the work to do into @b. Returns true if @b holds any work. The
  * batch stays valid until the next ida_raft_* call (see MEMORY). At most
  * IDA_RAFT_PENDING_MAX batches may await ida_raft_persisted(); beyond that

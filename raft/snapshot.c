@@ -352,6 +352,18 @@ void ida_raft_snapshot_stored(struct ida_raft *r, ida_index index)
     }
 }
 
+uint8_t *ida_raft_snapshot_take(struct ida_raft *r, ida_index index)
+{
+    IDA_ASSERT(r != NULL);
+    /* No ida__raft_begin(): the batch being handled stays valid. */
+    if (index != r->snap_index || r->snap_unsent || r->snap_data == NULL) {
+        return NULL;
+    }
+    uint8_t *d = r->snap_data;
+    r->snap_data = NULL;
+    return d;
+}
+
 /* The last config entry in (snapshot index, @index], NULL if none. */
 static const struct ida_entry *config_entry_upto(const struct ida_raft *r,
                                                  ida_index index)

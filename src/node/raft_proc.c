@@ -221,7 +221,8 @@ static struct ida_nm_apply *make_apply(struct raft_proc *rp,
     return a;
 }
 
-static struct ida_nm_persist *make_persist(const struct ida_raft_batch *b)
+static struct ida_nm_persist *make_persist(struct raft_proc *rp,
+                                           const struct ida_raft_batch *b)
 {
     struct ida_nm_persist *p = ida_calloc(1, sizeof(*p));
     if (p == NULL) {
@@ -239,9 +240,17 @@ static struct ida_nm_persist *make_persist(const struct ida_raft_batch *b)
         p->snap_index = b->snapshot.index;
         p->snap_term = b->snapshot.term;
         p->snap_len = b->snapshot.len;
-        p->snap_data = ida_malloc(b->snapshot.len > 0 ? b->snapshot.len : 1);
-        if (p->snap_data != NULL && b->snapshot.len > 0) {
-            memcpy(p->snap_data, b->snapshot.data, b->snapshot.len);
+        /* The core's bytes, taken rather than copied: at 10 M allocations
+         * a copy was 182 MB allocated and written on this processor while
+         * the node caught up (and storage holds them already when they
+         * came as a stream: it only checks their size and CRC). */
+        p->snap_data = ida_raft_snapshot_take(&rp->raft, b->snapshot.index);
+        if (p->snap_data == NULL) {
+            p->snap_data =
+                ida_malloc(b->snapshot.len > 0 ? b->snapshot.len : 1);
+            if (p->snap_data != NULL && b->snapshot.len > 0) {
+                memcpy(p->snap_data, b->snapshot.data, b->snapshot.len);
+            }
         }
         if (b->snapshot.config_len > 0) {
             p->snap_conf = ida_malloc(b->snapshot.config_len);
@@ -328,7 +337,7 @@ static void handle_batch(struct raft_proc *rp,
     int route = rp->route_until != 0;
     int fsm_part = b->n_committed > 0 || b->has_snapshot;
     if (b->id != 0 || (route && fsm_part)) {
-        struct ida_nm_persist *p = make_persist(b);
+        struct ida_nm_persist *p = make_persist(rp, b);
         if (p != NULL && route && fsm_part) {
             p->apply_after = make_apply(rp, b);
             if (p->apply_after == NULL) {

@@ -177,6 +177,40 @@ Test(snapshot_check, control_an_accepted_snapshot_is_installed)
     ida_raft_close(&r);
 }
 
+/* The node takes the bytes of an installed snapshot from the core instead
+ * of copying them (ida_raft_snapshot_take()): only once the batch handing
+ * them out went, only for that index, once; the core then holds no bytes
+ * and frees none (ASan and valgrind would see a double free or a leak). */
+Test(snapshot_check, the_installed_bytes_can_be_taken_once)
+{
+    struct ida_raft r;
+    int calls = 0;
+    cr_assert_eq(offer_snapshot(&r, accept_all, &calls), 0);
+    cr_assert_null(ida_raft_snapshot_take(&r, 10), "taken before handed out");
+    struct ida_raft_batch b;
+    int taken = 0;
+    while (ida_raft_ready(&r, &b)) {
+        if (b.has_snapshot) {
+            cr_assert_null(ida_raft_snapshot_take(&r, 9));
+            uint8_t *d = ida_raft_snapshot_take(&r, 10);
+            cr_assert_not_null(d);
+            cr_assert(d == b.snapshot.data);
+            cr_assert_eq(b.snapshot.len, 22);
+            cr_assert_eq(memcmp(d, "22 bytes of junk here", 22), 0);
+            cr_assert_null(ida_raft_snapshot_take(&r, 10), "taken twice");
+            ida_free(d);
+            taken++;
+        }
+        if (b.id != 0) {
+            ida_raft_persisted(&r, b.id);
+        }
+    }
+    cr_assert_eq(taken, 1);
+    ida_raft_snapshot_stored(&r, 10); /* nothing left to drop */
+    cr_assert_eq(ida_raft_last_index(&r), 10);
+    ida_raft_close(&r);
+}
+
 /* A repeated last chunk of a snapshot installed a moment ago (not durable
  * yet) is answered "done" only once the install is durable: a crash before
  * that must not leave the leader believing the follower holds it. */
