@@ -38,7 +38,7 @@ struct target
     _Atomic uint32_t owner;  /* worker to wake, per the current assignment */
     atomic_flag running;     /* exclusivity check (asserted) */
     /* Owned by the processor: touched only by the worker holding @lock. */
-    struct ida_wtimer ping_timer;
+    int64_t ping_due_ns; /* CLOCK_MONOTONIC; 0: set by the first loop */
     struct ida_sftimer ping_sf;
     struct ida_sftimer recv_sf;
     uint64_t busy_ns; /* since the last switch; written if can_be_updated */
@@ -200,8 +200,7 @@ static int add_target(struct ida_pool *p,
     t->k = NONE;
     atomic_init(&t->owner, 0);
     atomic_flag_clear(&t->running);
-    ida_wtimer_init(&t->ping_timer, (int64_t)t->ping_interval_us * 1000, NULL,
-                    NULL);
+    t->ping_due_ns = 0;
     ida_sftimer_init(&t->ping_sf, NULL, NULL);
     ida_sftimer_init(&t->recv_sf, NULL, NULL);
     p->t[p->n] = t;
@@ -361,8 +360,8 @@ static void wake_owner(struct ida_pool *p, struct target *t)
     /* seq_cst pairs with the sleeper's "sleeping = 1; check inboxes". */
     if (atomic_load(&w->sleeping)) {
         pthread_mutex_lock(&w->mu);
-        pthread_cond_signal(&w->cv);
         pthread_mutex_unlock(&w->mu);
+        pthread_cond_signal(&w->cv);
     }
 }
 
@@ -428,9 +427,19 @@ static int64_t nonneg(int64_t d)
     return d > 0 ? d : 0;
 }
 
-/* Run processor @k once: ping if due, then up to BATCH_MAX messages.
- * Returns whether it did anything. Caller holds the processor's lock. */
-static bool run_processor(struct worker *w, uint32_t k)
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Run processor @k once: ping if due at @now, then up to BATCH_MAX
+ * messages. Returns whether it did anything. Caller holds the processor's
+ * lock. Pings are timed with the clock itself, read once per loop of the
+ * worker: an idle worker sleeps until a ping is due (idle_ns()), and a
+ * predicting timer (timer.h) would not see that sleep at once. */
+static bool run_processor(struct worker *w, uint32_t k, int64_t now)
 {
     struct ida_pool *p = w->pool;
     uint32_t id = p->procs[k];
@@ -440,9 +449,13 @@ static bool run_processor(struct worker *w, uint32_t k)
     bool worked = false;
     bool was_running = atomic_flag_test_and_set(&t->running);
     IDA_ASSERT(!was_running);
+    int64_t period = (int64_t)t->ping_interval_us * 1000;
+    if (t->ping_due_ns == 0) {
+        t->ping_due_ns = now + period; /* the first ping after one period */
+    }
     if (t->ops->ping != NULL && t->ping_interval_us > 0 &&
-        ida_wtimer_check(&t->ping_timer)) {
-        ida_wtimer_reset(&t->ping_timer);
+        now >= t->ping_due_ns) {
+        t->ping_due_ns = now + period;
         if (upd) {
             ida_sftimer_start(&t->ping_sf);
         }
@@ -490,13 +503,6 @@ static bool my_inboxes_empty(struct worker *w)
     return true;
 }
 
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Poll this worker's inboxes for up to spin_us. Returns true when one
  * holds a message (no need to park). */
 static bool spin_for_work(struct worker *w)
@@ -515,6 +521,25 @@ static bool spin_for_work(struct worker *w)
     return false;
 }
 
+/* How long an idle worker may sleep: until the first ping of its
+ * processors is due, at most idle_wait_us. */
+static int64_t idle_ns(const struct worker *w)
+{
+    const struct ida_pool *p = w->pool;
+    int64_t ns = (int64_t)p->cfg.idle_wait_us * 1000, now = mono_ns();
+    const uint32_t *ord = p->order[w->local];
+    for (uint32_t i = p->start[w->local][w->index];
+         i < p->start[w->local][w->index + 1]; i++) {
+        const struct target *t = p->t[p->procs[ord[i]]];
+        if (t->ops->ping != NULL && t->ping_interval_us > 0 &&
+            t->ping_due_ns != 0) {
+            int64_t left = t->ping_due_ns - now;
+            ns = left < ns ? left : ns;
+        }
+    }
+    return ns;
+}
+
 /* PreProcess: sleep (bounded) when the last loop found nothing to do. */
 static void idle_wait(struct worker *w)
 {
@@ -522,12 +547,16 @@ static void idle_wait(struct worker *w)
     if (spin_for_work(w)) {
         return;
     }
+    int64_t wait_ns = idle_ns(w);
+    if (wait_ns <= 0) {
+        return; /* a ping is due */
+    }
     pthread_mutex_lock(&w->mu);
     atomic_store(&w->sleeping, 1);
     if (my_inboxes_empty(w) && !atomic_load(&p->stopping)) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t ns = ts.tv_nsec + (int64_t)p->cfg.idle_wait_us * 1000;
+        int64_t ns = ts.tv_nsec + wait_ns;
         ts.tv_sec += (time_t)(ns / 1000000000);
         ts.tv_nsec = (long)(ns % 1000000000);
         pthread_cond_timedwait(&w->cv, &w->mu, &ts);
@@ -552,9 +581,10 @@ static void *worker_main(void *arg)
         }
         w->idle = true;
         const uint32_t *ord = p->order[w->local];
+        int64_t now = mono_ns();
         for (uint32_t i = p->start[w->local][w->index];
              i < p->start[w->local][w->index + 1]; i++) {
-            if (run_processor(w, ord[i])) {
+            if (run_processor(w, ord[i], now)) {
                 w->idle = false;
             }
         }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/heap.h"
@@ -529,6 +530,69 @@ Test(pool, ping_is_called_periodically)
     struct ida_pool_stats st;
     ida_pool_get_stats(pool, &st);
     cr_assert_eq(st.pings, atomic_load(&pg.pings));
+}
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* An idle worker sleeps until its next ping is due, not for idle_wait_us:
+ * with a cap of 10 s, a 2 ms ping still runs about every 2 ms (and never
+ * more often). */
+Test(pool, idle_worker_wakes_for_its_pings)
+{
+    struct ida_pool_config cfg = {.threads = 1, .idle_wait_us = 10000000};
+    cr_assert_eq(ida_pool_new(&cfg, &pool), 0);
+    static struct pinger pg;
+    uint32_t id;
+    struct ida_proc_config c = {"pinger", &pinger_ops, &pg, 0, 2000};
+    cr_assert_eq(ida_pool_add(pool, &c, &id), 0);
+    cr_assert_eq(ida_pool_start(pool), 0);
+    uint64_t t0 = now_us();
+    sleep_us(200000);
+    uint64_t n = atomic_load(&pg.pings), us = now_us() - t0;
+    ida_pool_stop(pool, IDA_POOL_STOP_DRAIN);
+    cr_assert_geq(n, 20, "%llu pings in %llu us at one per 2 ms",
+                  (unsigned long long)n, (unsigned long long)us);
+    cr_assert_leq(n, us / 2000 + 1, "%llu pings in %llu us: too often",
+                  (unsigned long long)n, (unsigned long long)us);
+}
+
+/* A message wakes a sleeping worker at once, whatever idle_wait_us: 200
+ * round trips, each waiting for the last, against a 10 s cap (one lost
+ * wake-up would cost 10 s). */
+Test(pool, message_wakes_a_sleeping_worker)
+{
+    struct ida_pool_config cfg = {.threads = 1, .idle_wait_us = 10000000};
+    cr_assert_eq(ida_pool_new(&cfg, &pool), 0);
+    static uint32_t ext;
+    cr_assert_eq(ida_pool_add_external(pool, 16, NULL, NULL, &ext), 0);
+    uint32_t echo;
+    struct ida_proc_config c = {"echo", &echo_ops, &ext, 0, 0};
+    cr_assert_eq(ida_pool_add(pool, &c, &echo), 0);
+    cr_assert_eq(ida_pool_start(pool), 0);
+    uint64_t t0 = now_us();
+    for (int i = 0; i < 200; i++) {
+        if (i % 20 == 0) {
+            sleep_us(2000); /* let the worker park */
+        }
+        post(echo, ida_msg_new(1, 0));
+        struct ida_msg *m;
+        while ((m = ida_pool_external_pop(pool, ext)) == NULL) {
+            cr_assert_lt(now_us() - t0, 5000000, "round trip %d lost", i);
+            sched_yield();
+        }
+        ida_msg_free(m);
+    }
 }
 
 /* A processor blocked inside receive (like storage in fsync) does not stop
