@@ -33,9 +33,6 @@ _Static_assert(IDA_CLIENT_POOL_NAME_MAX == IDA_POOL_NAME_MAX &&
 #define BGSNAP_STEP_BYTES (1u << 20)
 /* Slices of it on their way to storage at most (node.h, enc_slices). */
 #define IDA_ENC_SLICES_MAX 4
-/* Held messages handled per turn once the restart's state is ready (apply
- * batches of at most 32 entries: ~30 ms at 10 M allocations). */
-#define HELD_SLICE 64
 
 /* A write this node proposed, waiting for its entry to apply. */
 struct pending
@@ -75,10 +72,9 @@ struct fsm_proc
     uint64_t rebuild_seen_us; /* when the processor first ran */
     /* Messages that came while it was rebuilt, in order (fsm_receive()). */
     struct ida_msg **held;
-    size_t held_head, n_held, cap_held; /* [held_head, n_held) to handle */
-    bool resume_posted;                 /* an IDA_NM_RESUME is on its way */
-    uint64_t pools_published_us;        /* metrics: the last pool table */
-    int pools_dirty;                    /* applied since it was published */
+    size_t n_held, cap_held;
+    uint64_t pools_published_us; /* metrics: the last pool table */
+    int pools_dirty;             /* applied since it was published */
     struct node_outq q;
 };
 
@@ -723,7 +719,8 @@ static void step(struct fsm_proc *fp, struct ida_msg *msg, struct ida_sender *s)
     node_msg_free(msg);
 }
 
-/* Keep @msg behind the ones held already: 0, or -1 when out of memory. */
+/* Keep @msg until the restart's rebuild is ready: 0, or -1 when out of
+ * memory (the caller then waits for the rebuild instead). */
 static int hold(struct fsm_proc *fp, struct ida_msg *msg)
 {
     if (fp->n_held == fp->cap_held) {
@@ -739,62 +736,37 @@ static int hold(struct fsm_proc *fp, struct ida_msg *msg)
     return 0;
 }
 
-static bool holding(const struct fsm_proc *fp)
+/* Whether the state is ready: the restart's rebuild finished (waited for
+ * with @wait) and the messages held meanwhile were handled, in order. */
+static bool restored(struct fsm_proc *fp, struct ida_sender *s, bool wait)
 {
-    return fp->held_head < fp->n_held;
-}
-
-/* Handle the held messages, in order: at most HELD_SLICE of them (then
- * another turn is asked for with IDA_NM_RESUME, behind whatever else is
- * queued, so raft runs in between), or all of them with @all. */
-static void run_held(struct fsm_proc *fp, struct ida_sender *s, bool all)
-{
-    size_t end = fp->n_held;
-    if (!all && end - fp->held_head > HELD_SLICE) {
-        end = fp->held_head + HELD_SLICE;
+    if (!finish_restore(fp, wait)) {
+        return false;
     }
-    node_outq_flush(&fp->q, s);
-    while (fp->held_head < end) {
-        step(fp, fp->held[fp->held_head++], s);
-    }
-    if (!holding(fp)) {
-        ida_free(fp->held);
+    if (fp->held != NULL) {
+        struct ida_msg **v = fp->held;
+        size_t n = fp->n_held;
         fp->held = NULL;
-        fp->n_held = fp->cap_held = fp->held_head = 0;
-    } else if (!fp->resume_posted) {
-        /* Out of memory: the next ping goes on instead. */
-        fp->resume_posted =
-            node_post(&fp->q, s, fp->node->p_fsm, IDA_NM_RESUME, NULL) == 0;
+        fp->n_held = fp->cap_held = 0;
+        for (size_t i = 0; i < n; i++) {
+            step(fp, v[i], s);
+        }
+        ida_free(v);
     }
+    return true;
 }
 
 /* The worker is shared with raft (ida_node_start()): while the restart's
  * rebuild runs, messages are held rather than waited on, so raft goes on
- * hearing from the leader and persisting entries meanwhile; once the state
- * is ready they are handled a slice at a time (a restart's log can take
- * half a second to apply), and what comes meanwhile queues behind them. */
+ * hearing from the leader and persisting entries meanwhile. */
 static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
 {
     struct fsm_proc *fp = state;
-    if (msg->type == IDA_NM_RESUME) {
-        fp->resume_posted = false;
-        node_msg_free(msg);
-        if (finish_restore(fp, false) && holding(fp)) {
-            run_held(fp, s, false);
-        }
-        return;
-    }
-    bool ready = finish_restore(fp, false);
-    if (!ready || holding(fp)) {
+    if (!restored(fp, s, false)) {
         if (hold(fp, msg) == 0) {
-            if (ready && !fp->resume_posted) {
-                run_held(fp, s, false);
-            }
             return;
         }
-        /* Out of memory to hold it: wait, then everything in order. */
-        finish_restore(fp, true);
-        run_held(fp, s, true);
+        restored(fp, s, true);
     }
     node_outq_flush(&fp->q, s);
     step(fp, msg, s);
@@ -803,11 +775,8 @@ static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
 static void fsm_ping(void *state, struct ida_sender *s)
 {
     struct fsm_proc *fp = state;
-    if (!finish_restore(fp, false)) {
+    if (!restored(fp, s, false)) {
         return;
-    }
-    if (holding(fp) && !fp->resume_posted) {
-        run_held(fp, s, false);
     }
     node_outq_flush(&fp->q, s);
     publish_pools(fp);
@@ -851,7 +820,7 @@ void ida__fsm_proc_free(struct fsm_proc *fp)
     }
     bg_cancel(fp);
     ida__rebuild_drop(fp->rebuild);
-    for (size_t i = fp->held_head; i < fp->n_held; i++) {
+    for (size_t i = 0; i < fp->n_held; i++) {
         node_msg_free(fp->held[i]);
     }
     ida_free(fp->held);

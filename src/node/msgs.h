@@ -58,8 +58,6 @@ enum node_msg_type {
     IDA_NM_SNAPSHOT_CHUNK,   /* raft -> storage: fill and send */
     IDA_NM_SNAPSHOT_RCV,     /* raft -> storage: store as it arrives */
     IDA_NM_SNAPSHOT_ENC,     /* fsm -> storage: store as it is encoded */
-    IDA_NM_RESUME,           /* fsm -> fsm: handle more held messages (no
-                                payload) */
 };
 
 struct ida_nm_client
