@@ -172,10 +172,6 @@ bool ida_raft_ready(struct ida_raft *r, struct ida_raft_batch *b)
     /* Figure 2: "If commitIndex > lastApplied: apply". Only entries that
      * are durable here too, so a restart never un-applies anything. */
     ida_index lim = r->commit < r->stable ? r->commit : r->stable;
-    if (r->cfg.max_apply_entries > 0 && lim > r->applied &&
-        lim - r->applied > r->cfg.max_apply_entries) {
-        lim = r->applied + r->cfg.max_apply_entries;
-    }
     if (lim > r->applied) {
         b->committed = ida__raft_entry_at(r, r->applied + 1);
         b->n_committed = (size_t)(lim - r->applied);

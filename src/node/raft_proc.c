@@ -1049,10 +1049,6 @@ int ida__raft_proc_new(struct ida_node *n,
         .check_quorum = true,
         .max_inflight = 32,
         .max_msg_entries = 256,
-        /* raft and fsm share a worker (ida_node_start()): a restart's
-         * committed log goes to fsm in slices, and the pool runs raft
-         * between them (at most BATCH_MAX of them at a time). */
-        .max_apply_entries = 32,
         .snapshot_chunk_bytes = SNAPSHOT_CHUNK_BYTES,
         .snapshot_max_inflight = SNAPSHOT_CHUNKS_INFLIGHT,
         .conf_decode = node_conf_decode,

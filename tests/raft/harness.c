@@ -242,7 +242,6 @@ void h_start(ida_node_id id)
         .check_quorum = H.check_quorum,
         .max_inflight = 4,
         .max_msg_entries = H.max_msg_entries,
-        .max_apply_entries = H.max_apply_entries,
         .snapshot_chunk_bytes = 8,
         .snapshot_max_inflight = H.snapshot_max_inflight,
         .conf_decode = node_conf_decode,
@@ -368,9 +367,6 @@ void h_collect(ida_node_id id)
     while (H.up[id] && ida_raft_ready(&H.r[id], &b)) {
         for (size_t i = 0; i < b.n_msgs; i++) {
             enqueue(&b.msgs[i]);
-        }
-        if (b.n_committed > H.max_committed) {
-            H.max_committed = b.n_committed;
         }
         for (size_t i = 0; i < b.n_committed; i++) {
             IDA_ASSERT(b.committed[i].index == H.applied[id] + 1);

@@ -39,7 +39,6 @@ struct h_cluster
     bool check_quorum;
     int bootstrap_n; /* bootstrap voters are 1..bootstrap_n (default n) */
     size_t max_msg_entries;
-    size_t max_apply_entries;       /* 0: no limit */
     unsigned snapshot_max_inflight; /* InstallSnapshot chunks (8 bytes) */
     uint32_t bugs;
     /* Snapshot bytes kept by the "application" (raft.h contract 7): a
@@ -67,7 +66,6 @@ struct h_cluster
     size_t rejects;            /* AppendResponse with success=false */
     size_t snapshot_chunks;    /* InstallSnapshot delivered */
     size_t max_entries_in_msg; /* largest AppendEntries seen */
-    size_t max_committed;      /* most committed entries in one batch */
 };
 
 extern struct h_cluster H;

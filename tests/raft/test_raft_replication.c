@@ -33,26 +33,6 @@ Test(raft, many_proposals_go_out_in_one_append)
     }
 }
 
-/* cfg.max_apply_entries: committed entries come in slices, in order, and
- * all of them. */
-Test(raft, committed_entries_come_in_slices)
-{
-    H.max_apply_entries = 3;
-    h_start_all();
-    h_elect(1);
-    h_tick(1, 1);
-    h_deliver_all();
-    h_propose(1, 40);
-    h_deliver_all();
-    h_tick(1, 1);
-    h_deliver_all();
-    cr_assert_eq(H.max_committed, 3, "at most 3 a batch, and 3 at times");
-    for (int k = 1; k <= 3; k++) {
-        cr_assert_eq(ida_raft_commit(&H.r[k]), 41, "node %d", k);
-        cr_assert_eq(H.applied[k], 41, "node %d applied all", k);
-    }
-}
-
 Test(raft, leader_counts_itself_only_once_persisted)
 {
     h_start_all();

@@ -593,9 +593,6 @@ int sim__node_start(struct sim *s, struct node *nd)
         .check_quorum = s->check_quorum,
         .max_inflight = 4,
         .max_msg_entries = 8,
-        /* Varied without drawing from the rng (seeds replay as before):
-         * unlimited on every third start, else 1 to 4 entries a batch. */
-        .max_apply_entries = nd->disk.boots % 3 == 0 ? 0 : 1 + nd->id % 4,
         .snapshot_chunk_bytes = 64,
         .snapshot_max_inflight = 4,
         .conf_decode = node_conf_decode,
