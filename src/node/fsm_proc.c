@@ -69,10 +69,6 @@ struct fsm_proc
     /* A restart's snapshot, rebuilt before anything else (node.h). */
     struct ida__rebuild *rebuild; /* the state being rebuilt at start */
     size_t rebuild_len;
-    uint64_t rebuild_seen_us; /* when the processor first ran */
-    /* Messages that came while it was rebuilt, in order (fsm_receive()). */
-    struct ida_msg **held;
-    size_t n_held, cap_held;
     uint64_t pools_published_us; /* metrics: the last pool table */
     int pools_dirty;             /* applied since it was published */
     struct node_outq q;
@@ -533,19 +529,13 @@ static void install_snapshot(struct fsm_proc *fp, struct ida_nm_apply *a)
              (double)took_us / 1000.0);
 }
 
-/* The restart's rebuild, once it is ready (or at once with @wait). */
-static bool finish_restore(struct fsm_proc *fp, bool wait)
+/* The restart's rebuild, once, before the first message or ping. */
+static void finish_restore(struct fsm_proc *fp)
 {
     if (fp->rebuild == NULL) {
-        return true;
+        return;
     }
     uint64_t t0 = ida__node_mono_us(), took_us;
-    if (fp->rebuild_seen_us == 0) {
-        fp->rebuild_seen_us = t0;
-    }
-    if (!wait && !ida__rebuild_ready(fp->rebuild)) {
-        return false;
-    }
     struct ida_fsm *f;
     int rv = ida__rebuild_finish(fp->rebuild, &f, &took_us);
     fp->rebuild = NULL;
@@ -564,13 +554,10 @@ static bool finish_restore(struct fsm_proc *fp, bool wait)
     ida_fsm_replace(fp->fsm, f);
     IDA_INFO(
         "fsm: state rebuilt from the snapshot at index %llu (%zu bytes) "
-        "in %llu ms (ready %llu ms after the processor's first step; %zu "
-        "messages held meanwhile)",
+        "in %llu ms (the processor waited %llu ms for it)",
         (unsigned long long)fp->snapshot_index, fp->rebuild_len,
         (unsigned long long)took_us / 1000,
-        (unsigned long long)(ida__node_mono_us() - fp->rebuild_seen_us) / 1000,
-        fp->n_held);
-    return true;
+        (unsigned long long)(ida__node_mono_us() - t0) / 1000);
 }
 
 static void apply_entries(struct fsm_proc *fp,
@@ -696,9 +683,12 @@ static void on_apply(struct fsm_proc *fp,
     }
 }
 
-static void step(struct fsm_proc *fp, struct ida_msg *msg, struct ida_sender *s)
+static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
 {
+    struct fsm_proc *fp = state;
     void *p = node_msg_payload(msg);
+    finish_restore(fp);
+    node_outq_flush(&fp->q, s);
     switch ((enum node_msg_type)msg->type) {
         case IDA_NM_APPLY:
             on_apply(fp, s, p);
@@ -719,65 +709,10 @@ static void step(struct fsm_proc *fp, struct ida_msg *msg, struct ida_sender *s)
     node_msg_free(msg);
 }
 
-/* Keep @msg until the restart's rebuild is ready: 0, or -1 when out of
- * memory (the caller then waits for the rebuild instead). */
-static int hold(struct fsm_proc *fp, struct ida_msg *msg)
-{
-    if (fp->n_held == fp->cap_held) {
-        size_t cap = fp->cap_held ? fp->cap_held * 2 : 64;
-        struct ida_msg **v = ida_realloc(fp->held, cap * sizeof(*v));
-        if (v == NULL) {
-            return -1;
-        }
-        fp->held = v;
-        fp->cap_held = cap;
-    }
-    fp->held[fp->n_held++] = msg;
-    return 0;
-}
-
-/* Whether the state is ready: the restart's rebuild finished (waited for
- * with @wait) and the messages held meanwhile were handled, in order. */
-static bool restored(struct fsm_proc *fp, struct ida_sender *s, bool wait)
-{
-    if (!finish_restore(fp, wait)) {
-        return false;
-    }
-    if (fp->held != NULL) {
-        struct ida_msg **v = fp->held;
-        size_t n = fp->n_held;
-        fp->held = NULL;
-        fp->n_held = fp->cap_held = 0;
-        for (size_t i = 0; i < n; i++) {
-            step(fp, v[i], s);
-        }
-        ida_free(v);
-    }
-    return true;
-}
-
-/* The worker is shared with raft (ida_node_start()): while the restart's
- * rebuild runs, messages are held rather than waited on, so raft goes on
- * hearing from the leader and persisting entries meanwhile. */
-static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
-{
-    struct fsm_proc *fp = state;
-    if (!restored(fp, s, false)) {
-        if (hold(fp, msg) == 0) {
-            return;
-        }
-        restored(fp, s, true);
-    }
-    node_outq_flush(&fp->q, s);
-    step(fp, msg, s);
-}
-
 static void fsm_ping(void *state, struct ida_sender *s)
 {
     struct fsm_proc *fp = state;
-    if (!restored(fp, s, false)) {
-        return;
-    }
+    finish_restore(fp);
     node_outq_flush(&fp->q, s);
     publish_pools(fp);
     poll_bgsnap(fp, s);
@@ -820,10 +755,6 @@ void ida__fsm_proc_free(struct fsm_proc *fp)
     }
     bg_cancel(fp);
     ida__rebuild_drop(fp->rebuild);
-    for (size_t i = 0; i < fp->n_held; i++) {
-        node_msg_free(fp->held[i]);
-    }
-    ida_free(fp->held);
     for (size_t b = 0; b < PENDING_BUCKETS; b++) {
         while (fp->buckets[b] != NULL) {
             struct pending *p = fp->buckets[b];

@@ -1,7 +1,6 @@
 /* A thread lent to the state machine's restore (lend.h). */
 #include "src/node/lend.h"
 
-#include <stdatomic.h>
 #include <string.h>
 
 #include "base/heap.h"
@@ -57,7 +56,6 @@ struct ida__rebuild
 {
     pthread_t thread;
     bool started;
-    _Atomic bool done; /* the thread's work is over (ida__rebuild_ready) */
     uint8_t *data;
     size_t len;
     struct ida_fsm *fsm;
@@ -76,13 +74,7 @@ static void *rebuild_main(void *arg)
     ida_free(r->data);
     r->data = NULL;
     r->took_us = ida__node_mono_us() - t0;
-    atomic_store_explicit(&r->done, true, memory_order_release);
     return NULL;
-}
-
-bool ida__rebuild_ready(struct ida__rebuild *r)
-{
-    return !r->started || atomic_load_explicit(&r->done, memory_order_acquire);
 }
 
 struct ida__rebuild *ida__rebuild_start(uint8_t *data, size_t len)

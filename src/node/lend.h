@@ -34,17 +34,13 @@ int ida__restore_lent(struct ida_fsm *f, const uint8_t *data, size_t len);
 /* A state machine rebuilt from snapshot bytes on a thread of its own (and
  * one lent to it): a restarting node starts it as soon as the snapshot is
  * read, and reads its log, opens its ports and hears from the leader
- * meanwhile; the fsm processor holds its messages until it is ready
- * (it shares its worker with raft, which must not wait for a rebuild). */
+ * meanwhile; the fsm processor waits for it before its first step. */
 struct ida__rebuild;
 
 /* Start rebuilding from @data (@len bytes, taken: freed once decoded).
  * NULL when out of memory (then @data was freed). Without a thread the
  * work is done at ida__rebuild_finish(). */
 struct ida__rebuild *ida__rebuild_start(uint8_t *data, size_t len);
-
-/* Whether ida__rebuild_finish() would return without waiting. */
-bool ida__rebuild_ready(struct ida__rebuild *r);
 
 /* Wait for @r and free it: 0 with *@out the rebuilt state machine (the
  * caller's) and *@took_us how long the rebuild took, or the restore's
