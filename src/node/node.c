@@ -10,7 +10,6 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "base/assert.h"
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
@@ -561,7 +560,6 @@ static void net_peer_message(void *arg, Idalloc__PeerMessage *pm)
 /* --- start and stop ----------------------------------------------------------
  */
 
-/* The order matters: see the pool config in ida_node_start(). */
 static int add_procs(struct ida_node *n)
 {
     struct ida_proc_config pc[3] = {
@@ -594,23 +592,21 @@ static int add_procs(struct ida_node *n)
 int ida_node_start(struct ida_node *n, char *errmsg)
 {
     n->errtop_where = (struct ida_errtop_where){n->dir, n->self->id};
-    /* Two workers: storage alone on one (an fsync never stalls raft or
-     * fsm), raft and fsm together on the other (the pool assigns processor
-     * k to worker k % threads, and add_procs() adds raft, storage, fsm).
-     * A committed entry then goes from raft to fsm without a wake-up, and
-     * each node has one thread fewer to switch between: with three nodes
-     * and the clients on 2 cores, allocs/s at 16 to 256 clients rose by
-     * 10 to 25% against one worker per processor, and context switches
-     * per alloc fell (issue 18's note has the figures). raft and fsm wait
-     * for each other's long steps (checking a leader's snapshot, the
-     * restart's rebuild); neither answers clients meanwhile anyway.
+    /* One worker per processor: a storage fsync never stalls raft or fsm,
+     * and no long fsm step (a backup's copy of the state, a big apply)
+     * delays raft's heartbeats. Two workers (raft and fsm together) were
+     * measured: 5 to 7% more allocs/s at 1 to 64 clients, none at 256
+     * (three alternating rounds), but raft then waited for fsm's long steps
+     * (seven ticks-late warnings of 150 to 1,700 ms per 10 M bench-scale
+     * run instead of one, and a backup at 10 M, copied in line, would hold
+     * a leader's heartbeats for ~0.9 s).
      * An idle worker sleeps until its next ping is due (idle_wait_us is
      * only a cap: a message wakes it).
      * spin_us stays 0: with 3 nodes and the clients on 2 cores, a worker
      * that spins takes the core a busy processor needs; measured at 10
      * and 50 us, neither won (allocs/s equal or lower at 64 and 256
      * clients, p99 higher). */
-    struct ida_pool_config pcfg = {.threads = 2, .idle_wait_us = 100000};
+    struct ida_pool_config pcfg = {.threads = 3, .idle_wait_us = 100000};
     ida_errtop_sink(&pcfg.errors, &n->errtop_where);
     n->metrics = ida_metrics_new(n->self->id);
     int rv = n->metrics == NULL ? IDA_ENOMEM : 0;
@@ -646,8 +642,6 @@ int ida_node_start(struct ida_node *n, char *errmsg)
     if (rv == 0) {
         rv = ida_pool_start(n->pool);
     }
-    IDA_ASSERT(rv != 0 || ida_pool_owner(n->pool, n->p_storage) !=
-                              ida_pool_owner(n->pool, n->p_raft));
     if (rv != 0) {
         if (errmsg[0] == '\0') {
             snprintf(errmsg, IDA_ERRMSG_MAX, "cannot start: %s",
