@@ -223,13 +223,17 @@ struct ida_raft_config
      * ida_storage_boot()): sent in every message. 0: no rollback checks
      * of this node's own state (tests that do not model restarts). */
     uint64_t boot;
-    unsigned election_ticks;     /* >= 2 * heartbeat_ticks */
-    unsigned heartbeat_ticks;    /* >= 1 */
-    uint64_t seed;               /* election timeout PRNG */
-    bool pre_vote;               /* run a pre-vote round */
-    bool check_quorum;           /* step down without quorum */
-    unsigned max_inflight;       /* 1..IDA_RAFT_INFLIGHT_MAX */
-    size_t max_msg_entries;      /* entries per append, >= 1 */
+    unsigned election_ticks;  /* >= 2 * heartbeat_ticks */
+    unsigned heartbeat_ticks; /* >= 1 */
+    uint64_t seed;            /* election timeout PRNG */
+    bool pre_vote;            /* run a pre-vote round */
+    bool check_quorum;        /* step down without quorum */
+    unsigned max_inflight;    /* 1..IDA_RAFT_INFLIGHT_MAX */
+    size_t max_msg_entries;   /* entries per append, >= 1 */
+    /* Entry bytes per append: entries are added while their data stays
+     * within it (at least one entry goes, whatever its size), so an append
+     * fits the transport's largest message. 0: no limit. */
+    size_t max_msg_bytes;
     size_t snapshot_chunk_bytes; /* InstallSnapshot chunk, >= 1 */
     /* InstallSnapshot chunks sent to a follower before the first of them
      * is answered, 0..IDA_RAFT_INFLIGHT_MAX; 0 and 1: one at a time. A

@@ -73,6 +73,20 @@ void ida__raft_send_append(struct ida_raft *r,
     ida_index avail = ida__raft_last_index(r) - prev;
     size_t n =
         avail < r->cfg.max_msg_entries ? (size_t)avail : r->cfg.max_msg_entries;
+    if (r->cfg.max_msg_bytes > 0 && n > 1) {
+        size_t bytes = ida__raft_entry_at(r, prev + 1)->len;
+        size_t k = 1;
+        while (k < n) {
+            size_t len = ida__raft_entry_at(r, prev + 1 + k)->len;
+            if (bytes >= r->cfg.max_msg_bytes ||
+                len > r->cfg.max_msg_bytes - bytes) {
+                break;
+            }
+            bytes += len;
+            k++;
+        }
+        n = k;
+    }
     if (n == 0 && !allow_empty) {
         return;
     }

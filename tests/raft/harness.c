@@ -242,6 +242,7 @@ void h_start(ida_node_id id)
         .check_quorum = H.check_quorum,
         .max_inflight = 4,
         .max_msg_entries = H.max_msg_entries,
+        .max_msg_bytes = H.max_msg_bytes,
         .snapshot_chunk_bytes = 8,
         .snapshot_max_inflight = H.snapshot_max_inflight,
         .conf_decode = node_conf_decode,

@@ -39,6 +39,7 @@ struct h_cluster
     bool check_quorum;
     int bootstrap_n; /* bootstrap voters are 1..bootstrap_n (default n) */
     size_t max_msg_entries;
+    size_t max_msg_bytes;           /* 0: no limit */
     unsigned snapshot_max_inflight; /* InstallSnapshot chunks (8 bytes) */
     uint32_t bugs;
     /* Snapshot bytes kept by the "application" (raft.h contract 7): a

@@ -33,6 +33,40 @@ Test(raft, many_proposals_go_out_in_one_append)
     }
 }
 
+/* cfg.max_msg_bytes: an append carries entries while their bytes stay
+ * within it (h_propose()'s entries have 4 bytes), and at least one entry
+ * even when that one alone is larger. */
+static void append_bytes_capped(size_t cap, size_t want)
+{
+    H.max_msg_bytes = cap;
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    H.max_entries_in_msg = 0;
+    h_propose(1, 40);
+    for (int i = 0; i < 40; i++) {
+        h_deliver_all();
+        h_tick(1, 1);
+    }
+    h_deliver_all();
+    cr_assert_eq(H.max_entries_in_msg, want, "cap %zu: %zu entries at most",
+                 cap, H.max_entries_in_msg);
+    for (int k = 1; k <= 3; k++) {
+        cr_assert_eq(ida_raft_commit(&H.r[k]), 41, "node %d", k);
+    }
+}
+
+Test(raft, append_bytes_are_capped)
+{
+    append_bytes_capped(10, 2);
+}
+
+Test(raft, an_entry_larger_than_the_cap_still_goes)
+{
+    append_bytes_capped(3, 1);
+}
+
 Test(raft, leader_counts_itself_only_once_persisted)
 {
     h_start_all();

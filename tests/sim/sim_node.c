@@ -593,6 +593,9 @@ int sim__node_start(struct sim *s, struct node *nd)
         .check_quorum = s->check_quorum,
         .max_inflight = 4,
         .max_msg_entries = 8,
+        /* Every other start caps an append at 100 bytes of entries (a few
+         * commands): varied without drawing from the rng. */
+        .max_msg_bytes = nd->disk.boots % 2 == 0 ? 0 : 100,
         .snapshot_chunk_bytes = 64,
         .snapshot_max_inflight = 4,
         .conf_decode = node_conf_decode,
