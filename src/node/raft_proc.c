@@ -28,7 +28,11 @@
  * answer. 4 MiB in flight per follower, well within what net queues to a
  * peer (peer_queue_bytes_max, 64 MiB); a chunk and its message fit a
  * frame (IDA_FRAME_PAYLOAD_BYTES_DEFAULT, 4 MiB). */
-#define SNAPSHOT_CHUNK_BYTES     (512u * 1024)
+#define SNAPSHOT_CHUNK_BYTES (512u * 1024)
+/* Entry bytes per append (raft.h, max_msg_bytes). */
+#define APPEND_BYTES_MAX (1u << 20)
+_Static_assert(APPEND_BYTES_MAX + 1024 * 64 <= IDA_FRAME_PAYLOAD_BYTES_DEFAULT,
+               "an append of many entries must fit a peer frame");
 #define SNAPSHOT_CHUNKS_INFLIGHT 8
 _Static_assert(SNAPSHOT_CHUNK_BYTES + 64 * 1024 <=
                    IDA_FRAME_PAYLOAD_BYTES_DEFAULT,
@@ -1048,7 +1052,15 @@ int ida__raft_proc_new(struct ida_node *n,
         .pre_vote = true,
         .check_quorum = true,
         .max_inflight = 32,
-        .max_msg_entries = 256,
+        /* Appends carry up to 1,024 entries or 1 MiB of them: a follower
+         * that catches up (a restart, a new node after its snapshot) gets
+         * fewer, larger appends, each one storage step; the byte cap keeps
+         * every append inside a peer frame (IDA_FRAME_PAYLOAD_BYTES_DEFAULT,
+         * 4 MiB: before it, 256 entries of over 16 KB each made an append
+         * net refused, ETOOBIG, and the follower waited for a snapshot),
+         * and max_inflight of them within net's queue to a peer (64 MiB). */
+        .max_msg_entries = 1024,
+        .max_msg_bytes = APPEND_BYTES_MAX,
         .snapshot_chunk_bytes = SNAPSHOT_CHUNK_BYTES,
         .snapshot_max_inflight = SNAPSHOT_CHUNKS_INFLIGHT,
         .conf_decode = node_conf_decode,
