@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,4 +216,71 @@ Test(catchup,
     for (int i = 0; i < 3; i++) {
         ida_backup_free(&b[i]);
     }
+}
+
+/* --- big entries ---------------------------------------------------------- */
+
+#define BIG_IN_FLIGHT 1000
+#define BIG_ROUNDS    40
+
+static atomic_int big_done, big_failed;
+
+static void big_cb(struct idalloc_client *client,
+                   struct idalloc_call *call,
+                   const struct idalloc_result *res,
+                   void *arg)
+{
+    (void)client;
+    (void)call;
+    (void)arg;
+    if (res->error != 0) {
+        atomic_fetch_add(&big_failed, 1);
+    }
+    atomic_fetch_add(&big_done, 1);
+}
+
+/* A follower that missed more than a peer frame's worth of entries catches
+ * up by log replication alone. 1,000 allocations in flight with 120-byte
+ * tags make entries of tens of KB (the leader batches what arrives while
+ * a storage step is in flight); 40,000 of them, about 7 MB of log, are
+ * written while a follower is down, and this cluster never snapshots. An
+ * append is capped in bytes (src/node/raft_proc.c, APPEND_BYTES_MAX):
+ * with only 256 entries to an append, one of them was larger than a peer
+ * frame (4 MiB), net refused to send it, and the follower never caught
+ * up without a snapshot. */
+Test(catchup,
+     a_follower_catches_up_on_big_entries,
+     .fini = teardown,
+     .timeout = 180)
+{
+    tc_start(&c, 3, "snapshot_interval_entries 1000000000\n");
+    int l = tc_wait_leader(&c, 20000);
+    cr_assert_geq(l, 0, "no leader");
+    cl = tc_client(&c, 30000);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1u << 20,
+                                     NULL, tc_detail()),
+                 0, "%s", tc_errmsg());
+    int f = (l + 1) % 3;
+    tc_signal(&c, f, SIGKILL);
+    for (int r = 0; r < BIG_ROUNDS; r++) {
+        atomic_store(&big_done, 0);
+        for (int i = 0; i < BIG_IN_FLIGHT; i++) {
+            char tag[TAG_BYTES + 1];
+            tc_long_tag(tag, TAG_BYTES, 1000 + r, i);
+            cr_assert_eq(idalloc_alloc_async(cl, "b", tag, NULL, big_cb, NULL),
+                         0, "submit %d of round %d", i, r);
+        }
+        for (uint64_t end = tc_now_ms() + 60000;
+             atomic_load(&big_done) < BIG_IN_FLIGHT && tc_now_ms() < end;) {
+            tc_sleep_ms(2);
+        }
+        cr_assert_eq(atomic_load(&big_done), BIG_IN_FLIGHT, "round %d", r);
+    }
+    cr_assert_eq(atomic_load(&big_failed), 0, "allocations failed");
+    uint64_t commit = tc_commit_index(&c);
+    tc_spawn(&c, f);
+    cr_assert(tc_wait_applied(&c, commit, 30000),
+              "node %d did not catch up by log replication", f + 1);
+    cr_assert_eq(tc_log_count(&c, f, "received from the leader and checked"), 0,
+                 "node %d was sent a snapshot", f + 1);
 }
