@@ -128,6 +128,20 @@ static void export_state(int i, struct ida_backup *b)
     cr_assert_eq(ida_backup_read(file, b, err), 0, "%s", err);
 }
 
+/* A 3-node cluster with the config lines @extra, a client and the bounded
+ * pool "b"; returns the leader. */
+static int start_with_pool(const char *extra)
+{
+    tc_start(&c, 3, extra);
+    int l = tc_wait_leader(&c, 20000);
+    cr_assert_geq(l, 0, "no leader");
+    cl = tc_client(&c, 30000);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1u << 20,
+                                     NULL, tc_detail()),
+                 0, "%s", tc_errmsg());
+    return l;
+}
+
 /* --- tests ---------------------------------------------------------------- */
 
 Test(catchup,
@@ -135,13 +149,7 @@ Test(catchup,
      .fini = teardown,
      .timeout = 300)
 {
-    tc_start(&c, 3, "snapshot_interval_entries 100\n");
-    int l = tc_wait_leader(&c, 20000);
-    cr_assert_geq(l, 0, "no leader");
-    cl = tc_client(&c, 30000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1u << 20,
-                                     NULL, tc_detail()),
-                 0, "%s", tc_errmsg());
+    int l = start_with_pool("snapshot_interval_entries 100\n");
     cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
                                      tc_detail()),
                  0);
@@ -253,13 +261,7 @@ Test(catchup,
      .fini = teardown,
      .timeout = 180)
 {
-    tc_start(&c, 3, "snapshot_interval_entries 1000000000\n");
-    int l = tc_wait_leader(&c, 20000);
-    cr_assert_geq(l, 0, "no leader");
-    cl = tc_client(&c, 30000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1u << 20,
-                                     NULL, tc_detail()),
-                 0, "%s", tc_errmsg());
+    int l = start_with_pool("snapshot_interval_entries 1000000000\n");
     int f = (l + 1) % 3;
     tc_signal(&c, f, SIGKILL);
     for (int r = 0; r < BIG_ROUNDS; r++) {

@@ -16,7 +16,9 @@ TestSuite(raft, .init = setup3, .fini = teardown);
 /* --- replication -------------------------------------------------------------
  */
 
-Test(raft, many_proposals_go_out_in_one_append)
+/* Node 1 elected and heard by all, then 40 proposals on it (not yet
+ * delivered). */
+static void leader_proposes_40(void)
 {
     h_start_all();
     h_elect(1);
@@ -24,6 +26,11 @@ Test(raft, many_proposals_go_out_in_one_append)
     h_deliver_all();
     H.max_entries_in_msg = 0;
     h_propose(1, 40);
+}
+
+Test(raft, many_proposals_go_out_in_one_append)
+{
+    leader_proposes_40();
     h_deliver_all();
     cr_assert_eq(H.max_entries_in_msg, 40, "40 proposals, one append");
     h_tick(1, 1); /* the heartbeat carries the new commit index */
@@ -39,12 +46,7 @@ Test(raft, many_proposals_go_out_in_one_append)
 static void append_bytes_capped(size_t cap, size_t want)
 {
     H.max_msg_bytes = cap;
-    h_start_all();
-    h_elect(1);
-    h_tick(1, 1);
-    h_deliver_all();
-    H.max_entries_in_msg = 0;
-    h_propose(1, 40);
+    leader_proposes_40();
     for (int i = 0; i < 40; i++) {
         h_deliver_all();
         h_tick(1, 1);
