@@ -19,8 +19,16 @@
  *
  *  A1. A node is *admitted* when the membership in effect in its own log
  *      lists it as a voter with its own incarnation (ida_raft_admitted()).
- *      Only an admitted node campaigns (pre-vote or vote) or grants a vote,
- *      pre-votes included.
+ *      Only an admitted node campaigns (pre-vote or vote). Only an admitted
+ *      node, or a learner listed with its own incarnation, grants a vote,
+ *      pre-votes included. The learner because it may have been promoted
+ *      without knowing it yet (the promotion is in the leader's log, not in
+ *      its own), and the other voters may need its vote to elect the
+ *      leader that would tell it: with voters {A, B, C}, C re-admitted and
+ *      promoted, then C down before the promotion reached its log and the
+ *      leader A gone, B can win only with C's vote (the simulator found
+ *      it: liveness seed 109893 with appends capped at 100 bytes). etcd's
+ *      raft lets learners vote for the same reason.
  *  A2. At an admitted node, an answer (vote, append or snapshot response)
  *      from a member whose bound incarnation differs from the message's
  *      from_inc is dropped before it is looked at (ida_raft_step() returns
@@ -55,6 +63,13 @@
  * voters (3 -> 2 needs both survivors, never fewer); when more than a
  * minority of the current voters is gone, no leader can commit the
  * changes, and the cluster stays unavailable rather than wrong.
+ * A learner listed with its own incarnation has been added by such a
+ * change, after the old incarnation's removal: its log holds both, and
+ * what it acknowledged and voted since is durable under its incarnation.
+ * Its vote counts only where a membership binds it as a voter (A2 drops
+ * it where the old incarnation is bound), and a candidate whose log lacks
+ * the committed removal is less up to date than the learner's log (Leader
+ * Completeness), so the learner refuses it.
  *
  * ROLLED-BACK STATE (rule A4)
  * A node restarted from an older copy of its own directory keeps its

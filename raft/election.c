@@ -161,6 +161,15 @@ void ida__raft_send_timeout_now(struct ida_raft *r, ida_node_id to)
     ida__raft_send_now(r, &m);
 }
 
+/* Whether this node is a learner of its own membership under its own
+ * incarnation (rule A1 of raft/admission.h). */
+static bool own_learner(const struct ida_raft *r)
+{
+    int s = ida_raft_conf_learner_slot(&r->conf, r->cfg.id);
+    return s >= 0 && r->conf.learner_inc[s] != 0 &&
+           r->conf.learner_inc[s] == r->cfg.incarnation;
+}
+
 void ida__raft_handle_request_vote(struct ida_raft *r,
                                    const struct ida_raft_msg *m)
 {
@@ -175,10 +184,15 @@ void ida__raft_handle_request_vote(struct ida_raft *r,
     if (r->bugs & IDA_RAFT_BUG_VOTE_NO_LOG_CHECK) {
         up_to_date = true;
     }
-    /* Rule A1 of raft/admission.h: a node that is not a voter of its own
-     * membership under its incarnation (a new, empty incarnation, or a
-     * learner) promised nothing and may not vote. */
-    bool grant = can_vote && up_to_date && ida_raft_admitted(r);
+    /* Rule A1 of raft/admission.h: a node that is not a member of its own
+     * membership under its incarnation (a new, empty incarnation)
+     * promised nothing and may not vote. A learner under its own
+     * incarnation may: it may have been promoted without knowing it yet
+     * (the promotion is in the leader's log, not in its own), and the
+     * other voters may need its vote to elect the leader that would tell
+     * it. */
+    bool grant =
+        can_vote && up_to_date && (ida_raft_admitted(r) || own_learner(r));
     if (!grant && r->term == 0) {
         return; /* a refusal at term 0 tells nothing and is not valid */
     }

@@ -2,11 +2,13 @@
  * campaigns or counts as its old self; the lost-disk scenario loses nothing;
  * with the rule switched off (negative control) it loses the entry. */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "idalloc_errors.h"
 #include "raft/raft.h"
 #include "raft/testing.h"
+#include "src/node/convert.h"
 #include "tests/raft/harness.h"
 #include "tests/raft/helpers.h"
 
@@ -91,6 +93,58 @@ Test(admission, control_the_old_incarnation_grants_the_same_vote)
     h_start((ida_node_id)2);
     cr_assert(vote_granted_by(2, true));
     cr_assert(vote_granted_by(2, false));
+}
+
+/* Node @id starts with a log whose membership has voters 1 and 3 and
+ * @id as a learner bound to @bound_inc. */
+static void start_as_learner(ida_node_id id, uint64_t bound_inc)
+{
+    struct ida_raft_conf c = {.n = 2, .n_learners = 1};
+    c.voters[0] = 1;
+    c.voter_inc[0] = H.inc[1];
+    c.voters[1] = 3;
+    c.voter_inc[1] = H.inc[3];
+    c.learners[0] = id;
+    c.learner_inc[0] = bound_inc;
+    uint8_t buf[256];
+    size_t len;
+    cr_assert_eq(node_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    struct h_disk *d = &H.disk[id];
+    d->ents[0] = (struct ida_entry){.index = 1,
+                                    .term = 1,
+                                    .type = IDA_ENTRY_CONFIG,
+                                    .data = malloc(len),
+                                    .len = len};
+    cr_assert_not_null(d->ents[0].data);
+    memcpy(d->ents[0].data, buf, len);
+    d->n = 1;
+    d->hs.term = 1;
+    h_start(id);
+    cr_assert_not(ida_raft_admitted(&H.r[id]), "a learner is not admitted");
+}
+
+/* A learner under its own incarnation grants votes: it may have been
+ * promoted without knowing it yet, and the other voters may need its vote
+ * to elect the leader that would tell it (rule A1). It still never
+ * campaigns. Bound to another incarnation, it grants nothing. */
+Test(admission, a_learner_of_its_own_incarnation_grants_votes)
+{
+    start_as_learner(2, H.inc[2]);
+    cr_assert(vote_granted_by(2, true));
+    cr_assert(vote_granted_by(2, false));
+    size_t asks = 0;
+    for (int i = 0; i < 200; i++) {
+        ida_raft_tick(&H.r[2]);
+        asks += sent_by(2, IDA_RAFT_MSG_REQUEST_VOTE);
+    }
+    cr_assert_eq(asks, 0, "a learner asked for votes");
+}
+
+Test(admission, a_learner_of_another_incarnation_grants_nothing)
+{
+    start_as_learner(2, 99);
+    cr_assert_not(vote_granted_by(2, true));
+    cr_assert_not(vote_granted_by(2, false));
 }
 
 Test(admission, an_answer_from_another_incarnation_changes_nothing)
