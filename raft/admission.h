@@ -25,10 +25,10 @@
  *      without knowing it yet (the promotion is in the leader's log, not in
  *      its own), and the other voters may need its vote to elect the
  *      leader that would tell it: with voters {A, B, C}, C re-admitted and
- *      promoted, then C down before the promotion reached its log and the
- *      leader A gone, B can win only with C's vote (the simulator found
- *      it: liveness seed 109893 with appends capped at 100 bytes). etcd's
- *      raft lets learners vote for the same reason.
+ *      promoted (the promotion in A's and B's logs), then C down before it
+ *      reached C's log and the leader A gone, B can win only with C's vote
+ *      (the simulator found it: liveness seed 109893 with appends capped
+ *      at 100 bytes). etcd's raft lets learners vote for the same reason.
  *  A2. At an admitted node, an answer (vote, append or snapshot response)
  *      from a member whose bound incarnation differs from the message's
  *      from_inc is dropped before it is looked at (ida_raft_step() returns
@@ -63,13 +63,19 @@
  * voters (3 -> 2 needs both survivors, never fewer); when more than a
  * minority of the current voters is gone, no leader can commit the
  * changes, and the cluster stays unavailable rather than wrong.
- * A learner listed with its own incarnation has been added by such a
- * change, after the old incarnation's removal: its log holds both, and
- * what it acknowledged and voted since is durable under its incarnation.
- * Its vote counts only where a membership binds it as a voter (A2 drops
- * it where the old incarnation is bound), and a candidate whose log lacks
- * the committed removal is less up to date than the learner's log (Leader
- * Completeness), so the learner refuses it.
+ * A learner listed with its own incarnation was added under that
+ * incarnation by a leader's change (the node makes the A3 steps one at a
+ * time, each committed before the next is proposed: the core refuses a
+ * change while the previous one is uncommitted); what it acknowledged and
+ * voted since is durable under its incarnation (a vote is persisted before
+ * it is sent). Its vote counts only where a membership lists it as a
+ * voter, bound to its incarnation or unbound (A2 drops it where another
+ * incarnation is bound). A candidate whose membership still lists the old
+ * incarnation lacks the committed removal the learner's log holds, and by
+ * Log Matching and Leader Completeness such a log is less up to date than
+ * the learner's, so the learner refuses it. A learner restored from an
+ * older copy of its directory is rule A4's case, as a voter's is: its
+ * window is wider now (from its addition, not its promotion).
  *
  * ROLLED-BACK STATE (rule A4)
  * A node restarted from an older copy of its own directory keeps its
