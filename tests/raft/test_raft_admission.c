@@ -95,30 +95,43 @@ Test(admission, control_the_old_incarnation_grants_the_same_vote)
     cr_assert(vote_granted_by(2, false));
 }
 
-/* Node @id starts with a log whose membership has voters 1 and 3 and
- * @id as a learner bound to @bound_inc. */
-static void start_as_learner(ida_node_id id, uint64_t bound_inc)
+/* Append to @id's disk a config entry at term 1: voters 1 and @v2 (bound
+ * to their incarnations), and @learner (if not 0) bound to @learner_inc. */
+static void disk_conf(ida_node_id id,
+                      ida_node_id v2,
+                      ida_node_id learner,
+                      uint64_t learner_inc)
 {
-    struct ida_raft_conf c = {.n = 2, .n_learners = 1};
+    struct ida_raft_conf c = {.n = 2};
     c.voters[0] = 1;
     c.voter_inc[0] = H.inc[1];
-    c.voters[1] = 3;
-    c.voter_inc[1] = H.inc[3];
-    c.learners[0] = id;
-    c.learner_inc[0] = bound_inc;
+    c.voters[1] = v2;
+    c.voter_inc[1] = H.inc[v2];
+    if (learner != 0) {
+        c.learners[0] = learner;
+        c.learner_inc[0] = learner_inc;
+        c.n_learners = 1;
+    }
     uint8_t buf[256];
     size_t len;
     cr_assert_eq(node_conf_encode(&c, buf, sizeof(buf), &len), 0);
     struct h_disk *d = &H.disk[id];
-    d->ents[0] = (struct ida_entry){.index = 1,
-                                    .term = 1,
-                                    .type = IDA_ENTRY_CONFIG,
-                                    .data = malloc(len),
-                                    .len = len};
-    cr_assert_not_null(d->ents[0].data);
-    memcpy(d->ents[0].data, buf, len);
-    d->n = 1;
+    d->ents[d->n] = (struct ida_entry){.index = d->n + 1,
+                                       .term = 1,
+                                       .type = IDA_ENTRY_CONFIG,
+                                       .data = malloc(len),
+                                       .len = len};
+    cr_assert_not_null(d->ents[d->n].data);
+    memcpy(d->ents[d->n].data, buf, len);
+    d->n++;
     d->hs.term = 1;
+}
+
+/* Node @id starts with a log whose membership has voters 1 and 3 and
+ * @id as a learner bound to @bound_inc. */
+static void start_as_learner(ida_node_id id, uint64_t bound_inc)
+{
+    disk_conf(id, 3, id, bound_inc);
     h_start(id);
     cr_assert_not(ida_raft_admitted(&H.r[id]), "a learner is not admitted");
 }
@@ -138,6 +151,44 @@ Test(admission, a_learner_of_its_own_incarnation_grants_votes)
         asks += sent_by(2, IDA_RAFT_MSG_REQUEST_VOTE);
     }
     cr_assert_eq(asks, 0, "a learner asked for votes");
+}
+
+/* The simulator's seed 109893, reduced: node 3 was added as a learner and
+ * promoted; the promotion reached node 2's log, not node 3's; node 1 (the
+ * old leader) is gone. Voters {1, 2, 3} in node 2's log: it needs node
+ * 3's vote, and node 3 must give it, or no leader is ever elected. */
+Test(admission, a_promoted_learner_that_does_not_know_it_elects_a_leader)
+{
+    disk_conf(3, 2, 3, H.inc[3]);
+    disk_conf(2, 2, 3, H.inc[3]);
+    struct ida_raft_conf all = {.n = 3};
+    for (int k = 0; k < 3; k++) {
+        all.voters[k] = (ida_node_id)(k + 1);
+        all.voter_inc[k] = H.inc[k + 1];
+    }
+    uint8_t buf[256];
+    size_t len;
+    cr_assert_eq(node_conf_encode(&all, buf, sizeof(buf), &len), 0);
+    struct h_disk *d = &H.disk[2];
+    d->ents[1] = (struct ida_entry){.index = 2,
+                                    .term = 1,
+                                    .type = IDA_ENTRY_CONFIG,
+                                    .data = malloc(len),
+                                    .len = len};
+    cr_assert_not_null(d->ents[1].data);
+    memcpy(d->ents[1].data, buf, len);
+    d->n = 2;
+    h_start(2);
+    h_start(3);
+    cr_assert(ida_raft_admitted(&H.r[2]));
+    cr_assert_not(ida_raft_admitted(&H.r[3]));
+    h_elect(2);
+    cr_assert_eq(ida_raft_role(&H.r[2]), IDA_RAFT_LEADER, "no leader");
+    h_propose(2, 1);
+    h_deliver_all();
+    h_tick(2, 1);
+    h_deliver_all();
+    cr_assert(ida_raft_admitted(&H.r[3]), "node 3 learned its promotion");
 }
 
 Test(admission, a_learner_of_another_incarnation_grants_nothing)
