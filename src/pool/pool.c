@@ -434,10 +434,15 @@ static int64_t mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+static bool pings(const struct target *t)
+{
+    return t->ops->ping != NULL && t->ping_interval_us > 0;
+}
+
 /* Run processor @k once: ping if due at @now, then up to BATCH_MAX
  * messages. Returns whether it did anything. Caller holds the processor's
  * lock. Pings are timed with the clock itself, read once per loop of the
- * worker: an idle worker sleeps until a ping is due (idle_ns()), and a
+ * worker: an idle worker sleeps until a ping is due (idle_until()), and a
  * predicting timer (timer.h) would not see that sleep at once. */
 static bool run_processor(struct worker *w, uint32_t k, int64_t now)
 {
@@ -450,11 +455,10 @@ static bool run_processor(struct worker *w, uint32_t k, int64_t now)
     bool was_running = atomic_flag_test_and_set(&t->running);
     IDA_ASSERT(!was_running);
     int64_t period = (int64_t)t->ping_interval_us * 1000;
-    if (t->ping_due_ns == 0) {
+    if (pings(t) && t->ping_due_ns == 0) {
         t->ping_due_ns = now + period; /* the first ping after one period */
     }
-    if (t->ops->ping != NULL && t->ping_interval_us > 0 &&
-        now >= t->ping_due_ns) {
+    if (pings(t) && now >= t->ping_due_ns) {
         t->ping_due_ns = now + period;
         if (upd) {
             ida_sftimer_start(&t->ping_sf);
@@ -521,23 +525,21 @@ static bool spin_for_work(struct worker *w)
     return false;
 }
 
-/* How long an idle worker may sleep: until the first ping of its
- * processors is due, at most idle_wait_us. */
-static int64_t idle_ns(const struct worker *w)
+/* Until when (CLOCK_MONOTONIC) an idle worker may sleep: the first ping
+ * of its processors that is due, at most idle_wait_us from @now. */
+static int64_t idle_until(const struct worker *w, int64_t now)
 {
     const struct ida_pool *p = w->pool;
-    int64_t ns = (int64_t)p->cfg.idle_wait_us * 1000, now = mono_ns();
+    int64_t until = now + (int64_t)p->cfg.idle_wait_us * 1000;
     const uint32_t *ord = p->order[w->local];
     for (uint32_t i = p->start[w->local][w->index];
          i < p->start[w->local][w->index + 1]; i++) {
         const struct target *t = p->t[p->procs[ord[i]]];
-        if (t->ops->ping != NULL && t->ping_interval_us > 0 &&
-            t->ping_due_ns != 0) {
-            int64_t left = t->ping_due_ns - now;
-            ns = left < ns ? left : ns;
+        if (pings(t) && t->ping_due_ns != 0 && t->ping_due_ns < until) {
+            until = t->ping_due_ns;
         }
     }
-    return ns;
+    return until;
 }
 
 /* PreProcess: sleep (bounded) when the last loop found nothing to do. */
@@ -547,18 +549,15 @@ static void idle_wait(struct worker *w)
     if (spin_for_work(w)) {
         return;
     }
-    int64_t wait_ns = idle_ns(w);
-    if (wait_ns <= 0) {
+    int64_t now = mono_ns(), until = idle_until(w, now);
+    if (until <= now) {
         return; /* a ping is due */
     }
     pthread_mutex_lock(&w->mu);
     atomic_store(&w->sleeping, 1);
     if (my_inboxes_empty(w) && !atomic_load(&p->stopping)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t ns = ts.tv_nsec + wait_ns;
-        ts.tv_sec += (time_t)(ns / 1000000000);
-        ts.tv_nsec = (long)(ns % 1000000000);
+        struct timespec ts = {(time_t)(until / 1000000000),
+                              (long)(until % 1000000000)};
         pthread_cond_timedwait(&w->cv, &w->mu, &ts);
     }
     atomic_store(&w->sleeping, 0);
