@@ -28,15 +28,31 @@
  * answer. 4 MiB in flight per follower, well within what net queues to a
  * peer (peer_queue_bytes_max, 64 MiB); a chunk and its message fit a
  * frame (IDA_FRAME_PAYLOAD_BYTES_DEFAULT, 4 MiB). */
-#define SNAPSHOT_CHUNK_BYTES (512u * 1024)
-/* Entry bytes per append (raft.h, max_msg_bytes). */
-#define APPEND_BYTES_MAX (1u << 20)
-_Static_assert(APPEND_BYTES_MAX + 1024 * 64 <= IDA_FRAME_PAYLOAD_BYTES_DEFAULT,
-               "an append of many entries must fit a peer frame");
+#define SNAPSHOT_CHUNK_BYTES     (512u * 1024)
 #define SNAPSHOT_CHUNKS_INFLIGHT 8
 _Static_assert(SNAPSHOT_CHUNK_BYTES + 64 * 1024 <=
                    IDA_FRAME_PAYLOAD_BYTES_DEFAULT,
                "a snapshot chunk must fit a peer frame");
+/* An append carries at most this many entries, and this many bytes of
+ * them (raft.h, max_msg_entries and max_msg_bytes; see
+ * ida__raft_proc_new()). With up to 64 bytes of framing per entry it fits
+ * a peer frame. */
+#define APPEND_ENTRIES_MAX 1024
+#define APPEND_BYTES_MAX   (1u << 20)
+_Static_assert(APPEND_BYTES_MAX + APPEND_ENTRIES_MAX * 64 <=
+                   IDA_FRAME_PAYLOAD_BYTES_DEFAULT,
+               "an append of many entries must fit a peer frame");
+
+/* A heap copy of @len bytes at @d (at least one byte allocated), NULL
+ * when out of memory. */
+static uint8_t *bytes_copy(const uint8_t *d, size_t len)
+{
+    uint8_t *c = ida_malloc(len > 0 ? len : 1);
+    if (c != NULL && len > 0) {
+        memcpy(c, d, len);
+    }
+    return c;
+}
 
 uint64_t ida__node_mono_ms(void)
 {
@@ -95,12 +111,11 @@ static void send_chunk_from_storage(struct raft_proc *rp,
     }
     c->m = *m;
     if (is->config_len > 0) {
-        c->conf = ida_malloc(is->config_len);
+        c->conf = bytes_copy(is->config, is->config_len);
         if (c->conf == NULL) {
             ida_free(c);
             return;
         }
-        memcpy(c->conf, is->config, is->config_len);
     }
     c->m.u.install_snapshot.config = c->conf;
     node_post(&rp->q, s, rp->node->p_storage, IDA_NM_SNAPSHOT_CHUNK, c);
@@ -205,13 +220,11 @@ static struct ida_nm_apply *make_apply(struct raft_proc *rp,
             a->fsm = rp->checked;
             rp->checked = NULL;
         } else {
-            a->snap_data =
-                ida_malloc(b->snapshot.len > 0 ? b->snapshot.len : 1);
+            a->snap_data = bytes_copy(b->snapshot.data, b->snapshot.len);
             if (a->snap_data == NULL) {
                 ida_free(a);
                 return NULL;
             }
-            memcpy(a->snap_data, b->snapshot.data, b->snapshot.len);
         }
     }
     if (b->n_committed > 0) {
@@ -250,19 +263,15 @@ static struct ida_nm_persist *make_persist(struct raft_proc *rp,
          * came as a stream: it only checks their size and CRC). */
         p->snap_data = ida_raft_snapshot_take(&rp->raft, b->snapshot.index);
         if (p->snap_data == NULL) {
-            p->snap_data =
-                ida_malloc(b->snapshot.len > 0 ? b->snapshot.len : 1);
-            if (p->snap_data != NULL && b->snapshot.len > 0) {
-                memcpy(p->snap_data, b->snapshot.data, b->snapshot.len);
-            }
+            p->snap_data = bytes_copy(b->snapshot.data, b->snapshot.len);
         }
         if (b->snapshot.config_len > 0) {
-            p->snap_conf = ida_malloc(b->snapshot.config_len);
+            p->snap_conf =
+                bytes_copy(b->snapshot.config, b->snapshot.config_len);
             if (p->snap_conf == NULL) {
                 ida_nm_persist_free(p);
                 return NULL;
             }
-            memcpy(p->snap_conf, b->snapshot.config, b->snapshot.config_len);
             p->snap_conf_len = b->snapshot.config_len;
         }
     }
@@ -694,9 +703,9 @@ static void stream_chunk(struct raft_proc *rp,
                                   .total = is->total_size,
                                   .offset = is->offset,
                                   .len = is->len};
-    c->data = ida_malloc(is->len);
+    c->data = bytes_copy(is->data, is->len);
     if (is->offset == 0 && is->config_len > 0) {
-        c->conf = ida_malloc(is->config_len);
+        c->conf = bytes_copy(is->config, is->config_len);
         c->conf_len = c->conf != NULL ? is->config_len : 0;
     }
     if (c->data == NULL ||
@@ -705,10 +714,6 @@ static void stream_chunk(struct raft_proc *rp,
         ida_free(c->conf);
         ida_free(c);
         return;
-    }
-    memcpy(c->data, is->data, is->len);
-    if (c->conf != NULL) {
-        memcpy(c->conf, is->config, is->config_len);
     }
     node_post(&rp->q, s, rp->node->p_storage, IDA_NM_SNAPSHOT_RCV, c);
 }
@@ -839,10 +844,9 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
             size_t clen;
             int rv = ida_raft_config_at(&rp->raft, sn->index, &conf, &clen);
             if (rv == 0 && clen > 0) {
-                sn->conf = ida_malloc(clen);
+                sn->conf = bytes_copy(conf, clen);
                 rv = sn->conf == NULL ? IDA_ENOMEM : 0;
                 if (rv == 0) {
-                    memcpy(sn->conf, conf, clen);
                     sn->conf_len = clen;
                 }
             }
@@ -1059,7 +1063,7 @@ int ida__raft_proc_new(struct ida_node *n,
          * 4 MiB: before it, 256 entries of over 16 KB each made an append
          * net refused, ETOOBIG, and the follower waited for a snapshot),
          * and max_inflight of them within net's queue to a peer (64 MiB). */
-        .max_msg_entries = 1024,
+        .max_msg_entries = APPEND_ENTRIES_MAX,
         .max_msg_bytes = APPEND_BYTES_MAX,
         .snapshot_chunk_bytes = SNAPSHOT_CHUNK_BYTES,
         .snapshot_max_inflight = SNAPSHOT_CHUNKS_INFLIGHT,
