@@ -416,10 +416,10 @@ void ida__node_send_raft(struct ida_node *n, const struct ida_raft_msg *m)
         ida_net_send_peer(n->net, m->to, &pb.msg) == IDA_ETOOBIG) {
         /* Raft sends it again, and the same way: say so (at most every
          * 10 s; the appends are capped to fit: raft_proc.c). */
-        static _Atomic uint64_t said_ms;
-        uint64_t now = ida__node_mono_ms(), last = atomic_load(&said_ms);
+        uint64_t now = ida__node_mono_ms(),
+                 last = atomic_load(&n->toobig_said_ms);
         if (now - last >= 10000 &&
-            atomic_compare_exchange_strong(&said_ms, &last, now)) {
+            atomic_compare_exchange_strong(&n->toobig_said_ms, &last, now)) {
             IDA_ERROR(
                 "net: a raft message to node %u is larger than a peer "
                 "frame and was not sent",

@@ -112,6 +112,9 @@ struct ida_node
      * the child's pipe while IDA_ENC_SLICES_MAX are on their way, so the
      * encoded state is never gathered in memory, whatever storage's pace. */
     atomic_uint enc_slices;
+    /* When a raft message larger than a peer frame was last logged
+     * (ida__node_send_raft(); raft and storage both send). */
+    _Atomic uint64_t toobig_said_ms;
     struct ida_metrics *metrics; /* src/node/metrics.h; from start to close */
 };
 
