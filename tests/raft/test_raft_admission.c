@@ -95,26 +95,12 @@ Test(admission, control_the_old_incarnation_grants_the_same_vote)
     cr_assert(vote_granted_by(2, false));
 }
 
-/* Append to @id's disk a config entry at term 1: voters 1 and @v2 (bound
- * to their incarnations), and @learner (if not 0) bound to @learner_inc. */
-static void disk_conf(ida_node_id id,
-                      ida_node_id v2,
-                      ida_node_id learner,
-                      uint64_t learner_inc)
+/* Append to @id's disk a config entry at term 1 holding @c. */
+static void disk_conf(ida_node_id id, const struct ida_raft_conf *c)
 {
-    struct ida_raft_conf c = {.n = 2};
-    c.voters[0] = 1;
-    c.voter_inc[0] = H.inc[1];
-    c.voters[1] = v2;
-    c.voter_inc[1] = H.inc[v2];
-    if (learner != 0) {
-        c.learners[0] = learner;
-        c.learner_inc[0] = learner_inc;
-        c.n_learners = 1;
-    }
     uint8_t buf[256];
     size_t len;
-    cr_assert_eq(node_conf_encode(&c, buf, sizeof(buf), &len), 0);
+    cr_assert_eq(node_conf_encode(c, buf, sizeof(buf), &len), 0);
     struct h_disk *d = &H.disk[id];
     d->ents[d->n] = (struct ida_entry){.index = d->n + 1,
                                        .term = 1,
@@ -127,11 +113,31 @@ static void disk_conf(ida_node_id id,
     d->hs.term = 1;
 }
 
+/* Voters 1 and @v2 bound to their incarnations, and @learner (if not 0)
+ * bound to @learner_inc. */
+static struct ida_raft_conf conf_of(ida_node_id v2,
+                                    ida_node_id learner,
+                                    uint64_t learner_inc)
+{
+    struct ida_raft_conf c = {.n = 2};
+    c.voters[0] = 1;
+    c.voter_inc[0] = H.inc[1];
+    c.voters[1] = v2;
+    c.voter_inc[1] = H.inc[v2];
+    if (learner != 0) {
+        c.learners[0] = learner;
+        c.learner_inc[0] = learner_inc;
+        c.n_learners = 1;
+    }
+    return c;
+}
+
 /* Node @id starts with a log whose membership has voters 1 and 3 and
  * @id as a learner bound to @bound_inc. */
 static void start_as_learner(ida_node_id id, uint64_t bound_inc)
 {
-    disk_conf(id, 3, id, bound_inc);
+    struct ida_raft_conf c = conf_of(3, id, bound_inc);
+    disk_conf(id, &c);
     h_start(id);
     cr_assert_not(ida_raft_admitted(&H.r[id]), "a learner is not admitted");
 }
@@ -159,25 +165,14 @@ Test(admission, a_learner_of_its_own_incarnation_grants_votes)
  * 3's vote, and node 3 must give it, or no leader is ever elected. */
 Test(admission, a_promoted_learner_that_does_not_know_it_elects_a_leader)
 {
-    disk_conf(3, 2, 3, H.inc[3]);
-    disk_conf(2, 2, 3, H.inc[3]);
-    struct ida_raft_conf all = {.n = 3};
-    for (int k = 0; k < 3; k++) {
-        all.voters[k] = (ida_node_id)(k + 1);
-        all.voter_inc[k] = H.inc[k + 1];
-    }
-    uint8_t buf[256];
-    size_t len;
-    cr_assert_eq(node_conf_encode(&all, buf, sizeof(buf), &len), 0);
-    struct h_disk *d = &H.disk[2];
-    d->ents[1] = (struct ida_entry){.index = 2,
-                                    .term = 1,
-                                    .type = IDA_ENTRY_CONFIG,
-                                    .data = malloc(len),
-                                    .len = len};
-    cr_assert_not_null(d->ents[1].data);
-    memcpy(d->ents[1].data, buf, len);
-    d->n = 2;
+    struct ida_raft_conf learner = conf_of(2, 3, H.inc[3]);
+    disk_conf(3, &learner);
+    disk_conf(2, &learner);
+    struct ida_raft_conf all = conf_of(2, 0, 0);
+    all.voters[2] = 3;
+    all.voter_inc[2] = H.inc[3];
+    all.n = 3;
+    disk_conf(2, &all);
     h_start(2);
     h_start(3);
     cr_assert(ida_raft_admitted(&H.r[2]));
