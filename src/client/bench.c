@@ -291,19 +291,20 @@ static void report(const struct ida_cli *cli,
     double p50 = ida_bench_quantile_ms(lat, n, 0.50);
     double p99 = ida_bench_quantile_ms(lat, n, 0.99);
     double p999 = ida_bench_quantile_ms(lat, n, 0.999);
+    double max = ida_bench_quantile_ms(lat, n, 1.0);
     if (cli->json) {
         ida_cli_json_bench(ops[cli->bench_op], cli->clients, t.ok, t.errors,
                            t.unknown, (double)t.ok / secs, (double)t.ids / secs,
-                           p50, p99, p999);
+                           p50, p99, p999, max);
         return;
     }
     printf(
         "op=%s clients=%u ok=%llu errors=%llu unknown=%llu "
         "ops_per_s=%.1f ids_per_s=%.1f p50_ms=%.3f p99_ms=%.3f "
-        "p999_ms=%.3f\n",
+        "p999_ms=%.3f max_ms=%.3f\n",
         ops[cli->bench_op], cli->clients, (unsigned long long)t.ok,
         (unsigned long long)t.errors, (unsigned long long)t.unknown,
-        (double)t.ok / secs, (double)t.ids / secs, p50, p99, p999);
+        (double)t.ok / secs, (double)t.ids / secs, p50, p99, p999, max);
 }
 
 /* A progress line on stderr each second for the run's duration. */

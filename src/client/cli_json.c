@@ -391,7 +391,8 @@ void ida_cli_json_bench(const char *op,
                         double ids_per_s,
                         double p50_ms,
                         double p99_ms,
-                        double p999_ms)
+                        double p999_ms,
+                        double max_ms)
 {
     json_set_alloc_funcs(ida_malloc, ida_free);
     struct doc d = {json_object(), 0};
@@ -405,5 +406,6 @@ void ida_cli_json_bench(const char *op,
     put(&d, d.root, "p50_ms", json_real(p50_ms));
     put(&d, d.root, "p99_ms", json_real(p99_ms));
     put(&d, d.root, "p999_ms", json_real(p999_ms));
+    put(&d, d.root, "max_ms", json_real(max_ms));
     (void)emit(&d, 0);
 }

@@ -39,6 +39,7 @@ void ida_cli_json_bench(const char *op,
                         double ids_per_s,
                         double p50_ms,
                         double p99_ms,
-                        double p999_ms);
+                        double p999_ms,
+                        double max_ms);
 
 #endif /* IDA_CLI_JSON_H */

@@ -1,4 +1,4 @@
-#define _GNU_SOURCE /* F_SETPIPE_SZ */
+#define _GNU_SOURCE /* F_SETPIPE_SZ, memfd_create() */
 #include "src/node/bgsnap.h"
 
 #include <dirent.h>
@@ -7,7 +7,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,6 +89,31 @@ static void child_main(const struct ida_fsm *f, int wfd, pid_t parent)
     _exit(0);
 }
 
+/* Fork the child writing into @wfd (closed in the parent); its pid, or -1
+ * (@rfd and @wfd closed). */
+static pid_t spawn(const struct ida_fsm *f, int rfd, int wfd)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(rfd);
+        if (wfd != rfd) {
+            close(wfd);
+        }
+        return -1;
+    }
+    if (pid == 0) {
+        if (wfd != rfd) {
+            close(rfd);
+        }
+        child_main(f, wfd, parent);
+    }
+    if (wfd != rfd) {
+        close(wfd);
+    }
+    return pid;
+}
+
 int ida_bgsnap_start(struct ida_bgsnap *b,
                      const struct ida_fsm *f,
                      ida_index index,
@@ -99,18 +126,10 @@ int ida_bgsnap_start(struct ida_bgsnap *b,
     if (pipe(p) != 0) {
         return IDA_EIO;
     }
-    pid_t parent = getpid();
-    pid_t pid = fork();
+    pid_t pid = spawn(f, p[0], p[1]);
     if (pid < 0) {
-        close(p[0]);
-        close(p[1]);
         return IDA_EIO;
     }
-    if (pid == 0) {
-        close(p[0]);
-        child_main(f, p[1], parent);
-    }
-    close(p[1]);
     /* A pipe holds 64 KiB by default: the child stopped at each 64 KiB
      * until the parent's next look (every 10 ms on an idle node: 6 MB/s,
      * half a minute for 180 MB; 3.2 s instead of 0.7 s for the encoding of
@@ -290,4 +309,86 @@ int ida_bgsnap_poll(struct ida_bgsnap *b,
         ida_free(buf);
     }
     return rv;
+}
+
+int ida_bgsnap_start_mem(struct ida_bgsnap *b,
+                         const struct ida_fsm *f,
+                         ida_index index,
+                         ida_term term)
+{
+    if (b->pid != 0) {
+        return IDA_EBUSY;
+    }
+    int fd = memfd_create("idalloc-backup", MFD_CLOEXEC);
+    if (fd < 0) {
+        return IDA_EIO;
+    }
+    /* The child writes at the offset the two share: the start. */
+    pid_t pid = spawn(f, fd, fd);
+    if (pid < 0) {
+        return IDA_EIO;
+    }
+    *b = (struct ida_bgsnap){.pid = pid,
+                             .fd = fd,
+                             .mem = 1,
+                             .index = index,
+                             .term = term,
+                             .started_us = mono_us()};
+    return 0;
+}
+
+/* The memory file of @fd, @size bytes, holding a header and the snapshot:
+ * 0 and its mapping (*data after the header, *len), or an IDA_E* code. */
+static int map_output(int fd, const uint8_t **data, size_t *len)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < IDA_BGSNAP_HDR_BYTES ||
+        (uint64_t)st.st_size > BGSNAP_BYTES_MAX + IDA_BGSNAP_HDR_BYTES) {
+        return IDA_EIO;
+    }
+    size_t size = (size_t)st.st_size;
+    uint8_t *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+        return IDA_ENOMEM;
+    }
+    uint64_t n = 0;
+    for (int i = 0; i < 8; i++) {
+        n = n << 8 | m[8 + i];
+    }
+    if (memcmp(m, MAGIC, 8) != 0 || n != size - IDA_BGSNAP_HDR_BYTES) {
+        munmap(m, size);
+        return IDA_ECORRUPT; /* a short or overlong write */
+    }
+    *data = m + IDA_BGSNAP_HDR_BYTES;
+    *len = (size_t)n;
+    return 0;
+}
+
+int ida_bgsnap_poll_mem(struct ida_bgsnap *b, const uint8_t **data, size_t *len)
+{
+    if (b->pid == 0 || !b->mem) {
+        return -IDA_EINVAL;
+    }
+    int st = 0;
+    pid_t r = waitpid(b->pid, &st, WNOHANG);
+    if (r == 0 || (r < 0 && errno == EINTR)) {
+        return 0;
+    }
+    int rv = r == b->pid && WIFEXITED(st) && WEXITSTATUS(st) == 0
+                 ? map_output(b->fd, data, len)
+                 : IDA_EIO;
+    if (r < 0) {
+        kill(b->pid, SIGKILL); /* not our child any more: cannot be */
+    }
+    close(b->fd);
+    *b = (struct ida_bgsnap){0};
+    return rv == 0 ? 1 : -rv;
+}
+
+void ida_bgsnap_unmap(const uint8_t *data, size_t len)
+{
+    if (data != NULL) {
+        munmap((void *)(uintptr_t)(data - IDA_BGSNAP_HDR_BYTES),
+               len + IDA_BGSNAP_HDR_BYTES);
+    }
 }

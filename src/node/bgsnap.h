@@ -52,7 +52,8 @@
 struct ida_bgsnap
 {
     pid_t pid; /* 0: no job */
-    int fd;    /* read end of the pipe */
+    int fd;    /* read end of the pipe, or the memory file (mem) */
+    int mem;   /* ida_bgsnap_start_mem()'s job */
     ida_index index;
     ida_term term;
     uint64_t started_us;
@@ -97,6 +98,28 @@ int ida_bgsnap_read(struct ida_bgsnap *b,
                     uint8_t *dst,
                     size_t cap,
                     struct ida_bgsnap_slice *out);
+
+/* A job whose child writes into an anonymous memory file (memfd) instead
+ * of a pipe, for a copy the caller keeps whole (a backup, fsm_proc.c): the
+ * child runs at its own pace, not at the pace of the parent's reads, and
+ * the parent maps the result instead of copying it. Returns as
+ * ida_bgsnap_start(). */
+int ida_bgsnap_start_mem(struct ida_bgsnap *b,
+                         const struct ida_fsm *f,
+                         ida_index index,
+                         ida_term term);
+
+/* For a job of ida_bgsnap_start_mem(): 0 (still running), 1 (done: *data
+ * is the snapshot, *len bytes, a read-only mapping the caller releases
+ * with ida_bgsnap_unmap(); the job is over) or minus an IDA_E* code (the
+ * child failed, or wrote another size than it announced; the job is over;
+ * -IDA_EINVAL: no such job). Never blocks. */
+int ida_bgsnap_poll_mem(struct ida_bgsnap *b,
+                        const uint8_t **data,
+                        size_t *len);
+
+/* Release a mapping of ida_bgsnap_poll_mem() (NULL: no-op). */
+void ida_bgsnap_unmap(const uint8_t *data, size_t len);
 
 /* Stop a running job (kill, reap, free). No-op without one. */
 void ida_bgsnap_cancel(struct ida_bgsnap *b);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/client/snapshot.h"
 #include "tests/lib/harness.h"
 
 #define TAGS_MAX 100000
@@ -309,4 +310,52 @@ Test(backup,
     cr_assert_eq(total, THREADS * PER);
     idalloc_client_free(cl);
     idalloc_client_free(ca);
+}
+
+/* A copy of the state that takes longer than the client's attempt timeout
+ * is still answered: the client repeats the first chunk's call (same id and
+ * seq) on every expiry, and each repeat must wait for the copy being made
+ * (or take it, once made) instead of starting another. Here the attempt
+ * timeout is 2 ms and making a copy of 10,000 allocations (a child process,
+ * picked up on the fsm processor's 10 ms ping) takes longer than that: a
+ * node that starts over on each repeat never answers. */
+Test(backup,
+     a_copy_slower_than_the_attempt_timeout_is_answered,
+     .fini = teardown,
+     .timeout = 300)
+{
+    start_named(&a, "test");
+    cr_assert_eq(cli(a.addrs, "pool create big --kind bounded --size 1000000"),
+                 0, "%s", out);
+    enum { THREADS = 8, PER = 1250 };
+    struct filler f[THREADS];
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        f[i] = (struct filler){i, PER, 0};
+        cr_assert_eq(pthread_create(&t[i], NULL, fill_main, &f[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert(!f[i].failed, "thread %d: an alloc failed", i);
+    }
+    struct idalloc_options o;
+    idalloc_options_init(&o);
+    o.addresses = a.addrs;
+    o.attempt_timeout_ms = 2;
+    o.call_timeout_ms = 20000;
+    struct idalloc_client *cl;
+    char err[IDALLOC_ERRMSG_MAX];
+    cr_assert_eq(idalloc_client_new(&o, &cl, err), 0, "%s", err);
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    struct ida_backup bk;
+    int rv = ida_client_snapshot_read(cl, &bk, &call);
+    cr_assert_eq(rv, 0, "%s: %s", idalloc_strerror(rv), call.errmsg);
+    cr_assert_gt(bk.state_len, 1u << 20, "10,000 x 120-byte tags");
+    ida_backup_free(&bk);
+    idalloc_client_free(cl);
+    /* Each repeat did not make a copy of its own. */
+    char log[8192];
+    tc_run(log, sizeof(log), "cat %s/node*.log | grep -c 'backup copy'", a.dir);
+    cr_assert_eq(strtoul(log, NULL, 10), 1, "copies made: %s", log);
 }

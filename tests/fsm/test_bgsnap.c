@@ -158,3 +158,50 @@ Test(bgsnap, streamed_slices_are_the_snapshot_in_order)
     ida_free(want);
     ida_fsm_free(f);
 }
+
+static int wait_mem(struct ida_bgsnap *bg, const uint8_t **data, size_t *len)
+{
+    for (int i = 0; i < 100000; i++) {
+        int rv = ida_bgsnap_poll_mem(bg, data, len);
+        if (rv != 0) {
+            return rv;
+        }
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    return 0;
+}
+
+/* Into a memory file (a backup's copy): the same bytes, mapped; a killed
+ * child is a failure; a pipe job is not polled as one. */
+Test(bgsnap, memory_file_output_is_the_state_at_the_fork)
+{
+    struct ida_fsm *f = filled(20000);
+    size_t want_len;
+    uint8_t *want = fx_snapshot(f, &want_len);
+    ida_index at = ida_fsm_applied_index(f);
+    struct ida_bgsnap bg = {0};
+    cr_assert_eq(ida_bgsnap_start_mem(&bg, f, at, 7), 0);
+    cr_assert_eq(ida_bgsnap_start_mem(&bg, f, at, 7), IDA_EBUSY);
+    add_tags(f, 20000, 5000);
+    const uint8_t *got = NULL;
+    size_t got_len = 0;
+    cr_assert_eq(wait_mem(&bg, &got, &got_len), 1);
+    cr_assert_not(ida_bgsnap_running(&bg));
+    cr_assert_eq(got_len, want_len);
+    cr_assert_eq(memcmp(got, want, want_len), 0,
+                 "the child's copy is not the state at the fork");
+    ida_bgsnap_unmap(got, got_len);
+    ida_free(want);
+
+    cr_assert_eq(ida_bgsnap_start_mem(&bg, f, at, 7), 0);
+    kill(bg.pid, SIGKILL);
+    got = NULL;
+    cr_assert_lt(wait_mem(&bg, &got, &got_len), 0);
+    cr_assert_null(got);
+    cr_assert_not(ida_bgsnap_running(&bg));
+
+    cr_assert_eq(ida_bgsnap_start(&bg, f, at, 7), 0);
+    cr_assert_eq(ida_bgsnap_poll_mem(&bg, &got, &got_len), -IDA_EINVAL);
+    ida_bgsnap_cancel(&bg);
+    ida_fsm_free(f);
+}
