@@ -262,8 +262,17 @@ struct ida_raft_config
      * these bytes: a later batch hands them out (has_snapshot) with the same
      * @index and @term, unless a newer snapshot replaced them first, so what
      * the check built from them may be kept for that batch. NULL: no check.
-     * The node's restores the bytes into a scratch state machine and hands
-     * that to its fsm processor with the install (src/node/raft_proc.c). */
+     * The node's restores the bytes into a scratch state machine, on a
+     * thread of its own (IDA_RAFT_CHECK_PENDING, below), and hands that to
+     * its fsm processor with the install (src/node/raft_proc.c).
+     *
+     * IDA_RAFT_CHECK_PENDING instead: the check goes on outside this call (a
+     * thread of the application's), the bytes staying valid and unchanged until
+     * the application gives its verdict with ida_raft_snapshot_checked(). The
+     * core meanwhile runs as before (answers heartbeats, votes, ticks),
+     * answers the sender's chunks of that snapshot "all of it held, not
+     * installed yet" (so it stops resending them), and refuses a chunk of
+     * any other snapshot (the sender starts that one again later). */
     int (*snapshot_check)(void *arg,
                           ida_index index,
                           ida_term term,
@@ -271,6 +280,10 @@ struct ida_raft_config
                           size_t len);
     void *snapshot_check_arg;
 };
+
+/* What snapshot_check returns for "checking outside this call" (not an
+ * IDA_E* code: those are positive). */
+#define IDA_RAFT_CHECK_PENDING (-1)
 
 /* What storage holds, handed to ida_raft_init() on (re)start. */
 struct ida_raft_restore
@@ -448,6 +461,13 @@ struct ida_raft
     uint8_t *rcv_conf;
     size_t rcv_conf_len;
     uint64_t rcv_total; /* total_size announced at offset 0 */
+    /* The whole snapshot arrived and its check runs outside the core
+     * (snapshot_check returned IDA_RAFT_CHECK_PENDING): rcv_data is the
+     * checker's, unchanged, until ida_raft_snapshot_checked(). From whom, at
+     * which of our terms. */
+    bool rcv_checking;
+    ida_node_id rcv_from;
+    ida_term rcv_check_term;
     /* Peer messages refused by ida_raft_step() (IDA_EINVAL, IDA_EPROTO). */
     uint64_t dropped;
     /* Rule A4 (raft/admission.h): what each member said of itself, and
@@ -562,6 +582,22 @@ int ida_raft_compact(struct ida_raft *r,
                      ida_index index,
                      const uint8_t *data,
                      size_t len);
+
+/* The verdict of a snapshot check that said IDA_RAFT_CHECK_PENDING (the
+ * config's snapshot_check) for the snapshot at @index, @term: 0 accepts it,
+ * nonzero refuses it. Accepted, the core installs those bytes as if the
+ * check had said 0 at once, and tells the sender; refused, it forgets them
+ * and tells the sender to start again from byte 0 (as a refusal at once
+ * does). But only while nothing changed that would make the install wrong
+ * or useless: if the core's term moved on, it is no longer a follower, or
+ * it already holds the index (committed by other means), it forgets the
+ * bytes and does nothing else; the leader of the day sends its snapshot
+ * again. Returns 0, IDA_EPROTO for a refusal, IDA_EINVAL when no check of
+ * that snapshot was pending (a late or repeated verdict: ignored). */
+int ida_raft_snapshot_checked(struct ida_raft *r,
+                              ida_index index,
+                              ida_term term,
+                              int verdict);
 
 /* The application's storage holds the snapshot at @index durably (the
  * batch that installed it from a leader was persisted): the core drops its

@@ -152,18 +152,20 @@ int ida__raft_handle_snapshot_response(struct ida_raft *r,
     return 0;
 }
 
-/* Answer a chunk: @taken (success) or refused, holding [0, @next_offset)
- * of the snapshot (0: nothing of it), @done once installed. */
-static void snapshot_reply(struct ida_raft *r,
-                           const struct ida_raft_msg *m,
-                           uint64_t next_offset,
-                           bool taken,
-                           bool done,
-                           bool after_persist)
+/* Answer @to about the snapshot at @last_index: @taken (success) or
+ * refused, holding [0, @next_offset) of it (0: nothing of it), @done once
+ * installed. */
+static void snapshot_reply_to(struct ida_raft *r,
+                              ida_node_id to,
+                              ida_index last_index,
+                              uint64_t next_offset,
+                              bool taken,
+                              bool done,
+                              bool after_persist)
 {
     struct ida_raft_msg resp;
-    ida__raft_msg_init(&resp, IDA_RAFT_MSG_SNAPSHOT_RESPONSE, m->from, r->term);
-    resp.u.snapshot_response.last_index = m->u.install_snapshot.last_index;
+    ida__raft_msg_init(&resp, IDA_RAFT_MSG_SNAPSHOT_RESPONSE, to, r->term);
+    resp.u.snapshot_response.last_index = last_index;
     resp.u.snapshot_response.next_offset = next_offset;
     resp.u.snapshot_response.done = done;
     resp.u.snapshot_response.success = taken;
@@ -172,6 +174,29 @@ static void snapshot_reply(struct ida_raft *r,
     } else {
         ida__raft_send_now(r, &resp);
     }
+}
+
+/* Answer the chunk @m (see snapshot_reply_to()). */
+static void snapshot_reply(struct ida_raft *r,
+                           const struct ida_raft_msg *m,
+                           uint64_t next_offset,
+                           bool taken,
+                           bool done,
+                           bool after_persist)
+{
+    snapshot_reply_to(r, m->from, m->u.install_snapshot.last_index, next_offset,
+                      taken, done, after_persist);
+}
+
+/* Forget the snapshot being received. */
+static void rcv_forget(struct ida_raft *r)
+{
+    ida_free(r->rcv_data);
+    r->rcv_data = NULL;
+    r->rcv_len = r->rcv_cap = 0;
+    r->rcv_index = 0;
+    r->rcv_total = 0;
+    r->rcv_checking = false;
 }
 
 static void install_snapshot(struct ida_raft *r)
@@ -267,6 +292,15 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
         snapshot_reply(r, m, 0, true, true, true);
         return 0;
     }
+    if (r->rcv_checking) {
+        /* The bytes are the checker's until its verdict: a chunk of that
+         * snapshot is answered "all held, not installed yet"; one of
+         * another is refused (its sender starts over later). */
+        bool same =
+            r->rcv_index == is->last_index && r->rcv_term == is->last_term;
+        snapshot_reply(r, m, same ? r->rcv_len : 0, same, false, false);
+        return 0;
+    }
     if (is->offset == 0 &&
         (r->rcv_len == 0 || r->rcv_index != is->last_index ||
          r->rcv_term != is->last_term || r->rcv_total != is->total_size)) {
@@ -321,15 +355,22 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
     }
     IDA_ASSERT(r->rcv_len == r->rcv_total); /* done: offset + len == total */
     size_t len = r->rcv_len;
-    if (r->cfg.snapshot_check != NULL &&
-        r->cfg.snapshot_check(r->cfg.snapshot_check_arg, r->rcv_index,
-                              r->rcv_term, r->rcv_data, len) != 0) {
+    int verdict =
+        r->cfg.snapshot_check != NULL
+            ? r->cfg.snapshot_check(r->cfg.snapshot_check_arg, r->rcv_index,
+                                    r->rcv_term, r->rcv_data, len)
+            : 0;
+    if (verdict == IDA_RAFT_CHECK_PENDING) {
+        /* Checked outside: ida_raft_snapshot_checked() goes on. */
+        r->rcv_checking = true;
+        r->rcv_from = m->from;
+        r->rcv_check_term = r->term;
+        snapshot_reply(r, m, len, true, false, false);
+        return 0;
+    }
+    if (verdict != 0) {
         /* Nothing was given up: forget what arrived, keep the log. */
-        ida_free(r->rcv_data);
-        r->rcv_data = NULL;
-        r->rcv_len = r->rcv_cap = 0;
-        r->rcv_index = 0;
-        r->rcv_total = 0;
+        rcv_forget(r);
         snapshot_reply(r, m, 0, false, false, false);
         return IDA_EPROTO;
     }
@@ -339,6 +380,38 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
      * or restart. */
     (void)ida__raft_conf_refresh(r);
     snapshot_reply(r, m, len, true, true, true);
+    return 0;
+}
+
+int ida_raft_snapshot_checked(struct ida_raft *r,
+                              ida_index index,
+                              ida_term term,
+                              int verdict)
+{
+    IDA_ASSERT(r != NULL);
+    ida__raft_begin(r);
+    if (!r->rcv_checking || r->rcv_index != index || r->rcv_term != term) {
+        return IDA_EINVAL;
+    }
+    ida_node_id from = r->rcv_from;
+    if (r->term != r->rcv_check_term || r->role != IDA_RAFT_FOLLOWER ||
+        index <= r->commit) {
+        /* Another term (another leader, or an election: a log this node
+         * may have grown since must not be cut under it), or held already:
+         * nothing to install. The leader of the day sends again. */
+        rcv_forget(r);
+        return 0;
+    }
+    if (verdict != 0) {
+        rcv_forget(r);
+        snapshot_reply_to(r, from, index, 0, false, false, false);
+        return IDA_EPROTO;
+    }
+    size_t len = r->rcv_len;
+    r->rcv_checking = false;
+    install_snapshot(r);
+    (void)ida__raft_conf_refresh(r); /* as in the receiver above */
+    snapshot_reply_to(r, from, index, len, true, true, true);
     return 0;
 }
 

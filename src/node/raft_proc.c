@@ -1,7 +1,9 @@
 /* The raft processor: owns the Raft core; turns client writes into log
  * entries (group commit), reads into ReadIndex rounds, and every batch of
  * the core into work for net, storage and fsm. See node.h. */
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -809,6 +811,152 @@ static void on_storage_failed(struct raft_proc *rp,
     drive(rp, s);
 }
 
+/* A snapshot from a leader is restored into a scratch state machine before
+ * the core gives up its log for it: bytes that do not restore (damaged or
+ * forged), or hold the state of another index than the one they are sent
+ * as (the log after them would be applied to the wrong state), are refused
+ * and the node keeps running on what it had. The scratch state machine of
+ * an accepted snapshot is kept (rp->checked) and goes to the fsm processor
+ * with the batch that installs the snapshot (make_apply()): decoding a
+ * large state takes seconds, and this way it is done once.
+ *
+ * The restore runs on a thread of its own (and one lent to it), not on this
+ * processor: at ten million allocations it takes about a second, during
+ * which the node would neither tick nor answer its leader's heartbeats (a
+ * voter catching up could even call an election when it is done). The core
+ * is told IDA_RAFT_CHECK_PENDING and keeps the bytes unchanged meanwhile
+ * (raft.h, snapshot_check); check_poll(), on each step and ping, hands the
+ * verdict to the core once the thread is done. Without a thread (none could
+ * be started) the check runs here, as before. */
+struct snap_checker
+{
+    pthread_t thread;
+    const uint8_t *data; /* the core's rcv_data, unchanged until the verdict */
+    size_t len;
+    ida_index index;
+    ida_term term;
+    struct ida_fsm *fsm; /* restored (rv 0) */
+    ida_index held;      /* the index the bytes hold */
+    int rv;
+    uint64_t took_us;
+    atomic_int done;
+};
+
+static void check_run(struct snap_checker *c)
+{
+    uint64_t t0 = ida__node_mono_us();
+    c->rv = ida_fsm_new(&c->fsm);
+    if (c->rv == 0) {
+        c->rv = ida__restore_lent(c->fsm, c->data, c->len);
+    }
+    c->held = c->rv == 0 ? ida_fsm_applied_index(c->fsm) : 0;
+    if (c->rv == 0 && c->held != c->index) {
+        c->rv = IDA_ECORRUPT;
+    }
+    if (c->rv != 0) {
+        ida_fsm_free(c->fsm);
+        c->fsm = NULL;
+    }
+    c->took_us = ida__node_mono_us() - t0;
+    atomic_store(&c->done, 1);
+}
+
+static void *check_main(void *arg)
+{
+    check_run(arg);
+    return NULL;
+}
+
+/* The verdict of @c (done), logged and kept: the restored state machine
+ * becomes rp->checked. Returns the verdict; frees @c. */
+static int check_finish(struct raft_proc *rp, struct snap_checker *c)
+{
+    int rv = c->rv;
+    if (rv == IDA_ECORRUPT && c->held != 0) {
+        IDA_WARN(
+            "raft: refused a snapshot at index %llu from the leader: it "
+            "holds the state at index %llu; keeping the log and state this "
+            "node has",
+            (unsigned long long)c->index, (unsigned long long)c->held);
+    } else if (rv != 0) {
+        IDA_WARN(
+            "raft: refused a snapshot of %zu bytes from the leader: %s; "
+            "keeping the log and state this node has",
+            c->len, idalloc_strerror(rv));
+    } else {
+        /* One not handed out yet is older: this one replaces it. */
+        ida_fsm_free(rp->checked);
+        rp->checked = c->fsm;
+        rp->checked_index = c->index;
+        rp->checked_term = c->term;
+        IDA_INFO(
+            "raft: snapshot at index %llu term %llu (%zu bytes) received "
+            "from the leader and checked in %.1f ms",
+            (unsigned long long)c->index, (unsigned long long)c->term, c->len,
+            (double)c->took_us / 1000.0);
+    }
+    ida_free(c);
+    return rv;
+}
+
+static int snapshot_check(void *arg,
+                          ida_index index,
+                          ida_term term,
+                          const uint8_t *data,
+                          size_t len)
+{
+    struct raft_proc *rp = arg;
+    struct snap_checker *c = ida_calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return IDA_ENOMEM; /* refused: the leader sends it again */
+    }
+    *c = (struct snap_checker){
+        .data = data, .len = len, .index = index, .term = term};
+    if (rp->checking == NULL &&
+        pthread_create(&c->thread, NULL, check_main, c) == 0) {
+        rp->checking = c;
+        return IDA_RAFT_CHECK_PENDING;
+    }
+    check_run(c);
+    return check_finish(rp, c);
+}
+
+/* Join the checking thread, if any, and take its verdict (@wait: even if
+ * it is not done yet). Returns whether there was one to take. */
+static bool check_take(struct raft_proc *rp, bool wait, int *rv)
+{
+    struct snap_checker *c = rp->checking;
+    if (c == NULL || (!wait && !atomic_load(&c->done))) {
+        return false;
+    }
+    pthread_join(c->thread, NULL);
+    rp->checking = NULL;
+    *rv = check_finish(rp, c);
+    return true;
+}
+
+static void check_poll(struct raft_proc *rp, struct ida_sender *s)
+{
+    ida_index index = rp->checking != NULL ? rp->checking->index : 0;
+    ida_term term = rp->checking != NULL ? rp->checking->term : 0;
+    int rv;
+    if (!check_take(rp, false, &rv)) {
+        return;
+    }
+    (void)ida_raft_snapshot_checked(&rp->raft, index, term, rv);
+    if (rv == 0 && ida_raft_snapshot_index(&rp->raft) != index) {
+        /* Not installed (the term moved on meanwhile): the state restored
+         * is of no use, and large. */
+        IDA_INFO(
+            "raft: the snapshot at index %llu was checked after the term "
+            "moved on; not installed (the leader sends its own)",
+            (unsigned long long)index);
+        ida_fsm_free(rp->checked);
+        rp->checked = NULL;
+    }
+    drive(rp, s);
+}
+
 static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
 {
     struct raft_proc *rp = state;
@@ -939,8 +1087,8 @@ static void tick_due(struct raft_proc *rp, uint64_t now)
             IDA_WARN(
                 "raft: ticks ran %llu ms late (one is due every %u ms; "
                 "%llu ms late in all since start): this processor was busy "
-                "(a long step, such as checking a leader's snapshot) or not "
-                "run (an overloaded machine, a paused process); the lost "
+                "(a long step) or not run (an overloaded machine, a paused "
+                "process); the lost "
                 "time does not count toward elections",
                 (unsigned long long)late, rp->tick_ms,
                 (unsigned long long)rp->late_ms_total);
@@ -955,6 +1103,7 @@ static void raft_ping(void *state, struct ida_sender *s)
 {
     struct raft_proc *rp = state;
     node_outq_flush(&rp->q, s);
+    check_poll(rp, s);
     uint64_t now = ida__node_mono_ms();
     tick_due(rp, now);
     ida__rp_book_refresh(rp);
@@ -985,58 +1134,6 @@ static void raft_ping(void *state, struct ida_sender *s)
 }
 
 const struct ida_proc_ops ida__raft_proc_ops = {raft_receive, raft_ping};
-
-/* A snapshot from a leader is restored into a scratch state machine before
- * the core gives up its log for it: bytes that do not restore (damaged or
- * forged), or hold the state of another index than the one they are sent
- * as (the log after them would be applied to the wrong state), are refused
- * and the node keeps running on what it had. The scratch state machine of
- * an accepted snapshot is kept (rp->checked) and goes to the fsm processor
- * with the batch that installs the snapshot (make_apply()): decoding a
- * large state takes seconds, and this way it is done once. */
-static int snapshot_check(void *arg,
-                          ida_index index,
-                          ida_term term,
-                          const uint8_t *data,
-                          size_t len)
-{
-    struct raft_proc *rp = arg;
-    uint64_t t0 = ida__node_mono_us();
-    struct ida_fsm *f = NULL;
-    int rv = ida_fsm_new(&f);
-    if (rv == 0) {
-        rv = ida__restore_lent(f, data, len);
-    }
-    if (rv == 0 && ida_fsm_applied_index(f) != index) {
-        IDA_WARN(
-            "raft: refused a snapshot at index %llu from the leader: it "
-            "holds the state at index %llu; keeping the log and state this "
-            "node has",
-            (unsigned long long)index,
-            (unsigned long long)ida_fsm_applied_index(f));
-        ida_fsm_free(f);
-        return IDA_ECORRUPT;
-    }
-    if (rv != 0) {
-        IDA_WARN(
-            "raft: refused a snapshot of %zu bytes from the leader: %s; "
-            "keeping the log and state this node has",
-            len, idalloc_strerror(rv));
-        ida_fsm_free(f);
-        return rv;
-    }
-    /* One not handed out yet is older: this one replaces it. */
-    ida_fsm_free(rp->checked);
-    rp->checked = f;
-    rp->checked_index = index;
-    rp->checked_term = term;
-    IDA_INFO(
-        "raft: snapshot at index %llu term %llu (%zu bytes) received from "
-        "the leader and checked in %.1f ms",
-        (unsigned long long)index, (unsigned long long)term, len,
-        (double)(ida__node_mono_us() - t0) / 1000.0);
-    return 0;
-}
 
 int ida__raft_proc_new(struct ida_node *n,
                        const struct ida_raft_restore *r,
@@ -1114,7 +1211,9 @@ void ida__raft_proc_free(struct raft_proc *rp)
     }
     ida_free(rp->open);
     ida_free(rp->reads);
-    ida_fsm_free(rp->checked); /* accepted, never installed */
+    int rv;
+    (void)check_take(rp, true, &rv); /* before the core frees its bytes */
+    ida_fsm_free(rp->checked);       /* accepted, never installed */
     node_outq_close(&rp->q);
     node_members_close(&rp->mem);
     ida_raft_close(&rp->raft);

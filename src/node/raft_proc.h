@@ -60,6 +60,9 @@ struct raft_proc
     struct ida_fsm *checked;
     ida_index checked_index;
     ida_term checked_term;
+    /* The check running on a thread of its own (snapshot_check()); NULL:
+     * none. Its verdict goes to the core on the processor's next step. */
+    struct snap_checker *checking;
     struct node_outq q;
 };
 

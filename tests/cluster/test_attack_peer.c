@@ -282,6 +282,13 @@ Test(attack_peer, junk_install_snapshot, .fini = teardown, .timeout = 180)
     }
     tc_sleep_ms(500);
     check_intact("junk snapshot");
+    /* The followers checked the junk (on their checking thread) and said
+     * why they refused it. */
+    int refused = 0;
+    for (int i = 0; i < 3; i++) {
+        refused += tc_log_count(&c, i, "refused a snapshot") > 0;
+    }
+    cr_assert_geq(refused, 1, "no node checked and refused the junk");
     /* Every node still restarts from its directory. */
     for (int i = 0; i < 3; i++) {
         tc_signal(&c, i, SIGTERM);

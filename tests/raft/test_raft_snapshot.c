@@ -256,6 +256,168 @@ Test(snapshot_check, done_for_what_is_only_in_memory_waits_for_persist)
     ida_raft_close(&r);
 }
 
+/* --- a check that goes on outside the core (IDA_RAFT_CHECK_PENDING) ------ */
+
+static const uint8_t *pending_data; /* what the pending check was given */
+
+static int check_later(void *arg,
+                       ida_index index,
+                       ida_term term,
+                       const uint8_t *data,
+                       size_t len)
+{
+    checked_index = index;
+    checked_term = term;
+    checked_len = len;
+    pending_data = data;
+    (*(int *)arg)++;
+    return IDA_RAFT_CHECK_PENDING;
+}
+
+/* A chunk of the snapshot at @index (term 2) from leader @from at @term. */
+static int chunk_of(struct ida_raft *r,
+                    ida_node_id from,
+                    ida_index index,
+                    ida_term term)
+{
+    static const uint8_t junk[22] = "22 bytes of junk here";
+    struct ida_raft_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = IDA_RAFT_MSG_INSTALL_SNAPSHOT;
+    m.from = from;
+    m.to = 2;
+    m.term = term;
+    m.u.install_snapshot.last_index = index;
+    m.u.install_snapshot.last_term = 2;
+    m.u.install_snapshot.data = junk;
+    m.u.install_snapshot.len = sizeof(junk);
+    m.u.install_snapshot.total_size = sizeof(junk);
+    m.u.install_snapshot.done = true;
+    return ida_raft_step(r, &m);
+}
+
+/* Drain the core's batches (persisted at once): snapshots handed out, and
+ * the last snapshot response sent (*@resp, its count in *@n_resp). */
+static int drain(struct ida_raft *r,
+                 struct ida_raft_snapshot_response *resp,
+                 int *n_resp)
+{
+    struct ida_raft_batch b;
+    int snapshots = 0;
+    *n_resp = 0;
+    while (ida_raft_ready(r, &b)) {
+        snapshots += b.has_snapshot;
+        for (size_t i = 0; i < b.n_msgs + b.n_msgs_after_persist; i++) {
+            const struct ida_raft_msg *m =
+                i < b.n_msgs ? &b.msgs[i] : &b.msgs_after_persist[i - b.n_msgs];
+            if (m->type == IDA_RAFT_MSG_SNAPSHOT_RESPONSE) {
+                *resp = m->u.snapshot_response;
+                (*n_resp)++;
+            }
+        }
+        if (b.id != 0) {
+            ida_raft_persisted(r, b.id);
+        }
+    }
+    return snapshots;
+}
+
+/* Pending: the log stays, the sender hears "all held, not installed", a
+ * repeat of the chunk gets the same and no second check, a chunk of
+ * another snapshot is refused and leaves the bytes alone; the verdict "yes"
+ * installs those bytes and answers done. */
+Test(snapshot_check, a_pending_check_installs_on_its_verdict)
+{
+    struct ida_raft r;
+    int calls = 0;
+    cr_assert_eq(offer_snapshot(&r, check_later, &calls), 0);
+    cr_assert_eq(calls, 1);
+    cr_assert_eq(ida_raft_last_index(&r), 3, "installed before the verdict");
+    struct ida_raft_snapshot_response resp;
+    int n;
+    cr_assert_eq(drain(&r, &resp, &n), 0);
+    cr_assert_eq(n, 1);
+    cr_assert(resp.success && !resp.done && resp.next_offset == 22,
+              "not told it is all held (success %d done %d next %llu)",
+              resp.success, resp.done, (unsigned long long)resp.next_offset);
+    const uint8_t *bytes = pending_data;
+    cr_assert_eq(chunk_of(&r, 1, 10, 2), 0); /* the leader resends it */
+    cr_assert_eq(calls, 1, "checked twice");
+    cr_assert_eq(drain(&r, &resp, &n), 0);
+    cr_assert(n == 1 && resp.success && !resp.done && resp.next_offset == 22);
+    cr_assert_eq(chunk_of(&r, 1, 12, 2), 0); /* another snapshot */
+    cr_assert_eq(drain(&r, &resp, &n), 0);
+    cr_assert(n == 1 && !resp.success && resp.next_offset == 0);
+    cr_assert(pending_data == bytes && memcmp(bytes, "22 bytes", 8) == 0,
+              "the bytes under check changed");
+    cr_assert_eq(ida_raft_snapshot_checked(&r, 12, 2, 0), IDA_EINVAL,
+                 "a verdict for a snapshot not under check");
+    cr_assert_eq(ida_raft_last_index(&r), 3);
+    cr_assert_eq(ida_raft_snapshot_checked(&r, 10, 2, 0), 0);
+    cr_assert_eq(ida_raft_last_index(&r), 10);
+    cr_assert_eq(ida_raft_commit(&r), 10);
+    cr_assert_eq(drain(&r, &resp, &n), 1, "the install's batch");
+    cr_assert(n == 1 && resp.success && resp.done && resp.next_offset == 22);
+    cr_assert_eq(ida_raft_snapshot_checked(&r, 10, 2, 0), IDA_EINVAL,
+                 "a second verdict");
+    ida_raft_close(&r);
+}
+
+/* The verdict "no": nothing given up, the sender told to start over. */
+Test(snapshot_check, a_pending_check_refused_gives_up_nothing)
+{
+    struct ida_raft r;
+    int calls = 0;
+    cr_assert_eq(offer_snapshot(&r, check_later, &calls), 0);
+    struct ida_raft_snapshot_response resp;
+    int n;
+    drain(&r, &resp, &n);
+    cr_assert_eq(ida_raft_snapshot_checked(&r, 10, 2, IDA_ECORRUPT),
+                 IDA_EPROTO);
+    cr_assert_eq(ida_raft_last_index(&r), 3);
+    cr_assert_not_null(ida_raft_entry(&r, 1));
+    cr_assert_eq(drain(&r, &resp, &n), 0);
+    cr_assert(n == 1 && !resp.success && !resp.done && resp.next_offset == 0);
+    /* The next offer is checked again from scratch. */
+    cr_assert_eq(chunk_of(&r, 1, 10, 2), 0);
+    cr_assert_eq(calls, 2);
+    ida_raft_close(&r);
+}
+
+/* A verdict that comes after the term moved on installs nothing (an
+ * election may have made this node a candidate, or given its log entries
+ * of a new leader): the bytes are forgotten, the log kept, and the next
+ * offer is checked anew. */
+Test(snapshot_check, a_verdict_after_the_term_moved_installs_nothing)
+{
+    struct ida_raft r;
+    int calls = 0;
+    cr_assert_eq(offer_snapshot(&r, check_later, &calls), 0);
+    struct ida_raft_snapshot_response resp;
+    int n;
+    drain(&r, &resp, &n);
+    /* Leader 3 of term 3 says hello with a heartbeat. */
+    struct ida_raft_msg hb;
+    memset(&hb, 0, sizeof(hb));
+    hb.type = IDA_RAFT_MSG_APPEND_ENTRIES;
+    hb.from = 3;
+    hb.to = 2;
+    hb.term = 3;
+    hb.u.append_entries.prev_log_index = 3;
+    hb.u.append_entries.prev_log_term = 1;
+    hb.u.append_entries.commit_index = 3;
+    cr_assert_eq(ida_raft_step(&r, &hb), 0);
+    cr_assert_eq(ida_raft_term(&r), 3);
+    drain(&r, &resp, &n);
+    cr_assert_eq(ida_raft_snapshot_checked(&r, 10, 2, 0), 0);
+    cr_assert_eq(ida_raft_last_index(&r), 3, "installed in another term");
+    cr_assert_eq(drain(&r, &resp, &n), 0);
+    cr_assert_eq(n, 0, "answered a leader of another term");
+    cr_assert_eq(chunk_of(&r, 3, 10, 3), 0);
+    cr_assert_eq(calls, 2, "the next offer was not checked");
+    ida_raft_close(&r);
+}
+
 /* --- pipelined chunks (cfg.snapshot_max_inflight) ------------------------ */
 
 #define SNAP_BYTES  100 /* 13 chunks of 8 bytes, the last of 4 */

@@ -244,6 +244,9 @@ static void run_instant(struct sim *s, uint64_t deadline)
         if (nd->up && s->now >= nd->sync_at) {
             sim__node_sync(s, nd);
         }
+        if (nd->up && s->now >= nd->check_at) {
+            sim__node_checked(s, nd);
+        }
     }
     deliver_due(s);
     sim__retire_removed_leader(s);

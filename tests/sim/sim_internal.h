@@ -162,6 +162,15 @@ struct node
     size_t n_props;
     struct pread reads[16];
     size_t n_reads;
+    /* A leader's snapshot under a check that goes on outside the core
+     * (IDA_RAFT_CHECK_PENDING, on every other pair of starts): its verdict
+     * is given at check_at (NEVER: none pending), as a node's checking
+     * thread gives it some time later. */
+    struct sim *sim;
+    uint64_t check_at;
+    ida_index check_index;
+    ida_term check_term;
+    int check_rv;
 };
 
 struct client
@@ -324,6 +333,7 @@ void sim__node_step(struct sim *s,
                     struct node *nd,
                     const struct ida_raft_msg *m);
 void sim__node_sync(struct sim *s, struct node *nd);
+void sim__node_checked(struct sim *s, struct node *nd);
 int sim__node_start(struct sim *s, struct node *nd);
 void sim__node_crash(struct sim *s, struct node *nd);
 void sim__node_wipe(struct sim *s, struct node *nd);

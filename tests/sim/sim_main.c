@@ -102,6 +102,7 @@ int main(int argc, char **argv)
     o.trace = trace ? stdout : NULL;
     uint64_t passed = 0, failed = 0, acked = 0, wipes = 0, readmitted = 0;
     uint64_t scenarios = 0, rollbacks = 0, caught = 0, foreign = 0;
+    uint64_t later = 0, stale = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (uint64_t sd = start; sd < start + seeds; sd++) {
@@ -115,6 +116,8 @@ int main(int argc, char **argv)
         rollbacks += r.rollbacks;
         caught += r.rollbacks_caught;
         foreign += r.foreign;
+        later += r.checks_later;
+        stale += r.checks_stale;
         if (rv == 0 && r.ok) {
             passed++;
             if (trace) {
@@ -155,9 +158,12 @@ int main(int argc, char **argv)
             "%.1f seeds/s, %" PRIu64 " requests acked, %" PRIu64
             " disks emptied (%" PRIu64 " in the scripted scenario), %" PRIu64
             " re-admitted, %" PRIu64 " foreign messages dropped, %" PRIu64
-            " rollbacks (%" PRIu64 " told by a peer)\n",
+            " rollbacks (%" PRIu64 " told by a peer), %" PRIu64
+            " snapshot checks answered later (%" PRIu64
+            " after the term "
+            "moved on)\n",
             secs > 0 ? (double)seeds / secs : 0.0, acked, wipes, scenarios,
-            readmitted, foreign, rollbacks, caught);
+            readmitted, foreign, rollbacks, caught, later, stale);
     printf("%" PRIu64 " passed, %" PRIu64 " failed\n", passed, failed);
     return failed ? 1 : 0;
 }
