@@ -272,7 +272,8 @@ struct ida_raft_config
      * core meanwhile runs as before (answers heartbeats, votes, ticks),
      * answers the sender's chunks of that snapshot "all of it held, not
      * installed yet" (so it stops resending them), and refuses a chunk of
-     * any other snapshot (the sender starts that one again later). */
+     * any other snapshot, or of that one in another term (the sender
+     * starts over later). */
     int (*snapshot_check)(void *arg,
                           ida_index index,
                           ida_term term,
@@ -284,6 +285,9 @@ struct ida_raft_config
 /* What snapshot_check returns for "checking outside this call" (not an
  * IDA_E* code: those are positive). */
 #define IDA_RAFT_CHECK_PENDING (-1)
+/* What ida_raft_snapshot_checked() returns when it installed nothing
+ * because the core moved on meanwhile. */
+#define IDA_RAFT_CHECK_STALE (-2)
 
 /* What storage holds, handed to ida_raft_init() on (re)start. */
 struct ida_raft_restore
@@ -589,11 +593,13 @@ int ida_raft_compact(struct ida_raft *r,
  * check had said 0 at once, and tells the sender; refused, it forgets them
  * and tells the sender to start again from byte 0 (as a refusal at once
  * does). But only while nothing changed that would make the install wrong
- * or useless: if the core's term moved on, it is no longer a follower, or
- * it already holds the index (committed by other means), it forgets the
- * bytes and does nothing else; the leader of the day sends its snapshot
- * again. Returns 0, IDA_EPROTO for a refusal, IDA_EINVAL when no check of
- * that snapshot was pending (a late or repeated verdict: ignored). */
+ * or useless: if the core's term moved on, it is no longer a follower, it
+ * already holds the index (committed by other means) or it was told its
+ * state went back (rule A4), it forgets the bytes and does nothing else
+ * (IDA_RAFT_CHECK_STALE); the leader of the day sends its snapshot again.
+ * Returns 0 (installed), IDA_EPROTO for a refusal, IDA_RAFT_CHECK_STALE,
+ * or IDA_EINVAL when no check of that snapshot was pending (a late or
+ * repeated verdict: ignored). */
 int ida_raft_snapshot_checked(struct ida_raft *r,
                               ida_index index,
                               ida_term term,

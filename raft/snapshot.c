@@ -297,7 +297,8 @@ int ida__raft_handle_install_snapshot(struct ida_raft *r,
          * snapshot is answered "all held, not installed yet"; one of
          * another is refused (its sender starts over later). */
         bool same =
-            r->rcv_index == is->last_index && r->rcv_term == is->last_term;
+            r->rcv_index == is->last_index && r->rcv_term == is->last_term &&
+            r->rcv_total == is->total_size && r->term == r->rcv_check_term;
         snapshot_reply(r, m, same ? r->rcv_len : 0, same, false, false);
         return 0;
     }
@@ -395,24 +396,28 @@ int ida_raft_snapshot_checked(struct ida_raft *r,
     }
     ida_node_id from = r->rcv_from;
     if (r->term != r->rcv_check_term || r->role != IDA_RAFT_FOLLOWER ||
-        index <= r->commit) {
+        index <= r->commit || r->rollback.kind != IDA_RAFT_ROLLBACK_NONE) {
         /* Another term (another leader, or an election: a log this node
-         * may have grown since must not be cut under it), or held already:
-         * nothing to install. The leader of the day sends again. */
+         * may have grown since must not be cut under it), held already, or
+         * told its state went back (rule A4: it steps and sends nothing
+         * more): nothing to install. The leader of the day sends again. */
         rcv_forget(r);
-        return 0;
+        return IDA_RAFT_CHECK_STALE;
     }
+    int rv = 0;
     if (verdict != 0) {
         rcv_forget(r);
         snapshot_reply_to(r, from, index, 0, false, false, false);
-        return IDA_EPROTO;
+        rv = IDA_EPROTO;
+    } else {
+        size_t len = r->rcv_len;
+        r->rcv_checking = false;
+        install_snapshot(r);
+        (void)ida__raft_conf_refresh(r); /* as in the receiver above */
+        snapshot_reply_to(r, from, index, len, true, true, true);
     }
-    size_t len = r->rcv_len;
-    r->rcv_checking = false;
-    install_snapshot(r);
-    (void)ida__raft_conf_refresh(r); /* as in the receiver above */
-    snapshot_reply_to(r, from, index, len, true, true, true);
-    return 0;
+    ida__raft_check_invariants(r);
+    return rv;
 }
 
 void ida_raft_snapshot_stored(struct ida_raft *r, ida_index index)

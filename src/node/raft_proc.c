@@ -825,8 +825,10 @@ static void on_storage_failed(struct raft_proc *rp,
  * which the node would neither tick nor answer its leader's heartbeats (a
  * voter catching up could even call an election when it is done). The core
  * is told IDA_RAFT_CHECK_PENDING and keeps the bytes unchanged meanwhile
- * (raft.h, snapshot_check); check_poll(), on each step and ping, hands the
- * verdict to the core once the thread is done. Without a thread (none could
+ * (raft.h, snapshot_check); check_poll(), on each ping (every tick), hands
+ * the verdict to the core once the thread is done. A node stopping waits
+ * for a check under way (ida__raft_proc_free()): the restore cannot be
+ * cut short, and it reads bytes the core frees. Without a thread (none could
  * be started) the check runs here, as before. */
 struct snap_checker
 {
@@ -943,10 +945,11 @@ static void check_poll(struct raft_proc *rp, struct ida_sender *s)
     if (!check_take(rp, false, &rv)) {
         return;
     }
-    (void)ida_raft_snapshot_checked(&rp->raft, index, term, rv);
-    if (rv == 0 && ida_raft_snapshot_index(&rp->raft) != index) {
-        /* Not installed (the term moved on meanwhile): the state restored
-         * is of no use, and large. */
+    if (ida_raft_snapshot_checked(&rp->raft, index, term, rv) ==
+            IDA_RAFT_CHECK_STALE &&
+        rv == 0) {
+        /* Not installed (the term moved on meanwhile, or the index is held
+         * already): the state restored is of no use, and large. */
         IDA_INFO(
             "raft: the snapshot at index %llu was checked after the term "
             "moved on; not installed (the leader sends its own)",

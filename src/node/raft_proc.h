@@ -61,7 +61,7 @@ struct raft_proc
     ida_index checked_index;
     ida_term checked_term;
     /* The check running on a thread of its own (snapshot_check()); NULL:
-     * none. Its verdict goes to the core on the processor's next step. */
+     * none. Its verdict goes to the core on the processor's next ping. */
     struct snap_checker *checking;
     struct node_outq q;
 };

@@ -409,12 +409,56 @@ Test(snapshot_check, a_verdict_after_the_term_moved_installs_nothing)
     cr_assert_eq(ida_raft_step(&r, &hb), 0);
     cr_assert_eq(ida_raft_term(&r), 3);
     drain(&r, &resp, &n);
-    cr_assert_eq(ida_raft_snapshot_checked(&r, 10, 2, 0), 0);
+    cr_assert_eq(ida_raft_snapshot_checked(&r, 10, 2, 0), IDA_RAFT_CHECK_STALE);
     cr_assert_eq(ida_raft_last_index(&r), 3, "installed in another term");
     cr_assert_eq(drain(&r, &resp, &n), 0);
     cr_assert_eq(n, 0, "answered a leader of another term");
     cr_assert_eq(chunk_of(&r, 3, 10, 3), 0);
     cr_assert_eq(calls, 2, "the next offer was not checked");
+    ida_raft_close(&r);
+}
+
+/* Entries the same leader appended while the check ran (acknowledged, so
+ * perhaps counted toward a commit) survive the install: the log holds the
+ * snapshot's last entry, so only what the snapshot covers is dropped. */
+Test(snapshot_check, entries_appended_during_a_check_survive_the_install)
+{
+    struct ida_raft r;
+    int calls = 0;
+    cr_assert_eq(offer_snapshot(&r, check_later, &calls), 0);
+    struct ida_raft_snapshot_response resp;
+    int n;
+    drain(&r, &resp, &n);
+    static const uint8_t d[1] = {9};
+    struct ida_entry ents[9];
+    for (int i = 0; i < 9; i++) {
+        ents[i] = (struct ida_entry){.term = 2,
+                                     .index = (ida_index)i + 4,
+                                     .type = IDA_ENTRY_NORMAL,
+                                     .data = (uint8_t *)d,
+                                     .len = 1};
+    }
+    struct ida_raft_msg ap;
+    memset(&ap, 0, sizeof(ap));
+    ap.type = IDA_RAFT_MSG_APPEND_ENTRIES;
+    ap.from = 1;
+    ap.to = 2;
+    ap.term = 2;
+    ap.u.append_entries.prev_log_index = 3;
+    ap.u.append_entries.prev_log_term = 1;
+    ap.u.append_entries.entries = ents;
+    ap.u.append_entries.n_entries = 9;
+    ap.u.append_entries.commit_index = 3;
+    cr_assert_eq(ida_raft_step(&r, &ap), 0);
+    cr_assert_eq(ida_raft_last_index(&r), 12);
+    drain(&r, &resp, &n); /* persisted and acknowledged */
+    cr_assert_eq(ida_raft_snapshot_checked(&r, 10, 2, 0), 0);
+    cr_assert_eq(ida_raft_snapshot_index(&r), 10);
+    cr_assert_eq(ida_raft_last_index(&r), 12, "acknowledged entries lost");
+    cr_assert_not_null(ida_raft_entry(&r, 11));
+    cr_assert_not_null(ida_raft_entry(&r, 12));
+    cr_assert_eq(drain(&r, &resp, &n), 1);
+    cr_assert_eq(ida_raft_last_index(&r), 12);
     ida_raft_close(&r);
 }
 

@@ -171,6 +171,7 @@ struct node
     ida_index check_index;
     ida_term check_term;
     int check_rv;
+    uint64_t check_hash; /* of the bytes under check */
 };
 
 struct client

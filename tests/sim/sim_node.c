@@ -334,6 +334,7 @@ static int snapshot_check(void *arg,
         nd->check_index = index;
         nd->check_term = term;
         nd->check_rv = rv;
+        nd->check_hash = sim__bytes_hash(data, len);
         sim__tracef(s,
                     "node %u checks the snapshot at %" PRIu64 " until %" PRIu64,
                     nd->id, index, nd->check_at);
@@ -349,6 +350,15 @@ void sim__node_checked(struct sim *s, struct node *nd)
                  ida_raft_role(&nd->raft) != IDA_RAFT_FOLLOWER;
     s->res->checks_later++;
     s->res->checks_stale += stale;
+    if (sim__raft_checks(s) &&
+        sim__bytes_hash(nd->raft.rcv_data, nd->raft.rcv_len) !=
+            nd->check_hash) {
+        sim__violation(s,
+                       "node %u: the snapshot bytes under check changed "
+                       "before the verdict",
+                       nd->id);
+        return;
+    }
     int rv = ida_raft_snapshot_checked(&nd->raft, nd->check_index,
                                        nd->check_term, nd->check_rv);
     sim__hash_in(s, 22, nd->id, nd->check_index, (uint64_t)rv);
