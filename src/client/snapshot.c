@@ -101,9 +101,10 @@ int ida_client_snapshot_read(struct idalloc_client *c,
                              struct idalloc_call *call)
 {
     memset(out, 0, sizeof(*out));
-    int rv = IDA_EBUSY;
-    /* EBUSY: the copy was replaced (a leader change, another backup). */
-    for (int attempt = 0; attempt < 3 && rv == IDA_EBUSY; attempt++) {
+    int rv = IDA_ENOTFOUND;
+    /* ENOTFOUND: the copy is gone (replaced by newer ones, unread for too
+     * long, a leader change): start over. */
+    for (int attempt = 0; attempt < 3 && rv == IDA_ENOTFOUND; attempt++) {
         rv = read_once(c, out, call);
     }
     if (rv == 0) {

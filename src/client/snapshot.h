@@ -11,8 +11,9 @@
 /* Read the whole state from the leader: a copy taken at its applied index
  * after a ReadIndex round (so it holds every write acknowledged before the
  * call), in chunks. *out gets the state, its index, term and the cluster's
- * name (free with ida_backup_free()). A leader change or another backup in
- * the middle starts the copy again (up to 3 times). Returns 0 or an error
+ * name (free with ida_backup_free()). A copy gone in the middle (a leader
+ * change, newer copies replaced it) starts the backup again (up to 3
+ * times). Returns 0 or an error
  * as for reads (IDA_EPROTO for an inconsistent answer); the detail is in
  * @call (not NULL). */
 int ida_client_snapshot_read(struct idalloc_client *c,

@@ -377,9 +377,9 @@ int ida_bgsnap_poll_mem(struct ida_bgsnap *b, const uint8_t **data, size_t *len)
     int rv = r == b->pid && WIFEXITED(st) && WEXITSTATUS(st) == 0
                  ? map_output(b->fd, data, len)
                  : IDA_EIO;
-    if (r < 0) {
-        kill(b->pid, SIGKILL); /* not our child any more: cannot be */
-    }
+    /* r < 0 (not our child: nothing else reaps them, so it cannot be):
+     * the job is dropped, and nothing signalled (the pid may be another
+     * process's by now). */
     close(b->fd);
     *b = (struct ida_bgsnap){0};
     return rv == 0 ? 1 : -rv;

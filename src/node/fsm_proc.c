@@ -14,6 +14,7 @@
 #include "idalloc.h"
 #include "idalloc_errors.h"
 #include "src/client/client.h"
+#include "src/node/backup_copy.h"
 #include "src/node/bgsnap.h"
 #include "src/node/convert.h"
 #include "src/node/lend.h"
@@ -61,22 +62,8 @@ struct fsm_proc
     size_t n_pending;
     struct ida_nm_read **reads; /* FIFO; indexes never decrease */
     size_t n_reads, cap_reads;
-    /* The copy of the state a backup reads in chunks (SnapshotRead), and
-     * the child encoding the next one for the read waiting for its first
-     * chunk (backup_conn, backup_seq). */
-    const uint8_t *backup;
-    size_t backup_len;
-    int backup_mapped; /* backup is bgsnap's mapping, not ida_malloc'd */
-    ida_index backup_index;
-    ida_term backup_term;
-    struct ida_bgsnap bk;
-    uint64_t backup_conn, backup_seq;
-    /* The call (client id, read seq) the copy or its child is for: a
-     * repeat of it (the client's attempt timed out) is answered from them
-     * instead of starting over. */
-    uint8_t backup_cid[16];
-    uint64_t backup_cseq;
-    uint64_t backup_read_ms; /* when a chunk of it was last sent */
+    /* The copies of the state backups read (SnapshotRead). */
+    struct ida__backups backups;
     /* A restart's snapshot, rebuilt before anything else (node.h). */
     struct ida__rebuild *rebuild; /* the state being rebuilt at start */
     size_t rebuild_len;
@@ -159,192 +146,10 @@ static void lose_all_pending(struct fsm_proc *fp)
 /* --- reads ------------------------------------------------------------------
  */
 
-#define BACKUP_CHUNK_BYTES (1u << 20)
-#define BACKUP_KEEP_MS     30000
-
-static void backup_drop(struct fsm_proc *fp)
-{
-    if (fp->backup_mapped) {
-        ida_bgsnap_unmap(fp->backup, fp->backup_len);
-    } else {
-        ida_free((void *)(uintptr_t)fp->backup);
-    }
-    fp->backup = NULL;
-    fp->backup_len = 0;
-    fp->backup_mapped = 0;
-}
-
-/* Answer (@conn, @seq) with the backup copy's chunk at @off (within it). */
-static void send_backup_chunk(struct fsm_proc *fp,
-                              uint64_t conn,
-                              uint64_t seq,
-                              size_t off)
-{
-    size_t n = fp->backup_len - off;
-    n = n > BACKUP_CHUNK_BYTES ? BACKUP_CHUNK_BYTES : n;
-    Idalloc__SnapshotChunk ch = IDALLOC__SNAPSHOT_CHUNK__INIT;
-    ch.index = fp->backup_index;
-    ch.term = fp->backup_term;
-    ch.cluster = (char *)fp->node->cfg.cluster;
-    ch.total_size = fp->backup_len;
-    ch.offset = off;
-    ch.data.data = (uint8_t *)(uintptr_t)(fp->backup + off);
-    ch.data.len = n;
-    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
-    res.result_case = IDALLOC__COMMAND_RESULT__RESULT_SNAPSHOT_CHUNK;
-    res.snapshot_chunk = &ch;
-    ida__node_reply_result(fp->node, conn, seq, &res, 0);
-    fp->backup_read_ms = ida__node_mono_ms();
-}
-
-/* A copy nobody read for BACKUP_KEEP_MS is dropped (on a ping). It is not
- * dropped at its last chunk: that answer may be lost with its attempt, and
- * the client's repeat must find the copy. */
-static void backup_expire(struct fsm_proc *fp)
-{
-    if (fp->backup != NULL &&
-        ida__node_mono_ms() - fp->backup_read_ms > BACKUP_KEEP_MS) {
-        backup_drop(fp);
-    }
-}
-
-static void reply_busy(struct fsm_proc *fp,
-                       uint64_t conn,
-                       uint64_t seq,
-                       const char *why)
-{
-    Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
-    res.error = IDA_EBUSY;
-    res.error_msg = (char *)why;
-    ida__node_reply_result(fp->node, conn, seq, &res, 0);
-}
-
-/* The backup copy of @len bytes at @index, @term is made: keep it. */
-static void backup_made(struct fsm_proc *fp,
-                        const uint8_t *data,
-                        size_t len,
-                        int mapped,
-                        ida_index index,
-                        ida_term term,
-                        const char *how)
-{
-    backup_drop(fp);
-    fp->backup = data;
-    fp->backup_len = len;
-    fp->backup_mapped = mapped;
-    fp->backup_read_ms = ida__node_mono_ms();
-    fp->backup_index = index;
-    fp->backup_term = term;
-    IDA_INFO("fsm: backup copy of the state at index %llu (%zu bytes, %s)",
-             (unsigned long long)index, len, how);
-}
-
-/* Gather what the backup's child wrote since the last look; once it is
- * whole, answer the read that asked for it with its first chunk. */
-static void poll_backup(struct fsm_proc *fp)
-{
-    if (!ida_bgsnap_running(&fp->bk)) {
-        return;
-    }
-    ida_index index = fp->bk.index;
-    ida_term term = fp->bk.term;
-    uint64_t t0 = fp->bk.started_us;
-    const uint8_t *data;
-    size_t len;
-    int rv = ida_bgsnap_poll_mem(&fp->bk, &data, &len);
-    if (rv == 0) {
-        return;
-    }
-    if (rv < 0) {
-        IDA_WARN("fsm: the child copying the state for a backup failed (%s)",
-                 idalloc_strerror(-rv));
-        reply_busy(fp, fp->backup_conn, fp->backup_seq,
-                   "the node could not copy its state for the backup: "
-                   "start again");
-        return;
-    }
-    char how[64];
-    snprintf(how, sizeof(how), "encoded by a child process in %.1f ms",
-             (double)(ida__node_mono_us() - t0) / 1000.0);
-    backup_made(fp, data, len, 1, index, term, how);
-    send_backup_chunk(fp, fp->backup_conn, fp->backup_seq, 0);
-}
-
-/* Whether @rd repeats the call the backup copy (or its child) is for. */
-static bool same_backup_call(const struct fsm_proc *fp,
-                             const struct ida_nm_read *rd)
-{
-    const Idalloc__ClientRequest *q = rd->req;
-    return (fp->backup != NULL || ida_bgsnap_running(&fp->bk)) &&
-           q->client_id.len == 16 &&
-           memcmp(q->client_id.data, fp->backup_cid, 16) == 0 &&
-           q->request_seq == fp->backup_cseq;
-}
-
-/* A backup chunk: offset 0 of index 0 takes a new copy of the state (the
- * read's ReadIndex is applied, so it holds every acknowledged write); later
- * chunks come from that copy while its index is the one asked.
- *
- * The copy is encoded by a child process into a memory file (bgsnap.h),
- * and the first chunk answered once the child is done (poll_backup(), on
- * the processor's pings and applies): at ten million allocations encoding
- * takes about a second, which in line would hold every client of this node
- * that long. Without a child (fork failed) the copy is encoded in line.
- *
- * A client repeats a call whose attempt had no answer within its attempt
- * timeout (1 s by default) with the same id and seq: such a repeat of the
- * call that asked for the copy takes the copy, or waits for its child,
- * instead of starting another (each repeat starting over, a copy that
- * takes longer than the attempt timeout would never be answered). */
-static void serve_snapshot_read(struct fsm_proc *fp, struct ida_nm_read *rd)
-{
-    const Idalloc__SnapshotRead *q = rd->req->snapshot_read;
-    uint64_t seq = rd->req->request_seq;
-    if (q->offset == 0 && q->index == 0 && same_backup_call(fp, rd)) {
-        if (ida_bgsnap_running(&fp->bk)) {
-            fp->backup_conn = rd->conn; /* the latest attempt is answered */
-            return;
-        }
-    } else if (q->offset == 0 && q->index == 0) {
-        if (ida_bgsnap_running(&fp->bk)) {
-            ida_bgsnap_cancel(&fp->bk);
-            reply_busy(fp, fp->backup_conn, fp->backup_seq,
-                       "another backup began: start again");
-        }
-        backup_drop(fp); /* a new copy replaces the old */
-        memset(fp->backup_cid, 0, sizeof(fp->backup_cid));
-        if (rd->req->client_id.len == 16) {
-            memcpy(fp->backup_cid, rd->req->client_id.data, 16);
-        }
-        fp->backup_cseq = seq;
-        ida_index applied = ida_fsm_applied_index(fp->fsm);
-        if (ida_bgsnap_start_mem(&fp->bk, fp->fsm, applied, fp->applied_term) ==
-            0) {
-            fp->backup_conn = rd->conn;
-            fp->backup_seq = seq;
-            return;
-        }
-        uint8_t *data;
-        size_t len;
-        if (ida_fsm_snapshot(fp->fsm, &data, &len) != 0) {
-            reply_error(fp, rd->conn, seq, IDA_EBUSY);
-            return;
-        }
-        backup_made(fp, data, len, 0, applied, fp->applied_term, "in line");
-    } else if (fp->backup == NULL || q->index != fp->backup_index ||
-               q->offset >= fp->backup_len) {
-        reply_busy(fp, rd->conn, seq,
-                   "the backup copy was replaced (another backup or a "
-                   "leader change): start again");
-        return;
-    }
-    send_backup_chunk(fp, rd->conn, seq, (size_t)q->offset);
-}
-
 static void serve_read(struct fsm_proc *fp, struct ida_nm_read *rd)
 {
     if (rd->req->op_case == IDALLOC__CLIENT_REQUEST__OP_SNAPSHOT_READ) {
-        serve_snapshot_read(fp, rd);
+        ida__backups_read(&fp->backups, fp->fsm, fp->applied_term, rd);
         return;
     }
     const Idalloc__ClientRequest *q = rd->req;
@@ -576,8 +381,9 @@ static void poll_bgsnap(struct fsm_proc *fp, struct ida_sender *s)
 static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
 {
     ida_index applied = ida_fsm_applied_index(fp->fsm);
-    if (ida_bgsnap_running(&fp->bg) || !ida_snap_policy_due(&fp->snap)) {
-        return;
+    if (ida_bgsnap_running(&fp->bg) || ida__backups_busy(&fp->backups) ||
+        !ida_snap_policy_due(&fp->snap)) {
+        return; /* (one child at a time: their memory adds up) */
     }
     /* The log since now counts toward the next one; the size of the last
      * stays until this one's is known. */
@@ -812,7 +618,7 @@ static void on_apply(struct fsm_proc *fp,
     publish_pools(fp);
     serve_ready_reads(fp);
     poll_bgsnap(fp, s);
-    poll_backup(fp);
+    ida__backups_poll(&fp->backups, fp->fsm, fp->applied_term);
     maybe_snapshot(fp, s);
     struct ida_nm_applied *done = ida_malloc(sizeof(*done));
     if (done != NULL) {
@@ -841,6 +647,7 @@ static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
             break;
         case IDA_NM_LEADERSHIP_LOST:
             lose_all_pending(fp);
+            ida__backups_leadership_lost(&fp->backups);
             break;
         default:
             break;
@@ -855,8 +662,7 @@ static void fsm_ping(void *state, struct ida_sender *s)
     node_outq_flush(&fp->q, s);
     publish_pools(fp);
     poll_bgsnap(fp, s);
-    poll_backup(fp);
-    backup_expire(fp);
+    ida__backups_poll(&fp->backups, fp->fsm, fp->applied_term);
 }
 
 const struct ida_proc_ops ida__fsm_proc_ops = {fsm_receive, fsm_ping};
@@ -875,6 +681,7 @@ int ida__fsm_proc_new(struct ida_node *n,
         return IDA_ENOMEM;
     }
     fp->node = n;
+    ida__backups_init(&fp->backups, n);
     fp->fsm = fsm;
     fp->applied_term = applied_term;
     fp->rebuild = rebuild;
@@ -895,7 +702,7 @@ void ida__fsm_proc_free(struct fsm_proc *fp)
         return;
     }
     bg_cancel(fp);
-    ida_bgsnap_cancel(&fp->bk);
+    ida__backups_close(&fp->backups);
     ida__rebuild_drop(fp->rebuild);
     for (size_t b = 0; b < PENDING_BUCKETS; b++) {
         while (fp->buckets[b] != NULL) {
@@ -908,7 +715,6 @@ void ida__fsm_proc_free(struct fsm_proc *fp)
         free_read(fp->reads[i]);
     }
     ida_free(fp->reads);
-    backup_drop(fp);
     node_outq_close(&fp->q);
     ida_fsm_free(fp->fsm);
     ida_free(fp);

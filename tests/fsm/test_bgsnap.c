@@ -192,7 +192,10 @@ Test(bgsnap, memory_file_output_is_the_state_at_the_fork)
                  "the child's copy is not the state at the fork");
     ida_bgsnap_unmap(got, got_len);
     ida_free(want);
+    ida_fsm_free(f);
 
+    /* Large enough that the child is still encoding when it is killed. */
+    f = filled(200000);
     cr_assert_eq(ida_bgsnap_start_mem(&bg, f, at, 7), 0);
     kill(bg.pid, SIGKILL);
     got = NULL;
