@@ -296,6 +296,28 @@ static int chunk_of(struct ida_raft *r,
     return ida_raft_step(r, &m);
 }
 
+/* AppendEntries from leader @from at @term to node 2: @ents after its
+ * entry 3 (term 1), commit 3. */
+static int append_after_3(struct ida_raft *r,
+                          ida_node_id from,
+                          ida_term term,
+                          const struct ida_entry *ents,
+                          size_t n)
+{
+    struct ida_raft_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = IDA_RAFT_MSG_APPEND_ENTRIES;
+    m.from = from;
+    m.to = 2;
+    m.term = term;
+    m.u.append_entries.prev_log_index = 3;
+    m.u.append_entries.prev_log_term = 1;
+    m.u.append_entries.entries = ents;
+    m.u.append_entries.n_entries = n;
+    m.u.append_entries.commit_index = 3;
+    return ida_raft_step(r, &m);
+}
+
 /* Drain the core's batches (persisted at once): snapshots handed out, and
  * the last snapshot response sent (*@resp, its count in *@n_resp). */
 static int drain(struct ida_raft *r,
@@ -397,16 +419,7 @@ Test(snapshot_check, a_verdict_after_the_term_moved_installs_nothing)
     int n;
     drain(&r, &resp, &n);
     /* Leader 3 of term 3 says hello with a heartbeat. */
-    struct ida_raft_msg hb;
-    memset(&hb, 0, sizeof(hb));
-    hb.type = IDA_RAFT_MSG_APPEND_ENTRIES;
-    hb.from = 3;
-    hb.to = 2;
-    hb.term = 3;
-    hb.u.append_entries.prev_log_index = 3;
-    hb.u.append_entries.prev_log_term = 1;
-    hb.u.append_entries.commit_index = 3;
-    cr_assert_eq(ida_raft_step(&r, &hb), 0);
+    cr_assert_eq(append_after_3(&r, 3, 3, NULL, 0), 0);
     cr_assert_eq(ida_raft_term(&r), 3);
     drain(&r, &resp, &n);
     cr_assert_eq(ida_raft_snapshot_checked(&r, 10, 2, 0), IDA_RAFT_CHECK_STALE);
@@ -438,18 +451,7 @@ Test(snapshot_check, entries_appended_during_a_check_survive_the_install)
                                      .data = (uint8_t *)d,
                                      .len = 1};
     }
-    struct ida_raft_msg ap;
-    memset(&ap, 0, sizeof(ap));
-    ap.type = IDA_RAFT_MSG_APPEND_ENTRIES;
-    ap.from = 1;
-    ap.to = 2;
-    ap.term = 2;
-    ap.u.append_entries.prev_log_index = 3;
-    ap.u.append_entries.prev_log_term = 1;
-    ap.u.append_entries.entries = ents;
-    ap.u.append_entries.n_entries = 9;
-    ap.u.append_entries.commit_index = 3;
-    cr_assert_eq(ida_raft_step(&r, &ap), 0);
+    cr_assert_eq(append_after_3(&r, 1, 2, ents, 9), 0);
     cr_assert_eq(ida_raft_last_index(&r), 12);
     drain(&r, &resp, &n); /* persisted and acknowledged */
     cr_assert_eq(ida_raft_snapshot_checked(&r, 10, 2, 0), 0);
