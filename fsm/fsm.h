@@ -320,6 +320,16 @@ int ida_fsm_tag_get(const ProtobufCBinaryData *in,
  * would still parse. Does not change @f. Returns 0 or IDA_ENOMEM. */
 int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len);
 
+/* The same bytes into a buffer of the caller's: @get(@ctx, total) is
+ * called once, with the encoding's size, and returns where to write it
+ * (NULL: none, IDA_ENOMEM); *@len is set to that size. The caller owns the
+ * buffer either way (a forked child writes its snapshot straight into a
+ * shared memory file so, src/node/bgsnap.c). */
+int ida_fsm_snapshot_to(const struct ida_fsm *f,
+                        uint8_t *(*get)(void *ctx, size_t total),
+                        void *ctx,
+                        size_t *len);
+
 /* Replace the state of @f with the FsmState in @data (@len bytes, borrowed).
  * Everything is validated (canonical order, ids within pools, tags, prefix
  * encodings, session rules) before @f is touched. Returns 0,

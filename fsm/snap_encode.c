@@ -345,7 +345,27 @@ uint64_t ida__snapshot_checksum(const uint8_t *p, size_t len)
     return h;
 }
 
+static uint8_t *heap_get(void *ctx, size_t total)
+{
+    uint8_t **out = ctx;
+    *out = ida_malloc(total);
+    return *out;
+}
+
 int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len)
+{
+    *data = NULL;
+    int rv = ida_fsm_snapshot_to(f, heap_get, data, len);
+    if (rv != 0) {
+        *data = NULL; /* freed or never allocated */
+    }
+    return rv;
+}
+
+int ida_fsm_snapshot_to(const struct ida_fsm *f,
+                        uint8_t *(*get)(void *ctx, size_t total),
+                        void *ctx,
+                        size_t *len)
 {
     int rv = IDA_ENOMEM;
     struct tag_order **orders = ida_calloc(f->pool_count + 1, sizeof(*orders));
@@ -385,7 +405,7 @@ int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len)
     struct ida__wbuf w = {NULL, 0};
     enc_state(&w, &a);
     size_t total = w.len + IDA__CHECKSUM_BYTES;
-    w.p = ida_malloc(total);
+    w.p = get(ctx, total);
     if (w.p == NULL) {
         goto err_after_arrays;
     }
@@ -397,7 +417,6 @@ int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len)
         w.p[w.len++] = (uint8_t)(sum >> (8 * b));
     }
     IDA_ASSERT(w.len == total);
-    *data = w.p;
     *len = total;
     rv = 0;
 

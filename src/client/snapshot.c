@@ -107,6 +107,13 @@ int ida_client_snapshot_read(struct idalloc_client *c,
     for (int attempt = 0; attempt < 3 && rv == IDA_ENOTFOUND; attempt++) {
         rv = read_once(c, out, call);
     }
+    if (rv == IDA_ENOTFOUND) {
+        /* Transient (a leader change, newer copies): say so. */
+        ida__call_error(call,
+                        "the leader's copy of the state was replaced three "
+                        "times during the backup: try again");
+        rv = IDA_EBUSY;
+    }
     if (rv == 0) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

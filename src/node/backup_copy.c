@@ -68,13 +68,17 @@ static void send_chunk(struct ida__backups *b,
     c->read_ms = ida__node_mono_ms();
 }
 
-/* Answer @call's first chunk from @c, remembering that it did. */
+/* Answer @call's first chunk from @c, remembering that it did (@known: it
+ * did already). */
 static void answer_first(struct ida__backups *b,
                          struct ida__backup_copy *c,
                          const struct ida__backup_call *call,
-                         uint64_t conn)
+                         uint64_t conn,
+                         bool known)
 {
-    c->answered[c->n_answered++ % IDA_BACKUP_CALLS_MAX] = *call;
+    if (!known) {
+        c->answered[c->n_answered++ % IDA_BACKUP_CALLS_MAX] = *call;
+    }
     send_chunk(b, c, conn, call->seq, 0);
 }
 
@@ -116,9 +120,20 @@ static void copy_made(struct ida__backups *b,
                       ida_term term,
                       const char *how)
 {
-    copy_drop(&b->copies[IDA_BACKUP_COPIES - 1]);
-    memmove(&b->copies[1], &b->copies[0],
-            (IDA_BACKUP_COPIES - 1) * sizeof(b->copies[0]));
+    /* Its slot: an empty one, else the copy read least recently (a backup
+     * still reading the other is not cut off). */
+    size_t v = 0;
+    for (size_t i = 0; i < IDA_BACKUP_COPIES; i++) {
+        if (b->copies[i].data == NULL) {
+            v = i;
+            break;
+        }
+        if (b->copies[i].read_ms < b->copies[v].read_ms) {
+            v = i;
+        }
+    }
+    copy_drop(&b->copies[v]);
+    memmove(&b->copies[1], &b->copies[0], v * sizeof(b->copies[0]));
     struct ida__backup_copy *c = &b->copies[0];
     *c = (struct ida__backup_copy){.data = data,
                                    .len = len,
@@ -132,7 +147,7 @@ static void copy_made(struct ida__backups *b,
     for (size_t i = 0; i < b->n_waiting; i++) {
         struct ida__backup_waiter *w = &b->waiting[i];
         if (w->need <= index) {
-            answer_first(b, c, &w->call, w->conn);
+            answer_first(b, c, &w->call, w->conn, false);
         } else {
             b->waiting[k++] = *w;
         }
@@ -188,12 +203,13 @@ static void serve_first(struct ida__backups *b,
         }
     }
     struct ida__backup_copy *c = copy_of_call(b, &call);
+    bool known = c != NULL;
     if (c == NULL && b->copies[0].data != NULL &&
         b->copies[0].index >= rd->index) {
         c = &b->copies[0]; /* made after this call's ReadIndex */
     }
     if (c != NULL) {
-        answer_first(b, c, &call, rd->conn);
+        answer_first(b, c, &call, rd->conn, known);
         return;
     }
     if (b->n_waiting == IDA_BACKUP_CALLS_MAX) {
@@ -217,7 +233,12 @@ void ida__backups_read(struct ida__backups *b,
         return;
     }
     struct ida__backup_copy *c = copy_at(b, q->index);
-    if (c == NULL || q->offset >= c->len) {
+    if (c != NULL && q->offset >= c->len) {
+        reply_error(b, rd->conn, rd->req->request_seq, IDA_EINVAL,
+                    "offset past the end of the backup copy");
+        return;
+    }
+    if (c == NULL) {
         char why[200];
         snprintf(why, sizeof(why),
                  "the backup copy at index %llu is gone (replaced, unread "

@@ -30,7 +30,15 @@
  *   (not retried as such by the client library: the backup starts over).
  * Losing the leadership answers the waiting IDA_ELEADERLOST (their repeat
  * goes to the new leader) and drops the copies. Without a child (fork
- * failed, or the child failed) the copy is encoded in line. */
+ * failed, or the child failed) the copy is encoded in line.
+ *
+ * The node's periodic snapshot waits while a backup's child runs (two
+ * children at once double the memory their encodings take); a backup does
+ * not wait for a snapshot's child (its caller is waiting, for seconds at
+ * ten million allocations). A child that hangs has no deadline: its
+ * callers give up at their call timeout, and the periodic snapshot waits
+ * for it (not seen; a deadline with the in-line copy as fallback would be
+ * the mend). */
 #ifndef IDA_NODE_BACKUP_COPY_H
 #define IDA_NODE_BACKUP_COPY_H
 
@@ -99,8 +107,7 @@ void ida__backups_poll(struct ida__backups *b,
 /* This node is no longer leader. */
 void ida__backups_leadership_lost(struct ida__backups *b);
 
-/* Whether a child is encoding a copy (the periodic snapshot waits: two
- * children at once double the memory their encodings take). */
+/* Whether a child is encoding a copy (the periodic snapshot waits). */
 int ida__backups_busy(const struct ida__backups *b);
 
 void ida__backups_close(struct ida__backups *b);

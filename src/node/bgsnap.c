@@ -65,23 +65,51 @@ static void close_others(int keep)
     }
 }
 
-static void child_main(const struct ida_fsm *f, int wfd, pid_t parent)
+static void put_header(uint8_t hdr[IDA_BGSNAP_HDR_BYTES], size_t len)
+{
+    memcpy(hdr, MAGIC, 8);
+    for (int i = 0; i < 8; i++) {
+        hdr[8 + i] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
+    }
+}
+
+/* In the child: room for the header and @total bytes in the memory file
+ * (ctx: its descriptor), mapped shared; where the snapshot goes. */
+static uint8_t *mem_get(void *ctx, size_t total)
+{
+    int fd = *(int *)ctx;
+    size_t size = IDA_BGSNAP_HDR_BYTES + total;
+    if (ftruncate(fd, (off_t)size) != 0) {
+        return NULL;
+    }
+    uint8_t *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        return NULL;
+    }
+    put_header(m, total);
+    return m + IDA_BGSNAP_HDR_BYTES;
+}
+
+/* @mem: @wfd is a memory file, written through a shared mapping (no second
+ * copy of the snapshot in the child); else a pipe, written in order. */
+static void child_main(const struct ida_fsm *f, int wfd, pid_t parent, int mem)
 {
     (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) {
         _exit(3); /* the parent died before the line above */
     }
     close_others(wfd);
-    uint8_t *data;
     size_t len;
+    if (mem) {
+        /* The mapping goes with the process; the file holds the bytes. */
+        _exit(ida_fsm_snapshot_to(f, mem_get, &wfd, &len) == 0 ? 0 : 2);
+    }
+    uint8_t *data;
     if (ida_fsm_snapshot(f, &data, &len) != 0) {
         _exit(2);
     }
     uint8_t hdr[IDA_BGSNAP_HDR_BYTES];
-    memcpy(hdr, MAGIC, 8);
-    for (int i = 0; i < 8; i++) {
-        hdr[8 + i] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
-    }
+    put_header(hdr, len);
     if (ida_write_all(wfd, hdr, sizeof(hdr)) != 0 ||
         ida_write_all(wfd, data, len) != 0) {
         _exit(1);
@@ -91,7 +119,7 @@ static void child_main(const struct ida_fsm *f, int wfd, pid_t parent)
 
 /* Fork the child writing into @wfd (closed in the parent); its pid, or -1
  * (@rfd and @wfd closed). */
-static pid_t spawn(const struct ida_fsm *f, int rfd, int wfd)
+static pid_t spawn(const struct ida_fsm *f, int rfd, int wfd, int mem)
 {
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -106,7 +134,7 @@ static pid_t spawn(const struct ida_fsm *f, int rfd, int wfd)
         if (wfd != rfd) {
             close(rfd);
         }
-        child_main(f, wfd, parent);
+        child_main(f, wfd, parent, mem);
     }
     if (wfd != rfd) {
         close(wfd);
@@ -126,7 +154,7 @@ int ida_bgsnap_start(struct ida_bgsnap *b,
     if (pipe(p) != 0) {
         return IDA_EIO;
     }
-    pid_t pid = spawn(f, p[0], p[1]);
+    pid_t pid = spawn(f, p[0], p[1], 0);
     if (pid < 0) {
         return IDA_EIO;
     }
@@ -323,8 +351,7 @@ int ida_bgsnap_start_mem(struct ida_bgsnap *b,
     if (fd < 0) {
         return IDA_EIO;
     }
-    /* The child writes at the offset the two share: the start. */
-    pid_t pid = spawn(f, fd, fd);
+    pid_t pid = spawn(f, fd, fd, 1);
     if (pid < 0) {
         return IDA_EIO;
     }

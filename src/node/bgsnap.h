@@ -25,9 +25,10 @@
  *
  * The child of a multi-threaded process: only the forking thread exists in
  * it, so it must not take a lock another thread may have held at the fork.
- * It calls only ida_fsm_snapshot() (which allocates: glibc's malloc is reset
- * in the child by its own fork handlers), write() and _exit(); it never
- * logs. It first closes every descriptor but its pipe (a child that
+ * It calls only ida_fsm_snapshot() or ida_fsm_snapshot_to() (which
+ * allocate: glibc's malloc is reset in the child by its own fork handlers),
+ * write() or ftruncate() and mmap(), and _exit(); it never logs. It first
+ * closes every descriptor but its pipe or memory file (a child that
  * outlived a killed parent must not hold the data directory's lock or the
  * node's ports) and asks to be killed when the parent dies
  * (PR_SET_PDEATHSIG).
@@ -100,9 +101,11 @@ int ida_bgsnap_read(struct ida_bgsnap *b,
                     struct ida_bgsnap_slice *out);
 
 /* A job whose child writes into an anonymous memory file (memfd) instead
- * of a pipe, for a copy the caller keeps whole (a backup, fsm_proc.c): the
- * child runs at its own pace, not at the pace of the parent's reads, and
- * the parent maps the result instead of copying it. Returns as
+ * of a pipe, for a copy the caller keeps whole (a backup, backup_copy.c): the
+ * child runs at its own pace, not at the pace of the parent's reads,
+ * encodes straight into a shared mapping of the file (one copy of the
+ * snapshot in the child, not two), and the parent maps the result instead
+ * of copying it. Returns as
  * ida_bgsnap_start(). */
 int ida_bgsnap_start_mem(struct ida_bgsnap *b,
                          const struct ida_fsm *f,
