@@ -270,14 +270,26 @@ void ida__backups_poll(struct ida__backups *b,
     const uint8_t *data;
     size_t len;
     int rv = ida_bgsnap_poll_mem(&b->child, &data, &len);
+    if (rv == 0 &&
+        ida__node_mono_us() - t0 > (uint64_t)IDA_BACKUP_CHILD_MAX_MS * 1000) {
+        ida_bgsnap_cancel(&b->child); /* hung: in line below */
+        rv = -IDA_ETIMEDOUT;
+    }
     if (rv == 0) {
         return;
     }
     if (rv < 0) {
-        IDA_WARN(
-            "fsm: the child copying the state for a backup failed (%s); "
-            "copying in line",
-            idalloc_strerror(-rv));
+        if (rv == -IDA_ETIMEDOUT) {
+            IDA_WARN(
+                "fsm: the child copying the state for a backup ran for %u "
+                "s and was killed; copying in line",
+                IDA_BACKUP_CHILD_MAX_MS / 1000);
+        } else {
+            IDA_WARN(
+                "fsm: the child copying the state for a backup failed (%s); "
+                "copying in line",
+                idalloc_strerror(-rv));
+        }
         copy_in_line(b, f, term);
     } else {
         char how[64];

@@ -35,10 +35,9 @@
  * The node's periodic snapshot waits while a backup's child runs (two
  * children at once double the memory their encodings take); a backup does
  * not wait for a snapshot's child (its caller is waiting, for seconds at
- * ten million allocations). A child that hangs has no deadline: its
- * callers give up at their call timeout, and the periodic snapshot waits
- * for it (not seen; a deadline with the in-line copy as fallback would be
- * the mend). */
+ * ten million allocations). A child still running after
+ * IDA_BACKUP_CHILD_MAX_MS is killed and the copy made in line (never seen:
+ * the encoding takes about a second per ten million allocations). */
 #ifndef IDA_NODE_BACKUP_COPY_H
 #define IDA_NODE_BACKUP_COPY_H
 
@@ -49,10 +48,11 @@
 #include "src/node/bgsnap.h"
 #include "src/node/msgs.h"
 
-#define IDA_BACKUP_CALLS_MAX   16 /* calls waiting, and answered per copy */
-#define IDA_BACKUP_COPIES      2
-#define IDA_BACKUP_CHUNK_BYTES (1u << 20)
-#define IDA_BACKUP_KEEP_MS     30000
+#define IDA_BACKUP_CALLS_MAX    16 /* calls waiting, and answered per copy */
+#define IDA_BACKUP_COPIES       2
+#define IDA_BACKUP_CHUNK_BYTES  (1u << 20)
+#define IDA_BACKUP_KEEP_MS      30000
+#define IDA_BACKUP_CHILD_MAX_MS 120000
 
 struct ida_node;
 
