@@ -110,8 +110,9 @@ static struct ida__backup_copy *copy_at(struct ida__backups *b, ida_index index)
     return NULL;
 }
 
-/* A copy is made: it becomes the newest; the oldest kept is dropped. Then
- * every call waiting for at most its index is answered. */
+/* A copy is made: it becomes the newest (copies[0]), in place of an empty
+ * slot or of the copy read least recently. Then every call waiting for at
+ * most its index is answered. */
 static void copy_made(struct ida__backups *b,
                       const uint8_t *data,
                       size_t len,
@@ -120,8 +121,7 @@ static void copy_made(struct ida__backups *b,
                       ida_term term,
                       const char *how)
 {
-    /* Its slot: an empty one, else the copy read least recently (a backup
-     * still reading the other is not cut off). */
+    /* A backup still reading the other copy is not cut off. */
     size_t v = 0;
     for (size_t i = 0; i < IDA_BACKUP_COPIES; i++) {
         if (b->copies[i].data == NULL) {
