@@ -263,7 +263,7 @@ static void snapshot_noted(struct fsm_proc *fp,
 {
     ida_metrics_snapshot(fp->node->metrics, len, took_us);
     fp->snapshot_index = index;
-    ida_snap_policy_sized(&fp->snap, len);
+    fp->snap.last_bytes = len;
     IDA_INFO("fsm: snapshot at index %llu (%zu bytes, %s, %.1f ms)",
              (unsigned long long)index, len, how, (double)took_us / 1000.0);
 }
@@ -691,7 +691,7 @@ int ida__fsm_proc_new(struct ida_node *n,
     ida_snap_policy_init(
         &fp->snap, n->cfg.snapshot_interval_entries,
         (uint64_t)n->self->id * 0x9e3779b97f4a7c15ull ^ n->incarnation);
-    ida_snap_policy_sized(&fp->snap, n->snapshot_bytes0);
+    fp->snap.last_bytes = n->snapshot_bytes0;
     *out = fp;
     return 0;
 }

@@ -15,12 +15,6 @@ static void draw(struct ida_snap_policy *p)
     uint64_t extra_max = p->floor_entries / 2;
     uint64_t extra = extra_max > 0 ? next_rand(p) % (extra_max + 1) : 0;
     p->threshold_entries = p->floor_entries + extra;
-    /* The share of the last snapshot's bytes: S / D less up to a quarter
-     * of it. */
-    uint64_t share = p->last_bytes / IDA_SNAP_LOG_DIVISOR;
-    uint64_t less_max = share / IDA_SNAP_JITTER_DIVISOR;
-    p->threshold_bytes =
-        share - (less_max > 0 ? next_rand(p) % (less_max + 1) : 0);
 }
 
 void ida_snap_policy_init(struct ida_snap_policy *p,
@@ -49,13 +43,7 @@ void ida_snap_policy_applied(struct ida_snap_policy *p, size_t len)
 int ida_snap_policy_due(const struct ida_snap_policy *p)
 {
     return p->entries_since >= p->threshold_entries &&
-           p->bytes_since >= p->threshold_bytes;
-}
-
-void ida_snap_policy_sized(struct ida_snap_policy *p, size_t bytes)
-{
-    p->last_bytes = bytes;
-    draw(p);
+           p->bytes_since >= p->last_bytes / IDA_SNAP_LOG_DIVISOR;
 }
 
 void ida_snap_policy_taken(struct ida_snap_policy *p, size_t bytes)

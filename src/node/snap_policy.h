@@ -48,16 +48,6 @@
  * snapshot from a per-node seed: three nodes that applied the same entries
  * no longer snapshot at the same index (the stall all three paid together
  * at once, which cost a leader its check-quorum in the issue's run).
- *
- * That extra is on the floor's entries only; once the state is large the
- * bytes rule decides, and it gave nodes of one state the same threshold:
- * at 10 M allocations two followers snapshotted within 1% of each other's
- * index every time (their children encoding at the same moment, 3 to 6 s
- * each on 2 shared cores). So the bytes threshold is drawn too: S / D less
- * up to a quarter of it (IDA_SNAP_JITTER_DIVISOR), afresh per snapshot and
- * per node. Lower only, so the log still never exceeds S / D (the replay
- * and memory bounds above hold); the price is up to a third more
- * snapshots, an eighth on average: encoded <= (4/3) D x applied + S.
  */
 #ifndef IDA_NODE_SNAP_POLICY_H
 #define IDA_NODE_SNAP_POLICY_H
@@ -66,10 +56,8 @@
 #include <stdint.h>
 
 /* A snapshot is due once the log since the last one holds that snapshot's
- * size divided by this (and the floor's entries), less a random share of
- * up to 1 / IDA_SNAP_JITTER_DIVISOR of it. */
-#define IDA_SNAP_LOG_DIVISOR    2
-#define IDA_SNAP_JITTER_DIVISOR 4
+ * size divided by this (and the floor's entries). */
+#define IDA_SNAP_LOG_DIVISOR 2
 
 struct ida_snap_policy
 {
@@ -79,7 +67,6 @@ struct ida_snap_policy
     uint64_t entries_since, bytes_since;
     uint64_t threshold_entries; /* floor plus this round's random extra */
     uint64_t last_bytes;        /* size of the last snapshot; 0: none yet */
-    uint64_t threshold_bytes;   /* this round's share of it */
 };
 
 /* @seed: different on every node (node id and incarnation mixed in). */
@@ -97,10 +84,5 @@ int ida_snap_policy_due(const struct ida_snap_policy *p);
  * restored at start: the log since it is what counts). Draws the next
  * threshold. */
 void ida_snap_policy_taken(struct ida_snap_policy *p, size_t bytes);
-
-/* The last snapshot's size is @bytes (known only once it is encoded, or
- * read at start): the log since it keeps counting; the thresholds are drawn
- * again for that size. */
-void ida_snap_policy_sized(struct ida_snap_policy *p, size_t bytes);
 
 #endif /* IDA_NODE_SNAP_POLICY_H */
