@@ -354,12 +354,8 @@ static uint8_t *heap_get(void *ctx, size_t total)
 
 int ida_fsm_snapshot(const struct ida_fsm *f, uint8_t **data, size_t *len)
 {
-    *data = NULL;
-    int rv = ida_fsm_snapshot_to(f, heap_get, data, len);
-    if (rv != 0) {
-        *data = NULL; /* freed or never allocated */
-    }
-    return rv;
+    *data = NULL; /* heap_get() sets it; nothing fails after that */
+    return ida_fsm_snapshot_to(f, heap_get, data, len);
 }
 
 int ida_fsm_snapshot_to(const struct ida_fsm *f,

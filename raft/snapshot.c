@@ -231,10 +231,8 @@ static void install_snapshot(struct ida_raft *r)
     ida_free(r->snap_data);
     r->snap_data = r->rcv_data;
     r->snap_len = r->rcv_len;
-    r->rcv_data = NULL;
-    r->rcv_len = r->rcv_cap = 0;
-    r->rcv_index = 0;
-    r->rcv_total = 0;
+    r->rcv_data = NULL; /* the snapshot's now */
+    rcv_forget(r);
     ida_free(r->snap_conf);
     r->snap_conf = r->rcv_conf;
     r->snap_conf_len = r->rcv_conf_len;
@@ -411,7 +409,6 @@ int ida_raft_snapshot_checked(struct ida_raft *r,
         rv = IDA_EPROTO;
     } else {
         size_t len = r->rcv_len;
-        r->rcv_checking = false;
         install_snapshot(r);
         (void)ida__raft_conf_refresh(r); /* as in the receiver above */
         snapshot_reply_to(r, from, index, len, true, true, true);

@@ -117,27 +117,14 @@ static void child_main(const struct ida_fsm *f, int wfd, pid_t parent, int mem)
     _exit(0);
 }
 
-/* Fork the child writing into @wfd (closed in the parent); its pid, or -1
- * (@rfd and @wfd closed). */
-static pid_t spawn(const struct ida_fsm *f, int rfd, int wfd, int mem)
+/* Fork the child writing into @wfd (it closes every other descriptor
+ * itself, close_others()); its pid, or -1. */
+static pid_t spawn(const struct ida_fsm *f, int wfd, int mem)
 {
     pid_t parent = getpid();
     pid_t pid = fork();
-    if (pid < 0) {
-        close(rfd);
-        if (wfd != rfd) {
-            close(wfd);
-        }
-        return -1;
-    }
     if (pid == 0) {
-        if (wfd != rfd) {
-            close(rfd);
-        }
         child_main(f, wfd, parent, mem);
-    }
-    if (wfd != rfd) {
-        close(wfd);
     }
     return pid;
 }
@@ -154,8 +141,10 @@ int ida_bgsnap_start(struct ida_bgsnap *b,
     if (pipe(p) != 0) {
         return IDA_EIO;
     }
-    pid_t pid = spawn(f, p[0], p[1], 0);
+    pid_t pid = spawn(f, p[1], 0);
+    close(p[1]);
     if (pid < 0) {
+        close(p[0]);
         return IDA_EIO;
     }
     /* A pipe holds 64 KiB by default: the child stopped at each 64 KiB
@@ -351,8 +340,9 @@ int ida_bgsnap_start_mem(struct ida_bgsnap *b,
     if (fd < 0) {
         return IDA_EIO;
     }
-    pid_t pid = spawn(f, fd, fd, 1);
+    pid_t pid = spawn(f, fd, 1);
     if (pid < 0) {
+        close(fd);
         return IDA_EIO;
     }
     *b = (struct ida_bgsnap){.pid = pid,

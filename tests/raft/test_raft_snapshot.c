@@ -85,6 +85,22 @@ static int accept_all(void *arg,
     return 0;
 }
 
+/* @n one-byte entries of @term from index @first into @ents. */
+static void entries(struct ida_entry *ents,
+                    int n,
+                    ida_index first,
+                    ida_term term)
+{
+    static const uint8_t d[1] = {7};
+    for (int i = 0; i < n; i++) {
+        ents[i] = (struct ida_entry){.term = term,
+                                     .index = first + (ida_index)i,
+                                     .type = IDA_ENTRY_NORMAL,
+                                     .data = (uint8_t *)d,
+                                     .len = 1};
+    }
+}
+
 /* Node 2 holds entries 1..3 of term 1; leader 1 sends a whole snapshot at
  * index 10 in one chunk. Returns what step() said. */
 static int offer_snapshot(
@@ -96,15 +112,8 @@ static int offer_snapshot(
     cfg.id = 2;
     cfg.snapshot_check = check;
     cfg.snapshot_check_arg = calls;
-    static const uint8_t d[1] = {7};
     struct ida_entry ents[3];
-    for (int i = 0; i < 3; i++) {
-        ents[i] = (struct ida_entry){.term = 1,
-                                     .index = (ida_index)i + 1,
-                                     .type = IDA_ENTRY_NORMAL,
-                                     .data = (uint8_t *)d,
-                                     .len = 1};
-    }
+    entries(ents, 3, 1, 1);
     struct ida_raft_restore st = {
         .hard_state = {.term = 1}, .entries = ents, .n_entries = 3};
     cr_assert_eq(ida_raft_init(r, &cfg, &st), 0);
@@ -344,6 +353,16 @@ static int drain(struct ida_raft *r,
     return snapshots;
 }
 
+/* offer_snapshot() with a check that answers later, and the batches of
+ * that step drained. */
+static void offer_pending(struct ida_raft *r, int *calls)
+{
+    cr_assert_eq(offer_snapshot(r, check_later, calls), 0);
+    struct ida_raft_snapshot_response resp;
+    int n;
+    drain(r, &resp, &n);
+}
+
 /* Pending: the log stays, the sender hears "all held, not installed", a
  * repeat of the chunk gets the same and no second check, a chunk of
  * another snapshot is refused and leaves the bytes alone; the verdict "yes"
@@ -390,10 +409,9 @@ Test(snapshot_check, a_pending_check_refused_gives_up_nothing)
 {
     struct ida_raft r;
     int calls = 0;
-    cr_assert_eq(offer_snapshot(&r, check_later, &calls), 0);
+    offer_pending(&r, &calls);
     struct ida_raft_snapshot_response resp;
     int n;
-    drain(&r, &resp, &n);
     cr_assert_eq(ida_raft_snapshot_checked(&r, 10, 2, IDA_ECORRUPT),
                  IDA_EPROTO);
     cr_assert_eq(ida_raft_last_index(&r), 3);
@@ -414,10 +432,9 @@ Test(snapshot_check, a_verdict_after_the_term_moved_installs_nothing)
 {
     struct ida_raft r;
     int calls = 0;
-    cr_assert_eq(offer_snapshot(&r, check_later, &calls), 0);
+    offer_pending(&r, &calls);
     struct ida_raft_snapshot_response resp;
     int n;
-    drain(&r, &resp, &n);
     /* Leader 3 of term 3 says hello with a heartbeat. */
     cr_assert_eq(append_after_3(&r, 3, 3, NULL, 0), 0);
     cr_assert_eq(ida_raft_term(&r), 3);
@@ -438,19 +455,11 @@ Test(snapshot_check, entries_appended_during_a_check_survive_the_install)
 {
     struct ida_raft r;
     int calls = 0;
-    cr_assert_eq(offer_snapshot(&r, check_later, &calls), 0);
+    offer_pending(&r, &calls);
     struct ida_raft_snapshot_response resp;
     int n;
-    drain(&r, &resp, &n);
-    static const uint8_t d[1] = {9};
     struct ida_entry ents[9];
-    for (int i = 0; i < 9; i++) {
-        ents[i] = (struct ida_entry){.term = 2,
-                                     .index = (ida_index)i + 4,
-                                     .type = IDA_ENTRY_NORMAL,
-                                     .data = (uint8_t *)d,
-                                     .len = 1};
-    }
+    entries(ents, 9, 4, 2);
     cr_assert_eq(append_after_3(&r, 1, 2, ents, 9), 0);
     cr_assert_eq(ida_raft_last_index(&r), 12);
     drain(&r, &resp, &n); /* persisted and acknowledged */

@@ -81,7 +81,7 @@ struct sim_result
     uint64_t rollbacks_caught; /* nodes told their state went back (A4) */
     uint64_t foreign;          /* messages dropped as IDA_EFOREIGN */
     uint64_t checks_later;     /* snapshot checks whose verdict came later */
-    uint64_t checks_stale;     /* ... after the term or role had moved on */
+    uint64_t checks_stale;     /* ... that installed nothing (stale) */
     uint64_t end_ms;
 };
 

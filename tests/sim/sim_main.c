@@ -160,8 +160,7 @@ int main(int argc, char **argv)
             " re-admitted, %" PRIu64 " foreign messages dropped, %" PRIu64
             " rollbacks (%" PRIu64 " told by a peer), %" PRIu64
             " snapshot checks answered later (%" PRIu64
-            " after the term "
-            "moved on)\n",
+            " stale: the term or role moved on, or the index was held)\n",
             secs > 0 ? (double)seeds / secs : 0.0, acked, wipes, scenarios,
             readmitted, foreign, rollbacks, caught, later, stale);
     printf("%" PRIu64 " passed, %" PRIu64 " failed\n", passed, failed);

@@ -346,10 +346,7 @@ static int snapshot_check(void *arg,
 void sim__node_checked(struct sim *s, struct node *nd)
 {
     nd->check_at = NEVER;
-    bool stale = ida_raft_term(&nd->raft) != nd->raft.rcv_check_term ||
-                 ida_raft_role(&nd->raft) != IDA_RAFT_FOLLOWER;
     s->res->checks_later++;
-    s->res->checks_stale += stale;
     if (sim__raft_checks(s) &&
         sim__bytes_hash(nd->raft.rcv_data, nd->raft.rcv_len) !=
             nd->check_hash) {
@@ -361,10 +358,14 @@ void sim__node_checked(struct sim *s, struct node *nd)
     }
     int rv = ida_raft_snapshot_checked(&nd->raft, nd->check_index,
                                        nd->check_term, nd->check_rv);
+    s->res->checks_stale += rv == IDA_RAFT_CHECK_STALE;
     sim__hash_in(s, 22, nd->id, nd->check_index, (uint64_t)rv);
     sim__tracef(s,
                 "node %u: the check of the snapshot at %" PRIu64 " ends (%s)",
-                nd->id, nd->check_index, rv == 0 ? "ok" : idalloc_errname(rv));
+                nd->id, nd->check_index,
+                rv == 0                      ? "ok"
+                : rv == IDA_RAFT_CHECK_STALE ? "stale: nothing installed"
+                                             : idalloc_errname(rv));
     if (rv == IDA_EPROTO && sim__raft_checks(s)) {
         sim__violation(s, "node %u refused an honest snapshot", nd->id);
     }
