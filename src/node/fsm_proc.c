@@ -264,6 +264,7 @@ static void snapshot_noted(struct fsm_proc *fp,
     ida_metrics_snapshot(fp->node->metrics, len, took_us);
     fp->snapshot_index = index;
     fp->snap.last_bytes = len;
+    ida_snap_policy_encoded(&fp->snap, took_us / 1000);
     IDA_INFO("fsm: snapshot at index %llu (%zu bytes, %s, %.1f ms)",
              (unsigned long long)index, len, how, (double)took_us / 1000.0);
 }
@@ -384,6 +385,18 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
     if (ida_bgsnap_running(&fp->bg) || ida__backups_busy(&fp->backups) ||
         !ida_snap_policy_due(&fp->snap)) {
         return; /* (one child at a time: their memory adds up) */
+    }
+    uint64_t waited_ms;
+    if (ida_snap_policy_wait(&fp->snap, atomic_load(&fp->node->peers_snap_any),
+                             ida__node_mono_ms(), &waited_ms)) {
+        return; /* a peer's child encodes: its turn first (TURNS) */
+    }
+    if (waited_ms > 0) {
+        IDA_INFO(
+            "fsm: the snapshot due at index %llu waited %.1f s for a "
+            "peer's (at most %.1f s)",
+            (unsigned long long)applied, (double)waited_ms / 1000.0,
+            (double)ida_snap_policy_wait_cap_ms(&fp->snap) / 1000.0);
     }
     /* The log since now counts toward the next one; the size of the last
      * stays until this one's is known. */
@@ -608,6 +621,13 @@ static void publish_pools(struct fsm_proc *fp)
     ida_free(buf);
 }
 
+/* Tell peers whether a child of this node encodes (snap_policy.h, TURNS). */
+static void publish_child(struct fsm_proc *fp)
+{
+    atomic_store(&fp->node->snap_child, ida_bgsnap_running(&fp->bg) ||
+                                            ida__backups_busy(&fp->backups));
+}
+
 static void on_apply(struct fsm_proc *fp,
                      struct ida_sender *s,
                      struct ida_nm_apply *a)
@@ -639,8 +659,9 @@ static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
             on_apply(fp, s, p);
             break;
         case IDA_NM_READ:
-            on_read(fp, p);
+            on_read(fp, p); /* (a backup's read may start a child) */
             ida_msg_free(msg);
+            publish_child(fp);
             return;
         case IDA_NM_REGISTER:
             add_pending(fp, p);
@@ -653,6 +674,7 @@ static void fsm_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
             break;
     }
     node_msg_free(msg);
+    publish_child(fp);
 }
 
 static void fsm_ping(void *state, struct ida_sender *s)
@@ -663,6 +685,8 @@ static void fsm_ping(void *state, struct ida_sender *s)
     publish_pools(fp);
     poll_bgsnap(fp, s);
     ida__backups_poll(&fp->backups, fp->fsm, fp->applied_term);
+    maybe_snapshot(fp, s); /* (one that waited for a peer's, at idle) */
+    publish_child(fp);
 }
 
 const struct ida_proc_ops ida__fsm_proc_ops = {fsm_receive, fsm_ping};

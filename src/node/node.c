@@ -412,8 +412,15 @@ int ida_node_open(struct ida_node *n,
 void ida__node_send_raft(struct ida_node *n, const struct ida_raft_msg *m)
 {
     struct node_pb_peer pb;
-    if (node_raft_to_pb(m, &pb) == 0 &&
-        ida_net_send_peer(n->net, m->to, &pb.msg) == IDA_ETOOBIG) {
+    if (node_raft_to_pb(m, &pb) != 0) {
+        node_pb_peer_release(&pb);
+        return;
+    }
+    /* Snapshot turns (snap_policy.h): first-hand news only is passed on. */
+    pb.msg.snapshotting = atomic_load(&n->snap_child);
+    pb.msg.peer_snapshotting = m->type == IDA_RAFT_MSG_APPEND_ENTRIES &&
+                               atomic_load(&n->peers_snap_first_hand);
+    if (ida_net_send_peer(n->net, m->to, &pb.msg) == IDA_ETOOBIG) {
         /* Raft sends it again, and the same way: say so (at most every
          * 10 s; the appends are capped to fit: raft_proc.c). */
         uint64_t now = ida__node_mono_ms(),

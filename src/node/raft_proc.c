@@ -720,6 +720,15 @@ static void stream_chunk(struct raft_proc *rp,
     node_post(&rp->q, s, rp->node->p_storage, IDA_NM_SNAPSHOT_RCV, c);
 }
 
+/* Publish what peers said of their snapshots, as of @now (ms). */
+static void snap_peers_publish(struct raft_proc *rp, uint64_t now)
+{
+    atomic_store(&rp->node->peers_snap_first_hand,
+                 ida_snap_peers_busy(&rp->snap_peers, now, 1));
+    atomic_store(&rp->node->peers_snap_any,
+                 ida_snap_peers_busy(&rp->snap_peers, now, 0));
+}
+
 static void on_peer(struct raft_proc *rp,
                     struct ida_sender *s,
                     Idalloc__PeerMessage *pb)
@@ -741,6 +750,16 @@ static void on_peer(struct raft_proc *rp,
         int rv = ida_raft_step(&rp->raft, &m);
         if (rv == 0 && m.type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) {
             stream_chunk(rp, s, &m.u.install_snapshot, &before);
+        }
+        if (rv == 0) {
+            /* Only a message the core took counts (a leader's relay only
+             * on its appends: snap_policy.h, TURNS). */
+            uint64_t now = ida__node_mono_ms();
+            ida_snap_peers_heard(
+                &rp->snap_peers, pb->from, pb->snapshotting,
+                m.type == IDA_RAFT_MSG_APPEND_ENTRIES && pb->peer_snapshotting,
+                now);
+            snap_peers_publish(rp, now);
         }
         if (rv == IDA_EFOREIGN) {
             ida__rp_note_incarnation(rp, pb->from, pb->from_incarnation);
@@ -1109,6 +1128,7 @@ static void raft_ping(void *state, struct ida_sender *s)
     check_poll(rp, s);
     uint64_t now = ida__node_mono_ms();
     tick_due(rp, now);
+    snap_peers_publish(rp, now); /* reports not renewed expire */
     ida__rp_book_refresh(rp);
     if (rp->mem.joining || !ida_raft_admitted(&rp->raft) ||
         rp->mem.self_moved) {

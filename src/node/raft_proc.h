@@ -14,6 +14,7 @@
 #include "src/node/member.h"
 #include "src/node/msgs.h"
 #include "src/node/node.h"
+#include "src/node/snap_policy.h"
 
 struct pending_read
 {
@@ -63,6 +64,9 @@ struct raft_proc
     /* The check running on a thread of its own (snapshot_check()); NULL:
      * none. Its verdict goes to the core on the processor's next ping. */
     struct snap_checker *checking;
+    /* What peers said of their snapshots (snap_policy.h, TURNS); published
+     * in node->peers_snap_* on every message and ping. */
+    struct ida_snap_peers snap_peers;
     struct node_outq q;
 };
 

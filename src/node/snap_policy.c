@@ -51,5 +51,98 @@ void ida_snap_policy_taken(struct ida_snap_policy *p, size_t bytes)
     p->entries_since = 0;
     p->bytes_since = 0;
     p->last_bytes = bytes;
+    p->waiting = 0;
     draw(p);
+}
+
+void ida_snap_policy_encoded(struct ida_snap_policy *p, uint64_t ms)
+{
+    p->encode_ms = ms > 0 ? ms : 1;
+}
+
+uint64_t ida_snap_policy_wait_cap_ms(const struct ida_snap_policy *p)
+{
+    if (p->encode_ms == 0) {
+        return 10000;
+    }
+    uint64_t cap = p->encode_ms < 20000 ? 3 * p->encode_ms : 60000;
+    return cap < 1000 ? 1000 : cap > 60000 ? 60000 : cap;
+}
+
+int ida_snap_policy_wait(struct ida_snap_policy *p,
+                         int peer_busy,
+                         uint64_t now_ms,
+                         uint64_t *waited_ms)
+{
+    *waited_ms = 0;
+    if (!p->waiting) {
+        if (!peer_busy) {
+            return 0;
+        }
+        p->waiting = 1;
+        p->waiting_since_ms = now_ms;
+        p->settle_until_ms = 0;
+        return 1;
+    }
+    uint64_t waited =
+        now_ms > p->waiting_since_ms ? now_ms - p->waiting_since_ms : 0;
+    if (waited < ida_snap_policy_wait_cap_ms(p)) {
+        if (peer_busy) {
+            p->settle_until_ms = 0; /* another one's turn: wait again */
+            return 1;
+        }
+        if (p->settle_until_ms == 0) {
+            /* Others may have waited for the same child: go after a
+             * random pause, unless one of them went first. */
+            p->settle_until_ms = now_ms + 1 + next_rand(p) % IDA_SNAP_SETTLE_MS;
+            return 1;
+        }
+        if (now_ms < p->settle_until_ms) {
+            return 1;
+        }
+    }
+    p->waiting = 0;
+    *waited_ms = waited > 0 ? waited : 1;
+    return 0;
+}
+
+void ida_snap_peers_heard(struct ida_snap_peers *s,
+                          uint32_t id,
+                          int own,
+                          int relayed,
+                          uint64_t now_ms)
+{
+    size_t i = 0;
+    while (i < s->n && s->p[i].id != id) {
+        i++;
+    }
+    if (i == s->n) {
+        if (s->n < IDA_SNAP_PEERS_MAX) {
+            s->n++;
+        } else {
+            i = 0; /* full: the report heard longest ago gives way */
+            for (size_t k = 1; k < s->n; k++) {
+                if (s->p[k].heard_ms < s->p[i].heard_ms) {
+                    i = k;
+                }
+            }
+        }
+    }
+    s->p[i].id = id;
+    s->p[i].own = own != 0;
+    s->p[i].relayed = relayed != 0;
+    s->p[i].heard_ms = now_ms;
+}
+
+int ida_snap_peers_busy(const struct ida_snap_peers *s,
+                        uint64_t now_ms,
+                        int first_hand_only)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        int busy = s->p[i].own || (!first_hand_only && s->p[i].relayed);
+        if (busy && now_ms - s->p[i].heard_ms < IDA_SNAP_HEARD_MS) {
+            return 1;
+        }
+    }
+    return 0;
 }

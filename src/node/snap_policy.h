@@ -48,6 +48,31 @@
  * snapshot from a per-node seed: three nodes that applied the same entries
  * no longer snapshot at the same index (the stall all three paid together
  * at once, which cost a leader its check-quorum in the issue's run).
+ *
+ * TURNS. The random extra separates small states only: once the bytes rule
+ * decides, nodes of one state have the same threshold, and nodes that
+ * installed the same snapshot go on in step (at 10 M allocations two nodes
+ * snapshotted within 1% of each other's index every time, their children
+ * encoding 3 to 6 s at once on 2 cores). A random threshold does not keep
+ * them apart (three random points on a period put two within a sixth of it
+ * three times in four); knowing the others' does. So nodes take turns:
+ * every peer message says whether its sender has a child encoding a
+ * snapshot (or a backup's copy), and a leader's appends say whether one of
+ * its other followers has (PeerMessage.snapshotting, peer_snapshotting;
+ * followers hear one another only through the leader, and only first-hand
+ * reports are passed on, so a report cannot circle back). A node whose
+ * snapshot is due while a peer's child runs waits for it
+ * (ida_snap_policy_wait()), up to a cap of three times its own last encode
+ * (a peer of the same state takes about as long; two may be ahead), at
+ * least 1 s and at most 60 s, 10 s when it has not encoded one yet. Once
+ * the peer is done, a node that waited goes after a random pause of up to
+ * IDA_SNAP_SETTLE_MS, and waits again if another one went first: two
+ * nodes that waited for the same child do not start together. The
+ * reports are advice: a peer that always says it is busy (broken, or
+ * forged) delays each snapshot by the cap, never stops it, and costs
+ * nothing else; a report not renewed within IDA_SNAP_HEARD_MS is
+ * forgotten (a peer that died mid-snapshot). Two nodes due within one
+ * message's delay of each other still both go.
  */
 #ifndef IDA_NODE_SNAP_POLICY_H
 #define IDA_NODE_SNAP_POLICY_H
@@ -67,6 +92,31 @@ struct ida_snap_policy
     uint64_t entries_since, bytes_since;
     uint64_t threshold_entries; /* floor plus this round's random extra */
     uint64_t last_bytes;        /* size of the last snapshot; 0: none yet */
+    /* Turns (see TURNS): when a due snapshot started waiting for a peer's
+     * (valid when waiting), and how long this node's last encode took. */
+    int waiting;
+    uint64_t waiting_since_ms;
+    uint64_t settle_until_ms; /* 0: a peer was busy at the last look */
+    uint64_t encode_ms;       /* 0: none measured yet */
+};
+
+/* After a wait, the pause before going is drawn from [1, this] ms. */
+#define IDA_SNAP_SETTLE_MS 1000
+
+/* What a peer said of its snapshots (see TURNS). */
+#define IDA_SNAP_PEERS_MAX 16
+/* A report not renewed within this long is forgotten. */
+#define IDA_SNAP_HEARD_MS 3000
+struct ida_snap_peers
+{
+    struct
+    {
+        uint32_t id;
+        int own;     /* its own child runs */
+        int relayed; /* it is a leader and another of its followers' runs */
+        uint64_t heard_ms;
+    } p[IDA_SNAP_PEERS_MAX];
+    size_t n;
 };
 
 /* @seed: different on every node (node id and incarnation mixed in). */
@@ -84,5 +134,36 @@ int ida_snap_policy_due(const struct ida_snap_policy *p);
  * restored at start: the log since it is what counts). Draws the next
  * threshold. */
 void ida_snap_policy_taken(struct ida_snap_policy *p, size_t bytes);
+
+/* This node's last snapshot took @ms to encode (the wait's cap). */
+void ida_snap_policy_encoded(struct ida_snap_policy *p, uint64_t ms);
+
+/* A snapshot is due at @now_ms (monotonic): whether to put it off because
+ * a peer's child is encoding one (@peer_busy), that is while @peer_busy
+ * and the wait so far is under the cap. A return of 0 ends the wait; how
+ * long it lasted is in *@waited_ms (0: there was none). */
+int ida_snap_policy_wait(struct ida_snap_policy *p,
+                         int peer_busy,
+                         uint64_t now_ms,
+                         uint64_t *waited_ms);
+
+/* The wait's cap at the current encode time, in ms. */
+uint64_t ida_snap_policy_wait_cap_ms(const struct ida_snap_policy *p);
+
+/* Peer @id's message at @now_ms said @own (its child runs) and @relayed
+ * (it leads, and another follower's child runs). Full table: the report
+ * heard longest ago gives way. */
+void ida_snap_peers_heard(struct ida_snap_peers *s,
+                          uint32_t id,
+                          int own,
+                          int relayed,
+                          uint64_t now_ms);
+
+/* Whether a peer's child runs, as reported within IDA_SNAP_HEARD_MS of
+ * @now_ms: first-hand reports only (what a leader passes on), or those
+ * and relayed ones (what decides a wait). */
+int ida_snap_peers_busy(const struct ida_snap_peers *s,
+                        uint64_t now_ms,
+                        int first_hand_only);
 
 #endif /* IDA_NODE_SNAP_POLICY_H */

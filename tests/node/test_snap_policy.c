@@ -102,3 +102,204 @@ Test(snap_policy, the_log_between_snapshots_stays_under_a_share_of_the_state)
                       (unsigned long long)s, (unsigned long long)bytes);
     }
 }
+
+/* --- turns (snap_policy.h, TURNS) --------------------------------------- */
+
+static int wait_at(struct ida_snap_policy *p,
+                   int busy,
+                   uint64_t now,
+                   uint64_t *waited)
+{
+    return ida_snap_policy_wait(p, busy, now, waited);
+}
+
+Test(snap_policy, a_due_snapshot_waits_while_a_peer_encodes)
+{
+    struct ida_snap_policy p;
+    ida_snap_policy_init(&p, 10, 7);
+    uint64_t waited = 99;
+    cr_assert_eq(wait_at(&p, 0, 1000, &waited), 0, "nobody busy: go");
+    cr_assert_eq(waited, 0);
+    cr_assert_eq(wait_at(&p, 1, 2000, &waited), 1);
+    cr_assert_eq(wait_at(&p, 1, 2500, &waited), 1);
+    /* The peer is done: a random pause, then go. */
+    uint64_t t = 3200;
+    while (wait_at(&p, 0, t, &waited)) {
+        t++;
+        cr_assert_leq(t, 3200 + IDA_SNAP_SETTLE_MS, "no pause ends");
+    }
+    cr_assert_gt(t, 3200);
+    cr_assert_eq(waited, t - 2000);
+    /* A peer that starts during the pause is waited for again. */
+    cr_assert_eq(wait_at(&p, 1, 4000, &waited), 1);
+    cr_assert_eq(wait_at(&p, 0, 4100, &waited), 1, "the pause");
+    cr_assert_eq(wait_at(&p, 1, 4101, &waited), 1);
+    cr_assert_eq(wait_at(&p, 1, 4100 + IDA_SNAP_SETTLE_MS + 1, &waited), 1,
+                 "a peer busy again restarts the wait");
+    ida_snap_policy_taken(&p, 100);
+    cr_assert_eq(wait_at(&p, 0, 9001, &waited), 0);
+    cr_assert_eq(waited, 0, "taken() ended the wait");
+}
+
+/* A peer that always says it is busy delays a snapshot by the cap, never
+ * stops it: three times the node's own last encode, within [1 s, 60 s],
+ * 10 s before the first. */
+Test(snap_policy, a_wait_ends_at_the_cap)
+{
+    const struct
+    {
+        uint64_t encode_ms, cap_ms;
+    } c[] = {{0, 10000},
+             {2000, 6000},
+             {100, 1000},
+             {40000, 60000},
+             {UINT64_MAX / 2, 60000}};
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct ida_snap_policy p;
+        ida_snap_policy_init(&p, 10, 7);
+        if (c[i].encode_ms > 0) {
+            ida_snap_policy_encoded(&p, c[i].encode_ms);
+        }
+        cr_assert_eq(ida_snap_policy_wait_cap_ms(&p), c[i].cap_ms);
+        uint64_t waited, t0 = 5000;
+        cr_assert_eq(wait_at(&p, 1, t0, &waited), 1);
+        cr_assert_eq(wait_at(&p, 1, t0 + c[i].cap_ms - 1, &waited), 1);
+        cr_assert_eq(wait_at(&p, 1, t0 + c[i].cap_ms, &waited), 0,
+                     "case %zu: still waiting at the cap", i);
+        cr_assert_eq(waited, c[i].cap_ms);
+    }
+}
+
+Test(snap_policy, peers_reports_first_hand_relayed_and_expired)
+{
+    struct ida_snap_peers s = {0};
+    cr_assert_eq(ida_snap_peers_busy(&s, 100, 0), 0);
+    ida_snap_peers_heard(&s, 2, 0, 1, 1000); /* a leader relays */
+    cr_assert_eq(ida_snap_peers_busy(&s, 1000, 1), 0,
+                 "a relay is not passed on again");
+    cr_assert_eq(ida_snap_peers_busy(&s, 1000, 0), 1);
+    ida_snap_peers_heard(&s, 3, 1, 0, 1500); /* a follower's own */
+    cr_assert_eq(ida_snap_peers_busy(&s, 1500, 1), 1);
+    /* Newer news from the same peer replaces the older. */
+    ida_snap_peers_heard(&s, 3, 0, 0, 1600);
+    ida_snap_peers_heard(&s, 2, 0, 0, 1600);
+    cr_assert_eq(ida_snap_peers_busy(&s, 1600, 0), 0);
+    cr_assert_eq(s.n, 2);
+    /* A report not renewed is forgotten. */
+    ida_snap_peers_heard(&s, 3, 1, 0, 2000);
+    cr_assert_eq(ida_snap_peers_busy(&s, 2000 + IDA_SNAP_HEARD_MS - 1, 1), 1);
+    cr_assert_eq(ida_snap_peers_busy(&s, 2000 + IDA_SNAP_HEARD_MS, 1), 0);
+}
+
+Test(snap_policy, a_full_table_drops_the_oldest_report)
+{
+    struct ida_snap_peers s = {0};
+    for (uint32_t id = 1; id <= IDA_SNAP_PEERS_MAX; id++) {
+        ida_snap_peers_heard(&s, id, id == 5, 0, 1000 + id);
+    }
+    cr_assert_eq(ida_snap_peers_busy(&s, 1100, 1), 1);
+    /* Node 1's report is the oldest: node 100 takes its place. */
+    ida_snap_peers_heard(&s, 100, 0, 0, 1200);
+    cr_assert_eq(s.n, IDA_SNAP_PEERS_MAX);
+    for (size_t i = 0; i < s.n; i++) {
+        cr_assert_neq(s.p[i].id, 1);
+    }
+    cr_assert_eq(ida_snap_peers_busy(&s, 1200, 1), 1, "node 5 kept");
+}
+
+/* The point of turns, modelled: three nodes of one state whose snapshots
+ * fall due within a few hundred ms of each other (what the bytes rule
+ * gives them), each encoding for 4 s, hearing the others through a leader
+ * (node 0) with 20 ms per message. Without turns their children run
+ * together for seconds; with them, only for what the news takes to
+ * travel. */
+#define M_NODES 3
+static uint64_t overlap_ms(int turns,
+                           const uint64_t due[M_NODES],
+                           uint64_t seed)
+{
+    const uint64_t encode = 4000, delay = 20;
+    struct ida_snap_policy p[M_NODES];
+    struct ida_snap_peers heard[M_NODES];
+    uint64_t start[M_NODES], end[M_NODES];
+    for (int i = 0; i < M_NODES; i++) {
+        ida_snap_policy_init(&p[i], 10, seed * M_NODES + (uint64_t)i);
+        ida_snap_policy_encoded(&p[i], encode);
+        heard[i] = (struct ida_snap_peers){0};
+        start[i] = end[i] = 0;
+    }
+    uint64_t overlap = 0;
+    for (uint64_t t = 1; t < 60000; t++) {
+        int running = 0;
+        for (int i = 0; i < M_NODES; i++) {
+            running += start[i] != 0 && t < end[i];
+        }
+        overlap += running > 1;
+        /* Every `delay` ms each node hears what was true `delay` ago:
+         * followers tell the leader their own; the leader tells each
+         * follower its own and (first-hand) the other's. */
+        if (t % delay == 0) {
+            uint64_t then = t - delay;
+            int own[M_NODES];
+            for (int i = 0; i < M_NODES; i++) {
+                own[i] = start[i] != 0 && start[i] <= then && then < end[i];
+            }
+            for (int f = 1; f < M_NODES; f++) {
+                ida_snap_peers_heard(&heard[0], (uint32_t)f, own[f], 0, t);
+            }
+            int lead_first_hand = ida_snap_peers_busy(&heard[0], t, 1);
+            for (int f = 1; f < M_NODES; f++) {
+                ida_snap_peers_heard(&heard[f], 0, own[0], lead_first_hand, t);
+            }
+        }
+        for (int i = 0; i < M_NODES; i++) {
+            if (start[i] != 0 || t < due[i]) {
+                continue;
+            }
+            uint64_t waited;
+            if (turns &&
+                ida_snap_policy_wait(
+                    &p[i], ida_snap_peers_busy(&heard[i], t, 0), t, &waited)) {
+                continue;
+            }
+            start[i] = t;
+            end[i] = t + encode;
+        }
+    }
+    for (int i = 0; i < M_NODES; i++) {
+        cr_assert_neq(start[i], 0, "node %d never snapshotted", i);
+    }
+    return overlap;
+}
+
+Test(snap_policy, nodes_take_turns_to_snapshot)
+{
+    const uint64_t cases[][M_NODES] = {
+        {1000, 1300, 1500}, /* all three within 0.5 s */
+        {2000, 2100, 9000}, /* two followers in step */
+        {3030, 3000, 9000}, /* a follower, then the leader */
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        uint64_t without = 0, with = 0, runs_apart = 0;
+        const uint64_t runs = 50;
+        for (uint64_t seed = 1; seed <= runs; seed++) {
+            without += overlap_ms(0, cases[c], seed);
+            uint64_t o = overlap_ms(1, cases[c], seed);
+            with += o;
+            /* Apart but for what the news takes: two hops through the
+             * leader. */
+            runs_apart += o <= 2 * 20 + 1;
+        }
+        cr_assert_geq(without, runs * 3000,
+                      "case %zu: the model overlaps %llu ms", c,
+                      (unsigned long long)without);
+        /* Two nodes whose pauses after a wait end within the news' travel
+         * of each other still both go (two nodes' draws from [1, 1000]
+         * ms: about 4% of the time). */
+        cr_assert_geq(runs_apart, runs * 9 / 10,
+                      "case %zu: children apart in %llu runs of %llu", c,
+                      (unsigned long long)runs_apart, (unsigned long long)runs);
+        cr_assert_leq(with * 10, without, "case %zu: %llu ms against %llu", c,
+                      (unsigned long long)with, (unsigned long long)without);
+    }
+}
