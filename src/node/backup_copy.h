@@ -33,7 +33,9 @@
  * failed, or the child failed) the copy is encoded in line.
  *
  * The node's periodic snapshot waits while a backup's child runs (two
- * children at once double the memory their encodings take); a backup does
+ * children at once double the memory their encodings take), but no longer
+ * than its wait's cap (src/node/snap_policy.h, TURNS: 1 to 60 s), so a
+ * stream of backups cannot put it off for good; a backup does
  * not wait for a snapshot's child (its caller is waiting, for seconds at
  * ten million allocations). A child still running after
  * IDA_BACKUP_CHILD_MAX_MS is killed and the copy made in line (never seen:

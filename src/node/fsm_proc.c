@@ -382,19 +382,25 @@ static void poll_bgsnap(struct fsm_proc *fp, struct ida_sender *s)
 static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
 {
     ida_index applied = ida_fsm_applied_index(fp->fsm);
-    if (ida_bgsnap_running(&fp->bg) || ida__backups_busy(&fp->backups) ||
-        !ida_snap_policy_due(&fp->snap)) {
-        return; /* (one child at a time: their memory adds up) */
+    if (ida_bgsnap_running(&fp->bg) || !ida_snap_policy_due(&fp->snap)) {
+        return;
     }
+    /* A peer's child encodes, or a backup's here: theirs first (two
+     * children here double the memory their encodings take), after a
+     * random pause, but not past the cap (snap_policy.h, TURNS): a stream
+     * of backups cannot put a snapshot off for good, at the price of two
+     * children at once after the cap. */
     uint64_t waited_ms;
-    if (ida_snap_policy_wait(&fp->snap, atomic_load(&fp->node->peers_snap_any),
+    if (ida_snap_policy_wait(&fp->snap,
+                             atomic_load(&fp->node->peers_snap_any) ||
+                                 ida__backups_busy(&fp->backups),
                              ida__node_mono_ms(), &waited_ms)) {
-        return; /* a peer's child encodes: its turn first (TURNS) */
+        return;
     }
     if (waited_ms > 0) {
         IDA_INFO(
             "fsm: the snapshot due at index %llu waited %.1f s for a "
-            "peer's (at most %.1f s)",
+            "peer's or a backup's (at most %.1f s)",
             (unsigned long long)applied, (double)waited_ms / 1000.0,
             (double)ida_snap_policy_wait_cap_ms(&fp->snap) / 1000.0);
     }

@@ -16,6 +16,7 @@
 #include "src/node/convert.h"
 #include "src/node/lend.h"
 #include "src/node/net_tls.h"
+#include "src/node/snap_policy.h"
 
 /* The cluster as an encoded ClusterConfig (stored in snapshot metas). */
 static int encode_cluster(struct ida_node *n)
@@ -418,8 +419,9 @@ void ida__node_send_raft(struct ida_node *n, const struct ida_raft_msg *m)
     }
     /* Snapshot turns (snap_policy.h): first-hand news only is passed on. */
     pb.msg.snapshotting = atomic_load(&n->snap_child);
-    pb.msg.peer_snapshotting = m->type == IDA_RAFT_MSG_APPEND_ENTRIES &&
-                               atomic_load(&n->peers_snap_first_hand);
+    pb.msg.peer_snapshotting =
+        m->type == IDA_RAFT_MSG_APPEND_ENTRIES &&
+        ida_snap_relay_to(atomic_load(&n->peers_snap_relay), m->to);
     if (ida_net_send_peer(n->net, m->to, &pb.msg) == IDA_ETOOBIG) {
         /* Raft sends it again, and the same way: say so (at most every
          * 10 s; the appends are capped to fit: raft_proc.c). */

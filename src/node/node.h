@@ -116,11 +116,13 @@ struct ida_node
      * (ida__node_send_raft(); raft and storage both send). */
     _Atomic uint64_t toobig_said_ms;
     /* Snapshot turns (src/node/snap_policy.h, TURNS): whether this node's
-     * fsm processor has a child encoding (a snapshot or a backup's copy),
-     * and whether a peer has, as the raft processor last heard first-hand
-     * (what a leader passes on) or at all (what makes a snapshot wait).
+     * fsm processor has a child encoding (a snapshot or a backup's copy);
+     * which peers' have, as the raft processor last heard first-hand (what
+     * a leader passes on: ida_snap_peers_relay_word()); and whether any
+     * peer's has, first-hand or relayed (what makes a snapshot wait).
      * Every peer message carries them (ida__node_send_raft()). */
-    atomic_bool snap_child, peers_snap_first_hand, peers_snap_any;
+    atomic_bool snap_child, peers_snap_any;
+    _Atomic uint64_t peers_snap_relay;
     struct ida_metrics *metrics; /* src/node/metrics.h; from start to close */
 };
 

@@ -723,8 +723,8 @@ static void stream_chunk(struct raft_proc *rp,
 /* Publish what peers said of their snapshots, as of @now (ms). */
 static void snap_peers_publish(struct raft_proc *rp, uint64_t now)
 {
-    atomic_store(&rp->node->peers_snap_first_hand,
-                 ida_snap_peers_busy(&rp->snap_peers, now, 1));
+    atomic_store(&rp->node->peers_snap_relay,
+                 ida_snap_peers_relay_word(&rp->snap_peers, now));
     atomic_store(&rp->node->peers_snap_any,
                  ida_snap_peers_busy(&rp->snap_peers, now, 0));
 }
@@ -751,14 +751,19 @@ static void on_peer(struct raft_proc *rp,
         if (rv == 0 && m.type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) {
             stream_chunk(rp, s, &m.u.install_snapshot, &before);
         }
-        if (rv == 0) {
-            /* Only a message the core took counts (a leader's relay only
-             * on its appends: snap_policy.h, TURNS). */
+        const struct ida_raft_conf *cf = ida_raft_voters(&rp->raft);
+        if (rv == 0 && m.term == ida_raft_term(&rp->raft) &&
+            (ida_raft_conf_slot(cf, pb->from) >= 0 ||
+             ida_raft_conf_learner_slot(cf, pb->from) >= 0)) {
+            /* Only a member's message at our term that the core took
+             * counts, a relay only on an append of the leader we follow
+             * (snap_policy.h, TURNS). */
             uint64_t now = ida__node_mono_ms();
-            ida_snap_peers_heard(
-                &rp->snap_peers, pb->from, pb->snapshotting,
-                m.type == IDA_RAFT_MSG_APPEND_ENTRIES && pb->peer_snapshotting,
-                now);
+            ida_snap_peers_heard(&rp->snap_peers, pb->from, pb->snapshotting,
+                                 m.type == IDA_RAFT_MSG_APPEND_ENTRIES &&
+                                     pb->from == ida_raft_leader(&rp->raft) &&
+                                     pb->peer_snapshotting,
+                                 now);
             snap_peers_publish(rp, now);
         }
         if (rv == IDA_EFOREIGN) {

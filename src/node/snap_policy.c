@@ -76,24 +76,23 @@ int ida_snap_policy_wait(struct ida_snap_policy *p,
 {
     *waited_ms = 0;
     if (!p->waiting) {
-        if (!peer_busy) {
-            return 0;
-        }
         p->waiting = 1;
         p->waiting_since_ms = now_ms;
         p->settle_until_ms = 0;
-        return 1;
+        p->waited_for_peer = 0;
     }
     uint64_t waited =
         now_ms > p->waiting_since_ms ? now_ms - p->waiting_since_ms : 0;
     if (waited < ida_snap_policy_wait_cap_ms(p)) {
         if (peer_busy) {
             p->settle_until_ms = 0; /* another one's turn: wait again */
+            p->waited_for_peer = 1;
             return 1;
         }
         if (p->settle_until_ms == 0) {
-            /* Others may have waited for the same child: go after a
-             * random pause, unless one of them went first. */
+            /* Others may be due at the same entry, or have waited for
+             * the same child: go after a random pause, unless one of them
+             * went first. */
             p->settle_until_ms = now_ms + 1 + next_rand(p) % IDA_SNAP_SETTLE_MS;
             return 1;
         }
@@ -102,7 +101,9 @@ int ida_snap_policy_wait(struct ida_snap_policy *p,
         }
     }
     p->waiting = 0;
-    *waited_ms = waited > 0 ? waited : 1;
+    if (p->waited_for_peer) {
+        *waited_ms = waited > 0 ? waited : 1;
+    }
     return 0;
 }
 
@@ -145,4 +146,23 @@ int ida_snap_peers_busy(const struct ida_snap_peers *s,
         }
     }
     return 0;
+}
+
+uint64_t ida_snap_peers_relay_word(const struct ida_snap_peers *s,
+                                   uint64_t now_ms)
+{
+    uint64_t n = 0, id = 0;
+    for (size_t i = 0; i < s->n && n < 2; i++) {
+        if (s->p[i].own && now_ms - s->p[i].heard_ms < IDA_SNAP_HEARD_MS) {
+            n++;
+            id = s->p[i].id;
+        }
+    }
+    return n << 32 | (n == 1 ? id : 0);
+}
+
+int ida_snap_relay_to(uint64_t word, uint32_t to)
+{
+    uint64_t n = word >> 32;
+    return n >= 2 || (n == 1 && (uint32_t)word != to);
 }

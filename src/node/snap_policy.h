@@ -60,19 +60,30 @@
  * snapshot (or a backup's copy), and a leader's appends say whether one of
  * its other followers has (PeerMessage.snapshotting, peer_snapshotting;
  * followers hear one another only through the leader, and only first-hand
- * reports are passed on, so a report cannot circle back). A node whose
- * snapshot is due while a peer's child runs waits for it
+ * reports are passed on, and a follower's own report is not relayed back
+ * to it, so a report cannot circle back). A node whose
+ * snapshot is due while a peer's child runs (or a child of its own making
+ * a backup's copy, src/node/backup_copy.h) waits for it
  * (ida_snap_policy_wait()), up to a cap of three times its own last encode
  * (a peer of the same state takes about as long; two may be ahead), at
  * least 1 s and at most 60 s, 10 s when it has not encoded one yet. Once
  * the peer is done, a node that waited goes after a random pause of up to
  * IDA_SNAP_SETTLE_MS, and waits again if another one went first: two
- * nodes that waited for the same child do not start together. The
- * reports are advice: a peer that always says it is busy (broken, or
- * forged) delays each snapshot by the cap, never stops it, and costs
- * nothing else; a report not renewed within IDA_SNAP_HEARD_MS is
- * forgotten (a peer that died mid-snapshot). Two nodes due within one
- * message's delay of each other still both go.
+ * nodes that waited for the same child do not start together. A snapshot
+ * that finds nobody busy pauses the same way first: nodes that installed
+ * the same snapshot fall due on the same entry, which every one of them
+ * applies within a few ms, and would otherwise fork together before any
+ * report could travel (a report reaches a follower from another in two
+ * hops, through the leader). The pause costs a snapshot up to a second of
+ * log, which is nothing beside the period at any size where turns
+ * matter. The reports are advice: a member that always says it is busy
+ * (broken, or forged) delays snapshots by the cap (each of the node it
+ * tells; told to a leader, each of every follower's), never stops one,
+ * and costs nothing else; a report not renewed within IDA_SNAP_HEARD_MS is
+ * forgotten (a peer that died mid-snapshot). Only reports at the node's
+ * current term from a member count, relays only from the leader it
+ * follows. Two nodes whose pauses end within a report's travel of each
+ * other still both go (under load a few ms of a 1 s pause).
  */
 #ifndef IDA_NODE_SNAP_POLICY_H
 #define IDA_NODE_SNAP_POLICY_H
@@ -97,6 +108,7 @@ struct ida_snap_policy
     int waiting;
     uint64_t waiting_since_ms;
     uint64_t settle_until_ms; /* 0: a peer was busy at the last look */
+    int waited_for_peer;      /* this wait saw a peer busy */
     uint64_t encode_ms;       /* 0: none measured yet */
 };
 
@@ -138,10 +150,11 @@ void ida_snap_policy_taken(struct ida_snap_policy *p, size_t bytes);
 /* This node's last snapshot took @ms to encode (the wait's cap). */
 void ida_snap_policy_encoded(struct ida_snap_policy *p, uint64_t ms);
 
-/* A snapshot is due at @now_ms (monotonic): whether to put it off because
- * a peer's child is encoding one (@peer_busy), that is while @peer_busy
- * and the wait so far is under the cap. A return of 0 ends the wait; how
- * long it lasted is in *@waited_ms (0: there was none). */
+/* A snapshot is due at @now_ms (monotonic): whether to put it off (see
+ * TURNS): for a random pause of up to IDA_SNAP_SETTLE_MS, drawn again
+ * after every look at which a peer's child was encoding (@peer_busy), and
+ * never past the cap. A return of 0 ends the wait; how long it lasted is
+ * in *@waited_ms when a peer was seen busy (else 0). */
 int ida_snap_policy_wait(struct ida_snap_policy *p,
                          int peer_busy,
                          uint64_t now_ms,
@@ -165,5 +178,15 @@ void ida_snap_peers_heard(struct ida_snap_peers *s,
 int ida_snap_peers_busy(const struct ida_snap_peers *s,
                         uint64_t now_ms,
                         int first_hand_only);
+
+/* What a leader relays, as one word (kept in an atomic): how many peers
+ * report first-hand that their child runs (counted up to 2) and, when it
+ * is one, its id. */
+uint64_t ida_snap_peers_relay_word(const struct ida_snap_peers *s,
+                                   uint64_t now_ms);
+
+/* Whether a leader holding @word tells follower @to that another
+ * follower's child runs (its own report is not echoed back to it). */
+int ida_snap_relay_to(uint64_t word, uint32_t to);
 
 #endif /* IDA_NODE_SNAP_POLICY_H */

@@ -94,12 +94,12 @@ static void slow_elections(struct tc *t, void *arg)
 }
 
 /* A running cluster with state: 10 tagged allocs, one reserve. */
-static void start(void)
+static void start_with(const char *extra)
 {
     /* Plaintext peers: what is tested here is the Raft core's own checks
      * of every field, for a forger TLS would not keep out (one holding a
      * member's key). test_tls.c shows TLS keeping others out. */
-    tc_start_edited(&c, 3, "peer_tls off\n", slow_elections, NULL);
+    tc_start_edited(&c, 3, extra, slow_elections, NULL);
     leader = tc_wait_leader(&c, 20000);
     if (leader < 0) {
         static char logs[8192];
@@ -144,6 +144,11 @@ static void start(void)
         cr_assert_neq(inc[id_of(i)], 0, "node %d's incarnation", i + 1);
     }
     idalloc_client_free(cl);
+}
+
+static void start(void)
+{
+    start_with("peer_tls off\n");
 }
 
 /* Send one forged message to node @to (index) as node @from (id). */
@@ -436,4 +441,86 @@ Test(attack_peer, timeout_now_flood, .fini = teardown, .timeout = 180)
     cr_assert_gt(during, base * 0.3, "%.0f allocs/s during, %.0f around",
                  during, base);
     check_intact("timeout_now");
+}
+
+/* Snapshot turns (src/node/snap_policy.h, TURNS): a member that says
+ * without end that it is encoding a snapshot delays each snapshot of the
+ * node it tells by the wait's cap, here about 1 s (three times the node's
+ * own encode of a tiny state, at least 1 s), and stops none. The report rides
+ * on a vote answer at the current term, which a follower takes and
+ * ignores. Without turns no snapshot waits (no "waited" line). */
+Test(attack_peer,
+     forged_snapshotting_delays_snapshots_by_the_cap_only,
+     .fini = teardown,
+     .timeout = 180)
+{
+    start_with("peer_tls off\nsnapshot_interval_entries 20\n");
+    int f = (leader + 1) % 3, g = (leader + 2) % 3;
+    struct idalloc_client *cl = tc_client(&c, 10000);
+    uint64_t first;
+    /* Every node snapshots once before: its encode time sets the cap. */
+    uint64_t t0 = tc_now_ms();
+    while (tc_log_count(&c, f, "fsm: snapshot at index") < 1) {
+        cr_assert_eq(idalloc_reserve(cl, "s", 1, &first, tc_detail()), 0);
+        cr_assert_lt(tc_now_ms() - t0, 30000, "node %d takes no snapshot",
+                     f + 1);
+    }
+    int before = tc_log_count(&c, f, "fsm: snapshot at index");
+    /* (Waits for the real peers' children, a few ms each, may come
+     * before: only those after the forging starts are looked at.) */
+    int pre = tc_log_count(&c, f, "for a peer's");
+    uint64_t term = term_of(leader);
+    Idalloc__ResponseVote rv = IDALLOC__RESPONSE_VOTE__INIT;
+    Idalloc__PeerMessage m = IDALLOC__PEER_MESSAGE__INIT;
+    m.msg_case = IDALLOC__PEER_MESSAGE__MSG_RESPONSE_VOTE;
+    m.response_vote = &rv;
+    m.snapshotting = 1;
+    t0 = tc_now_ms();
+    int forged = 0;
+    while (tc_log_count(&c, f, "for a peer's") < pre + 2) {
+        forge_to(f, &m, id_of(g), term); /* every ~200 ms: never expires */
+        forged++;
+        for (int k = 0; k < 5; k++) {
+            cr_assert_eq(idalloc_reserve(cl, "s", 1, &first, tc_detail()), 0);
+        }
+        tc_sleep_ms(150);
+        cr_assert_lt(tc_now_ms() - t0, 60000,
+                     "node %d: no snapshot waited, or none ended its wait "
+                     "(%d reports forged)",
+                     f + 1, forged);
+    }
+    idalloc_client_free(cl);
+    /* Each wait ran to the cap, and the snapshots were taken. */
+    char path[400], line[1024];
+    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, f + 1);
+    FILE *fl = fopen(path, "r");
+    cr_assert_not_null(fl);
+    int waits = 0;
+    while (fgets(line, sizeof(line), fl) != NULL) {
+        const char *p = strstr(line, " waited ");
+        double w, cap;
+        if (p == NULL || strstr(line, "for a peer's") == NULL || pre-- > 0) {
+            continue;
+        }
+        cr_assert_eq(
+            sscanf(p,
+                   " waited %lf s for a peer's or a backup's (at most %lf s)",
+                   &w, &cap),
+            2, "%s", line);
+        /* 1 s unless an encode took over a third of a second. */
+        cr_assert(cap >= 0.99 && cap <= 60.0, "%s", line);
+        cr_assert_geq(w, cap - 0.05, "a wait ended before the cap: %s", line);
+        cr_assert_lt(w, cap + 10.0, "%s", line);
+        waits++;
+    }
+    fclose(fl);
+    cr_assert_geq(waits, 2);
+    /* (A wait is logged as its child is forked.) */
+    t0 = tc_now_ms();
+    while (tc_log_count(&c, f, "fsm: snapshot at index") < before + 2) {
+        cr_assert_lt(tc_now_ms() - t0, 20000,
+                     "snapshots that waited were not taken");
+        tc_sleep_ms(50);
+    }
+    check_intact("forged_snapshotting");
 }

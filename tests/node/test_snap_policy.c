@@ -113,13 +113,28 @@ static int wait_at(struct ida_snap_policy *p,
     return ida_snap_policy_wait(p, busy, now, waited);
 }
 
+/* Nobody busy: a random pause of up to IDA_SNAP_SETTLE_MS, then go (no
+ * wait for a peer reported). */
+Test(snap_policy, a_due_snapshot_pauses_then_goes)
+{
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        struct ida_snap_policy p;
+        ida_snap_policy_init(&p, 10, seed);
+        uint64_t waited = 99, t = 1000;
+        while (wait_at(&p, 0, t, &waited)) {
+            t++;
+            cr_assert_leq(t, 1000 + IDA_SNAP_SETTLE_MS, "no pause ends");
+        }
+        cr_assert_gt(t, 1000, "no pause at all");
+        cr_assert_eq(waited, 0, "no peer was busy");
+    }
+}
+
 Test(snap_policy, a_due_snapshot_waits_while_a_peer_encodes)
 {
     struct ida_snap_policy p;
     ida_snap_policy_init(&p, 10, 7);
     uint64_t waited = 99;
-    cr_assert_eq(wait_at(&p, 0, 1000, &waited), 0, "nobody busy: go");
-    cr_assert_eq(waited, 0);
     cr_assert_eq(wait_at(&p, 1, 2000, &waited), 1);
     cr_assert_eq(wait_at(&p, 1, 2500, &waited), 1);
     /* The peer is done: a random pause, then go. */
@@ -130,15 +145,39 @@ Test(snap_policy, a_due_snapshot_waits_while_a_peer_encodes)
     }
     cr_assert_gt(t, 3200);
     cr_assert_eq(waited, t - 2000);
-    /* A peer that starts during the pause is waited for again. */
-    cr_assert_eq(wait_at(&p, 1, 4000, &waited), 1);
-    cr_assert_eq(wait_at(&p, 0, 4100, &waited), 1, "the pause");
-    cr_assert_eq(wait_at(&p, 1, 4101, &waited), 1);
-    cr_assert_eq(wait_at(&p, 1, 4100 + IDA_SNAP_SETTLE_MS + 1, &waited), 1,
-                 "a peer busy again restarts the wait");
+    /* taken() ends a wait under way. */
+    cr_assert_eq(wait_at(&p, 1, 9000, &waited), 1);
     ida_snap_policy_taken(&p, 100);
-    cr_assert_eq(wait_at(&p, 0, 9001, &waited), 0);
-    cr_assert_eq(waited, 0, "taken() ended the wait");
+    cr_assert_eq(wait_at(&p, 0, 9001, &waited), 1, "a new wait's pause");
+}
+
+/* A peer that starts during the pause: the pause drawn before no longer
+ * counts; a new one starts once that peer is done. */
+Test(snap_policy, a_peer_busy_during_the_pause_draws_a_new_one)
+{
+    int tried = 0;
+    for (uint64_t seed = 1; seed <= 50; seed++) {
+        struct ida_snap_policy p;
+        ida_snap_policy_init(&p, 10, seed);
+        uint64_t waited;
+        cr_assert_eq(wait_at(&p, 1, 1000, &waited), 1);
+        cr_assert_eq(wait_at(&p, 0, 1100, &waited), 1, "the pause starts");
+        /* When that pause would end (on a copy). */
+        struct ida_snap_policy q = p;
+        uint64_t end = 1101;
+        while (wait_at(&q, 0, end, &waited)) {
+            end++;
+        }
+        if (end < 1103) {
+            continue; /* no room for a peer within it */
+        }
+        tried++;
+        cr_assert_eq(wait_at(&p, 1, 1101, &waited), 1);
+        cr_assert_eq(wait_at(&p, 0, end, &waited), 1,
+                     "seed %llu: went at the old pause's end",
+                     (unsigned long long)seed);
+    }
+    cr_assert_geq(tried, 40);
 }
 
 /* A peer that always says it is busy delays a snapshot by the cap, never
@@ -207,18 +246,41 @@ Test(snap_policy, a_full_table_drops_the_oldest_report)
     cr_assert_eq(ida_snap_peers_busy(&s, 1200, 1), 1, "node 5 kept");
 }
 
+/* A leader relays first-hand reports only, and not a follower's own back
+ * to it. */
+Test(snap_policy, a_leader_relays_the_others_reports_only)
+{
+    struct ida_snap_peers s = {0};
+    uint64_t w = ida_snap_peers_relay_word(&s, 1000);
+    cr_assert_eq(ida_snap_relay_to(w, 2), 0);
+    ida_snap_peers_heard(&s, 2, 1, 0, 1000); /* follower 2's child runs */
+    ida_snap_peers_heard(&s, 3, 0, 1, 1000); /* a relay, not first-hand */
+    w = ida_snap_peers_relay_word(&s, 1000);
+    cr_assert_eq(ida_snap_relay_to(w, 2), 0, "echoed back to node 2");
+    cr_assert_eq(ida_snap_relay_to(w, 3), 1);
+    cr_assert_eq(ida_snap_relay_to(w, 4), 1);
+    ida_snap_peers_heard(&s, 3, 1, 0, 1000); /* and follower 3's */
+    w = ida_snap_peers_relay_word(&s, 1000);
+    cr_assert_eq(ida_snap_relay_to(w, 2), 1, "node 3's is news to 2");
+    cr_assert_eq(ida_snap_relay_to(w, 3), 1, "node 2's is news to 3");
+    /* Expired reports are not relayed. */
+    w = ida_snap_peers_relay_word(&s, 1000 + IDA_SNAP_HEARD_MS);
+    cr_assert_eq(ida_snap_relay_to(w, 4), 0);
+}
+
 /* The point of turns, modelled: three nodes of one state whose snapshots
  * fall due within a few hundred ms of each other (what the bytes rule
  * gives them), each encoding for 4 s, hearing the others through a leader
- * (node 0) with 20 ms per message. Without turns their children run
+ * (node 0) with M_DELAY ms per message. Without turns their children run
  * together for seconds; with them, only for what the news takes to
  * travel. */
 #define M_NODES 3
+#define M_DELAY 5 /* ms per message: appends flow every few ms under load */
 static uint64_t overlap_ms(int turns,
                            const uint64_t due[M_NODES],
                            uint64_t seed)
 {
-    const uint64_t encode = 4000, delay = 20;
+    const uint64_t encode = 4000, delay = M_DELAY;
     struct ida_snap_policy p[M_NODES];
     struct ida_snap_peers heard[M_NODES];
     uint64_t start[M_NODES], end[M_NODES];
@@ -236,20 +298,23 @@ static uint64_t overlap_ms(int turns,
         }
         overlap += running > 1;
         /* Every `delay` ms each node hears what was true `delay` ago:
-         * followers tell the leader their own; the leader tells each
-         * follower its own and (first-hand) the other's. */
+         * the leader tells each follower its own and what it heard of
+         * the other before (first-hand, not the follower's own: two hops
+         * from one follower to the other); followers tell the leader
+         * their own. */
         if (t % delay == 0) {
             uint64_t then = t - delay;
             int own[M_NODES];
             for (int i = 0; i < M_NODES; i++) {
                 own[i] = start[i] != 0 && start[i] <= then && then < end[i];
             }
+            uint64_t word = ida_snap_peers_relay_word(&heard[0], t);
+            for (int f = 1; f < M_NODES; f++) {
+                ida_snap_peers_heard(&heard[f], 0, own[0],
+                                     ida_snap_relay_to(word, (uint32_t)f), t);
+            }
             for (int f = 1; f < M_NODES; f++) {
                 ida_snap_peers_heard(&heard[0], (uint32_t)f, own[f], 0, t);
-            }
-            int lead_first_hand = ida_snap_peers_busy(&heard[0], t, 1);
-            for (int f = 1; f < M_NODES; f++) {
-                ida_snap_peers_heard(&heard[f], 0, own[0], lead_first_hand, t);
             }
         }
         for (int i = 0; i < M_NODES; i++) {
@@ -278,6 +343,8 @@ Test(snap_policy, nodes_take_turns_to_snapshot)
         {1000, 1300, 1500}, /* all three within 0.5 s */
         {2000, 2100, 9000}, /* two followers in step */
         {3030, 3000, 9000}, /* a follower, then the leader */
+        {2000, 2000, 9000}, /* the leader and a follower on one entry */
+        {4000, 4000, 4000}, /* all three on one entry */
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         uint64_t without = 0, with = 0, runs_apart = 0;
@@ -287,15 +354,15 @@ Test(snap_policy, nodes_take_turns_to_snapshot)
             uint64_t o = overlap_ms(1, cases[c], seed);
             with += o;
             /* Apart but for what the news takes: two hops through the
-             * leader. */
-            runs_apart += o <= 2 * 20 + 1;
+             * leader, each up to two of the model's steps. */
+            runs_apart += o <= 4 * M_DELAY;
         }
         cr_assert_geq(without, runs * 3000,
                       "case %zu: the model overlaps %llu ms", c,
                       (unsigned long long)without);
-        /* Two nodes whose pauses after a wait end within the news' travel
-         * of each other still both go (two nodes' draws from [1, 1000]
-         * ms: about 4% of the time). */
+        /* Two nodes whose pauses end within the news' travel of each
+         * other still both go: two draws from [1, 1000] ms within 20 ms
+         * of each other, about 4% of the time (more with three). */
         cr_assert_geq(runs_apart, runs * 9 / 10,
                       "case %zu: children apart in %llu runs of %llu", c,
                       (unsigned long long)runs_apart, (unsigned long long)runs);
