@@ -180,6 +180,16 @@ int ida_backup_read(const char *path, struct ida_backup *out, char *errmsg)
     return rv != 0 ? fail(errmsg, rv, "%s: %s", path, why) : 0;
 }
 
+/* The file is written and flushed this much at a time. Flushed at once, a
+ * backup of 200 MB kept the disk busy for its whole flush, and every node
+ * on the same disk waited that long for its own fsync (a file system that
+ * orders data before its journal, ext4's default, can even make their
+ * journal commits wait for it): at ten million allocations a 1-client
+ * alloc's worst latency during `snapshot save` was 62 to 114 ms, against
+ * 10 ms without a backup; in 8 MiB steps 27 to 42 ms (1 and 2 MiB steps
+ * measured no better: what is left is not this flush). */
+#define BACKUP_SYNC_STEP_BYTES ((size_t)8 << 20)
+
 int ida_backup_write(const char *path, const struct ida_backup *b, char *errmsg)
 {
     if (b->cluster[0] == '\0' || b->state == NULL || b->state_len == 0) {
@@ -204,9 +214,17 @@ int ida_backup_write(const char *path, const struct ida_backup *b, char *errmsg)
         return rv;
     }
     const char *step = NULL;
-    if (ida_write_all(fd, data, len) != 0) {
-        step = "write";
-    } else if (fsync(fd) != 0) {
+    for (size_t off = 0; off < len && step == NULL;
+         off += BACKUP_SYNC_STEP_BYTES) {
+        size_t n = len - off < BACKUP_SYNC_STEP_BYTES ? len - off
+                                                       : BACKUP_SYNC_STEP_BYTES;
+        if (ida_write_all(fd, data + off, n) != 0) {
+            step = "write";
+        } else if (fdatasync(fd) != 0) {
+            step = "fsync";
+        }
+    }
+    if (step == NULL && fsync(fd) != 0) {
         step = "fsync";
     }
     int err = errno;
