@@ -309,6 +309,18 @@ Test(cluster, follower_catches_up_by_snapshot, .fini = teardown, .timeout = 120)
     cr_assert_eq(idalloc_reserve(keeper, "s", 77, &first, &call), 0);
     idalloc_client_free(keeper);
     alloc_tags(0, 200, ids);
+    /* A snapshot that falls due pauses up to a second before it starts
+     * (src/node/snap_policy.h, TURNS): wait until the leader's covers
+     * most of the writes, so the follower's place in the log is gone. */
+    struct idalloc_node_status ls;
+    for (uint64_t end = tc_now_ms() + 20000;; tc_sleep_ms(100)) {
+        cr_assert_eq(idalloc_node_status(cl, (size_t)leader, &ls, tc_detail()),
+                     0);
+        if (ls.snapshot_index >= 100) {
+            break;
+        }
+        cr_assert_lt(tc_now_ms(), end, "the leader took no snapshot");
+    }
     tc_spawn(&c, down);
     cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 20000),
               "the follower did not catch up");
