@@ -310,16 +310,17 @@ Test(cluster, follower_catches_up_by_snapshot, .fini = teardown, .timeout = 120)
     idalloc_client_free(keeper);
     alloc_tags(0, 200, ids);
     /* A snapshot that falls due pauses up to a second before it starts
-     * (src/node/snap_policy.h, TURNS): wait until the leader's covers
-     * most of the writes, so the follower's place in the log is gone. */
+     * (src/node/snap_policy.h, TURNS): wait until the leader's log no
+     * longer holds the follower's place (trimmed once its snapshot is
+     * stored), so the follower must install one. */
     struct idalloc_node_status ls;
     for (uint64_t end = tc_now_ms() + 20000;; tc_sleep_ms(100)) {
         cr_assert_eq(idalloc_node_status(cl, (size_t)leader, &ls, tc_detail()),
                      0);
-        if (ls.snapshot_index >= 100) {
+        if (ls.log_first_index > 100) {
             break;
         }
-        cr_assert_lt(tc_now_ms(), end, "the leader took no snapshot");
+        cr_assert_lt(tc_now_ms(), end, "the leader's log was not compacted");
     }
     tc_spawn(&c, down);
     cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 20000),
@@ -327,6 +328,9 @@ Test(cluster, follower_catches_up_by_snapshot, .fini = teardown, .timeout = 120)
     struct idalloc_node_status s;
     cr_assert_eq(idalloc_node_status(cl, (size_t)down, &s, tc_detail()), 0);
     cr_assert_gt(s.snapshot_index, 0, "the follower has no snapshot");
+    cr_assert_geq(
+        tc_log_count(&c, down, "received from the leader and checked"), 1,
+        "the follower installed no snapshot from the leader");
     /* It can lead with what it got, sessions included: the reserve
      * repeated by its request id gets its first block. */
     tc_signal(&c, leader, SIGKILL);
