@@ -25,6 +25,12 @@ int ida_raft_conf_learner_slot(const struct ida_raft_conf *c, ida_node_id id)
     return -1;
 }
 
+bool ida_raft_conf_has(const struct ida_raft_conf *c, ida_node_id id)
+{
+    return ida_raft_conf_slot(c, id) >= 0 ||
+           ida_raft_conf_learner_slot(c, id) >= 0;
+}
+
 /* Voter @i of @a is also a voter of @b with a compatible incarnation (equal,
  * or unbound in @a). */
 static int voter_kept(const struct ida_raft_conf *a,

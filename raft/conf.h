@@ -10,6 +10,7 @@
 #ifndef IDA_RAFT_CONF_H
 #define IDA_RAFT_CONF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +47,9 @@ int ida_raft_conf_slot(const struct ida_raft_conf *c, ida_node_id id);
 
 /* The slot of learner @id in @c, -1 if @id is not a learner. */
 int ida_raft_conf_learner_slot(const struct ida_raft_conf *c, ida_node_id id);
+
+/* Whether @id is a member of @c: a voter or a learner. */
+bool ida_raft_conf_has(const struct ida_raft_conf *c, ida_node_id id);
 
 /* Nonzero if @b is a single-server change of @a (dissertation §4.1): the
  * voter sets differ by exactly one added or removed voter, or the voters

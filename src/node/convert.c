@@ -313,8 +313,7 @@ int node_conf_decode(const uint8_t *data, size_t len, struct ida_raft_conf *out)
     int rv = 0;
     for (size_t i = 0; i < cc->n_members && rv == 0; i++) {
         const Idalloc__Member *m = cc->members[i];
-        if (m->id == 0 || ida_raft_conf_slot(&c, m->id) >= 0 ||
-            ida_raft_conf_learner_slot(&c, m->id) >= 0) {
+        if (m->id == 0 || ida_raft_conf_has(&c, m->id)) {
             rv = IDA_EPROTO;
         } else if (m->voter && c.n < IDA_RAFT_NODES_MAX) {
             c.voter_inc[c.n] = m->incarnation;
@@ -329,8 +328,7 @@ int node_conf_decode(const uint8_t *data, size_t len, struct ida_raft_conf *out)
     for (size_t i = 0; i < cc->n_removed && rv == 0; i++) {
         const Idalloc__Member *m = cc->removed[i];
         if (m->id == 0 || c.n_removed >= IDA_RAFT_NODES_MAX ||
-            ida_raft_conf_slot(&c, m->id) >= 0 ||
-            ida_raft_conf_learner_slot(&c, m->id) >= 0 ||
+            ida_raft_conf_has(&c, m->id) ||
             node_conf_removed_slot(&c, m->id) >= 0) {
             rv = IDA_EPROTO; /* a removed node is not a member, once */
         } else {

@@ -154,8 +154,7 @@ static void reply_list(const struct node_members *m,
      * not name (a replaced disk, a removed node, a node asking to join). */
     for (size_t i = 0; i < m->n_seen && k < LIST_MAX; i++) {
         const struct node_seen *s = &m->seen[i];
-        bool member = ida_raft_conf_slot(c, s->id) >= 0 ||
-                      ida_raft_conf_learner_slot(c, s->id) >= 0;
+        bool member = ida_raft_conf_has(c, s->id);
         uint64_t bound = ida_raft_conf_inc(c, s->id);
         if (s->id == n->self->id || s->announced == 0 ||
             (member && (bound == 0 || bound == s->announced))) {

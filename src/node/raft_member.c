@@ -81,8 +81,7 @@ void ida__rp_hello_all(struct raft_proc *rp, uint64_t now)
 void ida__rp_note_incarnation(struct raft_proc *rp, unsigned id, uint64_t inc)
 {
     const struct ida_raft_conf *c = ida_raft_voters(&rp->raft);
-    bool member = ida_raft_conf_slot(c, id) >= 0 ||
-                  ida_raft_conf_learner_slot(c, id) >= 0;
+    bool member = ida_raft_conf_has(c, id);
     uint64_t bound = ida_raft_conf_inc(c, id);
     if (inc == 0 || (member && (bound == 0 || bound == inc))) {
         return;

@@ -753,8 +753,7 @@ static void on_peer(struct raft_proc *rp,
         }
         const struct ida_raft_conf *cf = ida_raft_voters(&rp->raft);
         if (rv == 0 && m.term == ida_raft_term(&rp->raft) &&
-            (ida_raft_conf_slot(cf, pb->from) >= 0 ||
-             ida_raft_conf_learner_slot(cf, pb->from) >= 0)) {
+            ida_raft_conf_has(cf, pb->from)) {
             /* Only a member's message at our term that the core took
              * counts, a relay only on an append of the leader we follow
              * (snap_policy.h, TURNS). */

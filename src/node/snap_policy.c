@@ -135,13 +135,21 @@ void ida_snap_peers_heard(struct ida_snap_peers *s,
     s->p[i].heard_ms = now_ms;
 }
 
+/* Whether report @i was heard within IDA_SNAP_HEARD_MS of @now_ms. */
+static int heard_lately(const struct ida_snap_peers *s,
+                        size_t i,
+                        uint64_t now_ms)
+{
+    return now_ms - s->p[i].heard_ms < IDA_SNAP_HEARD_MS;
+}
+
 int ida_snap_peers_busy(const struct ida_snap_peers *s,
                         uint64_t now_ms,
                         int first_hand_only)
 {
     for (size_t i = 0; i < s->n; i++) {
         int busy = s->p[i].own || (!first_hand_only && s->p[i].relayed);
-        if (busy && now_ms - s->p[i].heard_ms < IDA_SNAP_HEARD_MS) {
+        if (busy && heard_lately(s, i, now_ms)) {
             return 1;
         }
     }
@@ -153,7 +161,7 @@ uint64_t ida_snap_peers_relay_word(const struct ida_snap_peers *s,
 {
     uint64_t n = 0, id = 0;
     for (size_t i = 0; i < s->n && n < 2; i++) {
-        if (s->p[i].own && now_ms - s->p[i].heard_ms < IDA_SNAP_HEARD_MS) {
+        if (s->p[i].own && heard_lately(s, i, now_ms)) {
             n++;
             id = s->p[i].id;
         }

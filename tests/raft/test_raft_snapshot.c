@@ -101,6 +101,38 @@ static void entries(struct ida_entry *ents,
     }
 }
 
+/* A message of @type from @from at @term to node 2, the rest zero. */
+static struct ida_raft_msg msg_to_2(enum ida_raft_msg_type type,
+                                    ida_node_id from,
+                                    ida_term term)
+{
+    struct ida_raft_msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = type;
+    m.from = from;
+    m.to = 2;
+    m.term = term;
+    return m;
+}
+
+/* A chunk of the snapshot at @index (term 2) from leader @from at @term:
+ * 22 bytes of junk, the whole snapshot in one chunk. */
+static int chunk_of(struct ida_raft *r,
+                    ida_node_id from,
+                    ida_index index,
+                    ida_term term)
+{
+    static const uint8_t junk[22] = "22 bytes of junk here";
+    struct ida_raft_msg m = msg_to_2(IDA_RAFT_MSG_INSTALL_SNAPSHOT, from, term);
+    m.u.install_snapshot.last_index = index;
+    m.u.install_snapshot.last_term = 2;
+    m.u.install_snapshot.data = junk;
+    m.u.install_snapshot.len = sizeof(junk);
+    m.u.install_snapshot.total_size = sizeof(junk);
+    m.u.install_snapshot.done = true;
+    return ida_raft_step(r, &m);
+}
+
 /* Node 2 holds entries 1..3 of term 1; leader 1 sends a whole snapshot at
  * index 10 in one chunk. Returns what step() said. */
 static int offer_snapshot(
@@ -117,20 +149,7 @@ static int offer_snapshot(
     struct ida_raft_restore st = {
         .hard_state = {.term = 1}, .entries = ents, .n_entries = 3};
     cr_assert_eq(ida_raft_init(r, &cfg, &st), 0);
-    static const uint8_t junk[22] = "22 bytes of junk here";
-    struct ida_raft_msg m;
-    memset(&m, 0, sizeof(m));
-    m.type = IDA_RAFT_MSG_INSTALL_SNAPSHOT;
-    m.from = 1;
-    m.to = 2;
-    m.term = 2;
-    m.u.install_snapshot.last_index = 10;
-    m.u.install_snapshot.last_term = 2;
-    m.u.install_snapshot.data = junk;
-    m.u.install_snapshot.len = sizeof(junk);
-    m.u.install_snapshot.total_size = sizeof(junk);
-    m.u.install_snapshot.done = true;
-    return ida_raft_step(r, &m);
+    return chunk_of(r, 1, 10, 2);
 }
 
 Test(snapshot_check, a_refused_snapshot_gives_up_nothing)
@@ -229,21 +248,7 @@ Test(snapshot_check, done_for_what_is_only_in_memory_waits_for_persist)
     int calls = 0;
     cr_assert_eq(offer_snapshot(&r, accept_all, &calls), 0);
     /* The same last chunk again, before anything was persisted. */
-    static const uint8_t junk[22] = "22 bytes of junk here";
-    struct ida_raft_msg m;
-    memset(&m, 0, sizeof(m));
-    m.type = IDA_RAFT_MSG_INSTALL_SNAPSHOT;
-    m.from = 1;
-    m.to = 2;
-    m.term = 2;
-    m.u.install_snapshot.last_index = 10;
-    m.u.install_snapshot.last_term = 2;
-    m.u.install_snapshot.offset = 0;
-    m.u.install_snapshot.data = junk;
-    m.u.install_snapshot.len = sizeof(junk);
-    m.u.install_snapshot.total_size = sizeof(junk);
-    m.u.install_snapshot.done = true;
-    cr_assert_eq(ida_raft_step(&r, &m), 0);
+    cr_assert_eq(chunk_of(&r, 1, 10, 2), 0);
     struct ida_raft_batch b;
     size_t early = 0, late = 0;
     while (ida_raft_ready(&r, &b)) {
@@ -283,28 +288,6 @@ static int check_later(void *arg,
     return IDA_RAFT_CHECK_PENDING;
 }
 
-/* A chunk of the snapshot at @index (term 2) from leader @from at @term. */
-static int chunk_of(struct ida_raft *r,
-                    ida_node_id from,
-                    ida_index index,
-                    ida_term term)
-{
-    static const uint8_t junk[22] = "22 bytes of junk here";
-    struct ida_raft_msg m;
-    memset(&m, 0, sizeof(m));
-    m.type = IDA_RAFT_MSG_INSTALL_SNAPSHOT;
-    m.from = from;
-    m.to = 2;
-    m.term = term;
-    m.u.install_snapshot.last_index = index;
-    m.u.install_snapshot.last_term = 2;
-    m.u.install_snapshot.data = junk;
-    m.u.install_snapshot.len = sizeof(junk);
-    m.u.install_snapshot.total_size = sizeof(junk);
-    m.u.install_snapshot.done = true;
-    return ida_raft_step(r, &m);
-}
-
 /* AppendEntries from leader @from at @term to node 2: @ents after its
  * entry 3 (term 1), commit 3. */
 static int append_after_3(struct ida_raft *r,
@@ -313,12 +296,7 @@ static int append_after_3(struct ida_raft *r,
                           const struct ida_entry *ents,
                           size_t n)
 {
-    struct ida_raft_msg m;
-    memset(&m, 0, sizeof(m));
-    m.type = IDA_RAFT_MSG_APPEND_ENTRIES;
-    m.from = from;
-    m.to = 2;
-    m.term = term;
+    struct ida_raft_msg m = msg_to_2(IDA_RAFT_MSG_APPEND_ENTRIES, from, term);
     m.u.append_entries.prev_log_index = 3;
     m.u.append_entries.prev_log_term = 1;
     m.u.append_entries.entries = ents;
