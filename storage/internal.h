@@ -97,6 +97,34 @@ int ida__storage_run_write(struct ida_storage *s,
                            txn_fn fn,
                            void *arg);
 
+/* --- a snapshot write as part of a transaction (storage/snapshot.c) --- */
+
+/* @len bytes of @data for writer @w: @k of them complete its buffer, which
+ * then (@fills) makes a chunk, and @full whole chunks follow. */
+struct ida__snapshot_step
+{
+    struct ida_snapshot_writer *w;
+    const uint8_t *data;
+    size_t len, k, full;
+    int fills;
+};
+
+/* Plan the step without changing @w: its transaction may be replayed (map
+ * growth) or fail, and the writer advances only after the commit. */
+void ida__snapshot_step_plan(struct ida_snapshot_writer *w,
+                             const uint8_t *data,
+                             size_t len,
+                             struct ida__snapshot_step *st);
+
+/* Put the chunks the step fills in @txn (none when it does not fill the
+ * buffer). */
+int ida__snapshot_step_txn(struct ida_storage *s,
+                           MDB_txn *txn,
+                           const struct ida__snapshot_step *st);
+
+/* The step's transaction committed: advance its writer. */
+void ida__snapshot_step_done(const struct ida__snapshot_step *st);
+
 /* --- identity and damage checks before LMDB opens (storage/identity.c) --- */
 
 struct ida__rec_identity;

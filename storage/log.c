@@ -291,9 +291,35 @@ static int put_entry(struct ida_storage *s,
     return 0;
 }
 
+int ida_storage_batch_snapshot(struct ida_storage *s,
+                               struct ida_storage_batch *b,
+                               struct ida_snapshot_writer *w,
+                               const uint8_t *data,
+                               size_t len)
+{
+    IDA_ASSERT(s != NULL && b != NULL && w != NULL);
+    IDA_ASSERT(data != NULL || len == 0);
+    if (b->snap_w != NULL || !s->writer_active || w->buf == NULL) {
+        return ida__storage_fail(
+            s, s->dir, IDA_EINVAL, "batch: snapshot bytes %s",
+            b->snap_w != NULL ? "twice in one batch" : "without a writer");
+    }
+    b->snap_w = w;
+    b->snap_data = data;
+    b->snap_len = len;
+    return 0;
+}
+
+struct batch_args
+{
+    struct ida_storage_batch *b;
+    struct ida__snapshot_step snap;
+};
+
 static int batch_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
 {
-    struct ida_storage_batch *b = arg;
+    struct batch_args *a = arg;
+    struct ida_storage_batch *b = a->b;
     int rc = 0;
     if (b->has_truncate) {
         rc = delete_suffix(s, txn, b->truncate_from);
@@ -307,6 +333,9 @@ static int batch_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
         uint8_t hs[IDA__REC_HARD_STATE_BYTES];
         ida__rec_hard_state_encode(hs, &b->hard_state);
         rc = ida__storage_put_meta(s, txn, KEY_HARD_STATE, hs, sizeof(hs));
+    }
+    if (rc == 0 && b->snap_w != NULL) {
+        rc = ida__snapshot_step_txn(s, txn, &a->snap);
     }
     return rc;
 }
@@ -322,7 +351,14 @@ int ida_storage_batch_commit(struct ida_storage *s, struct ida_storage_batch *b)
     int same_hs = !b->has_hard_state || (hs->term == s->hard_state.term &&
                                          hs->vote == s->hard_state.vote &&
                                          hs->commit == s->hard_state.commit);
-    if (!b->has_truncate && b->span_count == 0 && same_hs) {
+    struct batch_args a = {.b = b};
+    if (b->snap_w != NULL) {
+        ida__snapshot_step_plan(b->snap_w, b->snap_data, b->snap_len, &a.snap);
+    }
+    if (!b->has_truncate && b->span_count == 0 && same_hs && !a.snap.fills) {
+        if (b->snap_w != NULL) {
+            ida__snapshot_step_done(&a.snap); /* into the writer's buffer */
+        }
         return 0; /* nothing would change: no transaction, no fsync */
     }
     if (b->has_hard_state && b->hard_state.commit > b->last) {
@@ -332,9 +368,12 @@ int ida_storage_batch_commit(struct ida_storage *s, struct ida_storage_batch *b)
             (unsigned long long)b->hard_state.commit,
             (unsigned long long)b->last);
     }
-    int rv = ida__storage_run_write(s, "batch commit", batch_txn, b);
+    int rv = ida__storage_run_write(s, "batch commit", batch_txn, &a);
     if (rv != 0) {
         return rv;
+    }
+    if (b->snap_w != NULL) {
+        ida__snapshot_step_done(&a.snap);
     }
     s->log.last = b->last;
     s->log.last_term = b->last_term;

@@ -285,47 +285,102 @@ static void writer_release(struct ida_storage *s, struct ida_snapshot_writer *w)
     s->writer_active = 0;
 }
 
+/* Store chunk @c of snapshot @id: @a (@alen bytes) then @b (@blen), written
+ * straight into LMDB's page, the CRC taken over the bytes there. */
 static int put_chunk(struct ida_storage *s,
                      MDB_txn *txn,
                      uint64_t id,
                      uint64_t c,
-                     const uint8_t *data,
-                     size_t len)
+                     const uint8_t *a,
+                     size_t alen,
+                     const uint8_t *b,
+                     size_t blen)
 {
     uint8_t kb[16];
     ida__storage_chunk_key(kb, id, c);
     MDB_val k = ida__storage_mkval(kb, 16);
-    MDB_val v = ida__storage_mkval(NULL, IDA__REC_CHUNK_HDR_BYTES + len);
+    MDB_val v =
+        ida__storage_mkval(NULL, IDA__REC_CHUNK_HDR_BYTES + alen + blen);
     int rc = ida__storage_put(s, txn, s->dbi_snap, &k, &v, MDB_RESERVE);
     if (rc != 0) {
         return rc;
     }
     uint8_t *p = v.mv_data;
-    ida__put_be32(p, ida__rec_chunk_crc(id, c, data, len));
-    memcpy(p + IDA__REC_CHUNK_HDR_BYTES, data, len);
+    if (alen > 0) {
+        memcpy(p + IDA__REC_CHUNK_HDR_BYTES, a, alen);
+    }
+    if (blen > 0) {
+        memcpy(p + IDA__REC_CHUNK_HDR_BYTES + alen, b, blen);
+    }
+    ida__put_be32(p, ida__rec_chunk_crc(id, c, p + IDA__REC_CHUNK_HDR_BYTES,
+                                        alen + blen));
     return 0;
 }
 
-/* Chunks to store in one transaction: the writer's full buffer, then
- * @full whole chunks straight from @data. */
-struct write_args
+/* A write of @len bytes of @data to @w, planned without changing @w: the
+ * transaction may run more than once (a full map grows and it is replayed)
+ * and may fail, so the writer advances only after its commit. */
+void ida__snapshot_step_plan(struct ida_snapshot_writer *w,
+                             const uint8_t *data,
+                             size_t len,
+                             struct ida__snapshot_step *st)
 {
-    struct ida_snapshot_writer *w;
-    const uint8_t *data;
-    size_t full;
-};
+    size_t k = IDA_STORAGE_CHUNK_BYTES - w->buf_len;
+    if (k > len) {
+        k = len;
+    }
+    *st = (struct ida__snapshot_step){
+        .w = w,
+        .data = data,
+        .len = len,
+        .k = k,
+        .fills = w->buf_len + k == IDA_STORAGE_CHUNK_BYTES,
+        .full = w->buf_len + k == IDA_STORAGE_CHUNK_BYTES
+                    ? (len - k) / IDA_STORAGE_CHUNK_BYTES
+                    : 0,
+    };
+}
+
+/* Store the chunks @st fills: the writer's buffer completed by the first
+ * bytes, then whole chunks straight from the data. */
+int ida__snapshot_step_txn(struct ida_storage *s,
+                           MDB_txn *txn,
+                           const struct ida__snapshot_step *st)
+{
+    if (!st->fills) {
+        return 0; /* all absorbed by the buffer, after the commit */
+    }
+    const struct ida_snapshot_writer *w = st->w;
+    uint64_t c = w->chunk_count;
+    int rc = put_chunk(s, txn, w->id, c++, w->buf, w->buf_len, st->data, st->k);
+    for (size_t i = 0; rc == 0 && i < st->full; i++) {
+        rc = put_chunk(s, txn, w->id, c++,
+                       st->data + st->k + i * IDA_STORAGE_CHUNK_BYTES,
+                       IDA_STORAGE_CHUNK_BYTES, NULL, 0);
+    }
+    return rc;
+}
+
+/* The step's commit succeeded: advance its writer. */
+void ida__snapshot_step_done(const struct ida__snapshot_step *st)
+{
+    struct ida_snapshot_writer *w = st->w;
+    w->crc = ida__crc32c(w->crc, st->data, st->len);
+    w->size += st->len;
+    if (!st->fills) {
+        memcpy(w->buf + w->buf_len, st->data, st->len);
+        w->buf_len += st->len;
+        return;
+    }
+    w->chunk_count += 1 + st->full;
+    size_t used = st->k + st->full * IDA_STORAGE_CHUNK_BYTES;
+    memcpy(w->buf, st->data + used, st->len - used);
+    w->buf_len = st->len - used;
+}
 
 static int write_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
 {
-    struct write_args *a = arg;
-    uint64_t c = a->w->chunk_count;
-    int rc = put_chunk(s, txn, a->w->id, c++, a->w->buf, a->w->buf_len);
-    for (size_t i = 0; rc == 0 && i < a->full; i++) {
-        rc = put_chunk(s, txn, a->w->id, c++,
-                       a->data + i * IDA_STORAGE_CHUNK_BYTES,
-                       IDA_STORAGE_CHUNK_BYTES);
-    }
-    return rc;
+    return ida__snapshot_step_txn(s, txn, arg);
 }
 
 int ida_storage_snapshot_write(struct ida_storage *s,
@@ -335,30 +390,15 @@ int ida_storage_snapshot_write(struct ida_storage *s,
 {
     IDA_ASSERT(s != NULL && w != NULL && s->writer_active && w->buf != NULL);
     IDA_ASSERT(data != NULL || len == 0);
-    w->crc = ida__crc32c(w->crc, data, len);
-    w->size += len;
-    size_t k = IDA_STORAGE_CHUNK_BYTES - w->buf_len;
-    if (k > len) {
-        k = len;
+    struct ida__snapshot_step st;
+    ida__snapshot_step_plan(w, data, len, &st);
+    if (st.fills) {
+        int rv = ida__storage_run_write(s, "snapshot write", write_txn, &st);
+        if (rv != 0) {
+            return rv;
+        }
     }
-    memcpy(w->buf + w->buf_len, data, k);
-    w->buf_len += k;
-    if (w->buf_len < IDA_STORAGE_CHUNK_BYTES) {
-        return 0; /* all absorbed by the buffer */
-    }
-    struct write_args a = {
-        .w = w,
-        .data = data + k,
-        .full = (len - k) / IDA_STORAGE_CHUNK_BYTES,
-    };
-    int rv = ida__storage_run_write(s, "snapshot write", write_txn, &a);
-    if (rv != 0) {
-        return rv;
-    }
-    w->chunk_count += 1 + a.full;
-    size_t rest = len - k - a.full * IDA_STORAGE_CHUNK_BYTES;
-    memcpy(w->buf, a.data + a.full * IDA_STORAGE_CHUNK_BYTES, rest);
-    w->buf_len = rest;
+    ida__snapshot_step_done(&st);
     return 0;
 }
 
@@ -417,7 +457,7 @@ static int finish_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
     int rc = 0;
     uint64_t chunks = w->chunk_count;
     if (w->buf_len > 0) {
-        rc = put_chunk(s, txn, w->id, chunks++, w->buf, w->buf_len);
+        rc = put_chunk(s, txn, w->id, chunks++, w->buf, w->buf_len, NULL, 0);
     }
     if (rc == 0 && s->has_snapshot && !a->keep_replaced) {
         rc = delete_chunks(s, txn, s->snapshot_id, 0, NULL);

@@ -183,6 +183,10 @@ struct ida_storage_batch
     size_t span_count;
     int has_hard_state;
     struct ida_hard_state hard_state;
+    /* Snapshot bytes stored with the batch (ida_storage_batch_snapshot()). */
+    struct ida_snapshot_writer *snap_w;
+    const uint8_t *snap_data;
+    size_t snap_len;
     /* The log as it will be once the batch is executed. */
     ida_index last;
     ida_term last_term;
@@ -360,6 +364,22 @@ int ida_storage_batch_set_hard_state(struct ida_storage *s,
                                      struct ida_storage_batch *b,
                                      const struct ida_hard_state *hs);
 
+/* Store @len bytes of writer @w's snapshot in the batch's transaction, as
+ * ida_storage_snapshot_write() would in one of its own (the chunks stay
+ * invisible until the snapshot is finished): a raft batch carries a slice
+ * of a snapshot, so appends and their fsync do not wait behind a commit of
+ * the snapshot's (a node stores the snapshot it encoded so:
+ * src/node/storage_proc.c). At most once per batch; @data is borrowed until
+ * the commit returns. The writer advances only when the commit succeeds;
+ * after a failed one it must be aborted, as after a failed
+ * ida_storage_snapshot_write(). Returns 0 or IDA_EINVAL (a second call, or
+ * @w is not the active writer; batch unchanged). */
+int ida_storage_batch_snapshot(struct ida_storage *s,
+                               struct ida_storage_batch *b,
+                               struct ida_snapshot_writer *w,
+                               const uint8_t *data,
+                               size_t len);
+
 /* Execute @b as one write transaction and one durable commit. When it
  * returns 0 every part of the batch is on disk; on error none is.
  * Returns 0 or:
@@ -372,7 +392,8 @@ int ida_storage_batch_set_hard_state(struct ida_storage *s,
  *   IDA_EIO      an I/O error or failed fsync (sticky)
  *   the sticky code, once failed.
  * A batch that would change nothing (no truncate, no entries, no hard state
- * or the durable one) costs no transaction and returns 0 (or the sticky
+ * or the durable one, no snapshot bytes that fill a chunk) costs no
+ * transaction and returns 0 (or the sticky
  * code). */
 int ida_storage_batch_commit(struct ida_storage *s,
                              struct ida_storage_batch *b);

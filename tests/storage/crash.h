@@ -4,7 +4,8 @@
  * Each round forks a child that opens the storage in @dir, runs a seeded
  * sequence of steps - batches (appends, occasional conflicting-suffix
  * truncations, term and vote changes, commit index advances) and, now and
- * then, a snapshot of the committed prefix (0-200 KiB written in pieces)
+ * then, a snapshot of the committed prefix (0-200 KiB written in pieces,
+ * every other one carried by a batch of its own)
  * followed by a compaction - and writes one byte to a pipe after each step
  * returns. The parent mirrors the same sequence in an
  * in-memory model, kill -9s the child after a random number of reports plus

@@ -461,3 +461,155 @@ Test(storage, lazy_finish_leaves_the_replaced_chunks_to_tidy)
     expect_snapshot(4, 1, 100);
     free(state);
 }
+
+/* --- snapshot bytes carried by log batches (ida_storage_batch_snapshot) --- */
+
+/* Append entries [first, first + count) of term 1 with @len bytes of @w's
+ * snapshot from @data in one batch; returns the commit's result. */
+static int append_with_snapshot(ida_index first,
+                                size_t count,
+                                struct ida_snapshot_writer *w,
+                                const uint8_t *data,
+                                size_t len)
+{
+    struct ida_entry es[16];
+    cr_assert_leq(count, 16);
+    uint8_t *block = ida_test_make_entries(es, count, first, 1, DATA_MAX);
+    struct ida_storage_batch b;
+    ida_storage_batch_init(&st, &b);
+    if (count > 0) {
+        cr_assert_eq(ida_storage_batch_append(&st, &b, es, count), 0);
+    }
+    cr_assert_eq(ida_storage_batch_snapshot(&st, &b, w, data, len), 0, "%s",
+                 st.errmsg);
+    int rv = ida_storage_batch_commit(&st, &b);
+    ida_free(block);
+    return rv;
+}
+
+/* A snapshot stored in pieces that ride in log batches is the same as one
+ * written on its own: every byte, every entry, and pieces that only fill
+ * the writer's buffer cost no commit. */
+Test(storage, snapshot_bytes_ride_in_log_batches)
+{
+    open_ok();
+    size_t size = 3 * IDA_STORAGE_CHUNK_BYTES + 777;
+    uint8_t *state = make_state(size);
+    const uint8_t config[] = {0x0a, 0x03, 0x08, 0x01, 0x20};
+    struct ida_snapshot_writer w;
+    cr_assert_eq(
+        ida_storage_snapshot_begin(&st, &w, 3, 1, config, sizeof(config)), 0);
+    size_t off = 0, piece = 700;
+    ida_index next = 1;
+    while (off < size) {
+        size_t n = size - off < piece ? size - off : piece;
+        cr_assert_eq(append_with_snapshot(next, 4, &w, state + off, n), 0, "%s",
+                     st.errmsg);
+        off += n;
+        next += 4;
+        piece = piece * 3 + 17; /* below, across and past a chunk */
+        cr_assert(ida_storage_snapshot_writer_holds(&w, 3, 1, config,
+                                                    sizeof(config), state, off),
+                  "the writer advanced by each batch (%zu bytes)", off);
+    }
+    cr_assert(ida_storage_snapshot_writer_holds(&w, 3, 1, config,
+                                                sizeof(config), state, size));
+    /* Bytes that do not fill the buffer, in a batch that changes nothing
+     * else: no transaction (a commit fault that must not fire). */
+    struct ida_snapshot_writer w2;
+    cr_assert_eq(ida_storage_snapshot_finish(&st, &w), 0, "%s", st.errmsg);
+    cr_assert_eq(
+        ida_storage_snapshot_begin(&st, &w2, 5, 1, config, sizeof(config)), 0);
+    ida__storage_fault_set(&st, -1, 0, EIO);
+    cr_assert_eq(append_with_snapshot(next, 0, &w2, state, 100), 0);
+    cr_assert_eq(ida_storage_failed(&st), 0, "no commit was made");
+    ida__storage_fault_set(&st, -1, -1, 0);
+    cr_assert_eq(append_with_snapshot(next, 0, &w2, state + 100, size - 100), 0,
+                 "%s", st.errmsg);
+    cr_assert(ida_storage_snapshot_writer_holds(&w2, 5, 1, config,
+                                                sizeof(config), state, size));
+    ida_storage_snapshot_abort(&st, &w2);
+    free(state);
+    reopen();
+    expect_snapshot(3, 1, size);
+    expect_entries(1, next - 1, 1);
+}
+
+/* A batch that fails at any put stores neither its entries nor its
+ * snapshot bytes, and the writer is where it was: the same batch tried again
+ * stores both. A failed commit (sticky) leaves nothing of either on disk. */
+Test(storage, a_failed_batch_stores_neither_its_entries_nor_its_snapshot_bytes)
+{
+    open_ok();
+    append(1, 5, 1);
+    size_t size = 2 * IDA_STORAGE_CHUNK_BYTES + 99;
+    uint8_t *state = make_state(size);
+    const uint8_t config[] = {0x0a, 0x03, 0x08, 0x01, 0x20};
+    struct ida_snapshot_writer w;
+    cr_assert_eq(
+        ida_storage_snapshot_begin(&st, &w, 5, 1, config, sizeof(config)), 0);
+    /* 100 bytes wait in the buffer; the batch then fills two chunks and
+     * leaves 99 bytes in it. */
+    cr_assert_eq(ida_storage_snapshot_write(&st, &w, state, 100), 0);
+    int failures = 0;
+    for (int n = 0;; n++) {
+        ida__storage_fault_set(&st, n, -1, ENOMEM); /* transient */
+        int rv = append_with_snapshot(6, 3, &w, state + 100, size - 100);
+        ida__storage_fault_set(&st, -1, -1, 0);
+        if (rv == 0) {
+            break;
+        }
+        failures++;
+        cr_assert_eq(rv, IDA_ENOMEM, "put %d: %s", n, st.errmsg);
+        cr_assert_eq(log_state().last, 5, "no entry of the failed batch");
+        cr_assert(ida_storage_snapshot_writer_holds(&w, 5, 1, config,
+                                                    sizeof(config), state, 100),
+                  "the writer did not advance (put %d)", n);
+    }
+    cr_assert_eq(failures, 3 + 2, "three entries, then two chunks: %d",
+                 failures);
+    cr_assert_eq(log_state().last, 8);
+    cr_assert(ida_storage_snapshot_writer_holds(&w, 5, 1, config,
+                                                sizeof(config), state, size));
+    cr_assert_eq(ida_storage_snapshot_finish(&st, &w), 0, "%s", st.errmsg);
+    reopen();
+    expect_snapshot(5, 1, size);
+    expect_entries(6, 8, 1);
+
+    /* A failed commit: sticky, and nothing of the batch on disk. */
+    size_t chunks = count_records(dir, "snap");
+    struct ida_snapshot_writer w2;
+    cr_assert_eq(
+        ida_storage_snapshot_begin(&st, &w2, 8, 1, config, sizeof(config)), 0);
+    ida__storage_fault_set(&st, -1, 0, EIO);
+    cr_assert_eq(append_with_snapshot(9, 2, &w2, state, size), IDA_EIO);
+    ida_storage_snapshot_abort(&st, &w2);
+    close_st();
+    cr_assert_eq(count_records(dir, "snap"), chunks, "no chunk of it");
+    open_ok();
+    cr_assert_eq(log_state().last, 8, "no entry of it");
+    expect_snapshot(5, 1, size);
+    free(state);
+}
+
+Test(storage, snapshot_bytes_once_per_batch_and_only_with_a_writer)
+{
+    open_ok();
+    uint8_t state[10] = {0};
+    struct ida_snapshot_writer w, none = {0};
+    struct ida_storage_batch b;
+    ida_storage_batch_init(&st, &b);
+    cr_assert_eq(ida_storage_batch_snapshot(&st, &b, &none, state, 10),
+                 IDA_EINVAL, "no writer is active");
+    expect_msg("without a writer");
+    cr_assert_eq(ida_storage_snapshot_begin(&st, &w, 1, 1, NULL, 0), 0);
+    cr_assert_eq(ida_storage_batch_snapshot(&st, &b, &w, state, 10), 0);
+    cr_assert_eq(ida_storage_batch_snapshot(&st, &b, &w, state, 10),
+                 IDA_EINVAL);
+    expect_msg("twice in one batch");
+    cr_assert_eq(ida_storage_failed(&st), 0, "not sticky");
+    cr_assert_eq(ida_storage_batch_commit(&st, &b), 0);
+    cr_assert(ida_storage_snapshot_writer_holds(&w, 1, 1, NULL, 0, state, 10),
+              "the first call's bytes, once");
+    ida_storage_snapshot_abort(&st, &w);
+}
