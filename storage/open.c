@@ -165,7 +165,8 @@ static void set_identity(struct ida_storage *s,
     s->identity.created_at_ms = created_at_ms;
 }
 
-/* Put the format-2 format and identity records (new incarnation @a->minted). */
+/* Put the format record (IDA_STORAGE_FORMAT_VERSION) and the identity
+ * record of format 2 and later (new incarnation @a->minted). */
 static int put_identity(struct ida_storage *s,
                         MDB_txn *txn,
                         const struct open_args *a)
@@ -284,7 +285,7 @@ static int check_identity(struct ida_storage *s,
         refuse(s, s->dir, IDA_ECORRUPT, "format record fails its checksum");
         return RC_REFUSED;
     }
-    if (version != IDA_STORAGE_FORMAT_VERSION && version != 1) {
+    if (version != IDA_STORAGE_FORMAT_VERSION && version != 1 && version != 2) {
         refuse(s, s->dir, IDA_EVERSION,
                version > IDA_STORAGE_FORMAT_VERSION
                    ? "format version %u is newer than this program's "
@@ -337,6 +338,18 @@ static int check_identity(struct ida_storage *s,
     if (r.incarnation == 0) {
         refuse(s, s->dir, IDA_ECORRUPT, "identity record has incarnation 0");
         return RC_REFUSED;
+    }
+    if (version == 2) {
+        /* Snapshots written from now on name their chunk size (format 3):
+         * a format-2 program must refuse the directory as newer, not take
+         * such a snapshot for damage. */
+        uint8_t fmt[IDA__REC_FORMAT_BYTES];
+        ida__rec_format_encode(fmt, IDA_STORAGE_FORMAT_VERSION);
+        rc = ida__storage_put_meta(s, txn, KEY_FORMAT, fmt, sizeof(fmt));
+        if (rc != 0) {
+            return rc;
+        }
+        s->identity.upgraded_from = 2;
     }
     set_identity(s, a->o, r.incarnation, r.created_at_ms);
     return 0;

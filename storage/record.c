@@ -274,18 +274,25 @@ int ida__rec_untrusted_decode(const uint8_t *p,
 
 size_t ida__rec_snapshot_encode(uint8_t *out, const struct ida__rec_snapshot *r)
 {
-    memcpy(out, "IDAS", 4);
+    int v1 = r->chunk_bytes == IDA__REC_CHUNK_BYTES_V1;
+    memcpy(out, v1 ? "IDAS" : "IDAT", 4);
     ida__put_be64(out + 4, r->id);
     ida__put_be64(out + 12, r->index);
     ida__put_be64(out + 20, r->term);
     ida__put_be64(out + 28, r->size);
     ida__put_be32(out + 36, r->data_crc);
     ida__put_be64(out + 40, r->chunks);
-    ida__put_be32(out + 48, r->config_len);
-    if (r->config_len > 0) {
-        memcpy(out + 52, r->config, r->config_len);
+    size_t at = 48;
+    if (!v1) {
+        ida__put_be32(out + at, r->chunk_bytes);
+        at += 4;
     }
-    size_t len = IDA__REC_SNAPSHOT_FIXED + r->config_len;
+    ida__put_be32(out + at, r->config_len);
+    if (r->config_len > 0) {
+        memcpy(out + at + 4, r->config, r->config_len);
+    }
+    size_t len = (v1 ? IDA__REC_SNAPSHOT_V1_FIXED : IDA__REC_SNAPSHOT_FIXED) +
+                 r->config_len;
     seal(out, len);
     return len;
 }
@@ -294,11 +301,19 @@ int ida__rec_snapshot_decode(const uint8_t *p,
                              size_t len,
                              struct ida__rec_snapshot *r)
 {
-    if (len < IDA__REC_SNAPSHOT_FIXED || check_sealed(p, len, "IDAS") != 0) {
+    int v1 = len >= 4 && memcmp(p, "IDAS", 4) == 0;
+    size_t fixed = v1 ? IDA__REC_SNAPSHOT_V1_FIXED : IDA__REC_SNAPSHOT_FIXED;
+    if (len < fixed || check_sealed(p, len, v1 ? "IDAS" : "IDAT") != 0) {
         return IDA_ECORRUPT;
     }
-    uint32_t config_len = ida__get_be32(p + 48);
-    if (len != IDA__REC_SNAPSHOT_FIXED + (size_t)config_len) {
+    size_t at = 48;
+    uint32_t chunk_bytes = IDA__REC_CHUNK_BYTES_V1;
+    if (!v1) {
+        chunk_bytes = ida__get_be32(p + at);
+        at += 4;
+    }
+    uint32_t config_len = ida__get_be32(p + at);
+    if (len != fixed + (size_t)config_len) {
         return IDA_ECORRUPT;
     }
     r->id = ida__get_be64(p + 4);
@@ -307,8 +322,14 @@ int ida__rec_snapshot_decode(const uint8_t *p,
     r->size = ida__get_be64(p + 28);
     r->data_crc = ida__get_be32(p + 36);
     r->chunks = ida__get_be64(p + 40);
+    r->chunk_bytes = chunk_bytes;
     r->config_len = config_len;
-    r->config = p + 52;
+    r->config = p + at + 4;
+    if (chunk_bytes == 0 || chunk_bytes > IDA__REC_CHUNK_BYTES_MAX ||
+        (!v1 && chunk_bytes == IDA__REC_CHUNK_BYTES_V1) || /* one encoding */
+        r->chunks != r->size / chunk_bytes + (r->size % chunk_bytes != 0)) {
+        return IDA_ECORRUPT;
+    }
     return 0;
 }
 

@@ -12,9 +12,12 @@
  *   log_prev   "IDAP" | u64 index | u64 term | u32 crc              24 bytes
  *   boot       "IDAB" | u64 count | u32 crc                         16 bytes
  *   untrusted  "IDAU" | u16 len | reason | u32 crc
- *   snapshot   "IDAS" | u64 id | u64 index | u64 term | u64 size
- *              | u32 data_crc | u64 chunks | u32 config_len | config
- *              | u32 crc
+ *   snapshot   "IDAT" | u64 id | u64 index | u64 term | u64 size
+ *              | u32 data_crc | u64 chunks | u32 chunk_bytes | u32 config_len
+ *              | config | u32 crc
+ *   snapshot   (before chunk_bytes) "IDAS", as "IDAT" without chunk_bytes:
+ *              chunks of IDA__REC_CHUNK_BYTES_V1 (read, and written only
+ *              by tests)
  *   entry      u64 term | u8 type | 3 zero bytes | u32 len | u32 crc
  *              | u32 zero | data                     24-byte header + len
  *              crc covers the entry's index (the key), term, type, len, data
@@ -36,18 +39,23 @@
 
 #include "base/types.h"
 
-#define IDA__REC_FORMAT_BYTES     12
-#define IDA__REC_HARD_STATE_BYTES 28
-#define IDA__REC_LOG_PREV_BYTES   24
-#define IDA__REC_BOOT_BYTES       16
-#define IDA__REC_UNTRUSTED_FIXED  (4 + 2 + 4)
-#define IDA__REC_REASON_MAX       400
-#define IDA__REC_ENTRY_HDR_BYTES  24
-#define IDA__REC_CHUNK_HDR_BYTES  4
-#define IDA__REC_SNAPSHOT_FIXED   (4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 4)
-#define IDA__REC_IDENTITY_FIXED   (4 + 4 + 2 + 4)
-#define IDA__REC_IDENTITY2_FIXED  (4 + 4 + 8 + 8 + 2 + 4)
-#define IDA__REC_IDFILE_FIXED     (4 + 4 + 4 + 8 + 8 + 2 + 4)
+#define IDA__REC_FORMAT_BYTES      12
+#define IDA__REC_HARD_STATE_BYTES  28
+#define IDA__REC_LOG_PREV_BYTES    24
+#define IDA__REC_BOOT_BYTES        16
+#define IDA__REC_UNTRUSTED_FIXED   (4 + 2 + 4)
+#define IDA__REC_REASON_MAX        400
+#define IDA__REC_ENTRY_HDR_BYTES   24
+#define IDA__REC_CHUNK_HDR_BYTES   4
+#define IDA__REC_SNAPSHOT_FIXED    (4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 4 + 4)
+#define IDA__REC_SNAPSHOT_V1_FIXED (IDA__REC_SNAPSHOT_FIXED - 4)
+/* The chunk size of "IDAS" snapshot records, and the largest any may
+ * have. */
+#define IDA__REC_CHUNK_BYTES_V1  (64u * 1024u)
+#define IDA__REC_CHUNK_BYTES_MAX (1u << 20)
+#define IDA__REC_IDENTITY_FIXED  (4 + 4 + 2 + 4)
+#define IDA__REC_IDENTITY2_FIXED (4 + 4 + 8 + 8 + 2 + 4)
+#define IDA__REC_IDFILE_FIXED    (4 + 4 + 4 + 8 + 8 + 2 + 4)
 
 /* CRC-32C (Castagnoli) of @data, continuing @crc (0 to start): the SSE4.2
  * crc32 instruction when the CPU has it, else the portable slicing-by-8
@@ -137,13 +145,18 @@ struct ida__rec_snapshot
     uint64_t size;
     uint32_t data_crc;
     uint64_t chunks;
+    uint32_t chunk_bytes;  /* each chunk's but the last's */
     const uint8_t *config; /* borrowed */
     uint32_t config_len;
 };
-/* @out must hold IDA__REC_SNAPSHOT_FIXED + config_len bytes. */
+/* @out must hold IDA__REC_SNAPSHOT_FIXED + config_len bytes. A record with
+ * chunk_bytes IDA__REC_CHUNK_BYTES_V1 is written as "IDAS". */
 size_t ida__rec_snapshot_encode(uint8_t *out,
                                 const struct ida__rec_snapshot *r);
-/* r->config points into @p. */
+/* r->config points into @p. Refused (IDA_ECORRUPT) besides a bad checksum
+ * or length: a chunk size of 0 or above IDA__REC_CHUNK_BYTES_MAX, an
+ * "IDAT" of IDA__REC_CHUNK_BYTES_V1 (a record has one encoding), and a
+ * chunk count that is not the size's in chunks of that size. */
 int ida__rec_snapshot_decode(const uint8_t *p,
                              size_t len,
                              struct ida__rec_snapshot *r);

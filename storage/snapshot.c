@@ -33,9 +33,12 @@ static int read_snapshot_rec(struct ida_storage *s,
     return 0;
 }
 
-/* Fetch and check chunk @c of snapshot @r; @data and @len point into LMDB. */
+/* Fetch and check chunk @c of snapshot @r with cursor @cur: positioned on
+ * it by key, or (@next) by a step from chunk @c - 1. @data and @len point
+ * into LMDB. */
 static int read_chunk(struct ida_storage *s,
-                      MDB_txn *txn,
+                      MDB_cursor *cur,
+                      int next,
                       const struct ida__rec_snapshot *r,
                       uint64_t c,
                       const uint8_t **data,
@@ -44,7 +47,11 @@ static int read_chunk(struct ida_storage *s,
     uint8_t kb[16];
     ida__storage_chunk_key(kb, r->id, c);
     MDB_val k = ida__storage_mkval(kb, 16), v;
-    int rc = mdb_get(txn, s->dbi_snap, &k, &v);
+    int rc = mdb_cursor_get(cur, &k, &v, next ? MDB_NEXT : MDB_SET_KEY);
+    if (rc == 0 && next &&
+        (k.mv_size != 16 || memcmp(k.mv_data, kb, 16) != 0)) {
+        rc = MDB_NOTFOUND; /* the next record is not this chunk */
+    }
     if (rc != 0) {
         if (rc == MDB_NOTFOUND) {
             IDA_ERROR("storage %s: snapshot %llu chunk %llu is missing", s->dir,
@@ -53,9 +60,9 @@ static int read_chunk(struct ida_storage *s,
         }
         return rc;
     }
-    uint64_t want = IDA_STORAGE_CHUNK_BYTES;
+    uint64_t want = r->chunk_bytes;
     if (c == r->chunks - 1) {
-        want = r->size - (r->chunks - 1) * (uint64_t)IDA_STORAGE_CHUNK_BYTES;
+        want = r->size - (r->chunks - 1) * (uint64_t)r->chunk_bytes;
     }
     const uint8_t *p = v.mv_data;
     if (v.mv_size != IDA__REC_CHUNK_HDR_BYTES + want ||
@@ -127,15 +134,20 @@ static int copy_range(struct ida_storage *s,
                       size_t len,
                       size_t *n)
 {
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(txn, s->dbi_snap, &cur);
+    if (rc != 0) {
+        return rc;
+    }
     size_t done = 0;
     while (done < len && offset < r->size) {
-        uint64_t c = offset / IDA_STORAGE_CHUNK_BYTES;
-        size_t in = (size_t)(offset % IDA_STORAGE_CHUNK_BYTES);
+        uint64_t c = offset / r->chunk_bytes;
+        size_t in = (size_t)(offset % r->chunk_bytes);
         const uint8_t *data;
         size_t clen;
-        int rc = read_chunk(s, txn, r, c, &data, &clen);
+        rc = read_chunk(s, cur, done > 0, r, c, &data, &clen);
         if (rc != 0) {
-            return rc;
+            break;
         }
         size_t take = clen - in;
         if (take > len - done) {
@@ -145,8 +157,9 @@ static int copy_range(struct ida_storage *s,
         done += take;
         offset += take;
     }
+    mdb_cursor_close(cur);
     *n = done;
-    return 0;
+    return rc;
 }
 
 int ida_storage_snapshot_read(struct ida_storage *s,
@@ -299,9 +312,17 @@ static int put_chunk(struct ida_storage *s,
     uint8_t kb[16];
     ida__storage_chunk_key(kb, id, c);
     MDB_val k = ida__storage_mkval(kb, 16);
-    MDB_val v =
-        ida__storage_mkval(NULL, IDA__REC_CHUNK_HDR_BYTES + alen + blen);
-    int rc = ida__storage_put(s, txn, s->dbi_snap, &k, &v, MDB_RESERVE);
+    size_t vlen = IDA__REC_CHUNK_HDR_BYTES + alen + blen;
+    MDB_val v = ida__storage_mkval(NULL, vlen);
+    /* A writer's id is the largest (open collects older writers' chunks),
+     * so its chunks go at the end: MDB_APPEND fills each leaf page instead
+     * of splitting it in two halves. Should another be last, a plain put. */
+    int rc =
+        ida__storage_put(s, txn, s->dbi_snap, &k, &v, MDB_RESERVE | MDB_APPEND);
+    if (rc == MDB_KEYEXIST) {
+        v = ida__storage_mkval(NULL, vlen);
+        rc = ida__storage_put(s, txn, s->dbi_snap, &k, &v, MDB_RESERVE);
+    }
     if (rc != 0) {
         return rc;
     }
@@ -472,6 +493,7 @@ static int finish_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
         .size = w->size,
         .data_crc = w->crc,
         .chunks = chunks,
+        .chunk_bytes = IDA_STORAGE_CHUNK_BYTES,
         .config = w->config,
         .config_len = (uint32_t)w->config_len,
     };

@@ -368,13 +368,19 @@ int ida_node_open(struct ida_node *n,
     }
     n->storage_open = 1;
     const struct ida_storage_identity *id = &n->storage.identity;
-    if (id->upgraded_from != 0) {
+    if (id->upgraded_from == 1) {
         IDA_WARN(
             "storage %s: upgraded from format %u to %u; minted "
             "incarnation %016llx for it",
             n->dir, (unsigned)id->upgraded_from,
             (unsigned)IDA_STORAGE_FORMAT_VERSION,
             (unsigned long long)id->incarnation);
+    } else if (id->upgraded_from != 0) {
+        IDA_WARN(
+            "storage %s: upgraded from format %u to %u (an idalloc older "
+            "than this one no longer opens it)",
+            n->dir, (unsigned)id->upgraded_from,
+            (unsigned)IDA_STORAGE_FORMAT_VERSION);
     }
     IDA_INFO("storage %s: node %u incarnation %016llx%s", n->dir,
              (unsigned)id->node_id, (unsigned long long)id->incarnation,

@@ -68,8 +68,9 @@
  * chunks of the snapshot it replaced, then the log it covers. At 10 M
  * allocations, doing both in the finishing commit held the storage
  * processor for tens of milliseconds (13 to 33 ms at 60 MB). */
-#define TIDY_CHUNKS  64u   /* 4 MiB of a replaced snapshot per step */
-#define TIDY_ENTRIES 1000u /* log entries per step */
+#define TIDY_CHUNKS \
+    ((4u << 20) / IDA_STORAGE_CHUNK_BYTES) /* 4 MiB of a replaced snapshot */
+#define TIDY_ENTRIES 1000u                 /* log entries per step */
 /* Map pages unmapped per ping (every 10 ms): a round of a 1.5 GiB file
  * takes about half a second. Under load the node maps pages at up to
  * ~100 MB/s (each read of the map faults in up to 16 cached pages around
@@ -275,7 +276,8 @@ static void report_failure(struct storage_proc *sp,
     node_post(&sp->q, s, sp->node->p_raft, IDA_NM_STORAGE_FAILED, f);
 }
 
-/* Write a whole snapshot durably. */
+/* Write a whole snapshot durably (the one it replaces goes in tidy steps,
+ * as after one of this node's own). */
 static int write_snapshot(struct storage_proc *sp,
                           ida_index index,
                           ida_term term,
@@ -297,7 +299,7 @@ static int write_snapshot(struct storage_proc *sp,
         ida_storage_snapshot_abort(&n->storage, &w);
         return rv;
     }
-    return ida_storage_snapshot_finish(&n->storage, &w);
+    return ida_storage_snapshot_finish_lazy(&n->storage, &w);
 }
 
 static void enc_wrote(struct storage_proc *sp, struct ida_sender *s, size_t k);
@@ -348,7 +350,7 @@ static int persist(struct storage_proc *sp,
         uint64_t t0 = ida__node_mono_us();
         if (rcv_holds(sp, p)) {
             sp->rcv.active = 0; /* finish releases the writer either way */
-            rv = ida_storage_snapshot_finish(st, &sp->rcv.w);
+            rv = ida_storage_snapshot_finish_lazy(st, &sp->rcv.w);
             uint64_t t1 = ida__node_mono_us();
             IDA_INFO(
                 "storage: snapshot at index %llu (%zu bytes) stored as "

@@ -28,7 +28,7 @@
  * without deleting the one it replaces, whose chunks then go TIDY_CHUNKS at
  * a time, and the log it covers COMPACT_STEP entries at a time; a crash may
  * stop it after any of those commits. */
-#define TIDY_CHUNKS  2
+#define TIDY_CHUNKS  32
 #define COMPACT_STEP 5
 
 /* The log, hard state and snapshot as they must be. terms[i] is the term of

@@ -127,3 +127,82 @@ Test(storage_record, entry_reserved_bytes_must_be_zero)
     }
     cr_assert_eq(ida__rec_entry_decode(buf, sizeof(buf), 101, &d), 0);
 }
+
+/* A snapshot record names its chunk size ("IDAT"); one of 64 KiB chunks is
+ * written as before it did ("IDAS"), and each has one encoding. A chunk
+ * size or count that cannot be is refused. */
+Test(storage_record, snapshot_records_of_both_chunk_sizes)
+{
+    uint8_t buf[128], out[128];
+    const uint8_t config[] = {1, 2, 3};
+    struct ida__rec_snapshot r = {.id = 4,
+                                  .index = 100,
+                                  .term = 3,
+                                  .size = 4001,
+                                  .data_crc = 77,
+                                  .chunks = 3,
+                                  .chunk_bytes = 2000,
+                                  .config = config,
+                                  .config_len = 3},
+                             d;
+    size_t n = ida__rec_snapshot_encode(buf, &r);
+    cr_assert_eq(n, IDA__REC_SNAPSHOT_FIXED + 3);
+    cr_assert_eq(memcmp(buf, "IDAT", 4), 0);
+    cr_assert_eq(ida__rec_snapshot_decode(buf, n, &d), 0);
+    cr_assert_eq(d.chunk_bytes, 2000);
+    cr_assert_eq(d.chunks, 3);
+    cr_assert_eq(d.size, 4001);
+    cr_assert_eq(memcmp(d.config, config, 3), 0);
+    for (size_t bit = 0; bit < n * 8; bit++) {
+        buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        cr_assert_eq(ida__rec_snapshot_decode(buf, n, &d), IDA_ECORRUPT,
+                     "bit %zu", bit);
+        buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+    }
+    /* 64 KiB chunks: "IDAS", four bytes shorter. */
+    r.chunk_bytes = IDA__REC_CHUNK_BYTES_V1;
+    r.chunks = 1;
+    size_t n1 = ida__rec_snapshot_encode(buf, &r);
+    cr_assert_eq(n1, IDA__REC_SNAPSHOT_V1_FIXED + 3);
+    cr_assert_eq(memcmp(buf, "IDAS", 4), 0);
+    cr_assert_eq(ida__rec_snapshot_decode(buf, n1, &d), 0);
+    cr_assert_eq(d.chunk_bytes, IDA__REC_CHUNK_BYTES_V1);
+    cr_assert_eq(memcmp(d.config, config, 3), 0);
+    cr_assert_eq(ida__rec_snapshot_encode(out, &d), n1);
+    cr_assert_eq(memcmp(out, buf, n1), 0, "the same bytes again");
+    /* Sealed but impossible: each is refused. */
+    struct
+    {
+        uint32_t chunk_bytes;
+        uint64_t size, chunks;
+        int v1_as_idat;
+    } bad[] = {
+        {0, 10, 1, 0},                            /* no chunk size */
+        {IDA__REC_CHUNK_BYTES_MAX + 1, 10, 1, 0}, /* too large */
+        {2000, 4001, 2, 0},                       /* one chunk too few */
+        {2000, 4000, 3, 0},                       /* one too many */
+        {2000, 0, 1, 0},                          /* a chunk of nothing */
+        {IDA__REC_CHUNK_BYTES_V1, 10, 1, 1},      /* 64 KiB as "IDAT" */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        r.chunk_bytes = bad[i].chunk_bytes;
+        r.size = bad[i].size;
+        r.chunks = bad[i].chunks;
+        n = ida__rec_snapshot_encode(buf, &r);
+        if (bad[i].v1_as_idat) {
+            /* Re-encode by hand as "IDAT" with the chunk size inside. */
+            memmove(buf + 52, buf + 48, n - 48);
+            memcpy(buf, "IDAT", 4);
+            ida__put_be32(buf + 48, IDA__REC_CHUNK_BYTES_V1);
+            n += 4;
+            ida__put_be32(buf + n - 4, ida__crc32c(0, buf, n - 4));
+        }
+        cr_assert_eq(ida__rec_snapshot_decode(buf, n, &d), IDA_ECORRUPT,
+                     "case %zu", i);
+    }
+    r.size = 0;
+    r.chunks = 0;
+    r.chunk_bytes = 2000;
+    n = ida__rec_snapshot_encode(buf, &r);
+    cr_assert_eq(ida__rec_snapshot_decode(buf, n, &d), 0, "empty, no chunk");
+}

@@ -435,7 +435,7 @@ Test(identity, a_format_1_directory_is_upgraded_with_an_incarnation)
     uint32_t version;
     size_t n = peek(dir, "meta", "format", 6, back, sizeof(back));
     cr_assert_eq(ida__rec_format_decode(back, n, &version), 0);
-    cr_assert_eq(version, 2);
+    cr_assert_eq(version, IDA_STORAGE_FORMAT_VERSION, "straight to the latest");
     n = peek(dir, "meta", "identity", 8, back, sizeof(back));
     struct ida__rec_identity r;
     cr_assert_eq(ida__rec_identity2_decode(back, n, &r), 0);

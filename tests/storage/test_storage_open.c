@@ -94,7 +94,7 @@ Test(storage, newer_or_unknown_format_is_refused_and_never_overwritten)
     ida__rec_format_encode(rec, 7);
     poke(dir, "meta", "format", 6, rec, sizeof(rec));
     cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_EVERSION);
-    expect_msg("format version 7 is newer than this program's (2)");
+    expect_msg("format version 7 is newer than this program's (3)");
     uint8_t back[64];
     cr_assert_eq(peek(dir, "meta", "format", 6, back, sizeof(back)),
                  sizeof(rec));
@@ -114,6 +114,34 @@ Test(storage, newer_or_unknown_format_is_refused_and_never_overwritten)
     poke(dir, "meta", "format", 6, rec, sizeof(rec));
     open_ok();
     expect_entries(1, 3, 1);
+}
+
+/* A format-2 directory (the layout of format 3, snapshots in 64 KiB
+ * chunks) opens with its state, and is marked format 3 as it opens: from
+ * then on it may hold snapshots a format-2 program cannot read. */
+Test(storage, format_2_is_upgraded_to_3_in_place)
+{
+    open_ok();
+    append(1, 3, 1);
+    cr_assert_eq(st.identity.upgraded_from, 0);
+    uint64_t incarnation = st.identity.incarnation;
+    close_st();
+    uint8_t rec[IDA__REC_FORMAT_BYTES];
+    ida__rec_format_encode(rec, 2);
+    poke(dir, "meta", "format", 6, rec, sizeof(rec));
+    open_ok();
+    cr_assert_eq(st.identity.upgraded_from, 2);
+    cr_assert_eq(st.identity.incarnation, incarnation, "the same directory");
+    expect_entries(1, 3, 1);
+    close_st();
+    uint8_t back[64];
+    cr_assert_eq(peek(dir, "meta", "format", 6, back, sizeof(back)),
+                 sizeof(rec));
+    uint32_t version;
+    cr_assert_eq(ida__rec_format_decode(back, sizeof(rec), &version), 0);
+    cr_assert_eq(version, 3);
+    open_ok();
+    cr_assert_eq(st.identity.upgraded_from, 0, "once");
 }
 
 Test(storage, non_empty_foreign_directory_is_never_written)

@@ -613,3 +613,120 @@ Test(storage, snapshot_bytes_once_per_batch_and_only_with_a_writer)
               "the first call's bytes, once");
     ida_storage_snapshot_abort(&st, &w);
 }
+
+/* --- snapshots stored before chunk_bytes (record.h, "IDAS") --- */
+
+/* Rewrite the current snapshot in @path (storage closed) as a version
+ * before chunk_bytes wrote it: IDA__REC_CHUNK_BYTES_V1 chunks, "IDAS". */
+static void rewrite_as_v1(const char *path, size_t size)
+{
+    uint8_t rec[512];
+    size_t rlen = peek(path, "meta", "snapshot", 8, rec, sizeof(rec));
+    cr_assert_gt(rlen, 0);
+    struct ida__rec_snapshot r;
+    cr_assert_eq(ida__rec_snapshot_decode(rec, rlen, &r), 0);
+    cr_assert_eq(r.chunk_bytes, IDA_STORAGE_CHUNK_BYTES, "written as now");
+    uint8_t config[64];
+    cr_assert_leq(r.config_len, sizeof(config));
+    memcpy(config, r.config, r.config_len);
+    r.config = config;
+    uint8_t *state = make_state(size);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi snap, meta;
+    cr_assert_eq(mdb_env_create(&env), 0);
+    mdb_env_set_maxdbs(env, 4);
+    cr_assert_eq(mdb_env_set_mapsize(env, 64u << 20), 0);
+    cr_assert_eq(mdb_env_open(env, path, 0, 0644), 0);
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "snap", 0, &snap), 0);
+    cr_assert_eq(mdb_dbi_open(txn, "meta", 0, &meta), 0);
+    cr_assert_eq(mdb_drop(txn, snap, 0), 0);
+    r.chunk_bytes = IDA__REC_CHUNK_BYTES_V1;
+    r.chunks = (size + r.chunk_bytes - 1) / r.chunk_bytes;
+    for (uint64_t c = 0; c < r.chunks; c++) {
+        size_t off = (size_t)c * r.chunk_bytes;
+        size_t n = size - off < r.chunk_bytes ? size - off : r.chunk_bytes;
+        uint8_t kb[16], *v = malloc(4 + n);
+        ida__put_be64(kb, r.id);
+        ida__put_be64(kb + 8, c);
+        ida__put_be32(v, ida__rec_chunk_crc(r.id, c, state + off, n));
+        memcpy(v + 4, state + off, n);
+        MDB_val k = {16, kb}, d = {4 + n, v};
+        cr_assert_eq(mdb_put(txn, snap, &k, &d, 0), 0);
+        free(v);
+    }
+    rlen = ida__rec_snapshot_encode(rec, &r);
+    cr_assert_eq(memcmp(rec, "IDAS", 4), 0);
+    MDB_val k = {8, "snapshot"}, d = {rlen, rec};
+    cr_assert_eq(mdb_put(txn, meta, &k, &d, 0), 0);
+    cr_assert_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    free(state);
+}
+
+/* A directory whose snapshot an older version stored in 64 KiB chunks is
+ * read as it was (restart, reads at any offset for a follower), and the
+ * next snapshot replaces it in the chunks of now. */
+Test(storage, a_snapshot_in_64_kib_chunks_of_before_is_read)
+{
+    opts.map_size_bytes = 64u << 20;
+    open_ok();
+    size_t size = 3 * IDA__REC_CHUNK_BYTES_V1 + 4321;
+    save_snapshot(10, 2, size);
+    close_st();
+    rewrite_as_v1(dir, size);
+    cr_assert_eq(count_records(dir, "snap"), 4);
+    open_ok();
+    expect_snapshot(10, 2, size);
+    struct ida_snapshot_meta m;
+    cr_assert_eq(ida_storage_snapshot_meta(&st, &m), 0);
+    uint8_t *want = make_state(size);
+    uint8_t buf[3000];
+    uint64_t offs[] = {0, IDA__REC_CHUNK_BYTES_V1 - 1000,
+                       2 * IDA__REC_CHUNK_BYTES_V1 + 17, size - 100};
+    for (size_t i = 0; i < 4; i++) {
+        size_t n;
+        cr_assert_eq(
+            ida_storage_snapshot_read(&st, m.id, offs[i], buf, sizeof(buf), &n),
+            0);
+        cr_assert_eq(
+            n, size - offs[i] < sizeof(buf) ? size - offs[i] : sizeof(buf));
+        cr_assert_eq(memcmp(buf, want + offs[i], n), 0, "offset %llu",
+                     (unsigned long long)offs[i]);
+    }
+    ida_snapshot_meta_release(&m);
+    free(want);
+    size_t size2 = 5 * IDA_STORAGE_CHUNK_BYTES + 1;
+    save_snapshot(20, 2, size2);
+    expect_snapshot(20, 2, size2);
+    close_st();
+    cr_assert_eq(count_records(dir, "snap"), 6, "only the new one's chunks");
+    open_ok();
+}
+
+/* A snapshot record whose chunk count does not fit its size and chunk
+ * size is refused at open, not read past its chunks. */
+Test(storage, a_snapshot_record_with_a_wrong_chunk_count_is_refused)
+{
+    open_ok();
+    save_snapshot(10, 2, 3 * IDA_STORAGE_CHUNK_BYTES + 5);
+    close_st();
+    uint8_t rec[512];
+    size_t rlen = peek(dir, "meta", "snapshot", 8, rec, sizeof(rec));
+    struct ida__rec_snapshot r;
+    cr_assert_eq(ida__rec_snapshot_decode(rec, rlen, &r), 0);
+    uint8_t config[64];
+    memcpy(config, r.config, r.config_len);
+    r.config = config;
+    r.chunks = 3; /* four are needed */
+    uint8_t bad[512];
+    size_t blen = ida__rec_snapshot_encode(bad, &r);
+    cr_assert_eq(ida__rec_snapshot_decode(bad, blen, &r), IDA_ECORRUPT);
+    poke(dir, "meta", "snapshot", 8, bad, blen);
+    int rv = ida_storage_open(&st, dir, &opts);
+    cr_assert_neq(rv, 0, "refused");
+    if (rv == 0) {
+        st_open = 1;
+    }
+}
