@@ -15,7 +15,9 @@
  *   log   key: index, 8 bytes big-endian (byte order = numeric order);
  *         value: a 24-byte header (term, type, length, CRC-32C) + the data
  *   snap  key: snapshot id and chunk number, 8 + 8 bytes big-endian;
- *         value: CRC-32C + at most IDA_STORAGE_CHUNK_BYTES of state bytes
+ *         value: CRC-32C + at most the snapshot's chunk size of state bytes
+ *                (IDA_STORAGE_CHUNK_BYTES; 64 KiB in snapshots of before
+ *                format 3)
  *
  * Every record is a fixed binary layout with explicit big-endian integers and
  * a CRC-32C (storage/record.h): the records are tiny, so a hand-written
@@ -57,7 +59,7 @@
  *   absent    absent, 0 bytes or no commit    creates a new incarnation
  *   absent    format 1 identity               upgrades in place: mints an
  *                                             incarnation for it (the genuine
- *                                             old state), writes format 2,
+ *                                             old state), writes format 3,
  *                                             then IDENTITY
  *   absent    format 2 identity               writes IDENTITY from it (a
  *                                             first start killed before)
@@ -382,10 +384,10 @@ int ida_storage_batch_set_hard_state(struct ida_storage *s,
  * of a snapshot, so appends and their fsync do not wait behind a commit of
  * the snapshot's (a node stores the snapshot it encoded so:
  * src/node/storage_proc.c). At most once per batch; @data is borrowed until
- * the commit returns. The writer advances only when the commit succeeds;
- * after a failed one it must be aborted, as after a failed
- * ida_storage_snapshot_write(). Returns 0 or IDA_EINVAL (a second call, or
- * @w is not the active writer; batch unchanged). */
+ * the commit returns. The writer advances only when the commit succeeds: a
+ * failed commit leaves it as it was (a batch that failed without failing
+ * the storage may be tried again with it). Returns 0 or IDA_EINVAL (a
+ * second call, or no writer is active; batch unchanged). */
 int ida_storage_batch_snapshot(struct ida_storage *s,
                                struct ida_storage_batch *b,
                                struct ida_snapshot_writer *w,
@@ -527,8 +529,8 @@ int ida_storage_snapshot_finish(struct ida_storage *s,
 
 /* As ida_storage_snapshot_finish(), but the chunks of the snapshot it
  * replaces are left for ida_storage_snapshot_tidy() to delete a few at a
- * time: at 180 MB, deleting 2,800 chunks in the finishing commit held the
- * owner for tens of milliseconds. A crash meanwhile leaves them to the next
+ * time: at 180 MB, deleting 2,800 chunks of 64 KiB in the finishing commit held
+ * the owner for tens of milliseconds. A crash meanwhile leaves them to the next
  * open, which deletes the chunks of every snapshot but the current. (When
  * a replaced snapshot still awaits tidying, this one's predecessor is
  * deleted in the commit as before.) */

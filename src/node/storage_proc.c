@@ -24,13 +24,15 @@
  * ENCODED: its bytes ride in raft batches, ENC_RIDE_BYTES in each batch's
  * own transaction (ida_storage_batch_snapshot()), and only when no batch
  * came for ENC_IDLE_US is a slice written in a transaction of its own.
- * Written one 1 MiB slice per commit, as before, each slice held the
+ * Before, written one 1 MiB slice per commit, each slice held the
  * storage processor 13 to 42 ms under load at 10 M allocations (two
  * fdatasyncs of its own; 100 to 256 ms for some), and the batches queued
  * behind it for the 3 to 6 s of a snapshot: every append waited for a
- * slice. Riding, a batch's commit writes a quarter of a slice more and
- * no batch waits for another commit. A batch whose commit fails fails the
- * node as before, and drops the snapshot being stored.
+ * slice. Riding, a batch's commit writes up to a quarter of a slice more,
+ * and a batch waits for a commit of the snapshot's only when a slice goes
+ * on its own (no batch for ENC_IDLE_US, or ENC_WAIT_MAX slices waiting).
+ * Only batches that commit anyway carry bytes. A batch whose commit fails fails
+ * the node as before, and drops the snapshot being stored.
  *
  * Once the child finished well and every byte is in,
  * storage tells raft (SNAPSHOT_TAKEN without bytes); raft answers with the
@@ -399,7 +401,9 @@ static int persist(struct storage_proc *sp,
         rv = ida_storage_batch_set_hard_state(st, &b, &p->hard_state);
     }
     if (rv == 0) {
-        enc_ride(sp, &b);
+        if (p->n_entries > 0 || p->has_hard_state || truncate_after_snapshot) {
+            enc_ride(sp, &b); /* never a commit of its own for them */
+        }
         rv = ida_storage_batch_commit(st, &b);
     }
     return rv;
@@ -660,6 +664,11 @@ static void on_snapshot_enc(struct storage_proc *sp,
 {
     struct ida_storage *st = &sp->node->storage;
     const struct ida_nm_snap_enc *c = node_msg_payload(msg);
+    if (sp->failed) {
+        enc_msg_free(sp, msg); /* nothing more is stored */
+        enc_drop(sp);
+        return;
+    }
     if (c->offset == 0 && c->end >= 0) {
         /* A new one: it takes the writer from an older one of its own;
          * a leader's snapshot arriving keeps it (this node installs that
