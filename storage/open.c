@@ -165,15 +165,21 @@ static void set_identity(struct ida_storage *s,
     s->identity.created_at_ms = created_at_ms;
 }
 
-/* Put the format record (IDA_STORAGE_FORMAT_VERSION) and the identity
- * record of format 2 and later (new incarnation @a->minted). */
+/* Put the format record of IDA_STORAGE_FORMAT_VERSION. */
+static int put_format(struct ida_storage *s, MDB_txn *txn)
+{
+    uint8_t fmt[IDA__REC_FORMAT_BYTES];
+    ida__rec_format_encode(fmt, IDA_STORAGE_FORMAT_VERSION);
+    return ida__storage_put_meta(s, txn, KEY_FORMAT, fmt, sizeof(fmt));
+}
+
+/* Put the format record and the identity record of format 2 and later
+ * (new incarnation @a->minted). */
 static int put_identity(struct ida_storage *s,
                         MDB_txn *txn,
                         const struct open_args *a)
 {
-    uint8_t fmt[IDA__REC_FORMAT_BYTES];
-    ida__rec_format_encode(fmt, IDA_STORAGE_FORMAT_VERSION);
-    int rc = ida__storage_put_meta(s, txn, KEY_FORMAT, fmt, sizeof(fmt));
+    int rc = put_format(s, txn);
     struct ida__rec_identity r = {
         .node_id = a->o->node_id,
         .incarnation = a->minted,
@@ -343,9 +349,7 @@ static int check_identity(struct ida_storage *s,
         /* Snapshots written from now on name their chunk size (format 3):
          * a format-2 program must refuse the directory as newer, not take
          * such a snapshot for damage. */
-        uint8_t fmt[IDA__REC_FORMAT_BYTES];
-        ida__rec_format_encode(fmt, IDA_STORAGE_FORMAT_VERSION);
-        rc = ida__storage_put_meta(s, txn, KEY_FORMAT, fmt, sizeof(fmt));
+        rc = put_format(s, txn);
         if (rc != 0) {
             return rc;
         }
