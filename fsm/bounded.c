@@ -120,10 +120,13 @@ static int prepare_chunk(struct ida__bounded *b, uint64_t c)
         b->leaves = n;
     }
     if (b->chunks[c] == NULL) {
-        b->chunks[c] = ida_calloc(1, sizeof(struct ida__chunk));
+        /* Zeroed by writing, as a tag table is (tagtab.c): mark() reads a
+         * word before writing it. */
+        b->chunks[c] = ida_malloc(sizeof(struct ida__chunk));
         if (b->chunks[c] == NULL) {
             return IDA_ENOMEM;
         }
+        memset(b->chunks[c], 0, sizeof(struct ida__chunk));
     }
     return 0;
 }

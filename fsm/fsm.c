@@ -219,7 +219,7 @@ void ida_fsm_free(struct ida_fsm *f)
     while (f->lru_head != NULL) {
         struct ida__session *s = f->lru_head;
         f->lru_head = s->next;
-        ida_free(s->results);
+        ida_free(s->base);
         ida_free(s);
     }
     ida_free(f->sess_refs);
@@ -671,7 +671,8 @@ static int apply_command(struct ida_fsm *f,
     }
     uint64_t fp = ida__fsm_fingerprint(c);
     const struct ida__cached *k = ida__session_lookup(s, c->request_seq);
-    if (k == NULL && c->request_seq > s->evicted_below && s->n == s->cap &&
+    if (k == NULL && c->request_seq > s->evicted_below &&
+        ida__session_room(s) == 0 &&
         s->n < IDA_SESSION_RESULTS_MAX + IDA_SESSION_REFUSED_MAX &&
         ida__session_reserve(s) != 0) {
         /* Room first, so an ENOMEM leaves the command undone rather than
@@ -737,6 +738,36 @@ static int reserve_replies(struct ida_fsm *f, size_t n)
     return 0;
 }
 
+/* A batch's allocs and frees have the tag table slot each will probe
+ * prefetched this many commands ahead of the one applied. With millions of
+ * tags the table is far larger than the cache and every probe is a miss;
+ * this way the misses of a batch overlap instead of following one another
+ * (a restart's or a new node's replay of the log is apply-bound). */
+#define PREFETCH_AHEAD 8
+
+/* Prefetch the slot command @c (an alloc or a free in a bounded pool)
+ * will probe. Reads only, and only now: the pool is looked up afresh each
+ * time, since a command applied meanwhile may replace the pools. */
+static void prefetch_tag(struct ida_fsm *f, const Idalloc__Command *c)
+{
+    const ProtobufCBinaryData *pool, *tag;
+    if (c->op_case == IDALLOC__COMMAND__OP_ALLOC && c->alloc != NULL) {
+        pool = &c->alloc->pool;
+        tag = &c->alloc->tag;
+    } else if (c->op_case == IDALLOC__COMMAND__OP_FREE && c->free != NULL) {
+        pool = &c->free->pool;
+        tag = &c->free->tag;
+    } else {
+        return;
+    }
+    struct ida__pool *p;
+    if (pool_of_cmd(f, pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p) ==
+            IDA__R_OK &&
+        tag->len > 0) {
+        ida__tagtab_prefetch(&p->u.bounded.tab, ida__hash(tag->data, tag->len));
+    }
+}
+
 static int apply_batch(struct ida_fsm *f,
                        ida_index index,
                        const Idalloc__CommandBatch *b,
@@ -750,7 +781,13 @@ static int apply_batch(struct ida_fsm *f,
         f->now_ms = b->timestamp_ms; /* "now" never goes back */
     }
     ida__sessions_expire(f);
+    for (size_t i = 0; i < b->n_commands && i < PREFETCH_AHEAD; i++) {
+        prefetch_tag(f, b->commands[i]);
+    }
     for (size_t i = 0; i < b->n_commands; i++) {
+        if (i + PREFETCH_AHEAD < b->n_commands) {
+            prefetch_tag(f, b->commands[i + PREFETCH_AHEAD]);
+        }
         rv = apply_command(f, b->commands[i], seed_of(index, i),
                            b->version >= 2, &f->replies[i]);
         if (rv != 0) {

@@ -321,10 +321,24 @@ struct ida__session
     uint64_t evicted_below; /* highest request_seq dropped from results */
     struct ida__session *prev, *next; /* LRU list, oldest first */
     uint32_t ref;                     /* index in ida_fsm.sess_refs */
-    uint32_t n, cap;                  /* results[0..n), sorted by seq */
+    uint32_t n;                       /* results[0..n), sorted by seq */
     uint32_t n_refused;               /* of which IDA_ELIMIT refusals */
+    /* The results live in base[0..cap), from results on: an ack drops
+     * those below it by moving results up, not by moving the rest down
+     * (a client with many calls in flight acks on every command; moving
+     * them all each time was a sixth of a replay's time). Room is made at
+     * the end when it runs out (ida__session_reserve()). */
     struct ida__cached *results;
+    struct ida__cached *base; /* the allocation, NULL when none */
+    uint32_t cap;
 };
+
+/* Results that can still be kept after results[n - 1]. */
+static inline uint32_t ida__session_room(const struct ida__session *s)
+{
+    return s->base == NULL ? 0
+                           : s->cap - (uint32_t)(s->results - s->base) - s->n;
+}
 
 /* Answers that count against the bounds: kept, not refusals. */
 static inline uint32_t ida__session_answers(const struct ida__session *s)

@@ -112,7 +112,7 @@ struct ida__session *ida__session_add(struct ida_fsm *f,
 void ida__session_drop(struct ida_fsm *f, struct ida__session *s)
 {
     f->results_total -= ida__session_answers(s);
-    ida_free(s->results);
+    ida_free(s->base);
     ida__tagtab_remove(&f->sessions, s->ref);
     f->sess_refs[s->ref] = NULL;
     f->sess_free[f->sess_free_count++] = s->ref;
@@ -153,21 +153,34 @@ const struct ida__cached *ida__session_lookup(const struct ida__session *s,
     return i < s->n && s->results[i].seq == seq ? &s->results[i] : NULL;
 }
 
+/* Room at the end: the results moved down to the start of their memory
+ * while they fill at most half of it (each move of n results is then paid
+ * for by at least n keeps since the last), else twice the memory. */
 int ida__session_reserve(struct ida__session *s)
 {
-    if (s->n < s->cap) {
+    if (ida__session_room(s) > 0) {
+        return 0;
+    }
+    uint32_t max = IDA_SESSION_RESULTS_MAX + IDA_SESSION_REFUSED_MAX;
+    if (s->results != s->base && (s->n <= s->cap / 2 || s->cap == max)) {
+        memmove(s->base, s->results, s->n * sizeof(*s->results));
+        s->results = s->base;
         return 0;
     }
     uint32_t ncap = s->cap == 0 ? 4 : s->cap * 2;
-    if (ncap > IDA_SESSION_RESULTS_MAX + IDA_SESSION_REFUSED_MAX) {
-        ncap = IDA_SESSION_RESULTS_MAX + IDA_SESSION_REFUSED_MAX;
+    if (ncap > max) {
+        ncap = max;
     }
     IDA_ASSERT(ncap > s->n); /* the callers check the bounds first */
-    struct ida__cached *nr = ida_realloc(s->results, ncap * sizeof(*nr));
-    if (nr == NULL) {
+    struct ida__cached *nb = ida_malloc(ncap * sizeof(*nb));
+    if (nb == NULL) {
         return IDA_ENOMEM;
     }
-    s->results = nr;
+    if (s->n > 0) {
+        memcpy(nb, s->results, s->n * sizeof(*nb));
+    }
+    ida_free(s->base);
+    s->results = s->base = nb;
     s->cap = ncap;
     return 0;
 }
@@ -180,7 +193,7 @@ void ida__session_keep(struct ida_fsm *f,
                        uint64_t fingerprint,
                        const struct ida_fsm_result *r)
 {
-    IDA_ASSERT(s->n < s->cap && seq > s->evicted_below);
+    IDA_ASSERT(ida__session_room(s) > 0 && seq > s->evicted_below);
     uint32_t i = result_lower_bound(s, seq);
     IDA_ASSERT(i == s->n || s->results[i].seq != seq);
     memmove(&s->results[i + 1], &s->results[i],
@@ -211,8 +224,10 @@ void ida__session_ack(struct ida_fsm *f,
             f->results_total--;
         }
     }
-    memmove(&s->results[0], &s->results[k], (s->n - k) * sizeof(*s->results));
-    s->n -= k;
+    if (k > 0) {
+        s->results += k;
+        s->n -= k;
+    }
     s->evicted_below = ack_below - 1;
 }
 

@@ -609,7 +609,7 @@ static int dec_session(struct ida_fsm *f,
             s->evicted_below = m->evicted_below;
             s->n = s->cap = (uint32_t)m->n_results;
             s->n_refused = refused;
-            s->results = res;
+            s->results = s->base = res;
             res = NULL;
             f->results_total += answers;
             *last_id = s->client_id;

@@ -436,3 +436,58 @@ Test(sessions, fingerprints_never_change)
     c.reserve = &r;
     cr_assert_eq(ida__fsm_fingerprint(&c), UINT64_C(0x352cc3476e41b178));
 }
+
+/* A client with many calls in flight acks on every command, so the answers
+ * it keeps slide along (fsm_internal.h, struct ida__session: an ack moves
+ * their start, a keep makes room at the end). Every answer in the window is
+ * kept and found by a retry, none below it is, out-of-order arrivals
+ * included, across the room being made many times and a snapshot. */
+Test(sessions, a_sliding_window_of_answers_is_kept_exactly, .timeout = 60)
+{
+    enum { WINDOW = 100, CALLS = 3000 };
+    static uint64_t first[CALLS + 1];
+    fx_register(f, 9, now_ms);
+    uint64_t kept0 = ida_fsm_results_count(f);
+    for (uint64_t s = 1; s <= CALLS; s++) {
+        /* Pairs arrive swapped (s+1 before s) half of the time. */
+        uint64_t seq = s % 4 == 1 && s < CALLS ? s + 1 : s % 4 == 2 ? s - 1 : s;
+        uint64_t ack = s > WINDOW ? s - WINDOW : 0;
+        struct ida_fsm_reply r = reserve_at(now_ms, 9, seq, 1, ack);
+        assert_ok(r.result);
+        cr_assert_not(r.cached, "seq %llu ran once", (unsigned long long)seq);
+        first[seq] = r.result.id;
+        if (s == CALLS / 2) {
+            size_t len;
+            uint8_t *snap = fx_snapshot(f, &len);
+            struct ida_fsm *g;
+            cr_assert_eq(ida_fsm_new(&g), 0);
+            cr_assert_eq(ida_fsm_restore(g, snap, len), 0);
+            ida_free(snap);
+            ida_fsm_free(f);
+            f = g; /* the rest runs on the restored copy */
+        }
+        if (s % 97 == 0 || s == CALLS) {
+            /* Everything from the floor up that has run is kept. */
+            uint64_t lo = ack > 0 ? ack : 1;
+            uint64_t kept = 0;
+            for (uint64_t q = lo; q <= s + 1 && q <= CALLS; q++) {
+                if (first[q] == 0) {
+                    continue; /* its swapped pair has not run yet */
+                }
+                kept++;
+                r = reserve_at(now_ms, 9, q, 1, ack);
+                cr_assert(r.cached, "seq %llu in the window is kept",
+                          (unsigned long long)q);
+                cr_assert_eq(r.result.id, first[q]);
+            }
+            cr_assert_eq(ida_fsm_results_count(f), kept0 + kept);
+            if (lo > 1) {
+                r = reserve_at(now_ms, 9, lo - 1, 1, 0);
+                assert_err(r.result, IDA_ESESSION);
+            }
+        }
+    }
+    const struct ida__session *s9 = f->lru_tail;
+    cr_assert_leq(s9->cap, 4 * WINDOW, "memory follows the window (%u)",
+                  s9->cap);
+}
