@@ -342,15 +342,27 @@ static int name_of(const ProtobufCBinaryData *in,
     return rv;
 }
 
-/* The pool a command names (bytes), of @kind, or a reason. */
+/* The pool a command names (bytes), of @kind, or a reason. The pool
+ * named last is compared first (its name is valid: every pool's is). */
 static int pool_of_cmd(struct ida_fsm *f,
                        const ProtobufCBinaryData *name,
                        Idalloc__PoolKind kind,
                        struct ida__pool **out)
 {
+    struct ida__pool *last = f->last_pool;
+    if (last != NULL && name->len == f->last_pool_len &&
+        memcmp(name->data, last->name, name->len) == 0 && last->kind == kind) {
+        *out = last;
+        return IDA__R_OK;
+    }
     char s[IDA_POOL_NAME_MAX + 1];
     int rv = name_of(name, s);
-    return rv != IDA__R_OK ? rv : pool_of(f, s, kind, out);
+    rv = rv != IDA__R_OK ? rv : pool_of(f, s, kind, out);
+    if (rv == IDA__R_OK) {
+        f->last_pool = *out;
+        f->last_pool_len = name->len;
+    }
+    return rv;
 }
 
 static int op_pool_create(struct ida_fsm *f,

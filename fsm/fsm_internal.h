@@ -364,6 +364,12 @@ struct ida_fsm
 
     struct ida__pool **pools; /* sorted by name */
     size_t pool_count, pool_cap;
+    /* The pool the last command found by name, and its name's length: the
+     * commands of a batch nearly always name one pool. A pool, once made,
+     * lives as long as its state machine (a restore command replaces the
+     * pools only of a state without any), so this never dangles. */
+    struct ida__pool *last_pool;
+    size_t last_pool_len;
 
     struct ida__session **sess_refs; /* ref -> session, NULL = free ref */
     uint32_t sess_ref_cap;
@@ -418,6 +424,8 @@ void ida__session_ack(struct ida_fsm *f,
                       uint64_t ack_below);
 /* What a command is for: a hash of its operation and arguments. */
 uint64_t ida__fsm_fingerprint(const Idalloc__Command *c);
+/* Its first step, the hash of the operation @op alone. */
+uint64_t ida__fsm_fingerprint_start(int op);
 
 /* The key callback for the sessions table. */
 const uint8_t *ida__session_key(const void *ctx, uint32_t ref, size_t *len);

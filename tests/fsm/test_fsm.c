@@ -158,6 +158,29 @@ Test(fsm, unknown_pool_and_wrong_kind)
     bool more;
     cr_assert_eq(ida_fsm_list(f, "x", false, 0, 0, h, &n, &more), IDA_EKIND);
     cr_assert_eq(ida_fsm_list(f, "zz", false, 0, 0, h, &n, &more), IDA_ENOPOOL);
+    /* Within a batch the pool named last is compared first (fsm.c,
+     * pool_of_cmd()): another kind, another name of its length, a longer
+     * name and an unknown one still get their own answers. */
+    fx_batch_init(&b, now_ms);
+    fx_add_alloc(&b, 1, ++seq, "b", "t");
+    fx_add_reserve(&b, 1, ++seq, "b", 1);
+    fx_add_alloc(&b, 1, ++seq, "s", "t");
+    fx_add_alloc(&b, 1, ++seq, "n", "t");
+    fx_add_alloc(&b, 1, ++seq, "bb", "t");
+    fx_add_reserve(&b, 1, ++seq, "s", 1);
+    fx_add_alloc(&b, 1, ++seq, "b", "t");
+    struct ida_fsm_applied out;
+    fx_apply(f, &b, &out);
+    cr_assert_eq(out.count, 7);
+    assert_ok(out.replies[0].result);
+    assert_err(out.replies[1].result, IDA_EKIND);
+    assert_err(out.replies[2].result, IDA_EKIND);
+    assert_err(out.replies[3].result, IDA_ENOPOOL);
+    assert_err(out.replies[4].result, IDA_ENOPOOL);
+    assert_ok(out.replies[5].result);
+    assert_ok(out.replies[6].result);
+    cr_assert(out.replies[6].result.flag, "t holds its id already");
+    cr_assert_eq(out.replies[6].result.id, out.replies[0].result.id);
 }
 
 /* --- bounded -----------------------------------------------------------------

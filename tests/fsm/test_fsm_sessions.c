@@ -435,6 +435,17 @@ Test(sessions, fingerprints_never_change)
     c.op_case = IDALLOC__COMMAND__OP_RESERVE;
     c.reserve = &r;
     cr_assert_eq(ida__fsm_fingerprint(&c), UINT64_C(0x352cc3476e41b178));
+    /* The first step is written out for some operations: each must be the
+     * stable hash of the seed's and the operation's 16 bytes. */
+    for (int op = 0; op < 64; op++) {
+        uint8_t k[16];
+        for (int i = 0; i < 8; i++) {
+            k[i] = (uint8_t)(UINT64_C(0x6964616c6c6f6331) >> (8 * i));
+            k[8 + i] = (uint8_t)((uint64_t)op >> (8 * i));
+        }
+        cr_assert_eq(ida__fsm_fingerprint_start(op), ida__hash_stable(k, 16),
+                     "operation %d", op);
+    }
 }
 
 /* A client with many calls in flight acks on every command, so the answers
