@@ -427,10 +427,14 @@ int ida_storage_snapshot_write(struct ida_storage *s,
  * *@left (may be NULL) says whether any remain. The cursor is
  * re-positioned with MDB_SET_RANGE after each delete: its position after
  * deleting the last record is not one MDB_GET_CURRENT can use. */
+/* Delete the chunks of snapshot @id: all of them (@max_bytes 0), or as
+ * many as take at least one and at most @max_bytes of values (*@left set
+ * when some remain). Bytes, not chunks, bound the commit: a snapshot an
+ * older version stored has chunks 32 times as large. */
 static int delete_chunks(struct ida_storage *s,
                          MDB_txn *txn,
                          uint64_t id,
-                         size_t max,
+                         size_t max_bytes,
                          int *left)
 {
     MDB_cursor *cur;
@@ -440,7 +444,7 @@ static int delete_chunks(struct ida_storage *s,
     }
     uint8_t kb[16];
     ida__storage_chunk_key(kb, id, 0);
-    size_t n = 0;
+    size_t bytes = 0;
     int more = 0;
     for (;;) {
         MDB_val k = ida__storage_mkval(kb, 16), v;
@@ -448,7 +452,7 @@ static int delete_chunks(struct ida_storage *s,
         if (rc != 0 || k.mv_size != 16 || ida__get_be64(k.mv_data) != id) {
             break;
         }
-        if (max > 0 && n == max) {
+        if (max_bytes > 0 && bytes > 0 && bytes + v.mv_size > max_bytes) {
             more = 1;
             break;
         }
@@ -456,7 +460,7 @@ static int delete_chunks(struct ida_storage *s,
         if (rc != 0) {
             break;
         }
-        n++;
+        bytes += v.mv_size;
     }
     mdb_cursor_close(cur);
     if (left != NULL) {
@@ -586,19 +590,21 @@ int ida_storage_snapshot_finish_lazy(struct ida_storage *s,
 struct tidy_args
 {
     uint64_t id;
-    size_t max;
+    size_t max_bytes;
     int more;
 };
 
 static int tidy_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
 {
     struct tidy_args *a = arg;
-    return delete_chunks(s, txn, a->id, a->max, &a->more);
+    return delete_chunks(s, txn, a->id, a->max_bytes, &a->more);
 }
 
-int ida_storage_snapshot_tidy(struct ida_storage *s, size_t max, int *more)
+int ida_storage_snapshot_tidy(struct ida_storage *s,
+                              size_t max_bytes,
+                              int *more)
 {
-    IDA_ASSERT(s != NULL && more != NULL && max > 0);
+    IDA_ASSERT(s != NULL && more != NULL && max_bytes > 0);
     CHECK_PROCESS(s);
     *more = 0;
     if (s->failed != 0) {
@@ -607,7 +613,7 @@ int ida_storage_snapshot_tidy(struct ida_storage *s, size_t max, int *more)
     if (s->replaced_id == 0) {
         return 0;
     }
-    struct tidy_args a = {.id = s->replaced_id, .max = max};
+    struct tidy_args a = {.id = s->replaced_id, .max_bytes = max_bytes};
     int rv = ida__storage_run_write(s, "snapshot tidy", tidy_txn, &a);
     if (rv != 0) {
         return rv;

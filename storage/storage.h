@@ -537,10 +537,14 @@ int ida_storage_snapshot_finish(struct ida_storage *s,
 int ida_storage_snapshot_finish_lazy(struct ida_storage *s,
                                      struct ida_snapshot_writer *w);
 
-/* Delete up to @max chunks of a snapshot replaced by
- * ida_storage_snapshot_finish_lazy(), in one commit. Returns 0 with *@more
- * set when some are left, or a commit error. */
-int ida_storage_snapshot_tidy(struct ida_storage *s, size_t max, int *more);
+/* Delete chunks of a snapshot replaced by ida_storage_snapshot_finish_lazy(),
+ * in one commit: at least one, and at most @max_bytes of stored chunks
+ * (bytes, not a count: chunks of snapshots older versions stored are 64 KiB,
+ * now IDA_STORAGE_CHUNK_BYTES). Returns 0 with *@more set when some are
+ * left, or a commit error. */
+int ida_storage_snapshot_tidy(struct ida_storage *s,
+                              size_t max_bytes,
+                              int *more);
 
 /* Whether writer @w holds exactly the snapshot at (@index, @term) with
  * membership @config (@config_len bytes) and state @data (@len bytes, by

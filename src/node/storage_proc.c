@@ -70,9 +70,8 @@
  * chunks of the snapshot it replaced, then the log it covers. At 10 M
  * allocations, doing both in the finishing commit held the storage
  * processor for tens of milliseconds (13 to 33 ms at 60 MB). */
-#define TIDY_CHUNKS \
-    ((4u << 20) / IDA_STORAGE_CHUNK_BYTES) /* 4 MiB of a replaced snapshot */
-#define TIDY_ENTRIES 1000u                 /* log entries per step */
+#define TIDY_BYTES   (4u << 20) /* of a replaced snapshot's chunks */
+#define TIDY_ENTRIES 1000u      /* log entries per step */
 /* Map pages unmapped per ping (every 10 ms): a round of a 1.5 GiB file
  * takes about half a second. Under load the node maps pages at up to
  * ~100 MB/s (each read of the map faults in up to 16 cached pages around
@@ -483,7 +482,7 @@ static void tidy_step(struct storage_proc *sp, struct ida_sender *s)
     }
     int more, rv;
     if (st->replaced_id != 0) {
-        rv = ida_storage_snapshot_tidy(st, TIDY_CHUNKS, &more);
+        rv = ida_storage_snapshot_tidy(st, TIDY_BYTES, &more);
     } else {
         struct ida_storage_log_state ls;
         rv = ida_storage_log_state(st, &ls);

@@ -217,7 +217,8 @@ static int child_snapshot(struct ida_storage *s,
         rv = ida_storage_snapshot_finish_lazy(s, &w);
     }
     for (int more = 1; rv == 0 && more;) {
-        rv = ida_storage_snapshot_tidy(s, TIDY_CHUNKS, &more);
+        rv = ida_storage_snapshot_tidy(s, TIDY_CHUNKS * IDA_STORAGE_CHUNK_BYTES,
+                                       &more);
     }
     for (ida_index upto = prev; rv == 0 && upto < p->compact_to;) {
         upto = compact_next(upto, p->compact_to);

@@ -425,7 +425,8 @@ Test(storage, lazy_finish_leaves_the_replaced_chunks_to_tidy)
     struct ida_snapshot_writer w;
     const uint8_t config[] = {0x0a, 0x03, 0x08, 0x01, 0x20}; /* as saved */
     int more = 1;
-    cr_assert_eq(ida_storage_snapshot_tidy(&st, 2, &more), 0);
+    size_t two = 2 * (IDA_STORAGE_CHUNK_BYTES + 4); /* a chunk: CRC, bytes */
+    cr_assert_eq(ida_storage_snapshot_tidy(&st, two, &more), 0);
     cr_assert_not(more, "nothing to tidy");
     for (ida_index i = 1; i <= 3; i++) {
         cr_assert_eq(
@@ -451,7 +452,7 @@ Test(storage, lazy_finish_leaves_the_replaced_chunks_to_tidy)
     cr_assert_eq(ida_storage_snapshot_finish_lazy(&st, &w), 0);
     int steps = 0;
     do {
-        cr_assert_eq(ida_storage_snapshot_tidy(&st, 2, &more), 0);
+        cr_assert_eq(ida_storage_snapshot_tidy(&st, two, &more), 0);
         steps++;
     } while (more);
     cr_assert_eq(steps, 3, "5 chunks, 2 at a time");
@@ -705,6 +706,40 @@ Test(storage, a_snapshot_in_64_kib_chunks_of_before_is_read)
     close_st();
     cr_assert_eq(count_records(dir, "snap"), 6, "only the new one's chunks");
     open_ok();
+}
+
+/* Tidying a replaced snapshot is bounded by bytes, so the 64 KiB chunks of
+ * one an older version stored go one per commit under a budget of four of
+ * today's chunks, not four of theirs at a time. */
+Test(storage, replaced_chunks_of_before_are_tidied_by_bytes)
+{
+    opts.map_size_bytes = 64u << 20;
+    open_ok();
+    size_t size = 3 * IDA__REC_CHUNK_BYTES_V1 + 4321;
+    save_snapshot(10, 2, size);
+    close_st();
+    rewrite_as_v1(dir, size);
+    open_ok();
+    const uint8_t config[] = {0x0a, 0x03, 0x08, 0x01, 0x20};
+    uint8_t *small = make_state(100);
+    struct ida_snapshot_writer w;
+    cr_assert_eq(
+        ida_storage_snapshot_begin(&st, &w, 20, 2, config, sizeof(config)), 0);
+    cr_assert_eq(ida_storage_snapshot_write(&st, &w, small, 100), 0);
+    cr_assert_eq(ida_storage_snapshot_finish_lazy(&st, &w), 0);
+    free(small);
+    int more, steps = 0;
+    do {
+        cr_assert_eq(
+            ida_storage_snapshot_tidy(&st, 4 * IDA_STORAGE_CHUNK_BYTES, &more),
+            0);
+        steps++;
+    } while (more);
+    cr_assert_eq(steps, 4, "one 64 KiB chunk per commit (%d)", steps);
+    close_st();
+    cr_assert_eq(count_records(dir, "snap"), 1, "only the new one's chunk");
+    open_ok();
+    expect_snapshot(20, 2, 100);
 }
 
 /* A snapshot record whose chunk count does not fit its size and chunk
