@@ -235,25 +235,60 @@ static int route_through_proxy(struct run *x)
     return 0;
 }
 
+/* The last lines of each node's log, on stderr: why a cluster did not come
+ * up (its directory is removed at the end). */
+static void print_log_tails(const struct tc *c)
+{
+    for (int i = 0; i < c->n; i++) {
+        char path[400], line[512], last[8][512];
+        int n = 0;
+        snprintf(path, sizeof(path), "%s/node%d.log", c->dir, i + 1);
+        FILE *f = fopen(path, "r");
+        while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+            snprintf(last[n++ % 8], sizeof(last[0]), "%s", line);
+        }
+        if (f != NULL) {
+            fclose(f);
+        }
+        fprintf(stderr, "chaos: node %d's log ends:\n", i + 1);
+        for (int k = n > 8 ? n - 8 : 0; k < n; k++) {
+            fprintf(stderr, "  %s", last[k % 8]);
+        }
+    }
+}
+
 static int setup(struct run *x)
 {
-    /* One cluster file, for the nodes and for bin/idalloc (--config). */
-    tc_setup(&x->c, x->o->nodes,
-             x->o->manual_rejoin
-                 ? "snapshot_interval_entries 500\nauto_rejoin off\n"
-                 : "snapshot_interval_entries 500\n");
-    uint16_t ports[PROXY_NODES_MAX];
-    for (int i = 0; i < x->c.n; i++) {
-        ports[i] = x->c.cfg.nodes[i].peer.port;
-    }
-    x->px = proxy_start(x->c.n, ports);
-    if (route_through_proxy(x) != 0) {
-        return -1;
-    }
-    for (int i = 0; i < x->c.n; i++) {
-        tc_spawn(&x->c, i);
+    for (int attempt = 0;; attempt++) {
+        /* One cluster file, for the nodes and for bin/idalloc (--config). */
+        tc_setup(&x->c, x->o->nodes,
+                 x->o->manual_rejoin
+                     ? "snapshot_interval_entries 500\nauto_rejoin off\n"
+                     : "snapshot_interval_entries 500\n");
+        uint16_t ports[PROXY_NODES_MAX];
+        for (int i = 0; i < x->c.n; i++) {
+            ports[i] = x->c.cfg.nodes[i].peer.port;
+        }
+        x->px = proxy_start(x->c.n, ports);
+        if (route_through_proxy(x) != 0) {
+            return -1;
+        }
+        /* The file's ports were free when chosen, but a connection started
+         * meanwhile may take one as its own local port: start again with
+         * other ports, as tc_start() does. */
+        if (!tc_spawn_all(&x->c) || attempt == 3) {
+            break;
+        }
+        fprintf(stderr,
+                "chaos: a node could not listen on its port; "
+                "starting again on other ports\n");
+        tc_destroy(&x->c);
+        proxy_stop(x->px);
+        x->px = NULL;
     }
     if (tc_wait_leader(&x->c, 15000) < 0) {
+        fprintf(stderr, "chaos: no leader within 15 s\n");
+        print_log_tails(&x->c);
         return -1;
     }
     struct idalloc_client *cl = tc_client(&x->c, 10000);
@@ -266,6 +301,11 @@ static int setup(struct run *x)
              ? rv
              : idalloc_pool_create(cl, "p", IDALLOC_POOL_PREFIX, 0, NULL, NULL);
     idalloc_client_free(cl);
+    if (rv != 0) {
+        fprintf(stderr, "chaos: creating the pools failed: %s\n",
+                idalloc_strerror(rv));
+        print_log_tails(&x->c);
+    }
     return rv == 0 ? 0 : -1;
 }
 
