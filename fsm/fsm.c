@@ -773,9 +773,9 @@ static void prefetch_tag(struct ida_fsm *f, const Idalloc__Command *c)
         return;
     }
     struct ida__pool *p;
-    if (pool_of_cmd(f, pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p) ==
-            IDA__R_OK &&
-        tag->len > 0) {
+    if (tag->len > 0 && tag->len <= IDA_TAG_BYTES_MAX &&
+        pool_of_cmd(f, pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p) ==
+            IDA__R_OK) {
         ida__tagtab_prefetch(&p->u.bounded.tab, ida__hash(tag->data, tag->len));
     }
 }

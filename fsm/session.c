@@ -153,6 +153,13 @@ const struct ida__cached *ida__session_lookup(const struct ida__session *s,
     return i < s->n && s->results[i].seq == seq ? &s->results[i] : NULL;
 }
 
+/* Move the results down to the start of their memory. */
+static void compact(struct ida__session *s)
+{
+    memmove(s->base, s->results, s->n * sizeof(*s->results));
+    s->results = s->base;
+}
+
 /* Room at the end: the results moved down to the start of their memory
  * while they fill at most half of it (each move of n results is then paid
  * for by at least n keeps since the last), else twice the memory. */
@@ -163,8 +170,7 @@ int ida__session_reserve(struct ida__session *s)
     }
     uint32_t max = IDA_SESSION_RESULTS_MAX + IDA_SESSION_REFUSED_MAX;
     if (s->results != s->base && (s->n <= s->cap / 2 || s->cap == max)) {
-        memmove(s->base, s->results, s->n * sizeof(*s->results));
-        s->results = s->base;
+        compact(s);
         return 0;
     }
     uint32_t ncap = s->cap == 0 ? 4 : s->cap * 2;
@@ -186,13 +192,18 @@ int ida__session_reserve(struct ida__session *s)
 }
 
 /* Clients number their requests upwards, so the new seq is nearly always
- * the largest: the memmove is empty on the hot path. */
+ * the largest: the memmove is empty on the hot path. With both bounds full
+ * apply_command() reserves nothing, and the command's floor made the room:
+ * at the start of the memory, taken here (it cannot fail). */
 void ida__session_keep(struct ida_fsm *f,
                        struct ida__session *s,
                        uint64_t seq,
                        uint64_t fingerprint,
                        const struct ida_fsm_result *r)
 {
+    if (ida__session_room(s) == 0 && s->results != s->base) {
+        compact(s);
+    }
     IDA_ASSERT(ida__session_room(s) > 0 && seq > s->evicted_below);
     uint32_t i = result_lower_bound(s, seq);
     IDA_ASSERT(i == s->n || s->results[i].seq != seq);

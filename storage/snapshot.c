@@ -423,14 +423,12 @@ int ida_storage_snapshot_write(struct ida_storage *s,
     return 0;
 }
 
-/* Delete the chunks of snapshot @id, all of them or at most @max (0: all);
- * *@left (may be NULL) says whether any remain. The cursor is
- * re-positioned with MDB_SET_RANGE after each delete: its position after
- * deleting the last record is not one MDB_GET_CURRENT can use. */
 /* Delete the chunks of snapshot @id: all of them (@max_bytes 0), or as
- * many as take at least one and at most @max_bytes of values (*@left set
- * when some remain). Bytes, not chunks, bound the commit: a snapshot an
- * older version stored has chunks 32 times as large. */
+ * many as take at least one and at most @max_bytes of values; *@left (may
+ * be NULL) says whether any remain. Bytes, not chunks, bound the commit: a
+ * snapshot an older version stored has chunks 32 times as large. The cursor
+ * is re-positioned with MDB_SET_RANGE after each delete: its position after
+ * deleting the last record is not one MDB_GET_CURRENT can use. */
 static int delete_chunks(struct ida_storage *s,
                          MDB_txn *txn,
                          uint64_t id,

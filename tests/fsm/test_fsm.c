@@ -183,6 +183,29 @@ Test(fsm, unknown_pool_and_wrong_kind)
     cr_assert_eq(out.replies[6].result.id, out.replies[0].result.id);
 }
 
+/* The pool named last is remembered with the state it belongs to: a state
+ * restored in place of one that just used it answers from its own pools
+ * (a remembered pool of the state replaced would be freed memory). */
+Test(fsm, a_restored_state_answers_from_its_own_pools)
+{
+    assert_ok(create("b", BND, 4));
+    struct ida_fsm_result r = alloc("b", "t0");
+    assert_ok(r);
+    cr_assert_eq(r.id, 0);
+    size_t len;
+    uint8_t *snap = fx_snapshot(f, &len);
+    r = alloc("b", "t1");
+    assert_ok(r);
+    cr_assert_eq(r.id, 1);
+    cr_assert_eq(ida_fsm_restore(f, snap, len), 0);
+    ida_free(snap);
+    r = alloc("b", "t2");
+    assert_ok(r);
+    cr_assert_eq(r.id, 1, "the restored pool holds t0 only");
+    uint64_t id;
+    cr_assert_eq(ida_fsm_lookup(f, "b", "t1", &id), IDA_ENOTFOUND);
+}
+
 /* --- bounded -----------------------------------------------------------------
  */
 

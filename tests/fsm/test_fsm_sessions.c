@@ -220,21 +220,29 @@ Test(sessions, ack_floor_drops_the_answers_below_it)
     cr_assert_not(r.cached, "the malformed request did not act");
 }
 
-Test(sessions, answers_above_the_floor_are_bounded)
+/* Reserves from @client with seqs 1..IDA_SESSION_RESULTS_MAX and no floor,
+ * every answer kept: the session's bound. Returns the next seq. */
+static uint64_t fill_answers(uint64_t client)
 {
-    fx_register(f, 6, now_ms);
     struct ida_fsm_applied out;
     uint64_t s = 1;
     while (s <= IDA_SESSION_RESULTS_MAX) {
         fx_batch_init(&b, now_ms);
         for (int i = 0; i < FX_BATCH_MAX && s <= IDA_SESSION_RESULTS_MAX; i++) {
-            fx_add_reserve(&b, 6, s++, "s", 1);
+            fx_add_reserve(&b, client, s++, "s", 1);
         }
         fx_apply(f, &b, &out);
         for (size_t i = 0; i < out.count; i++) {
             assert_ok(out.replies[i].result);
         }
     }
+    return s;
+}
+
+Test(sessions, answers_above_the_floor_are_bounded)
+{
+    fx_register(f, 6, now_ms);
+    uint64_t s = fill_answers(6);
     uint64_t seq = 100;
     uint64_t before = next_first(&seq);
     /* The next one is refused; its refusal is kept like an answer, so a
@@ -271,6 +279,28 @@ Test(sessions, answers_above_the_floor_are_bounded)
     assert_err(reserve1(6, t + 1, 1).result, IDA_EEXPIRED);
     cr_assert_eq(next_first(&seq), before + 2 + oks,
                  "no refused request acted");
+}
+
+/* With both bounds full (every answer and every refusal kept), a command
+ * whose floor drops one answer is executed and its answer kept: the floor
+ * makes the room. (A review found it had none there once acks stopped
+ * moving the answers down: every replica stopped on an assertion.) */
+Test(sessions, a_floor_at_both_bounds_makes_room, .timeout = 60)
+{
+    fx_register(f, 6, now_ms);
+    uint64_t s = fill_answers(6);
+    for (int i = 0; i < IDA_SESSION_REFUSED_MAX; i++) {
+        struct ida_fsm_reply q = reserve1(6, s++, 1);
+        assert_err(q.result, IDA_ELIMIT);
+    }
+    struct ida_fsm_reply r = reserve_at(now_ms, 6, s, 1, 2);
+    assert_ok(r.result);
+    cr_assert_not(r.cached);
+    uint64_t id = r.result.id;
+    r = reserve_at(now_ms, 6, s, 1, 2);
+    cr_assert(r.cached, "its answer was kept");
+    cr_assert_eq(r.result.id, id);
+    assert_err(reserve1(6, 1, 1).result, IDA_ESESSION);
 }
 
 Test(sessions, sessions_expire_by_log_time_only)

@@ -25,9 +25,9 @@
 #define SNAPSHOT_MAX   (200 * 1024) /* snapshot state 0..200 KiB */
 #define SNAPSHOT_PIECE 10000        /* written in pieces of this size */
 /* As the node does (storage_proc.c, tidy_step()): the snapshot is finished
- * without deleting the one it replaces, whose chunks then go TIDY_CHUNKS at
- * a time, and the log it covers COMPACT_STEP entries at a time; a crash may
- * stop it after any of those commits. */
+ * without deleting the one it replaces, whose chunks then go at most
+ * TIDY_CHUNKS chunks' bytes at a time, and the log it covers COMPACT_STEP
+ * entries at a time; a crash may stop it after any of those commits. */
 #define TIDY_CHUNKS  32
 #define COMPACT_STEP 5
 

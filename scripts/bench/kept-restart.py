@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Restart or catch-up timing on a kept bench-scale directory.
+
+    scripts/bench/kept-restart.py DIR restart|catchup [BINDIR]
+
+DIR is a cluster directory `make bench-scale` kept (IDA_KEEP_TEST_DIRS=1:
+cluster.conf, data/, tls/). Its data and certificates are copied to
+/tmp/ida-kept-restart once (FRESH=1 copies again; a catch-up wipes a node of
+the copy), the three nodes are started from BINDIR (default bin/), and once
+they all applied the same index (plus SETTLE seconds, default 5) one
+follower is killed with SIGKILL and started again: as it was (restart) or
+with its data directory removed (catchup: auto_rejoin re-admits it and the
+leader sends its snapshot). Prints the milliseconds until the node's status
+shows the leader's commit of before the kill, and that node's own log lines
+for the restore, the rebuild, the snapshot check and the install. WRAP="perf
+record -g --" runs the restarted node under a wrapper. Every node is stopped
+at the end. Same measurement as bench-scale's restart and catch-up, repeated
+on one state without the ten minutes of filling it; needs python3."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+if len(sys.argv) < 3 or sys.argv[2] not in ("restart", "catchup"):
+    sys.exit(__doc__)
+src, mode = sys.argv[1], sys.argv[2]
+bindir = sys.argv[3] if len(sys.argv) > 3 else "bin"
+W = "/tmp/ida-kept-restart"
+conf_path = W + "/cluster.conf"
+
+if not os.path.exists(W + "/.copied") or os.environ.get("FRESH"):
+    shutil.rmtree(W, ignore_errors=True)
+    os.makedirs(W)
+    subprocess.run(["cp", "-a", src + "/data", src + "/tls", W], check=True)
+    open(W + "/.copied", "w").close()
+with open(src + "/cluster.conf") as f:
+    lines = [("data_dir " + W + "/data\n") if l.startswith("data_dir") else l
+             for l in f]
+with open(conf_path, "w") as f:
+    f.writelines(lines)
+
+procs = {}
+
+
+def start(i, wrap=()):
+    log = open(f"{W}/node{i}.log", "a")
+    procs[i] = subprocess.Popen(
+        list(wrap) + [bindir + "/idallocd", "--config", conf_path,
+                      "--node", str(i)],
+        stdout=log, stderr=subprocess.STDOUT)
+
+
+def status():
+    r = subprocess.run([bindir + "/idalloc", "--config", conf_path,
+                        "--timeout", "300", "status", "--json"],
+                       capture_output=True, text=True)
+    try:
+        return json.loads(r.stdout)["nodes"]
+    except (ValueError, KeyError):
+        return []
+
+
+def stop_all():
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs.values():
+        p.wait()
+
+
+try:
+    for i in (1, 2, 3):
+        start(i)
+    t = time.time()
+    while True:
+        ns = [n for n in status() if "applied" in n]
+        if len(ns) == 3 and len({n["applied"] for n in ns}) == 1 and \
+                any(n.get("role") == "leader" for n in ns):
+            break
+        if time.time() - t > 120:
+            sys.exit("the cluster did not settle in 120 s")
+        time.sleep(0.2)
+    time.sleep(float(os.environ.get("SETTLE", "5")))
+    ns = status()
+    leader = [n for n in ns if n.get("role") == "leader"][0]
+    f = [n for n in ns if n.get("role") != "leader"][0]["node"]
+    commit = leader["commit"]
+    procs[f].send_signal(signal.SIGKILL)
+    procs[f].wait()
+    if mode == "catchup":
+        shutil.rmtree(f"{W}/data/node{f}")
+        os.replace(f"{W}/node{f}.log", f"{W}/node{f}.log.old")
+    t0 = time.time()
+    start(f, os.environ.get("WRAP", "").split())
+    while True:
+        n = [x for x in status() if x.get("node") == f]
+        if n and n[0].get("applied", 0) >= commit:
+            break
+        if time.time() - t0 > 300:
+            sys.exit(f"node {f} did not reach commit {commit} in 300 s")
+        time.sleep(0.01)
+    print(f"{mode}: node {f} applied the leader's commit {commit} after "
+          f"{(time.time() - t0) * 1000:.0f} ms")
+    with open(f"{W}/node{f}.log") as fl:
+        log = fl.read().splitlines()
+    first = max(i for i, l in enumerate(log) if "incarnation" in l)
+    for l in log[first:]:
+        if any(k in l for k in ("restored term", "state rebuilt", "checked in",
+                                "installed snapshot")):
+            print("  " + l)
+finally:
+    stop_all()
