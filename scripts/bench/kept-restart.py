@@ -18,6 +18,7 @@ at the end. Same measurement as bench-scale's restart and catch-up, repeated
 on one state without the ten minutes of filling it; needs python3."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -106,7 +107,8 @@ try:
           f"{(time.time() - t0) * 1000:.0f} ms")
     with open(f"{W}/node{f}.log") as fl:
         log = fl.read().splitlines()
-    first = max(i for i, l in enumerate(log) if "incarnation" in l)
+    first = max(i for i, l in enumerate(log)
+                if re.search(r"storage .*: node \d+ incarnation", l))
     for l in log[first:]:
         if any(k in l for k in ("restored term", "state rebuilt", "checked in",
                                 "installed snapshot")):
