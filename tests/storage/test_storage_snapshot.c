@@ -671,16 +671,25 @@ static void rewrite_as_v1(const char *path, size_t size)
 /* A directory whose snapshot an older version stored in 64 KiB chunks is
  * read as it was (restart, reads at any offset for a follower), and the
  * next snapshot replaces it in the chunks of now. */
-Test(storage, a_snapshot_in_64_kib_chunks_of_before_is_read)
+#define V1_SNAPSHOT_BYTES (3 * IDA__REC_CHUNK_BYTES_V1 + 4321)
+
+/* Open a directory whose current snapshot (index 10, term 2,
+ * V1_SNAPSHOT_BYTES) an older version stored in four 64 KiB chunks. */
+static void open_with_v1_snapshot(void)
 {
     opts.map_size_bytes = 64u << 20;
     open_ok();
-    size_t size = 3 * IDA__REC_CHUNK_BYTES_V1 + 4321;
-    save_snapshot(10, 2, size);
+    save_snapshot(10, 2, V1_SNAPSHOT_BYTES);
     close_st();
-    rewrite_as_v1(dir, size);
+    rewrite_as_v1(dir, V1_SNAPSHOT_BYTES);
     cr_assert_eq(count_records(dir, "snap"), 4);
     open_ok();
+}
+
+Test(storage, a_snapshot_in_64_kib_chunks_of_before_is_read)
+{
+    size_t size = V1_SNAPSHOT_BYTES;
+    open_with_v1_snapshot();
     expect_snapshot(10, 2, size);
     struct ida_snapshot_meta m;
     cr_assert_eq(ida_storage_snapshot_meta(&st, &m), 0);
@@ -713,13 +722,7 @@ Test(storage, a_snapshot_in_64_kib_chunks_of_before_is_read)
  * today's chunks, not four of theirs at a time. */
 Test(storage, replaced_chunks_of_before_are_tidied_by_bytes)
 {
-    opts.map_size_bytes = 64u << 20;
-    open_ok();
-    size_t size = 3 * IDA__REC_CHUNK_BYTES_V1 + 4321;
-    save_snapshot(10, 2, size);
-    close_st();
-    rewrite_as_v1(dir, size);
-    open_ok();
+    open_with_v1_snapshot();
     const uint8_t config[] = {0x0a, 0x03, 0x08, 0x01, 0x20};
     uint8_t *small = make_state(100);
     struct ida_snapshot_writer w;
