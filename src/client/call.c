@@ -468,6 +468,40 @@ void ida__call_answered(struct idalloc_client *c,
     complete(c, a, 0, r);
 }
 
+/* An attempt's answer that came after the attempt's timer had moved the
+ * call on is as good as the next attempt's: every attempt carries the same
+ * request id, and the cluster answers a request id once (a write) or
+ * after a ReadIndex taken after it was sent (a read), so any answer that
+ * settles the call is one the call may end with. Dropping it made a call
+ * whose answers always take longer than attempt_timeout_ms (a 1 MiB backup
+ * chunk on a slow link) repeat until its deadline. Only answers that
+ * settle count: "not leader", "busy" and the like, and a write's
+ * "expired", are about the attempt and the call goes on as it is. */
+int ida__call_late_answer(struct idalloc_client *c,
+                          size_t k_index,
+                          Idalloc__ClientResponse *r)
+{
+    const Idalloc__CommandResult *res = r->result;
+    if (res == NULL || retryable(res->error) || res->error == IDA_EEXPIRED) {
+        return 0;
+    }
+    struct ida_acall *a = c->live;
+    while (a != NULL && (a->internal || !a->has_seq ||
+                         a->req->request_seq != r->request_seq)) {
+        a = a->live_next; /* a registration's seq is any seq: not matched */
+    }
+    /* A one-attempt call ends with its attempt. */
+    if (a == NULL || a->node != SIZE_MAX ||
+        (a->phase != IDA_AC_SENT && a->phase != IDA_AC_BACKOFF &&
+         a->phase != IDA_AC_CONNECT)) {
+        return 0;
+    }
+    ida__alist_del(a);
+    a->target = k_index;
+    ida__call_answered(c, a, r);
+    return 1;
+}
+
 /* --- the session's registration ----------------------------------------- */
 
 struct reg

@@ -264,6 +264,13 @@ void ida__call_timer_fired(struct idalloc_client *c, struct ida_acall *a);
 void ida__call_answered(struct idalloc_client *c,
                         struct ida_acall *a,
                         Idalloc__ClientResponse *r);
+/* An answer on connection @k_index that matched no call sent there: the
+ * answer to an earlier attempt of a call that has moved on. It settles
+ * that call when it would have settled it in time (takes @r and returns
+ * 1); else returns 0 and the caller drops it. */
+int ida__call_late_answer(struct idalloc_client *c,
+                          size_t k_index,
+                          Idalloc__ClientResponse *r);
 /* @a's attempt failed: @sent says whether its request went out (then @rv
  * says how: IDA_ETIMEDOUT, IDA_ECLOSED); else @why says why not. */
 void ida__call_attempt_failed(struct idalloc_client *c,

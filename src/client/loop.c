@@ -8,10 +8,12 @@
  * queued on each connection (every frame queued meanwhile leaves in one
  * send), then sleeps in poll() until a socket, the pipe or the next timer
  * wakes it. Answers are decoded as they arrive and matched to their call by
- * request_seq (a connection's calls in flight are hashed by seq); an answer
- * whose call gave up is dropped. With TLS, each connection's session is
- * driven through memory buffers (src/common/tls.h): the handshake when the
- * TCP connection is up, then ciphertext in and out.
+ * request_seq (a connection's calls in flight are hashed by seq); an
+ * earlier attempt's answer that settles a call still live ends it
+ * (ida__call_late_answer()), and an answer whose call gave up is dropped. With
+ * TLS, each connection's session is driven through memory buffers
+ * (src/common/tls.h): the handshake when the TCP connection is up, then
+ * ciphertext in and out.
  *
  * A connection that fails (refused, reset, garbage, a TLS failure, no
  * connection or handshake within attempt_timeout_ms) is marked FAILED
@@ -459,8 +461,12 @@ static int on_frame(void *arg,
     while (a != NULL && a->req->request_seq != r->request_seq) {
         a = a->next;
     }
-    if (a == NULL) { /* its call gave up: drop it */
-        idalloc__client_response__free_unpacked(r, NULL);
+    if (a == NULL) {
+        /* An earlier attempt's answer (its call moved on), or its call
+         * gave up: then it is dropped. */
+        if (!ida__call_late_answer(rd->c, (size_t)(rd->k - rd->c->conns), r)) {
+            idalloc__client_response__free_unpacked(r, NULL);
+        }
         return 0;
     }
     ida__alist_del(a);

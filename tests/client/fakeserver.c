@@ -204,15 +204,20 @@ static int on_frame(void *arg,
         if (s->expire_next > 0 && mode == FAKE_ANSWER) {
             s->expire_next--;
             res.error = IDA_EEXPIRED;
-        } else if (mode == FAKE_ANSWER) {
+        } else if (mode == FAKE_ANSWER || mode == FAKE_LATE) {
             answer(s, q, &res, &ans);
         } else if (mode == FAKE_ACT_SILENT) {
             answer(s, q, &res, &ans); /* acts (and keeps), then is silent */
         }
     }
+    unsigned late_ms = s->late_ms;
     pthread_mutex_unlock(&s->mu);
     int rv = 0;
     if (mode == FAKE_ANSWER) {
+        send_response(ctx->fd, &r);
+    } else if (mode == FAKE_LATE) {
+        struct timespec d = {late_ms / 1000, (long)(late_ms % 1000) * 1000000};
+        nanosleep(&d, NULL);
         send_response(ctx->fd, &r);
     } else if (mode == FAKE_NOT_LEADER) {
         res.error = IDA_ENOTLEADER;

@@ -19,6 +19,7 @@ enum fake_mode {
     FAKE_ERROR,      /* answer with error `error` */
     FAKE_ACT_SILENT, /* act (with `keep` on: the answer is kept), never
                       * answer: a leader that committed, then went quiet */
+    FAKE_LATE,       /* answer every request, late_ms after it came */
 };
 
 #define FAKE_SEEN_MAX  8192
@@ -59,6 +60,7 @@ struct fake_server
     struct fake_kept kept[FAKE_KEPT_MAX];
     int nkept;
     uint64_t next_alloc; /* with keep: the next fresh alloc id - 5000 */
+    unsigned late_ms;    /* FAKE_LATE's delay */
     int conns[FAKE_CONNS_MAX];
     pthread_t readers[FAKE_CONNS_MAX];
     int nconns;

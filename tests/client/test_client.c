@@ -71,6 +71,30 @@ Test(client, silent_node_is_retried_elsewhere_with_same_id, .fini = fx_teardown)
     cr_assert_eq(id, 1000 + fx_srv[0].seen_seq[0]);
 }
 
+/* An attempt's answer that comes after the attempt timed out, while the
+ * call is at another node or waiting to try again, settles the call: the
+ * node answers every attempt 100 ms late against a 30 ms attempt timeout,
+ * so no answer comes while its own attempt is on. (Dropped, as before,
+ * the call went round the three nodes until its deadline: a backup whose
+ * 1 MiB chunks take longer than the attempt timeout never finished.) */
+Test(client,
+     an_answer_later_than_its_attempt_settles_the_call,
+     .fini = fx_teardown)
+{
+    fx_start(3, FAKE_LATE, FAKE_SILENT, FAKE_SILENT);
+    fx_srv[0].late_ms = 100;
+    fx_connect(30, 3000);
+    uint64_t id;
+    struct idalloc_call call;
+    idalloc_call_init(&call);
+    cr_assert_eq(idalloc_alloc(fx_cli, "p", "t", &id, NULL, &call), 0, "%s",
+                 call.errmsg);
+    cr_assert_geq(fake_seen(&fx_srv[0]), 1);
+    cr_assert_eq(id, 1000 + fx_srv[0].seen_seq[0]);
+    cr_assert_eq(fx_srv[1].seen_seq[0], fx_srv[0].seen_seq[0],
+                 "the attempts carry one request id");
+}
+
 Test(client, dead_address_is_skipped, .fini = fx_teardown)
 {
     /* Server 0 is started and stopped at once: its port refuses. */
