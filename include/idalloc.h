@@ -109,7 +109,8 @@ struct idalloc_options
     const char *addresses;
     const char *config_path;
     /* One attempt against one node; on expiry the call moves on to another
-     * node with the same request id. Default 1000. */
+     * node with the same request id (an earlier attempt's answer that
+     * comes later still ends the call). Default 1000. */
     unsigned attempt_timeout_ms;
     /* The whole call, retries included: no call takes longer. Default 5000. */
     unsigned call_timeout_ms;
