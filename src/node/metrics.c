@@ -59,6 +59,7 @@ struct ida_metrics
     /* storage */
     struct histo fsync;
     atomic_uint_fast64_t bytes_written;
+    atomic_uint_fast64_t raft_batches; /* made durable */
     /* snapshots */
     struct histo snap_duration, snap_store, snap_install;
     atomic_uint_fast64_t snapshots, snapshot_bytes;
@@ -242,11 +243,15 @@ void ida_metrics_proposal_failed(struct ida_metrics *m)
     }
 }
 
-void ida_metrics_fsync(struct ida_metrics *m, uint64_t micros, uint64_t bytes)
+void ida_metrics_fsync(struct ida_metrics *m,
+                       uint64_t micros,
+                       uint64_t bytes,
+                       uint64_t batches)
 {
     if (m != NULL) {
         observe(&m->fsync, micros);
         atomic_fetch_add(&m->bytes_written, bytes);
+        atomic_fetch_add(&m->raft_batches, batches);
     }
 }
 
@@ -458,6 +463,10 @@ char *ida_metrics_render(struct ida_metrics *m, size_t *len)
     histo(&o, "idalloc_storage_fsync_duration_seconds", "", &m->fsync);
     counter(&o, "idalloc_storage_written_bytes_total",
             "Log entry bytes made durable.", atomic_load(&m->bytes_written));
+    counter(&o, "idalloc_storage_raft_batches_total",
+            "Raft batches made durable (those queued behind one another "
+            "share a storage step).",
+            atomic_load(&m->raft_batches));
     counter(&o, "idalloc_snapshots_total", "Snapshots the state machine took.",
             atomic_load(&m->snapshots));
     gauge(&o, "idalloc_snapshot_size_bytes", "Size of the last snapshot.",

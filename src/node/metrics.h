@@ -93,8 +93,13 @@ void ida_metrics_raft(struct ida_metrics *m,
                       uint64_t log_last);
 void ida_metrics_applied(struct ida_metrics *m, uint64_t index);
 void ida_metrics_proposal_failed(struct ida_metrics *m);
-/* One durable storage step: its duration and the entry bytes it wrote. */
-void ida_metrics_fsync(struct ida_metrics *m, uint64_t micros, uint64_t bytes);
+/* One durable storage step: its duration, the entry bytes it wrote and
+ * the raft batches it made durable (several share a step when they queue
+ * behind one another: storage_proc.c, MERGED). */
+void ida_metrics_fsync(struct ida_metrics *m,
+                       uint64_t micros,
+                       uint64_t bytes,
+                       uint64_t batches);
 /* A snapshot taken by the fsm: its size and how long encoding took. */
 void ida_metrics_snapshot(struct ida_metrics *m,
                           uint64_t bytes,

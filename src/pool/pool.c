@@ -415,6 +415,12 @@ struct ida_msg *ida_pool_external_pop(struct ida_pool *p, uint32_t id)
     return ida_rqueue_pop(&p->t[id]->inbox);
 }
 
+bool ida_sender_more(const struct ida_sender *s)
+{
+    IDA_ASSERT(s != NULL && s->pool != NULL && s->self < s->pool->n);
+    return !ida_rqueue_empty(&s->pool->t[s->self]->inbox);
+}
+
 void ida_sender_error(struct ida_sender *s, int code, const char *text)
 {
     if (s->errctx != NULL) {

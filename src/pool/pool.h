@@ -95,6 +95,7 @@
 #ifndef IDA_POOL_POOL_H
 #define IDA_POOL_POOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -245,6 +246,11 @@ int ida_pool_post(struct ida_pool *p, uint32_t to, struct ida_msg *msg);
 /* Pop the oldest message of external target @id (any thread, typically the
  * one notified); NULL if none. The caller owns the message. */
 struct ida_msg *ida_pool_external_pop(struct ida_pool *p, uint32_t id);
+
+/* Whether messages wait in the running processor's inbox: its next
+ * receive() is due (a processor may then put off work to do it once for
+ * all of them, as storage's group commit does). Only inside callbacks. */
+bool ida_sender_more(const struct ida_sender *s);
 
 /* Record an error in the running worker's error top (no-op without one). */
 void ida_sender_error(struct ida_sender *s, int code, const char *text);

@@ -281,6 +281,7 @@ static const char *const required[] = {
     "idalloc_raft_proposals_failed_total",
     "idalloc_storage_fsync_duration_seconds_bucket",
     "idalloc_storage_written_bytes_total",
+    "idalloc_storage_raft_batches_total",
     "idalloc_snapshots_total",
     "idalloc_snapshot_size_bytes",
     "idalloc_snapshot_duration_seconds_count",
@@ -367,6 +368,9 @@ Test(metrics,
     cr_assert_gt(value_of("idalloc_storage_fsync_duration_seconds_count"),
                  fsyncs0);
     cr_assert_gt(value_of("idalloc_storage_written_bytes_total"), written0);
+    /* Each step stores at least one raft batch. */
+    cr_assert_geq(value_of("idalloc_storage_raft_batches_total"),
+                  value_of("idalloc_storage_fsync_duration_seconds_count"));
     cr_assert_geq(value_of("idalloc_raft_leader_changes_total"), 1);
     cr_assert_geq(value_of("idalloc_sessions"), 1);
     /* snapshot_interval_entries 5 is only the floor: after the first, a

@@ -435,6 +435,43 @@ Test(pool, stop_drain_delivers_everything_queued)
     cr_assert_eq(st.dropped, 0);
 }
 
+/* ida_sender_more(): a processor sees whether messages wait behind the one
+ * it is given (storage's group commit puts a commit off while they do).
+ * Three messages posted before the start: the first two see more, the
+ * last does not. */
+static int more_seen[4];
+static _Atomic int more_n;
+
+static void more_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
+{
+    (void)state;
+    int i = atomic_load(&more_n);
+    if (i < 4) {
+        more_seen[i] = ida_sender_more(s);
+    }
+    atomic_store(&more_n, i + 1);
+    ida_msg_free(msg);
+}
+
+static const struct ida_proc_ops more_ops = {more_receive, NULL};
+
+Test(pool, a_processor_sees_whether_more_messages_wait)
+{
+    new_pool(1, 0);
+    uint32_t a;
+    struct ida_proc_config c = {"more", &more_ops, NULL, 16, 0};
+    cr_assert_eq(ida_pool_add(pool, &c, &a), 0);
+    for (int i = 0; i < 3; i++) {
+        post(a, ida_msg_new(1, 0));
+    }
+    cr_assert_eq(ida_pool_start(pool), 0);
+    while (atomic_load(&more_n) < 3) {
+        sched_yield();
+    }
+    cr_assert(more_seen[0] && more_seen[1], "two messages were waiting");
+    cr_assert(!more_seen[2], "none was waiting behind the last");
+}
+
 Test(pool, stop_drop_frees_what_was_not_delivered)
 {
     new_pool(1, 0);
