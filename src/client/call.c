@@ -469,11 +469,11 @@ void ida__call_answered(struct idalloc_client *c,
 }
 
 /* An attempt's answer that came after the attempt's timer had moved the
- * call on is as good as the next attempt's: every attempt carries the same
- * request id, and the cluster answers a request id once (a write) or
- * after a ReadIndex taken after it was sent (a read), so any answer that
- * settles the call is one the call may end with. Dropping it made a call
- * whose answers always take longer than attempt_timeout_ms (a 1 MiB backup
+ * call on is as good as the next attempt's: every attempt of a fresh call
+ * carries the same request id, and the cluster answers a request id once
+ * (a write) or after a ReadIndex taken after it was sent (a read), so any
+ * answer that settles the call is one the call may end with. Dropping it made a
+ * call whose answers always take longer than attempt_timeout_ms (a 1 MiB backup
  * chunk on a slow link) repeat until its deadline. Only answers that
  * settle count: "not leader", "busy" and the like, and a write's
  * "expired", are about the attempt and the call goes on as it is. */
@@ -490,8 +490,12 @@ int ida__call_late_answer(struct idalloc_client *c,
                          a->req->request_seq != r->request_seq)) {
         a = a->live_next; /* a registration's seq is any seq: not matched */
     }
-    /* A one-attempt call ends with its attempt. */
-    if (a == NULL || a->node != SIZE_MAX ||
+    /* A one-attempt call ends with its attempt. A repeat (a call struct
+     * given again after an unknown outcome) shares its seq with the call
+     * it repeats, whose attempts may still be answered: with other
+     * arguments it must get IDA_EREUSED, not the earlier call's answer. A
+     * fresh call's seq is its own (no other call of this client had it). */
+    if (a == NULL || a->node != SIZE_MAX || a->replay ||
         (a->phase != IDA_AC_SENT && a->phase != IDA_AC_BACKOFF &&
          a->phase != IDA_AC_CONNECT)) {
         return 0;

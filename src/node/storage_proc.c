@@ -12,6 +12,9 @@
  * in order, and only after the commit that made it durable. A follower
  * behind its leader (32 appends of up to 1 MiB in flight) and a busy one
  * store several appends per commit instead of two device flushes each.
+ * Each joining hard state is checked against the one before it as storage
+ * would check it alone (may_join()); a commit that fails fails them all,
+ * as the first failure would have failed the node anyway.
  *
  * A snapshot this node took is stored in steps of SNAP_STEP_BYTES (one
  * write transaction each), one step after every message and on every ping,
@@ -31,18 +34,18 @@
  * whole in this process's memory (at 10 million allocations, 190 MB more
  * resident while it was stored) and storing overlaps encoding.
  *
- * ENCODED: its bytes ride in raft batches, ENC_RIDE_BYTES in each batch's
- * own transaction (ida_storage_batch_snapshot()), and only when no batch
- * came for ENC_IDLE_US is a slice written in a transaction of its own.
- * Before, written one 1 MiB slice per commit, each slice held the
- * storage processor 13 to 42 ms under load at 10 M allocations (two
- * fdatasyncs of its own; 100 to 256 ms for some), and the batches queued
- * behind it for the 3 to 6 s of a snapshot: every append waited for a
- * slice. Riding, a batch's commit writes up to a quarter of a slice more,
- * and a batch waits for a commit of the snapshot's only when a slice goes
- * on its own (no batch for ENC_IDLE_US, or ENC_WAIT_MAX slices waiting).
- * Only batches that commit anyway carry bytes. A batch whose commit fails fails
- * the node as before, and drops the snapshot being stored.
+ * ENCODED: its bytes ride in raft batches, ENC_RIDE_BYTES for each batch
+ * in its transaction (a merged commit carries as much as its batches)
+ * (ida_storage_batch_snapshot()), and only when no batch came for ENC_IDLE_US
+ * is a slice written in a transaction of its own. Before, written one 1 MiB
+ * slice per commit, each slice held the storage processor 13 to 42 ms under
+ * load at 10 M allocations (two fdatasyncs of its own; 100 to 256 ms for some),
+ * and the batches queued behind it for the 3 to 6 s of a snapshot: every append
+ * waited for a slice. Riding, a batch's commit writes up to a quarter of a
+ * slice more, and a batch waits for a commit of the snapshot's only when a
+ * slice goes on its own (no batch for ENC_IDLE_US, or ENC_WAIT_MAX slices
+ * waiting). Only batches that commit anyway carry bytes. A batch whose commit
+ * fails fails the node as before, and drops the snapshot being stored.
  *
  * Once the child finished well and every byte is in,
  * storage tells raft (SNAPSHOT_TAKEN without bytes); raft answers with the
@@ -177,9 +180,9 @@ struct storage_proc
         struct ida_msg *msg[MERGE_MAX];
         size_t n;
         struct ida_storage_batch b;
-        uint64_t bytes; /* of their entries */
-        int ride;       /* one writes the log: snapshot bytes may ride */
-        uint64_t t0;    /* when the first began (ida__node_mono_us) */
+        uint64_t bytes;   /* of their entries */
+        size_t riders;    /* those writing the log: snapshot bytes ride */
+        uint64_t prep_us; /* the first's snapshot install, if any */
         const char *what;
     } mg;
 };
@@ -331,9 +334,13 @@ static int write_snapshot(struct storage_proc *sp,
 static void enc_wrote(struct storage_proc *sp, struct ida_sender *s, size_t k);
 
 /* Put the next bytes of this node's snapshot in batch @b (ENCODED, at the
- * top). Bytes that cannot ride wait: a failure here drops the snapshot (the
- * log stays until the next one), never the batch. */
-static void enc_ride(struct storage_proc *sp, struct ida_storage_batch *b)
+ * top): ENC_RIDE_BYTES for each of the @riders raft batches it holds that
+ * write the log (as many as had they been committed one by one), within
+ * the oldest slice. Bytes that cannot ride wait: a failure here drops the
+ * snapshot (the log stays until the next one), never the batch. */
+static void enc_ride(struct storage_proc *sp,
+                     struct ida_storage_batch *b,
+                     size_t riders)
 {
     struct ida_msg *m = enc_oldest(sp);
     sp->enc.riding = 0;
@@ -342,8 +349,8 @@ static void enc_ride(struct storage_proc *sp, struct ida_storage_batch *b)
     }
     const struct ida_nm_snap_enc *c = node_msg_payload(m);
     size_t k = c->len - sp->enc.head_off;
-    if (k > ENC_RIDE_BYTES) {
-        k = ENC_RIDE_BYTES;
+    if (k > ENC_RIDE_BYTES * riders) {
+        k = ENC_RIDE_BYTES * riders;
     }
     if (k == 0) {
         return;
@@ -439,10 +446,34 @@ static int may_join(const struct storage_proc *sp,
                     const struct ida_nm_persist *p)
 {
     const struct ida_storage_batch *b = &sp->mg.b;
-    return sp->mg.n > 0 && sp->mg.n < MERGE_MAX && !p->has_snapshot &&
-           !sp->failed &&
-           (p->n_entries == 0 || (p->entries[0].index == b->last + 1 &&
-                                  b->span_count < IDA_STORAGE_BATCH_SPANS_MAX));
+    if (sp->mg.n == 0 || sp->mg.n == MERGE_MAX || p->has_snapshot ||
+        sp->failed) {
+        return 0;
+    }
+    ida_index last = b->last;
+    if (p->n_entries > 0) {
+        if (p->entries[0].index != b->last + 1 ||
+            b->span_count == IDA_STORAGE_BATCH_SPANS_MAX) {
+            return 0;
+        }
+        last = p->entries[p->n_entries - 1].index;
+    }
+    if (p->has_hard_state) {
+        /* Storage checks a hard state against the durable one and the
+         * batch's log at its commit: each batch's is checked here against
+         * the one recorded before it and its own log, as it would be had
+         * it been committed alone (else it goes alone, and fails there). */
+        const struct ida_hard_state *h = &p->hard_state;
+        const struct ida_hard_state *was = &b->hard_state;
+        if (h->commit > last ||
+            (b->has_hard_state &&
+             (h->term < was->term || h->commit < was->commit ||
+              (h->term == was->term && was->vote != 0 &&
+               h->vote != was->vote)))) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 static void entry_bytes(const struct ida_nm_persist *p, uint64_t *bytes)
@@ -474,10 +505,12 @@ static void merged_commit(struct storage_proc *sp, struct ida_sender *s)
         return;
     }
     struct ida_node *n = sp->node;
+    uint64_t t0 = ida__node_mono_us();
     int rv = sp->failed ? IDA_ESTOPPED : 0;
     if (rv == 0) {
-        if (sp->mg.ride) {
-            enc_ride(sp, &sp->mg.b); /* never a commit of its own for them */
+        if (sp->mg.riders > 0) {
+            /* never a commit of its own for them */
+            enc_ride(sp, &sp->mg.b, sp->mg.riders);
         }
         rv = ida_storage_batch_commit(&n->storage, &sp->mg.b);
     }
@@ -493,8 +526,8 @@ static void merged_commit(struct storage_proc *sp, struct ida_sender *s)
         }
         return;
     }
-    ida_metrics_fsync(n->metrics, ida__node_mono_us() - sp->mg.t0, sp->mg.bytes,
-                      count);
+    ida_metrics_fsync(n->metrics, ida__node_mono_us() - t0 + sp->mg.prep_us,
+                      sp->mg.bytes, count);
     sp->persist_us = ida__node_mono_us();
     if (sp->enc.riding > 0) {
         size_t k = sp->enc.riding;
@@ -544,7 +577,7 @@ static void on_persist(struct storage_proc *sp,
                 ida_storage_batch_set_hard_state(st, &sp->mg.b, &p->hard_state);
         }
         if (rv == 0) {
-            sp->mg.ride |= p->n_entries > 0 || p->has_hard_state;
+            sp->mg.riders += p->n_entries > 0 || p->has_hard_state;
         } else {
             sp->mg.b = before; /* without it; it goes alone below */
         }
@@ -555,9 +588,10 @@ static void on_persist(struct storage_proc *sp,
         merged_commit(sp, s);
         const char *what = "persisting a raft batch";
         int ride = 0;
-        sp->mg.t0 = ida__node_mono_us();
+        uint64_t t0 = ida__node_mono_us();
         rv = sp->failed ? IDA_ESTOPPED
                         : persist_prepare(sp, p, &sp->mg.b, &ride, &what);
+        sp->mg.prep_us = ida__node_mono_us() - t0;
         if (rv != 0) {
             report_failure(sp, s, rv, what);
             enc_drop(sp);
@@ -565,7 +599,7 @@ static void on_persist(struct storage_proc *sp,
             return;
         }
         sp->mg.what = what;
-        sp->mg.ride = ride;
+        sp->mg.riders = (size_t)ride;
         sp->mg.bytes = 0;
     }
     entry_bytes(p, &sp->mg.bytes);
