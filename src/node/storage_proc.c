@@ -35,14 +35,14 @@
  * resident while it was stored) and storing overlaps encoding.
  *
  * ENCODED: its bytes ride in raft batches, ENC_RIDE_BYTES for each batch
- * in its transaction (a merged commit carries as much as its batches)
- * (ida_storage_batch_snapshot()), and only when no batch came for ENC_IDLE_US
- * is a slice written in a transaction of its own. Before, written one 1 MiB
- * slice per commit, each slice held the storage processor 13 to 42 ms under
- * load at 10 M allocations (two fdatasyncs of its own; 100 to 256 ms for some),
- * and the batches queued behind it for the 3 to 6 s of a snapshot: every append
- * waited for a slice. Riding, a batch's commit writes up to a quarter of a
- * slice more, and a batch waits for a commit of the snapshot's only when a
+ * in its transaction (ida_storage_batch_snapshot(); a merged commit carries
+ * that much for each of its batches), and only when no batch came for
+ * ENC_IDLE_US is a slice written in a transaction of its own. Before, written
+ * one 1 MiB slice per commit, each slice held the storage processor 13 to 42 ms
+ * under load at 10 M allocations (two fdatasyncs of its own; 100 to 256 ms for
+ * some), and the batches queued behind it for the 3 to 6 s of a snapshot: every
+ * append waited for a slice. Riding, a batch's commit writes up to a quarter of
+ * a slice more, and a batch waits for a commit of the snapshot's only when a
  * slice goes on its own (no batch for ENC_IDLE_US, or ENC_WAIT_MAX slices
  * waiting). Only batches that commit anyway carry bytes. A batch whose commit
  * fails fails the node as before, and drops the snapshot being stored.
@@ -556,6 +556,27 @@ static void merged_commit(struct storage_proc *sp, struct ida_sender *s)
     }
 }
 
+/* Record raft batch @p (may_join() said it may) in the storage batch
+ * being merged. On failure the batch is as it was and @p goes alone. */
+static int join(struct storage_proc *sp, const struct ida_nm_persist *p)
+{
+    struct ida_storage *st = &sp->node->storage;
+    struct ida_storage_batch before = sp->mg.b;
+    int rv = 0;
+    if (p->n_entries > 0) {
+        rv = ida_storage_batch_append(st, &sp->mg.b, p->entries, p->n_entries);
+    }
+    if (rv == 0 && p->has_hard_state) {
+        rv = ida_storage_batch_set_hard_state(st, &sp->mg.b, &p->hard_state);
+    }
+    if (rv != 0) {
+        sp->mg.b = before;
+        return rv;
+    }
+    sp->mg.riders += p->n_entries > 0 || p->has_hard_state;
+    return 0;
+}
+
 /* A raft batch (@msg, IDA_NM_PERSIST, taken): recorded with the ones
  * before it when it may join them, else after committing them; committed
  * once no message waits (MERGED, at the top). */
@@ -563,34 +584,14 @@ static void on_persist(struct storage_proc *sp,
                        struct ida_sender *s,
                        struct ida_msg *msg)
 {
-    struct ida_storage *st = &sp->node->storage;
     struct ida_nm_persist *p = node_msg_payload(msg);
-    int rv = 0;
-    if (may_join(sp, p)) {
-        struct ida_storage_batch before = sp->mg.b;
-        if (p->n_entries > 0) {
-            rv = ida_storage_batch_append(st, &sp->mg.b, p->entries,
-                                          p->n_entries);
-        }
-        if (rv == 0 && p->has_hard_state) {
-            rv =
-                ida_storage_batch_set_hard_state(st, &sp->mg.b, &p->hard_state);
-        }
-        if (rv == 0) {
-            sp->mg.riders += p->n_entries > 0 || p->has_hard_state;
-        } else {
-            sp->mg.b = before; /* without it; it goes alone below */
-        }
-    } else {
-        rv = -1;
-    }
-    if (rv != 0) {
+    if (!may_join(sp, p) || join(sp, p) != 0) {
         merged_commit(sp, s);
         const char *what = "persisting a raft batch";
         int ride = 0;
         uint64_t t0 = ida__node_mono_us();
-        rv = sp->failed ? IDA_ESTOPPED
-                        : persist_prepare(sp, p, &sp->mg.b, &ride, &what);
+        int rv = sp->failed ? IDA_ESTOPPED
+                            : persist_prepare(sp, p, &sp->mg.b, &ride, &what);
         sp->mg.prep_us = ida__node_mono_us() - t0;
         if (rv != 0) {
             report_failure(sp, s, rv, what);

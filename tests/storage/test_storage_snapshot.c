@@ -668,9 +668,6 @@ static void rewrite_as_v1(const char *path, size_t size)
     free(state);
 }
 
-/* A directory whose snapshot an older version stored in 64 KiB chunks is
- * read as it was (restart, reads at any offset for a follower), and the
- * next snapshot replaces it in the chunks of now. */
 #define V1_SNAPSHOT_BYTES (3 * IDA__REC_CHUNK_BYTES_V1 + 4321)
 
 /* Open a directory whose current snapshot (index 10, term 2,
@@ -686,6 +683,9 @@ static void open_with_v1_snapshot(void)
     open_ok();
 }
 
+/* A directory whose snapshot an older version stored in 64 KiB chunks is
+ * read as it was (restart, reads at any offset for a follower), and the
+ * next snapshot replaces it in the chunks of now. */
 Test(storage, a_snapshot_in_64_kib_chunks_of_before_is_read)
 {
     size_t size = V1_SNAPSHOT_BYTES;
