@@ -70,6 +70,20 @@ void ida_heap_hint_huge(void *p, size_t size)
 #endif
 }
 
+void *ida_malloc_huge(size_t size)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (size < huge) {
+        return ida_malloc(size);
+    }
+    void *p;
+    if (should_fail() || posix_memalign(&p, huge, size) != 0) {
+        return NULL;
+    }
+    ida_heap_hint_huge(p, size);
+    return p;
+}
+
 char *ida_strndup(const char *src, size_t len)
 {
     char *s = ida_malloc(len + 1);

@@ -142,23 +142,59 @@ int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n);
 /* Insert @ref (its key must be readable already and absent). Requires a
  * successful ida__tagtab_reserve() since the last insert. */
 void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref);
-/* Restore's bulk path, one probe per key instead of a find and an insert:
- * insert @ref, whose key is the @len bytes at @key and whose hash is @hash
- * (ida__hash of the key), unless an equal key is present already. True
- * when inserted, false when the key was there (nothing changes). Safe
- * while other threads call it on the same table, provided nothing else
- * touches the table meanwhile. An empty slot is claimed with a
- * compare-and-swap, so two equal keys inserted at once still meet: one claims
- * the slot, the other finds it claimed and compares. @ref's key must be
- * readable before the call (another thread may compare against it as soon as it
- * is in). Does not count the insert (ida__bounded_recount() sets t->used
- * once the threads are done). The table must have room for all of them
- * (ida__tagtab_reserve_n() beforehand). */
-bool ida__tagtab_insert_shared(struct ida__tagtab *t,
-                               uint32_t ref,
-                               const uint8_t *key,
-                               size_t len,
-                               uint64_t hash);
+/* Bulk loading, for a restore (tagtab.c explains why). The caller:
+ *   1. takes the table's memory as scratch, room for @n keys
+ *      (ida__tagtab_bulk_begin(), on an empty table: NULL when out of memory);
+ *   2. makes each key's slot word (ida__tagtab_word()) and groups the words
+ *      by ida__tagtab_region(), in region order, outside that memory;
+ *   3. clears the table (ida__tagtab_bulk_clear(), in ranges, which threads
+ *      may share out) once it no longer reads the scratch;
+ *   4. inserts the words in region order (ida__tagtab_insert_word_shared(),
+ *      a range of regions per thread).
+ * The words' keys must be readable by every thread before step 4. The
+ * inserts are not counted (ida__bounded_recount() sets t->used). */
+#define IDA__TAGTAB_REGIONS_LOG2 12
+#define IDA__TAGTAB_REGIONS      (1u << IDA__TAGTAB_REGIONS_LOG2)
+uint64_t *ida__tagtab_bulk_begin(struct ida__tagtab *t, uint64_t n);
+/* The slot word of @ref, whose key hashes (ida__hash) to @hash. */
+uint64_t ida__tagtab_word(uint32_t ref, uint64_t hash);
+/* Home slot of a stored 32-bit hash (multiplicative spread, so tables of
+ * any size use all of it; cap > 0). */
+static inline uint64_t ida__tagtab_home(const struct ida__tagtab *t,
+                                        uint32_t h32)
+{
+    return ((uint64_t)h32 * UINT64_C(0x9e3779b97f4a7c15)) >>
+           (64 - __builtin_ctzll(t->cap));
+}
+/* The region of the table (< IDA__TAGTAB_REGIONS) @word's home lies in;
+ * regions follow the slots' order. */
+static inline unsigned ida__tagtab_region(const struct ida__tagtab *t,
+                                          uint64_t word)
+{
+    unsigned bits = (unsigned)__builtin_ctzll(t->cap);
+    unsigned rb =
+        bits < IDA__TAGTAB_REGIONS_LOG2 ? bits : IDA__TAGTAB_REGIONS_LOG2;
+    return (unsigned)(ida__tagtab_home(t, (uint32_t)(word >> 32)) >>
+                      (bits - rb));
+}
+/* Start loading slots [@lo, @hi) into the cache, for writing. */
+static inline void ida__tagtab_prefetch_range(const struct ida__tagtab *t,
+                                              uint64_t lo,
+                                              uint64_t hi)
+{
+    for (uint64_t i = lo; i < hi; i += 8) { /* 8 slots a cache line */
+        __builtin_prefetch(&t->slots[i], 1);
+    }
+}
+/* Zero slots [@lo, @hi). */
+void ida__tagtab_bulk_clear(struct ida__tagtab *t, uint64_t lo, uint64_t hi);
+/* Insert @word unless an equal key is present already: true when inserted,
+ * false when the key was there (nothing changes). Safe while other threads
+ * call it on the same table, provided nothing else touches the table
+ * meanwhile: an empty slot is claimed with a compare-and-swap, so two equal
+ * keys inserted at once still meet (one claims the slot, the other finds it
+ * claimed and compares). */
+bool ida__tagtab_insert_word_shared(struct ida__tagtab *t, uint64_t word);
 /* Start loading the home slot of @hash into the cache: restore computes
  * the hashes of a batch of keys first, so the table's cache misses of the
  * batch overlap instead of following one another. */

@@ -21,39 +21,62 @@ static bool tag_ok(const struct ida__rbuf *b)
 
 /* Holdings.
  *
- * They are decoded in batches: each one's tag is copied into a slab and
- * hashed, and the table slot it will probe is prefetched, before any of
- * the batch is inserted. At ten million holdings the table is far larger
- * than the cache, so each insert is a cache miss; batched, the misses of a
- * batch overlap instead of following one another (restore time is most of
- * a node's restart and of a new node's catch-up).
+ * A large bounded pool is most of a large state, and its restore is most
+ * of a node's restart and of a new node's catch-up. Its holdings are
+ * decoded in phases, each shared by two threads when the caller lends one
+ * (struct ida_fsm_helper), with a join between phases:
  *
- * A large pool's holdings are decoded by two threads when the caller lends
- * one (struct ida_fsm_helper): the holdings are cut in two shares at a
- * chunk boundary near the middle, so each thread takes ids in chunks of its
- * own, into a slab of its own; they share only the tag table, whose empty
- * slots are claimed by compare-and-swap (ida__tagtab_insert_shared()). The
- * chunks' count tree, which every take would climb to the root, is summed
- * once at the end instead (ida__bounded_recount()). A share's bounds are
- * checked as data (ids strictly increasing, within [lo, hi]), so damaged or
- * forged bytes cannot make the shares overlap. */
-#define HOLD_BATCH     16
+ *   DECODE  each holding's tag is copied into a slab and its id taken in
+ *           the pool's chunks (in id order: sequential), and the slot word
+ *           of its tag (ida__tagtab_word()) is written to a scratch array
+ *           in id order, counted by table region. The scratch is the tag
+ *           table's own memory, not yet a table (ida__tagtab_bulk_begin()).
+ *   GROUP   the words are copied into an array grouped by region (a
+ *           counting sort: the counts give each share's place in each
+ *           region), then the table's memory is cleared (CLEAR);
+ *   INSERT  the words go into the table region by region, each thread a
+ *           half of the regions.
+ *
+ * Inserting in id order put each tag at a random slot of a table far
+ * larger than the caches (a cache and a TLB miss per tag, at ten million);
+ * by region, each probe finds its lines just written. A tag held twice is
+ * still refused: both copies hash alike, so land in one region, and the
+ * insert of the second meets the first.
+ *
+ * The holdings are cut in two shares at a chunk boundary near the middle,
+ * so each thread takes ids in chunks of its own, into a slab of its own;
+ * the chunks' count tree, which every take would climb to the root, is
+ * summed once at the end instead (ida__bounded_recount()). A share's
+ * bounds are checked as data (ids strictly increasing, within [lo, hi],
+ * and as many holdings as the first pass counted in its bytes), so damaged
+ * or forged bytes cannot make the shares overlap or overrun the scratch. */
 #define HOLD_SPLIT_MIN 65536 /* holdings below which one thread does all */
+#define REGIONS        IDA__TAGTAB_REGIONS
 
-struct holding
+enum phase { DECODE, GROUP, CLEAR, INSERT };
+
+/* What the shares of one pool share. */
+struct bulk
 {
-    uint64_t id;
-    uint8_t *rec;
-    uint64_t hash;
+    struct ida__bounded *b;
+    uint64_t *sorted;            /* the words grouped by region */
+    uint64_t start[REGIONS + 1]; /* where each region's words begin */
 };
 
 /* One thread's share of a bounded pool's holdings. */
 struct share
 {
-    struct ida__bounded *b;
-    struct ida__rbuf r;    /* the pool's fields holding the share */
-    uint64_t lo, hi;       /* its ids are within [lo, hi], increasing */
-    struct ida__slab slab; /* records of the share */
+    struct bulk *k;
+    enum phase phase;
+    struct ida__rbuf r;            /* the pool's fields holding the share */
+    uint64_t lo, hi;               /* its ids are within [lo, hi], increasing */
+    struct ida__slab slab;         /* records of the share */
+    uint64_t *words;               /* its words, in id order (DECODE) */
+    uint64_t n;                    /* how many holdings its bytes hold */
+    uint64_t count[REGIONS];       /* its words in each region (DECODE), then
+                                      where its next one in each goes (GROUP) */
+    uint64_t clear_lo, clear_hi;   /* slots it clears */
+    unsigned region_lo, region_hi; /* regions it inserts */
     int rv;
 };
 
@@ -70,11 +93,12 @@ static uint64_t holding_id(struct ida__rbuf r)
     return id;
 }
 
-/* Parse one Holding into @h (record in the share's slab, slot prefetched). */
-static int dec_holding(struct share *sh,
-                       struct ida__rbuf r,
-                       uint64_t *next,
-                       struct holding *h)
+/* Take the Holding in @r: its record into the share's slab and its id
+ * into the pool; *@word is its tag's slot word. */
+static int take_holding(struct share *sh,
+                        struct ida__rbuf r,
+                        uint64_t *next,
+                        uint64_t *word)
 {
     struct ida__field f;
     uint64_t id = 0;
@@ -87,72 +111,123 @@ static int dec_holding(struct share *sh,
             tag = f.sub;
         }
     }
-    if (k < 0 || tag.p == NULL || id < *next || id > sh->hi ||
-        id >= sh->b->size || id >= IDA_BOUNDED_HELD_MAX || !tag_ok(&tag)) {
+    struct ida__bounded *b = sh->k->b;
+    if (k < 0 || tag.p == NULL || id < *next || id > sh->hi || id >= b->size ||
+        id >= IDA_BOUNDED_HELD_MAX || !tag_ok(&tag)) {
         return CORRUPT;
     }
     size_t n = (size_t)(tag.end - tag.p);
-    h->rec = ida__tagrec_new(&sh->slab, (const char *)tag.p, n);
-    if (h->rec == NULL) {
-        return IDA_ENOMEM;
+    uint8_t *rec = ida__tagrec_new(&sh->slab, (const char *)tag.p, n);
+    if (rec == NULL || ida__bounded_fill(b, id, rec) != 0) {
+        return IDA_ENOMEM; /* a record not taken stays in the slab */
     }
-    h->id = id;
-    h->hash = ida__hash(tag.p, n);
-    ida__tagtab_prefetch(&sh->b->tab, h->hash);
+    *word = ida__tagtab_word((uint32_t)id, ida__hash(tag.p, n));
     *next = id + 1;
     return 0;
 }
 
-/* Take the @n holdings of @h: the id first (its record is then readable by
- * the other thread's compares), then its tag into the table. */
-static int put_holdings(struct share *sh, const struct holding *h, size_t n)
+static int run_decode(struct share *sh)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (ida__bounded_fill(sh->b, h[i].id, h[i].rec) != 0) {
-            return IDA_ENOMEM;
+    struct ida__field f;
+    const struct ida__tagtab *t = &sh->k->b->tab;
+    uint64_t next = sh->lo, i = 0;
+    int k;
+    while ((k = ida__r_field(&sh->r, &f)) == 1) {
+        if (f.num == 2 && f.type == IDA__WT_LEN) {
+            if (i == sh->n) {
+                return CORRUPT; /* more than the first pass counted */
+            }
+            int rv = take_holding(sh, f.sub, &next, &sh->words[i]);
+            if (rv != 0) {
+                return rv;
+            }
+            sh->count[ida__tagtab_region(t, sh->words[i])]++;
+            i++;
         }
-        if (!ida__tagtab_insert_shared(&sh->b->tab, (uint32_t)h[i].id,
-                                       h[i].rec + 1, ida__tagrec_len(h[i].rec),
-                                       h[i].hash)) {
-            return CORRUPT; /* a tag held twice */
+    }
+    return k < 0 || i != sh->n ? CORRUPT : 0;
+}
+
+/* Insert the words of the share's regions, the slots of the next region
+ * loading into the cache while those of one are written. */
+static int run_insert(struct share *sh)
+{
+    struct bulk *k = sh->k;
+    struct ida__tagtab *t = &k->b->tab;
+    uint64_t span = t->cap / REGIONS > 0 ? t->cap / REGIONS : t->cap;
+    for (unsigned g = sh->region_lo; g < sh->region_hi; g++) {
+        uint64_t next = (uint64_t)(g + 1) * span;
+        if (next < t->cap) {
+            ida__tagtab_prefetch_range(t, next, next + span);
+        }
+        for (uint64_t i = k->start[g]; i < k->start[g + 1]; i++) {
+            if (!ida__tagtab_insert_word_shared(t, k->sorted[i])) {
+                return CORRUPT; /* a tag held twice */
+            }
         }
     }
     return 0;
 }
 
-/* Decode and take a share's holdings (a thread's whole work). */
+/* One phase of a share (a thread's whole work until the next join). */
 static void run_share(void *arg)
 {
     struct share *sh = arg;
-    struct holding batch[HOLD_BATCH];
-    struct ida__field f;
-    size_t n = 0;
-    uint64_t next = sh->lo;
-    int k, rv = 0;
-    while (rv == 0 && (k = ida__r_field(&sh->r, &f)) == 1) {
-        if (f.num == 2 && f.type == IDA__WT_LEN) {
-            rv = dec_holding(sh, f.sub, &next, &batch[n]);
-            if (rv == 0 && ++n == HOLD_BATCH) {
-                rv = put_holdings(sh, batch, n);
-                n = 0;
+    struct bulk *k = sh->k;
+    switch (sh->phase) {
+        case DECODE:
+            sh->rv = run_decode(sh);
+            break;
+        case GROUP: {
+            const struct ida__tagtab *t = &k->b->tab;
+            for (uint64_t i = 0; i < sh->n; i++) {
+                uint64_t w = sh->words[i];
+                k->sorted[sh->count[ida__tagtab_region(t, w)]++] = w;
             }
+            break;
         }
+        case CLEAR:
+            ida__tagtab_bulk_clear(&k->b->tab, sh->clear_lo, sh->clear_hi);
+            break;
+        case INSERT:
+            sh->rv = run_insert(sh);
+            break;
     }
-    if (rv == 0) {
-        rv = k < 0 ? CORRUPT : put_holdings(sh, batch, n);
+}
+
+/* Run @phase of the @shares shares, the second on the lent thread when
+ * there is one; the first error of the shares, or 0. */
+static int run_phase(struct share *sh,
+                     int shares,
+                     enum phase phase,
+                     const struct ida_fsm_helper *helper)
+{
+    for (int i = 0; i < shares; i++) {
+        sh[i].phase = phase;
     }
-    sh->rv = rv; /* records not taken stay in the slab until it closes */
+    bool helped = shares == 2 && helper != NULL &&
+                  helper->start(helper->ctx, run_share, &sh[1]) == 0;
+    run_share(&sh[0]);
+    if (helped) {
+        helper->join(helper->ctx);
+    } else if (shares == 2) {
+        run_share(&sh[1]);
+    }
+    return sh[0].rv != 0 ? sh[0].rv : shares == 2 ? sh[1].rv : 0;
 }
 
 /* Where the second share starts: the first Holding at or after the one at
  * @mid (a field start) whose chunk differs from the one before it; *@cut_id
- * is that chunk's first id. NULL when there is none. */
+ * is that chunk's first id and *@skipped the holdings from @mid to it.
+ * NULL when there is none. */
 static const uint8_t *find_cut(struct ida__rbuf r,
                                const uint8_t *mid,
-                               uint64_t *cut_id)
+                               uint64_t *cut_id,
+                               uint64_t *skipped)
 {
     struct ida__field f;
     uint64_t chunk = UINT64_MAX;
+    *skipped = 0;
     r.p = mid;
     for (const uint8_t *at = r.p; ida__r_field(&r, &f) == 1; at = r.p) {
         if (f.num != 2 || f.type != IDA__WT_LEN) {
@@ -164,8 +239,85 @@ static const uint8_t *find_cut(struct ida__rbuf r,
             return at;
         }
         chunk = c;
+        (*skipped)++;
     }
     return NULL;
+}
+
+/* The holdings of @b (prepared for ids up to @max_id), @holdings of them in
+ * @r, the one at @mid being the @before_mid'th: in its tag table. */
+static int take_holdings(struct ida__bounded *b,
+                         struct ida__rbuf r,
+                         uint64_t max_id,
+                         uint64_t holdings,
+                         const uint8_t *mid,
+                         uint64_t before_mid,
+                         const struct ida_fsm_helper *helper)
+{
+    uint64_t *scratch = ida__tagtab_bulk_begin(&b->tab, holdings);
+    struct bulk *k = ida_malloc(sizeof(*k));
+    struct share *sh = ida_calloc(2, sizeof(*sh));
+    uint64_t *sorted = ida_malloc_huge(holdings * sizeof(*sorted));
+    int rv = scratch == NULL || k == NULL || sh == NULL || sorted == NULL
+                 ? IDA_ENOMEM
+                 : 0;
+    int shares = 1;
+    if (rv == 0) {
+        *k = (struct bulk){.b = b, .sorted = sorted};
+        sh[0] = (struct share){
+            .k = k, .r = r, .hi = max_id, .words = scratch, .n = holdings};
+        uint64_t cut_id, skipped;
+        const uint8_t *cut =
+            helper != NULL && holdings >= HOLD_SPLIT_MIN && mid != NULL
+                ? find_cut(r, mid, &cut_id, &skipped)
+                : NULL;
+        if (cut != NULL) {
+            shares = 2;
+            uint64_t n0 = before_mid + skipped;
+            sh[1] = sh[0];
+            sh[0].r.end = cut;
+            sh[0].hi = cut_id - 1 < max_id ? cut_id - 1 : max_id;
+            sh[0].n = n0;
+            sh[1].r.p = cut;
+            sh[1].lo = cut_id;
+            sh[1].words = scratch + n0;
+            sh[1].n = holdings - n0;
+        }
+        rv = run_phase(sh, shares, DECODE, helper);
+    }
+    if (rv == 0) {
+        /* Each region's words: the first share's, then the second's. */
+        uint64_t at = 0;
+        for (unsigned g = 0; g < REGIONS; g++) {
+            k->start[g] = at;
+            for (int i = 0; i < shares; i++) {
+                uint64_t c = sh[i].count[g];
+                sh[i].count[g] = at;
+                at += c;
+            }
+        }
+        k->start[REGIONS] = at; /* == holdings: each share took its n */
+        uint64_t cap = b->tab.cap;
+        for (int i = 0; i < shares; i++) {
+            sh[i].clear_lo = cap / (uint64_t)shares * (uint64_t)i;
+            sh[i].clear_hi = cap / (uint64_t)shares * (uint64_t)(i + 1);
+            sh[i].region_lo = REGIONS / (unsigned)shares * (unsigned)i;
+            sh[i].region_hi = REGIONS / (unsigned)shares * (unsigned)(i + 1);
+        }
+        run_phase(sh, shares, GROUP, helper);
+        run_phase(sh, shares, CLEAR, helper);
+        rv = run_phase(sh, shares, INSERT, helper);
+    } else if (scratch != NULL) {
+        /* Never left holding words: whatever frees the pool sees a table. */
+        ida__tagtab_bulk_clear(&b->tab, 0, b->tab.cap);
+    }
+    for (int i = 0; sh != NULL && i < shares; i++) {
+        ida__slab_merge(&b->slab, &sh[i].slab);
+    }
+    ida_free(sorted);
+    ida_free(sh);
+    ida_free(k);
+    return rv;
 }
 
 static int dec_bounded(struct ida__pool *pool,
@@ -173,7 +325,7 @@ static int dec_bounded(struct ida__pool *pool,
                        const struct ida_fsm_helper *helper)
 {
     struct ida__field f;
-    uint64_t size = 0, holdings = 0;
+    uint64_t size = 0, holdings = 0, before_mid = 0;
     struct ida__rbuf last = {NULL, NULL};
     /* The second share starts near the Holding that crosses the middle
      * byte (holdings are about the same size). */
@@ -185,10 +337,11 @@ static int dec_bounded(struct ida__pool *pool,
             size = f.v;
         } else if (f.num == 2 && f.type == IDA__WT_LEN) {
             last = f.sub;
-            holdings++;
             if (mid == NULL && at >= half) {
                 mid = at;
+                before_mid = holdings;
             }
+            holdings++;
         }
     }
     if (k < 0 || size == 0 || holdings > IDA_BOUNDED_HELD_MAX) {
@@ -201,43 +354,15 @@ static int dec_bounded(struct ida__pool *pool,
         return 0;
     }
     /* The highest id is the last one: the chunk index is sized for it once,
-     * and the tag index for every holding (instead of growing 20 times). */
+     * and the tag table for every holding (instead of growing 20 times). */
     uint64_t max_id = holding_id(last);
     if (max_id >= size || max_id >= IDA_BOUNDED_HELD_MAX) {
         return CORRUPT;
     }
-    if (ida__bounded_prepare(b, max_id) != 0 ||
-        ida__tagtab_reserve_n(&b->tab, holdings) != 0) {
+    if (ida__bounded_prepare(b, max_id) != 0) {
         return IDA_ENOMEM;
     }
-    struct share sh[2] = {{.b = b, .r = r2, .lo = 0, .hi = max_id},
-                          {.b = b, .r = r2, .hi = max_id}};
-    int shares = 1;
-    uint64_t cut_id;
-    const uint8_t *cut =
-        helper != NULL && holdings >= HOLD_SPLIT_MIN && mid != NULL
-            ? find_cut(r2, mid, &cut_id)
-            : NULL;
-    if (cut != NULL) {
-        shares = 2;
-        sh[0].r.end = cut;
-        sh[0].hi = cut_id - 1 < max_id ? cut_id - 1 : max_id;
-        sh[1].r.p = cut;
-        sh[1].lo = cut_id;
-    }
-    bool helped =
-        shares == 2 && helper->start(helper->ctx, run_share, &sh[1]) == 0;
-    run_share(&sh[0]);
-    if (helped) {
-        helper->join(helper->ctx);
-    } else if (shares == 2) {
-        run_share(&sh[1]);
-    }
-    int rv = 0;
-    for (int i = 0; i < shares; i++) {
-        ida__slab_merge(&b->slab, &sh[i].slab);
-        rv = rv != 0 ? rv : sh[i].rv;
-    }
+    int rv = take_holdings(b, r2, max_id, holdings, mid, before_mid, helper);
     if (rv == 0) {
         ida__bounded_recount(b);
     }

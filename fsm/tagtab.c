@@ -80,12 +80,9 @@ void ida__tagtab_close(struct ida__tagtab *t)
 #define SLOT_H32(s)         ((uint32_t)((s) >> 32))
 #define MAKE_SLOT(h32, ref) (((uint64_t)(h32) << 32) | ((uint64_t)(ref) + 1))
 
-/* Home slot of a stored 32-bit hash (multiplicative spread, so tables of
- * any size use all of it). */
 static uint64_t home(const struct ida__tagtab *t, uint32_t h32)
 {
-    return ((uint64_t)h32 * UINT64_C(0x9e3779b97f4a7c15)) >>
-           (64 - __builtin_ctzll(t->cap));
+    return ida__tagtab_home(t, h32);
 }
 
 static uint32_t h32_of(const struct ida__tagtab *t, uint32_t ref)
@@ -161,12 +158,12 @@ int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n)
      * zero page and faulted again when written, which in a process with
      * other threads running costs a TLB shootdown (an IPI to every CPU).
      * That was a tenth of a restart's rebuild at ten million tags. */
-    uint64_t *ns =
-        ncap <= SIZE_MAX / sizeof(*ns) ? ida_malloc(ncap * sizeof(*ns)) : NULL;
+    uint64_t *ns = ncap <= SIZE_MAX / sizeof(*ns)
+                       ? ida_malloc_huge(ncap * sizeof(*ns))
+                       : NULL;
     if (ns == NULL) {
         return IDA_ENOMEM;
     }
-    ida_heap_hint_huge(ns, ncap * sizeof(*ns));
     memset(ns, 0, ncap * sizeof(*ns));
     uint64_t *old = t->slots;
     uint64_t ocap = t->cap;
@@ -196,27 +193,66 @@ void ida__tagtab_prefetch(const struct ida__tagtab *t, uint64_t hash)
     }
 }
 
-bool ida__tagtab_insert_shared(struct ida__tagtab *t,
-                               uint32_t ref,
-                               const uint8_t *key,
-                               size_t len,
-                               uint64_t hash)
+/* --- bulk loading (restore) ---------------------------------------------
+ *
+ * Inserted one by one in id order, ten million keys land at random slots of
+ * a table far larger than the caches: each insert is a cache miss and a TLB
+ * miss. Bulk loading sorts the keys' slot words by the region of the table
+ * their home slot lies in (IDA__TAGTAB_REGIONS equal regions, a counting
+ * sort the caller does with ida__tagtab_region()) and inserts them region by
+ * region: each probe then reads lines the inserts before it just wrote. The
+ * order of inserts changes where a key sits in its probe run, not whether it
+ * is found (linear probing finds a key anywhere between its home and the
+ * next empty slot). */
+
+uint64_t ida__tagtab_word(uint32_t ref, uint64_t hash)
 {
-    IDA_ASSERT(ref != IDA__REF_NONE && t->cap > 0);
-    uint32_t h32 = (uint32_t)(hash >> 32);
-    uint64_t mask = t->cap - 1, mine = MAKE_SLOT(h32, ref);
+    IDA_ASSERT(ref != IDA__REF_NONE);
+    return MAKE_SLOT((uint32_t)(hash >> 32), ref);
+}
+
+uint64_t *ida__tagtab_bulk_begin(struct ida__tagtab *t, uint64_t n)
+{
+    IDA_ASSERT(t->cap == 0 && t->used == 0);
+    uint64_t cap = 16;
+    while (n * 10 > cap * 7) {
+        cap *= 2;
+    }
+    uint64_t *ns = cap <= SIZE_MAX / sizeof(*ns)
+                       ? ida_malloc_huge(cap * sizeof(*ns))
+                       : NULL;
+    if (ns == NULL) {
+        return NULL;
+    }
+    t->slots = ns;
+    t->cap = cap;
+    return ns;
+}
+
+void ida__tagtab_bulk_clear(struct ida__tagtab *t, uint64_t lo, uint64_t hi)
+{
+    IDA_ASSERT(lo <= hi && hi <= t->cap);
+    memset(t->slots + lo, 0, (size_t)(hi - lo) * sizeof(*t->slots));
+}
+
+bool ida__tagtab_insert_word_shared(struct ida__tagtab *t, uint64_t word)
+{
+    IDA_ASSERT(word != 0 && t->cap > 0);
+    uint32_t h32 = SLOT_H32(word);
+    uint64_t mask = t->cap - 1;
     /* Ends: the caller reserved room for every insert of every thread. */
     for (uint64_t i = home(t, h32);; i = (i + 1) & mask) {
-        uint64_t s = __atomic_load_n(&t->slots[i], __ATOMIC_ACQUIRE);
+        uint64_t s = __atomic_load_n(&t->slots[i], __ATOMIC_RELAXED);
         if (s == 0 &&
-            __atomic_compare_exchange_n(&t->slots[i], &s, mine, false,
-                                        __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
+            __atomic_compare_exchange_n(&t->slots[i], &s, word, false,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
             return true;
         }
-        /* Full (or claimed just now by another thread: @s is its slot). */
+        /* Full (or claimed just now by another thread: @s is its word). */
         if (SLOT_H32(s) == h32) {
-            size_t klen;
+            size_t klen, len;
             const uint8_t *k = t->key_of(t->ctx, SLOT_REF(s), &klen);
+            const uint8_t *key = t->key_of(t->ctx, SLOT_REF(word), &len);
             if (klen == len && memcmp(k, key, len) == 0) {
                 return false;
             }
@@ -273,11 +309,10 @@ uint8_t *ida__tagrec_new(struct ida__slab *s, const char *tag, size_t len)
         if (s->left < bytes) {
             size_t size = s->nblocks < SLAB_SMALL_BLOCKS ? SLAB_BLOCK_BYTES
                                                          : SLAB_BIG_BLOCK_BYTES;
-            uint8_t *blk = ida_malloc(size);
+            uint8_t *blk = ida_malloc_huge(size);
             if (blk == NULL) {
                 return NULL;
             }
-            ida_heap_hint_huge(blk, size);
             memcpy(blk, &s->blocks, sizeof(uint8_t *));
             s->blocks = blk;
             s->cur = blk + 8;

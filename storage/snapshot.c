@@ -210,9 +210,8 @@ int ida_storage_snapshot_load(struct ida_storage *s,
         rc = ENOMEM;
     }
     if (rc == 0 && r.size > 0) {
-        buf = ida_malloc((size_t)r.size);
+        buf = ida_malloc_huge((size_t)r.size);
         rc = buf == NULL ? ENOMEM : 0;
-        ida_heap_hint_huge(buf, (size_t)r.size);
     }
     size_t n = 0;
     if (rc == 0) {

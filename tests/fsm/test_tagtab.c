@@ -1,0 +1,198 @@
+/* fsm/tagtab.c: the tag table's bulk loading (restore's path), against
+ * the one-by-one insert it replaces: every key found where it is, a key
+ * held twice refused, probe runs that cross regions and wrap around the
+ * end of the table. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/heap.h"
+#include "fsm/fsm_internal.h"
+
+enum { KEYS_MAX = 60000 };
+
+static char (*keys)[16];
+
+static const uint8_t *key_of(const void *ctx, uint32_t ref, size_t *len)
+{
+    (void)ctx;
+    *len = strlen(keys[ref]);
+    return (const uint8_t *)keys[ref];
+}
+
+static uint64_t hash_of(uint32_t ref)
+{
+    return ida__hash((const uint8_t *)keys[ref], strlen(keys[ref]));
+}
+
+static void setup(void)
+{
+    keys = calloc(KEYS_MAX, sizeof(*keys));
+    cr_assert(keys != NULL);
+}
+
+static void teardown(void)
+{
+    free(keys);
+}
+
+TestSuite(tagtab, .init = setup, .fini = teardown);
+
+/* Bulk-load refs 0..@n-1 into @t as restore does (tagtab.h steps 1-4, on
+ * one thread): the words grouped by region, then inserted in that order.
+ * Returns how many inserts were refused. */
+static int bulk_load(struct ida__tagtab *t, uint32_t n)
+{
+    uint64_t *scratch = ida__tagtab_bulk_begin(t, n);
+    cr_assert(scratch != NULL);
+    uint64_t *count = calloc(IDA__TAGTAB_REGIONS + 1, sizeof(*count));
+    uint64_t *sorted = calloc(n, sizeof(*sorted));
+    cr_assert(count != NULL && sorted != NULL);
+    for (uint32_t i = 0; i < n; i++) {
+        scratch[i] = ida__tagtab_word(i, hash_of(i));
+        count[ida__tagtab_region(t, scratch[i]) + 1]++;
+    }
+    for (unsigned g = 1; g <= IDA__TAGTAB_REGIONS; g++) {
+        count[g] += count[g - 1];
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        sorted[count[ida__tagtab_region(t, scratch[i])]++] = scratch[i];
+    }
+    for (uint32_t i = 1; i < n; i++) {
+        cr_assert_leq(ida__tagtab_region(t, sorted[i - 1]),
+                      ida__tagtab_region(t, sorted[i]));
+    }
+    ida__tagtab_bulk_clear(t, 0, t->cap);
+    int refused = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        refused += !ida__tagtab_insert_word_shared(t, sorted[i]);
+    }
+    t->used = n - (uint32_t)refused;
+    free(count);
+    free(sorted);
+    return refused;
+}
+
+static uint64_t home_of(const struct ida__tagtab *t, uint32_t ref)
+{
+    return ida__tagtab_home(t, (uint32_t)(hash_of(ref) >> 32));
+}
+
+/* A table of 16 slots, one region each: five keys whose home is the last
+ * slot wrap around to the first slots, where keys of home 0 and 1 were
+ * inserted before them (regions are inserted in order). */
+Test(tagtab, bulk_probe_runs_wrap_around_the_end)
+{
+    struct ida__tagtab t;
+    ida__tagtab_init(&t, key_of, NULL);
+    cr_assert_not_null(ida__tagtab_bulk_begin(&t, 11));
+    cr_assert_eq(t.cap, 16);
+    const uint64_t want_home[11] = {15, 15, 15, 15, 15, 0, 0, 1, 7, 7, 8};
+    uint32_t n = 0;
+    for (uint32_t c = 0; n < 11 && c < 100000; c++) {
+        snprintf(keys[n], sizeof(keys[n]), "k%u", c);
+        if (home_of(&t, n) == want_home[n]) {
+            n++;
+        }
+    }
+    cr_assert_eq(n, 11, "keys of the homes wanted exist");
+    ida__tagtab_close(&t);
+    ida__tagtab_init(&t, key_of, NULL);
+    cr_assert_eq(bulk_load(&t, n), 0);
+    /* Homes 0 and 1 fill slots 0-2 first; the five of home 15 take slot
+     * 15 and wrap past them to slots 3-6, over the run of home 7. Every key
+     * is found. */
+    for (uint32_t i = 0; i < n; i++) {
+        cr_assert_eq(
+            ida__tagtab_find(&t, (const uint8_t *)keys[i], strlen(keys[i])), i,
+            "key %s", keys[i]);
+    }
+    cr_assert_eq(ida__tagtab_find(&t, (const uint8_t *)"absent", 6),
+                 IDA__REF_NONE);
+    /* Removing the first of the run keeps the rest reachable. */
+    ida__tagtab_remove(&t, 0);
+    for (uint32_t i = 1; i < n; i++) {
+        cr_assert_eq(
+            ida__tagtab_find(&t, (const uint8_t *)keys[i], strlen(keys[i])), i);
+    }
+    ida__tagtab_close(&t);
+}
+
+/* The same key under two refs is refused once, wherever the two fall,
+ * including in a run that wraps. */
+Test(tagtab, bulk_refuses_a_key_held_twice)
+{
+    for (uint32_t twin = 1; twin < 11; twin++) {
+        struct ida__tagtab t;
+        ida__tagtab_init(&t, key_of, NULL);
+        cr_assert_not_null(ida__tagtab_bulk_begin(&t, 11));
+        uint32_t n = 0;
+        for (uint32_t c = 0; n < 11; c++) {
+            snprintf(keys[n], sizeof(keys[n]), "w%u", c);
+            if (n >= 6 || home_of(&t, n) == 15) {
+                n++; /* six of home 15: a run that wraps */
+            }
+        }
+        ida__tagtab_close(&t);
+        memcpy(keys[twin], keys[twin - 1], sizeof(keys[twin]));
+        ida__tagtab_init(&t, key_of, NULL);
+        cr_assert_eq(bulk_load(&t, n), 1, "twin at %u", twin);
+        ida__tagtab_close(&t);
+    }
+}
+
+/* Many keys: the bulk-loaded table finds what a table built one insert at
+ * a time finds, and stays usable for inserts and removals after. */
+Test(tagtab, bulk_finds_what_one_by_one_finds)
+{
+    const uint32_t n = 50000;
+    for (uint32_t i = 0; i < KEYS_MAX; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "tag-%u", i * 7919u);
+    }
+    struct ida__tagtab bulk, one;
+    ida__tagtab_init(&bulk, key_of, NULL);
+    ida__tagtab_init(&one, key_of, NULL);
+    cr_assert_eq(bulk_load(&bulk, n), 0);
+    cr_assert_eq(ida__tagtab_reserve_n(&one, n), 0);
+    for (uint32_t i = 0; i < n; i++) {
+        ida__tagtab_insert(&one, i);
+    }
+    cr_assert_eq(bulk.cap, one.cap, "sized alike");
+    for (uint32_t i = 0; i < KEYS_MAX; i++) {
+        const uint8_t *k = (const uint8_t *)keys[i];
+        uint32_t want = i < n ? i : IDA__REF_NONE;
+        cr_assert_eq(ida__tagtab_find(&bulk, k, strlen(keys[i])), want);
+        cr_assert_eq(ida__tagtab_find(&one, k, strlen(keys[i])), want);
+    }
+    /* Then as the state machine uses it: remove half, insert the rest. */
+    for (uint32_t i = 0; i < n; i += 2) {
+        ida__tagtab_remove(&bulk, i);
+    }
+    for (uint32_t i = n; i < KEYS_MAX; i++) {
+        cr_assert_eq(ida__tagtab_reserve(&bulk), 0);
+        ida__tagtab_insert(&bulk, i);
+    }
+    for (uint32_t i = 0; i < KEYS_MAX; i++) {
+        uint32_t want = i < n && i % 2 == 0 ? IDA__REF_NONE : i;
+        cr_assert_eq(
+            ida__tagtab_find(&bulk, (const uint8_t *)keys[i], strlen(keys[i])),
+            want, "key %u", i);
+    }
+    ida__tagtab_close(&bulk);
+    ida__tagtab_close(&one);
+}
+
+/* Out of memory for the table is NULL and leaves the table empty. */
+Test(tagtab, bulk_begin_out_of_memory)
+{
+    struct ida__tagtab t;
+    ida__tagtab_init(&t, key_of, NULL);
+    ida_heap_fault_set(0, 1);
+    uint64_t *s = ida__tagtab_bulk_begin(&t, 1000);
+    ida_heap_fault_set(0, 0);
+    cr_assert_null(s);
+    cr_assert_eq(t.cap, 0);
+    cr_assert_eq(t.slots, NULL);
+    ida__tagtab_close(&t);
+}
