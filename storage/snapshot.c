@@ -126,13 +126,17 @@ int ida_storage_snapshot_meta(struct ida_storage *s,
 
 /* Copy bytes [@offset, @offset + @len) of snapshot @r (clipped at its end)
  * into @buf; *n gets the count. */
+/* Copy @len bytes of snapshot @r from @offset into @buf (*@n copied);
+ * with @crc, fold each piece into *@crc as it is copied, while it is in the
+ * cache (a whole state read back at start would otherwise be read twice). */
 static int copy_range(struct ida_storage *s,
                       MDB_txn *txn,
                       const struct ida__rec_snapshot *r,
                       uint64_t offset,
                       uint8_t *buf,
                       size_t len,
-                      size_t *n)
+                      size_t *n,
+                      uint32_t *crc)
 {
     MDB_cursor *cur;
     int rc = mdb_cursor_open(txn, s->dbi_snap, &cur);
@@ -154,6 +158,9 @@ static int copy_range(struct ida_storage *s,
             take = len - done;
         }
         memcpy(buf + done, data + in, take);
+        if (crc != NULL) {
+            *crc = ida__crc32c(*crc, buf + done, take);
+        }
         done += take;
         offset += take;
     }
@@ -185,7 +192,7 @@ int ida_storage_snapshot_read(struct ida_storage *s,
     if (rc == 0 && offset > r.size) {
         rv = IDA_EINVAL;
     } else if (rc == 0) {
-        rc = copy_range(s, txn, &r, offset, buf, len, n);
+        rc = copy_range(s, txn, &r, offset, buf, len, n, NULL);
     }
     ida__storage_read_end(s, txn);
     return rv != 0 ? rv : ida__storage_from_lmdb(rc);
@@ -214,10 +221,11 @@ int ida_storage_snapshot_load(struct ida_storage *s,
         rc = buf == NULL ? ENOMEM : 0;
     }
     size_t n = 0;
+    uint32_t crc = 0;
     if (rc == 0) {
-        rc = copy_range(s, txn, &r, 0, buf, (size_t)r.size, &n);
+        rc = copy_range(s, txn, &r, 0, buf, (size_t)r.size, &n, &crc);
     }
-    if (rc == 0 && (n != r.size || ida__crc32c(0, buf, n) != r.data_crc)) {
+    if (rc == 0 && (n != r.size || crc != r.data_crc)) {
         IDA_ERROR("storage %s: snapshot %llu state fails its checksum", s->dir,
                   (unsigned long long)r.id);
         rc = RC_CORRUPT;

@@ -620,8 +620,10 @@ Test(storage, snapshot_bytes_once_per_batch_and_only_with_a_writer)
 /* --- snapshots stored before chunk_bytes (record.h, "IDAS") --- */
 
 /* Rewrite the current snapshot in @path (storage closed) as a version
- * before chunk_bytes wrote it: IDA__REC_CHUNK_BYTES_V1 chunks, "IDAS". */
-static void rewrite_as_v1(const char *path, size_t size)
+ * before chunk_bytes wrote it: IDA__REC_CHUNK_BYTES_V1 chunks, "IDAS";
+ * with the byte at @flip (< size) changed under chunk checksums made right
+ * for it, so only the checksum of the whole state can tell. */
+static void rewrite_as_v1_flipped(const char *path, size_t size, long flip)
 {
     uint8_t rec[512];
     size_t rlen = peek(path, "meta", "snapshot", 8, rec, sizeof(rec));
@@ -634,6 +636,9 @@ static void rewrite_as_v1(const char *path, size_t size)
     memcpy(config, r.config, r.config_len);
     r.config = config;
     uint8_t *state = make_state(size);
+    if (flip >= 0) {
+        state[flip] ^= 0x20;
+    }
     MDB_env *env;
     MDB_txn *txn;
     MDB_dbi snap, meta;
@@ -668,7 +673,36 @@ static void rewrite_as_v1(const char *path, size_t size)
     free(state);
 }
 
+static void rewrite_as_v1(const char *path, size_t size)
+{
+    rewrite_as_v1_flipped(path, size, -1);
+}
+
 #define V1_SNAPSHOT_BYTES (3 * IDA__REC_CHUNK_BYTES_V1 + 4321)
+
+/* A state whose chunks each pass their own checksum but which together
+ * are not the state stored (a byte changed with its chunk's checksum made
+ * right, in the first, a middle and the last chunk) is refused whole at
+ * load: the state's checksum, folded in as the chunks are copied, tells. */
+Test(storage, a_state_failing_its_whole_checksum_is_refused_at_load)
+{
+    const long flips[] = {0, 2 * IDA__REC_CHUNK_BYTES_V1 + 5,
+                          V1_SNAPSHOT_BYTES - 1};
+    for (size_t i = 0; i < sizeof(flips) / sizeof(flips[0]); i++) {
+        opts.map_size_bytes = 64u << 20;
+        open_ok();
+        save_snapshot(10 + i, 2, V1_SNAPSHOT_BYTES);
+        close_st();
+        rewrite_as_v1_flipped(dir, V1_SNAPSHOT_BYTES, flips[i]);
+        open_ok();
+        struct ida_snapshot_meta m;
+        uint8_t *data = NULL;
+        cr_assert_eq(ida_storage_snapshot_load(&st, &m, &data), IDA_ECORRUPT,
+                     "byte %ld changed", flips[i]);
+        cr_assert_null(data);
+        close_st();
+    }
+}
 
 /* Open a directory whose current snapshot (index 10, term 2,
  * V1_SNAPSHOT_BYTES) an older version stored in four 64 KiB chunks. */
