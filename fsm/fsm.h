@@ -350,11 +350,14 @@ struct ida_fsm_helper
 };
 
 /* ida_fsm_restore(), with @helper's thread computing the checksum while
- * decoding starts, then decoding half of the holdings of a large bounded
- * pool (the bulk of a large state): about twice as fast where a second
- * core is free. @helper may be NULL (then it is ida_fsm_restore()). Same
- * result, same validation, same errors: bytes whose checksum does not
- * match are refused whatever they decoded to. */
+ * decoding starts, then taking half of each phase of loading a large
+ * bounded pool (the bulk of a large state; fsm/snap_decode.c): decoding
+ * the holdings, grouping their tags by table region, clearing the table,
+ * inserting them. @helper is started once for the checksum and once per
+ * phase of each such pool. About twice as fast where a second core is
+ * free. @helper may be NULL (then it is ida_fsm_restore()). Same result,
+ * same validation, same errors: bytes whose checksum does not match are
+ * refused whatever they decoded to. */
 int ida_fsm_restore_with(struct ida_fsm *f,
                          const uint8_t *data,
                          size_t len,

@@ -166,8 +166,16 @@ static inline uint64_t ida__tagtab_home(const struct ida__tagtab *t,
     return ((uint64_t)h32 * UINT64_C(0x9e3779b97f4a7c15)) >>
            (64 - __builtin_ctzll(t->cap));
 }
-/* The region of the table (< IDA__TAGTAB_REGIONS) @word's home lies in;
- * regions follow the slots' order. */
+/* How many regions the table has: IDA__TAGTAB_REGIONS, or one per slot
+ * in a smaller table (cap > 0). */
+static inline unsigned ida__tagtab_regions(const struct ida__tagtab *t)
+{
+    unsigned bits = (unsigned)__builtin_ctzll(t->cap);
+    return 1u << (bits < IDA__TAGTAB_REGIONS_LOG2 ? bits
+                                                  : IDA__TAGTAB_REGIONS_LOG2);
+}
+/* The region of the table (< ida__tagtab_regions()) @word's home lies in;
+ * regions follow the slots' order, each cap / regions slots. */
 static inline unsigned ida__tagtab_region(const struct ida__tagtab *t,
                                           uint64_t word)
 {
@@ -189,15 +197,18 @@ static inline void ida__tagtab_prefetch_range(const struct ida__tagtab *t,
 /* Zero slots [@lo, @hi). */
 void ida__tagtab_bulk_clear(struct ida__tagtab *t, uint64_t lo, uint64_t hi);
 /* Insert @word unless an equal key is present already: true when inserted,
- * false when the key was there (nothing changes). Safe while other threads
- * call it on the same table, provided nothing else touches the table
- * meanwhile: an empty slot is claimed with a compare-and-swap, so two equal
- * keys inserted at once still meet (one claims the slot, the other finds it
- * claimed and compares). */
+ * false when the key was there (nothing changes). The table must have room
+ * (ida__tagtab_bulk_begin() sized it; a full table would probe forever).
+ * Safe while other threads call it on the same table, provided nothing else
+ * touches the table meanwhile and every word's key was made readable to
+ * every thread before (restore's threads wrote them before a join): an
+ * empty slot is claimed with a compare-and-swap, so two equal keys inserted
+ * at once still meet (one claims the slot, the other finds it claimed and
+ * compares). */
 bool ida__tagtab_insert_word_shared(struct ida__tagtab *t, uint64_t word);
-/* Start loading the home slot of @hash into the cache: restore computes
- * the hashes of a batch of keys first, so the table's cache misses of the
- * batch overlap instead of following one another. */
+/* Start loading the home slot of @hash into the cache: apply hashes the
+ * tags of a batch of commands first, so the table's cache misses of the
+ * batch overlap instead of following one another (fsm.c). */
 void ida__tagtab_prefetch(const struct ida__tagtab *t, uint64_t hash);
 /* Remove @ref (must be present; its key must still be readable). */
 void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref);

@@ -51,7 +51,6 @@ static bool tag_ok(const struct ida__rbuf *b)
  * and as many holdings as the first pass counted in its bytes), so damaged
  * or forged bytes cannot make the shares overlap or overrun the scratch. */
 #define HOLD_SPLIT_MIN 65536 /* holdings below which one thread does all */
-#define REGIONS        IDA__TAGTAB_REGIONS
 
 enum phase { DECODE, GROUP, CLEAR, INSERT };
 
@@ -59,8 +58,9 @@ enum phase { DECODE, GROUP, CLEAR, INSERT };
 struct bulk
 {
     struct ida__bounded *b;
-    uint64_t *sorted;            /* the words grouped by region */
-    uint64_t start[REGIONS + 1]; /* where each region's words begin */
+    uint64_t *sorted; /* the words grouped by region */
+    unsigned regions; /* of the table (ida__tagtab_regions()) */
+    uint64_t *start;  /* [regions + 1]: where each region's words begin */
 };
 
 /* One thread's share of a bounded pool's holdings. */
@@ -73,8 +73,9 @@ struct share
     struct ida__slab slab;         /* records of the share */
     uint64_t *words;               /* its words, in id order (DECODE) */
     uint64_t n;                    /* how many holdings its bytes hold */
-    uint64_t count[REGIONS];       /* its words in each region (DECODE), then
-                                      where its next one in each goes (GROUP) */
+    uint64_t *count;               /* [regions]: its words in each region
+                                      (DECODE), then where its next one in
+                                      each goes (GROUP) */
     uint64_t clear_lo, clear_hi;   /* slots it clears */
     unsigned region_lo, region_hi; /* regions it inserts */
     int rv;
@@ -154,7 +155,7 @@ static int run_insert(struct share *sh)
 {
     struct bulk *k = sh->k;
     struct ida__tagtab *t = &k->b->tab;
-    uint64_t span = t->cap / REGIONS > 0 ? t->cap / REGIONS : t->cap;
+    uint64_t span = t->cap / k->regions;
     for (unsigned g = sh->region_lo; g < sh->region_hi; g++) {
         uint64_t next = (uint64_t)(g + 1) * span;
         if (next < t->cap) {
@@ -255,17 +256,26 @@ static int take_holdings(struct ida__bounded *b,
                          const struct ida_fsm_helper *helper)
 {
     uint64_t *scratch = ida__tagtab_bulk_begin(&b->tab, holdings);
-    struct bulk *k = ida_malloc(sizeof(*k));
-    struct share *sh = ida_calloc(2, sizeof(*sh));
-    uint64_t *sorted = ida_malloc_huge(holdings * sizeof(*sorted));
-    int rv = scratch == NULL || k == NULL || sh == NULL || sorted == NULL
-                 ? IDA_ENOMEM
-                 : 0;
+    /* As many regions as the table has, up to IDA__TAGTAB_REGIONS: a small
+     * pool's counts are small. */
+    unsigned regions = scratch != NULL ? ida__tagtab_regions(&b->tab) : 1;
+    struct bulk k = {.b = b, .regions = regions};
+    struct share sh[2];
+    memset(sh, 0, sizeof(sh));
+    /* start, then each share's counts. */
+    uint64_t *counts = ida_calloc(3 * (size_t)regions + 1, sizeof(*counts));
+    k.sorted = ida_malloc_huge(holdings * sizeof(*k.sorted));
+    int rv =
+        scratch == NULL || counts == NULL || k.sorted == NULL ? IDA_ENOMEM : 0;
     int shares = 1;
     if (rv == 0) {
-        *k = (struct bulk){.b = b, .sorted = sorted};
-        sh[0] = (struct share){
-            .k = k, .r = r, .hi = max_id, .words = scratch, .n = holdings};
+        k.start = counts;
+        sh[0] = (struct share){.k = &k,
+                               .r = r,
+                               .hi = max_id,
+                               .words = scratch,
+                               .n = holdings,
+                               .count = counts + regions + 1};
         uint64_t cut_id, skipped;
         const uint8_t *cut =
             helper != NULL && holdings >= HOLD_SPLIT_MIN && mid != NULL
@@ -282,41 +292,42 @@ static int take_holdings(struct ida__bounded *b,
             sh[1].lo = cut_id;
             sh[1].words = scratch + n0;
             sh[1].n = holdings - n0;
+            sh[1].count = counts + 2 * (size_t)regions + 1;
         }
         rv = run_phase(sh, shares, DECODE, helper);
     }
     if (rv == 0) {
         /* Each region's words: the first share's, then the second's. */
         uint64_t at = 0;
-        for (unsigned g = 0; g < REGIONS; g++) {
-            k->start[g] = at;
+        for (unsigned g = 0; g < regions; g++) {
+            k.start[g] = at;
             for (int i = 0; i < shares; i++) {
                 uint64_t c = sh[i].count[g];
                 sh[i].count[g] = at;
                 at += c;
             }
         }
-        k->start[REGIONS] = at; /* == holdings: each share took its n */
+        k.start[regions] = at; /* == holdings: each share took its n */
         uint64_t cap = b->tab.cap;
         for (int i = 0; i < shares; i++) {
             sh[i].clear_lo = cap / (uint64_t)shares * (uint64_t)i;
             sh[i].clear_hi = cap / (uint64_t)shares * (uint64_t)(i + 1);
-            sh[i].region_lo = REGIONS / (unsigned)shares * (unsigned)i;
-            sh[i].region_hi = REGIONS / (unsigned)shares * (unsigned)(i + 1);
+            sh[i].region_lo = regions / (unsigned)shares * (unsigned)i;
+            sh[i].region_hi = regions / (unsigned)shares * (unsigned)(i + 1);
         }
         run_phase(sh, shares, GROUP, helper);
         run_phase(sh, shares, CLEAR, helper);
         rv = run_phase(sh, shares, INSERT, helper);
     } else if (scratch != NULL) {
-        /* Never left holding words: whatever frees the pool sees a table. */
-        ida__tagtab_bulk_clear(&b->tab, 0, b->tab.cap);
+        /* Never left holding words (only the first @holdings slots took
+         * any): whatever frees the pool sees a table. */
+        ida__tagtab_bulk_clear(&b->tab, 0, holdings);
     }
-    for (int i = 0; sh != NULL && i < shares; i++) {
+    for (int i = 0; i < shares; i++) {
         ida__slab_merge(&b->slab, &sh[i].slab);
     }
-    ida_free(sorted);
-    ida_free(sh);
-    ida_free(k);
+    ida_free(k.sorted);
+    ida_free(counts);
     return rv;
 }
 

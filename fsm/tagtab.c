@@ -240,7 +240,8 @@ bool ida__tagtab_insert_word_shared(struct ida__tagtab *t, uint64_t word)
     IDA_ASSERT(word != 0 && t->cap > 0);
     uint32_t h32 = SLOT_H32(word);
     uint64_t mask = t->cap - 1;
-    /* Ends: the caller reserved room for every insert of every thread. */
+    /* Ends: ida__tagtab_bulk_begin() sized the table for every insert of
+     * every thread. */
     for (uint64_t i = home(t, h32);; i = (i + 1) & mask) {
         uint64_t s = __atomic_load_n(&t->slots[i], __ATOMIC_RELAXED);
         if (s == 0 &&

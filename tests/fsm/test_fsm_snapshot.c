@@ -539,7 +539,7 @@ Test(snap, enomem_on_every_snapshot_and_restore_path)
 /* Restore inserts tags region by region (fsm/snap_decode.c): a tag held
  * twice is refused wherever the two fall, side by side, apart, at the
  * start or the end; and the state it refuses leaves the target as it was. */
-Test(snap, tag_held_twice_refused_across_batches)
+Test(snap, tag_held_twice_refused_wherever_it_falls)
 {
     enum { N = 53 };
     static Idalloc__Holding many[N], *pmany[N];

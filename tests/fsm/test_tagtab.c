@@ -39,9 +39,10 @@ static void teardown(void)
 
 TestSuite(tagtab, .init = setup, .fini = teardown);
 
-/* Bulk-load refs 0..@n-1 into @t as restore does (tagtab.h steps 1-4, on
- * one thread): the words grouped by region, then inserted in that order.
- * Returns how many inserts were refused. */
+/* Bulk-load refs 0..@n-1 into @t in the steps fsm_internal.h gives (on one
+ * thread; restore's own grouping, shared by two threads, is tested through
+ * snapshots in test_fsm_snapshot.c): the words grouped by region, then
+ * inserted in that order. Returns how many inserts were refused. */
 static int bulk_load(struct ida__tagtab *t, uint32_t n)
 {
     uint64_t *scratch = ida__tagtab_bulk_begin(t, n);
@@ -100,9 +101,20 @@ Test(tagtab, bulk_probe_runs_wrap_around_the_end)
     ida__tagtab_close(&t);
     ida__tagtab_init(&t, key_of, NULL);
     cr_assert_eq(bulk_load(&t, n), 0);
-    /* Homes 0 and 1 fill slots 0-2 first; the five of home 15 take slot
-     * 15 and wrap past them to slots 3-6, over the run of home 7. Every key
-     * is found. */
+    /* Homes 0 and 1 fill slots 0-2, homes 7 and 8 slots 7-9; the five of
+     * home 15 come last: slot 15, then around the end past slots 0-2 to
+     * slots 3-6. */
+    uint64_t at[16];
+    for (int i = 0; i < 16; i++) {
+        at[i] = t.slots[i] == 0 ? 99 : home_of(&t, (uint32_t)t.slots[i] - 1);
+    }
+    const uint64_t want_at[16] = {0, 0, 1,  15, 15, 15, 15, 7,
+                                  7, 8, 99, 99, 99, 99, 99, 15};
+    for (int i = 0; i < 16; i++) {
+        cr_assert_eq(at[i], want_at[i], "slot %d holds a key of home %llu", i,
+                     (unsigned long long)at[i]);
+    }
+    /* Every key is found. */
     for (uint32_t i = 0; i < n; i++) {
         cr_assert_eq(
             ida__tagtab_find(&t, (const uint8_t *)keys[i], strlen(keys[i])), i,
@@ -183,16 +195,25 @@ Test(tagtab, bulk_finds_what_one_by_one_finds)
     ida__tagtab_close(&one);
 }
 
-/* Out of memory for the table is NULL and leaves the table empty. */
+/* Out of memory for the table is NULL and leaves the table empty, for a
+ * small table and for one of 2 MiB and more (ida_malloc_huge()'s aligned
+ * path). */
 Test(tagtab, bulk_begin_out_of_memory)
 {
-    struct ida__tagtab t;
-    ida__tagtab_init(&t, key_of, NULL);
-    ida_heap_fault_set(0, 1);
-    uint64_t *s = ida__tagtab_bulk_begin(&t, 1000);
-    ida_heap_fault_set(0, 0);
-    cr_assert_null(s);
-    cr_assert_eq(t.cap, 0);
-    cr_assert_eq(t.slots, NULL);
-    ida__tagtab_close(&t);
+    const uint64_t sizes[] = {1000, 1000000};
+    for (int i = 0; i < 2; i++) {
+        struct ida__tagtab t;
+        ida__tagtab_init(&t, key_of, NULL);
+        ida_heap_fault_set(0, 1);
+        uint64_t *s = ida__tagtab_bulk_begin(&t, sizes[i]);
+        ida_heap_fault_set(0, 0);
+        cr_assert_null(s);
+        cr_assert_eq(t.cap, 0);
+        cr_assert_eq(t.slots, NULL);
+        s = ida__tagtab_bulk_begin(&t, sizes[i]);
+        cr_assert_not_null(s, "then it has the memory");
+        cr_assert_geq(t.cap * sizeof(*t.slots), i == 0 ? 8192u : 2u << 20);
+        cr_assert_eq((uintptr_t)s % (i == 0 ? 8u : 2u << 20), 0);
+        ida__tagtab_close(&t);
+    }
 }
