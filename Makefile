@@ -134,10 +134,13 @@ asan:
 	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	 $(MAKE) --no-print-directory test BUILD=build/asan SAN=address,undefined DEBUG=1
 
-# ThreadSanitizer on the pool's tests (src/pool, tests/pool) and the client
-# library's (its I/O thread, tests/client/test_client.c and test_async.c).
+# ThreadSanitizer on the pool's tests (src/pool, tests/pool), the client
+# library's (its I/O thread, tests/client/test_client.c and test_async.c) and
+# the state machine's snapshots (a restore's phases on a lent thread,
+# tests/fsm/test_fsm_snapshot.c).
 TSAN_TESTS = $(patsubst tests/%.c,build/tsan/tests/%,$(wildcard tests/pool/test_*.c) \
-    $(wildcard tests/client/test_client.c tests/client/test_async.c))
+    $(wildcard tests/client/test_client.c tests/client/test_async.c) \
+    tests/fsm/test_fsm_snapshot.c)
 tsan: deps
 	@if [ -z "$(TSAN_TESTS)" ]; then \
 	  echo "make tsan: no pool tests yet (tests/pool/test_*.c)" >&2; exit 1; fi
