@@ -103,7 +103,7 @@ CHAOS_EXTRA :=
 -include mk/*.mk
 
 # --- public targets ---------------------------------------------------------
-.PHONY: all build deps programs build-programs test asan tsan valgrind sim chaos bench bench-etcd run node \
+.PHONY: all build deps programs build-programs test asan tsan tsan-fsm valgrind sim chaos bench bench-etcd run node \
     format format-check check-layers clean help test-run
 
 all: deps
@@ -134,18 +134,26 @@ asan:
 	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	 $(MAKE) --no-print-directory test BUILD=build/asan SAN=address,undefined DEBUG=1
 
-# ThreadSanitizer on the pool's tests (src/pool, tests/pool), the client
-# library's (its I/O thread, tests/client/test_client.c and test_async.c) and
-# the state machine's snapshots (a restore's phases on a lent thread,
-# tests/fsm/test_fsm_snapshot.c).
+# ThreadSanitizer on the pool's tests (src/pool, tests/pool) and the client
+# library's (its I/O thread, tests/client/test_client.c and test_async.c).
+# Criterion cannot start a test binary whose .bss is large under TSan
+# ("Could not initialize inheritable arena", Snaipe/Criterion#274), which
+# rules out the fsm's tests: a restore shared with a lent thread is checked
+# by running the fsm benchmark's two-thread restores under TSan
+# (make tsan-fsm, a few minutes).
 TSAN_TESTS = $(patsubst tests/%.c,build/tsan/tests/%,$(wildcard tests/pool/test_*.c) \
-    $(wildcard tests/client/test_client.c tests/client/test_async.c) \
-    tests/fsm/test_fsm_snapshot.c)
+    $(wildcard tests/client/test_client.c tests/client/test_async.c))
 tsan: deps
 	@if [ -z "$(TSAN_TESTS)" ]; then \
 	  echo "make tsan: no pool tests yet (tests/pool/test_*.c)" >&2; exit 1; fi
 	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread $(TSAN_TESTS)
 	@TSAN_OPTIONS=halt_on_error=1 IDA_BUILD=build/tsan scripts/run-tests.sh $(TSAN_TESTS)
+
+# make tsan-fsm: bench_fsm at 200,000 allocations under ThreadSanitizer; its
+# restores with a lent thread share each phase of a bounded pool's load.
+tsan-fsm: deps
+	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread build/tsan/bench/bench_fsm
+	@TSAN_OPTIONS=halt_on_error=1 build/tsan/bench/bench_fsm 200000
 
 # valgrind on the unit tests (Criterion forks, hence --trace-children).
 valgrind: all
@@ -226,6 +234,7 @@ help:
 	@echo "  bench-etcd    idalloc beside a 3-node etcd, same machine, one run [ETCD_S=s]"
 	@echo "  asan          the tests under AddressSanitizer + UBSan (build/asan/)"
 	@echo "  tsan          the pool's and the client library's tests under ThreadSanitizer (build/tsan/)"
+	@echo "  tsan-fsm      the fsm benchmark's two-thread restores under ThreadSanitizer (minutes)"
 	@echo "  fsm-soak      longer fsm property runs [FSM_COMMANDS=n] [FSM_SEED=s]"
 	@echo "  pool-stress   long lock-free queue stress [POOL_STRESS_SECONDS=n]"
 	@echo "  sim-long      many more simulator seeds [SIM_LONG_SEEDS=N]"
