@@ -138,6 +138,21 @@ static void place(struct ida__tagtab *t, uint64_t slot)
     t->slots[i] = slot;
 }
 
+/* Slots for @keys keys at a load of at most 0.7 (so probes stay short):
+ * the least power of two from @cap0 up, in *@cap; NULL when out of memory.
+ * Not zeroed. */
+static uint64_t *new_slots(uint64_t keys, uint64_t cap0, uint64_t *cap)
+{
+    uint64_t c = cap0;
+    while (keys * 10 > c * 7) {
+        c *= 2;
+    }
+    *cap = c;
+    return c <= SIZE_MAX / sizeof(uint64_t)
+               ? ida_malloc_huge(c * sizeof(uint64_t))
+               : NULL;
+}
+
 int ida__tagtab_reserve(struct ida__tagtab *t)
 {
     return ida__tagtab_reserve_n(t, 1);
@@ -145,22 +160,16 @@ int ida__tagtab_reserve(struct ida__tagtab *t)
 
 int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n)
 {
-    /* Keep the load at most 0.7 so probes stay short. */
     if ((t->used + n) * 10 <= t->cap * 7) {
         return 0;
-    }
-    uint64_t ncap = t->cap == 0 ? 16 : t->cap * 2;
-    while ((t->used + n) * 10 > ncap * 7) {
-        ncap *= 2;
     }
     /* Zeroed by writing, not by calloc's fresh pages: probes read a slot
      * before an insert writes it, and a page first read is mapped to the
      * zero page and faulted again when written, which in a process with
      * other threads running costs a TLB shootdown (an IPI to every CPU).
      * That was a tenth of a restart's rebuild at ten million tags. */
-    uint64_t *ns = ncap <= SIZE_MAX / sizeof(*ns)
-                       ? ida_malloc_huge(ncap * sizeof(*ns))
-                       : NULL;
+    uint64_t ncap;
+    uint64_t *ns = new_slots(t->used + n, t->cap == 0 ? 16 : t->cap * 2, &ncap);
     if (ns == NULL) {
         return IDA_ENOMEM;
     }
@@ -214,13 +223,8 @@ uint64_t ida__tagtab_word(uint32_t ref, uint64_t hash)
 uint64_t *ida__tagtab_bulk_begin(struct ida__tagtab *t, uint64_t n)
 {
     IDA_ASSERT(t->cap == 0 && t->used == 0);
-    uint64_t cap = 16;
-    while (n * 10 > cap * 7) {
-        cap *= 2;
-    }
-    uint64_t *ns = cap <= SIZE_MAX / sizeof(*ns)
-                       ? ida_malloc_huge(cap * sizeof(*ns))
-                       : NULL;
+    uint64_t cap;
+    uint64_t *ns = new_slots(n, 16, &cap);
     if (ns == NULL) {
         return NULL;
     }
