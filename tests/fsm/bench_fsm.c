@@ -6,6 +6,15 @@
  * with a second thread lent (ida_fsm_restore_with(), as a node restores);
  * IDA_BENCH_RESTORES=K times each (default 2; more to profile).
  *
+ * `bench_fsm --restore FILE` times restores of the state in a backup file
+ * (`idalloc snapshot save`, or `idallocd --export-backup` of a node's data
+ * directory: a real state, of the size a deployment or `make bench-scale`
+ * left): IDA_BENCH_RESTORES times (default 3) each with a second thread
+ * lent and on one thread, alternating, each into a new state machine. The
+ * first is into memory the process never had, as a restart's is; later
+ * ones may reuse what malloc kept of the one before (IDA_BENCH_RESTORES=1
+ * in a loop of processes times only cold ones).
+ *
  * Throughput counts only ida_fsm_apply() (each batch of 64 commands is
  * encoded before its clock starts, as the node receives it from the log).
  * The baseline, measured in the same run on the same bytes, is protobuf-c
@@ -27,6 +36,7 @@
 #include "base/heap.h"
 #include "fsm/fsm.h"
 #include "idalloc_errors.h"
+#include "src/common/backup.h"
 #include "src/node/lend.h"
 #include "tests/fsm/fsm_helpers.h"
 
@@ -185,8 +195,55 @@ static void create(struct ida_fsm *f,
     }
 }
 
+/* bench_fsm --restore FILE (above). */
+static int restore_file(const char *path)
+{
+    struct ida_backup bk;
+    char err[IDA_ERRMSG_MAX];
+    int rv = ida_backup_read(path, &bk, err);
+    if (rv != 0) {
+        fprintf(stderr, "bench_fsm: %s\n", err);
+        return 1;
+    }
+    const char *nr = getenv("IDA_BENCH_RESTORES");
+    int restores = nr != NULL ? atoi(nr) : 3;
+    printf("bench_fsm: restores of the state in %s (index %llu, %.1f MB)\n",
+           path, (unsigned long long)bk.index, (double)bk.state_len / 1e6);
+    double sum[2] = {0, 0};
+    for (int i = 0; i < restores && rv == 0; i++) {
+        for (int lent = 1; lent >= 0 && rv == 0; lent--) {
+            struct ida_fsm *g = NULL;
+            struct ida__lend l;
+            ida__lend_init(&l);
+            rv = ida_fsm_new(&g);
+            double t0 = now_s();
+            rv = rv != 0 ? rv
+                         : ida_fsm_restore_with(g, bk.state, bk.state_len,
+                                                lent ? &l.helper : NULL);
+            double t1 = now_s();
+            ida_fsm_free(g);
+            if (rv == 0) {
+                printf("  restore %d %s: %.3f s\n", i + 1,
+                       lent ? "two threads" : "one thread ", t1 - t0);
+                sum[lent] += t1 - t0;
+            }
+        }
+    }
+    if (rv != 0) {
+        fprintf(stderr, "bench_fsm: restore: %s\n", idalloc_strerror(rv));
+    } else if (restores > 0) {
+        printf("mean: two threads %.3f s, one thread %.3f s\n",
+               sum[1] / restores, sum[0] / restores);
+    }
+    ida_backup_free(&bk);
+    return rv != 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--restore") == 0) {
+        return restore_file(argv[2]);
+    }
     uint64_t live = argc > 1 ? strtoull(argv[1], NULL, 10) : 10000000;
     struct ida_fsm *f;
     int rv = ida_fsm_new(&f);
