@@ -72,15 +72,8 @@ void ida_heap_hint_huge(void *p, size_t size)
 
 void *ida_malloc_huge(size_t size)
 {
-    const size_t huge = (size_t)2 << 20;
-    if (size < huge) {
-        return ida_malloc(size);
-    }
-    void *p;
-    if (should_fail() || posix_memalign(&p, huge, size) != 0) {
-        return NULL;
-    }
-    ida_heap_hint_huge(p, size);
+    void *p = ida_malloc(size);
+    ida_heap_hint_huge(p, size); /* nothing for NULL or a small block */
     return p;
 }
 

@@ -27,14 +27,14 @@ void ida_heap_fault_set(int delay, int repeat);
  * nothing for small blocks or where unsupported; contents are unchanged. */
 void ida_heap_hint_huge(void *p, size_t size);
 
-/* ida_malloc() for a large block read or written at random (a table of
- * hundreds of MB, a slab of records): at 2 MiB and above the block starts
- * on a 2 MiB boundary and carries the hint above, so all of it, not only
- * the whole 2 MiB pages that happen to lie inside it, can be backed by
- * huge pages. Each fault then maps and clears 2 MiB at once instead of
- * 4 KiB: a process filling hundreds of MB of fresh memory (a restart's
- * rebuild) takes a few hundred faults instead of a hundred thousand. Freed
- * with ida_free(). */
+/* ida_malloc() and the hint above, for a large block read or written at
+ * random (a table of hundreds of MB, a slab of records, a snapshot read
+ * back). Not aligned: a version that aligned such blocks to 2 MiB, so all
+ * of each could be huge pages and not only the whole 2 MiB pages inside it,
+ * made a restore of 10 M allocations into fresh memory (a restart's) about
+ * a tenth slower, not faster (session 13's note: each huge page is found
+ * and cleared whole at its first touch, compaction included). Freed with
+ * ida_free(). */
 void *ida_malloc_huge(size_t size);
 
 /* The out-of-memory policy.
