@@ -166,13 +166,16 @@ static inline uint64_t ida__tagtab_home(const struct ida__tagtab *t,
     return ((uint64_t)h32 * UINT64_C(0x9e3779b97f4a7c15)) >>
            (64 - __builtin_ctzll(t->cap));
 }
-/* How many regions the table has: IDA__TAGTAB_REGIONS, or one per slot
- * in a smaller table (cap > 0). */
-static inline unsigned ida__tagtab_regions(const struct ida__tagtab *t)
+/* Log2 of how many regions the table has: IDA__TAGTAB_REGIONS, or one
+ * per slot in a smaller table (cap > 0). */
+static inline unsigned ida__tagtab_regions_log2(const struct ida__tagtab *t)
 {
     unsigned bits = (unsigned)__builtin_ctzll(t->cap);
-    return 1u << (bits < IDA__TAGTAB_REGIONS_LOG2 ? bits
-                                                  : IDA__TAGTAB_REGIONS_LOG2);
+    return bits < IDA__TAGTAB_REGIONS_LOG2 ? bits : IDA__TAGTAB_REGIONS_LOG2;
+}
+static inline unsigned ida__tagtab_regions(const struct ida__tagtab *t)
+{
+    return 1u << ida__tagtab_regions_log2(t);
 }
 /* The region of the table (< ida__tagtab_regions()) @word's home lies in;
  * regions follow the slots' order, each cap / regions slots. */
@@ -180,10 +183,8 @@ static inline unsigned ida__tagtab_region(const struct ida__tagtab *t,
                                           uint64_t word)
 {
     unsigned bits = (unsigned)__builtin_ctzll(t->cap);
-    unsigned rb =
-        bits < IDA__TAGTAB_REGIONS_LOG2 ? bits : IDA__TAGTAB_REGIONS_LOG2;
     return (unsigned)(ida__tagtab_home(t, (uint32_t)(word >> 32)) >>
-                      (bits - rb));
+                      (bits - ida__tagtab_regions_log2(t)));
 }
 /* Start loading slots [@lo, @hi) into the cache, for writing. */
 static inline void ida__tagtab_prefetch_range(const struct ida__tagtab *t,

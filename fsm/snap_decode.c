@@ -60,6 +60,7 @@ struct bulk
     struct ida__bounded *b;
     uint64_t *sorted; /* the words grouped by region */
     unsigned regions; /* of the table (ida__tagtab_regions()) */
+    unsigned parts;   /* shares: each clears and inserts 1/parts of it */
     uint64_t *start;  /* [regions + 1]: where each region's words begin */
 };
 
@@ -68,16 +69,15 @@ struct share
 {
     struct bulk *k;
     enum phase phase;
-    struct ida__rbuf r;            /* the pool's fields holding the share */
-    uint64_t lo, hi;               /* its ids are within [lo, hi], increasing */
-    struct ida__slab slab;         /* records of the share */
-    uint64_t *words;               /* its words, in id order (DECODE) */
-    uint64_t n;                    /* how many holdings its bytes hold */
-    uint64_t *count;               /* [regions]: its words in each region
-                                      (DECODE), then where its next one in
-                                      each goes (GROUP) */
-    uint64_t clear_lo, clear_hi;   /* slots it clears */
-    unsigned region_lo, region_hi; /* regions it inserts */
+    struct ida__rbuf r;    /* the pool's fields holding the share */
+    uint64_t lo, hi;       /* its ids are within [lo, hi], increasing */
+    struct ida__slab slab; /* records of the share */
+    uint64_t *words;       /* its words, in id order (DECODE) */
+    uint64_t n;            /* how many holdings its bytes hold */
+    uint64_t *count;       /* [regions]: its words in each region
+                              (DECODE), then where its next one in
+                              each goes (GROUP) */
+    unsigned part;         /* its index (0 or 1) */
     int rv;
 };
 
@@ -156,7 +156,8 @@ static int run_insert(struct share *sh)
     struct bulk *k = sh->k;
     struct ida__tagtab *t = &k->b->tab;
     uint64_t span = t->cap / k->regions;
-    for (unsigned g = sh->region_lo; g < sh->region_hi; g++) {
+    unsigned per = k->regions / k->parts;
+    for (unsigned g = per * sh->part; g < per * (sh->part + 1); g++) {
         uint64_t next = (uint64_t)(g + 1) * span;
         if (next < t->cap) {
             ida__tagtab_prefetch_range(t, next, next + span);
@@ -187,9 +188,12 @@ static void run_share(void *arg)
             }
             break;
         }
-        case CLEAR:
-            ida__tagtab_bulk_clear(&k->b->tab, sh->clear_lo, sh->clear_hi);
+        case CLEAR: {
+            uint64_t per = k->b->tab.cap / k->parts;
+            ida__tagtab_bulk_clear(&k->b->tab, per * sh->part,
+                                   per * (sh->part + 1));
             break;
+        }
         case INSERT:
             sh->rv = run_insert(sh);
             break;
@@ -293,6 +297,7 @@ static int take_holdings(struct ida__bounded *b,
             sh[1].words = scratch + n0;
             sh[1].n = holdings - n0;
             sh[1].count = counts + 2 * (size_t)regions + 1;
+            sh[1].part = 1;
         }
         rv = run_phase(sh, shares, DECODE, helper);
     }
@@ -308,13 +313,7 @@ static int take_holdings(struct ida__bounded *b,
             }
         }
         k.start[regions] = at; /* == holdings: each share took its n */
-        uint64_t cap = b->tab.cap;
-        for (int i = 0; i < shares; i++) {
-            sh[i].clear_lo = cap / (uint64_t)shares * (uint64_t)i;
-            sh[i].clear_hi = cap / (uint64_t)shares * (uint64_t)(i + 1);
-            sh[i].region_lo = regions / (unsigned)shares * (unsigned)i;
-            sh[i].region_hi = regions / (unsigned)shares * (unsigned)(i + 1);
-        }
+        k.parts = (unsigned)shares;
         run_phase(sh, shares, GROUP, helper);
         run_phase(sh, shares, CLEAR, helper);
         rv = run_phase(sh, shares, INSERT, helper);

@@ -125,10 +125,9 @@ int ida_storage_snapshot_meta(struct ida_storage *s,
 }
 
 /* Copy bytes [@offset, @offset + @len) of snapshot @r (clipped at its end)
- * into @buf; *n gets the count. */
-/* Copy @len bytes of snapshot @r from @offset into @buf (*@n copied);
- * with @crc, fold each piece into *@crc as it is copied, while it is in the
- * cache (a whole state read back at start would otherwise be read twice). */
+ * into @buf; *n gets the count. With @crc, fold each piece into *@crc as it is
+ * copied, while it is in the cache (a whole state read back at start would
+ * otherwise be read twice). */
 static int copy_range(struct ida_storage *s,
                       MDB_txn *txn,
                       const struct ida__rec_snapshot *r,

@@ -323,6 +323,14 @@ int fake_seen(struct fake_server *s)
     return n;
 }
 
+uint64_t fake_seen_seq(struct fake_server *s, int i)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t seq = s->seen_seq[i];
+    pthread_mutex_unlock(&s->mu);
+    return seq;
+}
+
 void fake_set_mode(struct fake_server *s, enum fake_mode m)
 {
     pthread_mutex_lock(&s->mu);

@@ -69,6 +69,8 @@ struct fake_server
 void fake_start(struct fake_server *s, enum fake_mode mode);
 void fake_stop(struct fake_server *s);
 int fake_seen(struct fake_server *s); /* requests received so far */
+/* The request_seq of the @i'th request received (i < fake_seen()). */
+uint64_t fake_seen_seq(struct fake_server *s, int i);
 void fake_set_mode(struct fake_server *s, enum fake_mode m);
 /* With keep: the answer kept for (@client, @seq), or UINT64_MAX. */
 uint64_t fake_kept_value(struct fake_server *s,

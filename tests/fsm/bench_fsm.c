@@ -195,6 +195,33 @@ static void create(struct ida_fsm *f,
     }
 }
 
+/* How many restores to time: IDA_BENCH_RESTORES, else @dflt. */
+static int restores_wanted(int dflt)
+{
+    const char *nr = getenv("IDA_BENCH_RESTORES");
+    return nr != NULL ? atoi(nr) : dflt;
+}
+
+/* Restore @data into a new state machine (*@g, the caller's, NULL when
+ * ida_fsm_new failed), with a thread lent when @lent; *@secs the restore's
+ * time. Returns the restore's error, or 0. */
+static int timed_restore(const uint8_t *data,
+                         size_t len,
+                         bool lent,
+                         struct ida_fsm **g,
+                         double *secs)
+{
+    struct ida__lend l;
+    ida__lend_init(&l);
+    *g = NULL;
+    int rv = ida_fsm_new(g);
+    double t0 = now_s();
+    rv = rv != 0 ? rv
+                 : ida_fsm_restore_with(*g, data, len, lent ? &l.helper : NULL);
+    *secs = now_s() - t0;
+    return rv;
+}
+
 /* bench_fsm --restore FILE (above). */
 static int restore_file(const char *path)
 {
@@ -205,27 +232,20 @@ static int restore_file(const char *path)
         fprintf(stderr, "bench_fsm: %s\n", err);
         return 1;
     }
-    const char *nr = getenv("IDA_BENCH_RESTORES");
-    int restores = nr != NULL ? atoi(nr) : 3;
+    int restores = restores_wanted(3);
     printf("bench_fsm: restores of the state in %s (index %llu, %.1f MB)\n",
            path, (unsigned long long)bk.index, (double)bk.state_len / 1e6);
     double sum[2] = {0, 0};
     for (int i = 0; i < restores && rv == 0; i++) {
         for (int lent = 1; lent >= 0 && rv == 0; lent--) {
-            struct ida_fsm *g = NULL;
-            struct ida__lend l;
-            ida__lend_init(&l);
-            rv = ida_fsm_new(&g);
-            double t0 = now_s();
-            rv = rv != 0 ? rv
-                         : ida_fsm_restore_with(g, bk.state, bk.state_len,
-                                                lent ? &l.helper : NULL);
-            double t1 = now_s();
+            struct ida_fsm *g;
+            double secs;
+            rv = timed_restore(bk.state, bk.state_len, lent, &g, &secs);
             ida_fsm_free(g);
             if (rv == 0) {
                 printf("  restore %d %s: %.3f s\n", i + 1,
-                       lent ? "two threads" : "one thread ", t1 - t0);
-                sum[lent] += t1 - t0;
+                       lent ? "two threads" : "one thread ", secs);
+                sum[lent] += secs;
             }
         }
     }
@@ -324,21 +344,14 @@ int main(int argc, char **argv)
      * decoding alone. */
     /* IDA_BENCH_RESTORES: how many (2 by default; more to profile). The
      * same again with a second thread lent (what a node does). */
-    const char *nr = getenv("IDA_BENCH_RESTORES");
-    int restores = nr != NULL ? atoi(nr) : 2;
+    int restores = restores_wanted(2);
     for (int lent = 0; lent < 2; lent++) {
         printf("restore again%s:", lent ? ", two threads" : "");
         for (int i = 0; i < restores; i++) {
             ida_free(snap2);
             ida_fsm_free(g);
-            struct ida__lend l;
-            ida__lend_init(&l);
-            rv = ida_fsm_new(&g);
-            double t4 = now_s();
-            rv = rv != 0 ? rv
-                         : ida_fsm_restore_with(g, snap, len,
-                                                lent ? &l.helper : NULL);
-            double t5 = now_s();
+            double secs;
+            rv = timed_restore(snap, len, lent, &g, &secs);
             if (rv == 0) {
                 rv = ida_fsm_snapshot(g, &snap2, &len2);
             }
@@ -346,7 +359,7 @@ int main(int argc, char **argv)
                 die("restore", rv);
             }
             same = same && len == len2 && memcmp(snap, snap2, len) == 0;
-            printf(" %.2f s", t5 - t4);
+            printf(" %.2f s", secs);
         }
         printf("%s\n", same ? "" : " (re-snapshot DIFFERS)");
     }
