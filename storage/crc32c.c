@@ -5,7 +5,12 @@
  * 4.5% of its time in the old byte-wise table). Two versions, one answer:
  *   - x86-64 with SSE4.2: the crc32 instruction, 8 bytes per step (picked at
  *     load time with __builtin_cpu_supports; the function is compiled for
- *     SSE4.2 by a target attribute, so the rest of the build stays generic);
+ *     SSE4.2 by a target attribute, so the rest of the build stays generic).
+ *     The instruction takes 3 cycles but can start one every cycle, so one
+ *     chain of steps uses a third of it: a long buffer is cut into three
+ *     runs checksummed side by side, then joined (crc_shift()). A whole
+ *     snapshot read back at a restart (180 MB at 10 M allocations) took
+ *     ~90 ms on one chain;
  *   - everywhere else: slicing-by-8 (eight 256-entry tables, 8 bytes per
  *     step, no instruction needed). ARMv8's crc32c instructions would be the
  *     same shape; not done because no ARM machine was at hand to test it.
@@ -45,6 +50,41 @@ uint32_t ida__crc32c_portable(uint32_t crc, const void *data, size_t len)
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <nmmintrin.h>
 
+/* Three runs of this many bytes side by side: long ones for a long buffer,
+ * short ones for what is left (a log entry of a few hundred bytes). */
+#define RUN_LONG  8192
+#define RUN_SHORT 256
+
+/* crc_shift() for each run length: the register of a run followed by that
+ * many zero bytes, a byte of the register at a time. */
+static uint32_t shift_long[4][256], shift_short[4][256];
+
+static uint32_t crc_shift(uint32_t t[4][256], uint32_t c)
+{
+    return t[0][c & 0xff] ^ t[1][(c >> 8) & 0xff] ^ t[2][(c >> 16) & 0xff] ^
+           t[3][c >> 24];
+}
+
+/* Three runs of @run bytes at @p: the register after @c and all three. */
+__attribute__((target("sse4.2"))) static uint64_t
+crc_triple(uint64_t c, const uint8_t *p, size_t run, uint32_t t[4][256])
+{
+    uint64_t c1 = 0, c2 = 0;
+    for (const uint8_t *end = p + run; p < end; p += 8) {
+        uint64_t w0, w1, w2;
+        memcpy(&w0, p, 8);
+        memcpy(&w1, p + run, 8);
+        memcpy(&w2, p + 2 * run, 8);
+        c = _mm_crc32_u64(c, w0);
+        c1 = _mm_crc32_u64(c1, w1);
+        c2 = _mm_crc32_u64(c2, w2);
+    }
+    /* The register is linear: after A then B it is A's shifted over |B|
+     * zero bytes, xor B's from zero. */
+    c = crc_shift(t, (uint32_t)c) ^ c1;
+    return crc_shift(t, (uint32_t)c) ^ c2;
+}
+
 __attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc,
                                                                const void *data,
                                                                size_t len)
@@ -54,6 +94,12 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc,
     while (len > 0 && ((uintptr_t)p & 7) != 0) {
         c = _mm_crc32_u8((uint32_t)c, *p++);
         len--;
+    }
+    for (; len >= 3 * RUN_LONG; len -= 3 * RUN_LONG, p += 3 * RUN_LONG) {
+        c = crc_triple(c, p, RUN_LONG, shift_long);
+    }
+    for (; len >= 3 * RUN_SHORT; len -= 3 * RUN_SHORT, p += 3 * RUN_SHORT) {
+        c = crc_triple(c, p, RUN_SHORT, shift_short);
     }
     while (len >= 8) {
         uint64_t w;
@@ -85,6 +131,39 @@ int ida__crc32c_hw(void)
     return crc_use_hw;
 }
 
+#ifdef HAVE_HW
+/* @a times @b modulo the polynomial, both reflected (bit 31 is x^0). */
+static uint32_t mul_mod(uint32_t a, uint32_t b)
+{
+    uint32_t p = 0;
+    for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
+        if (a & m) {
+            p ^= b;
+        }
+        b = (b & 1) ? (b >> 1) ^ 0x82F63B78u : b >> 1;
+    }
+    return p;
+}
+
+/* @t for shifting a register over @bytes zero bytes: x^(8 bytes) times
+ * each byte of the register in its place. */
+static void fill_shift(uint32_t t[4][256], size_t bytes)
+{
+    uint32_t x = 1u << 31, sq = 1u << 30; /* x^0, x^1 */
+    for (size_t e = 8 * bytes; e != 0; e >>= 1) { /* x^e by squaring */
+        if (e & 1) {
+            x = mul_mod(x, sq);
+        }
+        sq = mul_mod(sq, sq);
+    }
+    for (int k = 0; k < 4; k++) {
+        for (uint32_t b = 0; b < 256; b++) {
+            t[k][b] = mul_mod(x, b << (8 * k));
+        }
+    }
+}
+#endif
+
 __attribute__((constructor)) static void crc_init_at_load(void)
 {
     for (uint32_t i = 0; i < 256; i++) {
@@ -102,6 +181,8 @@ __attribute__((constructor)) static void crc_init_at_load(void)
     }
     crc_ready = 1;
 #ifdef HAVE_HW
+    fill_shift(shift_long, RUN_LONG);
+    fill_shift(shift_short, RUN_SHORT);
     __builtin_cpu_init();
     crc_use_hw = __builtin_cpu_supports("sse4.2");
 #endif

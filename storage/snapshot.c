@@ -36,11 +36,15 @@ static int read_snapshot_rec(struct ida_storage *s,
 /* Fetch and check chunk @c of snapshot @r with cursor @cur: positioned on
  * it by key, or (@next) by a step from chunk @c - 1. @data and @len point
  * into LMDB. */
+/* Chunk @c of snapshot @r: its data, its length checked, and its checksum
+ * too when @check (a caller that checks the whole state's instead passes
+ * 0, so that the bytes are read once). */
 static int read_chunk(struct ida_storage *s,
                       MDB_cursor *cur,
                       int next,
                       const struct ida__rec_snapshot *r,
                       uint64_t c,
+                      int check,
                       const uint8_t **data,
                       size_t *len)
 {
@@ -65,7 +69,17 @@ static int read_chunk(struct ida_storage *s,
         want = r->size - (r->chunks - 1) * (uint64_t)r->chunk_bytes;
     }
     const uint8_t *p = v.mv_data;
-    if (v.mv_size != IDA__REC_CHUNK_HDR_BYTES + want ||
+    if (v.mv_size != IDA__REC_CHUNK_HDR_BYTES + want) {
+        IDA_ERROR("storage %s: snapshot %llu chunk %llu has %zu bytes, not "
+                  "%llu",
+                  s->dir, (unsigned long long)r->id, (unsigned long long)c,
+                  v.mv_size - (v.mv_size >= IDA__REC_CHUNK_HDR_BYTES
+                                   ? IDA__REC_CHUNK_HDR_BYTES
+                                   : 0),
+                  (unsigned long long)want);
+        return RC_CORRUPT;
+    }
+    if (check &&
         ida__get_be32(p) !=
             ida__rec_chunk_crc(r->id, c, p + IDA__REC_CHUNK_HDR_BYTES, want)) {
         IDA_ERROR("storage %s: snapshot %llu chunk %llu fails its checksum",
@@ -125,9 +139,12 @@ int ida_storage_snapshot_meta(struct ida_storage *s,
 }
 
 /* Copy bytes [@offset, @offset + @len) of snapshot @r (clipped at its end)
- * into @buf; *n gets the count. With @crc, fold each piece into *@crc as it is
- * copied, while it is in the cache (a whole state read back at start would
- * otherwise be read twice). */
+ * into @buf; *n gets the count. Each chunk's checksum is checked, or with
+ * @crc, each piece is folded into *@crc instead as it is copied, while it
+ * is in the cache: the caller checks the whole state's checksum, which
+ * covers every byte the chunks' would (a whole state read back at start is
+ * then read once, not three times: its chunks' checksums, the copy, the
+ * state's). */
 static int copy_range(struct ida_storage *s,
                       MDB_txn *txn,
                       const struct ida__rec_snapshot *r,
@@ -148,7 +165,7 @@ static int copy_range(struct ida_storage *s,
         size_t in = (size_t)(offset % r->chunk_bytes);
         const uint8_t *data;
         size_t clen;
-        rc = read_chunk(s, cur, done > 0, r, c, &data, &clen);
+        rc = read_chunk(s, cur, done > 0, r, c, crc == NULL, &data, &clen);
         if (rc != 0) {
             break;
         }
@@ -225,6 +242,10 @@ int ida_storage_snapshot_load(struct ida_storage *s,
         rc = copy_range(s, txn, &r, 0, buf, (size_t)r.size, &n, &crc);
     }
     if (rc == 0 && (n != r.size || crc != r.data_crc)) {
+        /* Which chunk, if one fails its own (each says so); the state is
+         * refused either way. */
+        size_t m;
+        (void)copy_range(s, txn, &r, 0, buf, (size_t)r.size, &m, NULL);
         IDA_ERROR("storage %s: snapshot %llu state fails its checksum", s->dir,
                   (unsigned long long)r.id);
         rc = RC_CORRUPT;

@@ -40,6 +40,44 @@ Test(storage_record, crc32c_hardware_and_portable_agree)
     cr_log_info("crc32c: %s", ida__crc32c_hw() ? "sse4.2" : "portable");
 }
 
+/* Long buffers take three runs side by side and join them (of 8,192 bytes,
+ * then of 256): every way a length splits into long runs, short runs and
+ * a tail, at every alignment, gives the slicing-by-8 answer, and so does a
+ * single flipped bit in any run. */
+Test(storage_record, crc32c_of_long_buffers_agrees_in_every_run)
+{
+    static uint8_t buf[3 * 3 * 8192 + 3 * 256 + 64];
+    uint32_t x = 777;
+    for (size_t i = 0; i < sizeof(buf); i++) {
+        x = x * 1103515245u + 12345u;
+        buf[i] = (uint8_t)(x >> 16);
+    }
+    const size_t lens[] = {767,          768,          769,
+                           3 * 256 + 15, 24575,        24576,
+                           24577,        24576 + 768,  24576 + 777,
+                           2 * 24576,    2 * 24576 + 3 * 256 + 9,
+                           3 * 24576 + 3 * 256 + 40};
+    for (size_t off = 0; off < 9; off++) {
+        for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+            size_t len = lens[i];
+            cr_assert_leq(off + len, sizeof(buf));
+            uint32_t a = ida__crc32c(0, buf + off, len);
+            uint32_t b = ida__crc32c_portable(0, buf + off, len);
+            cr_assert_eq(a, b, "off %zu len %zu: %08x vs %08x", off, len, a, b);
+            cr_assert_eq(ida__crc32c(a, buf, 100),
+                         ida__crc32c_portable(b, buf, 100));
+        }
+    }
+    for (size_t at = 0; at < 3 * 8192 + 3 * 256; at += 1021) {
+        uint32_t before = ida__crc32c(0, buf, 3 * 8192 + 3 * 256);
+        buf[at] ^= 0x10;
+        uint32_t after = ida__crc32c(0, buf, 3 * 8192 + 3 * 256);
+        cr_assert_eq(after, ida__crc32c_portable(0, buf, 3 * 8192 + 3 * 256));
+        cr_assert_neq(after, before, "a bit flipped at %zu went unseen", at);
+        buf[at] ^= 0x10;
+    }
+}
+
 Test(storage_record, every_record_rejects_a_flipped_bit_and_a_wrong_length)
 {
     uint8_t buf[128];
