@@ -66,8 +66,10 @@ static uint32_t crc_shift(uint32_t t[4][256], uint32_t c)
 }
 
 /* Three runs of @run bytes at @p: the register after @c and all three. */
-__attribute__((target("sse4.2"))) static uint64_t
-crc_triple(uint64_t c, const uint8_t *p, size_t run, uint32_t t[4][256])
+__attribute__((target("sse4.2"))) static uint64_t crc_triple(uint64_t c,
+                                                             const uint8_t *p,
+                                                             size_t run,
+                                                             uint32_t t[4][256])
 {
     uint64_t c1 = 0, c2 = 0;
     for (const uint8_t *end = p + run; p < end; p += 8) {
@@ -149,7 +151,7 @@ static uint32_t mul_mod(uint32_t a, uint32_t b)
  * each byte of the register in its place. */
 static void fill_shift(uint32_t t[4][256], size_t bytes)
 {
-    uint32_t x = 1u << 31, sq = 1u << 30; /* x^0, x^1 */
+    uint32_t x = 1u << 31, sq = 1u << 30;         /* x^0, x^1 */
     for (size_t e = 8 * bytes; e != 0; e >>= 1) { /* x^e by squaring */
         if (e & 1) {
             x = mul_mod(x, sq);

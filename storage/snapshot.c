@@ -70,13 +70,14 @@ static int read_chunk(struct ida_storage *s,
     }
     const uint8_t *p = v.mv_data;
     if (v.mv_size != IDA__REC_CHUNK_HDR_BYTES + want) {
-        IDA_ERROR("storage %s: snapshot %llu chunk %llu has %zu bytes, not "
-                  "%llu",
-                  s->dir, (unsigned long long)r->id, (unsigned long long)c,
-                  v.mv_size - (v.mv_size >= IDA__REC_CHUNK_HDR_BYTES
-                                   ? IDA__REC_CHUNK_HDR_BYTES
-                                   : 0),
-                  (unsigned long long)want);
+        IDA_ERROR(
+            "storage %s: snapshot %llu chunk %llu has %zu bytes, not "
+            "%llu",
+            s->dir, (unsigned long long)r->id, (unsigned long long)c,
+            v.mv_size - (v.mv_size >= IDA__REC_CHUNK_HDR_BYTES
+                             ? IDA__REC_CHUNK_HDR_BYTES
+                             : 0),
+            (unsigned long long)want);
         return RC_CORRUPT;
     }
     if (check &&

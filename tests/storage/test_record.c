@@ -52,10 +52,17 @@ Test(storage_record, crc32c_of_long_buffers_agrees_in_every_run)
         x = x * 1103515245u + 12345u;
         buf[i] = (uint8_t)(x >> 16);
     }
-    const size_t lens[] = {767,          768,          769,
-                           3 * 256 + 15, 24575,        24576,
-                           24577,        24576 + 768,  24576 + 777,
-                           2 * 24576,    2 * 24576 + 3 * 256 + 9,
+    const size_t lens[] = {767,
+                           768,
+                           769,
+                           3 * 256 + 15,
+                           24575,
+                           24576,
+                           24577,
+                           24576 + 768,
+                           24576 + 777,
+                           2 * 24576,
+                           2 * 24576 + 3 * 256 + 9,
                            3 * 24576 + 3 * 256 + 40};
     for (size_t off = 0; off < 9; off++) {
         for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {

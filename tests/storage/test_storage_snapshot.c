@@ -739,10 +739,10 @@ Test(storage, a_damaged_chunk_is_refused_at_load_and_when_read)
                  IDA_ECORRUPT);
     uint8_t *want = make_state(size);
     for (uint64_t c = 0; c < 4; c += 2) {
-        cr_assert_eq(ida_storage_snapshot_read(
-                         &st, r.id, c * IDA_STORAGE_CHUNK_BYTES, buf,
-                         IDA_STORAGE_CHUNK_BYTES, &got),
-                     0, "chunk %llu", (unsigned long long)c);
+        cr_assert_eq(
+            ida_storage_snapshot_read(&st, r.id, c * IDA_STORAGE_CHUNK_BYTES,
+                                      buf, IDA_STORAGE_CHUNK_BYTES, &got),
+            0, "chunk %llu", (unsigned long long)c);
         cr_assert_eq(memcmp(buf, want + c * IDA_STORAGE_CHUNK_BYTES, got), 0);
     }
     free(want);
