@@ -14,9 +14,9 @@
 
 void *ida__arena_alloc(void *data, size_t size)
 {
-    struct ida_fsm *f = data;
+    struct ida__arena *ar = data;
     size = (size + 15) & ~(size_t)15;
-    struct ida__arena_block *a = f->arena;
+    struct ida__arena_block *a = ar->head;
     if (a == NULL || a->cap - a->used < size) {
         size_t cap = size > ARENA_BLOCK_BYTES ? size : ARENA_BLOCK_BYTES;
         if (a != NULL && a->cap > cap) {
@@ -24,13 +24,13 @@ void *ida__arena_alloc(void *data, size_t size)
         }
         struct ida__arena_block *n = ida_malloc(sizeof(*n) + cap);
         if (n == NULL) {
-            f->arena_failed = true;
+            ar->failed = true;
             return NULL;
         }
         n->next = a;
         n->cap = cap;
         n->used = 0;
-        f->arena = a = n;
+        ar->head = a = n;
     }
     void *p = a->data + a->used;
     a->used += size;
@@ -43,37 +43,37 @@ void ida__arena_free(void *data, void *ptr)
     (void)ptr;
 }
 
-void ida__arena_release(struct ida_fsm *f)
+void ida__arena_release(struct ida__arena *a)
 {
-    while (f->arena != NULL) {
-        struct ida__arena_block *next = f->arena->next;
-        ida_free(f->arena);
-        f->arena = next;
+    while (a->head != NULL) {
+        struct ida__arena_block *next = a->head->next;
+        ida_free(a->head);
+        a->head = next;
     }
 }
 
 /* Empty the arena; several blocks become one of their total size, so the
  * next entry of the same size needs no allocation. */
-void ida__arena_reset(struct ida_fsm *f)
+void ida__arena_reset(struct ida__arena *a)
 {
-    f->arena_failed = false;
-    if (f->arena == NULL) {
+    a->failed = false;
+    if (a->head == NULL) {
         return;
     }
-    if (f->arena->next == NULL) {
-        f->arena->used = 0;
+    if (a->head->next == NULL) {
+        a->head->used = 0;
         return;
     }
     size_t total = 0;
-    for (struct ida__arena_block *a = f->arena; a != NULL; a = a->next) {
-        total += a->cap;
+    for (struct ida__arena_block *b = a->head; b != NULL; b = b->next) {
+        total += b->cap;
     }
-    ida__arena_release(f);
+    ida__arena_release(a);
     struct ida__arena_block *n = ida_malloc(sizeof(*n) + total);
     if (n != NULL) { /* else the next entry allocates again */
         n->next = NULL;
         n->cap = total;
         n->used = 0;
-        f->arena = n;
+        a->head = n;
     }
 }

@@ -99,7 +99,7 @@ static int rd_len(struct rd *r, struct rd *sub)
 }
 
 /* Copy of @s in the arena as protobuf-c makes it: -IDA_ENOMEM or 0. */
-static int bytes_of(struct ida_fsm *f,
+static int bytes_of(struct ida__arena *ar,
                     const struct rd *s,
                     ProtobufCBinaryData *out)
 {
@@ -107,7 +107,7 @@ static int bytes_of(struct ida_fsm *f,
     out->len = n;
     out->data = NULL;
     if (n > 0) {
-        out->data = ida__arena_alloc(f, n);
+        out->data = ida__arena_alloc(ar, n);
         if (out->data == NULL) {
             return -IDA_ENOMEM;
         }
@@ -130,7 +130,7 @@ struct op_shape
     uint64_t *out_v[3];
 };
 
-static int rd_op(struct ida_fsm *f, struct rd *r, const struct op_shape *sh)
+static int rd_op(struct ida__arena *ar, struct rd *r, const struct op_shape *sh)
 {
     unsigned seen = 0;
     while (r->p != r->end) {
@@ -146,7 +146,7 @@ static int rd_op(struct ida_fsm *f, struct rd *r, const struct op_shape *sh)
             struct rd s;
             rv = rd_len(r, &s);
             if (rv == 0) {
-                rv = bytes_of(f, &s, sh->out_b[num - 1]);
+                rv = bytes_of(ar, &s, sh->out_b[num - 1]);
             }
         } else {
             rv = rd_varint(r, sh->out_v[num - 1]);
@@ -159,7 +159,7 @@ static int rd_op(struct ida_fsm *f, struct rd *r, const struct op_shape *sh)
 }
 
 /* The op message @s of field @num into @c. */
-static int op_of(struct ida_fsm *f,
+static int op_of(struct ida__arena *ar,
                  unsigned num,
                  struct rd *s,
                  Idalloc__Command *c)
@@ -167,7 +167,7 @@ static int op_of(struct ida_fsm *f,
     struct op_shape sh = {{-1, -1, -1}, {NULL, NULL, NULL}, {NULL, NULL, NULL}};
     switch (num) {
         case 11: {
-            Idalloc__Alloc *a = ida__arena_alloc(f, sizeof(*a));
+            Idalloc__Alloc *a = ida__arena_alloc(ar, sizeof(*a));
             if (a == NULL) {
                 return -IDA_ENOMEM;
             }
@@ -179,7 +179,7 @@ static int op_of(struct ida_fsm *f,
             break;
         }
         case 12: {
-            Idalloc__Free *fr = ida__arena_alloc(f, sizeof(*fr));
+            Idalloc__Free *fr = ida__arena_alloc(ar, sizeof(*fr));
             if (fr == NULL) {
                 return -IDA_ENOMEM;
             }
@@ -192,7 +192,7 @@ static int op_of(struct ida_fsm *f,
             break;
         }
         case 15: {
-            Idalloc__Reserve *rs = ida__arena_alloc(f, sizeof(*rs));
+            Idalloc__Reserve *rs = ida__arena_alloc(ar, sizeof(*rs));
             if (rs == NULL) {
                 return -IDA_ENOMEM;
             }
@@ -205,7 +205,7 @@ static int op_of(struct ida_fsm *f,
             break;
         }
         case 16: {
-            Idalloc__PrefixAlloc *pa = ida__arena_alloc(f, sizeof(*pa));
+            Idalloc__PrefixAlloc *pa = ida__arena_alloc(ar, sizeof(*pa));
             if (pa == NULL) {
                 return -IDA_ENOMEM;
             }
@@ -218,7 +218,7 @@ static int op_of(struct ida_fsm *f,
             break;
         }
         default: { /* 21: RegisterClient has no fields */
-            Idalloc__RegisterClient *rc = ida__arena_alloc(f, sizeof(*rc));
+            Idalloc__RegisterClient *rc = ida__arena_alloc(ar, sizeof(*rc));
             if (rc == NULL) {
                 return -IDA_ENOMEM;
             }
@@ -228,7 +228,7 @@ static int op_of(struct ida_fsm *f,
             break;
         }
     }
-    return rd_op(f, s, &sh);
+    return rd_op(ar, s, &sh);
 }
 
 /* A key of one byte, or two (fields 16..2047): 0 or NOT_SIMPLE. */
@@ -249,7 +249,7 @@ static int rd_key(struct rd *r, unsigned *num, unsigned *wt)
     return 0;
 }
 
-static int rd_command(struct ida_fsm *f, struct rd *r, Idalloc__Command *c)
+static int rd_command(struct ida__arena *ar, struct rd *r, Idalloc__Command *c)
 {
     unsigned seen = 0; /* bit 1..3: fields 1..3; bit 4: an op */
     idalloc__command__init(c);
@@ -278,7 +278,7 @@ static int rd_command(struct ida_fsm *f, struct rd *r, Idalloc__Command *c)
             case 1:
                 rv = rd_len(r, &s);
                 if (rv == 0) {
-                    rv = bytes_of(f, &s, &c->client_id);
+                    rv = bytes_of(ar, &s, &c->client_id);
                 }
                 break;
             case 2:
@@ -290,7 +290,7 @@ static int rd_command(struct ida_fsm *f, struct rd *r, Idalloc__Command *c)
             default:
                 rv = rd_len(r, &s);
                 if (rv == 0) {
-                    rv = op_of(f, num, &s, c);
+                    rv = op_of(ar, num, &s, c);
                 }
                 break;
         }
@@ -301,7 +301,7 @@ static int rd_command(struct ida_fsm *f, struct rd *r, Idalloc__Command *c)
     return 0;
 }
 
-int ida__batch_decode_simple(struct ida_fsm *f,
+int ida__batch_decode_simple(struct ida__arena *ar,
                              const uint8_t *data,
                              size_t len,
                              Idalloc__CommandBatch **out)
@@ -335,11 +335,11 @@ int ida__batch_decode_simple(struct ida_fsm *f,
             return rv;
         }
     }
-    Idalloc__CommandBatch *b = ida__arena_alloc(f, sizeof(*b));
+    Idalloc__CommandBatch *b = ida__arena_alloc(ar, sizeof(*b));
     Idalloc__Command **ptrs = NULL, *cmds = NULL;
     if (n > 0) {
-        ptrs = ida__arena_alloc(f, n * sizeof(*ptrs));
-        cmds = ida__arena_alloc(f, n * sizeof(*cmds));
+        ptrs = ida__arena_alloc(ar, n * sizeof(*ptrs));
+        cmds = ida__arena_alloc(ar, n * sizeof(*cmds));
     }
     if (b == NULL || (n > 0 && (ptrs == NULL || cmds == NULL))) {
         return -IDA_ENOMEM;
@@ -362,7 +362,7 @@ int ida__batch_decode_simple(struct ida_fsm *f,
         }
         (void)rd_len(&r, &s);
         ptrs[i] = &cmds[i];
-        int rv = rd_command(f, &s, &cmds[i]);
+        int rv = rd_command(ar, &s, &cmds[i]);
         if (rv != 0) {
             return rv;
         }
@@ -372,18 +372,18 @@ int ida__batch_decode_simple(struct ida_fsm *f,
     return 0;
 }
 
-Idalloc__CommandBatch *ida__batch_unpack(struct ida_fsm *f,
+Idalloc__CommandBatch *ida__batch_unpack(struct ida__arena *ar,
                                          const uint8_t *data,
                                          size_t len)
 {
     Idalloc__CommandBatch *b = NULL;
-    int rv = ida__batch_decode_simple(f, data, len, &b);
+    int rv = ida__batch_decode_simple(ar, data, len, &b);
     if (rv == 0) {
         return b;
     }
     if (rv < 0) {
-        return NULL; /* f->arena_failed says why */
+        return NULL; /* ar->failed says why */
     }
-    ProtobufCAllocator alloc = {ida__arena_alloc, ida__arena_free, f};
+    ProtobufCAllocator alloc = {ida__arena_alloc, ida__arena_free, ar};
     return idalloc__command_batch__unpack(&alloc, len, data);
 }

@@ -226,7 +226,7 @@ void ida_fsm_free(struct ida_fsm *f)
     ida_free(f->sess_free);
     ida__tagtab_close(&f->sessions);
     ida_free(f->replies);
-    ida__arena_release(f);
+    ida__arena_release(&f->arena);
     ida_free(f);
 }
 
@@ -652,6 +652,7 @@ static int register_client(struct ida_fsm *f,
  * IDA_ENOMEM (nothing of this command applied). */
 static int apply_command(struct ida_fsm *f,
                          const Idalloc__Command *c,
+                         const uint64_t *fingerprint,
                          uint64_t seed,
                          bool utf8,
                          struct ida_fsm_reply *reply)
@@ -681,7 +682,7 @@ static int apply_command(struct ida_fsm *f,
         ida__fsm_result_error(&reply->result, IDA__R_ACK_ABOVE);
         return 0;
     }
-    uint64_t fp = ida__fsm_fingerprint(c);
+    uint64_t fp = fingerprint != NULL ? *fingerprint : ida__fsm_fingerprint(c);
     const struct ida__cached *k = ida__session_lookup(s, c->request_seq);
     if (k == NULL && c->request_seq > s->evicted_below &&
         ida__session_room(s) == 0 &&
@@ -780,9 +781,11 @@ static void prefetch_tag(struct ida_fsm *f, const Idalloc__Command *c)
     }
 }
 
+/* @fps: the commands' fingerprints, computed ahead, or NULL. */
 static int apply_batch(struct ida_fsm *f,
                        ida_index index,
                        const Idalloc__CommandBatch *b,
+                       const uint64_t *fps,
                        struct ida_fsm_applied *out)
 {
     int rv = reserve_replies(f, b->n_commands);
@@ -800,8 +803,8 @@ static int apply_batch(struct ida_fsm *f,
         if (i + PREFETCH_AHEAD < b->n_commands) {
             prefetch_tag(f, b->commands[i + PREFETCH_AHEAD]);
         }
-        rv = apply_command(f, b->commands[i], seed_of(index, i),
-                           b->version >= 2, &f->replies[i]);
+        rv = apply_command(f, b->commands[i], fps != NULL ? &fps[i] : NULL,
+                           seed_of(index, i), b->version >= 2, &f->replies[i]);
         if (rv != 0) {
             return rv;
         }
@@ -811,14 +814,14 @@ static int apply_batch(struct ida_fsm *f,
     return 0;
 }
 
-int ida_fsm_apply(struct ida_fsm *f,
-                  ida_index index,
-                  enum ida_entry_type type,
-                  const uint8_t *data,
-                  size_t len,
-                  struct ida_fsm_applied *out)
+int ida__fsm_apply_decoded(struct ida_fsm *f,
+                           ida_index index,
+                           enum ida_entry_type type,
+                           const Idalloc__CommandBatch *b,
+                           bool out_of_memory,
+                           const uint64_t *fps,
+                           struct ida_fsm_applied *out)
 {
-    IDA_ASSERT(f != NULL && out != NULL);
     memset(out, 0, sizeof(*out));
     out->index = index;
     if (index != f->applied_index + 1) {
@@ -829,10 +832,7 @@ int ida_fsm_apply(struct ida_fsm *f,
         return IDA_EINVAL;
     }
     if (type == IDA_ENTRY_NORMAL) {
-        /* Decoded into the arena: freed all at once by the next reset. */
-        ida__arena_reset(f);
-        Idalloc__CommandBatch *b = ida__batch_unpack(f, data, len);
-        if (b == NULL && f->arena_failed) {
+        if (b == NULL && out_of_memory) {
             /* Out of memory is local, not a property of the entry: it must
              * not be mistaken for a malformed batch (replicas would part). */
             return IDA_ENOMEM;
@@ -845,7 +845,7 @@ int ida_fsm_apply(struct ida_fsm *f,
         } else if (b->n_commands > IDA_BATCH_COMMANDS_MAX) {
             out->entry_error = IDA_ETOOBIG;
         } else {
-            int rv = apply_batch(f, index, b, out);
+            int rv = apply_batch(f, index, b, fps, out);
             if (rv != 0) {
                 memset(out, 0, sizeof(*out));
                 out->index = index;
@@ -855,6 +855,24 @@ int ida_fsm_apply(struct ida_fsm *f,
     }
     f->applied_index = index;
     return 0;
+}
+
+int ida_fsm_apply(struct ida_fsm *f,
+                  ida_index index,
+                  enum ida_entry_type type,
+                  const uint8_t *data,
+                  size_t len,
+                  struct ida_fsm_applied *out)
+{
+    IDA_ASSERT(f != NULL && out != NULL);
+    const Idalloc__CommandBatch *b = NULL;
+    if (type == IDA_ENTRY_NORMAL && index == f->applied_index + 1) {
+        /* Decoded into the arena: freed all at once by the next reset. */
+        ida__arena_reset(&f->arena);
+        b = ida__batch_unpack(&f->arena, data, len);
+    }
+    return ida__fsm_apply_decoded(f, index, type, b, f->arena.failed, NULL,
+                                  out);
 }
 
 /* --- reads ---------------------------------------------------------------- */

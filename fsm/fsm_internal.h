@@ -404,6 +404,12 @@ struct ida__arena_block
     _Alignas(16) uint8_t data[];
 };
 
+struct ida__arena
+{
+    struct ida__arena_block *head;
+    bool failed; /* an allocation failed since the last reset */
+};
+
 struct ida_fsm
 {
     ida_index applied_index;
@@ -431,8 +437,7 @@ struct ida_fsm
     struct ida_fsm_reply *replies; /* last apply's answers */
     size_t replies_cap;
 
-    struct ida__arena_block *arena; /* decode memory of the current entry */
-    bool arena_failed;              /* an arena allocation failed */
+    struct ida__arena arena; /* decode memory of the current entry */
 };
 
 /* Pools. */
@@ -478,27 +483,41 @@ uint64_t ida__fsm_fingerprint_start(int op);
 /* The key callback for the sessions table. */
 const uint8_t *ida__session_key(const void *ctx, uint32_t ref, size_t *len);
 
-/* Decode arena (struct ida__arena_block above): a protobuf-c allocator
- * whose data is the struct ida_fsm. */
+/* Decode arena (struct ida__arena above): a protobuf-c allocator whose
+ * data is the struct ida__arena. */
 void *ida__arena_alloc(void *data, size_t size);
 void ida__arena_free(void *data, void *ptr);
 /* Free all blocks. */
-void ida__arena_release(struct ida_fsm *f);
+void ida__arena_release(struct ida__arena *a);
 /* Empty the arena before decoding the next entry. */
-void ida__arena_reset(struct ida_fsm *f);
+void ida__arena_reset(struct ida__arena *a);
 
 /* Log entries (fsm/batch.c). idalloc__command_batch__unpack() into the
- * arena, the simple case read by hand: the same batch or the same NULL
- * (with f->arena_failed set when memory ran out). */
-Idalloc__CommandBatch *ida__batch_unpack(struct ida_fsm *f,
+ * arena @a, the simple case read by hand: the same batch or the same NULL
+ * (with a->failed set when memory ran out). Pure: any thread may decode
+ * into an arena of its own. */
+Idalloc__CommandBatch *ida__batch_unpack(struct ida__arena *a,
                                          const uint8_t *data,
                                          size_t len);
 /* The hand reader alone: 0 with *@out (what protobuf-c would build), 1 if
  * the bytes are not the simple case (nothing judged), -IDA_ENOMEM. */
-int ida__batch_decode_simple(struct ida_fsm *f,
+int ida__batch_decode_simple(struct ida__arena *a,
                              const uint8_t *data,
                              size_t len,
                              Idalloc__CommandBatch **out);
+
+/* ida_fsm_apply() of an entry decoded already (into an arena of the
+ * caller's: @b, or NULL with @out_of_memory when the decoding ran out of
+ * memory, NULL without it when the bytes do not decode; anything for a
+ * type other than NORMAL), with its commands' fingerprints (@fps, one per
+ * command, ida__fsm_fingerprint()) or NULL to compute them. */
+int ida__fsm_apply_decoded(struct ida_fsm *f,
+                           ida_index index,
+                           enum ida_entry_type type,
+                           const Idalloc__CommandBatch *b,
+                           bool out_of_memory,
+                           const uint64_t *fps,
+                           struct ida_fsm_applied *out);
 
 /* --- snapshots ---------------------------------------------------------- */
 

@@ -111,7 +111,7 @@ try:
                 if re.search(r"storage .*: node \d+ incarnation", l))
     for l in log[first:]:
         if any(k in l for k in ("restored term", "state rebuilt", "checked in",
-                                "installed snapshot")):
+                                "installed snapshot", "fsm: applied entries")):
             print("  " + l)
 finally:
     stop_all()

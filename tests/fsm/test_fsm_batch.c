@@ -169,16 +169,16 @@ static int compare(const uint8_t *data, size_t len)
 {
     Idalloc__CommandBatch *pb = idalloc__command_batch__unpack(NULL, len, data);
     Idalloc__CommandBatch *mine = NULL;
-    ida__arena_reset(f);
-    int rv = ida__batch_decode_simple(f, data, len, &mine);
+    ida__arena_reset(&f->arena);
+    int rv = ida__batch_decode_simple(&f->arena, data, len, &mine);
     cr_assert(rv == 0 || rv == 1, "rv %d", rv);
     if (rv == 0) {
         cr_assert_not_null(pb, "claimed %zu bytes protobuf-c refuses", len);
         cr_assert(be_batch(mine, pb), "claimed %zu bytes, decoded otherwise",
                   len);
     }
-    ida__arena_reset(f);
-    Idalloc__CommandBatch *u = ida__batch_unpack(f, data, len);
+    ida__arena_reset(&f->arena);
+    Idalloc__CommandBatch *u = ida__batch_unpack(&f->arena, data, len);
     cr_assert_eq(u == NULL, pb == NULL);
     if (u != NULL && rv == 0) {
         cr_assert(be_batch(u, pb));
@@ -416,14 +416,14 @@ Test(batch, out_of_memory_is_not_a_malformed_entry)
         cr_assert_eq(ida_fsm_new(&h), 0);
         Idalloc__CommandBatch *out = NULL;
         ida_heap_fault_set(n, 1);
-        int rv = ida__batch_decode_simple(h, buf, len, &out);
+        int rv = ida__batch_decode_simple(&h->arena, buf, len, &out);
         ida_heap_fault_set(0, 0);
         if (rv == 0) {
             ida_fsm_free(h);
             break;
         }
         cr_assert_eq(rv, -IDA_ENOMEM, "allocation %d: %d", n, rv);
-        cr_assert(h->arena_failed);
+        cr_assert(h->arena.failed);
         ida_fsm_free(h);
     }
     cr_assert_gt(n, 0);

@@ -22,14 +22,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     Idalloc__CommandBatch *pb =
         idalloc__command_batch__unpack(NULL, size, data);
     Idalloc__CommandBatch *mine = NULL;
-    int rv = ida__batch_decode_simple(f, data, size, &mine);
+    int rv = ida__batch_decode_simple(&f->arena, data, size, &mine);
     FUZZ_CHECK(rv == 0 || rv == 1);
     if (rv == 0) {
         FUZZ_CHECK(pb != NULL);
         FUZZ_CHECK(be_batch(mine, pb));
     }
-    ida__arena_reset(f);
-    Idalloc__CommandBatch *u = ida__batch_unpack(f, data, size);
+    ida__arena_reset(&f->arena);
+    Idalloc__CommandBatch *u = ida__batch_unpack(&f->arena, data, size);
     bool refused = u == NULL;
     FUZZ_CHECK(refused == (pb == NULL));
     if (pb != NULL) {

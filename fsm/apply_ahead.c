@@ -1,0 +1,174 @@
+/* Applying a run of committed entries with a lent thread decoding ahead
+ * (fsm.h, ida_fsm_apply_entries()).
+ *
+ * DESIGN. Applying an entry is decoding its CommandBatch (fsm/batch.c),
+ * hashing each command into the fingerprint its session keeps, then the
+ * commands themselves. The first two read only the entry's bytes, so they
+ * can run on another thread; the third must run in log order on the state.
+ * At 10 M allocations a restarted node replays up to ~40 k entries of its
+ * log (~1 M commands, ~0.5 s on one core) while its second core idles:
+ * decoding and hashing are about two fifths of that (perf of a restart:
+ * the hand reader, the varints and the fingerprints' FNV chains).
+ *
+ * The entries go in blocks of BLOCK_ENTRIES. While the caller applies one
+ * block, the lent thread decodes the next into an arena of its own: two
+ * blocks, swapped after each join. The helper's start and join are the
+ * only synchronization (struct ida_fsm_helper), so a block is never read
+ * and written at once; a thread is started per block (~40 us, against
+ * ~2.5 ms of applying a block of full batches).
+ *
+ * Same answers: the decoded batch is the one ida_fsm_apply() would build
+ * (ida__batch_unpack() is pure, whatever arena it fills), and a
+ * fingerprint is a pure function of its command. An entry the lent thread
+ * could not decode for want of memory is decoded again by the caller
+ * through ida_fsm_apply(), so memory short on one thread still never
+ * makes an entry look malformed. */
+#include "fsm/fsm.h"
+
+#include <string.h>
+
+#include "base/assert.h"
+#include "base/heap.h"
+#include "fsm/fsm_internal.h"
+#include "idalloc_errors.h"
+
+/* Entries per block: the lent thread is started once per block. */
+#define BLOCK_ENTRIES 128
+
+/* One entry decoded ahead. */
+struct ahead
+{
+    const Idalloc__CommandBatch *b; /* NULL: not NORMAL, or malformed */
+    const uint64_t *fps;            /* per command; NULL: not computed */
+    bool redo; /* no memory to decode it here: the caller decodes it */
+};
+
+struct block
+{
+    const struct ida_entry *e;
+    size_t n;
+    struct ida__arena arena; /* everything decoded for the block */
+    struct ahead d[BLOCK_ENTRIES];
+};
+
+static void decode_block(void *arg)
+{
+    struct block *k = arg;
+    ida__arena_reset(&k->arena);
+    for (size_t i = 0; i < k->n; i++) {
+        const struct ida_entry *e = &k->e[i];
+        struct ahead *d = &k->d[i];
+        memset(d, 0, sizeof(*d));
+        if (e->type != IDA_ENTRY_NORMAL) {
+            continue;
+        }
+        k->arena.failed = false;
+        const Idalloc__CommandBatch *b =
+            ida__batch_unpack(&k->arena, e->data, e->len);
+        d->b = b;
+        if (b == NULL) {
+            d->redo = k->arena.failed;
+            continue;
+        }
+        if (b->n_commands == 0 || b->n_commands > IDA_BATCH_COMMANDS_MAX) {
+            continue; /* nothing to hash, or refused whole */
+        }
+        uint64_t *fps =
+            ida__arena_alloc(&k->arena, b->n_commands * sizeof(*fps));
+        if (fps == NULL) {
+            continue; /* the caller hashes them as it applies */
+        }
+        for (size_t c = 0; c < b->n_commands; c++) {
+            fps[c] = ida__fsm_fingerprint(b->commands[c]);
+        }
+        d->fps = fps;
+    }
+}
+
+static int apply_block(struct ida_fsm *f,
+                       const struct block *k,
+                       ida_fsm_applied_fn fn,
+                       void *ctx,
+                       size_t *done)
+{
+    for (size_t i = 0; i < k->n; i++) {
+        const struct ida_entry *e = &k->e[i];
+        const struct ahead *d = &k->d[i];
+        struct ida_fsm_applied ap;
+        int rv = d->redo
+                     ? ida_fsm_apply(f, e->index, e->type, e->data, e->len, &ap)
+                     : ida__fsm_apply_decoded(f, e->index, e->type, d->b, false,
+                                              d->fps, &ap);
+        if (rv != 0) {
+            return rv;
+        }
+        fn(ctx, e, &ap);
+        (*done)++;
+    }
+    return 0;
+}
+
+static void block_set(struct block *k, const struct ida_entry *e, size_t n)
+{
+    k->e = e;
+    k->n = n < BLOCK_ENTRIES ? n : BLOCK_ENTRIES;
+}
+
+int ida_fsm_apply_entries(struct ida_fsm *f,
+                          const struct ida_entry *e,
+                          size_t n,
+                          const struct ida_fsm_helper *helper,
+                          ida_fsm_applied_fn fn,
+                          void *ctx,
+                          size_t *done)
+{
+    IDA_ASSERT(f != NULL && fn != NULL && done != NULL);
+    IDA_ASSERT(e != NULL || n == 0);
+    *done = 0;
+    struct block *k[2] = {NULL, NULL};
+    if (helper != NULL && n > BLOCK_ENTRIES) {
+        k[0] = ida_calloc(1, sizeof(*k[0]));
+        k[1] = ida_calloc(1, sizeof(*k[1]));
+    }
+    int rv = 0;
+    if (k[0] == NULL || k[1] == NULL) {
+        /* One thread, or no memory for the blocks: one at a time. */
+        for (size_t i = 0; i < n && rv == 0; i++) {
+            struct ida_fsm_applied ap;
+            rv = ida_fsm_apply(f, e[i].index, e[i].type, e[i].data, e[i].len,
+                               &ap);
+            if (rv == 0) {
+                fn(ctx, &e[i], &ap);
+                (*done)++;
+            }
+        }
+    } else {
+        block_set(k[0], e, n);
+        decode_block(k[0]);
+        for (size_t at = 0; at < n && rv == 0;) {
+            size_t next = at + k[0]->n;
+            bool helped = false;
+            if (next < n) {
+                block_set(k[1], e + next, n - next);
+                helped = helper->start(helper->ctx, decode_block, k[1]) == 0;
+            }
+            rv = apply_block(f, k[0], fn, ctx, done);
+            if (helped) {
+                helper->join(helper->ctx);
+            } else if (next < n && rv == 0) {
+                decode_block(k[1]);
+            }
+            struct block *t = k[0];
+            k[0] = k[1];
+            k[1] = t;
+            at = next;
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        if (k[i] != NULL) {
+            ida__arena_release(&k[i]->arena);
+            ida_free(k[i]);
+        }
+    }
+    return rv;
+}
