@@ -47,29 +47,80 @@ uint32_t ida__crc32c_portable(uint32_t crc, const void *data, size_t len)
     return ~crc;
 }
 
+/* --- shifting: a CRC carried over zero bytes --------------------------------
+ *
+ * The CRC register is linear: the CRC of A then B is B's own CRC xor A's
+ * multiplied by x^(8|B|) modulo the polynomial. A table per length does
+ * the multiplication a byte of the CRC at a time: the three runs below
+ * join this way, and so do a snapshot's chunks into the state's CRC. */
+
+/* @a times @b modulo the polynomial, both reflected (bit 31 is x^0). */
+static uint32_t mul_mod(uint32_t a, uint32_t b)
+{
+    uint32_t p = 0;
+    for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
+        if (a & m) {
+            p ^= b;
+        }
+        b = (b & 1) ? (b >> 1) ^ 0x82F63B78u : b >> 1;
+    }
+    return p;
+}
+
+/* @t (4 x 256) for @bytes zero bytes: x^(8 bytes) times each byte of a CRC
+ * in its place. */
+static void fill_shift(uint32_t *t, uint64_t bytes)
+{
+    uint32_t x = 1u << 31, sq = 1u << 30;           /* x^0, x^1 */
+    for (uint64_t e = 8 * bytes; e != 0; e >>= 1) { /* x^e by squaring */
+        if (e & 1) {
+            x = mul_mod(x, sq);
+        }
+        sq = mul_mod(sq, sq);
+    }
+    for (unsigned k = 0; k < 4; k++) {
+        for (uint32_t b = 0; b < 256; b++) {
+            t[k * 256 + b] = mul_mod(x, b << (8 * k));
+        }
+    }
+}
+
+static uint32_t crc_shift(const uint32_t *t, uint32_t c)
+{
+    return t[c & 0xff] ^ t[256 + ((c >> 8) & 0xff)] ^
+           t[512 + ((c >> 16) & 0xff)] ^ t[768 + (c >> 24)];
+}
+
+void ida__crc32c_shift_init(struct ida__crc32c_shift *s, uint64_t len)
+{
+    s->len = len;
+    fill_shift(s->t, len);
+}
+
+uint32_t ida__crc32c_join(const struct ida__crc32c_shift *s,
+                          uint32_t crc_a,
+                          uint32_t crc_b)
+{
+    return crc_b ^ crc_shift(s->t, crc_a);
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <nmmintrin.h>
 
 /* Three runs of this many bytes side by side: long ones for a long buffer,
- * short ones for what is left (a log entry of a few hundred bytes). */
+ * short ones for what is left (a log entry of a few KB; below 768 bytes,
+ * one chain). */
 #define RUN_LONG  8192
 #define RUN_SHORT 256
 
-/* crc_shift() for each run length: the register of a run followed by that
- * many zero bytes, a byte of the register at a time. */
-static uint32_t shift_long[4][256], shift_short[4][256];
-
-static uint32_t crc_shift(uint32_t t[4][256], uint32_t c)
-{
-    return t[0][c & 0xff] ^ t[1][(c >> 8) & 0xff] ^ t[2][(c >> 16) & 0xff] ^
-           t[3][c >> 24];
-}
+/* crc_shift() over each run length. */
+static uint32_t shift_long[4 * 256], shift_short[4 * 256];
 
 /* Three runs of @run bytes at @p: the register after @c and all three. */
 __attribute__((target("sse4.2"))) static uint64_t crc_triple(uint64_t c,
                                                              const uint8_t *p,
                                                              size_t run,
-                                                             uint32_t t[4][256])
+                                                             const uint32_t *t)
 {
     uint64_t c1 = 0, c2 = 0;
     for (const uint8_t *end = p + run; p < end; p += 8) {
@@ -132,39 +183,6 @@ int ida__crc32c_hw(void)
 {
     return crc_use_hw;
 }
-
-#ifdef HAVE_HW
-/* @a times @b modulo the polynomial, both reflected (bit 31 is x^0). */
-static uint32_t mul_mod(uint32_t a, uint32_t b)
-{
-    uint32_t p = 0;
-    for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
-        if (a & m) {
-            p ^= b;
-        }
-        b = (b & 1) ? (b >> 1) ^ 0x82F63B78u : b >> 1;
-    }
-    return p;
-}
-
-/* @t for shifting a register over @bytes zero bytes: x^(8 bytes) times
- * each byte of the register in its place. */
-static void fill_shift(uint32_t t[4][256], size_t bytes)
-{
-    uint32_t x = 1u << 31, sq = 1u << 30;         /* x^0, x^1 */
-    for (size_t e = 8 * bytes; e != 0; e >>= 1) { /* x^e by squaring */
-        if (e & 1) {
-            x = mul_mod(x, sq);
-        }
-        sq = mul_mod(sq, sq);
-    }
-    for (int k = 0; k < 4; k++) {
-        for (uint32_t b = 0; b < 256; b++) {
-            t[k][b] = mul_mod(x, b << (8 * k));
-        }
-    }
-}
-#endif
 
 __attribute__((constructor)) static void crc_init_at_load(void)
 {

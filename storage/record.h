@@ -66,6 +66,21 @@ uint32_t ida__crc32c_portable(uint32_t crc, const void *data, size_t len);
 /* 1 when ida__crc32c() uses the CPU's instruction. */
 int ida__crc32c_hw(void);
 
+/* Joining CRC-32Cs of adjoining pieces without reading them again: the
+ * multiplication that carries a CRC over @len zero bytes, as a table
+ * (4 KiB: keep one per length, not one per piece). */
+struct ida__crc32c_shift
+{
+    uint64_t len;
+    uint32_t t[4 * 256];
+};
+void ida__crc32c_shift_init(struct ida__crc32c_shift *s, uint64_t len);
+/* The CRC-32C of A then B from A's (@crc_a) and B's own (@crc_b, from 0),
+ * B being s->len bytes. */
+uint32_t ida__crc32c_join(const struct ida__crc32c_shift *s,
+                          uint32_t crc_a,
+                          uint32_t crc_b);
+
 void ida__put_be64(uint8_t *p, uint64_t v);
 void ida__put_be32(uint8_t *p, uint32_t v);
 uint64_t ida__get_be64(const uint8_t *p);

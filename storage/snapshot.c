@@ -1,5 +1,6 @@
 /* storage/: snapshots: chunked writing, and reading the meta, a byte range or
- * the whole state back with every chunk checked. */
+ * the whole state back with every chunk checked (and the whole state's
+ * checksum too, joined from its chunks'). */
 #include "storage/storage.h"
 
 #include <errno.h>
@@ -35,18 +36,15 @@ static int read_snapshot_rec(struct ida_storage *s,
 
 /* Fetch and check chunk @c of snapshot @r with cursor @cur: positioned on
  * it by key, or (@next) by a step from chunk @c - 1. @data and @len point
- * into LMDB. */
-/* Chunk @c of snapshot @r: its data, its length checked, and its checksum
- * too when @check (a caller that checks the whole state's instead passes
- * 0, so that the bytes are read once). */
+ * into LMDB; *@crc is its checksum (over its id, number and data). */
 static int read_chunk(struct ida_storage *s,
                       MDB_cursor *cur,
                       int next,
                       const struct ida__rec_snapshot *r,
                       uint64_t c,
-                      int check,
                       const uint8_t **data,
-                      size_t *len)
+                      size_t *len,
+                      uint32_t *crc)
 {
     uint8_t kb[16];
     ida__storage_chunk_key(kb, r->id, c);
@@ -80,9 +78,9 @@ static int read_chunk(struct ida_storage *s,
             (unsigned long long)want);
         return RC_CORRUPT;
     }
-    if (check &&
-        ida__get_be32(p) !=
-            ida__rec_chunk_crc(r->id, c, p + IDA__REC_CHUNK_HDR_BYTES, want)) {
+    *crc = ida__get_be32(p);
+    if (*crc !=
+        ida__rec_chunk_crc(r->id, c, p + IDA__REC_CHUNK_HDR_BYTES, want)) {
         IDA_ERROR("storage %s: snapshot %llu chunk %llu fails its checksum",
                   s->dir, (unsigned long long)r->id, (unsigned long long)c);
         return RC_CORRUPT;
@@ -139,13 +137,44 @@ int ida_storage_snapshot_meta(struct ida_storage *s,
     return ida__storage_from_lmdb(rc);
 }
 
+/* The state's checksum from its chunks': a chunk's covers its id and
+ * number, then its data, so its data's own is the chunk's xor the header's
+ * carried over the data (ida__crc32c_join()), and the state's joins those
+ * in turn. One table for the chunks' size, one for the last chunk's. */
+struct state_crc
+{
+    struct ida__crc32c_shift full, last;
+    uint32_t crc; /* of the state's bytes so far */
+};
+
+static void state_crc_init(struct state_crc *sc,
+                           const struct ida__rec_snapshot *r)
+{
+    ida__crc32c_shift_init(&sc->full, r->chunk_bytes);
+    ida__crc32c_shift_init(
+        &sc->last, r->size - (r->chunks - 1) * (uint64_t)r->chunk_bytes);
+    sc->crc = 0;
+}
+
+/* Add chunk @c (@len bytes, its checksum @chunk_crc, checked). */
+static void state_crc_add(struct state_crc *sc,
+                          const struct ida__rec_snapshot *r,
+                          uint64_t c,
+                          size_t len,
+                          uint32_t chunk_crc)
+{
+    const struct ida__crc32c_shift *t =
+        len == sc->full.len ? &sc->full : &sc->last;
+    IDA_ASSERT(t->len == len); /* only whole chunks */
+    uint32_t head = ida__rec_chunk_crc(r->id, c, NULL, 0);
+    sc->crc = ida__crc32c_join(t, head ^ sc->crc, chunk_crc);
+}
+
 /* Copy bytes [@offset, @offset + @len) of snapshot @r (clipped at its end)
- * into @buf; *n gets the count. Each chunk's checksum is checked, or with
- * @crc, each piece is folded into *@crc instead as it is copied, while it
- * is in the cache: the caller checks the whole state's checksum, which
- * covers every byte the chunks' would (a whole state read back at start is
- * then read once, not three times: its chunks' checksums, the copy, the
- * state's). */
+ * into @buf, each chunk checked; *n gets the count. With @sc (a whole state
+ * from offset 0), the chunks' checksums are joined into the state's too:
+ * a state read back at start is read once (its chunks' checksums, then the
+ * copy from the cache), not twice (a pass of the state's own checksum). */
 static int copy_range(struct ida_storage *s,
                       MDB_txn *txn,
                       const struct ida__rec_snapshot *r,
@@ -153,7 +182,7 @@ static int copy_range(struct ida_storage *s,
                       uint8_t *buf,
                       size_t len,
                       size_t *n,
-                      uint32_t *crc)
+                      struct state_crc *sc)
 {
     MDB_cursor *cur;
     int rc = mdb_cursor_open(txn, s->dbi_snap, &cur);
@@ -166,7 +195,8 @@ static int copy_range(struct ida_storage *s,
         size_t in = (size_t)(offset % r->chunk_bytes);
         const uint8_t *data;
         size_t clen;
-        rc = read_chunk(s, cur, done > 0, r, c, crc == NULL, &data, &clen);
+        uint32_t ccrc;
+        rc = read_chunk(s, cur, done > 0, r, c, &data, &clen, &ccrc);
         if (rc != 0) {
             break;
         }
@@ -175,8 +205,8 @@ static int copy_range(struct ida_storage *s,
             take = len - done;
         }
         memcpy(buf + done, data + in, take);
-        if (crc != NULL) {
-            *crc = ida__crc32c(*crc, buf + done, take);
+        if (sc != NULL) {
+            state_crc_add(sc, r, c, take, ccrc);
         }
         done += take;
         offset += take;
@@ -238,15 +268,14 @@ int ida_storage_snapshot_load(struct ida_storage *s,
         rc = buf == NULL ? ENOMEM : 0;
     }
     size_t n = 0;
-    uint32_t crc = 0;
-    if (rc == 0) {
-        rc = copy_range(s, txn, &r, 0, buf, (size_t)r.size, &n, &crc);
+    struct state_crc sc = {.crc = 0};
+    if (rc == 0 && r.size > 0) {
+        state_crc_init(&sc, &r);
+        rc = copy_range(s, txn, &r, 0, buf, (size_t)r.size, &n, &sc);
     }
-    if (rc == 0 && (n != r.size || crc != r.data_crc)) {
-        /* Which chunk, if one fails its own (each says so); the state is
-         * refused either way. */
-        size_t m;
-        (void)copy_range(s, txn, &r, 0, buf, (size_t)r.size, &m, NULL);
+    if (rc == 0 && (n != r.size || sc.crc != r.data_crc)) {
+        /* Chunks that each pass their own checksum but are not the state
+         * that was stored. */
         IDA_ERROR("storage %s: snapshot %llu state fails its checksum", s->dir,
                   (unsigned long long)r.id);
         rc = RC_CORRUPT;
