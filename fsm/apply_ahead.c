@@ -10,9 +10,11 @@
  * decoding and hashing are about two fifths of that (perf of a restart:
  * the hand reader, the varints and the fingerprints' FNV chains).
  *
- * The entries go in blocks of BLOCK_ENTRIES. While the caller applies one
- * block, the lent thread decodes the next into an arena of its own: two
- * blocks, swapped after each join. The helper's start and join are the
+ * The entries go in blocks of BLOCK_ENTRIES (fewer when they hold more than
+ * BLOCK_BYTES: a restore command carries a whole state, so decoded blocks
+ * are bounded by bytes too, not only by count). While the caller applies
+ * one block, the lent thread decodes the next into an arena of its own:
+ * two blocks, swapped after each join. The helper's start and join are the
  * only synchronization (struct ida_fsm_helper), so a block is never read
  * and written at once; a thread is started per block (~40 us, against
  * ~2.5 ms of applying a block of full batches).
@@ -34,11 +36,15 @@
 
 /* Entries per block: the lent thread is started once per block. */
 #define BLOCK_ENTRIES 128
+/* A block ends after the entry that brings its bytes to this (decoded, a
+ * batch takes about twice its encoded size). */
+#define BLOCK_BYTES (4u << 20)
 
 /* One entry decoded ahead. */
 struct ahead
 {
-    const Idalloc__CommandBatch *b; /* NULL: not NORMAL, or malformed */
+    const Idalloc__CommandBatch *b; /* NULL: not NORMAL, malformed, or
+                                       to redo */
     const uint64_t *fps;            /* per command; NULL: not computed */
     bool redo; /* no memory to decode it here: the caller decodes it */
 };
@@ -110,8 +116,12 @@ static int apply_block(struct ida_fsm *f,
 
 static void block_set(struct block *k, const struct ida_entry *e, size_t n)
 {
+    size_t i = 0, bytes = 0;
+    while (i < n && i < BLOCK_ENTRIES && bytes < BLOCK_BYTES) {
+        bytes += e[i++].len;
+    }
     k->e = e;
-    k->n = n < BLOCK_ENTRIES ? n : BLOCK_ENTRIES;
+    k->n = i;
 }
 
 int ida_fsm_apply_entries(struct ida_fsm *f,

@@ -251,18 +251,22 @@ typedef void (*ida_fsm_applied_fn)(void *ctx,
                                    const struct ida_entry *e,
                                    const struct ida_fsm_applied *ap);
 
-struct ida_fsm_helper; /* below, with restore */
+struct ida_fsm_helper; /* below, with restore, which lends one too */
 
 /* ida_fsm_apply() of the @n consecutive entries @e in order, calling @fn
- * after each, with @helper's thread (NULL: none) decoding the entries and
- * their commands' fingerprints a block ahead of the one applied: a
- * restarted node's replay of its log, or a new node's after a snapshot
- * (hundreds of thousands of commands at 10 M allocations) is about two
- * fifths decoding. Stops at the first entry ida_fsm_apply() would not
- * apply, returning its error (and *@done the entries applied before it);
- * 0 with *@done = @n otherwise. The same state and answers as
- * ida_fsm_apply() one entry at a time, whichever thread decoded. @helper
- * is started once per block of entries, and joined before this returns. */
+ * after each (it must not change @e: the helper may be reading it). A run
+ * of more than 128 entries is applied a block at a time (128 entries, or
+ * fewer holding 4 MiB), with @helper's thread (NULL: none) decoding the
+ * next block's batches and hashing their commands' fingerprints while the
+ * caller applies one: a restarted node's replay of its log, or a new
+ * node's after a snapshot (hundreds of thousands of commands at 10 M
+ * allocations), is about two fifths decoding. The caller decodes the
+ * first block, and any block the helper did not start for. Two blocks'
+ * decoded entries are allocated for the call (beside @f's own arena).
+ * Stops at the first entry ida_fsm_apply() would not apply, returning its
+ * error (and *@done the entries applied before it; the helper is joined
+ * first); 0 with *@done = @n otherwise. The same state and answers as
+ * ida_fsm_apply() one entry at a time, whichever thread decoded. */
 int ida_fsm_apply_entries(struct ida_fsm *f,
                           const struct ida_entry *e,
                           size_t n,
@@ -363,11 +367,12 @@ int ida_fsm_snapshot_to(const struct ida_fsm *f,
  * breaks an invariant), or IDA_ENOMEM; on error @f is unchanged. */
 int ida_fsm_restore(struct ida_fsm *f, const uint8_t *data, size_t len);
 
-/* A second thread lent to ida_fsm_restore_with(): the state machine starts
- * none itself (it is pure: no threads, no I/O). @start runs fn(arg) on
- * another thread and returns 0, or returns nonzero having run nothing (the
- * restore then does that work itself); @join returns once the function
- * @start ran has returned. */
+/* A second thread lent to ida_fsm_restore_with() and
+ * ida_fsm_apply_entries(): the state machine starts none itself (it is
+ * pure: no threads, no I/O). @start runs fn(arg) on another thread and
+ * returns 0, or returns nonzero having run nothing (the caller then does
+ * that work itself); @join returns once the function @start ran has
+ * returned. */
 struct ida_fsm_helper
 {
     int (*start)(void *ctx, void (*fn)(void *arg), void *arg);

@@ -494,8 +494,9 @@ void ida__arena_reset(struct ida__arena *a);
 
 /* Log entries (fsm/batch.c). idalloc__command_batch__unpack() into the
  * arena @a, the simple case read by hand: the same batch or the same NULL
- * (with a->failed set when memory ran out). Pure: any thread may decode
- * into an arena of its own. */
+ * (with a->failed set when memory ran out; it stays set until a reset, or
+ * until the caller clears it). Pure: any thread may decode into an arena
+ * of its own. */
 Idalloc__CommandBatch *ida__batch_unpack(struct ida__arena *a,
                                          const uint8_t *data,
                                          size_t len);

@@ -570,6 +570,9 @@ static void apply_entries(struct fsm_proc *fp,
            a->entries[from].index <= ida_fsm_applied_index(fp->fsm)) {
         from++;
     }
+    if (from == a->n_entries) {
+        return; /* (a->entries may be NULL) */
+    }
     struct applying ctx = {fp, s};
     size_t done;
     uint64_t t0 = ida__node_mono_us();

@@ -1,6 +1,8 @@
-/* A thread lent to the state machine's restore (struct ida_fsm_helper):
- * the fsm core starts no threads itself, so the node lends it one for the
- * duration of a restore, on a process that has a second core to give.
+/* A thread lent to the state machine's restore and to its runs of entries
+ * (struct ida_fsm_helper): the fsm core starts no threads itself, so the
+ * node lends it one for the duration of a restore, or of a replay (the
+ * fsm processor's, ida_fsm_apply_entries()), on a process that has a
+ * second core to give.
  *
  *     struct ida__lend l;
  *     ida__lend_init(&l);

@@ -287,7 +287,7 @@ static bool replay(const uint8_t *snap, size_t len, uint64_t live)
         log[i].term = 1;
         log[i].data = fx_batch_pack(&b, &log[i].len);
     }
-    int rounds = restores_wanted(2);
+    int rounds = restores_wanted(2) > 0 ? restores_wanted(2) : 1;
     double sum[2] = {0, 0};
     uint8_t *want = NULL;
     size_t want_len = 0;

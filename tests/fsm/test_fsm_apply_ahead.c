@@ -14,13 +14,18 @@
 #define CLIENTS 5
 #define ENTRIES 700 /* several blocks of the decoder, and a part block */
 
-/* A helper on a real thread, as the node lends one (src/node/lend.c); or
- * one that never starts (@refuse), so the caller decodes every block. */
+/* A helper on a real thread, as the node lends one (src/node/lend.c); one
+ * that never starts (REFUSE), so the caller decodes every block; or one
+ * that runs the function at once on the caller's thread (INLINE): the
+ * helped path, with allocations in a fixed order. */
+enum helper_mode { THREAD, REFUSE, INLINE };
+
 struct thread_helper
 {
     struct ida_fsm_helper h;
     pthread_t t;
-    bool running, refuse;
+    bool running;
+    enum helper_mode mode;
     int starts;
     void (*fn)(void *);
     void *arg;
@@ -37,14 +42,18 @@ static int th_start(void *ctx, void (*fn)(void *arg), void *arg)
 {
     struct thread_helper *th = ctx;
     cr_assert(!th->running, "started twice without a join");
-    if (th->refuse) {
+    if (th->mode == REFUSE) {
         return -1;
+    }
+    th->starts++;
+    if (th->mode == INLINE) {
+        fn(arg);
+        return 0;
     }
     th->fn = fn;
     th->arg = arg;
     cr_assert_eq(pthread_create(&th->t, NULL, thread_main, th), 0);
     th->running = true;
-    th->starts++;
     return 0;
 }
 
@@ -57,11 +66,11 @@ static void th_join(void *ctx)
     }
 }
 
-static void th_init(struct thread_helper *th, bool refuse)
+static void th_init(struct thread_helper *th, enum helper_mode mode)
 {
     memset(th, 0, sizeof(*th));
     th->h = (struct ida_fsm_helper){th_start, th_join, th};
-    th->refuse = refuse;
+    th->mode = mode;
 }
 
 /* Every answer of every entry, in order, as comparable text. */
@@ -133,6 +142,20 @@ static struct ida_entry *make_log(size_t n, ida_index first)
         e->type = IDA_ENTRY_NORMAL;
         if (i % 97 == 13) {
             e->type = i % 2 ? IDA_ENTRY_NOOP : IDA_ENTRY_CONFIG;
+            continue;
+        }
+        if (i == 400) {
+            /* More commands than a batch may hold (each an empty message):
+             * applied as a no-op, ETOOBIG. */
+            size_t cmds = IDA_BATCH_COMMANDS_MAX + 1;
+            e->data = malloc(2 + 2 * cmds);
+            e->data[0] = 0x08; /* field 1, the version */
+            e->data[1] = IDA_BATCH_VERSION;
+            for (size_t k = 1; k <= cmds; k++) {
+                e->data[2 * k] = 0x1a; /* field 3, length-delimited */
+                e->data[2 * k + 1] = 0;
+            }
+            e->len = 2 + 2 * cmds;
             continue;
         }
         if (i % 89 == 7) {
@@ -245,9 +268,12 @@ Test(apply_ahead, the_same_answers_and_state_as_one_entry_at_a_time)
     char reused[32];
     snprintf(reused, sizeof(reused), "error %d ", IDA_EREUSED);
     cr_assert(strstr(want.text, reused) != NULL, "no reused seq");
+    char toobig[48];
+    snprintf(toobig, sizeof(toobig), "error %d count 0", IDA_ETOOBIG);
+    cr_assert(strstr(want.text, toobig) != NULL, "no oversized batch");
     for (int mode = 0; mode < 3; mode++) {
         struct thread_helper th;
-        th_init(&th, mode == 1);
+        th_init(&th, mode == 1 ? REFUSE : THREAD);
         struct ida_fsm *f = base_state();
         struct transcript got = {0};
         size_t done = 99;
@@ -259,8 +285,9 @@ Test(apply_ahead, the_same_answers_and_state_as_one_entry_at_a_time)
         cr_assert_eq(got.entries, ENTRIES);
         cr_assert(!th.running, "the helper was joined");
         if (mode == 0) {
-            cr_assert_geq(th.starts, ENTRIES / 128 - 1, "started %d times",
-                          th.starts);
+            /* Six blocks (128 entries, far below 4 MiB each), the first
+             * decoded by the caller. */
+            cr_assert_eq(th.starts, 5, "started %d times", th.starts);
         }
         cr_assert_str_eq(got.text, want.text, "mode %d", mode);
         size_t len;
@@ -284,24 +311,28 @@ Test(apply_ahead, stops_at_the_first_entry_it_cannot_apply)
     struct ida_fsm *probe = base_state();
     ida_index first = ida_fsm_applied_index(probe) + 1;
     ida_fsm_free(probe);
-    struct ida_entry *log = make_log(ENTRIES, first);
-    const size_t bad = 333;
-    log[bad].index += 5;
-    struct thread_helper th;
-    th_init(&th, false);
-    struct ida_fsm *f = base_state();
-    struct transcript got = {0};
-    size_t done = 0;
-    cr_assert_eq(
-        ida_fsm_apply_entries(f, log, ENTRIES, &th.h, record, &got, &done),
-        IDA_EINVAL);
-    cr_assert_eq(done, bad);
-    cr_assert_eq(got.entries, bad);
-    cr_assert(!th.running);
-    cr_assert_eq(ida_fsm_applied_index(f), first + bad - 1);
-    free(got.text);
-    ida_fsm_free(f);
-    free_log(log, ENTRIES);
+    /* In the caller's first block, on a block's first entry, later on. */
+    const size_t bads[] = {5, 128, 333};
+    for (size_t t = 0; t < sizeof(bads) / sizeof(bads[0]); t++) {
+        struct ida_entry *log = make_log(ENTRIES, first);
+        const size_t bad = bads[t];
+        log[bad].index += 5;
+        struct thread_helper th;
+        th_init(&th, THREAD);
+        struct ida_fsm *f = base_state();
+        struct transcript got = {0};
+        size_t done = 0;
+        cr_assert_eq(
+            ida_fsm_apply_entries(f, log, ENTRIES, &th.h, record, &got, &done),
+            IDA_EINVAL);
+        cr_assert_eq(done, bad);
+        cr_assert_eq(got.entries, bad);
+        cr_assert(!th.running);
+        cr_assert_eq(ida_fsm_applied_index(f), first + bad - 1);
+        free(got.text);
+        ida_fsm_free(f);
+        free_log(log, ENTRIES);
+    }
 }
 
 /* Out of memory while the decoder works ahead is not a malformed entry:
@@ -316,12 +347,13 @@ Test(apply_ahead, memory_short_for_the_decoder_changes_no_answer)
     struct transcript want = {0};
     size_t want_len;
     uint8_t *want_snap = apply_one_by_one(log, ENTRIES, &want, &want_len);
-    /* A refusing helper keeps every allocation on this thread, so that the
-     * fault schedule does not depend on a race. Failures at several points
-     * of the run: the blocks, the first decoded entries, later ones. */
-    for (int at = 1; at < 40; at += 3) {
+    /* Helpers that keep every allocation on this thread, so that the fault
+     * schedule does not depend on a race: the caller decoding each block,
+     * and the helped path run in place. Failures at several points of the
+     * run: the blocks, the first decoded entries, later ones. */
+    for (int at = 1; at < 80; at += 3) {
         struct thread_helper th;
-        th_init(&th, true);
+        th_init(&th, at % 2 ? REFUSE : INLINE);
         struct ida_fsm *f = base_state();
         struct transcript got = {0};
         size_t done = 0;
