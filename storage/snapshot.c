@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <lmdb.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -34,9 +35,10 @@ static int read_snapshot_rec(struct ida_storage *s,
     return 0;
 }
 
-/* Fetch and check chunk @c of snapshot @r with cursor @cur: positioned on
- * it by key, or (@next) by a step from chunk @c - 1. @data and @len point
- * into LMDB; *@crc is its checksum (over its id, number and data). */
+/* Fetch chunk @c of snapshot @r with cursor @cur: positioned on it by
+ * key, or (@next) by a step from chunk @c - 1; its length checked. @data
+ * and @len point into LMDB; *@crc is its stored checksum (over its id,
+ * number and data), for chunk_ok(). */
 static int read_chunk(struct ida_storage *s,
                       MDB_cursor *cur,
                       int next,
@@ -79,12 +81,6 @@ static int read_chunk(struct ida_storage *s,
         return RC_CORRUPT;
     }
     *crc = ida__get_be32(p);
-    if (*crc !=
-        ida__rec_chunk_crc(r->id, c, p + IDA__REC_CHUNK_HDR_BYTES, want)) {
-        IDA_ERROR("storage %s: snapshot %llu chunk %llu fails its checksum",
-                  s->dir, (unsigned long long)r->id, (unsigned long long)c);
-        return RC_CORRUPT;
-    }
     *data = p + IDA__REC_CHUNK_HDR_BYTES;
     *len = (size_t)want;
     return 0;
@@ -137,6 +133,22 @@ int ida_storage_snapshot_meta(struct ida_storage *s,
     return ida__storage_from_lmdb(rc);
 }
 
+/* Whether @bytes (@len) of chunk @c of @r match its stored checksum @crc. */
+static int chunk_ok(struct ida_storage *s,
+                    const struct ida__rec_snapshot *r,
+                    uint64_t c,
+                    const uint8_t *bytes,
+                    size_t len,
+                    uint32_t crc)
+{
+    if (crc != ida__rec_chunk_crc(r->id, c, bytes, len)) {
+        IDA_ERROR("storage %s: snapshot %llu chunk %llu fails its checksum",
+                  s->dir, (unsigned long long)r->id, (unsigned long long)c);
+        return RC_CORRUPT;
+    }
+    return 0;
+}
+
 /* The state's checksum from its chunks': a chunk's covers its id and
  * number, then its data, so its data's own is the chunk's xor the header's
  * carried over the data (ida__crc32c_join()), and the state's joins those
@@ -171,10 +183,12 @@ static void state_crc_add(struct state_crc *sc,
 }
 
 /* Copy bytes [@offset, @offset + @len) of snapshot @r (clipped at its end)
- * into @buf, each chunk checked; *n gets the count. With @sc (a whole state
- * from offset 0), the chunks' checksums are joined into the state's too:
- * a state read back at start is read once (its chunks' checksums, then the
- * copy from the cache), not twice (a pass of the state's own checksum). */
+ * into @buf, each chunk checked; *n gets the count. A chunk copied whole
+ * is checked in the copy, just written and in the cache (a state read back
+ * at start is read from the map once, by the copy), a part of one in LMDB
+ * before it is copied. With @sc (a whole state from offset 0), the chunks'
+ * checksums are joined into the state's too, instead of a pass of its
+ * own over the bytes. */
 static int copy_range(struct ida_storage *s,
                       MDB_txn *txn,
                       const struct ida__rec_snapshot *r,
@@ -204,7 +218,16 @@ static int copy_range(struct ida_storage *s,
         if (take > len - done) {
             take = len - done;
         }
+        bool whole = in == 0 && take == clen;
+        rc = whole ? 0 : chunk_ok(s, r, c, data, clen, ccrc);
+        if (rc != 0) {
+            break;
+        }
         memcpy(buf + done, data + in, take);
+        rc = whole ? chunk_ok(s, r, c, buf + done, clen, ccrc) : 0;
+        if (rc != 0) {
+            break;
+        }
         if (sc != NULL) {
             state_crc_add(sc, r, c, take, ccrc);
         }
