@@ -362,6 +362,23 @@ int ida__rec_entry_decode(const uint8_t *p,
                           ida_index index,
                           struct ida_entry *e)
 {
+    int rv = ida__rec_entry_peek(p, len, index, e);
+    return rv != 0 ? rv : ida__rec_entry_check(p, e->data, index);
+}
+
+int ida__rec_entry_check(const uint8_t *p, const uint8_t *data, ida_index index)
+{
+    uint32_t data_len = ida__get_be32(p + 12);
+    return ida__get_be32(p + 16) == entry_crc(index, p, data, data_len)
+               ? 0
+               : IDA_ECORRUPT;
+}
+
+int ida__rec_entry_peek(const uint8_t *p,
+                        size_t len,
+                        ida_index index,
+                        struct ida_entry *e)
+{
     if (len < IDA__REC_ENTRY_HDR_BYTES) {
         return IDA_ECORRUPT;
     }
@@ -370,9 +387,6 @@ int ida__rec_entry_decode(const uint8_t *p,
         return IDA_ECORRUPT;
     }
     const uint8_t *data = p + IDA__REC_ENTRY_HDR_BYTES;
-    if (ida__get_be32(p + 16) != entry_crc(index, p, data, data_len)) {
-        return IDA_ECORRUPT;
-    }
     /* Bytes 9-11 and 20-23 are written as zeros; 20-23 are outside the CRC,
      * so a damaged byte there is only caught here. */
     static const uint8_t zero[4];

@@ -180,11 +180,21 @@ int ida__rec_snapshot_decode(const uint8_t *p,
 void ida__rec_entry_header(uint8_t out[IDA__REC_ENTRY_HDR_BYTES],
                            const struct ida_entry *e);
 /* Check a stored value for entry @index; fills @e with data pointing into
- * @p. */
+ * @p. ida__rec_entry_peek() and then ida__rec_entry_check(). */
 int ida__rec_entry_decode(const uint8_t *p,
                           size_t len,
                           ida_index index,
                           struct ida_entry *e);
+/* Everything but the checksum: length, zero bytes, type. */
+int ida__rec_entry_peek(const uint8_t *p,
+                        size_t len,
+                        ida_index index,
+                        struct ida_entry *e);
+/* The checksum of the entry whose header is at @p (peeked) and whose data
+ * is at @data: in the value, or a copy of it. 0 or IDA_ECORRUPT. */
+int ida__rec_entry_check(const uint8_t *p,
+                         const uint8_t *data,
+                         ida_index index);
 
 uint32_t ida__rec_chunk_crc(uint64_t id,
                             uint64_t chunk,
