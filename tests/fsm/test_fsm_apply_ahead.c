@@ -233,6 +233,15 @@ static struct ida_fsm *base_state(void)
     return f;
 }
 
+/* make_log() for the entries after base_state()'s. */
+static struct ida_entry *make_log_after_base(void)
+{
+    struct ida_fsm *probe = base_state();
+    ida_index first = ida_fsm_applied_index(probe) + 1;
+    ida_fsm_free(probe);
+    return make_log(ENTRIES, first);
+}
+
 /* The reference: ida_fsm_apply() of each entry. */
 static uint8_t *apply_one_by_one(const struct ida_entry *log,
                                  size_t n,
@@ -252,15 +261,22 @@ static uint8_t *apply_one_by_one(const struct ida_entry *log,
     return snap;
 }
 
+/* Whether @f snapshots to the @len bytes @want. */
+static bool same_state(const struct ida_fsm *f, const uint8_t *want, size_t len)
+{
+    size_t n;
+    uint8_t *snap = fx_snapshot(f, &n);
+    bool same = n == len && memcmp(snap, want, len) == 0;
+    ida_free(snap);
+    return same;
+}
+
 /* The same log through ida_fsm_apply_entries(), with a thread decoding
  * ahead, with a helper that never starts, and with none: the same answers
  * to every command and the same state, byte for byte. */
 Test(apply_ahead, the_same_answers_and_state_as_one_entry_at_a_time)
 {
-    struct ida_fsm *probe = base_state();
-    ida_index first = ida_fsm_applied_index(probe) + 1;
-    ida_fsm_free(probe);
-    struct ida_entry *log = make_log(ENTRIES, first);
+    struct ida_entry *log = make_log_after_base();
     struct transcript want = {0};
     size_t want_len;
     uint8_t *want_snap = apply_one_by_one(log, ENTRIES, &want, &want_len);
@@ -290,11 +306,7 @@ Test(apply_ahead, the_same_answers_and_state_as_one_entry_at_a_time)
             cr_assert_eq(th.starts, 5, "started %d times", th.starts);
         }
         cr_assert_str_eq(got.text, want.text, "mode %d", mode);
-        size_t len;
-        uint8_t *snap = fx_snapshot(f, &len);
-        cr_assert(len == want_len && memcmp(snap, want_snap, len) == 0,
-                  "mode %d: another state", mode);
-        ida_free(snap);
+        cr_assert(same_state(f, want_snap, want_len), "mode %d", mode);
         free(got.text);
         ida_fsm_free(f);
     }
@@ -308,13 +320,11 @@ Test(apply_ahead, the_same_answers_and_state_as_one_entry_at_a_time)
  * and its error comes back; the decoder is joined all the same. */
 Test(apply_ahead, stops_at_the_first_entry_it_cannot_apply)
 {
-    struct ida_fsm *probe = base_state();
-    ida_index first = ida_fsm_applied_index(probe) + 1;
-    ida_fsm_free(probe);
     /* In the caller's first block, on a block's first entry, later on. */
     const size_t bads[] = {5, 128, 333};
     for (size_t t = 0; t < sizeof(bads) / sizeof(bads[0]); t++) {
-        struct ida_entry *log = make_log(ENTRIES, first);
+        struct ida_entry *log = make_log_after_base();
+        ida_index first = log[0].index;
         const size_t bad = bads[t];
         log[bad].index += 5;
         struct thread_helper th;
@@ -340,10 +350,7 @@ Test(apply_ahead, stops_at_the_first_entry_it_cannot_apply)
  * everything with the answers of one entry at a time. */
 Test(apply_ahead, memory_short_for_the_decoder_changes_no_answer)
 {
-    struct ida_fsm *probe = base_state();
-    ida_index first = ida_fsm_applied_index(probe) + 1;
-    ida_fsm_free(probe);
-    struct ida_entry *log = make_log(ENTRIES, first);
+    struct ida_entry *log = make_log_after_base();
     struct transcript want = {0};
     size_t want_len;
     uint8_t *want_snap = apply_one_by_one(log, ENTRIES, &want, &want_len);
@@ -364,11 +371,7 @@ Test(apply_ahead, memory_short_for_the_decoder_changes_no_answer)
         if (rv == 0) {
             cr_assert_eq(done, ENTRIES);
             cr_assert_str_eq(got.text, want.text, "fault at %d", at);
-            size_t len;
-            uint8_t *snap = fx_snapshot(f, &len);
-            cr_assert(len == want_len && memcmp(snap, want_snap, len) == 0,
-                      "fault at %d: another state", at);
-            ida_free(snap);
+            cr_assert(same_state(f, want_snap, want_len), "fault at %d", at);
         } else {
             /* Only the state machine's own memory may fail the run. */
             cr_assert_eq(rv, IDA_ENOMEM, "fault at %d: %d", at, rv);

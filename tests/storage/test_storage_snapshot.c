@@ -704,12 +704,14 @@ Test(storage, a_state_failing_its_whole_checksum_is_refused_at_load)
     }
 }
 
-/* A chunk whose stored bytes no longer match its own checksum: a load
- * refuses the state, and a read of that chunk for a follower refuses it,
- * while the chunks around it still read. */
-Test(storage, a_damaged_chunk_is_refused_at_load_and_when_read)
+/* Save a snapshot of @size bytes (index 10, term 2), flip bit @mask of
+ * byte @at of chunk @c's stored value (its 4-byte checksum, then its data)
+ * behind storage's back, and open again; the snapshot's id. */
+static uint64_t save_and_damage_chunk(size_t size,
+                                      uint64_t c,
+                                      size_t at,
+                                      uint8_t mask)
 {
-    const size_t size = 3 * IDA_STORAGE_CHUNK_BYTES + 123;
     opts.map_size_bytes = 64u << 20;
     open_ok();
     save_snapshot(10, 2, size);
@@ -720,26 +722,42 @@ Test(storage, a_damaged_chunk_is_refused_at_load_and_when_read)
     cr_assert_eq(ida__rec_snapshot_decode(rec, rlen, &r), 0);
     uint8_t kb[16], val[IDA_STORAGE_CHUNK_BYTES + 64];
     ida__put_be64(kb, r.id);
-    ida__put_be64(kb + 8, 1);
+    ida__put_be64(kb + 8, c);
     size_t n = peek(dir, "snap", kb, 16, val, sizeof(val));
-    cr_assert_eq(n, IDA__REC_CHUNK_HDR_BYTES + IDA_STORAGE_CHUNK_BYTES);
-    val[IDA__REC_CHUNK_HDR_BYTES + 17] ^= 0x04;
+    cr_assert_gt(n, at);
+    val[at] ^= mask;
     poke(dir, "snap", kb, 16, val, n);
     open_ok();
+    return r.id;
+}
+
+static void expect_load_refused(void)
+{
     struct ida_snapshot_meta m;
     uint8_t *data = NULL;
     cr_assert_eq(ida_storage_snapshot_load(&st, &m, &data), IDA_ECORRUPT);
     cr_assert_null(data);
+}
+
+/* A chunk whose stored bytes no longer match its own checksum: a load
+ * refuses the state, and a read of that chunk for a follower refuses it,
+ * while the chunks around it still read. */
+Test(storage, a_damaged_chunk_is_refused_at_load_and_when_read)
+{
+    const size_t size = 3 * IDA_STORAGE_CHUNK_BYTES + 123;
+    uint64_t id =
+        save_and_damage_chunk(size, 1, IDA__REC_CHUNK_HDR_BYTES + 17, 0x04);
+    expect_load_refused();
     uint8_t *buf = malloc(IDA_STORAGE_CHUNK_BYTES);
     size_t got;
-    cr_assert_eq(ida_storage_snapshot_read(&st, r.id, IDA_STORAGE_CHUNK_BYTES,
+    cr_assert_eq(ida_storage_snapshot_read(&st, id, IDA_STORAGE_CHUNK_BYTES,
                                            buf, IDA_STORAGE_CHUNK_BYTES, &got),
                  IDA_ECORRUPT);
     uint8_t *want = make_state(size);
     for (uint64_t c = 0; c < 4; c += 1 + (c == 0)) { /* 0, 2, the short 3 */
         cr_assert_eq(
-            ida_storage_snapshot_read(&st, r.id, c * IDA_STORAGE_CHUNK_BYTES,
-                                      buf, IDA_STORAGE_CHUNK_BYTES, &got),
+            ida_storage_snapshot_read(&st, id, c * IDA_STORAGE_CHUNK_BYTES, buf,
+                                      IDA_STORAGE_CHUNK_BYTES, &got),
             0, "chunk %llu", (unsigned long long)c);
         cr_assert_eq(memcmp(buf, want + c * IDA_STORAGE_CHUNK_BYTES, got), 0);
     }
@@ -748,32 +766,13 @@ Test(storage, a_damaged_chunk_is_refused_at_load_and_when_read)
     close_st();
 }
 
-/* A chunk whose data is whole but whose own checksum was damaged: refused
- * at load as at a read (a node that loaded it would fail every send of it
- * to a follower). */
+/* A chunk whose data is whole but whose own checksum was damaged (the
+ * short last one): refused at load as at a read (a node that loaded it
+ * would fail every send of it to a follower). */
 Test(storage, a_chunk_with_a_damaged_checksum_is_refused_at_load)
 {
-    const size_t size = 2 * IDA_STORAGE_CHUNK_BYTES + 9;
-    opts.map_size_bytes = 64u << 20;
-    open_ok();
-    save_snapshot(10, 2, size);
-    close_st();
-    uint8_t rec[512];
-    size_t rlen = peek(dir, "meta", "snapshot", 8, rec, sizeof(rec));
-    struct ida__rec_snapshot r;
-    cr_assert_eq(ida__rec_snapshot_decode(rec, rlen, &r), 0);
-    uint8_t kb[16], val[IDA_STORAGE_CHUNK_BYTES + 64];
-    ida__put_be64(kb, r.id);
-    ida__put_be64(kb + 8, 2);
-    size_t n = peek(dir, "snap", kb, 16, val, sizeof(val));
-    cr_assert_eq(n, IDA__REC_CHUNK_HDR_BYTES + 9);
-    val[1] ^= 0x01; /* in the checksum, not the data */
-    poke(dir, "snap", kb, 16, val, n);
-    open_ok();
-    struct ida_snapshot_meta m;
-    uint8_t *data = NULL;
-    cr_assert_eq(ida_storage_snapshot_load(&st, &m, &data), IDA_ECORRUPT);
-    cr_assert_null(data);
+    save_and_damage_chunk(2 * IDA_STORAGE_CHUNK_BYTES + 9, 2, 1, 0x01);
+    expect_load_refused();
     close_st();
 }
 
