@@ -91,20 +91,22 @@ static void decode_block(void *arg)
     }
 }
 
-static int apply_block(struct ida_fsm *f,
-                       const struct block *k,
-                       ida_fsm_applied_fn fn,
-                       void *ctx,
-                       size_t *done)
+/* Apply the @n entries @e in order, as decoded in @d, or decoding each
+ * (@d NULL, or an entry to redo). */
+static int apply_run(struct ida_fsm *f,
+                     const struct ida_entry *e,
+                     size_t n,
+                     const struct ahead *d,
+                     ida_fsm_applied_fn fn,
+                     void *ctx,
+                     size_t *done)
 {
-    for (size_t i = 0; i < k->n; i++) {
-        const struct ida_entry *e = &k->e[i];
-        const struct ahead *d = &k->d[i];
+    for (size_t i = 0; i < n; i++, e++) {
         struct ida_fsm_applied ap;
-        int rv = d->redo
+        int rv = d == NULL || d[i].redo
                      ? ida_fsm_apply(f, e->index, e->type, e->data, e->len, &ap)
-                     : ida__fsm_apply_decoded(f, e->index, e->type, d->b, false,
-                                              d->fps, &ap);
+                     : ida__fsm_apply_decoded(f, e->index, e->type, d[i].b,
+                                              false, d[i].fps, &ap);
         if (rv != 0) {
             return rv;
         }
@@ -143,15 +145,7 @@ int ida_fsm_apply_entries(struct ida_fsm *f,
     int rv = 0;
     if (k[0] == NULL || k[1] == NULL) {
         /* One thread, or no memory for the blocks: one at a time. */
-        for (size_t i = 0; i < n && rv == 0; i++) {
-            struct ida_fsm_applied ap;
-            rv = ida_fsm_apply(f, e[i].index, e[i].type, e[i].data, e[i].len,
-                               &ap);
-            if (rv == 0) {
-                fn(ctx, &e[i], &ap);
-                (*done)++;
-            }
-        }
+        rv = apply_run(f, e, n, NULL, fn, ctx, done);
     } else {
         block_set(k[0], e, n);
         decode_block(k[0]);
@@ -162,7 +156,7 @@ int ida_fsm_apply_entries(struct ida_fsm *f,
                 block_set(k[1], e + next, n - next);
                 helped = helper->start(helper->ctx, decode_block, k[1]) == 0;
             }
-            rv = apply_block(f, k[0], fn, ctx, done);
+            rv = apply_run(f, k[0]->e, k[0]->n, k[0]->d, fn, ctx, done);
             if (helped) {
                 helper->join(helper->ctx);
             } else if (next < n && rv == 0) {
