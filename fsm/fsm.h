@@ -394,6 +394,46 @@ int ida_fsm_restore_with(struct ida_fsm *f,
                          size_t len,
                          const struct ida_fsm_helper *helper);
 
+/* Decoding a snapshot while it arrives (a leader's InstallSnapshot to a
+ * node that fell behind or is new; fsm/snap_ahead.c). The node checks
+ * such a snapshot by restoring it, which at ten million allocations took
+ * as long as the transfer, and began only once the last byte came. Most
+ * of that restore is decoding the holdings of the large bounded pools,
+ * which arrive in id order: an ida_fsm_ahead decodes them as the bytes
+ * come, and ida_fsm_restore_ahead() then takes those pools as decoded
+ * and does the rest as ida_fsm_restore_with() would.
+ *
+ * It never refuses anything. Bytes it cannot take ahead (not laid out as
+ * this encoder writes them, without the holdings' hints of an older
+ * encoder, damaged, or out of memory) it leaves to the restore, which
+ * decides as it always does: the verdict and the state are those of
+ * ida_fsm_restore_with() on the same bytes. A pool decoded ahead costs
+ * its memory (about that of the restored pool) until it is taken or
+ * freed. Single-threaded: one thread steps it, then restores with it. */
+struct ida_fsm_ahead;
+
+/* For a snapshot of @len bytes (checksum included): 0 or IDA_ENOMEM. */
+int ida_fsm_ahead_new(size_t len, struct ida_fsm_ahead **out);
+/* Decode ahead what the snapshot's first @avail bytes, at @data, allow.
+ * Every step gets the same @data: the buffer the snapshot arrives in,
+ * whose first @avail bytes never change afterwards. */
+void ida_fsm_ahead_step(struct ida_fsm_ahead *a,
+                        const uint8_t *data,
+                        size_t avail);
+/* Holdings decoded ahead so far (logs and tests). */
+uint64_t ida_fsm_ahead_holdings(const struct ida_fsm_ahead *a);
+/* Frees @a and what it decoded and no restore took. NULL is fine. */
+void ida_fsm_ahead_free(struct ida_fsm_ahead *a);
+/* ida_fsm_restore_with() of @data (@len bytes), taking the pools @a
+ * decoded ahead; @a (may be NULL) must have been stepped over these very
+ * bytes (their contents; they may sit elsewhere). @a is freed by the
+ * caller after. */
+int ida_fsm_restore_ahead(struct ida_fsm *f,
+                          const uint8_t *data,
+                          size_t len,
+                          const struct ida_fsm_helper *helper,
+                          struct ida_fsm_ahead *a);
+
 /* --- protobuf view of a result ------------------------------------------- */
 
 /* A CommandResult that points into this struct only (no allocation). It is

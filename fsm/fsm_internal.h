@@ -307,6 +307,18 @@ void ida__bounded_recount(struct ida__bounded *b);
 /* The lowest free id (may be >= size). */
 uint64_t ida__bounded_lowest_free(const struct ida__bounded *b);
 
+/* snap_ahead.c, for the restore: the bounded pool decoded ahead from the
+ * Pool message at bytes [@at, @end) of the snapshot, its BoundedState at
+ * @b_at, if @a has one: finished as the restore would (the phases after
+ * DECODE, with @helper, then the count tree) and handed over (its name
+ * unset), *@rv the verdict. NULL when none was decoded there. */
+struct ida__pool *ida__ahead_take(struct ida_fsm_ahead *a,
+                                  size_t at,
+                                  size_t end,
+                                  size_t b_at,
+                                  const struct ida_fsm_helper *helper,
+                                  int *rv);
+
 /* --- prefix pool ---------------------------------------------------------- */
 
 #define IDA__WINDOW_MAX 8192

@@ -7,219 +7,11 @@
 #include "base/assert.h"
 #include "base/heap.h"
 #include "fsm/fsm_internal.h"
+#include "fsm/snap_hold.h"
 #include "fsm/wire.h"
 #include "idalloc_errors.h"
 
 #define CORRUPT IDA_ECORRUPT
-
-/* A tag from the wire: 1..IDA_TAG_BYTES_MAX bytes, no NUL. */
-static bool tag_ok(const struct ida__rbuf *b)
-{
-    size_t n = (size_t)(b->end - b->p);
-    return n >= 1 && n <= IDA_TAG_BYTES_MAX && memchr(b->p, 0, n) == NULL;
-}
-
-/* Holdings.
- *
- * A large bounded pool is most of a large state, and its restore is most
- * of a node's restart and of a new node's catch-up. Its holdings are
- * decoded in phases, each shared by two threads when the caller lends one
- * (struct ida_fsm_helper), with a join between phases:
- *
- *   DECODE  each holding's tag is copied into a slab and its id taken in
- *           the pool's chunks (in id order: sequential), and the slot word
- *           of its tag (ida__tagtab_word()) is written to a scratch array
- *           in id order, counted by table region. The scratch is the tag
- *           table's own memory, not yet a table (ida__tagtab_bulk_begin()).
- *   GROUP   the words are copied into an array grouped by region (a
- *           counting sort: the counts give each share's place in each
- *           region), then the table's memory is cleared (CLEAR);
- *   INSERT  the words go into the table region by region, each thread a
- *           half of the regions.
- *
- * Inserting in id order put each tag at a random slot of a table far
- * larger than the caches (a cache and a TLB miss per tag, at ten million);
- * by region, each probe finds its lines just written. A tag held twice is
- * still refused: both copies hash alike, so land in one region, and the
- * insert of the second meets the first.
- *
- * The holdings are cut in two shares at a chunk boundary near the middle,
- * so each thread takes ids in chunks of its own, into a slab of its own;
- * the chunks' count tree, which every take would climb to the root, is
- * summed once at the end instead (ida__bounded_recount()). A share's
- * bounds are checked as data (ids strictly increasing, within [lo, hi],
- * and as many holdings as the first pass counted in its bytes), so damaged
- * or forged bytes cannot make the shares overlap or overrun the scratch. */
-#define HOLD_SPLIT_MIN 65536 /* holdings below which one thread does all */
-
-enum phase { DECODE, GROUP, CLEAR, INSERT };
-
-/* What the shares of one pool share. */
-struct bulk
-{
-    struct ida__bounded *b;
-    uint64_t *sorted; /* the words grouped by region */
-    unsigned regions; /* of the table (ida__tagtab_regions()) */
-    unsigned parts;   /* shares: each clears and inserts 1/parts of it */
-    uint64_t *start;  /* [regions + 1]: where each region's words begin */
-};
-
-/* One thread's share of a bounded pool's holdings. */
-struct share
-{
-    struct bulk *k;
-    enum phase phase;
-    struct ida__rbuf r;    /* the pool's fields holding the share */
-    uint64_t lo, hi;       /* its ids are within [lo, hi], increasing */
-    struct ida__slab slab; /* records of the share */
-    uint64_t *words;       /* its words, in id order (DECODE) */
-    uint64_t n;            /* how many holdings its bytes hold */
-    uint64_t *count;       /* [regions]: its words in each region
-                              (DECODE), then where its next one in
-                              each goes (GROUP) */
-    unsigned part;         /* its index (0 or 1) */
-    int rv;
-};
-
-/* The id of the Holding in @r (absent: 0, protobuf's default). */
-static uint64_t holding_id(struct ida__rbuf r)
-{
-    struct ida__field f;
-    uint64_t id = 0;
-    while (ida__r_field(&r, &f) == 1) {
-        if (f.num == 1 && f.type == IDA__WT_VARINT) {
-            id = f.v;
-        }
-    }
-    return id;
-}
-
-/* Take the Holding in @r: its record into the share's slab and its id
- * into the pool; *@word is its tag's slot word. */
-static int take_holding(struct share *sh,
-                        struct ida__rbuf r,
-                        uint64_t *next,
-                        uint64_t *word)
-{
-    struct ida__field f;
-    uint64_t id = 0;
-    struct ida__rbuf tag = {NULL, NULL};
-    int k;
-    while ((k = ida__r_field(&r, &f)) == 1) {
-        if (f.num == 1 && f.type == IDA__WT_VARINT) {
-            id = f.v;
-        } else if (f.num == 2 && f.type == IDA__WT_LEN) {
-            tag = f.sub;
-        }
-    }
-    struct ida__bounded *b = sh->k->b;
-    if (k < 0 || tag.p == NULL || id < *next || id > sh->hi || id >= b->size ||
-        id >= IDA_BOUNDED_HELD_MAX || !tag_ok(&tag)) {
-        return CORRUPT;
-    }
-    size_t n = (size_t)(tag.end - tag.p);
-    uint8_t *rec = ida__tagrec_new(&sh->slab, (const char *)tag.p, n);
-    if (rec == NULL || ida__bounded_fill(b, id, rec) != 0) {
-        return IDA_ENOMEM; /* a record not taken stays in the slab */
-    }
-    *word = ida__tagtab_word((uint32_t)id, ida__hash(tag.p, n));
-    *next = id + 1;
-    return 0;
-}
-
-static int run_decode(struct share *sh)
-{
-    struct ida__field f;
-    const struct ida__tagtab *t = &sh->k->b->tab;
-    uint64_t next = sh->lo, i = 0;
-    int k;
-    while ((k = ida__r_field(&sh->r, &f)) == 1) {
-        if (f.num == 2 && f.type == IDA__WT_LEN) {
-            if (i == sh->n) {
-                return CORRUPT; /* more than the first pass counted */
-            }
-            int rv = take_holding(sh, f.sub, &next, &sh->words[i]);
-            if (rv != 0) {
-                return rv;
-            }
-            sh->count[ida__tagtab_region(t, sh->words[i])]++;
-            i++;
-        }
-    }
-    return k < 0 || i != sh->n ? CORRUPT : 0;
-}
-
-/* Insert the words of the share's regions, the slots of the next region
- * loading into the cache while those of one are written. */
-static int run_insert(struct share *sh)
-{
-    struct bulk *k = sh->k;
-    struct ida__tagtab *t = &k->b->tab;
-    uint64_t span = t->cap / k->regions;
-    unsigned per = k->regions / k->parts;
-    for (unsigned g = per * sh->part; g < per * (sh->part + 1); g++) {
-        uint64_t next = (uint64_t)(g + 1) * span;
-        if (next < t->cap) {
-            ida__tagtab_prefetch_range(t, next, next + span);
-        }
-        for (uint64_t i = k->start[g]; i < k->start[g + 1]; i++) {
-            if (!ida__tagtab_insert_word_shared(t, k->sorted[i])) {
-                return CORRUPT; /* a tag held twice */
-            }
-        }
-    }
-    return 0;
-}
-
-/* One phase of a share (a thread's whole work until the next join). */
-static void run_share(void *arg)
-{
-    struct share *sh = arg;
-    struct bulk *k = sh->k;
-    switch (sh->phase) {
-        case DECODE:
-            sh->rv = run_decode(sh);
-            break;
-        case GROUP: {
-            const struct ida__tagtab *t = &k->b->tab;
-            for (uint64_t i = 0; i < sh->n; i++) {
-                uint64_t w = sh->words[i];
-                k->sorted[sh->count[ida__tagtab_region(t, w)]++] = w;
-            }
-            break;
-        }
-        case CLEAR: {
-            uint64_t per = k->b->tab.cap / k->parts;
-            ida__tagtab_bulk_clear(&k->b->tab, per * sh->part,
-                                   per * (sh->part + 1));
-            break;
-        }
-        case INSERT:
-            sh->rv = run_insert(sh);
-            break;
-    }
-}
-
-/* Run @phase of the @shares shares, the second on the lent thread when
- * there is one; the first error of the shares, or 0. */
-static int run_phase(struct share *sh,
-                     int shares,
-                     enum phase phase,
-                     const struct ida_fsm_helper *helper)
-{
-    for (int i = 0; i < shares; i++) {
-        sh[i].phase = phase;
-    }
-    bool helped = shares == 2 && helper != NULL &&
-                  helper->start(helper->ctx, run_share, &sh[1]) == 0;
-    run_share(&sh[0]);
-    if (helped) {
-        helper->join(helper->ctx);
-    } else if (shares == 2) {
-        run_share(&sh[1]);
-    }
-    return sh[0].rv != 0 ? sh[0].rv : shares == 2 ? sh[1].rv : 0;
-}
 
 /* Where the second share starts: the first Holding at or after the one at
  * @mid (a field start) whose chunk differs from the one before it; *@cut_id
@@ -238,7 +30,7 @@ static const uint8_t *find_cut(struct ida__rbuf r,
         if (f.num != 2 || f.type != IDA__WT_LEN) {
             continue;
         }
-        uint64_t c = holding_id(f.sub) >> IDA__CHUNK_SHIFT;
+        uint64_t c = ida__hold_id(f.sub) >> IDA__CHUNK_SHIFT;
         if (chunk != UINT64_MAX && c > chunk) {
             *cut_id = c << IDA__CHUNK_SHIFT;
             return at;
@@ -250,7 +42,8 @@ static const uint8_t *find_cut(struct ida__rbuf r,
 }
 
 /* The holdings of @b (prepared for ids up to @max_id), @holdings of them in
- * @r, the one at @mid being the @before_mid'th: in its tag table. */
+ * @r, the one at @mid being the @before_mid'th: in its tag table
+ * (snap_hold.h). */
 static int take_holdings(struct ida__bounded *b,
                          struct ida__rbuf r,
                          uint64_t max_id,
@@ -259,75 +52,20 @@ static int take_holdings(struct ida__bounded *b,
                          uint64_t before_mid,
                          const struct ida_fsm_helper *helper)
 {
-    uint64_t *scratch = ida__tagtab_bulk_begin(&b->tab, holdings);
-    /* As many regions as the table has, up to IDA__TAGTAB_REGIONS: a small
-     * pool's counts are small. */
-    unsigned regions = scratch != NULL ? ida__tagtab_regions(&b->tab) : 1;
-    struct bulk k = {.b = b, .regions = regions};
-    struct share sh[2];
-    memset(sh, 0, sizeof(sh));
-    /* start, then each share's counts. */
-    uint64_t *counts = ida_calloc(3 * (size_t)regions + 1, sizeof(*counts));
-    k.sorted = ida_malloc_huge(holdings * sizeof(*k.sorted));
-    int rv =
-        scratch == NULL || counts == NULL || k.sorted == NULL ? IDA_ENOMEM : 0;
-    int shares = 1;
+    struct ida__hold_load L;
+    int rv = ida__hold_begin(&L, b, r, holdings, max_id);
     if (rv == 0) {
-        k.start = counts;
-        sh[0] = (struct share){.k = &k,
-                               .r = r,
-                               .hi = max_id,
-                               .words = scratch,
-                               .n = holdings,
-                               .count = counts + regions + 1};
         uint64_t cut_id, skipped;
         const uint8_t *cut =
-            helper != NULL && holdings >= HOLD_SPLIT_MIN && mid != NULL
+            helper != NULL && holdings >= IDA__HOLD_SPLIT_MIN && mid != NULL
                 ? find_cut(r, mid, &cut_id, &skipped)
                 : NULL;
         if (cut != NULL) {
-            shares = 2;
-            uint64_t n0 = before_mid + skipped;
-            sh[1] = sh[0];
-            sh[0].r.end = cut;
-            sh[0].hi = cut_id - 1 < max_id ? cut_id - 1 : max_id;
-            sh[0].n = n0;
-            sh[1].r.p = cut;
-            sh[1].lo = cut_id;
-            sh[1].words = scratch + n0;
-            sh[1].n = holdings - n0;
-            sh[1].count = counts + 2 * (size_t)regions + 1;
-            sh[1].part = 1;
+            ida__hold_cut(&L, cut, cut_id, before_mid + skipped);
         }
-        rv = run_phase(sh, shares, DECODE, helper);
+        rv = ida__hold_decode(&L, helper);
     }
-    if (rv == 0) {
-        /* Each region's words: the first share's, then the second's. */
-        uint64_t at = 0;
-        for (unsigned g = 0; g < regions; g++) {
-            k.start[g] = at;
-            for (int i = 0; i < shares; i++) {
-                uint64_t c = sh[i].count[g];
-                sh[i].count[g] = at;
-                at += c;
-            }
-        }
-        k.start[regions] = at; /* == holdings: each share took its n */
-        k.parts = (unsigned)shares;
-        run_phase(sh, shares, GROUP, helper);
-        run_phase(sh, shares, CLEAR, helper);
-        rv = run_phase(sh, shares, INSERT, helper);
-    } else if (scratch != NULL) {
-        /* Never left holding words (only the first @holdings slots took
-         * any): whatever frees the pool sees a table. */
-        ida__tagtab_bulk_clear(&b->tab, 0, holdings);
-    }
-    for (int i = 0; i < shares; i++) {
-        ida__slab_merge(&b->slab, &sh[i].slab);
-    }
-    ida_free(k.sorted);
-    ida_free(counts);
-    return rv;
+    return ida__hold_end(&L, rv, helper);
 }
 
 static int dec_bounded(struct ida__pool *pool,
@@ -365,7 +103,7 @@ static int dec_bounded(struct ida__pool *pool,
     }
     /* The highest id is the last one: the chunk index is sized for it once,
      * and the tag table for every holding (instead of growing 20 times). */
-    uint64_t max_id = holding_id(last);
+    uint64_t max_id = ida__hold_id(last);
     if (max_id >= size || max_id >= IDA_BOUNDED_HELD_MAX) {
         return CORRUPT;
     }
@@ -434,7 +172,7 @@ static int dec_tagprefix(struct ida__prefix *p,
         p->n >= IDA_PREFIX_TAGS_MAX) {
         return CORRUPT;
     }
-    if (!tag_ok(&tag)) {
+    if (!ida__hold_tag_ok(&tag)) {
         return CORRUPT;
     }
     uint8_t *rec = ida__tagrec_new(&p->slab, (const char *)tag.p,
@@ -552,14 +290,19 @@ static int dec_seq(struct ida__pool *pool, struct ida__rbuf r)
     return 0;
 }
 
+/* A Pool message (@r, within the snapshot at @base). A bounded pool that
+ * @ahead (may be NULL) decoded ahead from these bytes is taken from it. */
 static int dec_pool(struct ida_fsm *f,
                     struct ida__rbuf r,
-                    const struct ida_fsm_helper *helper)
+                    const struct ida_fsm_helper *helper,
+                    const uint8_t *base,
+                    struct ida_fsm_ahead *ahead)
 {
     struct ida__field fl;
     struct ida__rbuf name = {NULL, NULL}, sub[6] = {{NULL, NULL}};
     uint64_t kind = 0;
     int k;
+    struct ida__rbuf all = r;
     while ((k = ida__r_field(&r, &fl)) == 1) {
         if (fl.num == 1 && fl.type == IDA__WT_LEN) {
             name = fl.sub;
@@ -582,24 +325,34 @@ static int dec_pool(struct ida_fsm *f,
             return CORRUPT;
         }
     }
-    struct ida__pool *p = ida_calloc(1, sizeof(*p));
-    if (p == NULL) {
-        return IDA_ENOMEM;
-    }
-    memcpy(p->name, name.p, nlen);
-    int rv = CORRUPT;
-    if (!ida_fsm_pool_name_valid(p->name) ||
+    char pname[IDA_POOL_NAME_MAX + 1] = {0};
+    memcpy(pname, name.p, nlen);
+    if (!ida_fsm_pool_name_valid(pname) ||
         (f->pool_count > 0 &&
-         strcmp(f->pools[f->pool_count - 1]->name, p->name) >= 0)) {
-        goto err_after_pool;
+         strcmp(f->pools[f->pool_count - 1]->name, pname) >= 0)) {
+        return CORRUPT;
     }
-    if (kind == IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
-        rv = dec_seq(p, sub[3]);
-    } else if (kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED) {
-        rv = dec_bounded(p, sub[4], helper);
-    } else {
-        rv = dec_prefix(p, sub[5]);
+    int rv = 0;
+    struct ida__pool *p =
+        ahead != NULL && kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED
+            ? ida__ahead_take(ahead, (size_t)(all.p - base),
+                              (size_t)(all.end - base),
+                              (size_t)(sub[4].p - base), helper, &rv)
+            : NULL;
+    if (p == NULL) {
+        p = ida_calloc(1, sizeof(*p));
+        if (p == NULL) {
+            return IDA_ENOMEM;
+        }
+        if (kind == IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
+            rv = dec_seq(p, sub[3]);
+        } else if (kind == IDALLOC__POOL_KIND__POOL_KIND_BOUNDED) {
+            rv = dec_bounded(p, sub[4], helper);
+        } else {
+            rv = dec_prefix(p, sub[5]);
+        }
     }
+    memcpy(p->name, pname, sizeof(pname));
     if (rv != 0) {
         goto err_after_pool;
     }
@@ -800,11 +553,14 @@ static int relink_sessions(struct ida_fsm *f)
 
 /* --- restore -------------------------------------------------------------- */
 
-/* Decode @r into the empty @f. */
+/* Decode @r (the snapshot at its start, without the checksum) into the
+ * empty @f, taking the pools @ahead (may be NULL) decoded. */
 static int dec_state(struct ida_fsm *f,
                      struct ida__rbuf r,
-                     const struct ida_fsm_helper *helper)
+                     const struct ida_fsm_helper *helper,
+                     struct ida_fsm_ahead *ahead)
 {
+    const uint8_t *base = r.p;
     struct ida__field fl;
     int k;
     uint64_t version = 0;
@@ -839,7 +595,7 @@ static int dec_state(struct ida_fsm *f,
     while ((k = ida__r_field(&r2, &fl)) == 1) {
         int rv = 0;
         if (fl.num == 2 && fl.type == IDA__WT_LEN) {
-            rv = dec_pool(f, fl.sub, helper);
+            rv = dec_pool(f, fl.sub, helper, base, ahead);
         } else if (fl.num == 3 && fl.type == IDA__WT_LEN) {
             rv = dec_session(f, fl.sub, &last_id);
         }
@@ -910,6 +666,15 @@ int ida_fsm_restore_with(struct ida_fsm *f,
                          size_t len,
                          const struct ida_fsm_helper *helper)
 {
+    return ida_fsm_restore_ahead(f, data, len, helper, NULL);
+}
+
+int ida_fsm_restore_ahead(struct ida_fsm *f,
+                          const uint8_t *data,
+                          size_t len,
+                          const struct ida_fsm_helper *helper,
+                          struct ida_fsm_ahead *ahead)
+{
     IDA_ASSERT(f != NULL);
     if (data == NULL && len > 0) {
         return IDA_EINVAL;
@@ -936,7 +701,7 @@ int ida_fsm_restore_with(struct ida_fsm *f,
     int rv = ida_fsm_new(&n);
     if (rv == 0) {
         struct ida__rbuf r = {data, data + job.len};
-        rv = dec_state(n, r, helper != NULL ? &wrapped : NULL);
+        rv = dec_state(n, r, helper != NULL ? &wrapped : NULL, ahead);
     }
     lent_wait(&l);
     if (job.sum != sum) {

@@ -868,3 +868,259 @@ Test(snap, two_threads_enomem_changes_nothing)
     free(forged);
     ida_free(before);
 }
+
+/* --- decoding ahead (struct ida_fsm_ahead) ----------------------------------
+ * A snapshot decoded while it arrives, then restored with what was decoded
+ * ahead: the restore's verdict and state, whatever came ahead. */
+
+/* Step a new ahead over @data (@len bytes) as if its first @stop bytes
+ * arrived @piece bytes at a time into a buffer whose bytes not yet arrived
+ * are garbage: 0xa5 (a varint that never ends) for odd pieces, 0x12 (a
+ * field 2 of 18 bytes, over and over) for even ones. Returns it (the
+ * caller frees it). */
+static struct ida_fsm_ahead *stepped(const uint8_t *data,
+                                     size_t len,
+                                     size_t piece,
+                                     size_t stop)
+{
+    struct ida_fsm_ahead *a;
+    cr_assert_eq(ida_fsm_ahead_new(len, &a), 0);
+    uint8_t *buf = malloc(len);
+    cr_assert(buf != NULL);
+    memset(buf, piece % 2 ? 0xa5 : 0x12, len);
+    for (size_t at = 0; at < stop;) {
+        size_t n = piece < stop - at ? piece : stop - at;
+        memcpy(buf + at, data + at, n);
+        at += n;
+        ida_fsm_ahead_step(a, buf, at);
+    }
+    free(buf);
+    return a;
+}
+
+/* The restore of @data with @a into a fresh state machine, its thread
+ * counted (@refuse: none lent); *@g the state (NULL on error). */
+static int restore_ahead(const uint8_t *data,
+                         size_t len,
+                         struct ida_fsm_ahead *a,
+                         bool refuse,
+                         int *starts,
+                         struct ida_fsm **g)
+{
+    cr_assert_eq(ida_fsm_new(g), 0);
+    struct counted c;
+    counted_init(&c, refuse);
+    int rv = ida_fsm_restore_ahead(*g, data, len, &c.h, a);
+    *starts = c.starts;
+    if (rv != 0) {
+        ida_fsm_free(*g);
+        *g = NULL;
+    }
+    return rv;
+}
+
+static void assert_gives_back(const struct ida_fsm *g,
+                              const uint8_t *data,
+                              size_t len)
+{
+    size_t l;
+    uint8_t *again = fx_snapshot(g, &l);
+    cr_assert(l == len && memcmp(again, data, len) == 0,
+              "the restored state gives back the same bytes");
+    ida_free(again);
+}
+
+Test(snap, ahead_restores_what_the_restore_does)
+{
+    forge_big();
+    size_t len;
+    uint8_t *forged = fx_forge(&st, &len);
+    const size_t pieces[] = {1, 2, 13, 4096, 512 * 1024, SIZE_MAX};
+    for (size_t i = 0; i < sizeof(pieces) / sizeof(pieces[0]); i++) {
+        for (int refuse = 0; refuse < 2; refuse++) {
+            struct ida_fsm_ahead *a = stepped(forged, len, pieces[i], len);
+            cr_assert_eq(ida_fsm_ahead_holdings(a), BIG,
+                         "pieces of %zu: every holding decoded ahead",
+                         pieces[i]);
+            struct ida_fsm *g;
+            int starts;
+            cr_assert_eq(restore_ahead(forged, len, a, refuse, &starts, &g), 0);
+            cr_assert_eq(starts, 4,
+                         "the checksum, then group, clear, insert: no "
+                         "decode of the pool taken");
+            assert_gives_back(g, forged, len);
+            uint64_t id;
+            for (int k = 0; k < BIG; k += 991) {
+                cr_assert_eq(ida_fsm_lookup(g, "a", bigtag[k], &id), 0);
+                cr_assert_eq(id, (uint64_t)(3 * k + 1));
+            }
+            /* The count tree is right: the lowest free ids come next. */
+            fx_register(g, 1, 1);
+            fx_batch_init(&b, 1);
+            fx_add_alloc(&b, 1, 1, "a", "n1");
+            fx_add_alloc(&b, 1, 2, "a", "n2");
+            struct ida_fsm_applied out;
+            fx_apply(g, &b, &out);
+            cr_assert_eq(out.replies[0].result.id, 0);
+            cr_assert_eq(out.replies[1].result.id, 2);
+            ida_fsm_free(g);
+            ida_fsm_ahead_free(a);
+        }
+    }
+    free(forged);
+    /* A pool the ahead skips comes first ("0p" sorts before "a"): it waits
+     * for the bytes after it before it reads on. */
+    ps[1].name = "0p";
+    pps[0] = &ps[1];
+    pps[1] = &ps[0];
+    forged = fx_forge(&st, &len);
+    for (size_t piece = 1; piece <= 128; piece *= 2) {
+        struct ida_fsm_ahead *a = stepped(forged, len, piece, len);
+        cr_assert_eq(ida_fsm_ahead_holdings(a), BIG, "pieces of %zu", piece);
+        struct ida_fsm *g;
+        int starts;
+        cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g), 0);
+        cr_assert_eq(starts, 4);
+        assert_gives_back(g, forged, len);
+        ida_fsm_free(g);
+        ida_fsm_ahead_free(a);
+    }
+    free(forged);
+    forge_big(); /* as it was, for the tests after */
+}
+
+/* Pools below the two-share size, every kind, sessions: the same. */
+Test(snap, ahead_takes_small_pools_with_the_rest)
+{
+    populate(f, 3);
+    size_t len;
+    uint8_t *data = fx_snapshot(f, &len);
+    struct ida_fsm_ahead *a = stepped(data, len, 100, len);
+    cr_assert_gt(ida_fsm_ahead_holdings(a), 500);
+    struct ida_fsm *g;
+    int starts;
+    cr_assert_eq(restore_ahead(data, len, a, false, &starts, &g), 0);
+    cr_assert_eq(starts, 1, "the checksum only");
+    assert_gives_back(g, data, len);
+    ida_fsm_free(g);
+    ida_fsm_ahead_free(a);
+    ida_free(data);
+}
+
+/* What the ahead cannot take, the restore decodes itself, and decides. */
+Test(snap, ahead_leaves_the_verdict_to_the_restore)
+{
+    forge_big();
+    size_t len;
+    /* A field the restore skips after the holdings: the ahead drops the
+     * pool once it meets it; the restore accepts the bytes. */
+    uint8_t extra[1] = {7};
+    ProtobufCMessageUnknownField u = {.tag = 9,
+                                      .wire_type = PROTOBUF_C_WIRE_TYPE_VARINT,
+                                      .len = 1,
+                                      .data = extra};
+    bs.base.n_unknown_fields = 1;
+    bs.base.unknown_fields = &u;
+    uint8_t *odd = fx_forge(&st, &len);
+    bs.base.n_unknown_fields = 0;
+    bs.base.unknown_fields = NULL;
+    struct ida_fsm_ahead *a = stepped(odd, len, 65536, len);
+    cr_assert_eq(ida_fsm_ahead_holdings(a), 0);
+    struct ida_fsm *g;
+    int starts;
+    cr_assert_eq(restore_ahead(odd, len, a, false, &starts, &g), 0);
+    cr_assert_eq(starts, 5, "the pool decoded by the restore itself");
+    ida_fsm_free(g);
+    ida_fsm_ahead_free(a);
+    free(odd);
+
+    /* Stopped half way (the rest never came to it): the pool under way is
+     * not taken. */
+    uint8_t *forged = fx_forge(&st, &len);
+    a = stepped(forged, len, 4096, len / 2);
+    cr_assert_eq(ida_fsm_ahead_holdings(a), 0);
+    cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g), 0);
+    cr_assert_eq(starts, 5);
+    assert_gives_back(g, forged, len);
+    ida_fsm_free(g);
+    ida_fsm_ahead_free(a);
+
+    /* Taken ahead, but the checksum does not match: refused. */
+    a = stepped(forged, len, 65536, len);
+    cr_assert_eq(ida_fsm_ahead_holdings(a), BIG);
+    forged[len - 1] ^= 1;
+    cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g),
+                 IDA_ECORRUPT);
+    ida_fsm_ahead_free(a);
+    free(forged);
+
+    /* A holding out of order: refused by both, whatever came ahead. */
+    big[BIG / 3].id = big[BIG / 3 - 1].id;
+    forged = fx_forge(&st, &len);
+    a = stepped(forged, len, 65536, len);
+    cr_assert_eq(ida_fsm_ahead_holdings(a), 0);
+    cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g),
+                 IDA_ECORRUPT);
+    ida_fsm_ahead_free(a);
+    free(forged);
+    forge_big(); /* for the tests after */
+}
+
+/* Memory short while decoding ahead costs only the decoding ahead; short
+ * in the restore after, it refuses with the target unchanged. */
+Test(snap, ahead_enomem_changes_nothing)
+{
+    size_t len0;
+    uint8_t *before = base_then_big(&len0);
+    size_t len;
+    uint8_t *forged = fx_forge(&st, &len);
+    int n;
+    for (n = 0;; n += 1 + n / 4) {
+        ida_heap_fault_set(n, 1);
+        struct ida_fsm_ahead *a = NULL;
+        int rv = ida_fsm_ahead_new(len, &a);
+        if (rv == 0) {
+            ida_fsm_ahead_step(a, forged, len / 3);
+            ida_fsm_ahead_step(a, forged, len);
+        }
+        ida_heap_fault_set(0, 0);
+        if (rv != 0) {
+            cr_assert_eq(rv, IDA_ENOMEM);
+            continue;
+        }
+        uint64_t held = ida_fsm_ahead_holdings(a);
+        struct ida_fsm *g;
+        int starts;
+        cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g), 0,
+                     "allocation %d", n);
+        assert_gives_back(g, forged, len);
+        ida_fsm_free(g);
+        ida_fsm_ahead_free(a);
+        if (held == BIG) {
+            break;
+        }
+    }
+    cr_assert_gt(n, 5);
+    /* Short in the restore, after a whole decoding ahead. */
+    for (n = 0;; n += 1 + n / 8) {
+        struct ida_fsm_ahead *a = stepped(forged, len, 65536, len);
+        struct counted c;
+        counted_init(&c, true);
+        ida_heap_fault_set(n, 1);
+        int rv = ida_fsm_restore_ahead(f, forged, len, &c.h, a);
+        ida_heap_fault_set(0, 0);
+        ida_fsm_ahead_free(a);
+        if (rv == 0) {
+            break;
+        }
+        cr_assert_eq(rv, IDA_ENOMEM, "allocation %d: %d", n, rv);
+        size_t len1;
+        uint8_t *after = fx_snapshot(f, &len1);
+        cr_assert(len0 == len1 && memcmp(before, after, len0) == 0,
+                  "allocation %d", n);
+        ida_free(after);
+    }
+    cr_assert_gt(n, 3);
+    free(forged);
+    ida_free(before);
+}

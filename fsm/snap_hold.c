@@ -1,0 +1,338 @@
+/* Holdings: the bulk load of a bounded pool's holdings (snap_hold.h). */
+#include "fsm/snap_hold.h"
+
+#include <string.h>
+
+#include "base/heap.h"
+#include "idalloc_errors.h"
+
+#define CORRUPT IDA_ECORRUPT
+
+uint64_t ida__hold_id(struct ida__rbuf r)
+{
+    struct ida__field f;
+    uint64_t id = 0;
+    while (ida__r_field(&r, &f) == 1) {
+        if (f.num == 1 && f.type == IDA__WT_VARINT) {
+            id = f.v;
+        }
+    }
+    return id;
+}
+
+/* Take the Holding in @r: its record into the share's slab and its id
+ * into the pool; *@word is its tag's slot word. */
+static int take_holding(struct ida__hold_share *sh,
+                        struct ida__rbuf r,
+                        uint64_t *word)
+{
+    struct ida__field f;
+    uint64_t id = 0;
+    struct ida__rbuf tag = {NULL, NULL};
+    int k;
+    while ((k = ida__r_field(&r, &f)) == 1) {
+        if (f.num == 1 && f.type == IDA__WT_VARINT) {
+            id = f.v;
+        } else if (f.num == 2 && f.type == IDA__WT_LEN) {
+            tag = f.sub;
+        }
+    }
+    struct ida__bounded *b = sh->k->b;
+    if (k < 0 || tag.p == NULL || id < sh->next || id > sh->hi ||
+        id >= b->size || id >= IDA_BOUNDED_HELD_MAX ||
+        !ida__hold_tag_ok(&tag)) {
+        return CORRUPT;
+    }
+    /* Streamed, the index grows as ids come (the restore prepared it for
+     * the last id at once: the same index in the end). */
+    if (sh->streamed && id >> IDA__CHUNK_SHIFT >= b->leaves &&
+        ida__bounded_prepare(b, id) != 0) {
+        return IDA_ENOMEM;
+    }
+    size_t n = (size_t)(tag.end - tag.p);
+    uint8_t *rec = ida__tagrec_new(&sh->slab, (const char *)tag.p, n);
+    if (rec == NULL || ida__bounded_fill(b, id, rec) != 0) {
+        return IDA_ENOMEM; /* a record not taken stays in the slab */
+    }
+    *word = ida__tagtab_word((uint32_t)id, ida__hash(tag.p, n));
+    sh->next = id + 1;
+    return 0;
+}
+
+/* DECODE of @sh's fields before @avail (its end at the most). 1: all its
+ * fields taken, 0: a field lies across @avail, or an error. */
+static int decode_upto(struct ida__hold_share *sh, const uint8_t *avail)
+{
+    const struct ida__tagtab *t = &sh->k->b->tab;
+    if (avail < sh->r.p) {
+        return 0; /* nothing of it came yet */
+    }
+    bool cut_short = avail < sh->r.end;
+    struct ida__rbuf v = {sh->r.p, cut_short ? avail : sh->r.end};
+    struct ida__field f;
+    for (;;) {
+        const uint8_t *at = v.p;
+        int k = ida__r_field(&v, &f);
+        if (k == 0) {
+            break;
+        }
+        if (k < 0) {
+            if (!cut_short) {
+                return CORRUPT;
+            }
+            v.p = at; /* whole once more bytes came */
+            break;
+        }
+        if (f.num != 2 || f.type != IDA__WT_LEN) {
+            if (sh->streamed) {
+                return CORRUPT;
+            }
+            continue;
+        }
+        if (sh->taken == sh->n) {
+            return CORRUPT; /* more than counted */
+        }
+        uint64_t *w = &sh->words[sh->taken];
+        int rv = take_holding(sh, f.sub, w);
+        if (rv != 0) {
+            return rv;
+        }
+        if (sh->count != NULL) {
+            sh->count[ida__tagtab_region(t, *w)]++;
+        }
+        sh->taken++;
+    }
+    sh->r.p = v.p;
+    if (sh->r.p != sh->r.end) {
+        return 0;
+    }
+    return sh->taken == sh->n || sh->streamed ? 1 : CORRUPT;
+}
+
+/* Insert the words of the share's regions, the slots of the next region
+ * loading into the cache while those of one are written. */
+static int run_insert(struct ida__hold_share *sh)
+{
+    struct ida__hold_bulk *k = sh->k;
+    struct ida__tagtab *t = &k->b->tab;
+    uint64_t span = t->cap / k->regions;
+    unsigned per = k->regions / k->parts;
+    for (unsigned g = per * sh->part; g < per * (sh->part + 1); g++) {
+        uint64_t next = (uint64_t)(g + 1) * span;
+        if (next < t->cap) {
+            ida__tagtab_prefetch_range(t, next, next + span);
+        }
+        for (uint64_t i = k->start[g]; i < k->start[g + 1]; i++) {
+            if (!ida__tagtab_insert_word_shared(t, k->sorted[i])) {
+                return CORRUPT; /* a tag held twice */
+            }
+        }
+    }
+    return 0;
+}
+
+/* One phase of a share (a thread's whole work until the next join). */
+static void run_share(void *arg)
+{
+    struct ida__hold_share *sh = arg;
+    struct ida__hold_bulk *k = sh->k;
+    switch (sh->phase) {
+        case IDA__HOLD_DECODE: {
+            int rv = decode_upto(sh, sh->r.end);
+            sh->rv = rv == 1 ? 0 : rv;
+            break;
+        }
+        case IDA__HOLD_GROUP: {
+            const struct ida__tagtab *t = &k->b->tab;
+            for (uint64_t i = 0; i < sh->n; i++) {
+                uint64_t w = sh->words[i];
+                k->sorted[sh->count[ida__tagtab_region(t, w)]++] = w;
+            }
+            break;
+        }
+        case IDA__HOLD_CLEAR: {
+            uint64_t per = k->b->tab.cap / k->parts;
+            ida__tagtab_bulk_clear(&k->b->tab, per * sh->part,
+                                   per * (sh->part + 1));
+            break;
+        }
+        case IDA__HOLD_INSERT:
+            sh->rv = run_insert(sh);
+            break;
+    }
+}
+
+/* Run @phase of the shares, the second on the lent thread when there is
+ * one; the first error of the shares, or 0. */
+static int run_phase(struct ida__hold_load *L,
+                     enum ida__hold_phase phase,
+                     const struct ida_fsm_helper *helper)
+{
+    struct ida__hold_share *sh = L->sh;
+    for (int i = 0; i < L->shares; i++) {
+        sh[i].phase = phase;
+        sh[i].rv = 0;
+    }
+    bool helped = L->shares == 2 && helper != NULL &&
+                  helper->start(helper->ctx, run_share, &sh[1]) == 0;
+    run_share(&sh[0]);
+    if (helped) {
+        helper->join(helper->ctx);
+    } else if (L->shares == 2) {
+        run_share(&sh[1]);
+    }
+    return sh[0].rv != 0 ? sh[0].rv : L->shares == 2 ? sh[1].rv : 0;
+}
+
+/* The table's scratch and the arrays for @L->holdings holdings. */
+static int bulk_alloc(struct ida__hold_load *L)
+{
+    struct ida__hold_bulk *k = &L->k;
+    k->scratch = ida__tagtab_bulk_begin(&k->b->tab, L->holdings);
+    /* As many regions as the table has, up to IDA__TAGTAB_REGIONS: a small
+     * pool's counts are small. */
+    k->regions = k->scratch != NULL ? ida__tagtab_regions(&k->b->tab) : 1;
+    /* start, then each share's counts. */
+    k->start = ida_calloc(3 * (size_t)k->regions + 1, sizeof(*k->start));
+    k->sorted = ida_malloc_huge(L->holdings * sizeof(*k->sorted));
+    if (k->scratch == NULL || k->start == NULL || k->sorted == NULL) {
+        return IDA_ENOMEM;
+    }
+    L->sh[0].count = k->start + k->regions + 1;
+    L->sh[1].count = k->start + 2 * (size_t)k->regions + 1;
+    return 0;
+}
+
+int ida__hold_begin(struct ida__hold_load *L,
+                    struct ida__bounded *b,
+                    struct ida__rbuf r,
+                    uint64_t holdings,
+                    uint64_t max_id)
+{
+    memset(L, 0, sizeof(*L));
+    L->k.b = b;
+    L->holdings = holdings;
+    L->shares = 1;
+    L->sh[0] = (struct ida__hold_share){.k = &L->k, .r = r, .hi = max_id};
+    L->sh[1] = (struct ida__hold_share){.k = &L->k, .part = 1};
+    int rv = bulk_alloc(L);
+    L->sh[0].words = L->k.scratch;
+    L->sh[0].n = holdings;
+    return rv;
+}
+
+/* The fewest bytes of a Holding field: its key and length, the tag's key,
+ * length and one byte (an id of 0 is not written). */
+#define MIN_HOLDING_BYTES 5
+
+int ida__hold_begin_streamed(struct ida__hold_load *L,
+                             struct ida__bounded *b,
+                             struct ida__rbuf r)
+{
+    memset(L, 0, sizeof(*L));
+    L->k.b = b;
+    L->shares = 1;
+    uint64_t most = (uint64_t)(r.end - r.p) / MIN_HOLDING_BYTES;
+    L->own = ida_malloc_huge((most + 1) * sizeof(*L->own));
+    L->sh[0] = (struct ida__hold_share){.k = &L->k,
+                                        .r = r,
+                                        .hi = UINT64_MAX,
+                                        .words = L->own,
+                                        .n = most,
+                                        .streamed = true};
+    L->sh[1] = (struct ida__hold_share){.k = &L->k, .part = 1};
+    return L->own != NULL ? 0 : IDA_ENOMEM;
+}
+
+int ida__hold_settle(struct ida__hold_load *L)
+{
+    struct ida__hold_share *a = &L->sh[0], *b = &L->sh[1];
+    L->holdings = a->taken;
+    int rv = bulk_alloc(L);
+    if (rv != 0) {
+        return rv;
+    }
+    uint64_t n = L->holdings;
+    uint64_t n0 = n >= IDA__HOLD_SPLIT_MIN ? n / 2 : n;
+    const struct ida__tagtab *t = &L->k.b->tab;
+    uint64_t *to = L->k.scratch;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t w = L->own[i];
+        to[i] = w;
+        (i < n0 ? a->count : b->count)[ida__tagtab_region(t, w)]++;
+    }
+    ida_free(L->own);
+    L->own = NULL;
+    a->words = to;
+    a->n = n0;
+    b->words = to + n0;
+    b->n = n - n0;
+    L->shares = n0 < n ? 2 : 1;
+    return 0;
+}
+
+void ida__hold_cut(struct ida__hold_load *L,
+                   const uint8_t *cut,
+                   uint64_t cut_id,
+                   uint64_t n0)
+{
+    struct ida__hold_share *a = &L->sh[0], *b = &L->sh[1];
+    b->r = (struct ida__rbuf){cut, a->r.end};
+    b->lo = b->next = cut_id;
+    b->hi = a->hi;
+    b->words = a->words + n0;
+    b->n = L->holdings - n0;
+    a->r.end = cut;
+    a->hi = cut_id - 1 < a->hi ? cut_id - 1 : a->hi;
+    a->n = n0;
+    L->shares = 2;
+}
+
+int ida__hold_decode(struct ida__hold_load *L,
+                     const struct ida_fsm_helper *helper)
+{
+    return run_phase(L, IDA__HOLD_DECODE, helper);
+}
+
+int ida__hold_decode_upto(struct ida__hold_load *L, const uint8_t *avail)
+{
+    return decode_upto(&L->sh[0], avail);
+}
+
+int ida__hold_end(struct ida__hold_load *L,
+                  int rv,
+                  const struct ida_fsm_helper *helper)
+{
+    struct ida__hold_bulk *k = &L->k;
+    struct ida__hold_share *sh = L->sh;
+    if (rv == 0) {
+        /* Each region's words: the first share's, then the second's. */
+        uint64_t at = 0;
+        for (unsigned g = 0; g < k->regions; g++) {
+            k->start[g] = at;
+            for (int i = 0; i < L->shares; i++) {
+                uint64_t c = sh[i].count[g];
+                sh[i].count[g] = at;
+                at += c;
+            }
+        }
+        k->start[k->regions] = at; /* == holdings: each share took its n */
+        k->parts = (unsigned)L->shares;
+        run_phase(L, IDA__HOLD_GROUP, helper);
+        run_phase(L, IDA__HOLD_CLEAR, helper);
+        rv = run_phase(L, IDA__HOLD_INSERT, helper);
+    } else if (k->scratch != NULL) {
+        /* Never left holding words (only the first @holdings slots took
+         * any): whatever frees the pool sees a table. */
+        ida__tagtab_bulk_clear(&k->b->tab, 0, L->holdings);
+    }
+    for (int i = 0; i < 2; i++) {
+        ida__slab_merge(&k->b->slab, &sh[i].slab);
+    }
+    ida_free(k->sorted);
+    ida_free(k->start);
+    ida_free(L->own);
+    L->own = NULL;
+    k->sorted = k->start = k->scratch = NULL;
+    return rv;
+}

@@ -1,0 +1,168 @@
+/* Holdings: the bulk load of a bounded pool's holdings from snapshot bytes,
+ * shared by the restore (snap_decode.c) and the decoding of a snapshot
+ * while it arrives (snap_ahead.c). Internal to fsm/.
+ *
+ * A large bounded pool is most of a large state, and its restore is most
+ * of a node's restart and of a new node's catch-up. Its holdings are
+ * decoded in phases, each shared by two threads when the caller lends one
+ * (struct ida_fsm_helper), with a join between phases:
+ *
+ *   DECODE  each holding's tag is copied into a slab and its id taken in
+ *           the pool's chunks (in id order: sequential), and the slot word
+ *           of its tag (ida__tagtab_word()) is written to a scratch array
+ *           in id order, counted by table region. The scratch is the tag
+ *           table's own memory, not yet a table (ida__tagtab_bulk_begin()).
+ *   GROUP   the words are copied into an array grouped by region (a
+ *           counting sort: the counts give each share's place in each
+ *           region), then the table's memory is cleared (CLEAR);
+ *   INSERT  the words go into the table region by region, each thread a
+ *           half of the regions.
+ *
+ * Inserting in id order put each tag at a random slot of a table far
+ * larger than the caches (a cache and a TLB miss per tag, at ten million);
+ * by region, each probe finds its lines just written. A tag held twice is
+ * still refused: both copies hash alike, so land in one region, and the
+ * insert of the second meets the first.
+ *
+ * The restore cuts the holdings in two shares at a chunk boundary near the
+ * middle, so each thread takes ids in chunks of its own, into a slab of its
+ * own; the chunks' count tree, which every take would climb to the root,
+ * is summed once at the end instead (ida__bounded_recount()). A share's
+ * bounds are checked as data (ids strictly increasing, within [lo, hi],
+ * and as many holdings as the caller counted or was told), so damaged or
+ * forged bytes cannot make the shares overlap or overrun the scratch.
+ *
+ * The decoding of a snapshot still arriving (snap_ahead.c) does not know
+ * how many holdings will come, nor the last id, before they all came. Its
+ * one share runs DECODE a piece at a time as bytes arrive
+ * (ida__hold_decode_upto()), its words into an array of its own sized for
+ * the most holdings the bytes could hold (mapped lazily: only what is
+ * written costs memory), the chunks' index growing as ids come. Once all
+ * came, ida__hold_settle() sizes the table for the holdings taken, as the
+ * restore would, and copies the words into its scratch as two shares (the
+ * halves) counted by region: a share's words are only grouped by it in
+ * the phases after, so where the cut lies does not matter there. */
+#ifndef IDA_FSM_SNAP_HOLD_H
+#define IDA_FSM_SNAP_HOLD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fsm/fsm.h"
+#include "fsm/fsm_internal.h"
+#include "fsm/wire.h"
+
+/* Holdings below which one thread does all. */
+#define IDA__HOLD_SPLIT_MIN 65536
+
+enum ida__hold_phase {
+    IDA__HOLD_DECODE,
+    IDA__HOLD_GROUP,
+    IDA__HOLD_CLEAR,
+    IDA__HOLD_INSERT
+};
+
+/* What the shares of one pool share. */
+struct ida__hold_bulk
+{
+    struct ida__bounded *b;
+    uint64_t *scratch; /* the table's memory, words in id order (DECODE) */
+    uint64_t *sorted;  /* the words grouped by region */
+    unsigned regions;  /* of the table (ida__tagtab_regions()) */
+    unsigned parts;    /* shares: each clears and inserts 1/parts of it */
+    uint64_t *start;   /* [regions + 1]: where each region's words begin;
+                          then each share's counts ([regions] each) */
+};
+
+/* One thread's share of a bounded pool's holdings. */
+struct ida__hold_share
+{
+    struct ida__hold_bulk *k;
+    enum ida__hold_phase phase;
+    struct ida__rbuf r;    /* the pool's fields holding the share; r.p
+                              moves on as DECODE takes them */
+    uint64_t lo, hi;       /* its ids are within [lo, hi], increasing */
+    uint64_t next;         /* the lowest id its next holding may have */
+    struct ida__slab slab; /* records of the share */
+    uint64_t *words;       /* its words, in id order (DECODE) */
+    uint64_t n;            /* how many holdings its bytes hold */
+    uint64_t taken;        /* of which DECODE took so far */
+    uint64_t *count;       /* [regions]: its words in each region
+                              (DECODE), then where its next one in
+                              each goes (GROUP) */
+    unsigned part;         /* its index (0 or 1) */
+    bool streamed;         /* decoding ahead: count is NULL during DECODE,
+                              the chunks' index grows, and a field other
+                              than a holding is refused */
+    int rv;
+};
+
+struct ida__hold_load
+{
+    struct ida__hold_bulk k;
+    struct ida__hold_share sh[2];
+    int shares;
+    uint64_t holdings;
+    uint64_t *own; /* streamed: the words until ida__hold_settle() */
+};
+
+/* A tag from the wire: 1..IDA_TAG_BYTES_MAX bytes, no NUL. */
+static inline bool ida__hold_tag_ok(const struct ida__rbuf *b)
+{
+    size_t n = (size_t)(b->end - b->p);
+    return n >= 1 && n <= IDA_TAG_BYTES_MAX && memchr(b->p, 0, n) == NULL;
+}
+
+/* The id of the Holding in @r (absent: 0, protobuf's default). */
+uint64_t ida__hold_id(struct ida__rbuf r);
+
+/* Set @L up for @holdings (>= 1) holdings of @b, whose chunks
+ * ida__bounded_prepare() indexed up to @max_id: one share of ids [0,
+ * max_id] over the fields @r. 0 or IDA_ENOMEM; ida__hold_end() follows
+ * either way. @L must not move afterwards (the shares point into it). */
+int ida__hold_begin(struct ida__hold_load *L,
+                    struct ida__bounded *b,
+                    struct ida__rbuf r,
+                    uint64_t holdings,
+                    uint64_t max_id);
+
+/* Cut the one share in two at @cut (a field start within it): the first
+ * @n0 holdings with ids below @cut_id, the rest from @cut_id on. */
+void ida__hold_cut(struct ida__hold_load *L,
+                   const uint8_t *cut,
+                   uint64_t cut_id,
+                   uint64_t n0);
+
+/* DECODE of every share, the second on @helper's thread (NULL: none). The
+ * first error of the shares, or 0. */
+int ida__hold_decode(struct ida__hold_load *L,
+                     const struct ida_fsm_helper *helper);
+
+/* For the decoding ahead: one share over the BoundedState fields @r after
+ * its size (@b initialized with it): any number of holdings, any ids
+ * below the size. 0 or IDA_ENOMEM; ida__hold_end() follows either way. */
+int ida__hold_begin_streamed(struct ida__hold_load *L,
+                             struct ida__bounded *b,
+                             struct ida__rbuf r);
+
+/* DECODE of the streamed share's holdings that lie whole before @avail
+ * (the bytes after it may not have arrived): 1 when all its bytes are
+ * taken, 0 when more are needed, or an error (IDA_ECORRUPT, IDA_ENOMEM).
+ * May be called again with a larger @avail after a 0. */
+int ida__hold_decode_upto(struct ida__hold_load *L, const uint8_t *avail);
+
+/* After ida__hold_decode_upto() returned 1: the table and the arrays for
+ * the holdings taken (at least one), their words in the table's scratch as
+ * one share, or two (the halves) from IDA__HOLD_SPLIT_MIN holdings on,
+ * counted by region. 0 or IDA_ENOMEM. */
+int ida__hold_settle(struct ida__hold_load *L);
+
+/* After DECODE (@rv its verdict): GROUP, CLEAR and INSERT, or on error
+ * the scratch cleared (whatever frees the pool then sees a table). The
+ * shares' records go to the pool's slab either way, and what
+ * ida__hold_begin() allocated is freed. Returns the verdict. */
+int ida__hold_end(struct ida__hold_load *L,
+                  int rv,
+                  const struct ida_fsm_helper *helper);
+
+#endif /* IDA_FSM_SNAP_HOLD_H */
