@@ -64,6 +64,16 @@ def status():
         return []
 
 
+def cpu_s(i):
+    """CPU seconds (user + system) node @i used so far."""
+    try:
+        with open(f"/proc/{procs[i].pid}/stat") as fs:
+            f = fs.read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def stop_all():
     for p in procs.values():
         if p.poll() is None:
@@ -89,6 +99,7 @@ try:
     leader = [n for n in ns if n.get("role") == "leader"][0]
     f = [n for n in ns if n.get("role") != "leader"][0]["node"]
     commit = leader["commit"]
+    cpu0 = {i: cpu_s(i) for i in procs if i != f}
     procs[f].send_signal(signal.SIGKILL)
     procs[f].wait()
     if mode == "catchup":
@@ -105,8 +116,21 @@ try:
         time.sleep(0.01)
     print(f"{mode}: node {f} applied the leader's commit {commit} after "
           f"{(time.time() - t0) * 1000:.0f} ms")
+    print("  CPU meanwhile: " + ", ".join(
+        f"node {i}{' (leader)' if i == leader['node'] else ''} "
+        f"{cpu_s(i) - cpu0.get(i, 0.0):.2f} s" for i in sorted(procs)))
     with open(f"{W}/node{f}.log") as fl:
         log = fl.read().splitlines()
+    if mode == "catchup":
+        def stamp(line):
+            h, m, sec = line[11:23].split(":")
+            return (int(h) * 60 + int(m)) * 60 + float(sec)
+        with open(f"{W}/node{leader['node']}.log") as fl:
+            added = [stamp(l) for l in fl if "voters, 1 learners" in l]
+        inst = [stamp(l) for l in log if "fsm: installed snapshot" in l]
+        if added and inst:
+            print(f"  learner added -> installed: "
+                  f"{(inst[-1] - added[-1]) * 1000:.0f} ms")
     first = max(i for i, l in enumerate(log)
                 if re.search(r"storage .*: node \d+ incarnation", l))
     for l in log[first:]:

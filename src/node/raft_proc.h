@@ -64,6 +64,10 @@ struct raft_proc
     /* The check running on a thread of its own (snapshot_check()); NULL:
      * none. Its verdict goes to the core on the processor's next ping. */
     struct snap_checker *checking;
+    /* The leader's snapshot arriving, decoded as its chunks come
+     * (snap_stream.h); NULL: none. snapshot_check() hands it to the check
+     * of that snapshot. */
+    struct ida__snap_stream *stream;
     /* What peers said of their snapshots (snap_policy.h, TURNS); published
      * in node->peers_snap_* on every message and ping. */
     struct ida_snap_peers snap_peers;

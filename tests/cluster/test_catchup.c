@@ -1,8 +1,9 @@
 /* A follower whose data directory was wiped catches up by InstallSnapshot
  * with real processes (TLS peers, fsync on): the leader sends its snapshot
  * of several MB in chunks, several in flight (src/node/raft_proc.c), the
- * follower checks it by decoding it once and hands that state to its fsm
- * (no second decode), the leader re-admits it (auto_rejoin), and then it
+ * follower decodes it as its chunks arrive and checks it by finishing that
+ * decoding once the last came, hands that state to its fsm (no second
+ * decode), the leader re-admits it (auto_rejoin), and then it
  * holds exactly the leader's state: the nodes, stopped, export their state
  * (idallocd --export-backup: snapshot plus log) and the three are the same
  * bytes at the same index. */
@@ -202,6 +203,12 @@ Test(catchup,
                   "node %d decoded the snapshot a second time", f + 1);
     cr_assert_eq(tc_log_count(&c, f, "restored from its bytes"), 0);
     cr_assert_eq(tc_log_count(&c, f, "refused a snapshot"), 0);
+    /* Its holdings were decoded as its chunks came (snap_stream.h). */
+    cr_assert_geq(tc_log_count(&c, f, "holdings decoded as it arrived"), 1);
+    cr_assert_eq(tc_log_count(&c, f, "(0 holdings decoded as it arrived"), 0,
+                 "node %d decoded nothing of the snapshot as it arrived",
+                 f + 1);
+    cr_assert_eq(tc_log_count(&c, f, "is not the one checked"), 0);
     cr_assert_geq(tc_log_count(&c, f, "stored as it arrived"), 1,
                   "node %d stored the snapshot only once it was checked",
                   f + 1);
