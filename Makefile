@@ -138,9 +138,11 @@ asan:
 # library's (its I/O thread, tests/client/test_client.c and test_async.c).
 # Criterion cannot start a test binary whose .bss is large under TSan
 # ("Could not initialize inheritable arena", Snaipe/Criterion#274), which
-# rules out the fsm's tests: a restore shared with a lent thread is checked
-# by running the fsm benchmark's two-thread restores and replay under TSan
-# (make tsan-fsm, a few minutes).
+# rules out the fsm's tests (and tests/node/test_snap_stream.c): a restore
+# shared with a lent thread is checked by running the fsm benchmark's
+# two-thread restores, its snapshot decoded by a thread as it is fed
+# (src/node/snap_stream.h) and its replay under TSan (make tsan-fsm, a few
+# minutes).
 TSAN_TESTS = $(patsubst tests/%.c,build/tsan/tests/%,$(wildcard tests/pool/test_*.c) \
     $(wildcard tests/client/test_client.c tests/client/test_async.c))
 tsan: deps
@@ -150,8 +152,9 @@ tsan: deps
 	@TSAN_OPTIONS=halt_on_error=1 IDA_BUILD=build/tsan scripts/run-tests.sh $(TSAN_TESTS)
 
 # make tsan-fsm: bench_fsm at 200,000 allocations under ThreadSanitizer; its
-# restores with a lent thread share each phase of a bounded pool's load, and
-# its replay has the lent thread decoding the next block of entries.
+# restores with a lent thread share each phase of a bounded pool's load, its
+# snapshot is decoded by a stream's thread while it is fed, and its replay
+# has the lent thread decoding the next block of entries.
 tsan-fsm: deps
 	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread build/tsan/bench/bench_fsm
 	@TSAN_OPTIONS=halt_on_error=1 build/tsan/bench/bench_fsm 200000
@@ -235,7 +238,7 @@ help:
 	@echo "  bench-etcd    idalloc beside a 3-node etcd, same machine, one run [ETCD_S=s]"
 	@echo "  asan          the tests under AddressSanitizer + UBSan (build/asan/)"
 	@echo "  tsan          the pool's and the client library's tests under ThreadSanitizer (build/tsan/)"
-	@echo "  tsan-fsm      the fsm benchmark's two-thread restores and replay under ThreadSanitizer (minutes)"
+	@echo "  tsan-fsm      the fsm benchmark's two-thread restores, streamed snapshot check and replay under ThreadSanitizer (minutes)"
 	@echo "  fsm-soak      longer fsm property runs [FSM_COMMANDS=n] [FSM_SEED=s]"
 	@echo "  pool-stress   long lock-free queue stress [POOL_STRESS_SECONDS=n]"
 	@echo "  sim-long      many more simulator seeds [SIM_LONG_SEEDS=N]"
