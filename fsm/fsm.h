@@ -404,24 +404,29 @@ int ida_fsm_restore_with(struct ida_fsm *f,
  * and does the rest as ida_fsm_restore_with() would.
  *
  * It never refuses anything. Bytes it cannot take ahead (not laid out as
- * this encoder writes them, without the holdings' hints of an older
- * encoder, damaged, or out of memory) it leaves to the restore, which
- * decides as it always does: the verdict and the state are those of
- * ida_fsm_restore_with() on the same bytes. A pool decoded ahead costs
- * its memory (about that of the restored pool) until it is taken or
- * freed. Single-threaded: one thread steps it, then restores with it. */
+ * this encoder writes them, damaged, or out of memory) it leaves to the
+ * restore, which decides as it always does: the verdict and the state are
+ * those of ida_fsm_restore_with() on the same bytes. A pool decoded ahead
+ * costs the restored pool's memory plus its table's sorting arrays (8
+ * bytes per holding, and the words until it is whole) until it is taken
+ * or freed. Not thread-safe: one thread at a time steps it or restores
+ * with it (the stream's thread steps, the check restores once it joined
+ * that thread). */
 struct ida_fsm_ahead;
 
 /* For a snapshot of @len bytes (checksum included): 0 or IDA_ENOMEM. */
 int ida_fsm_ahead_new(size_t len, struct ida_fsm_ahead **out);
 /* Decode ahead what the snapshot's first @avail bytes, at @data, allow.
- * Every step gets the same @data: the buffer the snapshot arrives in,
- * whose first @avail bytes never change afterwards. */
+ * Each step gets the bytes the steps before it got, and more: the buffer
+ * the snapshot arrives in may move (grow) between steps, but its first
+ * bytes never change. */
 void ida_fsm_ahead_step(struct ida_fsm_ahead *a,
                         const uint8_t *data,
                         size_t avail);
-/* Holdings decoded ahead so far (logs and tests). */
+/* Holdings decoded ahead so far, and of those the holdings in pools a
+ * restore took as decoded (logs and tests). */
 uint64_t ida_fsm_ahead_holdings(const struct ida_fsm_ahead *a);
+uint64_t ida_fsm_ahead_taken(const struct ida_fsm_ahead *a);
 /* Frees @a and what it decoded and no restore took. NULL is fine. */
 void ida_fsm_ahead_free(struct ida_fsm_ahead *a);
 /* ida_fsm_restore_with() of @data (@len bytes), taking the pools @a

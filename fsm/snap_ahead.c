@@ -9,11 +9,12 @@
  *
  * A pool so decoded is what the restore's dec_bounded() makes of the same
  * bytes before its GROUP phase: the same size, the same records, the same
- * words counted in the same regions, its chunks indexed up to the same
- * last id. Anything else (another layout, a field the restore would read
- * differently, a decoding error, memory short) drops the pool or stops
- * the walk: the restore decodes those bytes itself. So nothing here
- * decides a verdict.
+ * words in id order with the same total in each region (split between
+ * the shares elsewhere, which GROUP does not see), its chunks indexed up
+ * to the same last id. Anything else (another layout, a field the restore would
+ * read differently, a decoding error, memory short) drops the pool or stops the
+ * walk: the restore decodes those bytes itself. So nothing here decides a
+ * verdict.
  *
  * Hostile bytes: every length is checked against the enclosing message's
  * before it is followed, and DECODE checks each holding as the restore
@@ -32,6 +33,7 @@ struct ahead_pool
 {
     size_t at, end; /* the Pool message's bytes */
     size_t b_at;    /* its BoundedState's */
+    size_t pos;     /* where its DECODE goes on (the bytes may move) */
     struct ida__pool *pool;
     struct ida__hold_load load; /* once begun */
     bool begun;
@@ -48,6 +50,7 @@ struct ida_fsm_ahead
     struct ahead_pool *pools; /* decoded, in order */
     struct ahead_pool **tail; /* where the next one goes */
     uint64_t holdings;        /* in them */
+    uint64_t taken;           /* in those a restore took */
 };
 
 int ida_fsm_ahead_new(size_t len, struct ida_fsm_ahead **out)
@@ -67,6 +70,11 @@ int ida_fsm_ahead_new(size_t len, struct ida_fsm_ahead **out)
 uint64_t ida_fsm_ahead_holdings(const struct ida_fsm_ahead *a)
 {
     return a->holdings;
+}
+
+uint64_t ida_fsm_ahead_taken(const struct ida_fsm_ahead *a)
+{
+    return a->taken;
 }
 
 static void drop(struct ahead_pool *ap)
@@ -196,6 +204,7 @@ static int pool_begin(struct ahead_pool *ap, const uint8_t *data, size_t avail)
     p->kind = IDALLOC__POOL_KIND__POOL_KIND_BOUNDED; /* now closeable */
     ap->begun = true;
     ap->b_at = b_at;
+    ap->pos = (size_t)(v.p - data);
     struct ida__rbuf r = {v.p, data + ap->end};
     return ida__hold_begin_streamed(&ap->load, b, r) == 0 ? 1 : -1;
 }
@@ -211,7 +220,10 @@ static int pool_step(struct ahead_pool *ap, const uint8_t *data, size_t avail)
         }
     }
     size_t upto = avail < ap->end ? avail : ap->end;
+    struct ida__rbuf *r = &ap->load.sh[0].r;
+    *r = (struct ida__rbuf){data + ap->pos, data + ap->end};
     int rv = ida__hold_decode_upto(&ap->load, data + upto);
+    ap->pos = (size_t)(r->p - data);
     if (rv == 0) {
         return 0;
     }
@@ -310,6 +322,7 @@ struct ida__pool *ida__ahead_take(struct ida_fsm_ahead *a,
         a->tail = pp;
     }
     struct ida__pool *p = ap->pool;
+    a->taken += ap->load.holdings;
     *rv = ida__hold_end(&ap->load, 0, helper);
     if (*rv == 0) {
         ida__bounded_recount(&p->u.bounded);

@@ -59,6 +59,21 @@ static int take_holding(struct ida__hold_share *sh,
     return 0;
 }
 
+/* The streamed share's own words array, twice as long (at first room for
+ * 64 Ki words): it grows with the holdings that came, not with what the
+ * bytes announce. 0 or IDA_ENOMEM. */
+static int grow_words(struct ida__hold_share *sh)
+{
+    uint64_t n = sh->n > 0 ? 2 * sh->n : 65536;
+    uint64_t *w = ida_realloc(sh->words, n * sizeof(*w));
+    if (w == NULL) {
+        return IDA_ENOMEM;
+    }
+    sh->words = w;
+    sh->n = n;
+    return 0;
+}
+
 /* DECODE of @sh's fields before @avail (its end at the most). 1: all its
  * fields taken, 0: a field lies across @avail, or an error. */
 static int decode_upto(struct ida__hold_share *sh, const uint8_t *avail)
@@ -89,8 +104,9 @@ static int decode_upto(struct ida__hold_share *sh, const uint8_t *avail)
             }
             continue;
         }
-        if (sh->taken == sh->n) {
-            return CORRUPT; /* more than counted */
+        if (sh->taken == sh->n && (!sh->streamed || grow_words(sh) != 0)) {
+            /* More than counted; streamed, memory short. */
+            return sh->streamed ? IDA_ENOMEM : CORRUPT;
         }
         uint64_t *w = &sh->words[sh->taken];
         int rv = take_holding(sh, f.sub, w);
@@ -221,10 +237,6 @@ int ida__hold_begin(struct ida__hold_load *L,
     return rv;
 }
 
-/* The fewest bytes of a Holding field: its key and length, the tag's key,
- * length and one byte (an id of 0 is not written). */
-#define MIN_HOLDING_BYTES 5
-
 int ida__hold_begin_streamed(struct ida__hold_load *L,
                              struct ida__bounded *b,
                              struct ida__rbuf r)
@@ -232,16 +244,11 @@ int ida__hold_begin_streamed(struct ida__hold_load *L,
     memset(L, 0, sizeof(*L));
     L->k.b = b;
     L->shares = 1;
-    uint64_t most = (uint64_t)(r.end - r.p) / MIN_HOLDING_BYTES;
-    L->own = ida_malloc_huge((most + 1) * sizeof(*L->own));
-    L->sh[0] = (struct ida__hold_share){.k = &L->k,
-                                        .r = r,
-                                        .hi = UINT64_MAX,
-                                        .words = L->own,
-                                        .n = most,
-                                        .streamed = true};
+    L->sh[0] = (struct ida__hold_share){
+        .k = &L->k, .r = r, .hi = UINT64_MAX, .streamed = true};
     L->sh[1] = (struct ida__hold_share){.k = &L->k, .part = 1};
-    return L->own != NULL ? 0 : IDA_ENOMEM;
+    L->own = true;
+    return 0;
 }
 
 int ida__hold_settle(struct ida__hold_load *L)
@@ -255,14 +262,14 @@ int ida__hold_settle(struct ida__hold_load *L)
     uint64_t n = L->holdings;
     uint64_t n0 = n >= IDA__HOLD_SPLIT_MIN ? n / 2 : n;
     const struct ida__tagtab *t = &L->k.b->tab;
-    uint64_t *to = L->k.scratch;
+    uint64_t *to = L->k.scratch, *own = a->words;
     for (uint64_t i = 0; i < n; i++) {
-        uint64_t w = L->own[i];
+        uint64_t w = own[i];
         to[i] = w;
         (i < n0 ? a->count : b->count)[ida__tagtab_region(t, w)]++;
     }
-    ida_free(L->own);
-    L->own = NULL;
+    ida_free(own);
+    L->own = false;
     a->words = to;
     a->n = n0;
     b->words = to + n0;
@@ -331,8 +338,11 @@ int ida__hold_end(struct ida__hold_load *L,
     }
     ida_free(k->sorted);
     ida_free(k->start);
-    ida_free(L->own);
-    L->own = NULL;
+    if (L->own) {
+        ida_free(sh[0].words);
+        sh[0].words = NULL;
+        L->own = false;
+    }
     k->sorted = k->start = k->scratch = NULL;
     return rv;
 }

@@ -35,9 +35,9 @@
  * The decoding of a snapshot still arriving (snap_ahead.c) does not know
  * how many holdings will come, nor the last id, before they all came. Its
  * one share runs DECODE a piece at a time as bytes arrive
- * (ida__hold_decode_upto()), its words into an array of its own sized for
- * the most holdings the bytes could hold (mapped lazily: only what is
- * written costs memory), the chunks' index growing as ids come. Once all
+ * (ida__hold_decode_upto()), its words into an array of its own that
+ * grows with the holdings that came (not with what the bytes announce),
+ * the chunks' index growing as ids come. Once all
  * came, ida__hold_settle() sizes the table for the holdings taken, as the
  * restore would, and copies the words into its scratch as two shares (the
  * halves) counted by region: a share's words are only grouped by it in
@@ -103,7 +103,8 @@ struct ida__hold_load
     struct ida__hold_share sh[2];
     int shares;
     uint64_t holdings;
-    uint64_t *own; /* streamed: the words until ida__hold_settle() */
+    bool own; /* streamed: sh[0].words is an array of its own (until
+                 ida__hold_settle()), sh[0].n its room */
 };
 
 /* A tag from the wire: 1..IDA_TAG_BYTES_MAX bytes, no NUL. */
@@ -140,7 +141,8 @@ int ida__hold_decode(struct ida__hold_load *L,
 
 /* For the decoding ahead: one share over the BoundedState fields @r after
  * its size (@b initialized with it): any number of holdings, any ids
- * below the size. 0 or IDA_ENOMEM; ida__hold_end() follows either way. */
+ * below the size. Returns 0 (it allocates nothing yet); ida__hold_end()
+ * follows. */
 int ida__hold_begin_streamed(struct ida__hold_load *L,
                              struct ida__bounded *b,
                              struct ida__rbuf r);

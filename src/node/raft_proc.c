@@ -674,22 +674,27 @@ struct rcv_mark
     ida_index snap; /* the core's snapshot index */
 };
 
-/* A chunk of a leader's snapshot the core took, not its last (the check
- * starts with that one, and takes the stream): the first starts a stream
- * that decodes the snapshot as it arrives (snap_stream.h), each next one
- * feeds it; a chunk it did not expect stops it. */
+/* A chunk of a leader's snapshot the core took, but not one marked done
+ * (the check starts with that one, and takes the stream): the first
+ * starts a stream that decodes the snapshot as it arrives (snap_stream.h),
+ * each next one feeds it; a chunk it did not expect drops it. */
 static void stream_take(struct raft_proc *rp,
                         const struct ida_raft_install_snapshot *is)
 {
+    if (is->offset == 0 &&
+        ida__snap_stream_at(rp->stream, is->last_index, is->last_term,
+                            is->total_size, is->len)) {
+        return; /* its first chunk again, and the stream holds just that */
+    }
     if (is->offset == 0) {
-        ida__snap_stream_stop(rp->stream);
+        ida__snap_stream_drop(rp->stream);
         rp->stream = ida__snap_stream_start(is->last_index, is->last_term,
                                             is->total_size, is->data, is->len);
     } else if (ida__snap_stream_at(rp->stream, is->last_index, is->last_term,
                                    is->total_size, is->offset)) {
         ida__snap_stream_feed(rp->stream, is->data, is->len);
     } else {
-        ida__snap_stream_stop(rp->stream);
+        ida__snap_stream_drop(rp->stream);
         rp->stream = NULL;
     }
 }
@@ -705,7 +710,7 @@ static void stream_poll(struct raft_proc *rp)
         (len == 0 ||
          !ida__snap_stream_at(rp->stream, index, term,
                               ida__snap_stream_total(rp->stream), len))) {
-        ida__snap_stream_stop(rp->stream);
+        ida__snap_stream_drop(rp->stream);
         rp->stream = NULL;
     }
 }
@@ -733,7 +738,7 @@ static void stream_chunk(struct raft_proc *rp,
     if (!in_order || !(taken || installed) || is->len == 0) {
         return;
     }
-    if (taken && is->offset + is->len < is->total_size) {
+    if (taken && !is->done) {
         stream_take(rp, is);
     }
     struct ida_nm_snap_rcv *c = ida_calloc(1, sizeof(*c));
@@ -917,7 +922,7 @@ static void check_run(struct snap_checker *c)
         c->rv = ida__snap_stream_restore(c->stream, c->fsm, c->data, c->len,
                                          &c->ahead);
     } else {
-        ida__snap_stream_stop(c->stream);
+        ida__snap_stream_drop(c->stream);
     }
     c->stream = NULL;
     c->held = c->rv == 0 ? ida_fsm_applied_index(c->fsm) : 0;
@@ -963,7 +968,7 @@ static int check_finish(struct raft_proc *rp, struct snap_checker *c)
         IDA_INFO(
             "raft: snapshot at index %llu term %llu (%zu bytes) received "
             "from the leader and checked in %.1f ms after its last chunk "
-            "(%llu holdings decoded as it arrived)",
+            "(%llu holdings taken as decoded while it arrived)",
             (unsigned long long)c->index, (unsigned long long)c->term, c->len,
             (double)c->took_us / 1000.0, (unsigned long long)c->ahead);
     }
@@ -989,7 +994,7 @@ static int snapshot_check(void *arg,
                             ida__snap_stream_fed(rp->stream))) {
         c->stream = rp->stream;
     } else {
-        ida__snap_stream_stop(rp->stream);
+        ida__snap_stream_drop(rp->stream);
     }
     rp->stream = NULL;
     if (rp->checking == NULL &&

@@ -8,8 +8,11 @@
  * The stream keeps a copy of the bytes (the core's buffer grows, and moves,
  * as chunks come): at the check it holds exactly the bytes the core
  * checks, or the check restores the core's bytes as before. A stream costs
- * the snapshot's size in memory, plus the pools decoded ahead, until the
- * check ends or it is stopped. */
+ * the bytes that arrived (its buffer grows with them, up to twice), plus
+ * the pools decoded ahead, until the check ends or it is dropped. Its
+ * thread runs at SCHED_IDLE while chunks come, so that the node's
+ * processors (receiving the chunks, storing them) go first; the check
+ * raises it to the normal policy for the last bytes. */
 #ifndef IDA_NODE_SNAP_STREAM_H
 #define IDA_NODE_SNAP_STREAM_H
 
@@ -48,15 +51,21 @@ void ida__snap_stream_feed(struct ida__snap_stream *st,
                            const uint8_t *data,
                            size_t len);
 
-/* Stop @st and free it (NULL is ignored). Waits for the thread, which
- * decodes at most STEP_BYTES more before it looks. */
+/* Stop @st (NULL is ignored) without waiting: its thread frees it once it
+ * looks, after the chunk it is decoding (another snapshot's first chunk,
+ * another leader: the raft processor does not wait). */
+void ida__snap_stream_drop(struct ida__snap_stream *st);
+
+/* Stop @st and free it (NULL is ignored), waiting for its thread to end
+ * (a node stopping: nothing is left running). */
 void ida__snap_stream_stop(struct ida__snap_stream *st);
 
 /* On any thread: restore @f from the snapshot's whole bytes @data (@len),
  * which ida__snap_stream_at() matched to @st (may be NULL), with a thread
  * lent (src/node/lend.h): with what was decoded ahead when @st holds these
  * very bytes, else the plain restore. Frees @st. Returns the restore's
- * verdict; *@ahead the holdings taken ahead (0 without). */
+ * verdict; *@ahead the holdings of the pools the restore took as decoded
+ * ahead (0 without). */
 int ida__snap_stream_restore(struct ida__snap_stream *st,
                              struct ida_fsm *f,
                              const uint8_t *data,

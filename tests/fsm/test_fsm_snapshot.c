@@ -869,6 +869,15 @@ Test(snap, two_threads_enomem_changes_nothing)
     ida_free(before);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n)   ASAN_POISON_MEMORY_REGION(p, n)
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POISON(p, n)   ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 /* --- decoding ahead (struct ida_fsm_ahead) ----------------------------------
  * A snapshot decoded while it arrives, then restored with what was decoded
  * ahead: the restore's verdict and state, whatever came ahead. */
@@ -876,8 +885,9 @@ Test(snap, two_threads_enomem_changes_nothing)
 /* Step a new ahead over @data (@len bytes) as if its first @stop bytes
  * arrived @piece bytes at a time into a buffer whose bytes not yet arrived
  * are garbage: 0xa5 (a varint that never ends) for odd pieces, 0x12 (a
- * field 2 of 18 bytes, over and over) for even ones. Returns it (the
- * caller frees it). */
+ * field 2 of 18 bytes, over and over) for even ones. From 4096-byte pieces
+ * on, the buffer moves before each step. Returns it (the caller frees
+ * it). */
 static struct ida_fsm_ahead *stepped(const uint8_t *data,
                                      size_t len,
                                      size_t piece,
@@ -888,12 +898,27 @@ static struct ida_fsm_ahead *stepped(const uint8_t *data,
     uint8_t *buf = malloc(len);
     cr_assert(buf != NULL);
     memset(buf, piece % 2 ? 0xa5 : 0x12, len);
+    /* Under AddressSanitizer a read of a byte not yet arrived fails. */
+    POISON(buf, len);
     for (size_t at = 0; at < stop;) {
         size_t n = piece < stop - at ? piece : stop - at;
+        if (piece >= 4096 && at > 0) {
+            /* The buffer moves (grows) between steps, as a node's does. */
+            uint8_t *moved = malloc(len);
+            cr_assert(moved != NULL);
+            memset(moved, piece % 2 ? 0xa5 : 0x12, len);
+            memcpy(moved, buf, at);
+            POISON(moved + at, len - at);
+            UNPOISON(buf, len);
+            free(buf);
+            buf = moved;
+        }
+        UNPOISON(buf + at, n);
         memcpy(buf + at, data + at, n);
         at += n;
         ida_fsm_ahead_step(a, buf, at);
     }
+    UNPOISON(buf, len);
     free(buf);
     return a;
 }
@@ -1123,4 +1148,156 @@ Test(snap, ahead_enomem_changes_nothing)
     cr_assert_gt(n, 3);
     free(forged);
     ida_free(before);
+}
+
+/* Both restores of @data (@len bytes): the plain one, and the one with an
+ * ahead stepped over it in @piece pieces. Same verdict, and accepted, the
+ * same state. Returns the verdict. */
+static int same_both_ways(const uint8_t *data, size_t len, size_t piece)
+{
+    struct ida_fsm *g, *h;
+    cr_assert_eq(ida_fsm_new(&g), 0);
+    struct counted c;
+    counted_init(&c, false);
+    int rv = ida_fsm_restore_with(g, data, len, &c.h);
+    struct ida_fsm_ahead *a = stepped(data, len, piece, len);
+    int starts;
+    int rv2 = restore_ahead(data, len, a, false, &starts, &h);
+    cr_assert_eq(rv2, rv, "ahead %d, plain %d", rv2, rv);
+    if (rv == 0) {
+        size_t l1, l2;
+        uint8_t *s1 = fx_snapshot(g, &l1), *s2 = fx_snapshot(h, &l2);
+        cr_assert(l1 == l2 && memcmp(s1, s2, l1) == 0);
+        ida_free(s1);
+        ida_free(s2);
+        ida_fsm_free(h);
+    }
+    ida_fsm_free(g);
+    ida_fsm_ahead_free(a);
+    return rv;
+}
+
+/* Forged bytes the ahead takes or drops: the restore's verdict each time,
+ * including refusals that come through a pool taken ahead. */
+Test(snap, ahead_forged_pools_get_the_restores_verdict)
+{
+    forge_big();
+    size_t len;
+    uint8_t *bytes;
+#define BOTH(expect)                                               \
+    do {                                                           \
+        bytes = fx_forge(&st, &len);                               \
+        cr_assert_eq(same_both_ways(bytes, len, 65536), (expect)); \
+        free(bytes);                                               \
+    } while (0)
+    /* A tag held twice: refused by the insert after the ahead took it. */
+    big[BIG - 5].tag = big[10].tag;
+    bytes = fx_forge(&st, &len);
+    struct ida_fsm_ahead *a = stepped(bytes, len, 65536, len);
+    cr_assert_eq(ida_fsm_ahead_holdings(a), BIG);
+    struct ida_fsm *g;
+    int starts;
+    cr_assert_eq(restore_ahead(bytes, len, a, false, &starts, &g),
+                 IDA_ECORRUPT);
+    cr_assert_eq(ida_fsm_ahead_taken(a), BIG, "refused after it was taken");
+    ida_fsm_ahead_free(a);
+    free(bytes);
+    forge_big();
+    /* An id at the size, or past it; a size of 0. */
+    big[BIG - 1].id = bs.size;
+    BOTH(IDA_ECORRUPT);
+    forge_big();
+    bs.size = 0;
+    BOTH(IDA_ECORRUPT);
+    forge_big();
+    /* A second size after the holdings: the last one counts for the
+     * restore (protobuf), which the ahead does not follow. */
+    uint8_t size_field[10];
+    size_t sl = 0;
+    for (uint64_t v = 3 * BIG + 100;; v >>= 7) {
+        size_field[sl++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+        if (v < 0x80) {
+            break;
+        }
+    }
+    ProtobufCMessageUnknownField u = {.tag = 1,
+                                      .wire_type = PROTOBUF_C_WIRE_TYPE_VARINT,
+                                      .len = sl,
+                                      .data = size_field};
+    bs.base.n_unknown_fields = 1;
+    bs.base.unknown_fields = &u;
+    BOTH(0);
+    size_field[0] = 5; /* below the ids held */
+    u.len = 1;
+    BOTH(IDA_ECORRUPT);
+    bs.base.n_unknown_fields = 0;
+    bs.base.unknown_fields = NULL;
+    /* Two large pools; then the second one damaged, after the first was
+     * taken. */
+    static Idalloc__BoundedState bs2;
+    static Idalloc__PoolState ps2, *pps3[3];
+    bs2 = bs;
+    ps2 = ps[0];
+    ps2.name = "c";
+    ps2.bounded = &bs2;
+    pps3[0] = &ps[0];
+    pps3[1] = &ps[1];
+    pps3[2] = &ps2;
+    st.pools = pps3;
+    st.n_pools = 3;
+    bytes = fx_forge(&st, &len);
+    a = stepped(bytes, len, 100000, len);
+    cr_assert_eq(ida_fsm_ahead_holdings(a), 2 * BIG);
+    cr_assert_eq(restore_ahead(bytes, len, a, false, &starts, &g), 0);
+    cr_assert_eq(ida_fsm_ahead_taken(a), 2 * BIG);
+    assert_gives_back(g, bytes, len);
+    ida_fsm_free(g);
+    ida_fsm_ahead_free(a);
+    free(bytes);
+    static Idalloc__Holding *late[BIG];
+    memcpy(late, pbig, sizeof(late));
+    late[BIG / 2] = late[BIG / 2 - 1];
+    bs2.holdings = late;
+    BOTH(IDA_ECORRUPT);
+#undef BOTH
+    forge_big(); /* st as the tests after expect */
+}
+
+/* Bytes changed at random (the checksum made right, so that the decoder
+ * behind it sees them), then stepped in random pieces: the ahead never
+ * changes the verdict or the state. */
+Test(snap, ahead_random_damage_gets_the_restores_verdict)
+{
+    populate(f, 5);
+    size_t len;
+    uint8_t *good = fx_snapshot(f, &len);
+    uint8_t *bytes = malloc(len);
+    cr_assert(bytes != NULL);
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    int accepted = 0, refused = 0;
+    for (int round = 0; round < 300; round++) {
+        memcpy(bytes, good, len);
+        int flips = 1 + round % 3;
+        for (int k = 0; k < flips; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            size_t at = (size_t)(x % (len - IDA__CHECKSUM_BYTES));
+            bytes[at] ^= (uint8_t)(1u << (x >> 61));
+        }
+        uint64_t sum = ida__snapshot_checksum(bytes, len - 9);
+        for (int k = 0; k < 8; k++) {
+            bytes[len - 8 + (size_t)k] = (uint8_t)(sum >> (8 * k));
+        }
+        size_t piece = 1 + (size_t)(x >> 40) % 5000;
+        if (same_both_ways(bytes, len, piece) == 0) {
+            accepted++;
+        } else {
+            refused++;
+        }
+    }
+    cr_assert_gt(accepted, 10);
+    cr_assert_gt(refused, 10);
+    free(bytes);
+    ida_free(good);
 }

@@ -6,7 +6,9 @@
  * the result is 0, IDA_ECORRUPT or IDA_EVERSION; a refused snapshot leaves
  * the state byte for byte as it was; an accepted one is a state whose own
  * snapshot restores to the same bytes, that goes on applying commands, and
- * whose answers to them are the same on a second copy (determinism). */
+ * whose answers to them are the same on a second copy (determinism). The
+ * same bytes decoded ahead in pieces (fsm/snap_ahead.c) and then restored
+ * get the same verdict and the same state. */
 #include <string.h>
 
 #include "base/heap.h"
@@ -97,6 +99,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(ida_fsm_restore(f, before, before_len) == 0);
 
     int rv = ida_fsm_restore(f, buf, len);
+    /* The same bytes decoded ahead as if they arrived in pieces (a node
+     * receiving a leader's snapshot, fsm/snap_ahead.c), then restored with
+     * what was decoded: the same verdict, and accepted, the same state. */
+    struct ida_fsm_ahead *ahead;
+    FUZZ_CHECK(ida_fsm_ahead_new(len, &ahead) == 0);
+    size_t piece = 1 + (size_t)(data[0] >> 1) * 97;
+    for (size_t at = 0; at < len;) {
+        at += piece < len - at ? piece : len - at;
+        ida_fsm_ahead_step(ahead, buf, at);
+    }
+    struct ida_fsm *h;
+    FUZZ_CHECK(ida_fsm_new(&h) == 0);
+    FUZZ_CHECK(ida_fsm_restore(h, before, before_len) == 0);
+    FUZZ_CHECK(ida_fsm_restore_ahead(h, buf, len, NULL, ahead) == rv);
+    ida_fsm_ahead_free(ahead);
+    {
+        uint8_t *s1, *s2;
+        size_t l1, l2;
+        FUZZ_CHECK(ida_fsm_snapshot(f, &s1, &l1) == 0);
+        FUZZ_CHECK(ida_fsm_snapshot(h, &s2, &l2) == 0);
+        FUZZ_CHECK(l1 == l2 && memcmp(s1, s2, l1) == 0);
+        ida_free(s1);
+        ida_free(s2);
+    }
+    ida_fsm_free(h);
     if (rv != 0) {
         FUZZ_CHECK(rv == IDA_ECORRUPT || rv == IDA_EVERSION);
         uint8_t *after;

@@ -147,16 +147,19 @@ Test(snap_stream, other_bytes_are_restored_whole)
     free(data);
 }
 
-/* Stopped at any point (a new snapshot, another leader, the node
- * stopping): the thread ends and everything is freed. */
+/* Stopped at any point (the node stopping: joined) or dropped (a new
+ * snapshot, another leader: its thread frees it): the thread ends and
+ * everything is freed. */
 Test(snap_stream, stops_anywhere)
 {
     size_t len;
     uint8_t *data = state_bytes(&len, -1);
     for (size_t upto = 1; upto < len; upto += len / 7 + 1) {
         ida__snap_stream_stop(fed(data, len, upto));
+        ida__snap_stream_drop(fed(data, len, upto));
     }
     ida__snap_stream_stop(NULL);
+    ida__snap_stream_drop(NULL);
     /* No stream: the plain restore. */
     struct ida_fsm *f;
     cr_assert_eq(ida_fsm_new(&f), 0);
