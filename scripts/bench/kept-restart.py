@@ -13,7 +13,9 @@ with its data directory removed (catchup: auto_rejoin re-admits it and the
 leader sends its snapshot). Prints the milliseconds until the node's status
 shows the leader's commit of before the kill, and that node's own log lines
 for the restore, the rebuild, the snapshot check and the install. WRAP="perf
-record -g --" runs the restarted node under a wrapper. Every node is stopped
+record -g --" runs the restarted node under a wrapper; LEADER=N has node N
+lead first (each node snapshots at its own indexes, so which node leads
+decides the snapshot sent and the log after it). Every node is stopped
 at the end. Same measurement as bench-scale's restart and catch-up, repeated
 on one state without the ten minutes of filling it; needs python3."""
 import json
@@ -94,6 +96,18 @@ try:
         if time.time() - t > 120:
             sys.exit("the cluster did not settle in 120 s")
         time.sleep(0.2)
+    want = os.environ.get("LEADER")
+    if want:
+        # The same leader every run: each node snapshots at indexes of its
+        # own, so the snapshot sent and the log after it depend on it.
+        for _ in range(50):
+            ls = [n["node"] for n in status() if n.get("role") == "leader"]
+            if ls and str(ls[0]) == want:
+                break
+            subprocess.run([bindir + "/idalloc", "--config", conf_path,
+                            "leader", "transfer", "--to", want],
+                           capture_output=True)
+            time.sleep(0.5)
     time.sleep(float(os.environ.get("SETTLE", "5")))
     ns = status()
     leader = [n for n in ns if n.get("role") == "leader"][0]

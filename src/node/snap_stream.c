@@ -1,31 +1,32 @@
 /* A leader's snapshot decoded while its chunks arrive (snap_stream.h).
  *
- * The raft processor (the feeder) hands each chunk over as a copy of its
- * own, in a list; the stream's thread appends the chunks to its buffer,
- * which grows with what arrived (as the core's does: never to a size a
- * message only announces), and steps the decoding ahead over them. The
- * feeder thus never waits for the thread, nor for a buffer growing under
- * it. A stream dropped while it runs (another snapshot, another leader)
- * is left to its thread to free; only a node stopping joins it. */
-#define _GNU_SOURCE /* SCHED_IDLE */
+ * The bytes go into one buffer whose addresses never change: the whole
+ * size is reserved as address space only (PROT_NONE: no memory, nothing
+ * charged against the commit limit) and made writable RW_STEP at a time as
+ * bytes arrive, so memory follows what arrived, never a size a message
+ * only announces (as the core's own buffer). The raft processor (the
+ * feeder) copies each chunk in and publishes how far the bytes go; the
+ * thread decodes up to there, STEP_BYTES at a time. A stream dropped while
+ * its thread runs (another snapshot, another leader) is freed by that
+ * thread, so the raft processor never waits for it; a node stopping joins
+ * it. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include "src/node/snap_stream.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "base/heap.h"
 #include "base/log.h"
 #include "src/node/lend.h"
 
-/* A chunk fed and not yet in the thread's buffer. */
-struct piece
-{
-    struct piece *next;
-    size_t len;
-    uint8_t data[];
-};
+/* The thread decodes at most this much between looks at the stop flag. */
+#define STEP_BYTES (1u << 20)
+/* The buffer is made writable this much at a time. */
+#define RW_STEP (16u << 20)
 
 struct ida__snap_stream
 {
@@ -33,95 +34,49 @@ struct ida__snap_stream
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* Under mu. */
-    struct piece *head, **tail; /* fed, not yet taken by the thread */
-    bool all;                   /* every byte fed: decode them, then end */
-    bool detached;              /* dropped: the thread frees it all */
-    bool ended;                 /* the thread left its loop */
-    atomic_bool stop;           /* give up (set under mu) */
+    size_t avail;     /* bytes in buf */
+    bool detached;    /* dropped: the thread frees it all */
+    bool ended;       /* the thread left its loop */
+    atomic_bool stop; /* give up (set under mu) */
     /* The feeder's. */
     ida_index index;
     ida_term term;
     size_t total;
-    size_t fed;
-    /* The thread's, until it is joined. */
-    uint8_t *buf;
-    size_t len, cap;
-    struct ida_fsm_ahead *ahead;
+    size_t fed;  /* == avail, without the lock */
+    size_t rw;   /* bytes of buf made writable */
+    bool broken; /* memory short: nothing more is fed */
+    /* Read by the thread below avail. */
+    uint8_t *buf;                /* total bytes of address space */
+    struct ida_fsm_ahead *ahead; /* the thread's until it ends */
 };
-
-static void free_pieces(struct piece *p)
-{
-    while (p != NULL) {
-        struct piece *next = p->next;
-        ida_free(p);
-        p = next;
-    }
-}
 
 static void stream_free(struct ida__snap_stream *st)
 {
-    free_pieces(st->head);
     ida_fsm_ahead_free(st->ahead);
-    ida_free(st->buf);
+    if (st->buf != NULL) {
+        munmap(st->buf, st->total);
+    }
     pthread_cond_destroy(&st->cv);
     pthread_mutex_destroy(&st->mu);
     ida_free(st);
 }
 
-/* Append @p to the thread's buffer: false when memory is short (the
- * decoding ahead stops there; the check restores the bytes whole). */
-static bool append(struct ida__snap_stream *st, const struct piece *p)
-{
-    if (p->len > st->cap - st->len) {
-        size_t cap = st->cap > 0 ? st->cap : 1u << 20;
-        while (cap - st->len < p->len && cap < st->total) {
-            cap = cap > st->total / 2 ? st->total : 2 * cap;
-        }
-        if (cap - st->len < p->len) {
-            return false; /* more than the total: never fed */
-        }
-        uint8_t *b = ida_realloc(st->buf, cap);
-        if (b == NULL) {
-            return false;
-        }
-        ida_heap_hint_huge(b, cap);
-        st->buf = b;
-        st->cap = cap;
-    }
-    memcpy(st->buf + st->len, p->data, p->len);
-    st->len += p->len;
-    return true;
-}
-
 static void *stream_main(void *arg)
 {
     struct ida__snap_stream *st = arg;
-    /* Spare cycles only while chunks come: the node's processors first
-     * (the check raises it back once the last chunk came). */
-    struct sched_param sp = {.sched_priority = 0};
-    (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
-    bool ok = true;
-    for (;;) {
+    size_t seen = 0;
+    while (seen < st->total) {
         pthread_mutex_lock(&st->mu);
-        while (!atomic_load(&st->stop) && st->head == NULL && !st->all) {
+        while (!atomic_load(&st->stop) && st->avail == seen) {
             pthread_cond_wait(&st->cv, &st->mu);
         }
-        struct piece *list = st->head;
-        st->head = NULL;
-        st->tail = &st->head;
-        bool all = st->all;
+        size_t avail = st->avail;
         pthread_mutex_unlock(&st->mu);
-        struct piece *p = list;
-        for (; ok && p != NULL && !atomic_load(&st->stop); p = p->next) {
-            ok = append(st, p);
-            if (ok) {
-                ida_fsm_ahead_step(st->ahead, st->buf, st->len);
-            }
-        }
-        free_pieces(list);
-        if (atomic_load(&st->stop) || (all && (p == NULL || !ok))) {
+        if (atomic_load(&st->stop)) {
             break;
         }
+        seen = avail - seen > STEP_BYTES ? seen + STEP_BYTES : avail;
+        ida_fsm_ahead_step(st->ahead, st->buf, seen);
     }
     pthread_mutex_lock(&st->mu);
     bool detached = st->detached;
@@ -133,29 +88,32 @@ static void *stream_main(void *arg)
     return NULL;
 }
 
-/* Hand @len bytes at @data to the thread (@all: they are the last). */
-static void feed(struct ida__snap_stream *st,
-                 const uint8_t *data,
-                 size_t len,
-                 bool all)
+/* Copy @len bytes at @data in after what arrived, and tell the thread. */
+static void feed(struct ida__snap_stream *st, const uint8_t *data, size_t len)
 {
-    struct piece *p = len > 0 ? ida_malloc(sizeof(*p) + len) : NULL;
-    if (p != NULL) {
-        p->next = NULL;
-        p->len = len;
-        memcpy(p->data, data, len);
+    if (len > st->total - st->fed) {
+        len = st->total - st->fed; /* callers check; never past the end */
     }
+    if (st->broken || len == 0) {
+        return;
+    }
+    if (st->fed + len > st->rw) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        size_t want = st->fed + len + RW_STEP;
+        want = want < st->total ? (want + page - 1) / page * page : st->total;
+        if (mprotect(st->buf + st->rw, want - st->rw, PROT_READ | PROT_WRITE) !=
+            0) {
+            st->broken = true; /* the thread stops where the bytes stop */
+            return;
+        }
+        st->rw = want;
+    }
+    memcpy(st->buf + st->fed, data, len);
+    st->fed += len;
     pthread_mutex_lock(&st->mu);
-    if (len > 0 && p == NULL) {
-        atomic_store(&st->stop, true); /* a gap: nothing more to decode */
-    } else if (p != NULL) {
-        *st->tail = p;
-        st->tail = &p->next;
-    }
-    st->all = st->all || all;
+    st->avail = st->fed;
     pthread_cond_signal(&st->cv);
     pthread_mutex_unlock(&st->mu);
-    st->fed += len;
 }
 
 struct ida__snap_stream *ida__snap_stream_start(ida_index index,
@@ -164,7 +122,7 @@ struct ida__snap_stream *ida__snap_stream_start(ida_index index,
                                                 const uint8_t *data,
                                                 size_t len)
 {
-    if (len > total) {
+    if (len > total || total == 0) {
         return NULL;
     }
     struct ida__snap_stream *st = ida_calloc(1, sizeof(*st));
@@ -180,16 +138,19 @@ struct ida__snap_stream *ida__snap_stream_start(ida_index index,
         ida_free(st);
         return NULL;
     }
-    st->tail = &st->head;
     atomic_init(&st->stop, false);
     st->index = index;
     st->term = term;
     st->total = total;
-    if (ida_fsm_ahead_new(total, &st->ahead) != 0) {
+    void *b = mmap(NULL, total, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    st->buf = b != MAP_FAILED ? b : NULL;
+    if (st->buf == NULL || ida_fsm_ahead_new(total, &st->ahead) != 0) {
         stream_free(st);
         return NULL;
     }
-    feed(st, data, len, false);
+    ida_heap_hint_huge(st->buf, total);
+    feed(st, data, len);
     if (pthread_create(&st->thread, NULL, stream_main, st) != 0) {
         stream_free(st);
         return NULL;
@@ -221,10 +182,20 @@ void ida__snap_stream_feed(struct ida__snap_stream *st,
                            const uint8_t *data,
                            size_t len)
 {
-    if (len > st->total - st->fed) {
-        len = st->total - st->fed; /* callers check; never past the end */
-    }
-    feed(st, data, len, false);
+    feed(st, data, len);
+}
+
+/* Tell the thread to stop: true when it has ended already (then the caller
+ * joins and frees), else it frees the stream itself if @detach. */
+static bool tell_stop(struct ida__snap_stream *st, bool detach)
+{
+    pthread_mutex_lock(&st->mu);
+    atomic_store(&st->stop, true);
+    bool ended = st->ended;
+    st->detached = detach && !ended;
+    pthread_cond_signal(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    return ended;
 }
 
 void ida__snap_stream_drop(struct ida__snap_stream *st)
@@ -232,13 +203,7 @@ void ida__snap_stream_drop(struct ida__snap_stream *st)
     if (st == NULL) {
         return;
     }
-    pthread_mutex_lock(&st->mu);
-    atomic_store(&st->stop, true);
-    bool ended = st->ended;
-    st->detached = !ended;
-    pthread_cond_signal(&st->cv);
-    pthread_mutex_unlock(&st->mu);
-    if (ended) {
+    if (tell_stop(st, true)) {
         pthread_join(st->thread, NULL);
         stream_free(st);
     } else {
@@ -251,10 +216,7 @@ void ida__snap_stream_stop(struct ida__snap_stream *st)
     if (st == NULL) {
         return;
     }
-    pthread_mutex_lock(&st->mu);
-    atomic_store(&st->stop, true);
-    pthread_cond_signal(&st->cv);
-    pthread_mutex_unlock(&st->mu);
+    (void)tell_stop(st, false);
     pthread_join(st->thread, NULL);
     stream_free(st);
 }
@@ -276,15 +238,15 @@ int ida__snap_stream_restore(struct ida__snap_stream *st,
         return ida_fsm_restore_with(f, data, len, &l.helper);
     }
     /* The last chunks are in the core's bytes (the check comes as the last
-     * one is taken): the thread decodes them too, now at the priority of
-     * any thread, then ends. */
-    feed(st, data + st->fed, len - st->fed, true);
-    struct sched_param sp = {.sched_priority = 0};
-    (void)pthread_setschedparam(st->thread, SCHED_OTHER, &sp);
+     * one is taken): the thread decodes them too, then ends. */
+    feed(st, data + st->fed, len - st->fed);
+    if (st->broken) {
+        (void)tell_stop(st, false);
+    }
     pthread_join(st->thread, NULL);
     int rv;
-    if (st->len == len && memcmp(st->buf, data, len) == 0) {
-        ida_free(st->buf); /* before the restore allocates its state */
+    if (!st->broken && memcmp(st->buf, data, len) == 0) {
+        munmap(st->buf, st->total); /* before the restore allocates */
         st->buf = NULL;
         rv = ida_fsm_restore_ahead(f, data, len, &l.helper, st->ahead);
         *ahead = ida_fsm_ahead_taken(st->ahead);

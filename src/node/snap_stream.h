@@ -8,11 +8,9 @@
  * The stream keeps a copy of the bytes (the core's buffer grows, and moves,
  * as chunks come): at the check it holds exactly the bytes the core
  * checks, or the check restores the core's bytes as before. A stream costs
- * the bytes that arrived (its buffer grows with them, up to twice), plus
- * the pools decoded ahead, until the check ends or it is dropped. Its
- * thread runs at SCHED_IDLE while chunks come, so that the node's
- * processors (receiving the chunks, storing them) go first; the check
- * raises it to the normal policy for the last bytes. */
+ * the bytes that arrived (its buffer's whole size is reserved as address
+ * space only, and made writable as they come), plus the pools decoded
+ * ahead, until the check ends or it is dropped. */
 #ifndef IDA_NODE_SNAP_STREAM_H
 #define IDA_NODE_SNAP_STREAM_H
 
