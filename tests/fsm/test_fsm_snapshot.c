@@ -642,6 +642,28 @@ static void forge_big(void)
     bs.holdings = pbig;
 }
 
+/* @g restored forge_big()'s state: tags of both halves are found, and the
+ * lowest free ids come next (the count tree summed at the end is right). */
+static void assert_big_holds(struct ida_fsm *g)
+{
+    uint64_t id;
+    for (int i = 0; i < BIG; i += 997) {
+        cr_assert_eq(ida_fsm_lookup(g, "a", bigtag[i], &id), 0);
+        cr_assert_eq(id, (uint64_t)(3 * i + 1));
+    }
+    fx_register(g, 1, 1);
+    fx_batch_init(&b, 1);
+    fx_add_alloc(&b, 1, 1, "a", "n1");
+    fx_add_alloc(&b, 1, 2, "a", "n2");
+    fx_add_alloc(&b, 1, 3, "a", "t0");
+    struct ida_fsm_applied out;
+    fx_apply(g, &b, &out);
+    cr_assert_eq(out.replies[0].result.id, 0);
+    cr_assert_eq(out.replies[1].result.id, 2);
+    cr_assert(out.replies[2].result.flag, "t0 existed");
+    cr_assert_eq(out.replies[2].result.id, 1);
+}
+
 static int forge_restore_with(struct counted *c)
 {
     size_t len;
@@ -671,24 +693,7 @@ Test(snap, two_threads_restore_what_one_does)
         cr_assert(l == len && memcmp(again, forged, len) == 0,
                   "the restored state gives back the same bytes");
         ida_free(again);
-        /* Tags of both halves are found; the lowest free ids come next
-         * (the count tree summed at the end is right). */
-        uint64_t id;
-        for (int i = 0; i < BIG; i += 997) {
-            cr_assert_eq(ida_fsm_lookup(g, "a", bigtag[i], &id), 0);
-            cr_assert_eq(id, (uint64_t)(3 * i + 1));
-        }
-        fx_register(g, 1, 1);
-        fx_batch_init(&b, 1);
-        fx_add_alloc(&b, 1, 1, "a", "n1");
-        fx_add_alloc(&b, 1, 2, "a", "n2");
-        fx_add_alloc(&b, 1, 3, "a", "t0");
-        struct ida_fsm_applied out;
-        fx_apply(g, &b, &out);
-        cr_assert_eq(out.replies[0].result.id, 0);
-        cr_assert_eq(out.replies[1].result.id, 2);
-        cr_assert(out.replies[2].result.flag, "t0 existed");
-        cr_assert_eq(out.replies[2].result.id, 1);
+        assert_big_holds(g);
         ida_fsm_free(g);
     }
     /* A small pool is decoded by one thread. */
@@ -974,20 +979,7 @@ Test(snap, ahead_restores_what_the_restore_does)
                          "the checksum, then group, clear, insert: no "
                          "decode of the pool taken");
             assert_gives_back(g, forged, len);
-            uint64_t id;
-            for (int k = 0; k < BIG; k += 991) {
-                cr_assert_eq(ida_fsm_lookup(g, "a", bigtag[k], &id), 0);
-                cr_assert_eq(id, (uint64_t)(3 * k + 1));
-            }
-            /* The count tree is right: the lowest free ids come next. */
-            fx_register(g, 1, 1);
-            fx_batch_init(&b, 1);
-            fx_add_alloc(&b, 1, 1, "a", "n1");
-            fx_add_alloc(&b, 1, 2, "a", "n2");
-            struct ida_fsm_applied out;
-            fx_apply(g, &b, &out);
-            cr_assert_eq(out.replies[0].result.id, 0);
-            cr_assert_eq(out.replies[1].result.id, 2);
+            assert_big_holds(g);
             ida_fsm_free(g);
             ida_fsm_ahead_free(a);
         }
