@@ -47,9 +47,17 @@ void ida__lend_init(struct ida__lend *l)
 
 int ida__restore_lent(struct ida_fsm *f, const uint8_t *data, size_t len)
 {
+    return ida__restore_lent_ahead(f, data, len, NULL);
+}
+
+int ida__restore_lent_ahead(struct ida_fsm *f,
+                            const uint8_t *data,
+                            size_t len,
+                            struct ida_fsm_ahead *ahead)
+{
     struct ida__lend l;
     ida__lend_init(&l);
-    return ida_fsm_restore_with(f, data, len, &l.helper);
+    return ida_fsm_restore_ahead(f, data, len, &l.helper, ahead);
 }
 
 struct ida__rebuild

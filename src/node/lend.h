@@ -32,6 +32,11 @@ void ida__lend_init(struct ida__lend *l);
 
 /* ida_fsm_restore() with a thread lent for its duration. */
 int ida__restore_lent(struct ida_fsm *f, const uint8_t *data, size_t len);
+/* The same, taking the pools @ahead decoded (ida_fsm_restore_ahead()). */
+int ida__restore_lent_ahead(struct ida_fsm *f,
+                            const uint8_t *data,
+                            size_t len,
+                            struct ida_fsm_ahead *ahead);
 
 /* A state machine rebuilt from snapshot bytes on a thread of its own (and
  * one lent to it): a restarting node starts it as soon as the snapshot is

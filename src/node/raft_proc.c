@@ -707,9 +707,8 @@ static void stream_poll(struct raft_proc *rp)
     ida_term term;
     size_t len = ida_raft_receiving(&rp->raft, &index, &term);
     if (rp->stream != NULL &&
-        (len == 0 ||
-         !ida__snap_stream_at(rp->stream, index, term,
-                              ida__snap_stream_total(rp->stream), len))) {
+        (len == 0 || !ida__snap_stream_of(rp->stream, index, term) ||
+         ida__snap_stream_fed(rp->stream) != len)) {
         ida__snap_stream_drop(rp->stream);
         rp->stream = NULL;
     }
@@ -904,7 +903,7 @@ struct snap_checker
     const uint8_t *data; /* the core's rcv_data, unchanged until the verdict */
     size_t len;
     struct ida__snap_stream *stream; /* these bytes decoded as they came */
-    uint64_t ahead;                  /* holdings decoded ahead */
+    uint64_t ahead;                  /* holdings taken as decoded ahead */
     ida_index index;
     ida_term term;
     struct ida_fsm *fsm; /* restored (rv 0) */
@@ -989,9 +988,9 @@ static int snapshot_check(void *arg,
     }
     *c = (struct snap_checker){
         .data = data, .len = len, .index = index, .term = term};
-    /* The stream of these bytes, if it is theirs, goes with the check. */
-    if (ida__snap_stream_at(rp->stream, index, term, len,
-                            ida__snap_stream_fed(rp->stream))) {
+    /* The stream of this snapshot goes with the check (which restores
+     * the bytes whole if the stream's differ). */
+    if (ida__snap_stream_of(rp->stream, index, term)) {
         c->stream = rp->stream;
     } else {
         ida__snap_stream_drop(rp->stream);

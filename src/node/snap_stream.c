@@ -164,13 +164,15 @@ bool ida__snap_stream_at(const struct ida__snap_stream *st,
                          size_t total,
                          size_t offset)
 {
-    return st != NULL && st->index == index && st->term == term &&
-           st->total == total && st->fed == offset;
+    return ida__snap_stream_of(st, index, term) && st->total == total &&
+           st->fed == offset;
 }
 
-size_t ida__snap_stream_total(const struct ida__snap_stream *st)
+bool ida__snap_stream_of(const struct ida__snap_stream *st,
+                         ida_index index,
+                         ida_term term)
 {
-    return st != NULL ? st->total : 0;
+    return st != NULL && st->index == index && st->term == term;
 }
 
 size_t ida__snap_stream_fed(const struct ida__snap_stream *st)
@@ -228,14 +230,12 @@ int ida__snap_stream_restore(struct ida__snap_stream *st,
                              uint64_t *ahead)
 {
     *ahead = 0;
-    struct ida__lend l;
-    ida__lend_init(&l);
     if (st == NULL) {
-        return ida_fsm_restore_with(f, data, len, &l.helper);
+        return ida__restore_lent(f, data, len);
     }
     if (len != st->total || st->fed > len) {
         ida__snap_stream_drop(st); /* not these bytes (callers check) */
-        return ida_fsm_restore_with(f, data, len, &l.helper);
+        return ida__restore_lent(f, data, len);
     }
     /* The last chunks are in the core's bytes (the check comes as the last
      * one is taken): the thread decodes them too, then ends. */
@@ -248,14 +248,14 @@ int ida__snap_stream_restore(struct ida__snap_stream *st,
     if (!st->broken && memcmp(st->buf, data, len) == 0) {
         munmap(st->buf, st->total); /* before the restore allocates */
         st->buf = NULL;
-        rv = ida_fsm_restore_ahead(f, data, len, &l.helper, st->ahead);
+        rv = ida__restore_lent_ahead(f, data, len, st->ahead);
         *ahead = ida_fsm_ahead_taken(st->ahead);
     } else {
         IDA_WARN(
             "raft: the snapshot decoded as it arrived is not the one "
             "checked (or memory was short); restoring the checked "
             "bytes whole");
-        rv = ida_fsm_restore_with(f, data, len, &l.helper);
+        rv = ida__restore_lent(f, data, len);
     }
     stream_free(st);
     return rv;

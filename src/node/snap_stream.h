@@ -40,8 +40,11 @@ bool ida__snap_stream_at(const struct ida__snap_stream *st,
                          size_t total,
                          size_t offset);
 
-/* The snapshot's size, and the bytes @st took (0 for NULL). */
-size_t ida__snap_stream_total(const struct ida__snap_stream *st);
+/* Whether @st is for the snapshot (@index, @term); the bytes it took (0
+ * for NULL). */
+bool ida__snap_stream_of(const struct ida__snap_stream *st,
+                         ida_index index,
+                         ida_term term);
 size_t ida__snap_stream_fed(const struct ida__snap_stream *st);
 
 /* The next @len bytes (ida__snap_stream_at() said where: they fit). */
@@ -59,7 +62,7 @@ void ida__snap_stream_drop(struct ida__snap_stream *st);
 void ida__snap_stream_stop(struct ida__snap_stream *st);
 
 /* On any thread: restore @f from the snapshot's whole bytes @data (@len),
- * which ida__snap_stream_at() matched to @st (may be NULL), with a thread
+ * which ida__snap_stream_of() matched to @st (may be NULL), with a thread
  * lent (src/node/lend.h): with what was decoded ahead when @st holds these
  * very bytes, else the plain restore. Frees @st. Returns the restore's
  * verdict; *@ahead the holdings of the pools the restore took as decoded

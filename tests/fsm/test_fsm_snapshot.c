@@ -846,19 +846,32 @@ Test(snap, two_threads_refuse_what_one_does)
 /* Out of memory anywhere in a two-thread restore is IDA_ENOMEM and leaves
  * the target as it was (the second share decoded by the restore's own
  * thread, so the sweep is deterministic). */
-Test(snap, two_threads_enomem_changes_nothing)
+static struct ida_fsm_ahead *stepped(const uint8_t *data,
+                                     size_t len,
+                                     size_t piece,
+                                     size_t stop);
+
+/* Restore @forged (@len bytes) over the fixture's state (whose snapshot
+ * is @before, @len0 bytes) with the allocation after n failing, for
+ * growing n until it succeeds: each failure is IDA_ENOMEM and leaves the
+ * state as it was. @ahead: after a whole decoding ahead, taken by the
+ * restore. Returns the n that succeeded. */
+static int enomem_until_restored(const uint8_t *before,
+                                 size_t len0,
+                                 const uint8_t *forged,
+                                 size_t len,
+                                 bool ahead)
 {
-    size_t len0;
-    uint8_t *before = base_then_big(&len0);
-    size_t len;
-    uint8_t *forged = fx_forge(&st, &len);
     int n;
     for (n = 0;; n += 1 + n / 8) {
+        struct ida_fsm_ahead *a =
+            ahead ? stepped(forged, len, 65536, len) : NULL;
         struct counted c;
         counted_init(&c, true);
         ida_heap_fault_set(n, 1);
-        int rv = ida_fsm_restore_with(f, forged, len, &c.h);
+        int rv = ida_fsm_restore_ahead(f, forged, len, &c.h, a);
         ida_heap_fault_set(0, 0);
+        ida_fsm_ahead_free(a);
         if (rv == 0) {
             break;
         }
@@ -869,6 +882,16 @@ Test(snap, two_threads_enomem_changes_nothing)
                   "allocation %d", n);
         ida_free(after);
     }
+    return n;
+}
+
+Test(snap, two_threads_enomem_changes_nothing)
+{
+    size_t len0;
+    uint8_t *before = base_then_big(&len0);
+    size_t len;
+    uint8_t *forged = fx_forge(&st, &len);
+    int n = enomem_until_restored(before, len0, forged, len, false);
     cr_assert_gt(n, 10);
     free(forged);
     ida_free(before);
@@ -1119,24 +1142,7 @@ Test(snap, ahead_enomem_changes_nothing)
     }
     cr_assert_gt(n, 5);
     /* Short in the restore, after a whole decoding ahead. */
-    for (n = 0;; n += 1 + n / 8) {
-        struct ida_fsm_ahead *a = stepped(forged, len, 65536, len);
-        struct counted c;
-        counted_init(&c, true);
-        ida_heap_fault_set(n, 1);
-        int rv = ida_fsm_restore_ahead(f, forged, len, &c.h, a);
-        ida_heap_fault_set(0, 0);
-        ida_fsm_ahead_free(a);
-        if (rv == 0) {
-            break;
-        }
-        cr_assert_eq(rv, IDA_ENOMEM, "allocation %d: %d", n, rv);
-        size_t len1;
-        uint8_t *after = fx_snapshot(f, &len1);
-        cr_assert(len0 == len1 && memcmp(before, after, len0) == 0,
-                  "allocation %d", n);
-        ida_free(after);
-    }
+    n = enomem_until_restored(before, len0, forged, len, true);
     cr_assert_gt(n, 3);
     free(forged);
     ida_free(before);
