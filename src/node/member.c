@@ -109,6 +109,14 @@ int node_hello_learn(struct node_members *m,
         }
         return copy_out(h->config.data, h->config.len, conf, len);
     }
+    return node_first_membership(m, n, conf, len);
+}
+
+int node_first_membership(const struct node_members *m,
+                          const struct ida_node *n,
+                          uint8_t **conf,
+                          size_t *len)
+{
     /* A first start is made by the cluster file's nodes alone, each at its
      * file line: a node outside it, or told to join, only joins. */
     if (node_file_index(n, n->self->id) < 0 || n->join) {

@@ -203,6 +203,15 @@ int node_hello_learn(struct node_members *m,
                      const Idalloc__PeerMessage *pm,
                      uint8_t **conf,
                      size_t *len);
+/* Joining: the first membership, when every node of the cluster file
+ * (this one included) was heard with a new data directory and this node
+ * is one of them, not told to --join. Returns 1 with it in *@conf (as
+ * node_hello_learn()), else 0. A cluster file of this node alone needs no
+ * Hello: the node creates the cluster by itself. */
+int node_first_membership(const struct node_members *m,
+                          const struct ida_node *n,
+                          uint8_t **conf,
+                          size_t *len);
 
 /* Leader: one step of re-admission, if one is due. Returns a membership to
  * propose in @out (1) or 0. */

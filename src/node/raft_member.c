@@ -31,7 +31,12 @@ static void send_hello(struct raft_proc *rp, unsigned to, bool reply)
  * can re-admit it, and one the membership names elsewhere than it listens
  * announces where it is, so a leader can check `member update`. Every node
  * of the address book is asked (src/node/book.h). */
-void ida__rp_hello_all(struct raft_proc *rp, uint64_t now)
+static void start_membership0(struct raft_proc *rp,
+                              struct ida_sender *s,
+                              uint8_t *data,
+                              size_t len);
+
+void ida__rp_hello_all(struct raft_proc *rp, struct ida_sender *s, uint64_t now)
 {
     uint64_t every = rp->mem.joining ? 50 : 1000;
     if (now - rp->mem.last_hello_ms < every) {
@@ -39,6 +44,13 @@ void ida__rp_hello_all(struct raft_proc *rp, uint64_t now)
     }
     rp->mem.last_hello_ms = now;
     const struct ida_node *n = rp->node;
+    uint8_t *conf;
+    size_t conf_len;
+    if (rp->mem.joining && !rp->mem.m0_pending && n->cfg.node_count == 1 &&
+        node_first_membership(&rp->mem, n, &conf, &conf_len)) {
+        start_membership0(rp, s, conf, conf_len); /* no one else to hear */
+        return;
+    }
     const struct node_book *b = &rp->mem.book;
     for (size_t i = 0; i < b->n; i++) {
         if (b->e[i].id != n->self->id) {

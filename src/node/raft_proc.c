@@ -1196,7 +1196,7 @@ static void raft_ping(void *state, struct ida_sender *s)
     ida__rp_book_refresh(rp);
     if (rp->mem.joining || !ida_raft_admitted(&rp->raft) ||
         rp->mem.self_moved) {
-        ida__rp_hello_all(rp, now);
+        ida__rp_hello_all(rp, s, now);
     }
     if (!rp->mem.joining) {
         node_members_track(&rp->mem, rp->node, &rp->raft);

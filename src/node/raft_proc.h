@@ -78,7 +78,9 @@ struct raft_proc
 void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq);
 
 /* raft_member.c */
-void ida__rp_hello_all(struct raft_proc *rp, uint64_t now);
+void ida__rp_hello_all(struct raft_proc *rp,
+                       struct ida_sender *s,
+                       uint64_t now);
 void ida__rp_note_incarnation(struct raft_proc *rp, unsigned id, uint64_t inc);
 void ida__rp_on_hello(struct raft_proc *rp,
                       struct ida_sender *s,

@@ -270,6 +270,51 @@ Test(cluster,
     cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 10000));
 }
 
+/* A cluster file of one node: the node makes the cluster by itself (no
+ * Hello to wait for), serves, and after a kill leads again with its state. */
+Test(cluster, one_node_is_a_cluster_of_its_own, .fini = teardown, .timeout = 60)
+{
+    tc_start(&c, 1, NULL);
+    cr_assert_eq(tc_wait_leader(&c, 10000), 0, "the lone node did not lead");
+    cl = tc_client(&c, 10000);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 10, NULL,
+                                     tc_detail()),
+                 0, "%s", tc_errmsg());
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(cl, "b", "a", &id, NULL, tc_detail()), 0);
+    cr_assert_eq(id, 0);
+    idalloc_client_free(cl);
+    cl = NULL;
+    tc_signal(&c, 0, SIGKILL);
+    tc_spawn(&c, 0);
+    cr_assert_eq(tc_wait_leader(&c, 10000), 0, "no leader after a restart");
+    cl = tc_client(&c, 10000);
+    int existed;
+    cr_assert_eq(idalloc_alloc(cl, "b", "a", &id, &existed, tc_detail()), 0);
+    cr_assert_eq(id, 0);
+    cr_assert_eq(existed, 1, "the tag kept its id across the kill");
+    cr_assert_eq(idalloc_alloc(cl, "b", "b", &id, NULL, tc_detail()), 0);
+    cr_assert_eq(id, 1);
+}
+
+/* One node of three up, so no leader: a call that first registers its
+ * session repeats the registration on the same connection until its
+ * deadline (about 16 times in 10 s). Each answer is "not leader" (nothing
+ * registered), so the call ends as unavailable, not on the per-connection
+ * registration limit. */
+Test(cluster,
+     no_leader_is_not_a_registration_limit,
+     .fini = teardown,
+     .timeout = 60)
+{
+    tc_setup(&c, 3, NULL);
+    tc_spawn(&c, 0);
+    cl = tc_client(&c, 12000);
+    int rv = idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 10, NULL,
+                                 tc_detail());
+    cr_assert_eq(rv, IDA_EUNAVAIL, "%d: %s", rv, tc_errmsg());
+}
+
 Test(cluster, bad_usage_and_config)
 {
     char out[512];
