@@ -35,11 +35,6 @@
  *     (truncate, then append). Its hard state replaces the stored one; its
  *     snapshot (if any) replaces the stored snapshot and the whole stored
  *     log: the entries that follow the snapshot are in the same batch.
- *     The commit index in a hard state may lag the core's: a batch hands
- *     out a hard state when the term or the vote changed, or when it also
- *     writes entries or a snapshot; a commit that moved alone waits for
- *     the next such batch (it is volatile state, Figure 2), so that
- *     committing costs no durable write of its own.
  *  2. batch.msgs may be sent at once, before anything of the batch is
  *     durable (this is how the leader persists in parallel with its
  *     followers: it counts itself in the quorum only after step 3).

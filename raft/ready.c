@@ -125,6 +125,13 @@ bool ida_raft_ready(struct ida_raft *r, struct ida_raft_batch *b)
     }
     bool work = false;
     if (r->pending_count < IDA_RAFT_PENDING_MAX) {
+        struct ida_hard_state hs = {r->term, r->vote, r->commit};
+        if (hs.term != r->hs_out.term || hs.vote != r->hs_out.vote ||
+            hs.commit != r->hs_out.commit) {
+            b->has_hard_state = true;
+            b->hard_state = hs;
+            r->hs_out = hs;
+        }
         ida_index last = 0;
         if (r->snap_unsent) {
             r->snap_unsent = false;
@@ -142,22 +149,6 @@ bool ida_raft_ready(struct ida_raft *r, struct ida_raft_batch *b)
             b->n_entries = (size_t)(ida__raft_last_index(r) - r->unsent + 1);
             last = ida__raft_last_index(r);
             r->unsent = last + 1;
-        }
-        /* The term and the vote must be durable before anything that
-         * depends on them goes out. The commit index need not (Figure 2
-         * calls it volatile): a commit that moved alone rides along with
-         * the next batch that persists anyway, instead of costing a
-         * durable write of its own on every node for every entry. A
-         * restart then starts from an older commit (never below the
-         * snapshot, clamped in ida_raft_init()) and learns the rest from
-         * the leader; nothing acknowledged depends on it. */
-        struct ida_hard_state hs = {r->term, r->vote, r->commit};
-        if (hs.term != r->hs_out.term || hs.vote != r->hs_out.vote ||
-            (hs.commit != r->hs_out.commit &&
-             (b->has_snapshot || b->n_entries > 0))) {
-            b->has_hard_state = true;
-            b->hard_state = hs;
-            r->hs_out = hs;
         }
         b->must_persist =
             b->has_hard_state || b->has_snapshot || b->n_entries > 0;

@@ -88,46 +88,6 @@ Test(raft, leader_counts_itself_only_once_persisted)
     cr_assert_eq(ida_raft_commit(&H.r[1]), 2);
 }
 
-/* The commit index is volatile (Figure 2): a commit that moves alone is
- * not written on its own, on the leader or on a follower; it rides with
- * the next batch that writes entries. A node restarted from the older
- * commit learns the rest from its leader and applies nothing twice. */
-Test(raft, a_commit_that_moves_alone_costs_no_durable_write)
-{
-    h_start_all();
-    h_elect(1);
-    h_tick(1, 1);
-    h_deliver_all();
-    h_propose(1, 1);
-    h_deliver_all();
-    h_tick(1, 1); /* the heartbeat carries the new commit index */
-    h_deliver_all();
-    ida_index c = ida_raft_commit(&H.r[1]);
-    cr_assert_eq(c, 2);
-    for (int k = 1; k <= 3; k++) {
-        cr_assert_eq(ida_raft_commit(&H.r[k]), c, "node %d", k);
-        cr_assert_eq(H.applied[k], c, "node %d applied it", k);
-        cr_assert_lt(H.disk[k].hs.commit, c, "node %d wrote its commit", k);
-    }
-    h_propose(1, 1);
-    h_deliver_all();
-    for (int k = 1; k <= 3; k++) {
-        cr_assert_geq(H.disk[k].hs.commit, c, "node %d: rides with entries",
-                      k);
-    }
-    h_tick(1, 1);
-    h_deliver_all();
-    cr_assert_eq(ida_raft_commit(&H.r[2]), 3);
-    cr_assert_lt(H.disk[2].hs.commit, 3);
-    h_crash(2);
-    h_start(2);
-    cr_assert_eq(ida_raft_commit(&H.r[2]), H.disk[2].hs.commit);
-    h_tick(1, 1);
-    h_deliver_all();
-    cr_assert_eq(ida_raft_commit(&H.r[2]), 3);
-    cr_assert_eq(H.applied[2], 3, "applied again from the log, in order");
-}
-
 Test(raft, replicate_mode_bounds_inflight_appends)
 {
     H.max_msg_entries = 1;
