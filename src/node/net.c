@@ -43,9 +43,7 @@ struct outmsg
     int to_peer;
     unsigned peer;
     uint64_t conn_id;
-    uint64_t seq;   /* a client reply: the request's request_seq */
-    int not_leader; /* a client reply answering IDA_ENOTLEADER */
-    int counted;    /* in its client connection's out_bytes */
+    int counted; /* in its client connection's out_bytes */
     size_t len;
     uv_write_t req; /* used by the first frame of a batch */
     uint8_t data[];
@@ -95,13 +93,12 @@ struct conn
     int closing;
     int eof; /* a client half-closed: answer what it asked, then close */
     uint64_t id;
-    unsigned registers;    /* RegisterClient requests seen (clients) */
-    uint64_t register_seq; /* request_seq of the latest of them */
-    struct ida_tls *tls;   /* NULL: plaintext (or not decided yet) */
-    int tls_sniff;         /* client_tls on: the first byte decides */
-    int tls_checked;       /* the peer's identity was checked */
-    unsigned tls_node_id;  /* inbound peer link: its certificate's node */
-    int dirty;             /* on the net's dirty list (flush_dirty()) */
+    unsigned registers;   /* RegisterClient requests seen (clients) */
+    struct ida_tls *tls;  /* NULL: plaintext (or not decided yet) */
+    int tls_sniff;        /* client_tls on: the first byte decides */
+    int tls_checked;      /* the peer's identity was checked */
+    unsigned tls_node_id; /* inbound peer link: its certificate's node */
+    int dirty;            /* on the net's dirty list (flush_dirty()) */
     struct conn *dirty_next;
     struct batch out; /* plaintext: replies of this wake-up */
     struct ida_frame_decoder dec;
@@ -1023,9 +1020,6 @@ static int on_client_frame(void *arg,
                       "too many session registrations on one connection");
         return 0;
     }
-    if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT) {
-        k->register_seq = req->request_seq;
-    }
     atomic_fetch_add(&n->st_client_requests, 1);
     k->lim.pending++;
     n->h.client_request(n->h.arg, k->id, req);
@@ -1324,12 +1318,6 @@ static void send_to_client(struct ida_net *n, struct outmsg *m)
     }
     if (k->lim.pending > 0) {
         k->lim.pending--;
-    }
-    if (m->not_leader && k->registers > 0 && m->seq == k->register_seq) {
-        /* Not leader: nothing was registered. A client that repeats its
-         * registration through an election (or while no majority is up)
-         * gets "no leader", not the limit. */
-        k->registers--;
     }
     if (k->tls != NULL) {
         /* TLS: the reply becomes ciphertext held by the session until
@@ -1712,9 +1700,6 @@ int ida_net_reply(struct ida_net *n,
     }
     idalloc__client_response__pack(r, m->data + IDA_FRAME_HEADER_BYTES);
     m->conn_id = conn_id;
-    m->seq = r->request_seq;
-    m->not_leader =
-        r->result != NULL && r->result->error == (uint32_t)IDA_ENOTLEADER;
     return enqueue(n, m);
 }
 

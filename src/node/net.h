@@ -37,8 +37,7 @@
  * after its requests still gets their replies; the connection closes once
  * they are written. RegisterClient requests past the first
  * IDA_NET_REGISTERS_PER_CONN_MAX of a connection are answered IDA_ELIMIT
- * and not passed on (one connection cannot fill the session table); one
- * answered IDA_ENOTLEADER registered nothing and does not count.
+ * and not passed on (one connection cannot fill the session table).
  *
  * Limits (the cluster file's client_* lines; src/node/netlim.h has the
  * bookkeeping): at most client_connections_max ordinary client connections

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "src/common/backup.h"
@@ -143,12 +144,9 @@ static int start_with_pool(const char *extra)
     return l;
 }
 
-/* --- tests ---------------------------------------------------------------- */
-
-Test(catchup,
-     wiped_follower_catches_up_by_snapshot_and_holds_the_leaders_state,
-     .fini = teardown,
-     .timeout = 300)
+/* A 3-node cluster holding pools "b", "s" and "p" whose leader (returned)
+ * took a snapshot of more than eight chunks. */
+static int start_with_big_snapshot(void)
 {
     int l = start_with_pool("snapshot_interval_entries 100\n");
     cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
@@ -175,9 +173,12 @@ Test(catchup,
         cr_assert_lt(round, 6, "the leader took no snapshot over 4 MiB");
         write_state(round);
     }
+    return l;
+}
 
-    /* The follower's disk is replaced: it comes back empty. */
-    int f = (l + 1) % 3;
+/* Node @f's disk is replaced: it comes back empty. */
+static void wipe_and_start(int f)
+{
     tc_signal(&c, f, SIGKILL);
     cr_assert_eq(
         tc_run(out, sizeof(out), "rm -rf %s/data/node%d", c.dir, f + 1), 0);
@@ -185,6 +186,51 @@ Test(catchup,
                         c.dir, f + 1, c.dir, f + 1),
                  0);
     tc_spawn(&c, f);
+}
+
+/* Stop the nodes (followers of leader @l first: the leader appends
+ * nothing alone) and check that each one's state, exported from its
+ * directory, is the same, at the same index, and larger than @min. */
+static void assert_same_state(int l, size_t min)
+{
+    idalloc_client_free(cl);
+    cl = NULL;
+    int order[3] = {(l + 1) % 3, (l + 2) % 3, l};
+    for (int k = 0; k < 3; k++) {
+        int st = tc_signal(&c, order[k], SIGTERM);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "node %d did not stop cleanly", order[k] + 1);
+    }
+    struct ida_backup b[3];
+    for (int i = 0; i < 3; i++) {
+        export_state(i, &b[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(b[i].index, b[l].index,
+                     "node %d at index %llu, the "
+                     "leader at %llu",
+                     i + 1, (unsigned long long)b[i].index,
+                     (unsigned long long)b[l].index);
+        cr_assert(b[i].state_len == b[l].state_len &&
+                      memcmp(b[i].state, b[l].state, b[l].state_len) == 0,
+                  "node %d's state differs from the leader's", i + 1);
+    }
+    cr_assert_gt(b[l].state_len, min);
+    for (int i = 0; i < 3; i++) {
+        ida_backup_free(&b[i]);
+    }
+}
+
+/* --- tests ---------------------------------------------------------------- */
+
+Test(catchup,
+     wiped_follower_catches_up_by_snapshot_and_holds_the_leaders_state,
+     .fini = teardown,
+     .timeout = 300)
+{
+    int l = start_with_big_snapshot();
+    int f = (l + 1) % 3;
+    wipe_and_start(f);
     /* Writes go on while it catches up: entries after the snapshot. */
     write_state(100);
     for (uint64_t end = tc_now_ms() + 120000;
@@ -215,34 +261,68 @@ Test(catchup,
                   "node %d stored the snapshot only once it was checked",
                   f + 1);
 
-    /* Stopped (followers first: the leader appends nothing alone), each
-     * node's state, exported from its directory, is the same. */
-    idalloc_client_free(cl);
-    cl = NULL;
-    int order[3] = {(l + 1) % 3, (l + 2) % 3, l};
-    for (int k = 0; k < 3; k++) {
-        int st = tc_signal(&c, order[k], SIGTERM);
-        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                  "node %d did not stop cleanly", order[k] + 1);
+    assert_same_state(l, 8u << 19);
+}
+
+/* Bytes of node @i's data.mdb (0 while it has none). */
+static off_t data_bytes(int i)
+{
+    char path[400];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/data/node%d/data.mdb", c.dir, i + 1);
+    return stat(path, &st) == 0 ? st.st_size : 0;
+}
+
+/* The leader dies while a wiped follower receives its snapshot. The
+ * follower is paused once it stored part of the snapshot (its chunks are
+ * stored as they arrive), the leader is killed and restarted, and the
+ * follower resumes holding part of a snapshot of a leader that is gone:
+ * the next leader's snapshot must replace it, and the cluster ends with
+ * one state on all three nodes. */
+Test(catchup,
+     leader_dies_while_a_wiped_follower_receives_its_snapshot,
+     .fini = teardown,
+     .timeout = 300)
+{
+    int l = start_with_big_snapshot();
+    int f = (l + 1) % 3;
+    off_t empty = 0;
+    wipe_and_start(f);
+    for (uint64_t end = tc_now_ms() + 5000;
+         tc_now_ms() < end && (empty = data_bytes(f)) == 0;) {
+        tc_sleep_ms(1);
     }
-    struct ida_backup b[3];
-    for (int i = 0; i < 3; i++) {
-        export_state(i, &b[i]);
+    for (uint64_t end = tc_now_ms() + 60000;
+         tc_now_ms() < end && data_bytes(f) < empty + (1 << 20);) {
+        tc_sleep_ms(1);
     }
-    for (int i = 0; i < 3; i++) {
-        cr_assert_eq(b[i].index, b[l].index,
-                     "node %d at index %llu, the "
-                     "leader at %llu",
-                     i + 1, (unsigned long long)b[i].index,
-                     (unsigned long long)b[l].index);
-        cr_assert(b[i].state_len == b[l].state_len &&
-                      memcmp(b[i].state, b[l].state, b[l].state_len) == 0,
-                  "node %d's state differs from the leader's", i + 1);
+    tc_signal(&c, f, SIGSTOP);
+    cr_assert_geq(data_bytes(f), empty + (1 << 20),
+                  "node %d stored nothing of a snapshot", f + 1);
+    int mid = tc_log_count(&c, f, "stored as it arrived") == 0;
+    if (!mid) {
+        cr_log_warn(
+            "node %d had its whole snapshot before it was paused: "
+            "the leader died after the transfer, not during it",
+            f + 1);
     }
-    cr_assert_gt(b[l].state_len, 8u << 19);
-    for (int i = 0; i < 3; i++) {
-        ida_backup_free(&b[i]);
+    tc_signal(&c, l, SIGKILL);
+    tc_spawn(&c, l);
+    tc_signal(&c, f, SIGCONT);
+    int nl = tc_wait_leader(&c, 30000);
+    cr_assert_geq(nl, 0, "no leader after the kill");
+    write_state(100);
+    for (uint64_t end = tc_now_ms() + 120000;
+         tc_now_ms() < end && !membership_whole();) {
+        tc_sleep_ms(100);
     }
+    cr_assert(membership_whole(), "node %d was not re-admitted", f + 1);
+    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 60000),
+              "not every node applied the commit index");
+    cr_assert_geq(tc_log_count(&c, f, "received from the leader and checked"),
+                  1, "node %d installed no snapshot from the leader", f + 1);
+    cr_assert_eq(tc_log_count(&c, f, "refused a snapshot"), 0);
+    assert_same_state(tc_wait_leader(&c, 10000), 8u << 19);
 }
 
 /* --- big entries ---------------------------------------------------------- */
