@@ -9,7 +9,7 @@
 const char ida_node_usage[] =
     "usage: idallocd --config FILE --node ID [--data DIR]\n"
     "                [--peer ADDR --client ADDR] [--metrics ADDR]\n"
-    "                [--join ADDR,ADDR,...]\n"
+    "                [--join ADDR,ADDR,... | --single-node]\n"
     "                [--log-level LEVEL] [--log-format text|json]\n"
     "       idallocd --config FILE --node ID [--data DIR] --export-backup OUT\n"
     "       idallocd -h|--help | --version\n"
@@ -44,6 +44,14 @@ const char ida_node_usage[] =
     "                 certificate (tls_dir/nodeID.crt) must exist: idalloc\n"
     "                 certs add DIR --node ID. Ignored when the data\n"
     "                 directory already holds a membership\n"
+    "  --single-node  the cluster file names this node alone: at the first\n"
+    "                 start of a new data directory, create the cluster of\n"
+    "                 this one node at once (with no other node to ask, a\n"
+    "                 node whose whole directory was lost then starts over\n"
+    "                 empty and hands out ids again: for development, or\n"
+    "                 the first start only). Without it a one-node file\n"
+    "                 waits, like any first start, for nodes to hear from;\n"
+    "                 ignored when the directory already holds a membership\n"
     "  --export-backup OUT   do not run the node: write what its (stopped)\n"
     "                 data directory holds, its snapshot and every entry of\n"
     "                 its log, as a backup file OUT for `idalloc snapshot\n"
@@ -97,6 +105,10 @@ enum ida_node_args_result ida_node_args_parse(int argc,
     errmsg[0] = '\0';
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (strcmp(a, "--single-node") == 0) {
+            o->single_node = 1;
+            continue;
+        }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             return IDA_NODE_ARGS_HELP;
         }
@@ -208,6 +220,12 @@ enum ida_node_args_result ida_node_args_parse(int argc,
         return bad(errmsg,
                    "--export-backup reads a stopped node's directory: it "
                    "takes no --join, --peer, --client or --metrics");
+    }
+    if (o->single_node && (o->join != NULL || o->export_backup != NULL)) {
+        return bad(errmsg, o->join != NULL
+                               ? "--single-node creates a cluster and --join "
+                                 "joins one: give one of them"
+                               : "--export-backup takes no --single-node");
     }
     return IDA_NODE_ARGS_RUN;
 }

@@ -3,7 +3,7 @@
  *
  *   idallocd --config FILE --node ID [--data DIR]
  *            [--peer ADDR --client ADDR] [--metrics ADDR]
- *            [--join ADDR,ADDR,...]
+ *            [--join ADDR,ADDR,... | --single-node]
  *            [--log-level LEVEL] [--log-format text|json]
  *   idallocd --config FILE --node ID [--data DIR] --export-backup OUT
  *   idallocd -h|--help | --version
@@ -14,7 +14,7 @@
  * cluster file called "--node". Empty values are refused: `--data ''`
  * would put the node's files at /nodeID. Addresses must parse (IPv4:PORT
  * or [IPv6]:PORT; --join takes a comma-separated list of them); --peer and
- * --client go together. */
+ * --client go together. --single-node takes no value. */
 #ifndef IDA_NODE_ARGS_H
 #define IDA_NODE_ARGS_H
 

@@ -22,7 +22,10 @@
  *    node: if a majority that lost their disks could create the cluster
  *    anew while the nodes holding the data are down, ids would be handed
  *    out again. A node that is not in the cluster file, or was started
- *    with --join, never takes this path: it only joins;
+ *    with --join, never takes this path: it only joins. A cluster file
+ *    of one node has no one to hear from: that node takes this path only
+ *    when started with --single-node (the operator says this is a first
+ *    start; node_first_membership() with its own Hello alone);
  *  - a node that has a membership answered with it: either the leader
  *    (another node's membership may be stale), or any node whose membership
  *    names this node's own incarnation as a voter (then it is the first

@@ -44,6 +44,7 @@ struct outmsg
     unsigned peer;
     uint64_t conn_id;
     int counted; /* in its client connection's out_bytes */
+    int uncount; /* ida_net_reply_uncounted(): a registration undone */
     size_t len;
     uv_write_t req; /* used by the first frame of a batch */
     uint8_t data[];
@@ -1319,6 +1320,9 @@ static void send_to_client(struct ida_net *n, struct outmsg *m)
     if (k->lim.pending > 0) {
         k->lim.pending--;
     }
+    if (m->uncount && k->registers > 0) {
+        k->registers--;
+    }
     if (k->tls != NULL) {
         /* TLS: the reply becomes ciphertext held by the session until
          * flush_dirty(); the per-connection cap counts what the link holds
@@ -1685,9 +1689,10 @@ int ida_net_send_peer(struct ida_net *n, unsigned to, Idalloc__PeerMessage *pm)
     return enqueue(n, m);
 }
 
-int ida_net_reply(struct ida_net *n,
-                  uint64_t conn_id,
-                  Idalloc__ClientResponse *r)
+static int reply(struct ida_net *n,
+                 uint64_t conn_id,
+                 Idalloc__ClientResponse *r,
+                 int uncount)
 {
     r->version = IDA_WIRE_VERSION;
     size_t len = idalloc__client_response__get_packed_size(r);
@@ -1700,7 +1705,22 @@ int ida_net_reply(struct ida_net *n,
     }
     idalloc__client_response__pack(r, m->data + IDA_FRAME_HEADER_BYTES);
     m->conn_id = conn_id;
+    m->uncount = uncount;
     return enqueue(n, m);
+}
+
+int ida_net_reply(struct ida_net *n,
+                  uint64_t conn_id,
+                  Idalloc__ClientResponse *r)
+{
+    return reply(n, conn_id, r, 0);
+}
+
+int ida_net_reply_uncounted(struct ida_net *n,
+                            uint64_t conn_id,
+                            Idalloc__ClientResponse *r)
+{
+    return reply(n, conn_id, r, 1);
 }
 
 void ida_net_get_stats(struct ida_net *n, struct ida_net_stats *out)

@@ -37,7 +37,9 @@
  * after its requests still gets their replies; the connection closes once
  * they are written. RegisterClient requests past the first
  * IDA_NET_REGISTERS_PER_CONN_MAX of a connection are answered IDA_ELIMIT
- * and not passed on (one connection cannot fill the session table).
+ * and not passed on (one connection cannot fill the session table); one
+ * answered with ida_net_reply_uncounted() registered nothing and no longer
+ * counts.
  *
  * Limits (the cluster file's client_* lines; src/node/netlim.h has the
  * bookkeeping): at most client_connections_max ordinary client connections
@@ -172,6 +174,14 @@ int ida_net_send_peer(struct ida_net *n, unsigned to, Idalloc__PeerMessage *m);
 int ida_net_reply(struct ida_net *n,
                   uint64_t conn_id,
                   Idalloc__ClientResponse *r);
+
+/* ida_net_reply() answering a RegisterClient of that connection that
+ * registered nothing (IDA_ENOTLEADER): it no longer counts toward the
+ * connection's IDA_NET_REGISTERS_PER_CONN_MAX, so a client repeating its
+ * registration through an election is told "no leader", not the limit. */
+int ida_net_reply_uncounted(struct ida_net *n,
+                            uint64_t conn_id,
+                            Idalloc__ClientResponse *r);
 
 /* Thread-safe snapshot of the counters. */
 void ida_net_get_stats(struct ida_net *n, struct ida_net_stats *out);

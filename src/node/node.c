@@ -331,6 +331,15 @@ int ida_node_open(struct ida_node *n,
         return rv;
     }
     n->join = o->join != NULL;
+    n->single_node = o->single_node;
+    if (n->single_node &&
+        (n->cfg.node_count != 1 || n->cfg.nodes[0].id != o->node_id)) {
+        snprintf(errmsg, IDA_ERRMSG_MAX,
+                 "%s: --single-node needs a cluster file whose only node "
+                 "line is node %u's (it has %u)",
+                 o->config_path, o->node_id, n->cfg.node_count);
+        return IDA_ECONFIG;
+    }
     node_book_build(&n->book, NULL, 0, &n->cfg);
     if (n->cfg.node_count > IDA_RAFT_NODES_MAX) {
         snprintf(errmsg, IDA_ERRMSG_MAX, "%s: at most %d nodes per cluster",
@@ -465,6 +474,17 @@ void ida__node_reply_error(struct ida_node *n,
                            const char *why,
                            ida_node_id leader)
 {
+    ida__node_reply_refusal(n, conn, seq, err, why, leader, 0);
+}
+
+void ida__node_reply_refusal(struct ida_node *n,
+                             uint64_t conn,
+                             uint64_t seq,
+                             int err,
+                             const char *why,
+                             ida_node_id leader,
+                             int unregistered)
+{
     Idalloc__ClientResponse r = IDALLOC__CLIENT_RESPONSE__INIT;
     Idalloc__CommandResult res = IDALLOC__COMMAND_RESULT__INIT;
     char bufs[NODE_BOOK_MAX][IDA_ADDR_TEXT_MAX], *members[NODE_BOOK_MAX];
@@ -488,7 +508,11 @@ void ida__node_reply_error(struct ida_node *n,
         r.leader_addr = leader_addr;
     }
     ida_metrics_request_end(n->metrics, conn, seq, err);
-    ida_net_reply(n->net, conn, &r);
+    if (unregistered) {
+        ida_net_reply_uncounted(n->net, conn, &r);
+    } else {
+        ida_net_reply(n->net, conn, &r);
+    }
 }
 
 void ida__node_req_name(const uint8_t *client_id,

@@ -56,6 +56,9 @@ struct ida_node_opts
     /* --join: client addresses of running members, comma-separated; NULL:
      * none (ida_node_join()). */
     const char *join;
+    /* --single-node: this node alone may create the cluster (a cluster
+     * file of this one node, a new data directory). */
+    int single_node;
     /* --export-backup: write the stopped node's state to this backup file
      * instead of running (src/node/export.h); NULL: run. */
     const char *export_backup;
@@ -78,6 +81,9 @@ struct ida_node
     /* Started with --join: never a first start (src/node/member.h); the
      * members ida_node_join() learned, the address book while joining. */
     int join;
+    /* Started with --single-node: a new data directory creates the
+     * cluster of this node alone, without hearing anyone. */
+    int single_node;
     struct node_book join_book;
     int has_join_book;
     /* The raft processor's address book as other threads read it
@@ -209,6 +215,16 @@ void ida__node_reply_error(struct ida_node *n,
                            int err,
                            const char *why,
                            ida_node_id leader);
+/* The same; @unregistered: the request was a RegisterClient that
+ * registered nothing (this node is not leader), and no longer counts
+ * toward its connection's registration limit (ida_net_reply_uncounted()). */
+void ida__node_reply_refusal(struct ida_node *n,
+                             uint64_t conn,
+                             uint64_t seq,
+                             int err,
+                             const char *why,
+                             ida_node_id leader,
+                             int unregistered);
 
 /* Make @b (copied) the address book the node's answers use (the member
  * addresses and leader hints below). Thread-safe. */

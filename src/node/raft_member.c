@@ -25,16 +25,18 @@ static void send_hello(struct raft_proc *rp, unsigned to, bool reply)
     ida_free(buf);
 }
 
+static void start_membership0(struct raft_proc *rp,
+                              struct ida_sender *s,
+                              uint8_t *data,
+                              size_t len);
+
 /* A joining node asks often (an answer sent before the other's link to it
  * came up is lost, and the node takes no part until one arrives); a member
  * that is not admitted announces its incarnation now and then, so a leader
  * can re-admit it, and one the membership names elsewhere than it listens
  * announces where it is, so a leader can check `member update`. Every node
- * of the address book is asked (src/node/book.h). */
-static void start_membership0(struct raft_proc *rp,
-                              struct ida_sender *s,
-                              uint8_t *data,
-                              size_t len);
+ * of the address book is asked (src/node/book.h). A new directory started
+ * with --single-node has no one to ask: it creates the cluster at once. */
 
 void ida__rp_hello_all(struct raft_proc *rp, struct ida_sender *s, uint64_t now)
 {
@@ -46,7 +48,7 @@ void ida__rp_hello_all(struct raft_proc *rp, struct ida_sender *s, uint64_t now)
     const struct ida_node *n = rp->node;
     uint8_t *conf;
     size_t conf_len;
-    if (rp->mem.joining && !rp->mem.m0_pending && n->cfg.node_count == 1 &&
+    if (rp->mem.joining && !rp->mem.m0_pending && n->single_node &&
         node_first_membership(&rp->mem, n, &conf, &conf_len)) {
         start_membership0(rp, s, conf, conf_len); /* no one else to hear */
         return;
@@ -79,7 +81,12 @@ void ida__rp_hello_all(struct raft_proc *rp, struct ida_sender *s, uint64_t now)
                                  len > 0 ? ", " : "", n->cfg.nodes[i].id);
         }
     }
-    if (len > 0) {
+    if (len == 0 && n->cfg.node_count == 1) {
+        IDA_INFO(
+            "membership: new data directory and a cluster file of this "
+            "node alone: waiting (start it with --single-node to create "
+            "a one-node cluster, or with --join to join a running one)");
+    } else if (len > 0) {
         IDA_INFO(
             "membership: new data directory: waiting to hear from "
             "node(s) %s (the first start of a cluster needs every node "

@@ -619,7 +619,11 @@ static void on_client(struct raft_proc *rp,
                   err == IDA_ENOTLEADER
                       ? (rp->leader != 0 ? "known" : "unknown")
                       : "");
-        reply_error(rp, c->conn, seq, err, why);
+        ida__node_reply_refusal(
+            rp->node, c->conn, seq, err, why,
+            err == IDA_ENOTLEADER ? rp->leader : 0,
+            err == IDA_ENOTLEADER && req != NULL &&
+                req->op_case == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT);
     }
     if (req != NULL) {
         idalloc__client_request__free_unpacked(req, NULL);

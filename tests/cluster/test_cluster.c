@@ -270,11 +270,26 @@ Test(cluster,
     cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 10000));
 }
 
-/* A cluster file of one node: the node makes the cluster by itself (no
- * Hello to wait for), serves, and after a kill leads again with its state. */
+/* A cluster file of one node. Without --single-node the node waits, like
+ * any first start, for nodes to hear from (with no one to ask, creating the
+ * cluster is the operator's call: a node whose directory was lost would
+ * otherwise start over and hand ids out again). With it, the node creates
+ * the cluster by itself, serves, and after a kill leads again with its
+ * state (the flag changes nothing once the directory holds a membership). */
 Test(cluster, one_node_is_a_cluster_of_its_own, .fini = teardown, .timeout = 60)
 {
-    tc_start(&c, 1, NULL);
+    tc_setup(&c, 1, NULL);
+    tc_spawn(&c, 0);
+    cr_assert_lt(tc_wait_leader(&c, 2000), 0, "created without --single-node");
+    for (uint64_t end = tc_now_ms() + 10000;
+         tc_now_ms() < end &&
+         tc_log_count(&c, 0, "start it with --single-node") == 0;) {
+        tc_sleep_ms(100);
+    }
+    cr_assert_geq(tc_log_count(&c, 0, "start it with --single-node"), 1);
+    tc_signal(&c, 0, SIGKILL);
+    snprintf(c.node_args[0], sizeof(c.node_args[0]), "--single-node");
+    tc_spawn(&c, 0);
     cr_assert_eq(tc_wait_leader(&c, 10000), 0, "the lone node did not lead");
     cl = tc_client(&c, 10000);
     cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 10, NULL,
@@ -297,22 +312,22 @@ Test(cluster, one_node_is_a_cluster_of_its_own, .fini = teardown, .timeout = 60)
     cr_assert_eq(id, 1);
 }
 
-/* One node of three up, so no leader: a call that first registers its
- * session repeats the registration on the same connection until its
- * deadline (about 16 times in 10 s). Each answer is "not leader" (nothing
- * registered), so the call ends as unavailable, not on the per-connection
- * registration limit. */
-Test(cluster,
-     no_leader_is_not_a_registration_limit,
-     .fini = teardown,
-     .timeout = 60)
+/* --single-node with a cluster file of several nodes: exit 2, nothing
+ * created. */
+Test(cluster, single_node_needs_a_one_node_file, .fini = teardown)
 {
+    char out[512];
     tc_setup(&c, 3, NULL);
-    tc_spawn(&c, 0);
-    cl = tc_client(&c, 12000);
-    int rv = idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 10, NULL,
-                                 tc_detail());
-    cr_assert_eq(rv, IDA_EUNAVAIL, "%d: %s", rv, tc_errmsg());
+    cr_assert_eq(
+        tc_run(out, sizeof(out), "%s --config %s --node 1 --single-node 2>&1",
+               tc_bin("idallocd"), c.conf),
+        2, "%s", out);
+    cr_assert(strstr(out,
+                     "--single-node needs a cluster file whose only node "
+                     "line is node 1's (it has 3)") != NULL,
+              "%s", out);
+    cr_assert_neq(tc_run(out, sizeof(out), "test -e %s/data/node1", c.dir), 0,
+                  "a data directory was created");
 }
 
 Test(cluster, bad_usage_and_config)

@@ -221,3 +221,41 @@ Test(sessions_live,
     idalloc_client_free(b);
     idalloc_client_free(admin);
 }
+
+/* A follower answers every RegisterClient IDA_ENOTLEADER and registers
+ * nothing, so those do not count toward the connection's limit: a client
+ * repeating its registration through an election (one at a time on one
+ * connection, as the library does) is told "not leader" every time, never
+ * IDA_ELIMIT after the 16th. */
+Test(sessions_live,
+     not_leader_registrations_do_not_count,
+     .fini = teardown,
+     .timeout = 60)
+{
+    tc_start(&c, 3, NULL);
+    int leader = tc_wait_leader(&c, 10000);
+    cr_assert_geq(leader, 0);
+    int fd = connect_to(&c.cfg.nodes[(leader + 1) % 3].client);
+    for (int i = 0; i < 2 * IDA_NET_REGISTERS_PER_CONN_MAX + 4; i++) {
+        uint8_t cid[16], buf[256];
+        size_t len = 0;
+        memset(cid, 0x3c, sizeof(cid));
+        Idalloc__ClientRequest q = IDALLOC__CLIENT_REQUEST__INIT;
+        Idalloc__RegisterClient r = IDALLOC__REGISTER_CLIENT__INIT;
+        q.version = IDA_WIRE_VERSION;
+        q.client_id.data = cid;
+        q.client_id.len = 16;
+        q.request_seq = (uint64_t)i + 1;
+        q.op_case = IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT;
+        q.register_client = &r;
+        put_frame(buf, sizeof(buf), &len, &q);
+        write_all(fd, buf, len);
+        Idalloc__ClientResponse *resp = read_response(fd);
+        cr_assert_not_null(resp, "the follower closed the connection");
+        cr_assert_eq(resp->result->error, IDA_ENOTLEADER,
+                     "registration %d answered %u: %s", i + 1,
+                     resp->result->error, resp->result->error_msg);
+        idalloc__client_response__free_unpacked(resp, NULL);
+    }
+    close(fd);
+}

@@ -107,3 +107,21 @@ Test(node_args, addresses_and_join)
         "bad --join address \"x:2\"");
     cr_assert(strstr(ida_node_usage, "--join") != NULL);
 }
+
+/* --single-node takes no value and goes with neither --join nor
+ * --export-backup. */
+Test(node_args, single_node)
+{
+    cr_assert_eq(parse("--config|c|--single-node|--node|1"), IDA_NODE_ARGS_RUN,
+                 "%s", err);
+    cr_assert_eq(o.single_node, 1);
+    cr_assert_str_eq(o.config_path, "c");
+    cr_assert_eq(parse("--config|c|--node|1"), IDA_NODE_ARGS_RUN, "%s", err);
+    cr_assert_eq(o.single_node, 0);
+    bad("--config|c|--node|1|--single-node|--join|127.0.0.1:1",
+        "--single-node creates a cluster and --join joins one");
+    bad("--config|c|--node|1|--export-backup|f|--single-node",
+        "--export-backup takes no --single-node");
+    bad("--config|c|--node|1|--single-node=1", "unknown option --single-node");
+    cr_assert(strstr(ida_node_usage, "--single-node") != NULL);
+}
