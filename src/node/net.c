@@ -94,7 +94,8 @@ struct conn
     int closing;
     int eof; /* a client half-closed: answer what it asked, then close */
     uint64_t id;
-    unsigned registers;   /* RegisterClient requests seen (clients) */
+    unsigned registers;   /* RegisterClient requests passed on, less those
+                             answered not leader (clients) */
     struct ida_tls *tls;  /* NULL: plaintext (or not decided yet) */
     int tls_sniff;        /* client_tls on: the first byte decides */
     int tls_checked;      /* the peer's identity was checked */
@@ -1012,14 +1013,18 @@ static int on_client_frame(void *arg,
         return busy ? IDA_EBUSY : IDA_EVERSION;
     }
     if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT &&
-        ++k->registers > IDA_NET_REGISTERS_PER_CONN_MAX) {
+        k->registers >= IDA_NET_REGISTERS_PER_CONN_MAX) {
         /* One connection cannot fill the session table (fsm/fsm.h,
-         * "Sessions"); an honest client registers once per session. */
+         * "Sessions"); an honest client registers once per session. The
+         * refused ones are not counted: the count never wraps. */
         uint64_t seq = req->request_seq;
         idalloc__client_request__free_unpacked(req, NULL);
         refuse_client(k, seq, IDA_ELIMIT,
                       "too many session registrations on one connection");
         return 0;
+    }
+    if (req->op_case == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT) {
+        k->registers++;
     }
     atomic_fetch_add(&n->st_client_requests, 1);
     k->lim.pending++;
