@@ -188,6 +188,19 @@ static void wipe_and_start(int f)
     tc_spawn(&c, f);
 }
 
+/* Wait until node @f, wiped, was re-admitted and every node applied the
+ * commit index. */
+static void wait_readmitted(int f)
+{
+    for (uint64_t end = tc_now_ms() + 120000;
+         tc_now_ms() < end && !membership_whole();) {
+        tc_sleep_ms(100);
+    }
+    cr_assert(membership_whole(), "node %d was not re-admitted", f + 1);
+    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 60000),
+              "not every node applied the commit index");
+}
+
 /* Stop the nodes (followers of leader @l first: the leader appends
  * nothing alone) and check that each one's state, exported from its
  * directory, is the same, at the same index, and larger than @min. */
@@ -233,13 +246,7 @@ Test(catchup,
     wipe_and_start(f);
     /* Writes go on while it catches up: entries after the snapshot. */
     write_state(100);
-    for (uint64_t end = tc_now_ms() + 120000;
-         tc_now_ms() < end && !membership_whole();) {
-        tc_sleep_ms(100);
-    }
-    cr_assert(membership_whole(), "node %d was not re-admitted", f + 1);
-    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 60000),
-              "not every node applied the commit index");
+    wait_readmitted(f);
     struct idalloc_node_status s;
     cr_assert_eq(idalloc_node_status(cl, (size_t)f, &s, tc_detail()), 0);
     cr_assert_gt(s.snapshot_index, 0, "node %d has no snapshot", f + 1);
@@ -312,13 +319,7 @@ Test(catchup,
     int nl = tc_wait_leader(&c, 30000);
     cr_assert_geq(nl, 0, "no leader after the kill");
     write_state(100);
-    for (uint64_t end = tc_now_ms() + 120000;
-         tc_now_ms() < end && !membership_whole();) {
-        tc_sleep_ms(100);
-    }
-    cr_assert(membership_whole(), "node %d was not re-admitted", f + 1);
-    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 60000),
-              "not every node applied the commit index");
+    wait_readmitted(f);
     cr_assert_geq(tc_log_count(&c, f, "received from the leader and checked"),
                   1, "node %d installed no snapshot from the leader", f + 1);
     cr_assert_eq(tc_log_count(&c, f, "refused a snapshot"), 0);

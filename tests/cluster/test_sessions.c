@@ -50,6 +50,24 @@ static void put_frame(uint8_t *buf,
     *len += IDA_FRAME_HEADER_BYTES + n;
 }
 
+/* Append a RegisterClient frame of client @cid (16 bytes), request @seq. */
+static void put_register(uint8_t *buf,
+                         size_t cap,
+                         size_t *len,
+                         const uint8_t *cid,
+                         uint64_t seq)
+{
+    Idalloc__ClientRequest q = IDALLOC__CLIENT_REQUEST__INIT;
+    Idalloc__RegisterClient r = IDALLOC__REGISTER_CLIENT__INIT;
+    q.version = IDA_WIRE_VERSION;
+    q.client_id.data = (uint8_t *)cid;
+    q.client_id.len = 16;
+    q.request_seq = seq;
+    q.op_case = IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT;
+    q.register_client = &r;
+    put_frame(buf, cap, len, &q);
+}
+
 static void write_all(int fd, const uint8_t *p, size_t n)
 {
     while (n > 0) {
@@ -177,15 +195,7 @@ Test(sessions_live,
         uint8_t cid[16];
         memset(cid, 0x5a, sizeof(cid));
         cid[0] = (uint8_t)i;
-        Idalloc__ClientRequest q = IDALLOC__CLIENT_REQUEST__INIT;
-        Idalloc__RegisterClient r = IDALLOC__REGISTER_CLIENT__INIT;
-        q.version = IDA_WIRE_VERSION;
-        q.client_id.data = cid;
-        q.client_id.len = 16;
-        q.request_seq = (uint64_t)i + 1;
-        q.op_case = IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT;
-        q.register_client = &r;
-        put_frame(buf, sizeof(buf), &len, &q);
+        put_register(buf, sizeof(buf), &len, cid, (uint64_t)i + 1);
     }
     write_all(fd, buf, len);
     int registered = 0, limited = 0;
@@ -240,15 +250,7 @@ Test(sessions_live,
         uint8_t cid[16], buf[256];
         size_t len = 0;
         memset(cid, 0x3c, sizeof(cid));
-        Idalloc__ClientRequest q = IDALLOC__CLIENT_REQUEST__INIT;
-        Idalloc__RegisterClient r = IDALLOC__REGISTER_CLIENT__INIT;
-        q.version = IDA_WIRE_VERSION;
-        q.client_id.data = cid;
-        q.client_id.len = 16;
-        q.request_seq = (uint64_t)i + 1;
-        q.op_case = IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT;
-        q.register_client = &r;
-        put_frame(buf, sizeof(buf), &len, &q);
+        put_register(buf, sizeof(buf), &len, cid, (uint64_t)i + 1);
         write_all(fd, buf, len);
         Idalloc__ClientResponse *resp = read_response(fd);
         cr_assert_not_null(resp, "the follower closed the connection");
