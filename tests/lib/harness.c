@@ -437,6 +437,12 @@ int tc_run(char *out, size_t cap, const char *fmt, ...)
     TC_CHECK(p != NULL, "popen failed");
     size_t n = fread(out, 1, cap - 1, p);
     out[n] = '\0';
+    /* Read the rest too: a command whose output is longer than @cap would
+     * otherwise die of SIGPIPE when its next write finds the pipe closed
+     * (idallocd --help, over 4 KiB, was written in two). */
+    char rest[4096];
+    while (fread(rest, 1, sizeof(rest), p) > 0) {
+    }
     int status = pclose(p);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }

@@ -86,8 +86,9 @@ uint64_t tc_commit_index(struct tc *c);
 /* Path of a built program (bin/idalloc...) honouring $IDA_BINDIR; valid
  * until the calling thread's fourth call after this one. */
 const char *tc_bin(const char *name);
-/* Run a shell command line, capturing stdout into @out (@cap bytes);
- * returns the exit status. Safe from several threads at once. */
+/* Run a shell command line, capturing stdout into @out (its first @cap - 1
+ * bytes; the rest is read and dropped, so the command never dies of
+ * SIGPIPE); returns the exit status. Safe from several threads at once. */
 int tc_run(char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* How many lines of node @i's log (of @c) hold @needle. */
