@@ -37,7 +37,6 @@ static void start_membership0(struct raft_proc *rp,
  * announces where it is, so a leader can check `member update`. Every node
  * of the address book is asked (src/node/book.h). A new directory started
  * with --single-node has no one to ask: it creates the cluster at once. */
-
 void ida__rp_hello_all(struct raft_proc *rp, struct ida_sender *s, uint64_t now)
 {
     uint64_t every = rp->mem.joining ? 50 : 1000;

@@ -90,14 +90,27 @@ unsigned ida__raft_proc_tick_ms(const struct ida_node *n)
 /* --- replies
  * ------------------------------------------------------------------ */
 
+/* @unregistered: a RegisterClient answered IDA_ENOTLEADER (it registered
+ * nothing; ida__node_reply_refusal()). */
+static void reply_refusal(struct raft_proc *rp,
+                          uint64_t conn,
+                          uint64_t seq,
+                          int err,
+                          const char *why,
+                          int unregistered)
+{
+    ida__node_reply_refusal(rp->node, conn, seq, err, why,
+                            err == IDA_ENOTLEADER ? rp->leader : 0,
+                            unregistered);
+}
+
 static void reply_error(struct raft_proc *rp,
                         uint64_t conn,
                         uint64_t seq,
                         int err,
                         const char *why)
 {
-    ida__node_reply_error(rp->node, conn, seq, err, why,
-                          err == IDA_ENOTLEADER ? rp->leader : 0);
+    reply_refusal(rp, conn, seq, err, why, 0);
 }
 
 /* An InstallSnapshot chunk of a snapshot whose bytes are in storage (raft.h
@@ -619,9 +632,8 @@ static void on_client(struct raft_proc *rp,
                   err == IDA_ENOTLEADER
                       ? (rp->leader != 0 ? "known" : "unknown")
                       : "");
-        ida__node_reply_refusal(
-            rp->node, c->conn, seq, err, why,
-            err == IDA_ENOTLEADER ? rp->leader : 0,
+        reply_refusal(
+            rp, c->conn, seq, err, why,
             err == IDA_ENOTLEADER && req != NULL &&
                 req->op_case == IDALLOC__CLIENT_REQUEST__OP_REGISTER_CLIENT);
     }

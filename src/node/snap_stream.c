@@ -89,7 +89,9 @@ static void *stream_main(void *arg)
 }
 
 /* Copy @len bytes at @data in after what arrived, and tell the thread. */
-static void feed(struct ida__snap_stream *st, const uint8_t *data, size_t len)
+void ida__snap_stream_feed(struct ida__snap_stream *st,
+                           const uint8_t *data,
+                           size_t len)
 {
     if (len > st->total - st->fed) {
         len = st->total - st->fed; /* callers check; never past the end */
@@ -150,7 +152,7 @@ struct ida__snap_stream *ida__snap_stream_start(ida_index index,
         return NULL;
     }
     ida_heap_hint_huge(st->buf, total);
-    feed(st, data, len);
+    ida__snap_stream_feed(st, data, len);
     if (pthread_create(&st->thread, NULL, stream_main, st) != 0) {
         stream_free(st);
         return NULL;
@@ -178,13 +180,6 @@ bool ida__snap_stream_of(const struct ida__snap_stream *st,
 size_t ida__snap_stream_fed(const struct ida__snap_stream *st)
 {
     return st != NULL ? st->fed : 0;
-}
-
-void ida__snap_stream_feed(struct ida__snap_stream *st,
-                           const uint8_t *data,
-                           size_t len)
-{
-    feed(st, data, len);
 }
 
 /* Tell the thread to stop: true when it has ended already (then the caller
@@ -239,7 +234,7 @@ int ida__snap_stream_restore(struct ida__snap_stream *st,
     }
     /* The last chunks are in the core's bytes (the check comes as the last
      * one is taken): the thread decodes them too, then ends. */
-    feed(st, data + st->fed, len - st->fed);
+    ida__snap_stream_feed(st, data + st->fed, len - st->fed);
     if (st->broken) {
         (void)tell_stop(st, false);
     }

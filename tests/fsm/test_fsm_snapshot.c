@@ -843,9 +843,6 @@ Test(snap, two_threads_refuse_what_one_does)
     ida_free(before);
 }
 
-/* Out of memory anywhere in a two-thread restore is IDA_ENOMEM and leaves
- * the target as it was (the second share decoded by the restore's own
- * thread, so the sweep is deterministic). */
 static struct ida_fsm_ahead *stepped(const uint8_t *data,
                                      size_t len,
                                      size_t piece,
@@ -885,6 +882,9 @@ static int enomem_until_restored(const uint8_t *before,
     return n;
 }
 
+/* Out of memory anywhere in a two-thread restore is IDA_ENOMEM and leaves
+ * the target as it was (the second share decoded by the restore's own
+ * thread, so the sweep is deterministic). */
 Test(snap, two_threads_enomem_changes_nothing)
 {
     size_t len0;
