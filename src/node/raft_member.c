@@ -80,7 +80,7 @@ void ida__rp_hello_all(struct raft_proc *rp, struct ida_sender *s, uint64_t now)
                                  len > 0 ? ", " : "", n->cfg.nodes[i].id);
         }
     }
-    if (len == 0 && n->cfg.node_count == 1) {
+    if (len == 0 && n->cfg.node_count == 1 && !n->single_node) {
         IDA_INFO(
             "membership: new data directory and a cluster file of this "
             "node alone: waiting (start it with --single-node to create "
