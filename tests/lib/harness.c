@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,16 +58,90 @@ const char *tc_bin(const char *name)
     return p;
 }
 
-unsigned tc_free_port(void)
+/* Ports for test nodes come from below the kernel's ephemeral range
+ * (/proc/sys/net/ipv4/ip_local_port_range). A port from bind(0) is an
+ * ephemeral one, and between the moment a test picks it and the moment a
+ * node listens on it, any outgoing connection may take it as its local
+ * port: our nodes dial each other all the time, and stop 36's CI failed so
+ * ("cannot listen on client address ...: address already in use" in
+ * test_net). Below that range no connect() ever lands. A port is drawn at
+ * random there (concurrent test runs rarely meet), checked free by binding
+ * it without SO_REUSEADDR (a TIME_WAIT on it counts as taken), and never
+ * handed out twice by one process. Where the range leaves no room below
+ * it, the kernel's bind(0) is the fallback. */
+#define TC_PORT_FLOOR 10000u
+
+static unsigned ephemeral_low(void)
+{
+    unsigned lo = 32768, hi = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%u %u", &lo, &hi) != 2) {
+            lo = 32768;
+        }
+        fclose(f);
+    }
+    return lo;
+}
+
+/* Whether 127.0.0.1:@port could be bound just now (0 = ask the kernel);
+ * the port bound is stored in *@got. */
+static int try_bind(unsigned port, unsigned *got)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
+    TC_CHECK(fd >= 0, "socket failed");
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    TC_CHECK(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0, "bind failed");
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
     socklen_t l = sizeof(a);
-    getsockname(fd, (struct sockaddr *)&a, &l);
+    if (ok) {
+        ok = getsockname(fd, (struct sockaddr *)&a, &l) == 0;
+        *got = ntohs(a.sin_port);
+    }
     close(fd);
-    return ntohs(a.sin_port);
+    return ok;
+}
+
+unsigned tc_free_port(void)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static uint8_t given[65536 / 8];
+    static unsigned span, left;
+    static uint64_t rng;
+    pthread_mutex_lock(&mu);
+    if (rng == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        rng = (((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^
+               (uint64_t)ts.tv_sec) |
+              1;
+        unsigned lo = ephemeral_low();
+        span = lo > TC_PORT_FLOOR + 1000 ? lo - TC_PORT_FLOOR : 0;
+        left = span;
+    }
+    unsigned port = 0;
+    for (int tries = 0; port == 0; tries++) {
+        unsigned p = 0;
+        if (span > 0 && left > 0 && tries < 10000) {
+            rng ^= rng << 13; /* xorshift64 */
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            p = TC_PORT_FLOOR + (unsigned)(rng % span);
+        }
+        unsigned got = 0;
+        if ((given[p / 8] & (1u << (p % 8))) == 0 && try_bind(p, &got) &&
+            (given[got / 8] & (1u << (got % 8))) == 0) {
+            port = got;
+        }
+        TC_CHECK(tries < 20000, "no free loopback port found");
+    }
+    given[port / 8] |= (uint8_t)(1u << (port % 8));
+    if (port >= TC_PORT_FLOOR && port < TC_PORT_FLOOR + span && left > 0) {
+        left--;
+    }
+    pthread_mutex_unlock(&mu);
+    return port;
 }
 
 void tc_spawn(struct tc *c, int i)
@@ -163,20 +238,11 @@ void tc_setup(struct tc *c, int n, const char *extra)
         fprintf(f, "tls_dir tls\n");
     }
     fprintf(f, "election_timeout_ms 300\nheartbeat_ms 50\n");
-    /* The kernel may hand out a port it handed out a moment ago (each one
-     * is closed before the next is asked for): every address of the file
-     * must be distinct, so a repeat is drawn again. */
+    /* tc_free_port() never hands out a port twice: every address of the
+     * file is distinct. */
     unsigned used[2 * TC_NODES_MAX];
-    int nused = 0;
     for (int i = 0; i < 2 * n; i++) {
-        unsigned p = tc_free_port();
-        for (int j = 0; j < nused; j++) {
-            if (used[j] == p) {
-                p = tc_free_port();
-                j = -1; /* check the new one against all again */
-            }
-        }
-        used[nused++] = p;
+        used[i] = tc_free_port();
     }
     for (int i = 0; i < n; i++) {
         unsigned cp = used[2 * i];

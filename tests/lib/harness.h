@@ -93,7 +93,9 @@ int tc_run(char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* How many lines of node @i's log (of @c) hold @needle. */
 int tc_log_count(const struct tc *c, int i, const char *needle);
-/* A loopback TCP port the kernel just handed out (free a moment ago). */
+/* A loopback TCP port that was free a moment ago, below the kernel's
+ * ephemeral range (no outgoing connection can take it), never the same
+ * twice in one process. Safe from several threads. */
 unsigned tc_free_port(void);
 /* A struct idalloc_call for one call's error detail in a test's failure
  * message: tc_detail() makes the calling thread's one NEW again and

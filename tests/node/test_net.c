@@ -25,6 +25,7 @@ static void sleep_us(long us)
 #include "idalloc_errors.h"
 #include "src/common/frame.h"
 #include "src/node/net.h"
+#include "tests/lib/harness.h"
 
 /* --- fixture: up to 3 nets, each recording what it receives ----------------
  */
@@ -105,19 +106,6 @@ static void on_state(void *arg, unsigned node, int up)
     pthread_mutex_unlock(&b->mu);
 }
 
-/* A free loopback port: bind port 0, read it back, release it. */
-static unsigned free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    socklen_t l = sizeof(a);
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static void make_config(int nodes, const char *cluster)
 {
     char text[1024];
@@ -125,8 +113,8 @@ static void make_config(int nodes, const char *cluster)
         snprintf(text, sizeof(text), "cluster %s\npeer_tls off\n", cluster);
     for (int i = 1; i <= nodes; i++) {
         off += snprintf(text + off, sizeof(text) - (size_t)off,
-                        "node %d 127.0.0.1:%u 127.0.0.1:%u\n", i, free_port(),
-                        free_port());
+                        "node %d 127.0.0.1:%u 127.0.0.1:%u\n", i,
+                        tc_free_port(), tc_free_port());
     }
     char err[IDA_ERRMSG_MAX];
     cr_assert_eq(ida_config_parse(text, strlen(text), "t", &cfg, err), 0, "%s",
@@ -160,8 +148,8 @@ static void add_node(struct ida_config *c, unsigned id)
                                             : &c->nodes[c->node_count++];
     *n = c->nodes[0];
     n->id = id;
-    n->peer.port = (uint16_t)free_port();
-    n->client.port = (uint16_t)free_port();
+    n->peer.port = (uint16_t)tc_free_port();
+    n->client.port = (uint16_t)tc_free_port();
     snprintf(n->peer.text, sizeof(n->peer.text), "127.0.0.1:%u", n->peer.port);
     snprintf(n->client.text, sizeof(n->client.text), "127.0.0.1:%u",
              n->client.port);
