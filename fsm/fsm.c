@@ -528,14 +528,16 @@ static int op_prefix(struct ida_fsm *f,
     return rv;
 }
 
-/* Load the pools of a backup (an FsmState) into a state machine that has
- * none. Only the pools come over: the backup's sessions belong to clients
- * of the old cluster, and the applied index, clock and sessions stay this
- * cluster's. Decoded and checked in full (ida_fsm_restore) before anything
- * here changes; then every sequence pool moves @m->advance_sequences on. */
-static int op_restore(struct ida_fsm *f,
-                      const Idalloc__Restore *m,
-                      struct ida_fsm_result *r)
+/* Load the pools of a backup (an FsmState, @len bytes at @state) into
+ * @f, which has none. Only the pools come over: the backup's sessions
+ * belong to clients of the old cluster, and the applied index, clock and
+ * sessions stay @f's. Decoded and checked in full (ida_fsm_restore) before
+ * anything here changes; then every sequence pool moves @advance on.
+ * IDA__R_OK, a refusal's reason, or -IDA_ENOMEM. */
+static int load_pools(struct ida_fsm *f,
+                      const uint8_t *state,
+                      size_t len,
+                      uint64_t advance)
 {
     if (f->pool_count > 0) {
         return IDA__R_RESTORE_NOT_EMPTY;
@@ -544,7 +546,7 @@ static int op_restore(struct ida_fsm *f,
     if (ida_fsm_new(&n) != 0) {
         return -IDA_ENOMEM;
     }
-    int rv = ida_fsm_restore(n, m->state.data, m->state.len);
+    int rv = ida_fsm_restore(n, state, len);
     if (rv == IDA_ENOMEM) {
         ida_fsm_free(n);
         return -IDA_ENOMEM;
@@ -556,7 +558,7 @@ static int op_restore(struct ida_fsm *f,
     for (size_t i = 0; i < n->pool_count; i++) {
         const struct ida__pool *p = n->pools[i];
         if (p->kind == IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE &&
-            p->u.seq_next > UINT64_MAX - m->advance_sequences) {
+            p->u.seq_next > UINT64_MAX - advance) {
             ida_fsm_free(n);
             return IDA__R_RESTORE_ADVANCE;
         }
@@ -564,7 +566,7 @@ static int op_restore(struct ida_fsm *f,
     for (size_t i = 0; i < n->pool_count; i++) {
         struct ida__pool *p = n->pools[i];
         if (p->kind == IDALLOC__POOL_KIND__POOL_KIND_SEQUENCE) {
-            p->u.seq_next += m->advance_sequences;
+            p->u.seq_next += advance;
         }
     }
     /* Swap the (empty) pool tables: @f takes the backup's. */
@@ -577,10 +579,46 @@ static int op_restore(struct ida_fsm *f,
     n->pool_count = 0;
     n->pool_cap = cap;
     ida_fsm_free(n);
+    return IDA__R_OK;
+}
+
+/* The Restore command (`idalloc snapshot restore`): load_pools(). */
+static int op_restore(struct ida_fsm *f,
+                      const Idalloc__Restore *m,
+                      struct ida_fsm_result *r)
+{
+    int rv = load_pools(f, m->state.data, m->state.len, m->advance_sequences);
+    if (rv != IDA__R_OK) {
+        return rv;
+    }
     result_ok(r, IDA_FSM_OP_RESTORE);
     r->id = m->from_index;
     r->count = f->pool_count;
     return IDA__R_OK;
+}
+
+int ida_fsm_import(struct ida_fsm *f,
+                   const uint8_t *state,
+                   size_t len,
+                   uint64_t advance,
+                   ida_index index)
+{
+    IDA_ASSERT(f != NULL);
+    if (index == 0 || f->applied_index != 0 || f->session_count != 0 ||
+        (state == NULL && len > 0)) {
+        return IDA_EINVAL;
+    }
+    int rv = load_pools(f, state, len, advance);
+    if (rv == -IDA_ENOMEM) {
+        return IDA_ENOMEM;
+    }
+    if (rv != IDA__R_OK) {
+        return rv == IDA__R_RESTORE_NOT_EMPTY ? IDA_EINVAL
+               : rv == IDA__R_RESTORE_BAD     ? IDA_ECORRUPT
+                                              : IDA_EEXHAUSTED;
+    }
+    f->applied_index = index;
+    return 0;
 }
 
 /* The PRNG seed of command @pos of entry @index. */

@@ -367,6 +367,22 @@ int ida_fsm_snapshot_to(const struct ida_fsm *f,
  * breaks an invariant), or IDA_ENOMEM; on error @f is unchanged. */
 int ida_fsm_restore(struct ida_fsm *f, const uint8_t *data, size_t len);
 
+/* Seed the new state machine @f (nothing applied, no pools, no sessions)
+ * with the pools of a backup's FsmState (@state, @len bytes, borrowed),
+ * every sequence pool moved @advance ids on, and have it stand at @index:
+ * the state `idallocd --import-backup` gives a new cluster's first node
+ * (src/node/import.h). The pools come over exactly as the Restore command
+ * brings them (op_restore()); sessions, clock and index stay @f's own.
+ * Returns 0, IDA_EINVAL (@f not new, or @index 0), IDA_ECORRUPT (the
+ * state does not restore: checksum, version, any rule of
+ * ida_fsm_restore()), IDA_EEXHAUSTED (a sequence would pass the end of 64
+ * bits) or IDA_ENOMEM; on error @f is unchanged. */
+int ida_fsm_import(struct ida_fsm *f,
+                   const uint8_t *state,
+                   size_t len,
+                   uint64_t advance,
+                   ida_index index);
+
 /* A second thread lent to ida_fsm_restore_with() and
  * ida_fsm_apply_entries(): the state machine starts none itself (it is
  * pure: no threads, no I/O). @start runs fn(arg) on another thread and

@@ -12,6 +12,9 @@ const char ida_node_usage[] =
     "                [--join ADDR,ADDR,... | --single-node]\n"
     "                [--log-level LEVEL] [--log-format text|json]\n"
     "       idallocd --config FILE --node ID [--data DIR] --export-backup OUT\n"
+    "       idallocd --config FILE --node ID [--data DIR] --import-backup "
+    "FILE\n"
+    "                [--advance-sequences N]\n"
     "       idallocd -h|--help | --version\n"
     "\n"
     "Run node ID of the cluster described by FILE (see README.md, \"Cluster\n"
@@ -59,6 +62,20 @@ const char ida_node_usage[] =
     "                 losing a majority (README, Runbook); prints the state's\n"
     "                 index and term (export every survivor, restore the one\n"
     "                 with the highest term, then index)\n"
+    "  --import-backup FILE   do not run the node: write a new data\n"
+    "                 directory for it that holds the backup FILE's pools\n"
+    "                 as a cluster of this node alone, then exit. Started,\n"
+    "                 it leads at once, and the cluster file's other nodes,\n"
+    "                 started with new directories, join it (added and\n"
+    "                 promoted by auto_rejoin, or by idalloc member add and\n"
+    "                 promote) and receive the state by InstallSnapshot: the\n"
+    "                 way to seed a new cluster from a backup of any size\n"
+    "                 (`snapshot restore` takes at most 4 MiB). Refused when\n"
+    "                 the node's directory exists and is not empty, or when\n"
+    "                 FILE was taken from a cluster of FILE's own name\n"
+    "  --advance-sequences N   with --import-backup: move every sequence\n"
+    "                 pool N ids on (default 0), past what the old cluster\n"
+    "                 handed out after the backup\n"
     "  --log-level LEVEL   debug, info, warn or error: overrides the cluster\n"
     "                 file's log_level\n"
     "  --log-format text|json   text (default): one line per event;\n"
@@ -97,9 +114,11 @@ enum ida_node_args_result ida_node_args_parse(int argc,
                                               char *errmsg)
 {
     static const char *const names[] = {
-        "--config", "--node",   "--data",    "--log-level", "--log-format",
-        "--peer",   "--client", "--metrics", "--join",      "--export-backup"};
-    enum { NAMES = 10 };
+        "--config",        "--node",          "--data",
+        "--log-level",     "--log-format",    "--peer",
+        "--client",        "--metrics",       "--join",
+        "--export-backup", "--import-backup", "--advance-sequences"};
+    enum { NAMES = 12 };
     const char *vals[NAMES] = {NULL};
     memset(o, 0, sizeof(*o));
     errmsg[0] = '\0';
@@ -226,6 +245,36 @@ enum ida_node_args_result ida_node_args_parse(int argc,
                                ? "--single-node creates a cluster and --join "
                                  "joins one: give one of them"
                                : "--export-backup takes no --single-node");
+    }
+    o->import_backup = vals[10];
+    if (o->import_backup != NULL &&
+        (o->export_backup != NULL || o->join != NULL || o->single_node ||
+         o->peer_addr != NULL || o->metrics_addr != NULL)) {
+        return bad(errmsg,
+                   "--import-backup writes a new data directory and exits: "
+                   "it takes no --export-backup, --join, --single-node, "
+                   "--peer, --client or --metrics");
+    }
+    if (vals[11] != NULL) {
+        if (o->import_backup == NULL) {
+            return bad(errmsg, "--advance-sequences goes with --import-backup");
+        }
+        uint64_t v = 0;
+        const char *d = vals[11];
+        for (; *d >= '0' && *d <= '9'; d++) {
+            uint64_t digit = (uint64_t)(*d - '0');
+            if (v > (UINT64_MAX - digit) / 10) {
+                break;
+            }
+            v = v * 10 + digit;
+        }
+        if (*d != '\0') {
+            return bad(errmsg,
+                       "bad --advance-sequences \"%s\": expected a number "
+                       "of ids in [0, 2^64)",
+                       vals[11]);
+        }
+        o->advance_sequences = v;
     }
     return IDA_NODE_ARGS_RUN;
 }

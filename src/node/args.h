@@ -6,6 +6,8 @@
  *            [--join ADDR,ADDR,... | --single-node]
  *            [--log-level LEVEL] [--log-format text|json]
  *   idallocd --config FILE --node ID [--data DIR] --export-backup OUT
+ *   idallocd --config FILE --node ID [--data DIR] --import-backup FILE
+ *            [--advance-sequences N]
  *   idallocd -h|--help | --version
  *
  * Each option takes its value from the next argument or after `=`
@@ -14,7 +16,10 @@
  * cluster file called "--node". Empty values are refused: `--data ''`
  * would put the node's files at /nodeID. Addresses must parse (IPv4:PORT
  * or [IPv6]:PORT; --join takes a comma-separated list of them); --peer and
- * --client go together. --single-node takes no value. */
+ * --client go together. --single-node takes no value. --export-backup and
+ * --import-backup do not run the node, and take none of the options that
+ * only a running node uses; --advance-sequences (a number of ids below
+ * 2^64) goes with --import-backup only. */
 #ifndef IDA_NODE_ARGS_H
 #define IDA_NODE_ARGS_H
 

@@ -21,6 +21,7 @@
 #include "idalloc_version.h"
 #include "src/node/args.h"
 #include "src/node/export.h"
+#include "src/node/import.h"
 #include "src/node/node.h"
 
 /* --export-backup: the forced recovery's first step (src/node/export.h). */
@@ -45,6 +46,43 @@ static int export_backup(const struct ida_node_opts *o)
     return 0;
 }
 
+/* --import-backup: seed a new cluster's first node (src/node/import.h). */
+static int import_backup(const struct ida_node_opts *o)
+{
+    char err[IDA_ERRMSG_MAX] = "";
+    static struct ida_node_import_info x; /* large: not on the stack */
+    if (o->has_log_level) {
+        ida_log_set_level(o->log_level);
+    }
+    int rv =
+        ida_node_import(o, o->import_backup, o->advance_sequences, &x, err);
+    if (rv != 0) {
+        fprintf(stderr, "idallocd: %s\n", err);
+        /* Bad input (usage, file, backup) is 2; the directory or the
+         * machine (I/O, memory) 1. */
+        return rv == IDA_ECONFIG || rv == IDA_EINVAL || rv == IDA_EFOREIGN ||
+                       rv == IDA_EVERSION || rv == IDA_ECORRUPT ||
+                       rv == IDA_EEXHAUSTED
+                   ? 2
+                   : 1;
+    }
+    printf(
+        "imported %s into %s: %zu pool(s) of cluster %s at its index %llu "
+        "(term %llu), sequence pools advanced by %llu, %zu bytes; start "
+        "node %u, then the cluster file's other nodes with new data "
+        "directories: they join it (README, \"Backup and restore\")\n",
+        o->import_backup, x.dir, x.pools, x.from_cluster,
+        (unsigned long long)x.from_index, (unsigned long long)x.from_term,
+        (unsigned long long)o->advance_sequences, x.state_bytes, o->node_id);
+    if (o->advance_sequences == 0) {
+        fprintf(stderr,
+                "idallocd: warning: sequence pools were not advanced: ids the "
+                "old cluster reserved after the backup can be handed out "
+                "again (--advance-sequences N)\n");
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct ida_node_opts o;
@@ -65,6 +103,9 @@ int main(int argc, char **argv)
     ida_log_set_json(o.log_json);
     if (o.export_backup != NULL) {
         return export_backup(&o);
+    }
+    if (o.import_backup != NULL) {
+        return import_backup(&o);
     }
     /* Every thread inherits this mask; only main takes the signals. */
     sigset_t set;

@@ -62,6 +62,11 @@ struct ida_node_opts
     /* --export-backup: write the stopped node's state to this backup file
      * instead of running (src/node/export.h); NULL: run. */
     const char *export_backup;
+    /* --import-backup: write a new data directory seeded from this backup
+     * file instead of running (src/node/import.h), every sequence pool
+     * moved --advance-sequences ids on; NULL: run. */
+    const char *import_backup;
+    uint64_t advance_sequences;
     /* --log-level (over the cluster file's log_level) and --log-format:
      * applied by idallocd's main, not by ida_node_open(). */
     int has_log_level;

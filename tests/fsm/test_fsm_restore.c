@@ -145,3 +145,60 @@ Test(fsm_restore, refused_with_nothing_changed)
     ida_fsm_free(f);
     ida_free(s);
 }
+
+/* ida_fsm_import() (idallocd --import-backup): the pools of the backup, as
+ * the Restore command brings them, into a new state machine that then
+ * stands at the given index, with no session; refusals change nothing. */
+Test(fsm_restore, import_seeds_a_new_state_machine)
+{
+    size_t len;
+    uint64_t idx;
+    uint8_t *s = source_state(&len, &idx);
+    struct ida_fsm *f;
+    cr_assert_eq(ida_fsm_new(&f), 0);
+    cr_assert_eq(ida_fsm_import(f, s, len, 1000, 0), IDA_EINVAL, "index 0");
+    /* Damaged, then past the end of a sequence: nothing comes in. */
+    for (size_t i = 0; i < len; i += 5) {
+        s[i] ^= 0x20;
+        int rv = ida_fsm_import(f, s, len, 0, 1);
+        s[i] ^= 0x20;
+        cr_assert_eq(rv, IDA_ECORRUPT, "byte %zu", i);
+    }
+    cr_assert_eq(ida_fsm_import(f, s, len, UINT64_MAX - 50, 1), IDA_EEXHAUSTED);
+    cr_assert_eq(ida_fsm_pool_count(f), 0);
+    cr_assert_eq(ida_fsm_applied_index(f), 0);
+
+    cr_assert_eq(ida_fsm_import(f, s, len, 1000, 1), 0);
+    cr_assert_eq(ida_fsm_applied_index(f), 1);
+    cr_assert_eq(ida_fsm_pool_count(f), 3);
+    cr_assert_eq(ida_fsm_session_count(f), 0, "the old clients' sessions");
+    uint64_t id;
+    cr_assert_eq(ida_fsm_lookup(f, "b", "alice", &id), 0);
+    cr_assert_eq(id, 0);
+    cr_assert_eq(ida_fsm_lookup(f, "b", "bob", &id), 0);
+    cr_assert_eq(id, 1);
+    /* Not new any more: refused, unchanged. */
+    cr_assert_eq(ida_fsm_import(f, s, len, 0, 1), IDA_EINVAL);
+    struct ida_fsm *g;
+    cr_assert_eq(ida_fsm_new(&g), 0);
+    fx_register(g, C1, 10);
+    cr_assert_eq(ida_fsm_import(g, s, len, 0, 11), IDA_EINVAL,
+                 "a state machine that applied entries");
+    ida_fsm_free(g);
+
+    /* The next entry applies at index 2 and sees the advanced sequence
+     * and the restored holdings. */
+    fx_register(f, C2, 2);
+    struct fx_batch b;
+    fx_batch_init(&b, 3);
+    fx_add_reserve(&b, C2, 1, "s", 1);
+    struct ida_fsm_result r = fx_one(f, &b);
+    cr_assert_eq(r.error, 0, "%s", r.error_msg);
+    cr_assert_eq(r.id, 101 + 1000, "the sequence was at 101, advanced 1000");
+    fx_batch_init(&b, 4);
+    fx_add_alloc(&b, C2, 2, "b", "carol");
+    r = fx_one(f, &b);
+    cr_assert_eq(r.id, 2, "the next free id after the imported ones");
+    ida_fsm_free(f);
+    ida_free(s);
+}

@@ -1,5 +1,6 @@
 /* bin/idallocd's command line (src/node/args.h). */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "src/node/args.h"
@@ -124,4 +125,43 @@ Test(node_args, single_node)
         "--export-backup takes no --single-node");
     bad("--config|c|--node|1|--single-node=1", "unknown option --single-node");
     cr_assert(strstr(ida_node_usage, "--single-node") != NULL);
+}
+
+/* --import-backup FILE takes --advance-sequences N (a count below 2^64,
+ * nothing else) and none of a running node's options. */
+Test(node_args, import_backup)
+{
+    cr_assert_eq(parse("--config|c|--node|1|--import-backup|f.ida"),
+                 IDA_NODE_ARGS_RUN, "%s", err);
+    cr_assert_str_eq(o.import_backup, "f.ida");
+    cr_assert_eq(o.advance_sequences, 0);
+    cr_assert_eq(parse("--config|c|--node|1|--import-backup=f|--data|d|"
+                       "--advance-sequences|18446744073709551615"),
+                 IDA_NODE_ARGS_RUN, "%s", err);
+    cr_assert_eq(o.advance_sequences, UINT64_MAX);
+    cr_assert_str_eq(o.data_dir, "d");
+    cr_assert_eq(parse("--config|c|--node|1"), IDA_NODE_ARGS_RUN, "%s", err);
+    cr_assert_null(o.import_backup);
+    bad("--config|c|--node|1|--import-backup|f|--advance-sequences|"
+        "18446744073709551616",
+        "bad --advance-sequences \"18446744073709551616\"");
+    bad("--config|c|--node|1|--import-backup|f|--advance-sequences|1e6",
+        "bad --advance-sequences \"1e6\"");
+    bad("--config|c|--node|1|--import-backup|f|--advance-sequences=-1",
+        "bad --advance-sequences \"-1\"");
+    bad("--config|c|--node|1|--advance-sequences|5",
+        "--advance-sequences goes with --import-backup");
+    const char *others[] = {"--single-node", "--join|127.0.0.1:1",
+                            "--export-backup|g",
+                            "--peer|127.0.0.1:1|--client|"
+                            "127.0.0.1:2",
+                            "--metrics|127.0.0.1:3"};
+    for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++) {
+        char line[256];
+        snprintf(line, sizeof(line), "--config|c|--node|1|--import-backup|f|%s",
+                 others[i]);
+        bad(line, "--import-backup writes a new data directory and exits");
+    }
+    cr_assert(strstr(ida_node_usage, "--import-backup FILE") != NULL);
+    cr_assert(strstr(ida_node_usage, "--advance-sequences N") != NULL);
 }
