@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -77,7 +78,7 @@ static int remove_tree(const char *path)
     if (lstat(path, &st) != 0) {
         return errno == ENOENT ? 0 : -1;
     }
-    return nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+    return nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
 }
 
 static int fsync_dir(const char *path)
@@ -150,54 +151,105 @@ static int store_state(struct ida_node *n,
     return rv;
 }
 
-/* The backup @b as the new node's state, stored under @staging. */
-static int build(const struct ida_node_opts *o,
-                 const char *staging,
-                 const struct ida_backup *b,
-                 uint64_t advance,
-                 struct ida_node_import_info *info,
-                 char *errmsg)
+/* The marker IDA_NODE_SEEDED_FILE in @dir, durably. */
+static int write_marker(const char *dir,
+                        const struct ida_backup *b,
+                        char *errmsg)
+{
+    char path[IDA_PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%.*s/%s", IDA_PATH_MAX, dir,
+             IDA_NODE_SEEDED_FILE);
+    FILE *f = fopen(path, "w");
+    int ok = f != NULL;
+    if (ok) {
+        fprintf(f,
+                "seeded from a backup of cluster %s at index %llu: this "
+                "node leads once every other node of the cluster file "
+                "answered that it is new (src/node/import.h)\n",
+                b->cluster, (unsigned long long)b->index);
+        ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+        ok &= fclose(f) == 0;
+    }
+    if (!ok || fsync_dir(dir) != 0) {
+        return fail(errmsg, IDA_EIO, "%s: cannot write it: %s", path,
+                    strerror(errno));
+    }
+    return 0;
+}
+
+/* The state a new cluster gets from backup @b: *@snap (ida_malloc'd,
+ * *@len bytes), the snapshot of ida_fsm_import()'s state machine. */
+static int make_state(const char *file,
+                      const struct ida_backup *b,
+                      uint64_t advance,
+                      struct ida_node_import_info *info,
+                      uint8_t **snap,
+                      size_t *len,
+                      char *errmsg)
 {
     struct ida_fsm *f = NULL;
-    uint8_t *snap = NULL;
-    size_t snap_len = 0;
     int rv = ida_fsm_new(&f);
     if (rv == 0) {
         rv = ida_fsm_import(f, b->state, b->state_len, advance, IMPORT_INDEX);
         if (rv == IDA_ECORRUPT) {
-            snprintf(errmsg, IDA_ERRMSG_MAX,
-                     "%s: the backup's state does not restore",
-                     o->import_backup);
+            fail(errmsg, rv, "%s: the backup's state does not restore", file);
         } else if (rv == IDA_EEXHAUSTED) {
-            snprintf(errmsg, IDA_ERRMSG_MAX,
-                     "--advance-sequences %llu would carry a sequence pool "
-                     "past the end of 64 bits",
-                     (unsigned long long)advance);
+            fail(errmsg, rv,
+                 "--advance-sequences %llu would carry a sequence pool "
+                 "past the end of 64 bits",
+                 (unsigned long long)advance);
         }
     }
     if (rv == 0) {
         info->pools = ida_fsm_pool_count(f);
-        rv = ida_fsm_snapshot(f, &snap, &snap_len);
+        rv = ida_fsm_snapshot(f, snap, len);
+        info->state_bytes = rv == 0 ? *len : 0;
     }
     ida_fsm_free(f); /* the snapshot holds it all: memory for the store */
-    if (rv == 0) {
-        info->state_bytes = snap_len;
-        struct ida_node_opts so = *o;
-        so.data_dir = staging;
-        static struct ida_node n; /* large: not on the stack */
-        rv = ida_node_open(&n, &so, errmsg);
-        if (rv == 0) {
-            rv = ida_node_is_new(&n)
-                     ? store_state(&n, snap, snap_len, errmsg)
-                     : fail(errmsg, IDA_EEXIST,
-                            "%s: not a new directory (does another import "
-                            "write it?)",
-                            n.dir);
-            ida_node_close(&n);
-        }
-    }
-    ida_free(snap);
     return rv;
+}
+
+/* Node @o->node_id's new directory under @staging, holding @snap. */
+static int store(const struct ida_node_opts *o,
+                 const char *staging,
+                 const struct ida_backup *b,
+                 const uint8_t *snap,
+                 size_t len,
+                 char *errmsg)
+{
+    struct ida_node_opts so = *o;
+    so.data_dir = staging;
+    static struct ida_node n; /* large: not on the stack */
+    int rv = ida_node_open(&n, &so, errmsg);
+    if (rv != 0) {
+        return rv;
+    }
+    if (o->has_log_level) {
+        ida_log_set_level(o->log_level); /* over the cluster file's */
+    }
+    rv = ida_node_is_new(&n)
+             ? store_state(&n, snap, len, errmsg)
+             : fail(errmsg, IDA_EEXIST, "%s: not a new directory", n.dir);
+    if (rv == 0) {
+        rv = write_marker(n.dir, b, errmsg);
+    }
+    ida_node_close(&n);
+    return rv;
+}
+
+/* Hold @path (created if need be) locked for this process's life: one
+ * import of a node at a time. -1 when another holds it. */
+static int lock_file(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 int ida_node_import(const struct ida_node_opts *o,
@@ -212,25 +264,35 @@ int ida_node_import(const struct ida_node_opts *o,
     if (ida_config_load(o->config_path, &cfg, errmsg) != 0) {
         return IDA_ECONFIG;
     }
+    if (ida_config_node(&cfg, o->node_id) == NULL) {
+        return fail(errmsg, IDA_ECONFIG,
+                    "%s has no line for node %u: an import seeds a node of "
+                    "the cluster file",
+                    o->config_path, o->node_id);
+    }
     const char *data = o->data_dir != NULL ? o->data_dir : cfg.data_dir;
     char final[IDA_PATH_MAX + 32], staging[IDA_PATH_MAX + 32],
-        staged[2 * IDA_PATH_MAX + 64];
-    if (strlen(data) >= IDA_PATH_MAX) {
+        staged[2 * IDA_PATH_MAX + 64], lock[IDA_PATH_MAX + 32];
+    /* The longest path the node opens: staging/nodeID/... */
+    if (strlen(data) + 2 * sizeof("/.import-node65535") >= IDA_PATH_MAX) {
         return fail(errmsg, IDA_ECONFIG, "data directory path too long");
     }
     snprintf(final, sizeof(final), "%s/node%u", data, o->node_id);
     snprintf(staging, sizeof(staging), "%s/.import-node%u", data, o->node_id);
     snprintf(staged, sizeof(staged), "%s/node%u", staging, o->node_id);
+    snprintf(lock, sizeof(lock), "%s/.import-node%u.lock", data, o->node_id);
     snprintf(info->dir, sizeof(info->dir), "%s", final);
-    int empty = absent_or_empty(final);
+    struct stat st;
+    int empty = lstat(final, &st) == 0 && !S_ISDIR(st.st_mode)
+                    ? 0 /* a symlink or a file: not a new directory */
+                    : absent_or_empty(final);
     if (empty <= 0) {
-        snprintf(errmsg, IDA_ERRMSG_MAX,
-                 "%.300s %s: the import writes only a new node directory (a "
-                 "node that holds state is never overwritten; remove the "
-                 "directory first if it is to go)",
-                 final,
-                 empty < 0 ? "cannot be read" : "exists and is not empty");
-        return empty < 0 ? IDA_EIO : IDA_EEXIST;
+        return fail(errmsg, empty < 0 ? IDA_EIO : IDA_EEXIST,
+                    "%.300s %s: the import writes only a new node directory "
+                    "(a node that holds state is never overwritten; remove "
+                    "it first if it is to go)",
+                    final,
+                    empty < 0 ? "cannot be read" : "exists and is not empty");
     }
     struct ida_backup b;
     int rv = ida_backup_read(file, &b, errmsg);
@@ -240,42 +302,58 @@ int ida_node_import(const struct ida_node_opts *o,
     snprintf(info->from_cluster, sizeof(info->from_cluster), "%s", b.cluster);
     info->from_index = b.index;
     info->from_term = b.term;
+    uint8_t *snap = NULL;
+    size_t len = 0;
     if (strcmp(b.cluster, cfg.cluster) == 0) {
-        snprintf(errmsg, IDA_ERRMSG_MAX,
-                 "%s was taken from cluster %s, the name in %s: an import "
-                 "makes a new cluster (give its cluster file another "
-                 "`cluster` name)",
-                 file, b.cluster, o->config_path);
-        ida_backup_free(&b);
-        return IDA_EINVAL;
+        rv = fail(errmsg, IDA_EINVAL,
+                  "%s was taken from cluster %s, the name in %s: an import "
+                  "makes a new cluster (give its cluster file another "
+                  "`cluster` name)",
+                  file, b.cluster, o->config_path);
+    } else {
+        rv = make_state(file, &b, advance, info, &snap, &len, errmsg);
     }
-    if (mkdir(data, 0700) != 0 && errno != EEXIST) {
+    /* Nothing is written before the state is known good. */
+    int lfd = -1;
+    if (rv == 0 && mkdir(data, 0755) != 0 && errno != EEXIST) {
         rv = fail(errmsg, IDA_EIO, "%s: cannot create the data directory: %s",
                   data, strerror(errno));
-    } else if (remove_tree(staging) != 0) {
+    } else if (rv == 0 && (lfd = lock_file(lock)) < 0) {
         rv = fail(errmsg, IDA_EIO,
-                  "%s: cannot remove an earlier import's "
-                  "staging directory: %s",
+                  "%s: cannot lock it (another import of node %u runs?): %s",
+                  lock, o->node_id, strerror(errno));
+    } else if (rv == 0 && remove_tree(staging) != 0) {
+        rv = fail(errmsg, IDA_EIO,
+                  "%s: cannot remove an earlier import's staging directory: "
+                  "%s",
                   staging, strerror(errno));
-    } else if (mkdir(staging, 0700) != 0) {
+    } else if (rv == 0 && mkdir(staging, 0700) != 0) {
         rv = fail(errmsg, IDA_EIO, "%s: cannot create it: %s", staging,
                   strerror(errno));
     }
     if (rv == 0) {
-        rv = build(o, staging, &b, advance, info, errmsg);
+        rv = store(o, staging, &b, snap, len, errmsg);
+        /* Into place in one step: rename() replaces an empty directory. */
+        if (rv == 0 && rename(staged, final) != 0) {
+            rv = fail(errmsg, IDA_EIO,
+                      "%s: cannot move the new node directory into place: %s",
+                      final, strerror(errno));
+        } else if (rv == 0 && fsync_dir(data) != 0) {
+            rv = fail(errmsg, IDA_EIO,
+                      "%s is in place, but the fsync of %s failed: %s (a crash "
+                      "now may undo the import; run it again if so)",
+                      final, data, strerror(errno));
+        }
+        if (remove_tree(staging) != 0 && rv == 0) {
+            IDA_WARN("import: %s: could not remove it: %s", staging,
+                     strerror(errno));
+        }
     }
+    if (lfd >= 0) {
+        close(lfd);
+    }
+    ida_free(snap);
     ida_backup_free(&b);
-    /* Into place in one step: rename() replaces an empty directory. */
-    if (rv == 0 && (rename(staged, final) != 0 || fsync_dir(data) != 0)) {
-        rv = fail(errmsg, IDA_EIO,
-                  "%s: cannot move the new node directory "
-                  "into place: %s",
-                  final, strerror(errno));
-    }
-    if (remove_tree(staging) != 0 && rv == 0) {
-        IDA_WARN("import: %s: could not remove it: %s", staging,
-                 strerror(errno));
-    }
     if (rv != 0 && errmsg[0] == '\0') {
         snprintf(errmsg, IDA_ERRMSG_MAX, "%s", idalloc_strerror(rv));
     }

@@ -15,13 +15,28 @@
  * restore would (ida_fsm_import(): the backup's pools, sequences advanced,
  * no sessions) and stores it as the snapshot at index 1, term 1, of a
  * membership of this node alone, bound to the incarnation of its new
- * directory. Started, the node leads that one-node cluster at once. The
- * cluster file's other nodes, started with new directories, hear a node
- * with a membership and join it as new incarnations; the leader adds and
- * promotes them (auto_rejoin; `member add` and `member promote` without
- * it), each receiving the state by InstallSnapshot, in chunks. No second
- * copy of the backup is ever loaded, so no two nodes can start from
- * different ones.
+ * directory. The cluster file's other nodes, started with new directories,
+ * hear a node with a membership and join it as new incarnations; the leader
+ * adds and promotes them (auto_rejoin; `member add` and `member promote`
+ * without it), each receiving the state by InstallSnapshot, in chunks.
+ *
+ * THE FIRST START RULE. A one-node membership would let this node lead at
+ * once, alone, whatever the other nodes of the cluster file hold: the very
+ * thing the first start rule (src/node/member.h: a cluster is created only
+ * when every node of the file answers that it is new) exists to stop. If
+ * nodes 2 and 3 still held an earlier start's directories (a cluster of
+ * this name created before the import), they would elect a leader of
+ * their own, re-admit node 1 and overwrite it, and whatever node 1 had
+ * acknowledged alone meanwhile would be handed out again; two imported
+ * nodes would each lead a cluster of their own under one name. So the
+ * import leaves a marker file, IDA_NODE_SEEDED_FILE, in the directory, and
+ * a node that finds it at start is SEEDED (src/node/raft_member.c): it
+ * takes no part in Raft (no ticks, no messages but Hello; its Hellos say it
+ * has a membership, so no other node creates a cluster either) until every
+ * other node of the cluster file answered that it is new. Then it removes
+ * the marker (durably) and leads. A node that answers with a membership of
+ * its own keeps it waiting, and the log says which node to give a new
+ * directory. A cluster file of this node alone opens at once.
  *
  * What the restore checks, the import checks: the file (magic, CRC,
  * format), the state (everything ida_fsm_restore() checks), a cluster name
@@ -42,6 +57,10 @@
 #include <stdint.h>
 
 #include "src/node/node.h"
+
+/* The marker of a directory seeded and not yet started with the rest of
+ * its cluster (above, THE FIRST START RULE). */
+#define IDA_NODE_SEEDED_FILE "SEEDED"
 
 struct ida_node_import_info
 {

@@ -75,6 +75,25 @@ static int copy_out(const uint8_t *data, size_t len, uint8_t **out, size_t *n)
     return 1;
 }
 
+/* Note what the cluster file's node that sent the Hello @pm said: that it
+ * is there, its incarnation, whether it is new. 0 when @pm says nothing. */
+static int note_file_hello(struct node_members *m,
+                           const struct ida_node *n,
+                           const Idalloc__PeerMessage *pm)
+{
+    const Idalloc__Hello *h = pm->hello;
+    if (h == NULL || pm->from_incarnation == 0) {
+        return 0;
+    }
+    int i = node_file_index(n, pm->from);
+    if (i >= 0) {
+        m->heard[i] = true;
+        m->inc[i] = pm->from_incarnation;
+        m->fresh[i] = !h->bootstrapped;
+    }
+    return 1;
+}
+
 int node_hello_learn(struct node_members *m,
                      const struct ida_node *n,
                      const Idalloc__PeerMessage *pm,
@@ -82,14 +101,8 @@ int node_hello_learn(struct node_members *m,
                      size_t *len)
 {
     const Idalloc__Hello *h = pm->hello;
-    int i = node_file_index(n, pm->from);
-    if (h == NULL || pm->from_incarnation == 0) {
+    if (!note_file_hello(m, n, pm)) {
         return 0;
-    }
-    if (i >= 0) {
-        m->heard[i] = true;
-        m->inc[i] = pm->from_incarnation;
-        m->fresh[i] = !h->bootstrapped;
     }
     if (h->bootstrapped) {
         /* Taken from the leader (another node's may be older than the
@@ -132,6 +145,43 @@ int node_first_membership(const struct node_members *m,
     node_conf_first(n, m->inc, &c);
     node_book_build(&file, NULL, 0, &n->cfg);
     return node_conf_encode_full(&file, &c, conf, len) == 0;
+}
+
+bool node_seed_heard(struct node_members *m,
+                     const struct ida_node *n,
+                     const Idalloc__PeerMessage *pm)
+{
+    if (pm != NULL) {
+        note_file_hello(m, n, pm);
+    }
+    for (unsigned k = 0; k < n->cfg.node_count; k++) {
+        if (n->cfg.nodes[k].id != n->self->id &&
+            (!m->heard[k] || !m->fresh[k])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+size_t node_seed_waiting(const struct node_members *m,
+                         const struct ida_node *n,
+                         bool bootstrapped,
+                         char *out,
+                         size_t cap)
+{
+    size_t len = 0, count = 0;
+    out[0] = '\0';
+    for (unsigned k = 0; k < n->cfg.node_count && len < cap; k++) {
+        bool has = m->heard[k] && !m->fresh[k];
+        if (n->cfg.nodes[k].id == n->self->id ||
+            (bootstrapped ? !has : m->heard[k])) {
+            continue;
+        }
+        len += (size_t)snprintf(out + len, cap - len, "%s%u",
+                                count > 0 ? ", " : "", n->cfg.nodes[k].id);
+        count++;
+    }
+    return count;
 }
 
 /* Whether the voters of @c other than @id that are active (this leader, or

@@ -129,7 +129,10 @@ struct node_seen
 struct node_members
 {
     bool joining; /* new directory: waiting to learn the cluster */
-    /* What the other nodes of the cluster file said (joining). */
+    /* Seeded by an import: waiting for every other node of the cluster
+     * file to answer that it is new (src/node/import.h). */
+    bool seeded;
+    /* What the other nodes of the cluster file said (joining, seeded). */
     bool heard[IDA_CONFIG_NODES_MAX];
     bool fresh[IDA_CONFIG_NODES_MAX];
     uint64_t inc[IDA_CONFIG_NODES_MAX];
@@ -196,6 +199,22 @@ int node_hello_make(const struct ida_node *n,
                     Idalloc__PeerMessage *pm,
                     Idalloc__Hello *hello,
                     uint8_t **buf);
+
+/* Seeded (src/node/import.h): take in the Hello @pm (NULL: none), and
+ * whether every other node of the cluster file has now answered that it is
+ * new (its latest Hello carried no membership). */
+bool node_seed_heard(struct node_members *m,
+                     const struct ida_node *n,
+                     const Idalloc__PeerMessage *pm);
+
+/* Seeded: the other nodes of the cluster file not heard yet (@bootstrapped
+ * false) or that answered with a membership (true), as "2, 3" in @out
+ * (@cap bytes); returns how many. */
+size_t node_seed_waiting(const struct node_members *m,
+                         const struct ida_node *n,
+                         bool bootstrapped,
+                         char *out,
+                         size_t cap);
 
 /* Joining: take in the Hello @pm. Returns 1 with the first membership in
  * *@conf (ida_malloc'd, *@len bytes: write it as membership0, then start

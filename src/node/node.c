@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "idalloc_errors.h"
 #include "src/node/convert.h"
+#include "src/node/import.h"
 #include "src/node/lend.h"
 #include "src/node/net_tls.h"
 #include "src/node/snap_policy.h"
@@ -206,6 +207,12 @@ static int restore(struct ida_node *n,
         }
     }
     if (rv == 0) {
+        /* A directory an import seeded, not yet started with the rest of
+         * its cluster (src/node/import.h, THE FIRST START RULE). */
+        char mark[sizeof(n->dir) + 16];
+        snprintf(mark, sizeof(mark), "%s/%s", n->dir, IDA_NODE_SEEDED_FILE);
+        struct stat mst;
+        n->seeded = !n->fresh && stat(mark, &mst) == 0;
         rv = ida__raft_proc_new(n, &rr, &n->raft);
     }
     if (rv != 0) {

@@ -117,6 +117,10 @@ struct ida_node
     uint8_t *membership0; /* the first membership (storage), or NULL */
     size_t membership0_len;
     int fresh; /* a new directory: no membership, log, snapshot or vote */
+    /* Seeded by --import-backup and not yet started with the rest of its
+     * cluster: takes no part until every other node of the cluster file
+     * answered that it is new (src/node/import.h). */
+    int seeded;
     size_t snapshot_bytes0; /* size of the snapshot restored at start */
     /* Slices of this node's snapshot sent by the fsm processor and not yet
      * written by storage (IDA_NM_SNAPSHOT_ENC): the fsm reads no more of

@@ -1,13 +1,17 @@
 /* Joining and re-admission at the raft processor (src/node/member.h).
  * Internal: src/node/raft_proc.h. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/assert.h"
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
 #include "src/node/convert.h"
+#include "src/node/import.h"
 #include "src/node/raft_proc.h"
 
 /* --- membership (src/node/member.h) -------------------------------------- */
@@ -30,6 +34,82 @@ static void start_membership0(struct raft_proc *rp,
                               uint8_t *data,
                               size_t len);
 
+/* --- seeded by an import (src/node/import.h) ------------------------------
+ */
+
+/* Every other node of the cluster file answered that it is new: remove the
+ * marker, durably, and take part (the core's ticks start now). A marker
+ * that cannot be removed keeps the node waiting: left behind, it would
+ * hold it at its next start, when the others are members. */
+static void seed_open(struct raft_proc *rp, uint64_t now)
+{
+    const struct ida_node *n = rp->node;
+    char mark[sizeof(n->dir) + 16];
+    snprintf(mark, sizeof(mark), "%s/%s", n->dir, IDA_NODE_SEEDED_FILE);
+    int fd = -1;
+    if ((unlink(mark) != 0 && errno != ENOENT) ||
+        (fd = open(n->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0 ||
+        fsync(fd) != 0) {
+        int err = errno;
+        if (now - rp->mem.last_wait_log_ms >= 5000) {
+            rp->mem.last_wait_log_ms = now;
+            IDA_ERROR(
+                "import: cannot remove %s: %s (the node waits; it "
+                "tries again)",
+                mark, strerror(err));
+        }
+        if (fd >= 0) {
+            close(fd);
+        }
+        return;
+    }
+    close(fd);
+    rp->mem.seeded = false;
+    IDA_INFO(
+        "import: every other node of the cluster file answered that it "
+        "is new: this node, seeded from a backup, now leads cluster %s "
+        "and adds them as they ask",
+        n->cfg.cluster);
+}
+
+/* Seeded: Hellos out, the gate checked, and every 5 s a line that says what
+ * the node waits for. */
+static void seed_wait(struct raft_proc *rp, uint64_t now)
+{
+    const struct ida_node *n = rp->node;
+    if (node_seed_heard(&rp->mem, n, NULL)) {
+        seed_open(rp, now);
+        return;
+    }
+    if (now - rp->mem.last_wait_log_ms < 5000) {
+        return;
+    }
+    rp->mem.last_wait_log_ms = now;
+    char ids[128];
+    if (node_seed_waiting(&rp->mem, n, true, ids, sizeof(ids)) > 0) {
+        IDA_WARN(
+            "import: this node was seeded from a backup and leads only "
+            "once every other node of the cluster file answers that it "
+            "is new, but node(s) %s answered with a membership: stop "
+            "them and give them new data directories (an earlier start "
+            "of this cluster, or a second import?)",
+            ids);
+    } else if (node_seed_waiting(&rp->mem, n, false, ids, sizeof(ids)) > 0) {
+        IDA_INFO(
+            "import: this node was seeded from a backup and leads once "
+            "every other node of the cluster file answers that it is "
+            "new: waiting to hear from node(s) %s",
+            ids);
+    }
+}
+
+static void on_seed_hello(struct raft_proc *rp, const Idalloc__PeerMessage *pb)
+{
+    if (node_seed_heard(&rp->mem, rp->node, pb)) {
+        seed_open(rp, ida__node_mono_ms());
+    }
+}
+
 /* A joining node asks often (an answer sent before the other's link to it
  * came up is lost, and the node takes no part until one arrives); a member
  * that is not admitted announces its incarnation now and then, so a leader
@@ -39,7 +119,7 @@ static void start_membership0(struct raft_proc *rp,
  * with --single-node has no one to ask: it creates the cluster at once. */
 void ida__rp_hello_all(struct raft_proc *rp, struct ida_sender *s, uint64_t now)
 {
-    uint64_t every = rp->mem.joining ? 50 : 1000;
+    uint64_t every = rp->mem.joining || rp->mem.seeded ? 50 : 1000;
     if (now - rp->mem.last_hello_ms < every) {
         return;
     }
@@ -57,6 +137,10 @@ void ida__rp_hello_all(struct raft_proc *rp, struct ida_sender *s, uint64_t now)
         if (b->e[i].id != n->self->id) {
             send_hello(rp, b->e[i].id, false);
         }
+    }
+    if (rp->mem.seeded) {
+        seed_wait(rp, now);
+        return;
     }
     if (!rp->mem.joining || now - rp->mem.last_wait_log_ms < 5000) {
         return;
@@ -212,6 +296,10 @@ void ida__rp_on_hello(struct raft_proc *rp,
         }
         return;
     }
+    if (rp->mem.seeded) {
+        on_seed_hello(rp, pb);
+        return; /* re-admits no one before it takes part */
+    }
     ida__rp_note_incarnation(rp, pb->from, pb->from_incarnation);
 }
 
@@ -253,6 +341,7 @@ int ida__rp_first_voters(struct raft_proc *rp, struct ida_raft_config *rc)
     rc->incarnation = n->incarnation;
     rc->boot = n->boot;
     struct ida_raft_conf c;
+    rp->mem.seeded = n->seeded; /* an import's directory has membership0 */
     if (n->membership0 != NULL) {
         int rv = node_conf_decode(n->membership0, n->membership0_len, &c);
         if (rv != 0) {

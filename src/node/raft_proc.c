@@ -800,8 +800,9 @@ static void on_peer(struct raft_proc *rp,
         pb->msg_case == IDALLOC__PEER_MESSAGE__MSG_HELLO ? pb->hello : NULL);
     if (pb->msg_case == IDALLOC__PEER_MESSAGE__MSG_HELLO) {
         ida__rp_on_hello(rp, s, pb);
-    } else if (rp->mem.joining) {
-        /* Takes no part until it knows the cluster (member.h). */
+    } else if (rp->mem.joining || rp->mem.seeded) {
+        /* Takes no part until it knows the cluster (member.h), or until
+         * the cluster it was seeded with may start (import.h). */
     } else if (node_pb_to_raft(pb, &m, &entries) == 0) {
         trace_vote(&m, 1);
         struct rcv_mark before;
@@ -1180,6 +1181,10 @@ static void tick_due(struct raft_proc *rp, uint64_t now)
 {
     uint64_t late;
     unsigned drop_ms = rp->node->cfg.election_timeout_ms / 2;
+    if (rp->mem.seeded) {
+        rp->last_tick_ms = now; /* no campaign yet (src/node/import.h) */
+        return;
+    }
     uint64_t n = ida__raft_ticks_due(&rp->last_tick_ms, now, rp->tick_ms,
                                      drop_ms > 0 ? drop_ms : 1, &late);
     if (late > 0) {
@@ -1210,7 +1215,7 @@ static void raft_ping(void *state, struct ida_sender *s)
     tick_due(rp, now);
     snap_peers_publish(rp, now); /* reports not renewed expire */
     ida__rp_book_refresh(rp);
-    if (rp->mem.joining || !ida_raft_admitted(&rp->raft) ||
+    if (rp->mem.joining || rp->mem.seeded || !ida_raft_admitted(&rp->raft) ||
         rp->mem.self_moved) {
         ida__rp_hello_all(rp, s, now);
     }

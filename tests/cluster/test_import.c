@@ -183,36 +183,60 @@ Test(import,
     cr_assert_eq(import(args), 2, "%s", out);
     cr_assert(strstr(out, "past the end of 64 bits") != NULL, "%s", out);
     assert_nothing_written("an advance past 2^64");
-    /* Options of a running node. */
-    snprintf(args, sizeof(args), "--import-backup %s --single-node", file);
-    cr_assert_eq(import(args), 2, "%s", out);
-    assert_nothing_written("--single-node");
-    /* A node directory that holds something is never written. */
-    cr_assert_eq(tc_run(out, sizeof(out),
-                        "mkdir -p %s/data/node1 && echo keep > "
-                        "%s/data/node1/mine",
-                        b.dir, b.dir),
-                 0);
+    /* The Runbook's older order: B was started before the import, so every
+     * node of it holds a membership of cluster "seeded". */
+    cr_assert_eq(tc_spawn_all(&b), 0, "a node of B could not bind");
+    cr_assert_geq(tc_wait_leader(&b, 20000), 0, "no leader in B");
+    for (int i = 0; i < 3; i++) {
+        tc_signal(&b, i, SIGTERM);
+    }
+    /* A node directory that holds a node is never written. */
     snprintf(args, sizeof(args), "--import-backup %s --advance-sequences %d",
              file, ADVANCE);
     cr_assert_eq(import(args), 1, "%s", out);
     cr_assert(strstr(out, "exists and is not empty") != NULL, "%s", out);
-    cr_assert_eq(tc_run(out, sizeof(out), "cat %s/data/node1/mine", b.dir), 0);
-    cr_assert_str_eq(out, "keep\n");
+    cr_assert_eq(
+        tc_run(out, sizeof(out), "test -s %s/data/node1/data.mdb", b.dir), 0,
+        "the refused import touched node 1's directory");
     cr_assert_eq(tc_run(out, sizeof(out), "rm -r %s/data/node1", b.dir), 0);
-
-    /* The import, then every node of B. */
     cr_assert_eq(import(args), 0, "%s", out);
     cr_assert(strstr(out, "3 pool(s) of cluster test") != NULL, "%s", out);
     cr_assert_eq(import(args), 1, "a second import: %s", out);
     cr_assert(strstr(out, "exists and is not empty") != NULL, "%s", out);
+
+    /* Nodes 2 and 3 still hold the earlier start: node 1 must not lead
+     * (they would elect a leader of their own and overwrite it). */
     cr_assert_eq(tc_spawn_all(&b), 0, "a node of B could not bind");
-    cl = tc_client(&b, 20000);
     uint64_t t0 = tc_now_ms();
+    while (tc_log_count(&b, 0, "answered with a membership") == 0 &&
+           tc_now_ms() - t0 < 20000) {
+        tc_sleep_ms(100);
+    }
+    cr_assert_geq(tc_log_count(&b, 0, "answered with a membership"), 1,
+                  "node 1 did not say why it waits");
+    cl = tc_client(&b, 2000);
+    struct idalloc_node_status ns;
+    cr_assert_eq(idalloc_node_status(cl, 0, &ns, NULL), 0);
+    cr_assert_str_neq(ns.role, "leader", "node 1 leads beside nodes 2 and 3");
+    cr_assert_eq(ns.term, 1, "node 1 took part (term %llu)",
+                 (unsigned long long)ns.term);
+    idalloc_client_free(cl);
+    cl = NULL;
+    cr_assert_eq(tc_log_count(&b, 0, "now leads cluster"), 0);
+    /* The remedy the line names: new directories for them. */
+    for (int i = 1; i < 3; i++) {
+        tc_signal(&b, i, SIGTERM);
+        cr_assert_eq(
+            tc_run(out, sizeof(out), "rm -r %s/data/node%d", b.dir, i + 1), 0);
+        tc_spawn(&b, i);
+    }
+    cl = tc_client(&b, 20000);
+    t0 = tc_now_ms();
     while (!whole(cl) && tc_now_ms() - t0 < 120000) {
         tc_sleep_ms(100);
     }
     cr_assert(whole(cl), "nodes 2 and 3 were not added as voters in 120 s");
+    cr_assert_eq(tc_log_count(&b, 0, "now leads cluster"), 1);
     cr_assert_geq(tc_wait_leader(&b, 20000), 0, "no leader in B");
     cr_assert_eq(list_to(b.addrs, got), 0, "%s", out);
     cr_assert_eq(tc_run(out, sizeof(out), "cmp %s %s 2>&1", want, got), 0,
