@@ -361,6 +361,42 @@ Test(snap, forged_valid_state_loads)
     cr_assert_eq(out.replies[2].result.prefix[1], 40);
 }
 
+/* Holdings of every width: ids of 0 (no id field at all: proto3 leaves
+ * the default out), 1 to 5 varint bytes, and tags of 1, 127 and 128 bytes
+ * (a two-byte length). The restore reads a holding of the encoder's
+ * common layout in line and any other through its general loop
+ * (fsm/snap_hold.c, holding_plain()): both must give these back. */
+Test(snap, holdings_of_every_width_load)
+{
+    static const uint64_t ids[] = {
+        0,     1,       127,     128,     300,       16383,
+        16384, 2097151, 2097152, 4000000, 268435456, UINT64_C(4294967293)};
+    enum { N = sizeof(ids) / sizeof(ids[0]) };
+    static char tags[N][IDA_TAG_BYTES_MAX + 1];
+    static Idalloc__Holding h[N], *ph[N];
+    forge_base();
+    for (size_t i = 0; i < N; i++) {
+        size_t len = i % 3 == 0 ? 1 + i / 3 : i % 3 == 1 ? 127 : 128;
+        memset(tags[i], 'a' + (int)i, len);
+        tags[i][0] = (char)('A' + i); /* distinct also at length 1 */
+        tags[i][len] = '\0';
+        idalloc__holding__init(&h[i]);
+        h[i].id = ids[i];
+        h[i].tag = tags[i];
+        ph[i] = &h[i];
+    }
+    bs.size = UINT64_C(4294967294);
+    bs.n_holdings = N;
+    bs.holdings = ph;
+    cr_assert_eq(forge_restore(), 0);
+    for (size_t i = 0; i < N; i++) {
+        uint64_t id;
+        cr_assert_eq(ida_fsm_lookup(f, "a", tags[i], &id), 0, "holding %zu", i);
+        cr_assert_eq(id, ids[i], "holding %zu: id %llu, not %llu", i,
+                     (unsigned long long)id, (unsigned long long)ids[i]);
+    }
+}
+
 #define EXPECT_CORRUPT(what)                                             \
     do {                                                                 \
         forge_base();                                                    \
