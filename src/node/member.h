@@ -138,6 +138,8 @@ struct node_members
     uint64_t inc[IDA_CONFIG_NODES_MAX];
     uint64_t last_hello_ms;
     bool m0_pending;           /* membership0 is being written */
+    uint64_t m0_failures;      /* writes of it that failed (logged) */
+    uint64_t m0_fail_log_ms;   /* the last line about them */
     uint64_t last_wait_log_ms; /* joining: the last "waiting" log line */
     /* Re-admission target (leader). */
     ida_node_id rejoin_id;

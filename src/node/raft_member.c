@@ -252,8 +252,19 @@ void ida__rp_on_membership0_done(struct raft_proc *rp,
     rp->mem.m0_pending = false;
     struct ida_raft_conf c;
     if (m->rv != 0 || node_conf_decode(m->data, m->len, &c) != 0) {
-        IDA_ERROR("membership: the first membership was not stored: %s",
-                  idalloc_strerror(m->rv != 0 ? m->rv : IDA_EPROTO));
+        /* Tried again at the next Hello (every 50 ms): one line at the
+         * first failure, then one every 5 s with the count. */
+        uint64_t now = ida__node_mono_ms();
+        rp->mem.m0_failures++;
+        if (rp->mem.m0_failures == 1 || now - rp->mem.m0_fail_log_ms >= 5000) {
+            rp->mem.m0_fail_log_ms = now;
+            IDA_ERROR(
+                "membership: the first membership was not stored: %s "
+                "(%llu tries failed so far; trying again as the "
+                "others answer)",
+                idalloc_strerror(m->rv != 0 ? m->rv : IDA_EPROTO),
+                (unsigned long long)rp->mem.m0_failures);
+        }
         return;
     }
     struct ida_raft_config rc = rp->base;
