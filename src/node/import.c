@@ -160,19 +160,26 @@ static int write_marker(const char *dir,
     snprintf(path, sizeof(path), "%.*s/%s", IDA_PATH_MAX, dir,
              IDA_NODE_SEEDED_FILE);
     FILE *f = fopen(path, "w");
-    int ok = f != NULL;
-    if (ok) {
+    int err = f == NULL ? errno : 0;
+    if (f != NULL) {
         fprintf(f,
                 "seeded from a backup of cluster %s at index %llu: this "
                 "node leads once every other node of the cluster file "
                 "answered that it is new (src/node/import.h)\n",
                 b->cluster, (unsigned long long)b->index);
-        ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-        ok &= fclose(f) == 0;
+        if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
+            err = errno;
+        }
+        if (fclose(f) != 0 && err == 0) {
+            err = errno;
+        }
     }
-    if (!ok || fsync_dir(dir) != 0) {
+    if (err == 0 && fsync_dir(dir) != 0) {
+        err = errno;
+    }
+    if (err != 0) {
         return fail(errmsg, IDA_EIO, "%s: cannot write it: %s", path,
-                    strerror(errno));
+                    strerror(err));
     }
     return 0;
 }

@@ -32,23 +32,18 @@
  * import leaves a marker file, IDA_NODE_SEEDED_FILE, in the directory, and
  * a node that finds it at start is SEEDED (src/node/raft_member.c): it
  * takes no part in Raft (no ticks, no messages but Hello; its Hellos say it
- * has a membership, so no other node creates a cluster either) until every
- * other node of the cluster file answered that it is new. Then it removes
- * the marker (durably) and leads. A node that answers with a membership of
- * its own keeps it waiting, and the log says which node to give a new
- * directory. A cluster file of this node alone opens at once.
+ * has a membership, so no other node creates a cluster either; status says
+ * `seeded`) until, for NODE_SEED_QUIET_MS (src/node/member.h), every other
+ * node of the cluster file answered that it is new and no node at all
+ * showed it holds a membership (any Raft message counts: a running cluster
+ * that names this node reaches it). Then it removes the marker (durably)
+ * and leads. A node that answers with a membership of its own keeps it
+ * waiting, and the log says which nodes to stop and give new directories.
+ * A cluster file of this node alone opens after the quiet time.
  *
- * What the restore checks, the import checks: the file (magic, CRC,
- * format), the state (everything ida_fsm_restore() checks), a cluster name
- * other than the backup's (a restore makes a new cluster), sequences that
- * the advance would carry past 2^64. And the directory: only a node
- * directory that does not exist yet (or is empty) is written, so the import
- * never overwrites a node's state.
- *
- * A crash cannot leave half an import where a node would start: the
- * directory is built under DATA/.import-nodeID, then renamed to DATA/nodeID
- * in one step (and the data directory fsynced). A leftover staging
- * directory is removed by the next import.
+ * What this does not cover: a cluster that names this node but cannot
+ * reach it during the quiet time, and nodes of the file that are down
+ * (they must answer: the node waits for them).
  */
 #ifndef IDA_NODE_IMPORT_H
 #define IDA_NODE_IMPORT_H

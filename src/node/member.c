@@ -147,16 +147,49 @@ int node_first_membership(const struct node_members *m,
     return node_conf_encode_full(&file, &c, conf, len) == 0;
 }
 
+void node_seed_evidence(struct node_members *m,
+                        const struct ida_node *n,
+                        ida_node_id from,
+                        uint64_t inc,
+                        uint64_t now)
+{
+    m->seed_evidence_ms = now;
+    m->seed_evidence_from = from;
+    int i = node_file_index(n, from);
+    if (i >= 0) {
+        m->heard[i] = true;
+        m->fresh[i] = false;
+        m->inc[i] = inc;
+        m->heard_ms[i] = now;
+    }
+}
+
 bool node_seed_heard(struct node_members *m,
                      const struct ida_node *n,
-                     const Idalloc__PeerMessage *pm)
+                     const Idalloc__PeerMessage *pm,
+                     uint64_t now)
 {
-    if (pm != NULL) {
-        note_file_hello(m, n, pm);
+    if (m->seed_since_ms == 0) {
+        m->seed_since_ms = now;
+    }
+    if (pm != NULL && note_file_hello(m, n, pm)) {
+        int i = node_file_index(n, pm->from);
+        if (i >= 0) {
+            m->heard_ms[i] = now;
+        }
+        if (pm->hello->bootstrapped) {
+            node_seed_evidence(m, n, pm->from, pm->from_incarnation, now);
+        }
+    }
+    if (now - m->seed_since_ms < NODE_SEED_QUIET_MS ||
+        (m->seed_evidence_ms != 0 &&
+         now - m->seed_evidence_ms < NODE_SEED_QUIET_MS)) {
+        return false;
     }
     for (unsigned k = 0; k < n->cfg.node_count; k++) {
         if (n->cfg.nodes[k].id != n->self->id &&
-            (!m->heard[k] || !m->fresh[k])) {
+            (!m->heard[k] || !m->fresh[k] ||
+             now - m->heard_ms[k] >= NODE_SEED_QUIET_MS)) {
             return false;
         }
     }

@@ -132,8 +132,15 @@ struct node_members
     /* Seeded by an import: waiting for every other node of the cluster
      * file to answer that it is new (src/node/import.h). */
     bool seeded;
-    /* What the other nodes of the cluster file said (joining, seeded). */
+    /* What the other nodes of the cluster file said (joining, seeded), and
+     * when (seeded). */
     bool heard[IDA_CONFIG_NODES_MAX];
+    uint64_t heard_ms[IDA_CONFIG_NODES_MAX];
+    /* Seeded: when it started waiting, and the last sign from any node
+     * that it holds a membership (src/node/member.c, node_seed_heard()). */
+    uint64_t seed_since_ms;
+    uint64_t seed_evidence_ms;
+    ida_node_id seed_evidence_from;
     bool fresh[IDA_CONFIG_NODES_MAX];
     uint64_t inc[IDA_CONFIG_NODES_MAX];
     uint64_t last_hello_ms;
@@ -202,12 +209,30 @@ int node_hello_make(const struct ida_node *n,
                     Idalloc__Hello *hello,
                     uint8_t **buf);
 
-/* Seeded (src/node/import.h): take in the Hello @pm (NULL: none), and
- * whether every other node of the cluster file has now answered that it is
- * new (its latest Hello carried no membership). */
+/* Seeded (src/node/import.h). The gate opens (node_seed_heard() true) only
+ * when, for NODE_SEED_QUIET_MS: the node has been up, no node (in the
+ * cluster file or not) has shown it holds a membership (a Hello that says
+ * so, or any Raft message: node_seed_evidence()), and every other node of
+ * the cluster file has answered, within that time, that it is new. A
+ * cluster that still runs with this node as a member reaches it within
+ * that time (heartbeats, votes, re-admission), so an old leader cannot
+ * take over the node just after it opens. */
+#define NODE_SEED_QUIET_MS 3000
+
+/* Seeded: node @from (incarnation @inc) showed it holds a membership at
+ * @now (any peer message but Hello reached this node from it). */
+void node_seed_evidence(struct node_members *m,
+                        const struct ida_node *n,
+                        ida_node_id from,
+                        uint64_t inc,
+                        uint64_t now);
+
+/* Seeded: take in the Hello @pm (NULL: none) at @now, and whether the gate
+ * opens (above). */
 bool node_seed_heard(struct node_members *m,
                      const struct ida_node *n,
-                     const Idalloc__PeerMessage *pm);
+                     const Idalloc__PeerMessage *pm,
+                     uint64_t now);
 
 /* Seeded: the other nodes of the cluster file not heard yet (@bootstrapped
  * false) or that answered with a membership (true), as "2, 3" in @out

@@ -154,6 +154,7 @@ static int restore(struct ida_node *n,
     struct ida__rebuild *rebuild = NULL;
     struct ida_entry *entries = NULL;
     uint64_t t0 = ida__node_mono_us(), t_load = t0;
+    char why[128] = ""; /* a failure's detail storage does not hold */
     int rv = ida_storage_hard_state(st, &rr.hard_state);
     if (rv == 0) {
         rv = ida_storage_snapshot_load(st, &meta, &snap);
@@ -212,15 +213,24 @@ static int restore(struct ida_node *n,
         char mark[sizeof(n->dir) + 16];
         snprintf(mark, sizeof(mark), "%s/%s", n->dir, IDA_NODE_SEEDED_FILE);
         struct stat mst;
-        n->seeded = !n->fresh && stat(mark, &mst) == 0;
-        rv = ida__raft_proc_new(n, &rr, &n->raft);
+        if (stat(mark, &mst) == 0) {
+            n->seeded = !n->fresh;
+        } else if (errno != ENOENT) {
+            /* Unknown is not "not seeded": the gate fails closed. */
+            snprintf(why, sizeof(why), "%s %s: %s", IDA_NODE_SEEDED_FILE,
+                     "cannot be read", strerror(errno));
+            rv = IDA_EIO;
+        }
+        if (rv == 0) {
+            rv = ida__raft_proc_new(n, &rr, &n->raft);
+        }
     }
     if (rv != 0) {
+        const char *detail = why[0] != '\0' ? why : st->errmsg;
         snprintf(errmsg, IDA_ERRMSG_MAX,
                  "%.200s: cannot restore the node: "
                  "%s%s%.200s",
-                 n->dir, idalloc_strerror(rv), st->errmsg[0] ? ": " : "",
-                 st->errmsg);
+                 n->dir, idalloc_strerror(rv), detail[0] ? ": " : "", detail);
     } else {
         uint64_t t1 = ida__node_mono_us();
         IDA_INFO(

@@ -77,7 +77,7 @@ static void seed_open(struct raft_proc *rp, uint64_t now)
 static void seed_wait(struct raft_proc *rp, uint64_t now)
 {
     const struct ida_node *n = rp->node;
-    if (node_seed_heard(&rp->mem, n, NULL)) {
+    if (node_seed_heard(&rp->mem, n, NULL, now)) {
         seed_open(rp, now);
         return;
     }
@@ -86,15 +86,24 @@ static void seed_wait(struct raft_proc *rp, uint64_t now)
     }
     rp->mem.last_wait_log_ms = now;
     char ids[128];
-    if (node_seed_waiting(&rp->mem, n, true, ids, sizeof(ids)) > 0) {
+    const struct node_members *m = &rp->mem;
+    if (node_seed_waiting(m, n, true, ids, sizeof(ids)) > 0) {
         IDA_WARN(
             "import: this node was seeded from a backup and leads only "
             "once every other node of the cluster file answers that it "
             "is new, but node(s) %s answered with a membership: stop "
-            "them and give them new data directories (an earlier start "
-            "of this cluster, or a second import?)",
+            "all of them, then give each a new data directory (an "
+            "earlier start of this cluster, or a second import?)",
             ids);
-    } else if (node_seed_waiting(&rp->mem, n, false, ids, sizeof(ids)) > 0) {
+    } else if (m->seed_evidence_ms != 0 &&
+               now - m->seed_evidence_ms < NODE_SEED_QUIET_MS) {
+        IDA_WARN(
+            "import: this node was seeded from a backup and leads only "
+            "once no node shows it holds a membership, but node %u "
+            "(not in the cluster file) spoke to it as a member of a "
+            "running cluster: stop that cluster",
+            (unsigned)m->seed_evidence_from);
+    } else if (node_seed_waiting(m, n, false, ids, sizeof(ids)) > 0) {
         IDA_INFO(
             "import: this node was seeded from a backup and leads once "
             "every other node of the cluster file answers that it is "
@@ -105,8 +114,9 @@ static void seed_wait(struct raft_proc *rp, uint64_t now)
 
 static void on_seed_hello(struct raft_proc *rp, const Idalloc__PeerMessage *pb)
 {
-    if (node_seed_heard(&rp->mem, rp->node, pb)) {
-        seed_open(rp, ida__node_mono_ms());
+    uint64_t now = ida__node_mono_ms();
+    if (node_seed_heard(&rp->mem, rp->node, pb, now)) {
+        seed_open(rp, now);
     }
 }
 

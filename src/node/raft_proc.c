@@ -800,9 +800,13 @@ static void on_peer(struct raft_proc *rp,
         pb->msg_case == IDALLOC__PEER_MESSAGE__MSG_HELLO ? pb->hello : NULL);
     if (pb->msg_case == IDALLOC__PEER_MESSAGE__MSG_HELLO) {
         ida__rp_on_hello(rp, s, pb);
-    } else if (rp->mem.joining || rp->mem.seeded) {
-        /* Takes no part until it knows the cluster (member.h), or until
-         * the cluster it was seeded with may start (import.h). */
+    } else if (rp->mem.seeded) {
+        /* Takes no part until the cluster it was seeded with may start,
+         * and a node that speaks Raft to it holds a membership (import.h). */
+        node_seed_evidence(&rp->mem, rp->node, pb->from, pb->from_incarnation,
+                           ida__node_mono_ms());
+    } else if (rp->mem.joining) {
+        /* Takes no part until it knows the cluster (member.h). */
     } else if (node_pb_to_raft(pb, &m, &entries) == 0) {
         trace_vote(&m, 1);
         struct rcv_mark before;

@@ -51,7 +51,8 @@ void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
     st.node_id = n->self->id;
     st.peer_addr = (char *)n->self->peer.text;
     st.client_addr = (char *)n->self->client.text;
-    st.role = (char *)ida_raft_role_name(ida_raft_role(r));
+    st.role = rp->mem.seeded ? "seeded" /* src/node/import.h */
+                             : (char *)ida_raft_role_name(ida_raft_role(r));
     st.term = ida_raft_term(r);
     st.leader_id = ida_raft_leader(r);
     st.commit_index = ida_raft_commit(r);

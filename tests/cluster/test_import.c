@@ -217,15 +217,20 @@ Test(import,
     cl = tc_client(&b, 2000);
     struct idalloc_node_status ns;
     cr_assert_eq(idalloc_node_status(cl, 0, &ns, NULL), 0);
-    cr_assert_str_neq(ns.role, "leader", "node 1 leads beside nodes 2 and 3");
+    cr_assert_str_eq(ns.role, "seeded", "node 1 is %s beside nodes 2 and 3",
+                     ns.role);
     cr_assert_eq(ns.term, 1, "node 1 took part (term %llu)",
                  (unsigned long long)ns.term);
     idalloc_client_free(cl);
     cl = NULL;
     cr_assert_eq(tc_log_count(&b, 0, "now leads cluster"), 0);
-    /* The remedy the line names: new directories for them. */
+    /* The remedy the line names: stop them all, then new directories
+     * for them (one at a time, a new node could join what is left of the
+     * old cluster's leadership). */
     for (int i = 1; i < 3; i++) {
         tc_signal(&b, i, SIGTERM);
+    }
+    for (int i = 1; i < 3; i++) {
         cr_assert_eq(
             tc_run(out, sizeof(out), "rm -r %s/data/node%d", b.dir, i + 1), 0);
         tc_spawn(&b, i);
@@ -305,4 +310,90 @@ Test(import,
     for (int i = 0; i < 3; i++) {
         ida_backup_free(&x[i]);
     }
+}
+
+static struct tc one;
+
+static void teardown_small(void)
+{
+    teardown();
+    tc_destroy(&one);
+}
+
+/* The role node @i of @t reports (into @role, 16 bytes). */
+static void role_of(struct tc *t, int i, char *role)
+{
+    struct idalloc_client *c1 = tc_client(t, 2000);
+    struct idalloc_node_status ns;
+    cr_assert_eq(idalloc_node_status(c1, (size_t)i, &ns, NULL), 0);
+    snprintf(role, 16, "%s", ns.role);
+    idalloc_client_free(c1);
+}
+
+/* Two imported nodes of one cluster file each see that the other holds a
+ * membership: neither leads (each would lead a cluster of its own under
+ * one name). A cluster file of one node has nobody to ask: it leads once
+ * no node spoke to it as a member for the quiet time. */
+Test(import,
+     two_imports_wait_and_a_one_node_file_opens,
+     .fini = teardown_small,
+     .timeout = 120)
+{
+    tc_start(&a, 3, NULL);
+    cr_assert_geq(tc_wait_leader(&a, 20000), 0, "no leader");
+    cl = tc_client(&a, 20000);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100, NULL,
+                                     tc_detail()),
+                 0);
+    uint64_t id;
+    cr_assert_eq(idalloc_alloc(cl, "b", "kept", &id, NULL, tc_detail()), 0);
+    idalloc_client_free(cl);
+    cl = NULL;
+    tc_setup(&b, 3, NULL);
+    rename_cluster(&b);
+    char file[400];
+    snprintf(file, sizeof(file), "%s/a.ida", b.dir);
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "%s --cluster %s --timeout 20000 snapshot save %s 2>&1",
+                        tc_bin("idalloc"), a.addrs, file),
+                 0, "%s", out);
+    tc_destroy(&a);
+
+    for (int i = 1; i <= 2; i++) {
+        cr_assert_eq(tc_run(out, sizeof(out),
+                            "%s --config %s --node %d --import-backup %s 2>&1",
+                            tc_bin("idallocd"), b.conf, i, file),
+                     0, "import into node %d: %s", i, out);
+    }
+    cr_assert_eq(tc_spawn_all(&b), 0, "a node of B could not bind");
+    uint64_t t0 = tc_now_ms();
+    while ((tc_log_count(&b, 0, "answered with a membership") == 0 ||
+            tc_log_count(&b, 1, "answered with a membership") == 0) &&
+           tc_now_ms() - t0 < 20000) {
+        tc_sleep_ms(100);
+    }
+    for (int i = 0; i < 2; i++) {
+        cr_assert_geq(tc_log_count(&b, i, "answered with a membership"), 1,
+                      "node %d did not say why it waits", i + 1);
+        char role[16];
+        role_of(&b, i, role);
+        cr_assert_str_eq(role, "seeded", "node %d is %s", i + 1, role);
+        cr_assert_eq(tc_log_count(&b, i, "now leads cluster"), 0);
+    }
+
+    /* One node alone. */
+    tc_setup(&one, 1, NULL);
+    rename_cluster(&one);
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "%s --config %s --node 1 --import-backup %s 2>&1",
+                        tc_bin("idallocd"), one.conf, file),
+                 0, "%s", out);
+    cr_assert_eq(tc_spawn_all(&one), 0);
+    cr_assert_geq(tc_wait_leader(&one, 20000), 0, "the one node never led");
+    cr_assert_eq(tc_log_count(&one, 0, "now leads cluster"), 1);
+    cl = tc_client(&one, 20000);
+    uint64_t got;
+    cr_assert_eq(idalloc_lookup(cl, "b", "kept", &got, tc_detail()), 0, "%s",
+                 tc_errmsg());
+    cr_assert_eq(got, id);
 }
