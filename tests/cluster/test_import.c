@@ -93,6 +93,16 @@ static int list_to(const char *addrs, const char *file)
                   tc_bin("idalloc"), addrs, file);
 }
 
+/* What node @i of @t says of itself. */
+static struct idalloc_node_status status_of(struct tc *t, int i)
+{
+    struct idalloc_client *c1 = tc_client(t, 2000);
+    struct idalloc_node_status ns;
+    cr_assert_eq(idalloc_node_status(c1, (size_t)i, &ns, NULL), 0);
+    idalloc_client_free(c1);
+    return ns;
+}
+
 static int whole(struct idalloc_client *c3)
 {
     struct idalloc_member_list m;
@@ -214,15 +224,11 @@ Test(import,
     }
     cr_assert_geq(tc_log_count(&b, 0, "answered with a membership"), 1,
                   "node 1 did not say why it waits");
-    cl = tc_client(&b, 2000);
-    struct idalloc_node_status ns;
-    cr_assert_eq(idalloc_node_status(cl, 0, &ns, NULL), 0);
+    struct idalloc_node_status ns = status_of(&b, 0);
     cr_assert_str_eq(ns.role, "seeded", "node 1 is %s beside nodes 2 and 3",
                      ns.role);
     cr_assert_eq(ns.term, 1, "node 1 took part (term %llu)",
                  (unsigned long long)ns.term);
-    idalloc_client_free(cl);
-    cl = NULL;
     cr_assert_eq(tc_log_count(&b, 0, "now leads cluster"), 0);
     /* The remedy the line names: stop them all, then new directories
      * for them (one at a time, a new node could join what is left of the
@@ -320,16 +326,6 @@ static void teardown_small(void)
     tc_destroy(&one);
 }
 
-/* The role node @i of @t reports (into @role, 16 bytes). */
-static void role_of(struct tc *t, int i, char *role)
-{
-    struct idalloc_client *c1 = tc_client(t, 2000);
-    struct idalloc_node_status ns;
-    cr_assert_eq(idalloc_node_status(c1, (size_t)i, &ns, NULL), 0);
-    snprintf(role, 16, "%s", ns.role);
-    idalloc_client_free(c1);
-}
-
 /* Two imported nodes of one cluster file each see that the other holds a
  * membership: neither leads (each would lead a cluster of its own under
  * one name). A cluster file of one node has nobody to ask: it leads once
@@ -375,9 +371,8 @@ Test(import,
     for (int i = 0; i < 2; i++) {
         cr_assert_geq(tc_log_count(&b, i, "answered with a membership"), 1,
                       "node %d did not say why it waits", i + 1);
-        char role[16];
-        role_of(&b, i, role);
-        cr_assert_str_eq(role, "seeded", "node %d is %s", i + 1, role);
+        struct idalloc_node_status ns = status_of(&b, i);
+        cr_assert_str_eq(ns.role, "seeded", "node %d is %s", i + 1, ns.role);
         cr_assert_eq(tc_log_count(&b, i, "now leads cluster"), 0);
     }
 
