@@ -52,6 +52,7 @@ static int restore(struct idalloc_client *c,
     uint32_t pools = 0;
     rv = ida_client_restore(c, &b, cli->advance, &pools, call);
     if (rv != 0) {
+        size_t state_len = b.state_len;
         ida_backup_free(&b);
         char id[IDALLOC_CALL_ID_TEXT_MAX];
         if (call->state == IDALLOC_CALL_UNKNOWN &&
@@ -62,7 +63,16 @@ static int restore(struct idalloc_client *c,
                     "(exactly once)\n",
                     id, id);
         }
-        return report("snapshot restore", rv, call);
+        int code = report("snapshot restore", rv, call);
+        if (rv == IDA_ETOOBIG) {
+            fprintf(stderr,
+                    "idalloc: snapshot restore: the backup's state (%zu "
+                    "bytes) is more than the cluster takes in one request: "
+                    "seed a new cluster with it by idallocd --import-backup "
+                    "instead (README, \"Backup and restore\")\n",
+                    state_len);
+        }
+        return code;
     }
     printf(
         "restored %u pool(s) of cluster %s at index %llu; sequence pools "

@@ -197,6 +197,15 @@ Test(import,
      * node of it holds a membership of cluster "seeded". */
     cr_assert_eq(tc_spawn_all(&b), 0, "a node of B could not bind");
     cr_assert_geq(tc_wait_leader(&b, 20000), 0, "no leader in B");
+    /* What the restore does with it: refused, pointing at the import. */
+    cr_assert_neq(tc_run(out, sizeof(out),
+                         "%s --cluster %s --timeout 20000 snapshot restore %s "
+                         "2>&1",
+                         tc_bin("idalloc"), b.addrs, file),
+                  0, "%s", out);
+    cr_assert(strstr(out, "message or value too large") != NULL &&
+                  strstr(out, "idallocd --import-backup") != NULL,
+              "%s", out);
     for (int i = 0; i < 3; i++) {
         tc_signal(&b, i, SIGTERM);
     }
