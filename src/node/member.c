@@ -79,7 +79,8 @@ static int copy_out(const uint8_t *data, size_t len, uint8_t **out, size_t *n)
  * is there, its incarnation, whether it is new. 0 when @pm says nothing. */
 static int note_file_hello(struct node_members *m,
                            const struct ida_node *n,
-                           const Idalloc__PeerMessage *pm)
+                           const Idalloc__PeerMessage *pm,
+                           uint64_t now)
 {
     const Idalloc__Hello *h = pm->hello;
     if (h == NULL || pm->from_incarnation == 0) {
@@ -90,6 +91,7 @@ static int note_file_hello(struct node_members *m,
         m->heard[i] = true;
         m->inc[i] = pm->from_incarnation;
         m->fresh[i] = !h->bootstrapped;
+        m->heard_ms[i] = now;
     }
     return 1;
 }
@@ -97,11 +99,12 @@ static int note_file_hello(struct node_members *m,
 int node_hello_learn(struct node_members *m,
                      const struct ida_node *n,
                      const Idalloc__PeerMessage *pm,
+                     uint64_t now,
                      uint8_t **conf,
                      size_t *len)
 {
     const Idalloc__Hello *h = pm->hello;
-    if (!note_file_hello(m, n, pm)) {
+    if (!note_file_hello(m, n, pm, now)) {
         return 0;
     }
     if (h->bootstrapped) {
@@ -122,11 +125,12 @@ int node_hello_learn(struct node_members *m,
         }
         return copy_out(h->config.data, h->config.len, conf, len);
     }
-    return node_first_membership(m, n, conf, len);
+    return node_first_membership(m, n, now, conf, len);
 }
 
 int node_first_membership(const struct node_members *m,
                           const struct ida_node *n,
+                          uint64_t now,
                           uint8_t **conf,
                           size_t *len)
 {
@@ -136,7 +140,9 @@ int node_first_membership(const struct node_members *m,
         return 0;
     }
     for (unsigned k = 0; k < n->cfg.node_count; k++) {
-        if (!m->heard[k] || !m->fresh[k]) {
+        bool self = n->cfg.nodes[k].id == n->self->id;
+        if (!m->heard[k] || !m->fresh[k] ||
+            (!self && now - m->heard_ms[k] >= NODE_HEARD_RECENT_MS)) {
             return 0;
         }
     }
@@ -172,11 +178,7 @@ bool node_seed_heard(struct node_members *m,
     if (m->seed_since_ms == 0) {
         m->seed_since_ms = now;
     }
-    if (pm != NULL && note_file_hello(m, n, pm)) {
-        int i = node_file_index(n, pm->from);
-        if (i >= 0) {
-            m->heard_ms[i] = now;
-        }
+    if (pm != NULL && note_file_hello(m, n, pm, now)) {
         if (pm->hello->bootstrapped) {
             node_seed_evidence(m, n, pm->from, pm->from_incarnation, now);
         }

@@ -219,6 +219,10 @@ int node_hello_make(const struct ida_node *n,
  * take over the node just after it opens. */
 #define NODE_SEED_QUIET_MS 3000
 
+/* How recent a node's "my directory is new" must be to count toward a
+ * first start (node_first_membership()). */
+#define NODE_HEARD_RECENT_MS 3000
+
 /* Seeded: node @from (incarnation @inc) showed it holds a membership at
  * @now (any peer message but Hello reached this node from it). */
 void node_seed_evidence(struct node_members *m,
@@ -250,15 +254,21 @@ size_t node_seed_waiting(const struct node_members *m,
 int node_hello_learn(struct node_members *m,
                      const struct ida_node *n,
                      const Idalloc__PeerMessage *pm,
+                     uint64_t now,
                      uint8_t **conf,
                      size_t *len);
 /* Joining: the first membership, when every node of the cluster file
- * (this one included) was heard with a new data directory and this node
- * is one of them, not told to --join. Returns 1 with it in *@conf (as
+ * (this one included) was heard with a new data directory, each of the
+ * others within NODE_HEARD_RECENT_MS of @now, and this node is one of
+ * them, not told to --join. Returns 1 with it in *@conf (as
  * node_hello_learn()), else 0. A cluster file of this node alone needs no
- * Hello: the node creates the cluster by itself. */
+ * Hello: the node creates the cluster by itself. "Recent": a node heard
+ * new long ago may have a membership by now (it was stopped, and seeded by
+ * an import, or started again elsewhere); joining nodes say Hello every
+ * 50 ms, so a first start never waits on this. */
 int node_first_membership(const struct node_members *m,
                           const struct ida_node *n,
+                          uint64_t now,
                           uint8_t **conf,
                           size_t *len);
 

@@ -138,7 +138,7 @@ void ida__rp_hello_all(struct raft_proc *rp, struct ida_sender *s, uint64_t now)
     uint8_t *conf;
     size_t conf_len;
     if (rp->mem.joining && !rp->mem.m0_pending && n->single_node &&
-        node_first_membership(&rp->mem, n, &conf, &conf_len)) {
+        node_first_membership(&rp->mem, n, now, &conf, &conf_len)) {
         start_membership0(rp, s, conf, conf_len); /* no one else to hear */
         return;
     }
@@ -312,7 +312,8 @@ void ida__rp_on_hello(struct raft_proc *rp,
         uint8_t *conf;
         size_t len;
         if (!rp->mem.m0_pending &&
-            node_hello_learn(&rp->mem, rp->node, pb, &conf, &len)) {
+            node_hello_learn(&rp->mem, rp->node, pb, ida__node_mono_ms(), &conf,
+                             &len)) {
             start_membership0(rp, s, conf, len);
         }
         return;

@@ -312,6 +312,40 @@ Test(cluster, one_node_is_a_cluster_of_its_own, .fini = teardown, .timeout = 60)
     cr_assert_eq(id, 1);
 }
 
+/* A first start counts only recent answers: node 2 heard node 1 say its
+ * directory is new, then node 1 went away (it could come back seeded by an
+ * import, or with a membership); node 3 starting later must not make node
+ * 2 create the cluster on node 1's old answer. Node 1 back (still new),
+ * the three create it. */
+Test(cluster,
+     first_start_counts_only_recent_answers,
+     .fini = teardown,
+     .timeout = 60)
+{
+    tc_setup(&c, 3, NULL);
+    tc_spawn(&c, 0);
+    tc_spawn(&c, 1);
+    for (uint64_t end = tc_now_ms() + 10000;
+         tc_now_ms() < end &&
+         tc_log_count(&c, 1, "waiting to hear from node(s) 3") == 0;) {
+        tc_sleep_ms(100);
+    }
+    cr_assert_geq(tc_log_count(&c, 1, "waiting to hear from node(s) 3"), 1,
+                  "node 2 did not hear node 1");
+    tc_signal(&c, 0, SIGKILL);
+    tc_sleep_ms(3500); /* past NODE_HEARD_RECENT_MS */
+    tc_spawn(&c, 2);
+    tc_sleep_ms(3000);
+    for (int i = 1; i < 3; i++) {
+        cr_assert_eq(tc_log_count(&c, i, "created the cluster"), 0,
+                     "node %d created the cluster without node 1", i + 1);
+        cr_assert_eq(tc_log_count(&c, i, "joined the cluster"), 0,
+                     "node %d joined a cluster made without node 1", i + 1);
+    }
+    tc_spawn(&c, 0);
+    cr_assert_geq(tc_wait_leader(&c, 15000), 0, "no leader with all three");
+}
+
 /* --single-node with a cluster file of several nodes: exit 2, nothing
  * created. */
 Test(cluster, single_node_needs_a_one_node_file, .fini = teardown)
