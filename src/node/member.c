@@ -142,7 +142,7 @@ int node_first_membership(const struct node_members *m,
     for (unsigned k = 0; k < n->cfg.node_count; k++) {
         bool self = n->cfg.nodes[k].id == n->self->id;
         if (!m->heard[k] || !m->fresh[k] ||
-            (!self && now - m->heard_ms[k] >= NODE_HEARD_RECENT_MS)) {
+            (!self && now >= m->heard_ms[k] + NODE_HEARD_RECENT_MS)) {
             return 0;
         }
     }
@@ -151,6 +151,19 @@ int node_first_membership(const struct node_members *m,
     node_conf_first(n, m->inc, &c);
     node_book_build(&file, NULL, 0, &n->cfg);
     return node_conf_encode_full(&file, &c, conf, len) == 0;
+}
+
+uint64_t node_seed_quiet_ms(const struct ida_node *n)
+{
+    /* A leader that names this node dials it again within the net's
+     * reconnect backoff (at most 2 s, src/node/net.c) and then sends a
+     * heartbeat every heartbeat_ms; a candidate asks within an election
+     * timeout or two. */
+    uint64_t q = NODE_SEED_QUIET_MS;
+    uint64_t hb = 2000 + 3 * (uint64_t)n->cfg.heartbeat_ms;
+    uint64_t el = 2 * (uint64_t)n->cfg.election_timeout_ms;
+    q = hb > q ? hb : q;
+    return el > q ? el : q;
 }
 
 void node_seed_evidence(struct node_members *m,
@@ -183,24 +196,36 @@ bool node_seed_heard(struct node_members *m,
             node_seed_evidence(m, n, pm->from, pm->from_incarnation, now);
         }
     }
-    if (now - m->seed_since_ms < NODE_SEED_QUIET_MS ||
-        (m->seed_evidence_ms != 0 &&
-         now - m->seed_evidence_ms < NODE_SEED_QUIET_MS)) {
+    uint64_t quiet = node_seed_quiet_ms(n);
+    /* A stamp "after" now fails closed (it never should be). */
+    if (now < m->seed_since_ms + quiet ||
+        (m->seed_evidence_ms != 0 && now < m->seed_evidence_ms + quiet)) {
         return false;
     }
     for (unsigned k = 0; k < n->cfg.node_count; k++) {
         if (n->cfg.nodes[k].id != n->self->id &&
             (!m->heard[k] || !m->fresh[k] ||
-             now - m->heard_ms[k] >= NODE_SEED_QUIET_MS)) {
+             now >= m->heard_ms[k] + NODE_HEARD_RECENT_MS)) {
             return false;
         }
     }
     return true;
 }
 
+bool node_heard_new_lately(const struct node_members *m,
+                           const struct ida_node *n,
+                           unsigned k,
+                           uint64_t now)
+{
+    return n->cfg.nodes[k].id == n->self->id ||
+           (m->heard[k] && m->fresh[k] &&
+            now < m->heard_ms[k] + NODE_HEARD_RECENT_MS);
+}
+
 size_t node_seed_waiting(const struct node_members *m,
                          const struct ida_node *n,
                          bool bootstrapped,
+                         uint64_t now,
                          char *out,
                          size_t cap)
 {
@@ -209,7 +234,8 @@ size_t node_seed_waiting(const struct node_members *m,
     for (unsigned k = 0; k < n->cfg.node_count && len < cap; k++) {
         bool has = m->heard[k] && !m->fresh[k];
         if (n->cfg.nodes[k].id == n->self->id ||
-            (bootstrapped ? !has : m->heard[k])) {
+            (bootstrapped ? !has
+                          : has || node_heard_new_lately(m, n, k, now))) {
             continue;
         }
         len += (size_t)snprintf(out + len, cap - len, "%s%u",

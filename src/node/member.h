@@ -210,7 +210,8 @@ int node_hello_make(const struct ida_node *n,
                     uint8_t **buf);
 
 /* Seeded (src/node/import.h). The gate opens (node_seed_heard() true) only
- * when, for NODE_SEED_QUIET_MS: the node has been up, no node (in the
+ * when, for node_seed_quiet_ms() (at least NODE_SEED_QUIET_MS): the node
+ * has been up, no node (in the
  * cluster file or not) has shown it holds a membership (a Hello that says
  * so, or any Raft message: node_seed_evidence()), and every other node of
  * the cluster file has answered, within that time, that it is new. A
@@ -222,6 +223,18 @@ int node_hello_make(const struct ida_node *n,
 /* How recent a node's "my directory is new" must be to count toward a
  * first start (node_first_membership()). */
 #define NODE_HEARD_RECENT_MS 3000
+
+/* The quiet time of the gate above: NODE_SEED_QUIET_MS, or longer where
+ * the cluster file's heartbeat or election timeout would let a running
+ * cluster stay silent longer. */
+uint64_t node_seed_quiet_ms(const struct ida_node *n);
+
+/* Whether the cluster file's node @k (index) is this node, or said within
+ * NODE_HEARD_RECENT_MS of @now that its directory is new. */
+bool node_heard_new_lately(const struct node_members *m,
+                           const struct ida_node *n,
+                           unsigned k,
+                           uint64_t now);
 
 /* Seeded: node @from (incarnation @inc) showed it holds a membership at
  * @now (any peer message but Hello reached this node from it). */
@@ -238,12 +251,13 @@ bool node_seed_heard(struct node_members *m,
                      const Idalloc__PeerMessage *pm,
                      uint64_t now);
 
-/* Seeded: the other nodes of the cluster file not heard yet (@bootstrapped
- * false) or that answered with a membership (true), as "2, 3" in @out
- * (@cap bytes); returns how many. */
+/* Seeded: the other nodes of the cluster file not heard saying they are
+ * new lately (@bootstrapped false) or that answered with a membership
+ * (true), as "2, 3" in @out (@cap bytes); returns how many. */
 size_t node_seed_waiting(const struct node_members *m,
                          const struct ida_node *n,
                          bool bootstrapped,
+                         uint64_t now,
                          char *out,
                          size_t cap);
 

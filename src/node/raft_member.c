@@ -87,7 +87,7 @@ static void seed_wait(struct raft_proc *rp, uint64_t now)
     rp->mem.last_wait_log_ms = now;
     char ids[128];
     const struct node_members *m = &rp->mem;
-    if (node_seed_waiting(m, n, true, ids, sizeof(ids)) > 0) {
+    if (node_seed_waiting(m, n, true, now, ids, sizeof(ids)) > 0) {
         IDA_WARN(
             "import: this node was seeded from a backup and leads only "
             "once every other node of the cluster file answers that it "
@@ -96,14 +96,18 @@ static void seed_wait(struct raft_proc *rp, uint64_t now)
             "earlier start of this cluster, or a second import?)",
             ids);
     } else if (m->seed_evidence_ms != 0 &&
-               now - m->seed_evidence_ms < NODE_SEED_QUIET_MS) {
+               now < m->seed_evidence_ms + node_seed_quiet_ms(n)) {
         IDA_WARN(
             "import: this node was seeded from a backup and leads only "
-            "once no node shows it holds a membership, but node %u "
-            "(not in the cluster file) spoke to it as a member of a "
-            "running cluster: stop that cluster",
-            (unsigned)m->seed_evidence_from);
-    } else if (node_seed_waiting(m, n, false, ids, sizeof(ids)) > 0) {
+            "once no node shows it holds a membership, but node %u%s "
+            "spoke to it as a member of a running cluster within the last "
+            "%llu ms: stop that cluster",
+            (unsigned)m->seed_evidence_from,
+            node_file_index(n, m->seed_evidence_from) < 0
+                ? " (not in the cluster file)"
+                : "",
+            (unsigned long long)node_seed_quiet_ms(n));
+    } else if (node_seed_waiting(m, n, false, now, ids, sizeof(ids)) > 0) {
         IDA_INFO(
             "import: this node was seeded from a backup and leads once "
             "every other node of the cluster file answers that it is "
@@ -168,7 +172,10 @@ void ida__rp_hello_all(struct raft_proc *rp, struct ida_sender *s, uint64_t now)
     char missing[128] = "";
     size_t len = 0;
     for (unsigned i = 0; i < n->cfg.node_count; i++) {
-        if (!rp->mem.heard[i] && len + 8 < sizeof(missing)) {
+        /* Not heard, or heard new too long ago to count. */
+        bool stale = rp->mem.heard[i] && rp->mem.fresh[i] &&
+                     !node_heard_new_lately(&rp->mem, n, i, now);
+        if ((!rp->mem.heard[i] || stale) && len + 8 < sizeof(missing)) {
             len +=
                 (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u",
                                  len > 0 ? ", " : "", n->cfg.nodes[i].id);

@@ -333,9 +333,16 @@ Test(cluster,
     cr_assert_geq(tc_log_count(&c, 1, "waiting to hear from node(s) 3"), 1,
                   "node 2 did not hear node 1");
     tc_signal(&c, 0, SIGKILL);
-    tc_sleep_ms(3500); /* past NODE_HEARD_RECENT_MS */
+    tc_sleep_ms(5000); /* well past NODE_HEARD_RECENT_MS (3 s) */
     tc_spawn(&c, 2);
-    tc_sleep_ms(3000);
+    /* Node 2 says whom it waits for: node 1, heard new too long ago. */
+    for (uint64_t end = tc_now_ms() + 12000;
+         tc_now_ms() < end &&
+         tc_log_count(&c, 1, "waiting to hear from node(s) 1") == 0;) {
+        tc_sleep_ms(100);
+    }
+    cr_assert_geq(tc_log_count(&c, 1, "waiting to hear from node(s) 1"), 1,
+                  "node 2 does not name node 1");
     for (int i = 1; i < 3; i++) {
         cr_assert_eq(tc_log_count(&c, i, "created the cluster"), 0,
                      "node %d created the cluster without node 1", i + 1);

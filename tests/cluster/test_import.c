@@ -382,6 +382,8 @@ Test(import,
                       "node %d did not say why it waits", i + 1);
         struct idalloc_node_status ns = status_of(&b, i);
         cr_assert_str_eq(ns.role, "seeded", "node %d is %s", i + 1, ns.role);
+        cr_assert_eq(ns.term, 1, "node %d took part (term %llu)", i + 1,
+                     (unsigned long long)ns.term);
         cr_assert_eq(tc_log_count(&b, i, "now leads cluster"), 0);
     }
 
