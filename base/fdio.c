@@ -1,6 +1,7 @@
 #include "base/fdio.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -41,4 +42,17 @@ int ida_read_all(int fd, void *buf, size_t len)
         len -= (size_t)r;
     }
     return 0;
+}
+
+int ida_fsync_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        return IDA_EIO;
+    }
+    int rv = fsync(fd) == 0 ? 0 : IDA_EIO;
+    int err = errno;
+    close(fd);
+    errno = err;
+    return rv;
 }

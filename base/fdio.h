@@ -16,4 +16,8 @@ int ida_write_all(int fd, const void *buf, size_t len);
  * an end of file before @len bytes (errno tells which: 0 at end of file). */
 int ida_read_all(int fd, void *buf, size_t len);
 
+/* fsync(2) the directory @path, so that a rename or a new file in it is
+ * durable. Returns 0, or IDA_EIO (errno tells why). */
+int ida_fsync_dir(const char *path);
+
 #endif /* IDA_BASE_FDIO_H */

@@ -144,13 +144,8 @@ static int fsync_dir_of(const char *path)
     if (copy == NULL) {
         return IDA_ENOMEM;
     }
-    int fd = open(dirname(copy), O_RDONLY);
+    int rv = ida_fsync_dir(dirname(copy));
     ida_free(copy);
-    if (fd < 0) {
-        return IDA_EIO;
-    }
-    int rv = fsync(fd) == 0 ? 0 : IDA_EIO;
-    close(fd);
     return rv;
 }
 

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/fdio.h"
 #include "base/heap.h"
 #include "base/log.h"
 #include "fsm/fsm.h"
@@ -79,17 +80,6 @@ static int remove_tree(const char *path)
         return errno == ENOENT ? 0 : -1;
     }
     return nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-}
-
-static int fsync_dir(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        return -1;
-    }
-    int rv = fsync(fd);
-    close(fd);
-    return rv;
 }
 
 /* Store @snap (@len bytes) in the new node @n as the snapshot at
@@ -174,7 +164,7 @@ static int write_marker(const char *dir,
             err = errno;
         }
     }
-    if (err == 0 && fsync_dir(dir) != 0) {
+    if (err == 0 && ida_fsync_dir(dir) != 0) {
         err = errno;
     }
     if (err != 0) {
@@ -345,7 +335,7 @@ int ida_node_import(const struct ida_node_opts *o,
             rv = fail(errmsg, IDA_EIO,
                       "%s: cannot move the new node directory into place: %s",
                       final, strerror(errno));
-        } else if (rv == 0 && fsync_dir(data) != 0) {
+        } else if (rv == 0 && ida_fsync_dir(data) != 0) {
             rv = fail(errmsg, IDA_EIO,
                       "%s is in place, but the fsync of %s failed: %s (a crash "
                       "now may undo the import; run it again if so)",

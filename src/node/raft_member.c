@@ -1,12 +1,12 @@
 /* Joining and re-admission at the raft processor (src/node/member.h).
  * Internal: src/node/raft_proc.h. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "base/assert.h"
+#include "base/fdio.h"
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
@@ -46,10 +46,7 @@ static void seed_open(struct raft_proc *rp, uint64_t now)
     const struct ida_node *n = rp->node;
     char mark[sizeof(n->dir) + 16];
     snprintf(mark, sizeof(mark), "%s/%s", n->dir, IDA_NODE_SEEDED_FILE);
-    int fd = -1;
-    if ((unlink(mark) != 0 && errno != ENOENT) ||
-        (fd = open(n->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0 ||
-        fsync(fd) != 0) {
+    if ((unlink(mark) != 0 && errno != ENOENT) || ida_fsync_dir(n->dir) != 0) {
         int err = errno;
         if (now - rp->mem.last_wait_log_ms >= 5000) {
             rp->mem.last_wait_log_ms = now;
@@ -58,12 +55,8 @@ static void seed_open(struct raft_proc *rp, uint64_t now)
                 "tries again)",
                 mark, strerror(err));
         }
-        if (fd >= 0) {
-            close(fd);
-        }
         return;
     }
-    close(fd);
     rp->mem.seeded = false;
     IDA_INFO(
         "import: every other node of the cluster file answered that it "

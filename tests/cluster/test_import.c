@@ -93,6 +93,18 @@ static int list_to(const char *addrs, const char *file)
                   tc_bin("idalloc"), addrs, file);
 }
 
+/* Cluster A (3 nodes, cluster "test") with a client in @cl and the bounded
+ * pool "b" of @size ids. */
+static void start_a(uint64_t size)
+{
+    tc_start(&a, 3, NULL);
+    cr_assert_geq(tc_wait_leader(&a, 20000), 0, "no leader");
+    cl = tc_client(&a, 20000);
+    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, size, NULL,
+                                     tc_detail()),
+                 0, "%s", tc_errmsg());
+}
+
 /* What node @i of @t says of itself. */
 static struct idalloc_node_status status_of(struct tc *t, int i)
 {
@@ -122,12 +134,7 @@ Test(import,
      .timeout = 300)
 {
     /* Cluster A and its state. */
-    tc_start(&a, 3, NULL);
-    cr_assert_geq(tc_wait_leader(&a, 20000), 0, "no leader");
-    cl = tc_client(&a, 20000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 1000000,
-                                     NULL, tc_detail()),
-                 0, "%s", tc_errmsg());
+    start_a(1000000);
     cr_assert_eq(idalloc_pool_create(cl, "s", IDALLOC_POOL_SEQUENCE, 0, NULL,
                                      tc_detail()),
                  0);
@@ -344,12 +351,7 @@ Test(import,
      .fini = teardown_small,
      .timeout = 120)
 {
-    tc_start(&a, 3, NULL);
-    cr_assert_geq(tc_wait_leader(&a, 20000), 0, "no leader");
-    cl = tc_client(&a, 20000);
-    cr_assert_eq(idalloc_pool_create(cl, "b", IDALLOC_POOL_BOUNDED, 100, NULL,
-                                     tc_detail()),
-                 0);
+    start_a(100);
     uint64_t id;
     cr_assert_eq(idalloc_alloc(cl, "b", "kept", &id, NULL, tc_detail()), 0);
     idalloc_client_free(cl);
