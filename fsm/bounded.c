@@ -171,10 +171,12 @@ uint32_t ida__bounded_find(const struct ida__bounded *b,
 int ida__bounded_alloc(struct ida__bounded *b,
                        const char *tag,
                        size_t len,
+                       uint64_t hash,
                        uint64_t *id,
                        bool *existed)
 {
-    uint32_t ref = ida__bounded_find(b, tag, len);
+    uint32_t ref =
+        ida__tagtab_find_hashed(&b->tab, (const uint8_t *)tag, len, hash);
     if (ref != IDA__REF_NONE) {
         *id = ref;
         *existed = true;
@@ -195,7 +197,7 @@ int ida__bounded_alloc(struct ida__bounded *b,
         return -IDA_ENOMEM;
     }
     take(b, cand, rec);
-    ida__tagtab_insert(&b->tab, (uint32_t)cand);
+    ida__tagtab_insert_hashed(&b->tab, (uint32_t)cand, hash);
     *id = cand;
     *existed = false;
     return IDA__R_OK;
@@ -240,6 +242,7 @@ int ida__bounded_free(struct ida__bounded *b,
                       uint64_t id,
                       const char *tag,
                       size_t len,
+                      uint64_t hash,
                       bool *freed)
 {
     if (id >= b->size) {
@@ -254,7 +257,7 @@ int ida__bounded_free(struct ida__bounded *b,
         return IDA__R_TAG_MISMATCH;
     }
     /* Remove from the index while the key is still readable. */
-    ida__tagtab_remove(&b->tab, (uint32_t)id);
+    ida__tagtab_remove_hashed(&b->tab, (uint32_t)id, hash);
     uint64_t c = id >> IDA__CHUNK_SHIFT;
     struct ida__chunk *ch = b->chunks[c];
     unsigned bit = (unsigned)(id & (IDA__CHUNK_IDS - 1));

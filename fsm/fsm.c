@@ -226,6 +226,7 @@ void ida_fsm_free(struct ida_fsm *f)
     ida_free(f->sess_free);
     ida__tagtab_close(&f->sessions);
     ida_free(f->replies);
+    ida_free(f->pre);
     ida__arena_release(&f->arena);
     ida_free(f);
 }
@@ -423,7 +424,7 @@ static int op_pool_create(struct ida_fsm *f,
 
 static int op_alloc(struct ida_fsm *f,
                     const Idalloc__Alloc *m,
-                    bool utf8,
+                    const struct ida__cmd_pre *pre,
                     struct ida_fsm_result *r)
 {
     struct ida__pool *p;
@@ -431,15 +432,15 @@ static int op_alloc(struct ida_fsm *f,
     int rv =
         pool_of_cmd(f, &m->pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
     if (rv == IDA__R_OK) {
-        rv = check_tag(m->tag.data, len, utf8);
+        rv = pre->tag_check;
     }
     if (rv != IDA__R_OK) {
         return rv;
     }
     uint64_t id;
     bool existed;
-    rv = ida__bounded_alloc(&p->u.bounded, (const char *)m->tag.data, len, &id,
-                            &existed);
+    rv = ida__bounded_alloc(&p->u.bounded, (const char *)m->tag.data, len,
+                            pre->tag_hash, &id, &existed);
     if (rv == IDA__R_OK) {
         result_ok(r, IDA_FSM_OP_ALLOC);
         r->id = id;
@@ -450,7 +451,7 @@ static int op_alloc(struct ida_fsm *f,
 
 static int op_free(struct ida_fsm *f,
                    const Idalloc__Free *m,
-                   bool utf8,
+                   const struct ida__cmd_pre *pre,
                    struct ida_fsm_result *r)
 {
     struct ida__pool *p;
@@ -458,14 +459,14 @@ static int op_free(struct ida_fsm *f,
     int rv =
         pool_of_cmd(f, &m->pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p);
     if (rv == IDA__R_OK) {
-        rv = check_tag(m->tag.data, len, utf8);
+        rv = pre->tag_check;
     }
     if (rv != IDA__R_OK) {
         return rv;
     }
     bool freed;
     rv = ida__bounded_free(&p->u.bounded, m->id, (const char *)m->tag.data, len,
-                           &freed);
+                           pre->tag_hash, &freed);
     if (rv == IDA__R_OK) {
         result_ok(r, IDA_FSM_OP_FREE);
         r->flag = freed;
@@ -633,6 +634,7 @@ static uint64_t seed_of(ida_index index, size_t pos)
 /* Run @c's operation: IDA__R_OK with @r filled, a reason, or -IDA_ENOMEM. */
 static int execute(struct ida_fsm *f,
                    const Idalloc__Command *c,
+                   const struct ida__cmd_pre *pre,
                    uint64_t seed,
                    bool utf8,
                    struct ida_fsm_result *r)
@@ -641,9 +643,9 @@ static int execute(struct ida_fsm *f,
         case IDALLOC__COMMAND__OP_POOL_CREATE:
             return op_pool_create(f, c->pool_create, r);
         case IDALLOC__COMMAND__OP_ALLOC:
-            return op_alloc(f, c->alloc, utf8, r);
+            return op_alloc(f, c->alloc, pre, r);
         case IDALLOC__COMMAND__OP_FREE:
-            return op_free(f, c->free, utf8, r);
+            return op_free(f, c->free, pre, r);
         case IDALLOC__COMMAND__OP_RESERVE:
             return op_reserve(f, c->reserve, r);
         case IDALLOC__COMMAND__OP_PREFIX_ALLOC:
@@ -690,7 +692,7 @@ static int register_client(struct ida_fsm *f,
  * IDA_ENOMEM (nothing of this command applied). */
 static int apply_command(struct ida_fsm *f,
                          const Idalloc__Command *c,
-                         const uint64_t *fingerprint,
+                         const struct ida__cmd_pre *pre,
                          uint64_t seed,
                          bool utf8,
                          struct ida_fsm_reply *reply)
@@ -709,7 +711,8 @@ static int apply_command(struct ida_fsm *f,
     if (c->op_case == IDALLOC__COMMAND__OP_REGISTER_CLIENT) {
         return register_client(f, c->client_id.data, reply);
     }
-    struct ida__session *s = ida__session_find(f, c->client_id.data);
+    struct ida__session *s =
+        ida__session_find_hashed(f, c->client_id.data, pre->client_hash);
     if (s == NULL) {
         /* Never executed: the client cannot know whether an earlier copy
          * ran before its session went, so only a definite "not now". */
@@ -720,7 +723,7 @@ static int apply_command(struct ida_fsm *f,
         ida__fsm_result_error(&reply->result, IDA__R_ACK_ABOVE);
         return 0;
     }
-    uint64_t fp = fingerprint != NULL ? *fingerprint : ida__fsm_fingerprint(c);
+    uint64_t fp = pre->fp;
     const struct ida__cached *k = ida__session_lookup(s, c->request_seq);
     if (k == NULL && c->request_seq > s->evicted_below &&
         ida__session_room(s) == 0 &&
@@ -760,7 +763,7 @@ static int apply_command(struct ida_fsm *f,
         ida__session_keep(f, s, c->request_seq, fp, &reply->result);
         return 0;
     }
-    int rv = execute(f, c, seed, utf8, &reply->result);
+    int rv = execute(f, c, pre, seed, utf8, &reply->result);
     if (rv < 0) {
         return -rv;
     }
@@ -789,6 +792,24 @@ static int reserve_replies(struct ida_fsm *f, size_t n)
     return 0;
 }
 
+static int reserve_pre(struct ida_fsm *f, size_t n)
+{
+    if (n <= f->pre_cap) {
+        return 0;
+    }
+    size_t ncap = f->pre_cap == 0 ? 64 : f->pre_cap;
+    while (ncap < n) {
+        ncap *= 2;
+    }
+    struct ida__cmd_pre *np = ida_realloc(f->pre, ncap * sizeof(*np));
+    if (np == NULL) {
+        return IDA_ENOMEM;
+    }
+    f->pre = np;
+    f->pre_cap = ncap;
+    return 0;
+}
+
 /* A batch's allocs and frees have the tag table slot each will probe
  * prefetched this many commands ahead of the one applied. With millions of
  * tags the table is far larger than the cache and every probe is a miss;
@@ -796,37 +817,73 @@ static int reserve_replies(struct ida_fsm *f, size_t n)
  * (a restart's or a new node's replay of the log is apply-bound). */
 #define PREFETCH_AHEAD 8
 
-/* Prefetch the slot command @c (an alloc or a free in a bounded pool)
- * will probe. Reads only, and only now: the pool is looked up afresh each
- * time, since a command applied meanwhile may replace the pools. */
-static void prefetch_tag(struct ida_fsm *f, const Idalloc__Command *c)
+/* The tag of command @c when it is an alloc or a free (NULL otherwise), and
+ * its pool's name in *@pool. */
+static const ProtobufCBinaryData *tag_of(const Idalloc__Command *c,
+                                         const ProtobufCBinaryData **pool)
 {
-    const ProtobufCBinaryData *pool, *tag;
     if (c->op_case == IDALLOC__COMMAND__OP_ALLOC && c->alloc != NULL) {
-        pool = &c->alloc->pool;
-        tag = &c->alloc->tag;
-    } else if (c->op_case == IDALLOC__COMMAND__OP_FREE && c->free != NULL) {
-        pool = &c->free->pool;
-        tag = &c->free->tag;
-    } else {
-        return;
+        *pool = &c->alloc->pool;
+        return &c->alloc->tag;
     }
-    struct ida__pool *p;
-    if (tag->len > 0 && tag->len <= IDA_TAG_BYTES_MAX &&
-        pool_of_cmd(f, pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p) ==
-            IDA__R_OK) {
-        ida__tagtab_prefetch(&p->u.bounded.tab, ida__hash(tag->data, tag->len));
+    if (c->op_case == IDALLOC__COMMAND__OP_FREE && c->free != NULL) {
+        *pool = &c->free->pool;
+        return &c->free->tag;
+    }
+    return NULL;
+}
+
+void ida__fsm_pre(const Idalloc__Command *c,
+                  uint32_t version,
+                  struct ida__cmd_pre *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->fp = ida__fsm_fingerprint(c);
+    if (c->client_id.len == IDA_CLIENT_ID_BYTES) {
+        out->client_hash = ida__hash(c->client_id.data, IDA_CLIENT_ID_BYTES);
+    }
+    const ProtobufCBinaryData *pool;
+    const ProtobufCBinaryData *tag = tag_of(c, &pool);
+    if (tag != NULL) {
+        out->tag_check = check_tag(tag->data, tag->len, version >= 2);
+        if (out->tag_check == IDA__R_OK) {
+            out->tag_hash = ida__hash(tag->data, tag->len);
+        }
     }
 }
 
-/* @fps: the commands' fingerprints, computed ahead, or NULL. */
+/* Prefetch the slot command @c (an alloc or a free in a bounded pool, its
+ * tag's hash in @pre) will probe. Reads only, and only now: the pool is
+ * looked up afresh each time, since a command applied meanwhile may
+ * replace the pools. */
+static void prefetch_tag(struct ida_fsm *f,
+                         const Idalloc__Command *c,
+                         const struct ida__cmd_pre *pre)
+{
+    const ProtobufCBinaryData *pool;
+    struct ida__pool *p;
+    if (tag_of(c, &pool) != NULL && pre->tag_check == IDA__R_OK &&
+        pool_of_cmd(f, pool, IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, &p) ==
+            IDA__R_OK) {
+        ida__tagtab_prefetch(&p->u.bounded.tab, pre->tag_hash);
+    }
+}
+
+/* @pre: the commands worked out ahead, or NULL to work them out first. */
 static int apply_batch(struct ida_fsm *f,
                        ida_index index,
                        const Idalloc__CommandBatch *b,
-                       const uint64_t *fps,
+                       const struct ida__cmd_pre *pre,
                        struct ida_fsm_applied *out)
 {
     int rv = reserve_replies(f, b->n_commands);
+    if (rv == 0 && pre == NULL) {
+        rv = reserve_pre(f, b->n_commands);
+        for (size_t i = 0; rv == 0 && i < b->n_commands; i++) {
+            ida__fsm_pre(b->commands[i], b->version, &f->pre[i]);
+        }
+        pre = f->pre;
+    }
     if (rv != 0) {
         return rv;
     }
@@ -835,14 +892,15 @@ static int apply_batch(struct ida_fsm *f,
     }
     ida__sessions_expire(f);
     for (size_t i = 0; i < b->n_commands && i < PREFETCH_AHEAD; i++) {
-        prefetch_tag(f, b->commands[i]);
+        prefetch_tag(f, b->commands[i], &pre[i]);
     }
     for (size_t i = 0; i < b->n_commands; i++) {
         if (i + PREFETCH_AHEAD < b->n_commands) {
-            prefetch_tag(f, b->commands[i + PREFETCH_AHEAD]);
+            prefetch_tag(f, b->commands[i + PREFETCH_AHEAD],
+                         &pre[i + PREFETCH_AHEAD]);
         }
-        rv = apply_command(f, b->commands[i], fps != NULL ? &fps[i] : NULL,
-                           seed_of(index, i), b->version >= 2, &f->replies[i]);
+        rv = apply_command(f, b->commands[i], &pre[i], seed_of(index, i),
+                           b->version >= 2, &f->replies[i]);
         if (rv != 0) {
             return rv;
         }
@@ -857,7 +915,7 @@ int ida__fsm_apply_decoded(struct ida_fsm *f,
                            enum ida_entry_type type,
                            const Idalloc__CommandBatch *b,
                            bool out_of_memory,
-                           const uint64_t *fps,
+                           const struct ida__cmd_pre *pre,
                            struct ida_fsm_applied *out)
 {
     memset(out, 0, sizeof(*out));
@@ -883,7 +941,7 @@ int ida__fsm_apply_decoded(struct ida_fsm *f,
         } else if (b->n_commands > IDA_BATCH_COMMANDS_MAX) {
             out->entry_error = IDA_ETOOBIG;
         } else {
-            int rv = apply_batch(f, index, b, fps, out);
+            int rv = apply_batch(f, index, b, pre, out);
             if (rv != 0) {
                 memset(out, 0, sizeof(*out));
                 out->index = index;

@@ -135,6 +135,12 @@ void ida__tagtab_close(struct ida__tagtab *t);
 uint32_t ida__tagtab_find(const struct ida__tagtab *t,
                           const uint8_t *key,
                           size_t len);
+/* The same, given @hash == ida__hash(@key, @len) (worked out ahead: struct
+ * ida__cmd_pre). */
+uint32_t ida__tagtab_find_hashed(const struct ida__tagtab *t,
+                                 const uint8_t *key,
+                                 size_t len,
+                                 uint64_t hash);
 /* Make room for one more ref (0 or IDA_ENOMEM; nothing changes on error). */
 int ida__tagtab_reserve(struct ida__tagtab *t);
 /* Make room for @n more refs at once (restore knows the count). */
@@ -142,6 +148,10 @@ int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n);
 /* Insert @ref (its key must be readable already and absent). Requires a
  * successful ida__tagtab_reserve() since the last insert. */
 void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref);
+/* The same, given @hash == ida__hash() of @ref's key. */
+void ida__tagtab_insert_hashed(struct ida__tagtab *t,
+                               uint32_t ref,
+                               uint64_t hash);
 /* Bulk loading, for a restore (tagtab.c explains why). The caller:
  *   1. takes the table's memory as scratch, room for @n keys
  *      (ida__tagtab_bulk_begin(), on an empty table: NULL when out of memory);
@@ -213,6 +223,10 @@ bool ida__tagtab_insert_word_shared(struct ida__tagtab *t, uint64_t word);
 void ida__tagtab_prefetch(const struct ida__tagtab *t, uint64_t hash);
 /* Remove @ref (must be present; its key must still be readable). */
 void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref);
+/* The same, given @hash == ida__hash() of @ref's key. */
+void ida__tagtab_remove_hashed(struct ida__tagtab *t,
+                               uint32_t ref,
+                               uint64_t hash);
 
 /* --- tag records ---------------------------------------------------------- */
 
@@ -274,17 +288,20 @@ struct ida__bounded
 
 void ida__bounded_init(struct ida__bounded *b, uint64_t size);
 void ida__bounded_close(struct ida__bounded *b);
-/* alloc/free/lookup as in fsm.h. Return an enum ida__fsm_reason (IDA__R_OK)
- * or -IDA_ENOMEM. Nothing changes unless IDA__R_OK is returned. */
+/* alloc/free/lookup as in fsm.h, @hash being ida__hash(@tag, @len). Return
+ * an enum ida__fsm_reason (IDA__R_OK) or -IDA_ENOMEM. Nothing changes unless
+ * IDA__R_OK is returned. */
 int ida__bounded_alloc(struct ida__bounded *b,
                        const char *tag,
                        size_t len,
+                       uint64_t hash,
                        uint64_t *id,
                        bool *existed);
 int ida__bounded_free(struct ida__bounded *b,
                       uint64_t id,
                       const char *tag,
                       size_t len,
+                      uint64_t hash,
                       bool *freed);
 /* The id of @tag or IDA__REF_NONE. */
 uint32_t ida__bounded_find(const struct ida__bounded *b,
@@ -422,6 +439,21 @@ struct ida__arena
     bool failed; /* an allocation failed since the last reset */
 };
 
+/* What a command's own bytes decide, worked out before it is applied: on
+ * the lent thread of ida_fsm_apply_entries() (apply_ahead.c) while the
+ * entries before it are applied, or for a whole batch before its first
+ * command (apply_batch()). Each is a pure function of the command and its
+ * batch's version, so wherever it is computed the answers are the same; and
+ * each is computed once (an alloc hashed its tag three times: for the
+ * prefetch, the lookup and the insert). */
+struct ida__cmd_pre
+{
+    uint64_t fp;          /* ida__fsm_fingerprint() */
+    uint64_t client_hash; /* ida__hash() of the client id */
+    uint64_t tag_hash;    /* ida__hash() of an alloc's or a free's tag */
+    int tag_check;        /* that tag's check (IDA__R_OK or the reason) */
+};
+
 struct ida_fsm
 {
     ida_index applied_index;
@@ -448,6 +480,9 @@ struct ida_fsm
 
     struct ida_fsm_reply *replies; /* last apply's answers */
     size_t replies_cap;
+    struct ida__cmd_pre *pre; /* a batch's commands worked out ahead, when
+                                 its caller did not (apply_batch()) */
+    size_t pre_cap;
 
     struct ida__arena arena; /* decode memory of the current entry */
 };
@@ -461,6 +496,10 @@ int ida__fsm_pool_insert(struct ida_fsm *f, struct ida__pool *p);
 /* Sessions. */
 struct ida__session *ida__session_find(const struct ida_fsm *f,
                                        const uint8_t *client_id);
+/* The same, given @hash == ida__hash() of the client id. */
+struct ida__session *ida__session_find_hashed(const struct ida_fsm *f,
+                                              const uint8_t *client_id,
+                                              uint64_t hash);
 /* Add a new session (absent, table not full): NULL on ENOMEM. */
 struct ida__session *ida__session_add(struct ida_fsm *f,
                                       const uint8_t *client_id);
@@ -522,15 +561,20 @@ int ida__batch_decode_simple(struct ida__arena *a,
 /* ida_fsm_apply() of an entry decoded already (into an arena of the
  * caller's: @b, or NULL with @out_of_memory when the decoding ran out of
  * memory, NULL without it when the bytes do not decode; anything for a
- * type other than NORMAL), with its commands' fingerprints (@fps, one per
- * command, ida__fsm_fingerprint()) or NULL to compute them. */
+ * type other than NORMAL), with its commands worked out ahead (@pre, one
+ * per command, ida__fsm_pre()) or NULL to work them out here. */
 int ida__fsm_apply_decoded(struct ida_fsm *f,
                            ida_index index,
                            enum ida_entry_type type,
                            const Idalloc__CommandBatch *b,
                            bool out_of_memory,
-                           const uint64_t *fps,
+                           const struct ida__cmd_pre *pre,
                            struct ida_fsm_applied *out);
+/* Work out command @c of a batch of version @version (struct
+ * ida__cmd_pre). */
+void ida__fsm_pre(const Idalloc__Command *c,
+                  uint32_t version,
+                  struct ida__cmd_pre *out);
 
 /* --- snapshots ---------------------------------------------------------- */
 

@@ -22,8 +22,16 @@ const uint8_t *ida__session_key(const void *ctx, uint32_t ref, size_t *len)
 struct ida__session *ida__session_find(const struct ida_fsm *f,
                                        const uint8_t *client_id)
 {
-    uint32_t ref =
-        ida__tagtab_find(&f->sessions, client_id, IDA_CLIENT_ID_BYTES);
+    return ida__session_find_hashed(f, client_id,
+                                    ida__hash(client_id, IDA_CLIENT_ID_BYTES));
+}
+
+struct ida__session *ida__session_find_hashed(const struct ida_fsm *f,
+                                              const uint8_t *client_id,
+                                              uint64_t hash)
+{
+    uint32_t ref = ida__tagtab_find_hashed(&f->sessions, client_id,
+                                           IDA_CLIENT_ID_BYTES, hash);
     return ref == IDA__REF_NONE ? NULL : f->sess_refs[ref];
 }
 

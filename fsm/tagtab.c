@@ -121,11 +121,19 @@ uint32_t ida__tagtab_find(const struct ida__tagtab *t,
                           const uint8_t *key,
                           size_t len)
 {
+    return ida__tagtab_find_hashed(t, key, len, ida__hash(key, len));
+}
+
+uint32_t ida__tagtab_find_hashed(const struct ida__tagtab *t,
+                                 const uint8_t *key,
+                                 size_t len,
+                                 uint64_t hash)
+{
     if (t->cap == 0) {
         return IDA__REF_NONE;
     }
     uint64_t end;
-    return probe(t, key, len, (uint32_t)(ida__hash(key, len) >> 32), &end);
+    return probe(t, key, len, (uint32_t)(hash >> 32), &end);
 }
 
 static void place(struct ida__tagtab *t, uint64_t slot)
@@ -192,6 +200,16 @@ void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref)
     IDA_ASSERT(ref != IDA__REF_NONE);
     IDA_ASSERT((t->used + 1) * 10 <= t->cap * 7);
     place(t, MAKE_SLOT(h32_of(t, ref), ref));
+    t->used++;
+}
+
+void ida__tagtab_insert_hashed(struct ida__tagtab *t,
+                               uint32_t ref,
+                               uint64_t hash)
+{
+    IDA_ASSERT(ref != IDA__REF_NONE);
+    IDA_ASSERT((t->used + 1) * 10 <= t->cap * 7);
+    place(t, MAKE_SLOT((uint32_t)(hash >> 32), ref));
     t->used++;
 }
 
@@ -267,9 +285,16 @@ bool ida__tagtab_insert_word_shared(struct ida__tagtab *t, uint64_t word)
 
 void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref)
 {
+    ida__tagtab_remove_hashed(t, ref, (uint64_t)h32_of(t, ref) << 32);
+}
+
+void ida__tagtab_remove_hashed(struct ida__tagtab *t,
+                               uint32_t ref,
+                               uint64_t hash)
+{
     IDA_ASSERT(t->used > 0);
     uint64_t mask = t->cap - 1;
-    uint64_t want = MAKE_SLOT(h32_of(t, ref), ref);
+    uint64_t want = MAKE_SLOT((uint32_t)(hash >> 32), ref);
     uint64_t i = home(t, SLOT_H32(want));
     while (t->slots[i] != want) {
         IDA_ASSERT(t->slots[i] != 0); /* @ref must be present */
