@@ -22,9 +22,11 @@
  * of 10 M allocations, a start took 0.7 ms on average from the request to
  * the block's first decoded entry (a new thread in a process of gigabytes,
  * its other threads faulting memory in): with blocks of 128 entries that
- * was 0.14 s of a 0.7 s replay of 24 k entries. Blocks of 1024 entries (a
- * few MB) make it ~0.01 s; the first block, decoded by the caller alone,
- * costs ~20 ms.
+ * was 0.14 s of a 0.7 s replay of 24 k entries. So blocks grow: the first
+ * holds BLOCK_ENTRIES_FIRST entries (decoded by the caller alone, so the
+ * helper starts early), each next one twice as many, up to BLOCK_ENTRIES:
+ * a long replay starts a thread per 1024 entries (~0.01 s in all at 24 k),
+ * a short run still has the helper from its 129th entry on.
  *
  * Same answers: the decoded batch is the one ida_fsm_apply() would build
  * (ida__batch_unpack() is pure, whatever arena it fills), and what
@@ -42,8 +44,10 @@
 #include "fsm/fsm_internal.h"
 #include "idalloc_errors.h"
 
-/* Entries per block: the lent thread is started once per block. */
-#define BLOCK_ENTRIES 1024
+/* Entries per block: the first, and at most (the lent thread is started
+ * once per block). */
+#define BLOCK_ENTRIES_FIRST 128
+#define BLOCK_ENTRIES       1024
 /* A block ends after the entry that brings its bytes to this (decoded, a
  * batch takes about twice its encoded size). */
 #define BLOCK_BYTES (4u << 20)
@@ -124,10 +128,15 @@ static int apply_run(struct ida_fsm *f,
     return 0;
 }
 
-static void block_set(struct block *k, const struct ida_entry *e, size_t n)
+/* @k over the first of the @n entries @e: at most @most of them, and
+ * BLOCK_BYTES. */
+static void block_set(struct block *k,
+                      const struct ida_entry *e,
+                      size_t n,
+                      size_t most)
 {
     size_t i = 0, bytes = 0;
-    while (i < n && i < BLOCK_ENTRIES && bytes < BLOCK_BYTES) {
+    while (i < n && i < most && bytes < BLOCK_BYTES) {
         bytes += e[i++].len;
     }
     k->e = e;
@@ -146,7 +155,7 @@ int ida_fsm_apply_entries(struct ida_fsm *f,
     IDA_ASSERT(e != NULL || n == 0);
     *done = 0;
     struct block *k[2] = {NULL, NULL};
-    if (helper != NULL && n > BLOCK_ENTRIES) {
+    if (helper != NULL && n > BLOCK_ENTRIES_FIRST) {
         k[0] = ida_calloc(1, sizeof(*k[0]));
         k[1] = ida_calloc(1, sizeof(*k[1]));
     }
@@ -155,13 +164,15 @@ int ida_fsm_apply_entries(struct ida_fsm *f,
         /* One thread, or no memory for the blocks: one at a time. */
         rv = apply_run(f, e, n, NULL, fn, ctx, done);
     } else {
-        block_set(k[0], e, n);
+        size_t most = BLOCK_ENTRIES_FIRST;
+        block_set(k[0], e, n, most);
         decode_block(k[0]);
         for (size_t at = 0; at < n && rv == 0;) {
             size_t next = at + k[0]->n;
             bool helped = false;
             if (next < n) {
-                block_set(k[1], e + next, n - next);
+                most = most < BLOCK_ENTRIES ? 2 * most : BLOCK_ENTRIES;
+                block_set(k[1], e + next, n - next, most);
                 helped = helper->start(helper->ctx, decode_block, k[1]) == 0;
             }
             rv = apply_run(f, k[0]->e, k[0]->n, k[0]->d, fn, ctx, done);

@@ -239,7 +239,9 @@ void ida_fsm_replace(struct ida_fsm *dst, struct ida_fsm *src)
     /* Swap the contents, then free @src, which holds the old state. The
      * tables point back at their owner (ctx), so re-aim the sessions table
      * of both. Each keeps its own reply buffer: the replies of the last
-     * apply stay where ida_fsm_applied said they were. */
+     * apply stay where ida_fsm_applied said they were. The scratch of
+     * worked-out commands (pre, pre_cap) moves with the state: nothing
+     * points into it between applies. */
     struct ida_fsm old = *dst;
     struct ida_fsm_reply *replies = src->replies;
     size_t replies_cap = src->replies_cap;

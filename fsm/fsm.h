@@ -255,8 +255,9 @@ struct ida_fsm_helper; /* below, with restore, which lends one too */
 
 /* ida_fsm_apply() of the @n consecutive entries @e in order, calling @fn
  * after each (it must not change @e: the helper may be reading it). A run
- * of more than 1024 entries is applied a block at a time (1024 entries, or
- * fewer holding 4 MiB), with @helper's thread (NULL: none) decoding the
+ * of more than 128 entries is applied a block at a time (128 entries, then
+ * twice as many each block up to 1024, or fewer holding 4 MiB), with
+ * @helper's thread (NULL: none) decoding the
  * next block's batches and working out their commands (fingerprints, the
  * hashes of client ids and tags, the tags' checks) while the
  * caller applies one: a restarted node's replay of its log, or a new

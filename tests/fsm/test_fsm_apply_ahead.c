@@ -12,7 +12,7 @@
 #include "tests/fsm/fsm_helpers.h"
 
 #define CLIENTS 5
-#define ENTRIES 2300 /* several blocks of the decoder, and a part block */
+#define ENTRIES 700 /* several blocks of the decoder, and a part block */
 
 /* A helper on a real thread, as the node lends one (src/node/lend.c); one
  * that never starts (REFUSE), so the caller decodes every block; or one
@@ -301,8 +301,8 @@ Test(apply_ahead, the_same_answers_and_state_as_one_entry_at_a_time)
         cr_assert_eq(got.entries, ENTRIES);
         cr_assert(!th.running, "the helper was joined");
         if (mode == 0) {
-            /* Three blocks (1024 entries, far below 4 MiB each), the first
-             * decoded by the caller. */
+            /* Three blocks (128, 256 and 316 entries, far below 4 MiB
+             * each), the first decoded by the caller. */
             cr_assert_eq(th.starts, 2, "started %d times", th.starts);
         }
         cr_assert_str_eq(got.text, want.text, "mode %d", mode);
@@ -321,7 +321,7 @@ Test(apply_ahead, the_same_answers_and_state_as_one_entry_at_a_time)
 Test(apply_ahead, stops_at_the_first_entry_it_cannot_apply)
 {
     /* In the caller's first block, on a block's first entry, later on. */
-    const size_t bads[] = {5, 1024, 2100};
+    const size_t bads[] = {5, 384, 600};
     for (size_t t = 0; t < sizeof(bads) / sizeof(bads[0]); t++) {
         struct ida_entry *log = make_log_after_base();
         ida_index first = log[0].index;
