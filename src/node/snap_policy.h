@@ -22,25 +22,29 @@
  * request id, a session, the pool name: about 45 bytes against 19), so a
  * log as big as S is two to three times as many commands as the state has
  * allocations, and replaying it at a restart took as long as rebuilding
- * the state (at 10 M allocations, 0.75 s of a 2.4 s restart). S / 2
- * halves the replay and the memory the log takes, for twice the snapshot
- * work: still O(1) per byte applied (encoded <= 2 x applied + S), and done
- * by a forked child off the critical path (bgsnap.h). The divisor weighs
- * two targets of the same run against each other (10 M allocations, 2
- * cores shared by three nodes and the load; make bench-scale):
+ * the state (at 10 M allocations, 0.75 s of a 2.4 s restart). A divisor D
+ * bounds the replay and the memory the log takes by S / D, for D times the
+ * snapshot work of D = 1: still O(1) per byte applied (encoded <= D x
+ * applied + S), and done by a forked child off the critical path
+ * (bgsnap.h). The divisor weighs two targets of the same run against each
+ * other (10 M allocations, 2 cores shared by three nodes and the load;
+ * make bench-scale):
  * - throughput under load: each snapshot costs its node ~1 to 1.5 s of CPU
  *   (the child's encoding of 180 MB, storing it, copy-on-write faults).
- *   With S / 2 the full cluster ran at 84 to 98% of the empty one's rate
- *   (target 80%); with S / 3 at 76% and with S / 4 at 75% (one run each:
- *   two to three snapshots fell in the 30 s measured);
- * - restart: the rebuild takes ~1.2 s, then the log since the snapshot
- *   replays at ~12 us per entry (~2 KB). With S / 2 a node killed just
- *   before its next snapshot replays ~43 k entries, ~0.55 s: about 2.05 s
- *   in all, the target's edge (measured: 1.67 and 1.74 s); S / 3
- *   would make it ~1.87 s.
- * Throughput is paid all the time, the worst restart only by a node killed
- * at the wrong moment: S / 2. A new node's catch-up replays the leader's
- * log since its snapshot, so it weighs the same way.
+ *   Before nodes took turns (TURNS below), S / 2 ran at 84 to 98% of the
+ *   empty cluster's rate (target 80%), S / 3 at 76% and S / 4 at 75%
+ *   (one run each). With turns, S / 3 ran at 82% (10,626 against 12,937
+ *   allocs/s, 2026-11-27): still a thin margin, one run;
+ * - restart: the rebuild takes ~1.1 s, then the log since the snapshot
+ *   replays: 24.4 k entries (78 MB, S / 2.3) in 0.53 s, restart 1.66 to
+ *   1.98 s on a kept 10.7 M state (scripts/bench/kept-restart.py). S / 2
+ *   lets the log reach ~28 k entries before the next snapshot, so a node
+ *   killed just before it restarts in ~2 s, the target's edge; S / 3
+ *   bounds it at ~19 k entries (~0.4 s of replay, ~1.8 s in all; the
+ *   bench-scale run above restarted in 1.59 s with 10 k entries).
+ * S / 3: the worst restart under the target, throughput still above it. A
+ * new node's catch-up replays the leader's log since its snapshot, so it
+ * weighs the same way.
  *
  * snapshot_interval_entries stays the floor (a small state still snapshots
  * every N entries, so the log of a quiet-but-busy cluster stays short), and
@@ -93,7 +97,7 @@
 
 /* A snapshot is due once the log since the last one holds that snapshot's
  * size divided by this (and the floor's entries). */
-#define IDA_SNAP_LOG_DIVISOR 2
+#define IDA_SNAP_LOG_DIVISOR 3
 
 struct ida_snap_policy
 {
