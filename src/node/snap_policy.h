@@ -33,18 +33,22 @@
  *   (the child's encoding of 180 MB, storing it, copy-on-write faults).
  *   Before nodes took turns (TURNS below), S / 2 ran at 84 to 98% of the
  *   empty cluster's rate (target 80%), S / 3 at 76% and S / 4 at 75%
- *   (one run each). With turns, S / 3 ran at 82% (10,626 against 12,937
- *   allocs/s, 2026-11-27): still a thin margin, one run;
+ *   (one run each). With turns, S / 3 ran at 82% and 74% (10,626 of
+ *   12,937 and 9,987 of 13,504 allocs/s, two runs on 2026-11-27);
  * - restart: the rebuild takes ~1.1 s, then the log since the snapshot
- *   replays: 24.4 k entries (78 MB, S / 2.3) in 0.53 s, restart 1.66 to
- *   1.98 s on a kept 10.7 M state (scripts/bench/kept-restart.py). S / 2
- *   lets the log reach ~28 k entries before the next snapshot, so a node
- *   killed just before it restarts in ~2 s, the target's edge; S / 3
- *   bounds it at ~19 k entries (~0.4 s of replay, ~1.8 s in all; the
- *   bench-scale run above restarted in 1.59 s with 10 k entries).
- * S / 3: the worst restart under the target, throughput still above it. A
- * new node's catch-up replays the leader's log since its snapshot, so it
- * weighs the same way.
+ *   replays (13 to 16% faster since each command is worked out once,
+ *   ahead: fsm_internal.h, struct ida__cmd_pre). On a kept 10.7 M state
+ *   (scripts/bench/kept-restart.py) a log of 24.4 k entries (78 MB, S /
+ *   2.3) replayed in 0.43 to 0.57 s and the node served after 1.66 to
+ *   1.98 s (six runs); with S / 2 the log reaches ~28 k entries before
+ *   the next snapshot, ~0.1 s more: the worst restart is at the target's
+ *   edge, about 1.8 to 2.1 s. S / 3 bounds the log at ~19 k entries; a
+ *   log that long gave 1.61 to 1.99 s in five runs, the rebuild's own
+ *   swing (0.9 to 1.4 s) larger than the difference.
+ * Throughput is paid all the time, the worst restart only by a node killed
+ * at the wrong moment, and S / 3 gave up the throughput target in one of
+ * two runs for ~0.1 s of worst restart: S / 2. A new node's catch-up
+ * replays the leader's log since its snapshot, so it weighs the same way.
  *
  * snapshot_interval_entries stays the floor (a small state still snapshots
  * every N entries, so the log of a quiet-but-busy cluster stays short), and
@@ -97,7 +101,7 @@
 
 /* A snapshot is due once the log since the last one holds that snapshot's
  * size divided by this (and the floor's entries). */
-#define IDA_SNAP_LOG_DIVISOR 3
+#define IDA_SNAP_LOG_DIVISOR 2
 
 struct ida_snap_policy
 {
