@@ -36,7 +36,7 @@
  *   (one run each). With turns, S / 3 ran at 82% and 74% (10,626 of
  *   12,937 and 9,987 of 13,504 allocs/s, two runs on 2026-11-27);
  * - restart: the rebuild takes ~1.1 s, then the log since the snapshot
- *   replays (13 to 16% faster since each command is worked out once,
+ *   replays (about 13% faster since each command is worked out once,
  *   ahead: fsm_internal.h, struct ida__cmd_pre). On a kept 10.7 M state
  *   (scripts/bench/kept-restart.py) a log of 24.4 k entries (78 MB, S /
  *   2.3) replayed in 0.43 to 0.57 s and the node served after 1.66 to
