@@ -200,11 +200,17 @@ void ida__snap_stream_drop(struct ida__snap_stream *st)
     if (st == NULL) {
         return;
     }
+    /* Read before the thread is told: once told (and not ended), it may
+     * free @st at any moment. Reading st->thread after tell_stop() was a
+     * use after free: pthread_detach() of a freed stream's bytes crashed a
+     * node whose leader changed while a snapshot arrived (test_catchup,
+     * leader_dies_while_a_wiped_follower_receives_its_snapshot). */
+    pthread_t t = st->thread;
     if (tell_stop(st, true)) {
-        pthread_join(st->thread, NULL);
+        pthread_join(t, NULL);
         stream_free(st);
     } else {
-        pthread_detach(st->thread); /* it frees the stream as it ends */
+        pthread_detach(t); /* it frees the stream as it ends */
     }
 }
 
