@@ -776,40 +776,41 @@ static int apply_command(struct ida_fsm *f,
     return 0;
 }
 
-static int reserve_replies(struct ida_fsm *f, size_t n)
+/* Room for @n items of @size bytes in the array *@p, which has room for
+ * *@cap: grown when short (doubling from 64; *@p and *@cap updated). 0, or
+ * IDA_ENOMEM with both unchanged. */
+static int reserve_items(void **p, size_t *cap, size_t n, size_t size)
 {
-    if (n <= f->replies_cap) {
+    if (n <= *cap) {
         return 0;
     }
-    size_t ncap = f->replies_cap == 0 ? 64 : f->replies_cap;
+    size_t ncap = *cap == 0 ? 64 : *cap;
     while (ncap < n) {
         ncap *= 2;
     }
-    struct ida_fsm_reply *nr = ida_realloc(f->replies, ncap * sizeof(*nr));
-    if (nr == NULL) {
+    void *np = ida_realloc(*p, ncap * size);
+    if (np == NULL) {
         return IDA_ENOMEM;
     }
-    f->replies = nr;
-    f->replies_cap = ncap;
+    *p = np;
+    *cap = ncap;
     return 0;
+}
+
+static int reserve_replies(struct ida_fsm *f, size_t n)
+{
+    void *r = f->replies;
+    int rv = reserve_items(&r, &f->replies_cap, n, sizeof(*f->replies));
+    f->replies = r;
+    return rv;
 }
 
 static int reserve_pre(struct ida_fsm *f, size_t n)
 {
-    if (n <= f->pre_cap) {
-        return 0;
-    }
-    size_t ncap = f->pre_cap == 0 ? 64 : f->pre_cap;
-    while (ncap < n) {
-        ncap *= 2;
-    }
-    struct ida__cmd_pre *np = ida_realloc(f->pre, ncap * sizeof(*np));
-    if (np == NULL) {
-        return IDA_ENOMEM;
-    }
-    f->pre = np;
-    f->pre_cap = ncap;
-    return 0;
+    void *p = f->pre;
+    int rv = reserve_items(&p, &f->pre_cap, n, sizeof(*f->pre));
+    f->pre = p;
+    return rv;
 }
 
 /* A batch's allocs and frees have the tag table slot each will probe
