@@ -424,10 +424,12 @@ int ida_fsm_restore_with(struct ida_fsm *f,
  * It never refuses anything. Bytes it cannot take ahead (not laid out as
  * this encoder writes them, damaged, or out of memory) it leaves to the
  * restore, which decides as it always does: the verdict and the state are
- * those of ida_fsm_restore_with() on the same bytes. A pool decoded ahead
- * costs the restored pool's memory plus its table's sorting arrays (8
- * bytes per holding, and the words until it is whole) until it is taken
- * or freed. Not thread-safe: one thread at a time steps it or restores
+ * those of ida_fsm_restore_with() on the same bytes. It also sums the
+ * bytes as the checksum does, so the restore needs no pass of its own over
+ * them. A pool decoded ahead costs the restored pool's memory plus its
+ * tags' words (8 bytes per holding, grouped by table region from 65536
+ * holdings on, and a batch of up to 2 MiB) until it is taken or freed.
+ * Not thread-safe: one thread at a time steps it or restores
  * with it (the stream's thread steps, the check restores once it joined
  * that thread). */
 struct ida_fsm_ahead;

@@ -196,6 +196,16 @@ static inline unsigned ida__tagtab_region(const struct ida__tagtab *t,
     return (unsigned)(ida__tagtab_home(t, (uint32_t)(word >> 32)) >>
                       (bits - ida__tagtab_regions_log2(t)));
 }
+/* ida__tagtab_region() of @word in any table of IDA__TAGTAB_REGIONS slots
+ * or more: then the regions are IDA__TAGTAB_REGIONS, and a word's is the
+ * top bits of the product its home takes more bits of, whatever the size.
+ * The decoding of a snapshot still arriving groups words by it before the
+ * table's size is known. */
+static inline unsigned ida__tagtab_region_full(uint64_t word)
+{
+    return (unsigned)(((word >> 32) * UINT64_C(0x9e3779b97f4a7c15)) >>
+                      (64 - IDA__TAGTAB_REGIONS_LOG2));
+}
 /* Start loading slots [@lo, @hi) into the cache, for writing. */
 static inline void ida__tagtab_prefetch_range(const struct ida__tagtab *t,
                                               uint64_t lo,
@@ -335,6 +345,11 @@ struct ida__pool *ida__ahead_take(struct ida_fsm_ahead *a,
                                   size_t b_at,
                                   const struct ida_fsm_helper *helper,
                                   int *rv);
+/* snap_ahead.c, for the restore: true with *@sum the checksum of the
+ * snapshot's bytes before its checksum field (ida__snapshot_checksum())
+ * when @a (may be NULL), made for @len bytes, was stepped over all of
+ * them; else false (the restore computes it). */
+bool ida__ahead_sum(const struct ida_fsm_ahead *a, size_t len, uint64_t *sum);
 
 /* --- prefix pool ---------------------------------------------------------- */
 
@@ -580,5 +595,14 @@ void ida__fsm_pre(const Idalloc__Command *c,
 
 /* The hash stored as FsmState.checksum over the @len bytes before it. */
 uint64_t ida__snapshot_checksum(const uint8_t *p, size_t len);
+/* The same hash a piece at a time, for bytes that arrive in order
+ * (snap_ahead.c): ida__snapshot_checksum(p, len) is
+ *   ida__sum_end(ida__sum_words(ida__sum_begin(len), p, len / 8),
+ *                p + len / 8 * 8, len % 8),
+ * and ida__sum_words() of w1 + w2 words is ida__sum_words() of w1 words,
+ * then of the w2 after them. */
+uint64_t ida__sum_begin(size_t len);
+uint64_t ida__sum_words(uint64_t h, const uint8_t *p, size_t words);
+uint64_t ida__sum_end(uint64_t h, const uint8_t *p, size_t n);
 
 #endif /* IDA_FSM_INTERNAL_H */

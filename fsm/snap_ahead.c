@@ -16,6 +16,13 @@
  * walk: the restore decodes those bytes itself. So nothing here decides a
  * verdict.
  *
+ * Each step also hashes the bytes that came, in order, as the checksum
+ * does (ida__sum_words()): the restore compares the snapshot's checksum
+ * field with that sum instead of reading the whole snapshot once more
+ * after its last byte came. The sum is of the very bytes a restore gets
+ * (ida_fsm_restore_ahead()'s contract), so it decides as the restore's own
+ * would.
+ *
  * Hostile bytes: every length is checked against the enclosing message's
  * before it is followed, and DECODE checks each holding as the restore
  * does. */
@@ -51,6 +58,9 @@ struct ida_fsm_ahead
     struct ahead_pool **tail; /* where the next one goes */
     uint64_t holdings;        /* in them */
     uint64_t taken;           /* in those a restore took */
+    uint64_t sum;             /* of the first summed bytes (ida__sum_*) */
+    size_t summed;            /* a multiple of 8, up to body */
+    bool sum_done;            /* sum is the whole body's checksum */
 };
 
 int ida_fsm_ahead_new(size_t len, struct ida_fsm_ahead **out)
@@ -63,6 +73,7 @@ int ida_fsm_ahead_new(size_t len, struct ida_fsm_ahead **out)
     a->body = len >= IDA__CHECKSUM_BYTES ? len - IDA__CHECKSUM_BYTES : 0;
     a->state = len >= IDA__CHECKSUM_BYTES ? WALK : DONE;
     a->tail = &a->pools;
+    a->sum = ida__sum_begin(a->body);
     *out = a;
     return 0;
 }
@@ -234,6 +245,34 @@ static int pool_step(struct ahead_pool *ap, const uint8_t *data, size_t avail)
     return 1;
 }
 
+/* Hash the body's bytes among the first @avail that were not yet. */
+static void sum_step(struct ida_fsm_ahead *a, const uint8_t *data, size_t avail)
+{
+    if (a->sum_done || a->len < IDA__CHECKSUM_BYTES) {
+        return;
+    }
+    size_t upto = avail < a->body ? avail : a->body;
+    if (upto < a->summed) {
+        return; /* fewer bytes than a step before (callers never do) */
+    }
+    size_t words = (upto - a->summed) / 8;
+    a->sum = ida__sum_words(a->sum, data + a->summed, words);
+    a->summed += 8 * words;
+    if (avail >= a->body) {
+        a->sum = ida__sum_end(a->sum, data + a->summed, a->body - a->summed);
+        a->sum_done = true;
+    }
+}
+
+bool ida__ahead_sum(const struct ida_fsm_ahead *a, size_t len, uint64_t *sum)
+{
+    if (a == NULL || !a->sum_done || a->len != len) {
+        return false;
+    }
+    *sum = a->sum;
+    return true;
+}
+
 void ida_fsm_ahead_step(struct ida_fsm_ahead *a,
                         const uint8_t *data,
                         size_t avail)
@@ -241,6 +280,7 @@ void ida_fsm_ahead_step(struct ida_fsm_ahead *a,
     if (avail > a->len) {
         avail = a->len;
     }
+    sum_step(a, data, avail);
     while (a->state != DONE) {
         if (a->state == POOL) {
             struct ahead_pool *ap = a->cur;

@@ -619,7 +619,10 @@ int ida_fsm_restore(struct ida_fsm *f, const uint8_t *data, size_t len)
  * needs): the decoder's own use of the thread first waits for it. A
  * mismatch then throws away what was decoded, so damaged bytes still
  * change nothing; the decoder checks every field anyway, as it must for
- * bytes whose checksum a forger made right. */
+ * bytes whose checksum a forger made right. A snapshot decoded ahead as it
+ * arrived was summed as it came (ida__ahead_sum()): its checksum is
+ * compared before anything is decoded, and the thread is left to the
+ * phases. */
 struct sum_job
 {
     const uint8_t *p;
@@ -690,8 +693,15 @@ int ida_fsm_restore_ahead(struct ida_fsm *f,
     struct sum_job job = {data, len - IDA__CHECKSUM_BYTES, 0};
     struct lent l = {helper, false};
     struct ida_fsm_helper wrapped = {lent_start, lent_join, &l};
-    l.busy = helper != NULL && helper->start(helper->ctx, sum_run, &job) == 0;
-    if (!l.busy) {
+    /* Summed as the bytes came (snap_ahead.c): checked before anything
+     * is decoded, and the thread is free for the phases. */
+    bool summed = ida__ahead_sum(ahead, len, &job.sum);
+    if (summed && job.sum != sum) {
+        return CORRUPT;
+    }
+    l.busy = !summed && helper != NULL &&
+             helper->start(helper->ctx, sum_run, &job) == 0;
+    if (!summed && !l.busy) {
         sum_run(&job); /* no thread: checked before anything is decoded */
         if (job.sum != sum) {
             return CORRUPT;

@@ -329,14 +329,29 @@ static void enc_state(struct ida__wbuf *w, const void *arg)
  * malice; the storage layer's crc32c guards the file as well. */
 uint64_t ida__snapshot_checksum(const uint8_t *p, size_t len)
 {
-    uint64_t h = UINT64_C(0x6a09e667f3bcc909) ^ (uint64_t)len;
-    size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        uint64_t w = ida__load_le64(p + i);
+    size_t words = len / 8;
+    uint64_t h = ida__sum_words(ida__sum_begin(len), p, words);
+    return ida__sum_end(h, p + 8 * words, len % 8);
+}
+
+uint64_t ida__sum_begin(size_t len)
+{
+    return UINT64_C(0x6a09e667f3bcc909) ^ (uint64_t)len;
+}
+
+uint64_t ida__sum_words(uint64_t h, const uint8_t *p, size_t words)
+{
+    for (size_t i = 0; i < words; i++) {
+        uint64_t w = ida__load_le64(p + 8 * i);
         h = (h ^ w) * UINT64_C(0x9e3779b97f4a7c15);
         h ^= h >> 29;
     }
-    for (; i < len; i++) {
+    return h;
+}
+
+uint64_t ida__sum_end(uint64_t h, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
         h = (h ^ p[i]) * UINT64_C(0x100000001b3);
     }
     h ^= h >> 32;

@@ -3,10 +3,13 @@
 
 #include <string.h>
 
+#include "base/assert.h"
 #include "base/heap.h"
 #include "idalloc_errors.h"
 
 #define CORRUPT IDA_ECORRUPT
+
+uint64_t ida__hold_batch = IDA__HOLD_BATCH;
 
 uint64_t ida__hold_id(struct ida__rbuf r)
 {
@@ -114,6 +117,93 @@ static int grow_words(struct ida__hold_share *sh)
     return 0;
 }
 
+/* Room for @n more words in k->grouped and a batch more in k->batches.
+ * 0 or IDA_ENOMEM. */
+static int batch_room(struct ida__hold_bulk *k, uint64_t n)
+{
+    const size_t row = IDA__TAGTAB_REGIONS + 1;
+    if (k->grouped_n + n > k->grouped_cap) {
+        uint64_t cap = k->grouped_cap > 0 ? 2 * k->grouped_cap : 4 * n + 1;
+        while (cap < k->grouped_n + n) {
+            cap *= 2;
+        }
+        uint64_t *g = ida_realloc(k->grouped, cap * sizeof(*g));
+        if (g == NULL) {
+            return IDA_ENOMEM;
+        }
+        ida_heap_hint_huge(g, cap * sizeof(*g));
+        k->grouped = g;
+        k->grouped_cap = cap;
+    }
+    if (k->batches_n == k->batches_cap) {
+        uint64_t cap = k->batches_cap > 0 ? 2 * k->batches_cap : 16;
+        uint64_t *b = ida_realloc(k->batches, cap * row * sizeof(*b));
+        if (b == NULL) {
+            return IDA_ENOMEM;
+        }
+        k->batches = b;
+        k->batches_cap = cap;
+    }
+    if (k->cursor == NULL) {
+        k->cursor = ida_malloc(IDA__TAGTAB_REGIONS * sizeof(*k->cursor));
+        if (k->cursor == NULL) {
+            return IDA_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+/* Group the streamed share's words not grouped yet (the first ones of
+ * its array) by region onto the end of k->grouped, as a batch (a counting
+ * sort); its array then takes the next ones from its start. 0 or
+ * IDA_ENOMEM (nothing changed). */
+static int group_batch(struct ida__hold_share *sh)
+{
+    struct ida__hold_bulk *k = sh->k;
+    uint64_t n = sh->taken - k->flushed;
+    if (batch_room(k, n) != 0) {
+        return IDA_ENOMEM;
+    }
+    uint64_t *start = k->batches + k->batches_n * (IDA__TAGTAB_REGIONS + 1);
+    uint64_t *c = k->cursor;
+    memset(c, 0, IDA__TAGTAB_REGIONS * sizeof(*c));
+    for (uint64_t i = 0; i < n; i++) {
+        c[ida__tagtab_region_full(sh->words[i])]++;
+    }
+    uint64_t at = k->grouped_n;
+    for (unsigned g = 0; g < IDA__TAGTAB_REGIONS; g++) {
+        start[g] = at;
+        at += c[g];
+        c[g] = start[g];
+    }
+    start[IDA__TAGTAB_REGIONS] = at;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t w = sh->words[i];
+        k->grouped[c[ida__tagtab_region_full(w)]++] = w;
+    }
+    k->grouped_n = at;
+    k->batches_n++;
+    k->flushed = sh->taken;
+    return 0;
+}
+
+/* Keep the streamed share's word @w of its next holding: in its array
+ * (which grows up to ida__hold_batch words), grouped a batch at a time
+ * once that is full. */
+static int keep_streamed(struct ida__hold_share *sh, uint64_t w)
+{
+    uint64_t at = sh->taken - sh->k->flushed;
+    if (at == sh->n) {
+        int rv = sh->n < ida__hold_batch ? grow_words(sh) : group_batch(sh);
+        if (rv != 0) {
+            return rv;
+        }
+        at = sh->taken - sh->k->flushed;
+    }
+    sh->words[at] = w;
+    return 0;
+}
+
 /* DECODE of @sh's fields before @avail (its end at the most). 1: all its
  * fields taken, 0: a field lies across @avail, or an error. */
 static int decode_upto(struct ida__hold_share *sh, const uint8_t *avail)
@@ -144,17 +234,19 @@ static int decode_upto(struct ida__hold_share *sh, const uint8_t *avail)
             }
             continue;
         }
-        if (sh->taken == sh->n && (!sh->streamed || grow_words(sh) != 0)) {
-            /* More than counted; streamed, memory short. */
-            return sh->streamed ? IDA_ENOMEM : CORRUPT;
+        if (!sh->streamed && sh->taken == sh->n) {
+            return CORRUPT; /* more than counted */
         }
-        uint64_t *w = &sh->words[sh->taken];
-        int rv = take_holding(sh, f.sub, w);
+        uint64_t w;
+        int rv = take_holding(sh, f.sub, &w);
+        if (rv == 0 && sh->streamed) {
+            rv = keep_streamed(sh, w);
+        } else if (rv == 0) {
+            sh->words[sh->taken] = w;
+            sh->count[ida__tagtab_region(t, w)]++;
+        }
         if (rv != 0) {
             return rv;
-        }
-        if (sh->count != NULL) {
-            sh->count[ida__tagtab_region(t, *w)]++;
         }
         sh->taken++;
     }
@@ -178,9 +270,18 @@ static int run_insert(struct ida__hold_share *sh)
         if (next < t->cap) {
             ida__tagtab_prefetch_range(t, next, next + span);
         }
-        for (uint64_t i = k->start[g]; i < k->start[g + 1]; i++) {
-            if (!ida__tagtab_insert_word_shared(t, k->sorted[i])) {
-                return CORRUPT; /* a tag held twice */
+        /* The region's words: of each batch in turn (streamed), or of
+         * the one array GROUP made. */
+        uint64_t batches = k->grouped != NULL ? k->batches_n : 1;
+        for (uint64_t j = 0; j < batches; j++) {
+            const uint64_t *s = k->grouped != NULL
+                                    ? k->batches + j * (IDA__TAGTAB_REGIONS + 1)
+                                    : k->start;
+            const uint64_t *w = k->grouped != NULL ? k->grouped : k->sorted;
+            for (uint64_t i = s[g]; i < s[g + 1]; i++) {
+                if (!ida__tagtab_insert_word_shared(t, w[i])) {
+                    return CORRUPT; /* a tag held twice */
+                }
             }
         }
     }
@@ -294,7 +395,26 @@ int ida__hold_begin_streamed(struct ida__hold_load *L,
 int ida__hold_settle(struct ida__hold_load *L)
 {
     struct ida__hold_share *a = &L->sh[0], *b = &L->sh[1];
+    struct ida__hold_bulk *k = &L->k;
     L->holdings = a->taken;
+    if (L->holdings >= IDA__HOLD_SPLIT_MIN) {
+        /* Grouped as they came but the last batch; then only the table,
+         * which at IDA__HOLD_SPLIT_MIN holdings or more has every region. */
+        if (group_batch(a) != 0) {
+            return IDA_ENOMEM;
+        }
+        ida_free(a->words);
+        a->words = NULL;
+        L->own = false;
+        k->scratch = ida__tagtab_bulk_begin(&k->b->tab, L->holdings);
+        if (k->scratch == NULL) {
+            return IDA_ENOMEM;
+        }
+        k->regions = ida__tagtab_regions(&k->b->tab);
+        IDA_ASSERT(k->regions == IDA__TAGTAB_REGIONS);
+        L->shares = 2;
+        return 0;
+    }
     int rv = bulk_alloc(L);
     if (rv != 0) {
         return rv;
@@ -352,7 +472,11 @@ int ida__hold_end(struct ida__hold_load *L,
 {
     struct ida__hold_bulk *k = &L->k;
     struct ida__hold_share *sh = L->sh;
-    if (rv == 0) {
+    if (rv == 0 && k->grouped != NULL) {
+        k->parts = (unsigned)L->shares; /* grouped as they came */
+        run_phase(L, IDA__HOLD_CLEAR, helper);
+        rv = run_phase(L, IDA__HOLD_INSERT, helper);
+    } else if (rv == 0) {
         /* Each region's words: the first share's, then the second's. */
         uint64_t at = 0;
         for (unsigned g = 0; g < k->regions; g++) {
@@ -370,9 +494,15 @@ int ida__hold_end(struct ida__hold_load *L,
         rv = run_phase(L, IDA__HOLD_INSERT, helper);
     } else if (k->scratch != NULL) {
         /* Never left holding words (only the first @holdings slots took
-         * any): whatever frees the pool sees a table. */
-        ida__tagtab_bulk_clear(&k->b->tab, 0, L->holdings);
+         * any; grouped as they came, none, but the memory is as it was
+         * allocated): whatever frees the pool sees a table. */
+        ida__tagtab_bulk_clear(
+            &k->b->tab, 0, k->grouped != NULL ? k->b->tab.cap : L->holdings);
     }
+    ida_free(k->grouped);
+    ida_free(k->batches);
+    ida_free(k->cursor);
+    k->grouped = k->batches = k->cursor = NULL;
     for (int i = 0; i < 2; i++) {
         ida__slab_merge(&k->b->slab, &sh[i].slab);
     }

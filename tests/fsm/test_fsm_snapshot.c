@@ -8,6 +8,7 @@
 #include "base/heap.h"
 #include "fsm/fsm.h"
 #include "fsm/fsm_internal.h"
+#include "fsm/snap_hold.h"
 #include "fsm/wire.h"
 #include "idalloc_errors.h"
 #include "src/node/lend.h"
@@ -678,12 +679,14 @@ static void forge_big(void)
     bs.holdings = pbig;
 }
 
-/* @g restored forge_big()'s state: tags of both halves are found, and the
- * lowest free ids come next (the count tree summed at the end is right). */
+/* @g restored forge_big()'s state: every tag is found (a word lost on
+ * the way to the table shows nowhere else: the snapshot is written from
+ * the ids), and the lowest free ids come next (the count tree summed at
+ * the end is right). */
 static void assert_big_holds(struct ida_fsm *g)
 {
     uint64_t id;
-    for (int i = 0; i < BIG; i += 997) {
+    for (int i = 0; i < BIG; i++) {
         cr_assert_eq(ida_fsm_lookup(g, "a", bigtag[i], &id), 0);
         cr_assert_eq(id, (uint64_t)(3 * i + 1));
     }
@@ -1025,24 +1028,29 @@ Test(snap, ahead_restores_what_the_restore_does)
     size_t len;
     uint8_t *forged = fx_forge(&st, &len);
     const size_t pieces[] = {1, 2, 13, 4096, 512 * 1024, SIZE_MAX};
-    for (size_t i = 0; i < sizeof(pieces) / sizeof(pieces[0]); i++) {
+    for (size_t i = 0; i < 2 * sizeof(pieces) / sizeof(pieces[0]); i++) {
+        /* The second time round, the words grouped in two batches as they
+         * come (65536, then the rest once all came) instead of one. */
+        ida__hold_batch = i < 6 ? IDA__HOLD_BATCH : IDA__HOLD_SPLIT_MIN;
         for (int refuse = 0; refuse < 2; refuse++) {
-            struct ida_fsm_ahead *a = stepped(forged, len, pieces[i], len);
+            struct ida_fsm_ahead *a = stepped(forged, len, pieces[i % 6], len);
             cr_assert_eq(ida_fsm_ahead_holdings(a), BIG,
                          "pieces of %zu: every holding decoded ahead",
-                         pieces[i]);
+                         pieces[i % 6]);
             struct ida_fsm *g;
             int starts;
             cr_assert_eq(restore_ahead(forged, len, a, refuse, &starts, &g), 0);
-            cr_assert_eq(starts, 4,
-                         "the checksum, then group, clear, insert: no "
-                         "decode of the pool taken");
+            cr_assert_eq(starts, 2,
+                         "clear, then insert: the checksum summed and the "
+                         "words grouped as the bytes came, no decode of "
+                         "the pool taken");
             assert_gives_back(g, forged, len);
             assert_big_holds(g);
             ida_fsm_free(g);
             ida_fsm_ahead_free(a);
         }
     }
+    ida__hold_batch = IDA__HOLD_BATCH;
     free(forged);
     /* A pool the ahead skips comes first ("0p" sorts before "a"): it waits
      * for the bytes after it before it reads on. */
@@ -1056,7 +1064,7 @@ Test(snap, ahead_restores_what_the_restore_does)
         struct ida_fsm *g;
         int starts;
         cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g), 0);
-        cr_assert_eq(starts, 4);
+        cr_assert_eq(starts, 2);
         assert_gives_back(g, forged, len);
         ida_fsm_free(g);
         ida_fsm_ahead_free(a);
@@ -1076,7 +1084,7 @@ Test(snap, ahead_takes_small_pools_with_the_rest)
     struct ida_fsm *g;
     int starts;
     cr_assert_eq(restore_ahead(data, len, a, false, &starts, &g), 0);
-    cr_assert_eq(starts, 1, "the checksum only");
+    cr_assert_eq(starts, 0, "none: the checksum summed as the bytes came");
     assert_gives_back(g, data, len);
     ida_fsm_free(g);
     ida_fsm_ahead_free(a);
@@ -1105,7 +1113,9 @@ Test(snap, ahead_leaves_the_verdict_to_the_restore)
     struct ida_fsm *g;
     int starts;
     cr_assert_eq(restore_ahead(odd, len, a, false, &starts, &g), 0);
-    cr_assert_eq(starts, 5, "the pool decoded by the restore itself");
+    cr_assert_eq(starts, 4,
+                 "the pool decoded by the restore itself (the checksum "
+                 "summed as the bytes came)");
     ida_fsm_free(g);
     ida_fsm_ahead_free(a);
     free(odd);
@@ -1116,7 +1126,7 @@ Test(snap, ahead_leaves_the_verdict_to_the_restore)
     a = stepped(forged, len, 4096, len / 2);
     cr_assert_eq(ida_fsm_ahead_holdings(a), 0);
     cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g), 0);
-    cr_assert_eq(starts, 5);
+    cr_assert_eq(starts, 5, "the checksum too: not all bytes were summed");
     assert_gives_back(g, forged, len);
     ida_fsm_free(g);
     ida_fsm_ahead_free(a);
@@ -1128,6 +1138,25 @@ Test(snap, ahead_leaves_the_verdict_to_the_restore)
     cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g),
                  IDA_ECORRUPT);
     ida_fsm_ahead_free(a);
+    forged[len - 1] ^= 1;
+
+    /* A tag changed in the bytes that came (still a valid, unique tag):
+     * decoded ahead whole, but the sum of the bytes that came is not the
+     * checksum they carry: refused before anything is decoded. */
+    uint8_t *t = NULL;
+    for (size_t i = 0; t == NULL && i + 6 <= len; i++) {
+        t = memcmp(forged + i, "t77777", 6) == 0 ? forged + i : NULL;
+    }
+    cr_assert_not_null(t);
+    *t = 'u';
+    for (size_t piece = 4095; piece <= 4096; piece++) {
+        a = stepped(forged, len, piece, len);
+        cr_assert_eq(ida_fsm_ahead_holdings(a), BIG);
+        cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g),
+                     IDA_ECORRUPT, "pieces of %zu", piece);
+        cr_assert_eq(starts, 0, "pieces of %zu", piece);
+        ida_fsm_ahead_free(a);
+    }
     free(forged);
 
     /* A holding out of order: refused by both, whatever came ahead. */
@@ -1151,32 +1180,37 @@ Test(snap, ahead_enomem_changes_nothing)
     size_t len;
     uint8_t *forged = fx_forge(&st, &len);
     int n;
-    for (n = 0;; n += 1 + n / 4) {
-        ida_heap_fault_set(n, 1);
-        struct ida_fsm_ahead *a = NULL;
-        int rv = ida_fsm_ahead_new(len, &a);
-        if (rv == 0) {
-            ida_fsm_ahead_step(a, forged, len / 3);
-            ida_fsm_ahead_step(a, forged, len);
+    /* Grouped in one batch once all came, then in two (one as they come). */
+    for (int twice = 0; twice < 2; twice++) {
+        ida__hold_batch = twice ? IDA__HOLD_SPLIT_MIN : IDA__HOLD_BATCH;
+        for (n = 0;; n += 1 + n / 4) {
+            ida_heap_fault_set(n, 1);
+            struct ida_fsm_ahead *a = NULL;
+            int rv = ida_fsm_ahead_new(len, &a);
+            if (rv == 0) {
+                ida_fsm_ahead_step(a, forged, len / 3);
+                ida_fsm_ahead_step(a, forged, len);
+            }
+            ida_heap_fault_set(0, 0);
+            if (rv != 0) {
+                cr_assert_eq(rv, IDA_ENOMEM);
+                continue;
+            }
+            uint64_t held = ida_fsm_ahead_holdings(a);
+            struct ida_fsm *g;
+            int starts;
+            cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g), 0,
+                         "allocation %d", n);
+            assert_gives_back(g, forged, len);
+            ida_fsm_free(g);
+            ida_fsm_ahead_free(a);
+            if (held == BIG) {
+                break;
+            }
         }
-        ida_heap_fault_set(0, 0);
-        if (rv != 0) {
-            cr_assert_eq(rv, IDA_ENOMEM);
-            continue;
-        }
-        uint64_t held = ida_fsm_ahead_holdings(a);
-        struct ida_fsm *g;
-        int starts;
-        cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g), 0,
-                     "allocation %d", n);
-        assert_gives_back(g, forged, len);
-        ida_fsm_free(g);
-        ida_fsm_ahead_free(a);
-        if (held == BIG) {
-            break;
-        }
+        cr_assert_gt(n, 5);
     }
-    cr_assert_gt(n, 5);
+    ida__hold_batch = IDA__HOLD_BATCH;
     /* Short in the restore, after a whole decoding ahead. */
     n = enomem_until_restored(before, len0, forged, len, true);
     cr_assert_gt(n, 3);

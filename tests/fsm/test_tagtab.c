@@ -216,3 +216,26 @@ Test(tagtab, bulk_begin_out_of_memory)
         ida__tagtab_close(&t);
     }
 }
+
+/* A table of IDA__TAGTAB_REGIONS slots or more, of any size, has that many
+ * regions, and a word's region is ida__tagtab_region_full()'s: the
+ * decoding of a snapshot still arriving groups words by it before it knows
+ * the table's size. Below, fewer regions. */
+Test(tagtab, region_full_is_every_large_tables_region)
+{
+    uint64_t x = 88172645463325252ull; /* xorshift64 */
+    for (unsigned bits = 4; bits <= 30; bits++) {
+        struct ida__tagtab t = {.cap = 1ull << bits};
+        cr_assert_eq(ida__tagtab_regions(&t), bits >= IDA__TAGTAB_REGIONS_LOG2
+                                                  ? IDA__TAGTAB_REGIONS
+                                                  : 1u << bits);
+        for (int i = 0; i < 20000 && bits >= IDA__TAGTAB_REGIONS_LOG2; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            uint64_t w = ida__tagtab_word((uint32_t)x | 1, x);
+            cr_assert_eq(ida__tagtab_region(&t, w), ida__tagtab_region_full(w),
+                         "cap 2^%u, word %llx", bits, (unsigned long long)w);
+        }
+    }
+}
