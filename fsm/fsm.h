@@ -427,8 +427,9 @@ int ida_fsm_restore_with(struct ida_fsm *f,
  * those of ida_fsm_restore_with() on the same bytes. It also sums the
  * bytes as the checksum does, so the restore needs no pass of its own over
  * them. A pool decoded ahead costs the restored pool's memory plus its
- * tags' words (8 bytes per holding, grouped by table region from 65536
- * holdings on, and a batch of up to 2 MiB) until it is taken or freed.
+ * tags' words (8 bytes per holding, up to twice that while their array
+ * doubles; grouped by table region from 65536 holdings on, 2 MiB at a
+ * time) until it is taken or freed.
  * Not thread-safe: one thread at a time steps it or restores
  * with it (the stream's thread steps, the check restores once it joined
  * that thread). */

@@ -8,7 +8,8 @@
  * into arrays sized once they all came, as the restore sizes them.
  *
  * A pool so decoded is what the restore's dec_bounded() makes of the same
- * bytes before its GROUP phase: the same size, the same records, the same
+ * bytes before its GROUP phase (after it, from IDA__HOLD_SPLIT_MIN
+ * holdings on: snap_hold.h): the same size, the same records, the same
  * words in id order with the same total in each region (split between
  * the shares elsewhere, which GROUP does not see), its chunks indexed up
  * to the same last id. Anything else (another layout, a field the restore would
@@ -18,10 +19,12 @@
  *
  * Each step also hashes the bytes that came, in order, as the checksum
  * does (ida__sum_words()): the restore compares the snapshot's checksum
- * field with that sum instead of reading the whole snapshot once more
- * after its last byte came. The sum is of the very bytes a restore gets
- * (ida_fsm_restore_ahead()'s contract), so it decides as the restore's own
- * would.
+ * field with that sum instead of hashing the whole snapshot once more
+ * after its last byte came. The sum is of the bytes the steps got; that
+ * they are the bytes the restore gets is ida_fsm_restore_ahead()'s
+ * contract (a node's stream compares its copy with the core's bytes
+ * before it restores, src/node/snap_stream.c), so it decides as the
+ * restore's own sum would.
  *
  * Hostile bytes: every length is checked against the enclosing message's
  * before it is followed, and DECODE checks each holding as the restore

@@ -123,9 +123,11 @@ static int batch_room(struct ida__hold_bulk *k, uint64_t n)
 {
     const size_t row = IDA__TAGTAB_REGIONS + 1;
     if (k->grouped_n + n > k->grouped_cap) {
-        uint64_t cap = k->grouped_cap > 0 ? 2 * k->grouped_cap : 4 * n + 1;
-        while (cap < k->grouped_n + n) {
-            cap *= 2;
+        /* Twice as long, or as long as needed: a pool grouped once, as
+         * it settles, takes 8 bytes a holding. */
+        uint64_t cap = 2 * k->grouped_cap;
+        if (cap < k->grouped_n + n) {
+            cap = k->grouped_n + n;
         }
         uint64_t *g = ida_realloc(k->grouped, cap * sizeof(*g));
         if (g == NULL) {
@@ -136,7 +138,7 @@ static int batch_room(struct ida__hold_bulk *k, uint64_t n)
         k->grouped_cap = cap;
     }
     if (k->batches_n == k->batches_cap) {
-        uint64_t cap = k->batches_cap > 0 ? 2 * k->batches_cap : 16;
+        uint64_t cap = k->batches_cap > 0 ? 2 * k->batches_cap : 1;
         uint64_t *b = ida_realloc(k->batches, cap * row * sizeof(*b));
         if (b == NULL) {
             return IDA_ENOMEM;
@@ -187,13 +189,14 @@ static int group_batch(struct ida__hold_share *sh)
     return 0;
 }
 
-/* Keep the streamed share's word @w of its next holding: in its array
- * (which grows up to ida__hold_batch words), grouped a batch at a time
- * once that is full. */
+/* Keep the streamed share's word @w of its next holding: in its array,
+ * which doubles from 65536 words until it has room for ida__hold_batch
+ * words or more, then is grouped as a batch each time it is full. */
 static int keep_streamed(struct ida__hold_share *sh, uint64_t w)
 {
     uint64_t at = sh->taken - sh->k->flushed;
     if (at == sh->n) {
+        IDA_ASSERT(ida__hold_batch >= IDA__HOLD_SPLIT_MIN);
         int rv = sh->n < ida__hold_batch ? grow_words(sh) : group_batch(sh);
         if (rv != 0) {
             return rv;
@@ -394,7 +397,7 @@ int ida__hold_begin_streamed(struct ida__hold_load *L,
 
 int ida__hold_settle(struct ida__hold_load *L)
 {
-    struct ida__hold_share *a = &L->sh[0], *b = &L->sh[1];
+    struct ida__hold_share *a = &L->sh[0];
     struct ida__hold_bulk *k = &L->k;
     L->holdings = a->taken;
     if (L->holdings >= IDA__HOLD_SPLIT_MIN) {
@@ -419,22 +422,20 @@ int ida__hold_settle(struct ida__hold_load *L)
     if (rv != 0) {
         return rv;
     }
+    /* Fewer than IDA__HOLD_SPLIT_MIN: one share. */
     uint64_t n = L->holdings;
-    uint64_t n0 = n >= IDA__HOLD_SPLIT_MIN ? n / 2 : n;
     const struct ida__tagtab *t = &L->k.b->tab;
     uint64_t *to = L->k.scratch, *own = a->words;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t w = own[i];
         to[i] = w;
-        (i < n0 ? a->count : b->count)[ida__tagtab_region(t, w)]++;
+        a->count[ida__tagtab_region(t, w)]++;
     }
     ida_free(own);
     L->own = false;
     a->words = to;
-    a->n = n0;
-    b->words = to + n0;
-    b->n = n - n0;
-    L->shares = n0 < n ? 2 : 1;
+    a->n = n;
+    L->shares = 1;
     return 0;
 }
 
@@ -492,12 +493,12 @@ int ida__hold_end(struct ida__hold_load *L,
         run_phase(L, IDA__HOLD_GROUP, helper);
         run_phase(L, IDA__HOLD_CLEAR, helper);
         rv = run_phase(L, IDA__HOLD_INSERT, helper);
-    } else if (k->scratch != NULL) {
+    } else if (k->scratch != NULL && k->grouped == NULL) {
         /* Never left holding words (only the first @holdings slots took
-         * any; grouped as they came, none, but the memory is as it was
-         * allocated): whatever frees the pool sees a table. */
-        ida__tagtab_bulk_clear(
-            &k->b->tab, 0, k->grouped != NULL ? k->b->tab.cap : L->holdings);
+         * any). Grouped as they came, the scratch took none, and the
+         * table is only freed (ida__tagtab_close()): at ten million
+         * holdings, clearing it would fault in 128 MiB for nothing. */
+        ida__tagtab_bulk_clear(&k->b->tab, 0, L->holdings);
     }
     ida_free(k->grouped);
     ida_free(k->batches);

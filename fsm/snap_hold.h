@@ -184,14 +184,16 @@ int ida__hold_begin_streamed(struct ida__hold_load *L,
  * May be called again with a larger @avail after a 0. */
 int ida__hold_decode_upto(struct ida__hold_load *L, const uint8_t *avail);
 
-/* After ida__hold_decode_upto() returned 1: the table and the arrays for
- * the holdings taken (at least one), their words in the table's scratch as
- * one share, or two (the halves) from IDA__HOLD_SPLIT_MIN holdings on,
- * counted by region. 0 or IDA_ENOMEM. */
+/* After ida__hold_decode_upto() returned 1: the table for the holdings
+ * taken (at least one). Below IDA__HOLD_SPLIT_MIN, with the arrays for
+ * GROUP and their words in the table's scratch as one share, counted by
+ * region; from it on, the last batch grouped, and two shares for CLEAR and
+ * INSERT (the scratch takes nothing). 0 or IDA_ENOMEM. */
 int ida__hold_settle(struct ida__hold_load *L);
 
-/* After DECODE (@rv its verdict): GROUP, CLEAR and INSERT, or on error
- * the scratch cleared (whatever frees the pool then sees a table). The
+/* After DECODE (@rv its verdict): GROUP (unless grouped as they came),
+ * CLEAR and INSERT; on error the scratch's words are cleared (the table
+ * is only freed after). The
  * shares' records go to the pool's slab either way, and what
  * ida__hold_begin() allocated is freed. Returns the verdict. */
 int ida__hold_end(struct ida__hold_load *L,

@@ -246,6 +246,9 @@ int ida__snap_stream_restore(struct ida__snap_stream *st,
     }
     pthread_join(st->thread, NULL);
     int rv;
+    /* Not redundant: what was decoded ahead, and the checksum summed as
+     * the bytes came, are of this copy; this makes them the checked
+     * bytes' (ida_fsm_restore_ahead()'s contract). */
     if (!st->broken && memcmp(st->buf, data, len) == 0) {
         munmap(st->buf, st->total); /* before the restore allocates */
         st->buf = NULL;

@@ -1073,6 +1073,46 @@ Test(snap, ahead_restores_what_the_restore_does)
     forge_big(); /* as it was, for the tests after */
 }
 
+/* Around IDA__HOLD_SPLIT_MIN holdings: below it the words wait for the
+ * restore's GROUP, from it on they are grouped once all came (and, with
+ * batches of that size, one batch as they come first). The state each
+ * time is the restore's, every tag found. */
+Test(snap, ahead_at_the_split)
+{
+    forge_big();
+    const size_t ns[] = {IDA__HOLD_SPLIT_MIN - 1, IDA__HOLD_SPLIT_MIN,
+                         IDA__HOLD_SPLIT_MIN + 1, BIG};
+    for (size_t i = 0; i < 8; i++) {
+        size_t n = ns[i % 4];
+        ida__hold_batch = i < 4 ? IDA__HOLD_BATCH : IDA__HOLD_SPLIT_MIN;
+        bs.n_holdings = n;
+        size_t len;
+        uint8_t *forged = fx_forge(&st, &len);
+        struct ida_fsm_ahead *a = stepped(forged, len, 65536, len);
+        cr_assert_eq(ida_fsm_ahead_holdings(a), n);
+        struct ida_fsm *g;
+        int starts;
+        cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g), 0);
+        cr_assert_eq(starts, n < IDA__HOLD_SPLIT_MIN ? 0 : 2,
+                     "%zu holdings: one thread below the split, then clear "
+                     "and insert shared",
+                     n);
+        cr_assert_eq(ida_fsm_ahead_taken(a), n);
+        assert_gives_back(g, forged, len);
+        for (size_t j = 0; j < n; j++) {
+            uint64_t id;
+            cr_assert_eq(ida_fsm_lookup(g, "a", bigtag[j], &id), 0,
+                         "%zu holdings: tag %zu", n, j);
+            cr_assert_eq(id, 3 * j + 1);
+        }
+        ida_fsm_free(g);
+        ida_fsm_ahead_free(a);
+        free(forged);
+    }
+    ida__hold_batch = IDA__HOLD_BATCH;
+    forge_big();
+}
+
 /* Pools below the two-share size, every kind, sessions: the same. */
 Test(snap, ahead_takes_small_pools_with_the_rest)
 {
@@ -1258,17 +1298,24 @@ Test(snap, ahead_forged_pools_get_the_restores_verdict)
         cr_assert_eq(same_both_ways(bytes, len, 65536), (expect)); \
         free(bytes);                                               \
     } while (0)
-    /* A tag held twice: refused by the insert after the ahead took it. */
+    /* A tag held twice: refused by the insert after the ahead took it,
+     * with the words grouped in one batch or in two (the copies in
+     * different batches). */
     big[BIG - 5].tag = big[10].tag;
     bytes = fx_forge(&st, &len);
-    struct ida_fsm_ahead *a = stepped(bytes, len, 65536, len);
-    cr_assert_eq(ida_fsm_ahead_holdings(a), BIG);
+    struct ida_fsm_ahead *a;
     struct ida_fsm *g;
     int starts;
-    cr_assert_eq(restore_ahead(bytes, len, a, false, &starts, &g),
-                 IDA_ECORRUPT);
-    cr_assert_eq(ida_fsm_ahead_taken(a), BIG, "refused after it was taken");
-    ida_fsm_ahead_free(a);
+    for (int twice = 0; twice < 2; twice++) {
+        ida__hold_batch = twice ? IDA__HOLD_SPLIT_MIN : IDA__HOLD_BATCH;
+        a = stepped(bytes, len, 65536, len);
+        cr_assert_eq(ida_fsm_ahead_holdings(a), BIG);
+        cr_assert_eq(restore_ahead(bytes, len, a, false, &starts, &g),
+                     IDA_ECORRUPT);
+        cr_assert_eq(ida_fsm_ahead_taken(a), BIG, "refused after it was taken");
+        ida_fsm_ahead_free(a);
+    }
+    ida__hold_batch = IDA__HOLD_BATCH;
     free(bytes);
     forge_big();
     /* An id at the size, or past it; a size of 0. */
