@@ -168,13 +168,18 @@ void ida__tagtab_insert_hashed(struct ida__tagtab *t,
 uint64_t *ida__tagtab_bulk_begin(struct ida__tagtab *t, uint64_t n);
 /* The slot word of @ref, whose key hashes (ida__hash) to @hash. */
 uint64_t ida__tagtab_word(uint32_t ref, uint64_t hash);
-/* Home slot of a stored 32-bit hash (multiplicative spread, so tables of
- * any size use all of it; cap > 0). */
+/* A stored 32-bit hash spread over 64 bits (multiplicative): a table of
+ * 2^b slots takes its top b bits as the home, so tables of any size use
+ * all of it. */
+static inline uint64_t ida__tagtab_spread(uint32_t h32)
+{
+    return (uint64_t)h32 * UINT64_C(0x9e3779b97f4a7c15);
+}
+/* Home slot of a stored 32-bit hash (cap > 0). */
 static inline uint64_t ida__tagtab_home(const struct ida__tagtab *t,
                                         uint32_t h32)
 {
-    return ((uint64_t)h32 * UINT64_C(0x9e3779b97f4a7c15)) >>
-           (64 - __builtin_ctzll(t->cap));
+    return ida__tagtab_spread(h32) >> (64 - __builtin_ctzll(t->cap));
 }
 /* Log2 of how many regions the table has: IDA__TAGTAB_REGIONS, or one
  * per slot in a smaller table (cap > 0). */
@@ -203,7 +208,7 @@ static inline unsigned ida__tagtab_region(const struct ida__tagtab *t,
  * table's size is known. */
 static inline unsigned ida__tagtab_region_full(uint64_t word)
 {
-    return (unsigned)(((word >> 32) * UINT64_C(0x9e3779b97f4a7c15)) >>
+    return (unsigned)(ida__tagtab_spread((uint32_t)(word >> 32)) >>
                       (64 - IDA__TAGTAB_REGIONS_LOG2));
 }
 /* Start loading slots [@lo, @hi) into the cache, for writing. */

@@ -268,19 +268,19 @@ static int run_insert(struct ida__hold_share *sh)
     struct ida__tagtab *t = &k->b->tab;
     uint64_t span = t->cap / k->regions;
     unsigned per = k->regions / k->parts;
+    /* The words, and where each region's begin: batch after batch when
+     * grouped as they came (streamed), else the one array GROUP made. */
+    bool streamed = k->grouped != NULL;
+    const uint64_t *w = streamed ? k->grouped : k->sorted;
+    const uint64_t *starts = streamed ? k->batches : k->start;
+    uint64_t batches = streamed ? k->batches_n : 1;
     for (unsigned g = per * sh->part; g < per * (sh->part + 1); g++) {
         uint64_t next = (uint64_t)(g + 1) * span;
         if (next < t->cap) {
             ida__tagtab_prefetch_range(t, next, next + span);
         }
-        /* The region's words: of each batch in turn (streamed), or of
-         * the one array GROUP made. */
-        uint64_t batches = k->grouped != NULL ? k->batches_n : 1;
         for (uint64_t j = 0; j < batches; j++) {
-            const uint64_t *s = k->grouped != NULL
-                                    ? k->batches + j * (IDA__TAGTAB_REGIONS + 1)
-                                    : k->start;
-            const uint64_t *w = k->grouped != NULL ? k->grouped : k->sorted;
+            const uint64_t *s = starts + j * (IDA__TAGTAB_REGIONS + 1);
             for (uint64_t i = s[g]; i < s[g + 1]; i++) {
                 if (!ida__tagtab_insert_word_shared(t, w[i])) {
                     return CORRUPT; /* a tag held twice */
