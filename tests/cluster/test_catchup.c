@@ -386,3 +386,268 @@ Test(catchup,
     cr_assert_eq(tc_log_count(&c, f, "received from the leader and checked"), 0,
                  "node %d was sent a snapshot", f + 1);
 }
+
+/* --- a pool grouped as it arrives ----------------------------------------- */
+
+/* From 65,536 holdings on, a bounded pool's tags arrive grouped by table
+ * region (fsm/snap_hold.h), and the restore after the last chunk only
+ * inserts them. The test puts GROUP_HELD holdings in "b" (GROUP_TAKEN
+ * allocated, then every GROUP_HOLE_EVERY-th freed), lets a wiped follower
+ * take them by snapshot, makes it the leader and asks it for every tag,
+ * then for GROUP_NEW new ones: with ids handed out lowest first, the new
+ * tags must get exactly the lowest freed ids. An exported state is
+ * decoded again from what the node stored, for a caught-up node the
+ * leader's bytes: only questions put to the node itself test the table it
+ * built as the snapshot arrived. */
+#define GROUP_TAKEN      72000
+#define GROUP_HOLE_EVERY 36
+#define GROUP_HELD       (GROUP_TAKEN - GROUP_TAKEN / GROUP_HOLE_EVERY)
+#define GROUP_NEW        1000
+#define GROUP_IN_FLIGHT  1000
+_Static_assert(GROUP_HELD > 65536, "the pool must be grouped as it arrives");
+_Static_assert(GROUP_NEW < GROUP_TAKEN / GROUP_HOLE_EVERY,
+               "the new tags must fit in the holes");
+
+struct group_op
+{
+    int i;            /* tag number */
+    uint64_t id;      /* the answer */
+    int err;          /* its error */
+    atomic_int *done; /* incremented when answered */
+};
+
+static void group_cb(struct idalloc_client *client,
+                     struct idalloc_call *call,
+                     const struct idalloc_result *res,
+                     void *arg)
+{
+    (void)client;
+    (void)call;
+    struct group_op *op = arg;
+    op->err = res->error;
+    op->id = res->id;
+    atomic_fetch_add(op->done, 1);
+}
+
+enum group_kind { GROUP_ALLOC, GROUP_FREE, GROUP_LOOKUP };
+
+/* Tag of holding @i. */
+static void group_tag(char *tag, size_t cap, int i)
+{
+    snprintf(tag, cap, "grouped-%07d", i);
+}
+
+/* @kind in @pool for ops[0..n), at most GROUP_IN_FLIGHT in flight; waits
+ * for every answer. */
+static void group_run(enum group_kind kind,
+                      const char *pool,
+                      struct group_op *ops,
+                      int n)
+{
+    atomic_int done;
+    for (int at = 0; at < n; at += GROUP_IN_FLIGHT) {
+        int k = n - at < GROUP_IN_FLIGHT ? n - at : GROUP_IN_FLIGHT;
+        atomic_store(&done, 0);
+        for (int j = 0; j < k; j++) {
+            struct group_op *op = &ops[at + j];
+            char tag[32];
+            group_tag(tag, sizeof(tag), op->i);
+            op->done = &done;
+            int rv =
+                kind == GROUP_ALLOC
+                    ? idalloc_alloc_async(cl, pool, tag, NULL, group_cb, op)
+                : kind == GROUP_FREE
+                    ? idalloc_free_async(cl, pool, op->id, tag, NULL, group_cb,
+                                         op)
+                    : idalloc_lookup_async(cl, pool, tag, NULL, group_cb, op);
+            cr_assert_eq(rv, 0, "submit of tag %d", op->i);
+        }
+        for (uint64_t end = tc_now_ms() + 60000;
+             atomic_load(&done) < k && tc_now_ms() < end;) {
+            tc_sleep_ms(1);
+        }
+        cr_assert_eq(atomic_load(&done), k, "answers at %d", at);
+    }
+}
+
+/* The highest index of a snapshot node @i took (its "fsm: snapshot at
+ * index N" lines), 0 if none. */
+static uint64_t snapshot_index(int i)
+{
+    char path[400], line[1024];
+    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
+    FILE *f = fopen(path, "r");
+    uint64_t best = 0;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, "fsm: snapshot at index ");
+        if (p != NULL) {
+            uint64_t x =
+                strtoull(p + strlen("fsm: snapshot at index "), NULL, 10);
+            best = x > best ? x : best;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return best;
+}
+
+/* The holdings node @i said it decoded as its snapshot arrived (the most
+ * of its "(N holdings taken as decoded" lines). */
+static uint64_t ahead_holdings(int i)
+{
+    char path[400], line[1024];
+    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
+    FILE *f = fopen(path, "r");
+    uint64_t best = 0;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        const char *h = strstr(line, " holdings taken as decoded");
+        if (h == NULL) {
+            continue;
+        }
+        const char *p = h;
+        while (p > line && p[-1] != '(') {
+            p--;
+        }
+        uint64_t x = strtoull(p, NULL, 10);
+        best = x > best ? x : best;
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return best;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+Test(catchup,
+     a_wiped_follower_leads_with_a_pool_grouped_as_it_arrived,
+     .fini = teardown,
+     .timeout = 300)
+{
+    int l = start_with_pool("snapshot_interval_entries 100\n");
+    struct group_op *ops = calloc(GROUP_TAKEN, sizeof(*ops));
+    struct group_op *holes =
+        calloc(GROUP_TAKEN / GROUP_HOLE_EVERY, sizeof(*holes));
+    cr_assert(ops != NULL && holes != NULL);
+    for (int i = 0; i < GROUP_TAKEN; i++) {
+        ops[i].i = i;
+    }
+    group_run(GROUP_ALLOC, "b", ops, GROUP_TAKEN);
+    int n_holes = 0;
+    for (int i = 0; i < GROUP_TAKEN; i++) {
+        cr_assert_eq(ops[i].err, 0, "alloc of tag %d: %s", i,
+                     idalloc_errname(ops[i].err));
+        if (i % GROUP_HOLE_EVERY == 0) {
+            holes[n_holes++] = ops[i];
+        }
+    }
+    uint64_t hole_ids[GROUP_TAKEN / GROUP_HOLE_EVERY];
+    for (int k = 0; k < n_holes; k++) {
+        hole_ids[k] = holes[k].id; /* a free answers no id */
+    }
+    group_run(GROUP_FREE, "b", holes, n_holes);
+    for (int k = 0; k < n_holes; k++) {
+        cr_assert_eq(holes[k].err, 0, "free of tag %d", holes[k].i);
+    }
+    /* The leader snapshots once its log since the last snapshot is half
+     * that one's size (src/node/snap_policy.h): write (in another pool,
+     * so the holes stay the lowest free ids of "b") until a snapshot
+     * covers the holdings. */
+    cr_assert_eq(idalloc_pool_create(cl, "x", IDALLOC_POOL_BOUNDED, 1u << 20,
+                                     NULL, tc_detail()),
+                 0, "%s", tc_errmsg());
+    uint64_t filled = tc_commit_index(&c);
+    struct group_op more[GROUP_IN_FLIGHT];
+    for (int round = 0; snapshot_index(l) < filled; round++) {
+        cr_assert_lt(round, 40, "no snapshot of the leader covers the pool");
+        for (uint64_t end = tc_now_ms() + 3000;
+             snapshot_index(l) < filled && tc_now_ms() < end;) {
+            tc_sleep_ms(100);
+        }
+        if (snapshot_index(l) >= filled) {
+            break;
+        }
+        for (int j = 0; j < GROUP_IN_FLIGHT; j++) {
+            more[j] = (struct group_op){.i = 10000000 + round * 10000 + j};
+        }
+        group_run(GROUP_ALLOC, "x", more, GROUP_IN_FLIGHT);
+    }
+
+    int f = (l + 1) % 3;
+    wipe_and_start(f);
+    wait_readmitted(f);
+    cr_assert_geq(tc_log_count(&c, f, "received from the leader and checked"),
+                  1, "node %d installed no snapshot from the leader", f + 1);
+    cr_assert_geq(tc_log_count(&c, f, "the state checked when it arrived"), 1,
+                  "node %d decoded the snapshot a second time", f + 1);
+    cr_assert_gt(ahead_holdings(f), 65536,
+                 "node %d decoded %llu holdings as they arrived", f + 1,
+                 (unsigned long long)ahead_holdings(f));
+
+    /* The caught-up node leads, and answers from the table it built. */
+    unsigned got = 0;
+    int rv = -1;
+    for (uint64_t end = tc_now_ms() + 30000; tc_now_ms() < end && rv != 0;) {
+        rv = idalloc_leader_transfer(cl, (unsigned)f + 1, &got, tc_detail());
+        if (rv != 0) {
+            tc_sleep_ms(500);
+        }
+    }
+    cr_assert_eq(rv, 0, "transfer to node %d: %s", f + 1, tc_errmsg());
+    int moved = got == (unsigned)f + 1;
+    for (uint64_t end = tc_now_ms() + 20000; tc_now_ms() < end && !moved;) {
+        moved = tc_wait_leader(&c, 2000) == f;
+    }
+    cr_assert(moved, "leadership did not move to node %d", f + 1);
+
+    struct group_op *asked = calloc(GROUP_TAKEN, sizeof(*asked));
+    cr_assert(asked != NULL);
+    for (int i = 0; i < GROUP_TAKEN; i++) {
+        asked[i].i = i;
+    }
+    group_run(GROUP_LOOKUP, "b", asked, GROUP_TAKEN);
+    for (int i = 0; i < GROUP_TAKEN; i++) {
+        if (i % GROUP_HOLE_EVERY == 0) {
+            cr_assert_eq(
+                asked[i].err, IDA_ENOTFOUND, "freed tag %d: %s, id %llu", i,
+                idalloc_errname(asked[i].err), (unsigned long long)asked[i].id);
+        } else {
+            cr_assert_eq(asked[i].err, 0, "tag %d: %s", i,
+                         idalloc_errname(asked[i].err));
+            cr_assert_eq(asked[i].id, ops[i].id,
+                         "tag %d holds %llu on node %d, %llu before", i,
+                         (unsigned long long)asked[i].id, f + 1,
+                         (unsigned long long)ops[i].id);
+        }
+    }
+
+    /* New tags take the lowest free ids: the lowest holes. */
+    qsort(hole_ids, (size_t)n_holes, sizeof(hole_ids[0]), cmp_u64);
+    struct group_op fresh[GROUP_NEW];
+    for (int j = 0; j < GROUP_NEW; j++) {
+        fresh[j] = (struct group_op){.i = 20000000 + j};
+    }
+    group_run(GROUP_ALLOC, "b", fresh, GROUP_NEW);
+    uint64_t fresh_ids[GROUP_NEW];
+    for (int j = 0; j < GROUP_NEW; j++) {
+        cr_assert_eq(fresh[j].err, 0, "new tag %d: %s", j,
+                     idalloc_errname(fresh[j].err));
+        fresh_ids[j] = fresh[j].id;
+    }
+    qsort(fresh_ids, GROUP_NEW, sizeof(fresh_ids[0]), cmp_u64);
+    for (int j = 0; j < GROUP_NEW; j++) {
+        cr_assert_eq(fresh_ids[j], hole_ids[j],
+                     "the %d-th new id is %llu, the %d-th lowest hole %llu", j,
+                     (unsigned long long)fresh_ids[j], j,
+                     (unsigned long long)hole_ids[j]);
+    }
+    free(asked);
+    free(holes);
+    free(ops);
+    assert_same_state(f, 65536 * 8);
+}
