@@ -621,6 +621,9 @@ Test(snap, tag_held_twice_refused_wherever_it_falls)
  * a chunk boundary near the middle, the second on a lent thread. */
 
 enum { BIG = 100000 };
+/* Holdings forge_big() has room for: three of the smallest batches the
+ * grouping takes (IDA__HOLD_SPLIT_MIN words) and one more. */
+enum { BIG_ROOM = 3 * IDA__HOLD_SPLIT_MIN + 1 };
 /* On the heap: TSan builds put Criterion's arena where a large .bss would
  * be. Allocated once per test process, left to its exit. */
 static Idalloc__Holding *big, **pbig;
@@ -657,26 +660,33 @@ static void counted_init(struct counted *c, bool refuse)
     c->refuse = refuse;
 }
 
-/* forge_base() with pool "a" holding BIG ids 3i+1 tagged "t<i>". */
-static void forge_big(void)
+/* forge_base() with pool "a" holding @n ids 3i+1 tagged "t<i>". */
+static void forge_big_n(int n)
 {
     forge_base();
     if (big == NULL) {
-        big = calloc(BIG, sizeof(*big));
-        pbig = calloc(BIG, sizeof(*pbig));
-        bigtag = calloc(BIG, sizeof(*bigtag));
+        big = calloc(BIG_ROOM, sizeof(*big));
+        pbig = calloc(BIG_ROOM, sizeof(*pbig));
+        bigtag = calloc(BIG_ROOM, sizeof(*bigtag));
         cr_assert(big != NULL && pbig != NULL && bigtag != NULL);
     }
-    bs.size = 3 * BIG + 10;
-    for (int i = 0; i < BIG; i++) {
+    cr_assert_leq(n, BIG_ROOM);
+    bs.size = 3 * (uint64_t)n + 10;
+    for (int i = 0; i < n; i++) {
         idalloc__holding__init(&big[i]);
         pbig[i] = &big[i];
         big[i].id = (uint64_t)(3 * i + 1);
         snprintf(bigtag[i], sizeof(bigtag[i]), "t%d", i);
         big[i].tag = bigtag[i];
     }
-    bs.n_holdings = BIG;
+    bs.n_holdings = (size_t)n;
     bs.holdings = pbig;
+}
+
+/* forge_base() with pool "a" holding BIG ids 3i+1 tagged "t<i>". */
+static void forge_big(void)
+{
+    forge_big_n(BIG);
 }
 
 /* @g restored forge_big()'s state: every tag is found (a word lost on
@@ -1104,6 +1114,40 @@ Test(snap, ahead_at_the_split)
             cr_assert_eq(ida_fsm_lookup(g, "a", bigtag[j], &id), 0,
                          "%zu holdings: tag %zu", n, j);
             cr_assert_eq(id, 3 * j + 1);
+        }
+        ida_fsm_free(g);
+        ida_fsm_ahead_free(a);
+        free(forged);
+    }
+    ida__hold_batch = IDA__HOLD_BATCH;
+    forge_big();
+}
+
+/* Three batches and more, the last one full or of one word: grouped as
+ * they came with batches of IDA__HOLD_SPLIT_MIN words, the restore takes
+ * every batch of every region (ida__hold_settle() groups the last). */
+Test(snap, ahead_in_three_batches)
+{
+    const int ns[] = {3 * IDA__HOLD_SPLIT_MIN, 3 * IDA__HOLD_SPLIT_MIN + 1};
+    ida__hold_batch = IDA__HOLD_SPLIT_MIN;
+    for (size_t i = 0; i < 2; i++) {
+        int n = ns[i];
+        forge_big_n(n);
+        size_t len;
+        uint8_t *forged = fx_forge(&st, &len);
+        struct ida_fsm_ahead *a = stepped(forged, len, 65536, len);
+        cr_assert_eq(ida_fsm_ahead_holdings(a), (size_t)n);
+        struct ida_fsm *g;
+        int starts;
+        cr_assert_eq(restore_ahead(forged, len, a, false, &starts, &g), 0);
+        cr_assert_eq(starts, 2, "%d holdings: clear and insert shared", n);
+        cr_assert_eq(ida_fsm_ahead_taken(a), (size_t)n);
+        assert_gives_back(g, forged, len);
+        for (int j = 0; j < n; j++) {
+            uint64_t id;
+            cr_assert_eq(ida_fsm_lookup(g, "a", bigtag[j], &id), 0,
+                         "%d holdings: tag %d", n, j);
+            cr_assert_eq(id, 3 * (uint64_t)j + 1);
         }
         ida_fsm_free(g);
         ida_fsm_ahead_free(a);
