@@ -71,8 +71,10 @@ static const char *const op_names[IDA_MOP_COUNT_] = {
     "reserve", "prefix",      "status", "member", "snapshot_read", "restore"};
 static const char *const outcome_names[OUTCOMES] = {
     "ok", "definite", "bad_request", "unknown", "internal", "not_leader"};
+/* "seeded": imported, waiting for the other nodes (src/node/import.h),
+ * as `idalloc status` says. */
 static const char *const role_names[] = {"follower", "pre-candidate",
-                                         "candidate", "leader"};
+                                         "candidate", "leader", "seeded"};
 #define ROLES (sizeof(role_names) / sizeof(role_names[0]))
 
 static uint64_t now_us(void)

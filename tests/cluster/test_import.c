@@ -115,6 +115,18 @@ static struct idalloc_node_status status_of(struct tc *t, int i)
     return ns;
 }
 
+/* The idalloc_raft_role{role="@role"} gauge of the node whose metrics
+ * port is @port (-1 when absent). */
+static int role_gauge(unsigned port, const char *role)
+{
+    static char body[1 << 16];
+    cr_assert_eq(tc_http(port, "GET", "/metrics", body, sizeof(body)), 200);
+    char want[64];
+    snprintf(want, sizeof(want), "idalloc_raft_role{role=\"%s\"} ", role);
+    const char *p = strstr(body, want);
+    return p != NULL ? atoi(p + strlen(want)) : -1;
+}
+
 static int whole(struct idalloc_client *c3)
 {
     struct idalloc_member_list m;
@@ -372,6 +384,7 @@ Test(import,
                             tc_bin("idallocd"), b.conf, i, file),
                      0, "import into node %d: %s", i, out);
     }
+    unsigned mport = tc_add_metrics(&b, 0);
     cr_assert_eq(tc_spawn_all(&b), 0, "a node of B could not bind");
     uint64_t t0 = tc_now_ms();
     while ((tc_log_count(&b, 0, "answered with a membership") == 0 ||
@@ -388,6 +401,9 @@ Test(import,
                      (unsigned long long)ns.term);
         cr_assert_eq(tc_log_count(&b, i, "now leads cluster"), 0);
     }
+    /* Its metrics say so too, not "follower". */
+    cr_assert_eq(role_gauge(mport, "seeded"), 1);
+    cr_assert_eq(role_gauge(mport, "follower"), 0);
 
     /* One node alone. */
     tc_setup(&one, 1, NULL);
@@ -396,9 +412,16 @@ Test(import,
                         "%s --config %s --node 1 --import-backup %s 2>&1",
                         tc_bin("idallocd"), one.conf, file),
                  0, "%s", out);
+    unsigned oport = tc_add_metrics(&one, 0);
     cr_assert_eq(tc_spawn_all(&one), 0);
     cr_assert_geq(tc_wait_leader(&one, 20000), 0, "the one node never led");
     cr_assert_eq(tc_log_count(&one, 0, "now leads cluster"), 1);
+    for (uint64_t end = tc_now_ms() + 5000;
+         role_gauge(oport, "leader") != 1 && tc_now_ms() < end;) {
+        tc_sleep_ms(50);
+    }
+    cr_assert_eq(role_gauge(oport, "leader"), 1);
+    cr_assert_eq(role_gauge(oport, "seeded"), 0);
     cl = tc_client(&one, 20000);
     uint64_t got;
     cr_assert_eq(idalloc_lookup(cl, "b", "kept", &got, tc_detail()), 0, "%s",

@@ -57,35 +57,11 @@ static void setup(void)
 }
 
 /* GET @path from node @i's metrics port: the status code, the body in
- * body[] (test code: HTTP/1.0, the server closes after the answer). */
+ * body[]. */
 static int get(int i, const char *method, const char *path)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)mport[i])};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return -1;
-    }
-    char req[256];
-    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: x\r\n\r\n",
-                     method, path);
-    cr_assert_eq(write(fd, req, (size_t)n), n);
-    static char raw[sizeof(body) + 4096];
-    size_t len = 0;
-    ssize_t r;
-    while (len < sizeof(raw) - 1 &&
-           (r = read(fd, raw + len, sizeof(raw) - 1 - len)) > 0) {
-        len += (size_t)r;
-    }
-    close(fd);
-    raw[len] = '\0';
-    int status = 0;
-    cr_assert_eq(sscanf(raw, "HTTP/1.%*d %d", &status), 1, "%s", raw);
-    const char *b = strstr(raw, "\r\n\r\n");
-    cr_assert_not_null(b);
-    snprintf(body, sizeof(body), "%s", b + 4);
+    int status = tc_http(mport[i], method, path, body, sizeof(body));
+    cr_assert_neq(status, -1, "node %d's metrics port did not answer", i + 1);
     return status;
 }
 

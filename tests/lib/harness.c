@@ -534,3 +534,58 @@ void tc_long_tag(char *tag, size_t bytes, int t, int i)
     }
     tag[bytes] = '\0';
 }
+
+unsigned tc_add_metrics(struct tc *c, int i)
+{
+    unsigned port = tc_free_port();
+    char out[256];
+    TC_CHECK(tc_run(out, sizeof(out),
+                    "sed -i 's/^node %d .*/& metrics=127.0.0.1:%u/' %s", i + 1,
+                    port, c->conf) == 0,
+             "adding metrics= to node %d's line", i + 1);
+    return port;
+}
+
+int tc_http(unsigned port,
+            const char *method,
+            const char *path,
+            char *body,
+            size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    char req[512];
+    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: x\r\n\r\n",
+                     method, path);
+    if (n < 0 || (size_t)n >= sizeof(req) || write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return -1;
+    }
+    size_t room = cap + 4096; /* the body and a head */
+    char *raw = malloc(room);
+    TC_CHECK(raw != NULL, "out of memory");
+    size_t len = 0;
+    ssize_t r;
+    while (len < room - 1 && (r = read(fd, raw + len, room - 1 - len)) > 0) {
+        len += (size_t)r;
+    }
+    close(fd);
+    raw[len] = '\0';
+    int status = 0;
+    const char *b = strstr(raw, "\r\n\r\n");
+    if (sscanf(raw, "HTTP/1.%*d %d", &status) != 1 || b == NULL) {
+        status = -1;
+    } else {
+        snprintf(body, cap, "%s", b + 4);
+    }
+    free(raw);
+    return status;
+}

@@ -97,6 +97,16 @@ int tc_log_count(const struct tc *c, int i, const char *needle);
  * ephemeral range (no outgoing connection can take it), never the same
  * twice in one process. Safe from several threads. */
 unsigned tc_free_port(void);
+/* Put metrics=127.0.0.1:PORT on node @i's line of @c's cluster file (a
+ * port of tc_free_port()) and return PORT. Before the node starts. */
+unsigned tc_add_metrics(struct tc *c, int i);
+/* @method @path over HTTP/1.0 to 127.0.0.1:@port: the status code, the
+ * body in @body (cut to @cap - 1 bytes), or -1 when nothing answered. */
+int tc_http(unsigned port,
+            const char *method,
+            const char *path,
+            char *body,
+            size_t cap);
 /* A struct idalloc_call for one call's error detail in a test's failure
  * message: tc_detail() makes the calling thread's one NEW again and
  * returns it (pass it as the call's last argument), tc_errmsg() is its
