@@ -347,6 +347,13 @@ int ida_node_import(const struct ida_node_opts *o,
         }
     }
     if (lfd >= 0) {
+        /* Removed while still held: an import that opened it meanwhile
+         * fails to lock it (LOCK_NB) rather than waiting for an unlinked
+         * file, and one that comes after creates a new one. */
+        if (unlink(lock) != 0) {
+            IDA_WARN("import: %s: could not remove it: %s", lock,
+                     strerror(errno));
+        }
         close(lfd);
     }
     ida_free(snap);

@@ -239,6 +239,10 @@ Test(import,
     cr_assert_eq(tc_run(out, sizeof(out), "rm -r %s/data/node1", b.dir), 0);
     cr_assert_eq(import(args), 0, "%s", out);
     cr_assert(strstr(out, "3 pool(s) of cluster test") != NULL, "%s", out);
+    /* The node's directory is left, no staging and no lock file. */
+    cr_assert_eq(tc_run(out, sizeof(out), "ls -A %s/data", b.dir), 0);
+    cr_assert(strstr(out, "node1\n") != NULL && strstr(out, ".import") == NULL,
+              "in the data directory: %s", out);
     cr_assert_eq(import(args), 1, "a second import: %s", out);
     cr_assert(strstr(out, "exists and is not empty") != NULL, "%s", out);
 
