@@ -116,6 +116,51 @@ static void record(void *ctx,
     t->entries++;
 }
 
+/* Command @v of a bad tag in @b: an alloc, a free or a prefix (by @v % 3)
+ * whose tag is empty, one byte too long, not UTF-8 or holds a NUL byte
+ * (by @v / 3 % 4). */
+static void add_bad_tag(struct fx_batch *b, uint64_t c, uint64_t s, size_t v)
+{
+    static const struct
+    {
+        const char *bytes;
+        size_t len;
+    } bad[] = {
+        {"", 0}, {NULL, IDA_TAG_BYTES_MAX + 1}, {"\xc3\x28x", 3}, {"a\0b", 3}};
+    size_t which = v / 3 % 4;
+    switch (v % 3) {
+        case 0:
+            fx_add_alloc(b, c, s, "bnd", "placeholder");
+            break;
+        case 1:
+            fx_add_free(b, c, s, "bnd", 1, "placeholder");
+            break;
+        default:
+            fx_add_prefix(b, c, s, "pfx", "placeholder");
+            break;
+    }
+    size_t i = b->n - 1;
+    char *t = b->tag[i];
+    size_t len = bad[which].len;
+    if (bad[which].bytes == NULL) {
+        memset(t, 'x', len);
+    } else {
+        memcpy(t, bad[which].bytes, len);
+    }
+    ProtobufCBinaryData tag = {len, (uint8_t *)t};
+    switch (v % 3) {
+        case 0:
+            b->op[i].alloc.tag = tag;
+            break;
+        case 1:
+            b->op[i].free.tag = tag;
+            break;
+        default:
+            b->op[i].prefix.tag = tag;
+            break;
+    }
+}
+
 /* A log that goes through every way an entry is applied: allocations of
  * new and held tags, frees, reserves, prefixes; retries of a command
  * (the kept answer), a seq reused for another command (refused by the
@@ -172,6 +217,13 @@ static struct ida_entry *make_log(size_t n, ida_index first)
         size_t cmds = i % 151 == 3 ? 0 : 1 + i % 40;
         for (size_t k = 0; k < cmds; k++) {
             uint64_t c = 1 + (i + k) % CLIENTS;
+            if ((i + k) % 47 == 5) {
+                /* A tag no client library sends: refused where applied,
+                 * whether its check was made ahead or not. */
+                add_bad_tag(&b, c, ++seq[c], (i + k) / 47);
+                last[c].tag[0] = '\0';
+                continue;
+            }
             int kind = (int)((i + k) % 7);
             if (kind == 6 && seq[c] > 0 && i % 2 == 0) {
                 /* The same seq for another command: refused. */
@@ -223,6 +275,10 @@ static struct ida_fsm *base_state(void)
     for (uint64_t c = 1; c <= CLIENTS; c++) {
         fx_register(f, c, 500);
     }
+    /* The pools' creator: a client of its own (the log's are 1..CLIENTS),
+     * registered like them, or every command of the log would find no
+     * pool. */
+    fx_register(f, 9, 500);
     static struct fx_batch b;
     fx_batch_init(&b, 500);
     fx_add_create(&b, 9, 1, "bnd", IDALLOC__POOL_KIND__POOL_KIND_BOUNDED, 600);
@@ -230,6 +286,10 @@ static struct ida_fsm *base_state(void)
     fx_add_create(&b, 9, 3, "pfx", IDALLOC__POOL_KIND__POOL_KIND_PREFIX, 0);
     struct ida_fsm_applied ap;
     fx_apply(f, &b, &ap);
+    cr_assert_eq(ap.count, 3);
+    for (size_t i = 0; i < ap.count; i++) {
+        cr_assert_eq(ap.replies[i].result.error, 0, "pool %zu not created", i);
+    }
     return f;
 }
 
@@ -287,6 +347,19 @@ Test(apply_ahead, the_same_answers_and_state_as_one_entry_at_a_time)
     char toobig[48];
     snprintf(toobig, sizeof(toobig), "error %d count 0", IDA_ETOOBIG);
     cr_assert(strstr(want.text, toobig) != NULL, "no oversized batch");
+    /* Most commands acted (the pools exist). */
+    size_t acted = 0;
+    for (const char *p = want.text; (p = strstr(p, " error 0 id ")) != NULL;
+         p++) {
+        acted++;
+    }
+    cr_assert_gt(acted, 5000, "%zu commands acted", acted);
+    /* Bad tags were refused, each kind of them. */
+    char bad[48];
+    snprintf(bad, sizeof(bad), "cached 0 error %d ", IDA_EINVAL);
+    cr_assert(strstr(want.text, bad) != NULL, "no tag refused as invalid");
+    snprintf(bad, sizeof(bad), "cached 0 error %d ", IDA_ETOOBIG);
+    cr_assert(strstr(want.text, bad) != NULL, "no tag refused as too long");
     for (int mode = 0; mode < 3; mode++) {
         struct thread_helper th;
         th_init(&th, mode == 1 ? REFUSE : THREAD);
