@@ -221,6 +221,8 @@ Test(snap, replace_takes_the_whole_state_in_place)
  * target keeps its previous state. */
 Test(snap, truncated_or_damaged_snapshots_are_refused)
 {
+    fx_register(f, 1, 1); /* else every command is refused: no session */
+    fx_register(f, 2, 1);
     fx_batch_init(&b, 1);
     fx_add_create(&b, 1, 1, "b", BND, 100);
     fx_add_alloc(&b, 1, 2, "b", "one");
@@ -230,6 +232,9 @@ Test(snap, truncated_or_damaged_snapshots_are_refused)
     fx_add_reserve(&b, 2, 2, "s", 9);
     struct ida_fsm_applied out;
     fx_apply(f, &b, &out);
+    for (size_t i = 0; i < out.count; i++) {
+        cr_assert_eq(out.replies[i].result.error, 0, "command %zu", i);
+    }
     size_t len;
     uint8_t *snap = fx_snapshot(f, &len);
 
@@ -546,10 +551,12 @@ Test(snap, enomem_on_every_snapshot_and_restore_path)
 
     struct ida_fsm *g;
     cr_assert_eq(ida_fsm_new(&g), 0);
+    fx_register(g, 1, 1);
     fx_batch_init(&b, 1);
     fx_add_create(&b, 1, 1, "other", SEQ, 0);
     struct ida_fsm_applied out;
     fx_apply(g, &b, &out);
+    cr_assert_eq(out.replies[0].result.error, 0);
     size_t glen;
     uint8_t *gsnap = fx_snapshot(g, &glen);
     for (n = 0;; n++) {
