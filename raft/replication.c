@@ -395,7 +395,10 @@ int ida__raft_handle_append(struct ida_raft *r, const struct ida_raft_msg *m)
     if (k < ae->n_entries) {
         ida_index idx = prev + 1 + k;
         if (idx <= r->commit) {
-            return IDA_EPROTO; /* a leader contradicts a committed entry */
+            /* A leader contradicts a committed entry. Unreachable: prev
+             * >= commit here (the answer above takes the rest), so idx >
+             * commit; kept should that answer ever change. */
+            return IDA_EPROTO;
         }
         int rv = ida__raft_log_reserve(r, ae->n_entries - k);
         if (rv != 0) {

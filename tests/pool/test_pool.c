@@ -472,23 +472,63 @@ Test(pool, a_processor_sees_whether_more_messages_wait)
     cr_assert(!more_seen[2], "none was waiting behind the last");
 }
 
+static void pause_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* count_receive(), but the first message waits until held_open: the
+ * worker is held while the test queues more and asks for the stop. */
+static atomic_bool held_open, held_entered;
+
+static void held_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
+{
+    if (!atomic_exchange(&held_entered, true)) {
+        while (!atomic_load(&held_open)) {
+            pause_us(1000);
+        }
+    }
+    count_receive(state, msg, s);
+}
+static const struct ida_proc_ops held_ops = {held_receive, NULL};
+
+static void *open_held_later(void *arg)
+{
+    (void)arg;
+    pause_us(50000); /* the stop below is asked meanwhile */
+    atomic_store(&held_open, true);
+    return NULL;
+}
+
 Test(pool, stop_drop_frees_what_was_not_delivered)
 {
     new_pool(1, 0);
     uint32_t a;
-    struct ida_proc_config c = {"count", &count_ops, NULL, 100000, 0};
+    struct ida_proc_config c = {"count", &held_ops, NULL, 100000, 0};
     cr_assert_eq(ida_pool_add(pool, &c, &a), 0);
     cr_assert_eq(ida_pool_start(pool), 0);
-    for (int i = 0; i < 20000; i++) {
+    post(a, ida_msg_new(1, 0));
+    while (!atomic_load(&held_entered)) {
+        pause_us(100);
+    }
+    /* The worker is in its first receive: these wait in the inbox. */
+    for (int i = 1; i < 20000; i++) {
         post(a, ida_msg_new(1, 0));
     }
+    pthread_t opener;
+    cr_assert_eq(pthread_create(&opener, NULL, open_held_later, NULL), 0);
     ida_pool_stop(pool, IDA_POOL_STOP_DROP);
+    pthread_join(opener, NULL);
     struct ida_pool_stats st;
     ida_pool_get_stats(pool, &st);
     /* Every message was either delivered or freed (ASan/valgrind check the
-     * freeing); none twice. */
+     * freeing); none twice; and most were freed undelivered (the worker
+     * finishes at most the batch it was in). */
     cr_assert_eq(atomic_load(&counted), st.delivered);
     cr_assert_eq(st.delivered + st.dropped, 20000);
+    cr_assert_gt(st.dropped, 10000, "%llu dropped",
+                 (unsigned long long)st.dropped);
 }
 
 /* External target: notify runs on the sending thread after the push. */

@@ -212,7 +212,11 @@ Test(raft, follower_rejection_carries_the_conflict_hint)
     cr_assert_eq(r->u.append_response.conflict_index, 6);
 }
 
-Test(raft, append_that_contradicts_a_committed_entry_is_a_protocol_error)
+/* An append whose entries contradict a committed one (only a faulty or
+ * forged leader sends it) is answered with the commit index and changes
+ * nothing: the entries after a prev below the commit index are never
+ * read. */
+Test(raft, append_that_contradicts_a_committed_entry_changes_nothing)
 {
     ida_term t[] = {1, 1, 1};
     h_set_log(2, t, 3, 1, 3);
@@ -231,6 +235,15 @@ Test(raft, append_that_contradicts_a_committed_entry_is_a_protocol_error)
     /* prev (2) < commit (3): answered with the commit index, no change. */
     cr_assert_eq(ida_raft_step(&H.r[2], &m), 0);
     cr_assert_eq(ida_raft_term_at(&H.r[2], 3), 1);
+    cr_assert_eq(ida_raft_last_index(&H.r[2]), 3);
+    struct ida_raft_batch b;
+    cr_assert(ida_raft_ready(&H.r[2], &b));
+    const struct ida_raft_msg *r =
+        find_msg(&b, IDA_RAFT_MSG_APPEND_RESPONSE, true);
+    cr_assert_not_null(r, "no answer");
+    cr_assert(r->u.append_response.success);
+    cr_assert_eq(r->u.append_response.match_index, 3);
+    cr_assert_eq(b.n_entries, 0, "entries to persist");
 }
 
 /* Figure 8 of the Raft paper, with 5 nodes. S1 (leader of term 4) has an
