@@ -159,13 +159,21 @@ tsan-fsm: deps
 	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread build/tsan/bench/bench_fsm
 	@TSAN_OPTIONS=halt_on_error=1 build/tsan/bench/bench_fsm 200000
 
-# valgrind on the unit tests (Criterion forks, hence --trace-children).
+# valgrind on the unit tests (Criterion forks, hence --trace-children):
+# every test directory but the simulator's, the cluster's and chaos (real
+# processes, timing). Half an hour or more; VALGRIND_DIRS picks some
+# (make valgrind VALGRIND_DIRS="fsm pool").
+VALGRIND_DIRS ?= unit fsm raft storage pool client node
+# The binaries are listed when the recipe runs, after `all` built them.
 valgrind: all
-	@set -e; for t in $(wildcard $(BUILD)/tests/unit/test_*); do \
-	  echo "valgrind $$t"; \
-	  valgrind -q --trace-children=yes --error-exitcode=99 --leak-check=full \
-	    --errors-for-leak-kinds=definite $$t --jobs 1 >/dev/null; done; \
-	  echo "valgrind: clean"
+	@set -e; n=0; for d in $(VALGRIND_DIRS); do \
+	  for t in $(BUILD)/tests/$$d/test_*; do \
+	    [ -x "$$t" ] || continue; n=$$((n + 1)); \
+	    echo "valgrind $$t"; \
+	    valgrind -q --trace-children=yes --error-exitcode=99 --leak-check=full \
+	      --errors-for-leak-kinds=definite $$t --jobs 1 >/dev/null; done; done; \
+	  [ $$n -gt 0 ] || { echo "valgrind: no test binaries in $(VALGRIND_DIRS)" >&2; exit 1; }; \
+	  echo "valgrind: clean ($$n test binaries)"
 
 # make sim SEEDS=N START=S [MODE=safety|liveness] [NODES=3|5]
 SEEDS ?= 1000
@@ -245,7 +253,7 @@ help:
 	@echo "  chaos-storage many more storage crash rounds [ROUNDS=n] [SEED=s]"
 	@echo "  attack-long   the 20,000 idle connection flood [ATTACK_IDLE=n]"
 	@echo "  bench-scale   large state vs empty cluster [SCALE_ALLOCS=n] [SCALE_SEQ_BLOCKS=n] [SCALE_PREFIXES=n] [SCALE_SECONDS=s]"
-	@echo "  valgrind      the unit tests under valgrind"
+	@echo "  valgrind      the unit tests under valgrind (half an hour) [VALGRIND_DIRS=\"fsm pool ...\"]"
 	@echo "  format        clang-format the sources"
 	@echo "  format-check  fail if a source file is not formatted"
 	@echo "  check-layers  fail if raft/ or fsm/ include anything of the I/O world"
