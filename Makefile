@@ -159,7 +159,8 @@ tsan-fsm: deps
 	@$(MAKE) --no-print-directory BUILD=build/tsan SAN=thread build/tsan/bench/bench_fsm
 	@TSAN_OPTIONS=halt_on_error=1 build/tsan/bench/bench_fsm 200000
 
-# valgrind on the unit tests (Criterion forks, hence --trace-children):
+# valgrind on the unit tests (Criterion forks, hence --trace-children;
+# the system's programs a test runs, make, sed or cc, are not traced):
 # every test directory but the simulator's, the cluster's and chaos (real
 # processes, timing). Half an hour or more; VALGRIND_DIRS picks some
 # (make valgrind VALGRIND_DIRS="fsm pool").
@@ -174,7 +175,8 @@ valgrind: all
 	  for t in $(BUILD)/tests/$$d/test_*; do \
 	    [ -x "$$t" ] || continue; n=$$((n + 1)); \
 	    echo "valgrind $$t"; \
-	    valgrind -q --trace-children=yes --error-exitcode=99 --leak-check=full \
+	    valgrind -q --trace-children=yes --trace-children-skip='/usr/*,/bin/*,/sbin/*' \
+	      --error-exitcode=99 --leak-check=full \
 	      --errors-for-leak-kinds=definite $$t --jobs 1 >/dev/null; rc=$$?; \
 	    if [ $$rc -eq 99 ]; then echo "valgrind: memory errors in $$t" >&2; exit 1; fi; \
 	    if [ $$rc -ne 0 ]; then echo "valgrind: $$t failed (exit $$rc), no memory error" >&2; slow="$$slow $$t"; fi; \
