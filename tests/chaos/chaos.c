@@ -542,6 +542,12 @@ long chaos_run(const struct chaos_opts *o, struct chaos_report *r)
     chaos_resolve(&x);
     chaos_replay_acked(&x);
     chaos_read_final(&x);
+    if (!x.h.final_known) {
+        /* Without it the checks of the final state do not run. */
+        chaos_failure(&x,
+                      "the final holdings could not be read after "
+                      "healing (see the line above)");
+    }
     ended_on_their_own(&x);
     figures(&x, end);
     result = (long)history_check(&x.h, &r->check);

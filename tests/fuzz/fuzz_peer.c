@@ -36,6 +36,7 @@ static struct
 {
     ida_term committed_term[KEEP_TERMS]; /* by index, 0: not seen */
     ida_index applied;
+    ida_index snap; /* the last snapshot a batch carried */
     ida_term term;
     ida_node_id vote;
     ida_index commit;
@@ -154,8 +155,12 @@ static void drain(struct ida_raft *r)
             }
         }
         if (b.has_snapshot) {
-            FUZZ_CHECK(b.snapshot.index >= S.applied ||
-                       b.snapshot.index <= ida_raft_commit(r));
+            /* One received (the commit index moves to it) or a local
+             * compaction at the applied index: never past the commit
+             * index, never behind the last one. */
+            FUZZ_CHECK(b.snapshot.index <= ida_raft_commit(r));
+            FUZZ_CHECK(b.snapshot.index >= S.snap);
+            S.snap = b.snapshot.index;
         }
         if (b.id != 0) {
             if (S.hold && S.n_held < IDA_RAFT_PENDING_MAX) {
