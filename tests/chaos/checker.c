@@ -377,9 +377,13 @@ static void check_final(struct history *h, struct check_report *r)
         size_t lo, hi;
         tag_range(f->tag, &lo, &hi);
         for (size_t k = lo; k < hi && !known; k++) {
+            /* An alloc that returned this id, or one whose outcome is
+             * still unknown (not one learnt to have had no effect, nor one
+             * learnt to have returned another id). */
             const struct hop *o = by_tag[k];
             known = o->kind == H_ALLOC &&
-                    (o->out == O_UNKNOWN || (effective(o) && o->id == f->id));
+                    ((o->out == O_UNKNOWN && o->resolved == R_NONE) ||
+                     (effective(o) && o->id == f->id));
         }
         if (!known) {
             violation(r, "%s holds %" PRIu64 " but no alloc returned it",

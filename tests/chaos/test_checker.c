@@ -118,6 +118,36 @@ Test(checker,
     expect(3, NULL); /* a moved; 4 and ghost's 9 came from no alloc */
 }
 
+/* An alloc whose outcome was unknown, then learnt (@r). */
+static void add_resolved(const char *tag, uint64_t id, enum hop_resolved r)
+{
+    add(H_ALLOC, O_UNKNOWN, tag, id, 1, 2);
+    h.v[h.n - 1].resolved = r;
+}
+
+Test(checker,
+     final_holdings_of_unknown_allocs_are_checked,
+     .init = setup,
+     .fini = teardown)
+{
+    add_resolved("u", 0, R_NONE);      /* still unknown: may hold anything */
+    add_resolved("n", 0, R_NO_EFFECT); /* learnt: it did nothing */
+    add_resolved("e", 7, R_EFFECT);    /* learnt: it returned 7 */
+    history_add_final(&h, "u", 3);
+    history_add_final(&h, "n", 4);
+    history_add_final(&h, "e", 8);
+    expect(2, NULL); /* n's 4 and e's 8 came from no alloc; u's 3 is fine */
+}
+
+Test(checker, final_id_held_twice_is_caught, .init = setup, .fini = teardown)
+{
+    add(H_ALLOC, O_OK, "a", 5, 1, 2);
+    add_resolved("b", 0, R_NONE);
+    history_add_final(&h, "a", 5);
+    history_add_final(&h, "b", 5); /* b's alloc is unknown: only the id */
+    expect(1, "final state: id 5 held twice");
+}
+
 Test(checker, id_outside_the_pool_is_caught, .init = setup, .fini = teardown)
 {
     add(H_ALLOC, O_OK, "a", 100, 1, 2);
