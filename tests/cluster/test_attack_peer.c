@@ -166,8 +166,49 @@ static void forge_to(int to,
                                   inc[from], &len);
     forge_send(fd, f, len);
     free(f);
-    tc_sleep_ms(20);
+    /* Long enough for the node to read and step it: closed after 20 ms,
+     * 3 of the 4 frames of reject_index_near_max_to_the_leader never
+     * reached the core. */
+    tc_sleep_ms(300);
     close(fd);
+}
+
+/* Peer messages node @i refused on a field check: the count its error top
+ * gives (`idalloc status --verbose`), 0 when none. */
+static unsigned field_check_errors(int i)
+{
+    static char out[1 << 16];
+    cr_assert_eq(
+        tc_run(out, sizeof(out), "%s --cluster %s status --verbose 2>&1",
+               tc_bin("idalloc"), c.addrs),
+        0, "%s", out);
+    unsigned n = 0, node = 0;
+    for (char *line = strtok(out, "\n"); line != NULL;
+         line = strtok(NULL, "\n")) {
+        unsigned id, k;
+        if (sscanf(line, "node=%u ", &id) == 1) {
+            node = id;
+        } else if (node == id_of(i) &&
+                   sscanf(line, " error=IDA_EINVAL count=%u", &k) == 1 &&
+                   strstr(line, "failed a field check") != NULL) {
+            n += k;
+        }
+    }
+    return n;
+}
+
+/* Whether node @i's count reaches @n within 10 s (an error reaches the
+ * error top a moment after the step). */
+static bool wait_field_check_errors(int i, unsigned n)
+{
+    for (uint64_t end = tc_now_ms() + 10000; tc_now_ms() < end;) {
+        unsigned got = field_check_errors(i);
+        if (got >= n) {
+            return got == n;
+        }
+        tc_sleep_ms(200);
+    }
+    return false;
 }
 
 /* The cluster serves, kept its state, and no node exited. */
@@ -234,6 +275,10 @@ Test(attack_peer,
         ar.match_index = UINT64_MAX - 1;
         forge_to(leader, &m, id_of(f), t);
     }
+    /* They reached the core and were refused as what they are (else the
+     * checks below would hold for frames the envelope turned away). */
+    cr_assert(wait_field_check_errors(leader, 4), "the leader refused %u",
+              field_check_errors(leader));
     check_intact("reject_index");
 }
 
@@ -258,6 +303,10 @@ Test(attack_peer,
         v.msg_case = IDALLOC__PEER_MESSAGE__MSG_REQUEST_VOTE;
         v.request_vote = &rv;
         forge_to(to, &v, from, UINT64_MAX - 1);
+    }
+    for (int i = 0; i < 3; i++) {
+        cr_assert(wait_field_check_errors(i, 2), "node %d refused %u", i + 1,
+                  field_check_errors(i));
     }
     check_intact("term_max");
 }
