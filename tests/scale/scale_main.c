@@ -59,7 +59,16 @@ struct phase
     uint64_t terms_overall; /* term movement over the whole phase */
     double start_to_install_s, learner_to_install_s; /* -1: unknown */
     uint64_t anon_kb, file_kb;                       /* RssAnon, RssFile */
+    /* Over the --repeat restarts and catch-ups (the fields above hold the
+     * medians): the worst restart, how many were under 2 s; each catch-up's
+     * rates (MB/s of the snapshot it installed; 0: none installed). */
+    int runs;
+    double restart_worst_ms;
+    int restarts_under_2s;
+    double rate[16], learner_rate[16];
 };
+
+#define REPEAT_MAX 16
 
 static struct tc c;
 static uint64_t live_allocs; /* tags the cluster acknowledged */
@@ -563,6 +572,25 @@ static void catch_up(struct phase *ph, int *which)
     }
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of @v[0..n) (sorted in place); -1 when n is 0. A value of -1
+ * in it (a run that failed) sorts first. */
+static double median(double *v, int n)
+{
+    if (n == 0) {
+        return -1;
+    }
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static unsigned repeats = 3;
+
 static void measure(struct phase *ph, const char *name, unsigned secs)
 {
     uint64_t term0 = 0, term1 = 0;
@@ -574,25 +602,60 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
     ph->live = live_allocs;
     ph->rss_kb = l >= 0 ? vmrss_kb(c.pid[l], &ph->anon_kb, &ph->file_kb) : 0;
     int which = 0;
-    ph->restart_ms = restart(&which);
-    printf("  restart: node %d served at the leader's commit after %.0f ms\n",
-           which, ph->restart_ms);
-    print_restored_line(which);
-    fflush(stdout);
-    catch_up(ph, &which);
-    if (ph->snap_index > 0) {
+    int n = (int)repeats;
+    double restarts[REPEAT_MAX], catchups[REPEAT_MAX], starts[REPEAT_MAX],
+        learners[REPEAT_MAX];
+    ph->runs = n;
+    ph->restart_worst_ms = 0;
+    for (int r = 0; r < n; r++) {
+        restarts[r] = restart(&which);
         printf(
-            "  catch-up: wiped node %d applied the leader's commit after "
-            "%.2f s; installed snapshot at index %llu (%llu bytes)\n",
-            which, ph->catchup_s, (unsigned long long)ph->snap_index,
-            (unsigned long long)ph->snap_bytes);
-    } else {
-        printf(
-            "  catch-up: wiped node %d applied the leader's commit after "
-            "%.2f s by log replication alone (no snapshot taken yet, none "
-            "installed: no rate)\n",
-            which, ph->catchup_s);
+            "  restart %d: node %d served at the leader's commit after "
+            "%.0f ms\n",
+            r + 1, which, restarts[r]);
+        print_restored_line(which);
+        fflush(stdout);
+        if (restarts[r] < 0 || restarts[r] > ph->restart_worst_ms) {
+            ph->restart_worst_ms = restarts[r] < 0 ? 1e9 : restarts[r];
+        }
+        ph->restarts_under_2s += restarts[r] >= 0 && restarts[r] < 2000;
     }
+    ph->restart_ms = median(restarts, n);
+    for (int r = 0; r < n; r++) {
+        struct phase one = {0};
+        catch_up(&one, &which);
+        catchups[r] = one.catchup_s;
+        starts[r] = one.start_to_install_s;
+        learners[r] = one.learner_to_install_s;
+        double mb = (double)one.snap_bytes / 1e6;
+        ph->rate[r] =
+            one.snap_index > 0 && one.catchup_s > 0 ? mb / one.catchup_s : 0;
+        ph->learner_rate[r] = one.snap_index > 0 && one.learner_to_install_s > 0
+                                  ? mb / one.learner_to_install_s
+                                  : 0;
+        if (one.snap_index > 0) {
+            ph->snap_index = one.snap_index;
+            ph->snap_bytes = one.snap_bytes;
+            printf(
+                "  catch-up %d: wiped node %d applied the leader's commit "
+                "after %.2f s; installed snapshot at index %llu (%llu "
+                "bytes): %.1f MB/s start to caught up, %.1f MB/s learner "
+                "added to installed\n",
+                r + 1, which, one.catchup_s, (unsigned long long)one.snap_index,
+                (unsigned long long)one.snap_bytes, ph->rate[r],
+                ph->learner_rate[r]);
+        } else {
+            printf(
+                "  catch-up %d: wiped node %d applied the leader's commit "
+                "after %.2f s by log replication alone (no snapshot taken "
+                "yet, none installed: no rate)\n",
+                r + 1, which, one.catchup_s);
+        }
+        fflush(stdout);
+    }
+    ph->catchup_s = median(catchups, n);
+    ph->start_to_install_s = median(starts, n);
+    ph->learner_to_install_s = median(learners, n);
     leader_term(&term1);
     ph->terms_overall = term1 - term0;
     fflush(stdout);
@@ -666,8 +729,10 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf(
                 "usage: scale [--allocs N] [--seq-blocks N] [--prefixes N] "
-                "[--seconds S]\n(defaults 300000, 30000, 10000, 20; "
-                "make bench-scale)\n");
+                "[--seconds S] [--repeat N]\n(defaults 300000, 30000, "
+                "10000, 20, 3; --repeat: restarts and catch-ups per phase, "
+                "1 to %d; make bench-scale)\n",
+                REPEAT_MAX);
             return 0;
         }
     }
@@ -678,6 +743,12 @@ int main(int argc, char **argv)
     if (secs == 0) {
         secs = 1;
     }
+    uint64_t rep = arg_u64(argc, argv, "--repeat", 3);
+    if (rep < 1 || rep > REPEAT_MAX) {
+        fprintf(stderr, "scale: --repeat must be 1 to %d\n", REPEAT_MAX);
+        return 2;
+    }
+    repeats = (unsigned)rep;
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf(
         "bench-scale: 3 nodes (fsync on, TLS peers), %llu live allocations, "
@@ -724,24 +795,31 @@ int main(int argc, char **argv)
     row("unknown outcomes under load", (double)empty.unknown,
         (double)full.unknown, "");
     row("errors under load", (double)empty.errors, (double)full.errors, "");
+    printf("  (restarts and catch-ups: the median of %u runs each)\n", repeats);
     row("follower restart -> serving", empty.restart_ms, full.restart_ms, "ms");
+    row("  the worst restart", empty.restart_worst_ms, full.restart_worst_ms,
+        "ms");
     row("wiped follower catch-up", empty.catchup_s, full.catchup_s, "s");
     row("snapshot installed", (double)empty.snap_bytes / 1e6,
         (double)full.snap_bytes / 1e6, "MB");
-    double re = empty.catchup_s > 0
-                    ? (double)empty.snap_bytes / 1e6 / empty.catchup_s
-                    : 0,
-           rf = full.catchup_s > 0
-                    ? (double)full.snap_bytes / 1e6 / full.catchup_s
-                    : 0;
+    double rates[REPEAT_MAX], lrates[REPEAT_MAX];
+    memcpy(rates, full.rate, sizeof(rates));
+    memcpy(lrates, full.learner_rate, sizeof(lrates));
+    int fast = 0, lfast = 0;
+    for (int r = 0; r < full.runs; r++) {
+        fast += full.rate[r] > 100;
+        lfast += full.learner_rate[r] > 100;
+    }
+    double rf = median(rates, full.runs), lf = median(lrates, full.runs);
+    double rmin = full.runs > 0 ? rates[0] : 0;
+    double lmin = full.runs > 0 ? lrates[0] : 0;
+    memcpy(rates, empty.rate, sizeof(rates));
+    double re = median(rates, empty.runs);
     row("catch-up rate (snapshot / time)", re, rf, "MB/s");
     row("  node start -> installed (logs)", empty.start_to_install_s,
         full.start_to_install_s, "s");
     row("  learner added -> installed (logs)", empty.learner_to_install_s,
         full.learner_to_install_s, "s");
-    double lf = full.learner_to_install_s > 0
-                    ? (double)full.snap_bytes / 1e6 / full.learner_to_install_s
-                    : 0;
     row("  rate learner added -> installed", 0, lf, "MB/s");
     row("leader VmRSS", (double)empty.rss_kb / 1024.0,
         (double)full.rss_kb / 1024.0, "MiB");
@@ -769,18 +847,23 @@ int main(int argc, char **argv)
                : 0);
     printf("  p999 < 50 ms:                 %s (%.1f ms)\n",
            yes(full.p999_ms < 50), full.p999_ms);
-    printf("  restart < 2 s:                %s (%.0f ms)\n",
-           yes(full.restart_ms >= 0 && full.restart_ms < 2000),
-           full.restart_ms);
+    printf(
+        "  restart < 2 s:                %s (%d of %d runs; median %.0f "
+        "ms, worst %.0f ms)\n",
+        yes(full.runs > 0 && full.restarts_under_2s == full.runs),
+        full.restarts_under_2s, full.runs, full.restart_ms,
+        full.restart_worst_ms);
     if (full.snap_index == 0) {
         printf(
             "  catch-up > 100 MB/s:          not measured (the wiped node "
             "caught up by the log alone: no snapshot yet)\n");
     } else {
         printf(
-            "  catch-up > 100 MB/s:          %s (%.1f MB/s start to caught "
-            "up; %.1f MB/s learner added to installed)\n",
-            yes(rf > 100), rf, lf);
+            "  catch-up > 100 MB/s:          %s (start to caught up: %d of %d "
+            "runs, median %.1f MB/s, slowest %.1f; learner added to "
+            "installed: %d of %d, median %.1f, slowest %.1f)\n",
+            yes(fast == full.runs), fast, full.runs, rf, rmin, lfast, full.runs,
+            lf, lmin);
     }
     printf("  0 leader changes:             %s (%llu in the full phase)\n",
            yes(full.terms_overall == 0 && full.term_changes == 0),
