@@ -234,19 +234,31 @@ static int store(const struct ida_node_opts *o,
     return rv;
 }
 
-/* Hold @path (created if need be) locked for this process's life: one
- * import of a node at a time. -1 when another holds it. */
+/* Hold @path (created if need be) locked until the import ends: one
+ * import of a node at a time. -1 when another holds it. The import that
+ * holds it removes it before it lets go (ida_node_import()), so a lock
+ * taken on a file no longer at @path is worth nothing: checked after the
+ * lock, and the file at @path tried again. */
 static int lock_file(const char *path)
 {
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        return -1;
+    for (int tries = 0; tries < 100; tries++) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            return -1;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            close(fd);
+            return -1;
+        }
+        struct stat held, now;
+        if (fstat(fd, &held) == 0 && stat(path, &now) == 0 &&
+            held.st_dev == now.st_dev && held.st_ino == now.st_ino) {
+            return fd;
+        }
+        close(fd); /* removed (or replaced) by the import that held it */
     }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
+    errno = EAGAIN;
+    return -1;
 }
 
 int ida_node_import(const struct ida_node_opts *o,
@@ -347,9 +359,9 @@ int ida_node_import(const struct ida_node_opts *o,
         }
     }
     if (lfd >= 0) {
-        /* Removed while still held: an import that opened it meanwhile
-         * fails to lock it (LOCK_NB) rather than waiting for an unlinked
-         * file, and one that comes after creates a new one. */
+        /* Removed while still held: an import that locks the removed file
+         * after this one lets go sees it is no longer at its path and
+         * tries the one there (lock_file()). */
         if (unlink(lock) != 0) {
             IDA_WARN("import: %s: could not remove it: %s", lock,
                      strerror(errno));

@@ -12,13 +12,16 @@
  * damaged file, an advance past 2^64, a running node's option) changes
  * nothing and leaves nothing where a node would start. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "src/common/backup.h"
 #include "tests/lib/harness.h"
@@ -237,6 +240,18 @@ Test(import,
         tc_run(out, sizeof(out), "test -s %s/data/node1/data.mdb", b.dir), 0,
         "the refused import touched node 1's directory");
     cr_assert_eq(tc_run(out, sizeof(out), "rm -r %s/data/node1", b.dir), 0);
+    /* Another import of node 1 under way (its lock held, here by this
+     * process): refused, nothing written. */
+    char lock[400];
+    snprintf(lock, sizeof(lock), "%s/data/.import-node1.lock", b.dir);
+    int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    cr_assert_geq(lfd, 0);
+    cr_assert_eq(flock(lfd, LOCK_EX | LOCK_NB), 0);
+    int rv = import(args);
+    cr_assert(rv != 0 && strstr(out, "another import of node 1 runs?") != NULL,
+              "exit %d: %s", rv, out);
+    assert_nothing_written("an import under way");
+    close(lfd);
     cr_assert_eq(import(args), 0, "%s", out);
     cr_assert(strstr(out, "3 pool(s) of cluster test") != NULL, "%s", out);
     /* The node's directory is left, no staging and no lock file. */
