@@ -95,26 +95,39 @@ static int membership_whole(void)
     return ok && voters == c.n;
 }
 
-/* The largest snapshot node @i took, in bytes (its "fsm: snapshot at
- * index N (B bytes" lines). */
-static size_t snapshot_bytes(int i)
+/* The largest number @num() reads on a line of node @i's log holding
+ * @needle (@hit: where the needle is), 0 if none. */
+static uint64_t log_max(int i,
+                        const char *needle,
+                        uint64_t (*num)(const char *line, const char *hit))
 {
     char path[400], line[1024];
     snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
     FILE *f = fopen(path, "r");
-    size_t best = 0;
+    uint64_t best = 0;
     while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        const char *p = strstr(line, "fsm: snapshot at index");
-        const char *b = p != NULL ? strstr(p, " (") : NULL;
-        if (b != NULL) {
-            size_t n = strtoull(b + 2, NULL, 10);
-            best = n > best ? n : best;
-        }
+        const char *hit = strstr(line, needle);
+        uint64_t x = hit != NULL ? num(line, hit) : 0;
+        best = x > best ? x : best;
     }
     if (f != NULL) {
         fclose(f);
     }
     return best;
+}
+
+/* "fsm: snapshot at index N (B bytes": B. */
+static uint64_t bytes_after(const char *line, const char *hit)
+{
+    (void)line;
+    const char *b = strstr(hit, " (");
+    return b != NULL ? strtoull(b + 2, NULL, 10) : 0;
+}
+
+/* The largest snapshot node @i took, in bytes. */
+static size_t snapshot_bytes(int i)
+{
+    return (size_t)log_max(i, "fsm: snapshot at index", bytes_after);
 }
 
 /* Export the state of stopped node @i into @b. */
@@ -470,52 +483,34 @@ static void group_run(enum group_kind kind,
     }
 }
 
-/* The highest index of a snapshot node @i took (its "fsm: snapshot at
- * index N" lines), 0 if none. */
+/* "fsm: snapshot at index N": N. */
+static uint64_t index_after(const char *line, const char *hit)
+{
+    (void)line;
+    return strtoull(hit + strlen("fsm: snapshot at index "), NULL, 10);
+}
+
+/* The highest index of a snapshot node @i took, 0 if none. */
 static uint64_t snapshot_index(int i)
 {
-    char path[400], line[1024];
-    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
-    FILE *f = fopen(path, "r");
-    uint64_t best = 0;
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        const char *p = strstr(line, "fsm: snapshot at index ");
-        if (p != NULL) {
-            uint64_t x =
-                strtoull(p + strlen("fsm: snapshot at index "), NULL, 10);
-            best = x > best ? x : best;
-        }
+    return log_max(i, "fsm: snapshot at index ", index_after);
+}
+
+/* "(N holdings taken as decoded": N. */
+static uint64_t holdings_before(const char *line, const char *hit)
+{
+    const char *p = hit;
+    while (p > line && p[-1] != '(') {
+        p--;
     }
-    if (f != NULL) {
-        fclose(f);
-    }
-    return best;
+    return strtoull(p, NULL, 10);
 }
 
 /* The holdings node @i said it decoded as its snapshot arrived (the most
- * of its "(N holdings taken as decoded" lines). */
+ * of its lines). */
 static uint64_t ahead_holdings(int i)
 {
-    char path[400], line[1024];
-    snprintf(path, sizeof(path), "%s/node%d.log", c.dir, i + 1);
-    FILE *f = fopen(path, "r");
-    uint64_t best = 0;
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        const char *h = strstr(line, " holdings taken as decoded");
-        if (h == NULL) {
-            continue;
-        }
-        const char *p = h;
-        while (p > line && p[-1] != '(') {
-            p--;
-        }
-        uint64_t x = strtoull(p, NULL, 10);
-        best = x > best ? x : best;
-    }
-    if (f != NULL) {
-        fclose(f);
-    }
-    return best;
+    return log_max(i, " holdings taken as decoded", holdings_before);
 }
 
 static int cmp_u64(const void *a, const void *b)
