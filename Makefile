@@ -164,24 +164,36 @@ tsan-fsm: deps
 # every test directory but the simulator's, the cluster's and chaos (real
 # processes, timing). Half an hour or more; VALGRIND_DIRS picks some
 # (make valgrind VALGRIND_DIRS="fsm pool").
+# Each process writes its own log ($(BUILD)/valgrind/TEST.PID.log) and the
+# run fails if any log is not empty: a test's body runs in a process
+# Criterion forks, and that process's exit code 99 (valgrind's on an
+# error) comes after Criterion counted the test as passed, so the
+# runner's exit code says nothing of it. A test that fails without a
+# memory error is named and fails the run too, unless VALGRIND_TIMING_OK=1
+# (under valgrind's 20-50x slowdown a deadline of a few hundred ms can be
+# missed).
 VALGRIND_DIRS ?= unit fsm raft storage pool client node
-# The binaries are listed when the recipe runs, after `all` built them.
-# A memory error or leak (valgrind's exit 99) fails the run; a test that
-# fails otherwise is named and counted (under valgrind's 20-50x slowdown a
-# test with a deadline of a few hundred ms can miss it) and fails the run
-# too unless VALGRIND_TIMING_OK=1.
+VALGRIND_LOGS = $(BUILD)/valgrind
 valgrind: all
-	@n=0; slow=""; for d in $(VALGRIND_DIRS); do \
+	@rm -rf $(VALGRIND_LOGS); mkdir -p $(VALGRIND_LOGS); \
+	  n=0; slow=""; bad=""; for d in $(VALGRIND_DIRS); do \
 	  for t in $(BUILD)/tests/$$d/test_*; do \
-	    [ -x "$$t" ] || continue; n=$$((n + 1)); \
+	    [ -x "$$t" ] || continue; n=$$((n + 1)); name=$$(basename $$t); \
 	    echo "valgrind $$t"; \
-	    valgrind -q --trace-children=yes --trace-children-skip='/usr/*,/bin/*,/sbin/*' \
-	      --error-exitcode=99 --leak-check=full \
-	      --errors-for-leak-kinds=definite $$t --jobs 1 >/dev/null; rc=$$?; \
-	    if [ $$rc -eq 99 ]; then echo "valgrind: memory errors in $$t" >&2; exit 1; fi; \
-	    if [ $$rc -ne 0 ]; then echo "valgrind: $$t failed (exit $$rc), no memory error" >&2; slow="$$slow $$t"; fi; \
+	    valgrind -q --trace-children=yes \
+	      --trace-children-skip='/usr/bin/*,/usr/local/bin/*,/usr/lib/gcc/*,/usr/libexec/*' \
+	      --error-exitcode=99 --leak-check=full --show-leak-kinds=definite \
+	      --errors-for-leak-kinds=definite \
+	      --log-file=$(VALGRIND_LOGS)/$$name.%p.log $$t --jobs 1 >/dev/null; rc=$$?; \
+	    if find $(VALGRIND_LOGS) -name "$$name.*.log" -size +0 | grep -q .; then \
+	      echo "valgrind: memory errors in $$t:" >&2; \
+	      find $(VALGRIND_LOGS) -name "$$name.*.log" -size +0 -exec cat {} + >&2; \
+	      bad="$$bad $$t"; \
+	    elif [ $$rc -ne 0 ]; then \
+	      echo "valgrind: $$t failed (exit $$rc), no memory error" >&2; slow="$$slow $$t"; fi; \
 	  done; done; \
 	  [ $$n -gt 0 ] || { echo "valgrind: no test binaries in $(VALGRIND_DIRS)" >&2; exit 1; }; \
+	  if [ -n "$$bad" ]; then echo "valgrind: memory errors in:$$bad" >&2; exit 1; fi; \
 	  if [ -n "$$slow" ] && [ "$(VALGRIND_TIMING_OK)" != 1 ]; then \
 	    echo "valgrind: no memory errors, but tests failed:$$slow" >&2; exit 1; fi; \
 	  echo "valgrind: no memory errors in $$n test binaries$${slow:+ (failed under valgrind:$$slow)}"
