@@ -331,6 +331,13 @@ int ida_node_import(const struct ida_node_opts *o,
         rv = fail(errmsg, IDA_EIO,
                   "%s: cannot lock it (another import of node %u runs?): %s",
                   lock, o->node_id, strerror(errno));
+    } else if (rv == 0 && absent_or_empty(final) == 0) {
+        /* Another import finished while this one read the backup. */
+        rv = fail(errmsg, IDA_EEXIST,
+                  "%.300s exists and is not empty: the import writes only a "
+                  "new node directory (another import of node %u finished "
+                  "meanwhile?)",
+                  final, o->node_id);
     } else if (rv == 0 && remove_tree(staging) != 0) {
         rv = fail(errmsg, IDA_EIO,
                   "%s: cannot remove an earlier import's staging directory: "

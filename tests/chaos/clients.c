@@ -370,22 +370,25 @@ void chaos_replay_acked(struct run *x)
     }
 }
 
-void chaos_read_final(struct run *x)
+/* One read of every holding of "b" into the history's final state; 0 or
+ * the error of the page that failed. */
+static int read_final_once(struct run *x, struct idalloc_client *cl)
 {
-    struct idalloc_client *cl = tc_client(&x->c, 5000);
     int has_after = 0, more = 1;
     uint64_t after = 0;
+    x->h.n_final = 0;
     while (more) {
         struct idalloc_holding *hs;
         size_t n;
         struct idalloc_call call;
         idalloc_call_init(&call);
-        if (idalloc_list(cl, "b", has_after, after, 0, &hs, &n, &more, &call) !=
-            0) {
+        int rv =
+            idalloc_list(cl, "b", has_after, after, 0, &hs, &n, &more, &call);
+        if (rv != 0) {
             fprintf(stderr, "chaos: cannot read the final state: %s\n",
                     call.errmsg);
             x->h.final_known = 0;
-            break;
+            return rv;
         }
         for (size_t i = 0; i < n; i++) {
             history_add_final(&x->h, hs[i].tag, hs[i].id);
@@ -398,6 +401,17 @@ void chaos_read_final(struct run *x)
             has_after = 1;
         }
         idalloc_holdings_free(hs, n);
+    }
+    return 0;
+}
+
+/* The final holdings, read again from the start after a failed page (a
+ * leader change right after healing), up to 5 times. */
+void chaos_read_final(struct run *x)
+{
+    struct idalloc_client *cl = tc_client(&x->c, 5000);
+    for (int tries = 0; tries < 5 && read_final_once(x, cl) != 0; tries++) {
+        tc_sleep_ms(1000);
     }
     idalloc_client_free(cl);
 }
