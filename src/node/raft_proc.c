@@ -421,9 +421,7 @@ static void drive(struct raft_proc *rp, struct ida_sender *s)
     }
     note_soft_state(rp, s, ida_raft_role(&rp->raft), ida_raft_leader(&rp->raft),
                     ida_raft_term(&rp->raft));
-    ida_metrics_raft(rp->node->metrics, rp->term,
-                     rp->mem.seeded ? "seeded" /* as raft_status.c says */
-                                    : ida_raft_role_name(rp->role),
+    ida_metrics_raft(rp->node->metrics, rp->term, ida__rp_role_name(rp),
                      rp->leader, ida_raft_commit(&rp->raft),
                      rp->raft.snap_index + 1, ida_raft_last_index(&rp->raft));
 }

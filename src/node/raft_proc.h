@@ -75,6 +75,9 @@ struct raft_proc
 };
 
 /* raft_status.c */
+/* The role a node says it has (status, metrics): the core's, or "seeded"
+ * while an import's seed waits for the other nodes (src/node/import.h). */
+const char *ida__rp_role_name(const struct raft_proc *rp);
 void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq);
 
 /* raft_member.c */

@@ -38,6 +38,12 @@ static size_t read_top_errors(struct raft_proc *rp,
     return n;
 }
 
+const char *ida__rp_role_name(const struct raft_proc *rp)
+{
+    return rp->mem.seeded ? "seeded"
+                          : ida_raft_role_name(ida_raft_role(&rp->raft));
+}
+
 void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
 {
     struct ida_node *n = rp->node;
@@ -51,8 +57,7 @@ void ida__rp_reply_status(struct raft_proc *rp, uint64_t conn, uint64_t seq)
     st.node_id = n->self->id;
     st.peer_addr = (char *)n->self->peer.text;
     st.client_addr = (char *)n->self->client.text;
-    st.role = rp->mem.seeded ? "seeded" /* src/node/import.h */
-                             : (char *)ida_raft_role_name(ida_raft_role(r));
+    st.role = (char *)ida__rp_role_name(rp);
     st.term = ida_raft_term(r);
     st.leader_id = ida_raft_leader(r);
     st.commit_index = ida_raft_commit(r);

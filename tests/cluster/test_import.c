@@ -124,10 +124,9 @@ static int role_gauge(unsigned port, const char *role)
 {
     static char body[1 << 16];
     cr_assert_eq(tc_http(port, "GET", "/metrics", body, sizeof(body)), 200);
-    char want[64];
-    snprintf(want, sizeof(want), "idalloc_raft_role{role=\"%s\"} ", role);
-    const char *p = strstr(body, want);
-    return p != NULL ? atoi(p + strlen(want)) : -1;
+    char series[64];
+    snprintf(series, sizeof(series), "idalloc_raft_role{role=\"%s\"}", role);
+    return (int)tc_metric(body, series);
 }
 
 static int whole(struct idalloc_client *c3)

@@ -234,15 +234,7 @@ Test(metrics, the_exposition_parser_catches_bad_text)
  * as written), or -1. */
 static double value_of(const char *prefix)
 {
-    size_t n = strlen(prefix);
-    for (const char *p = body; p != NULL && *p != '\0';) {
-        if (strncmp(p, prefix, n) == 0 && p[n] == ' ') {
-            return strtod(p + n + 1, NULL);
-        }
-        p = strchr(p, '\n');
-        p = p != NULL ? p + 1 : NULL;
-    }
-    return -1;
+    return tc_metric(body, prefix);
 }
 
 static const char *const required[] = {

@@ -589,3 +589,16 @@ int tc_http(unsigned port,
     free(raw);
     return status;
 }
+
+double tc_metric(const char *body, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = body; p != NULL && *p != '\0';) {
+        if (strncmp(p, series, n) == 0 && p[n] == ' ') {
+            return strtod(p + n + 1, NULL);
+        }
+        p = strchr(p, '\n');
+        p = p != NULL ? p + 1 : NULL;
+    }
+    return -1;
+}

@@ -107,6 +107,9 @@ int tc_http(unsigned port,
             const char *path,
             char *body,
             size_t cap);
+/* The value of the series @series ("name" or "name{labels}") in the
+ * metrics text @body, -1 when it has no such line. */
+double tc_metric(const char *body, const char *series);
 /* A struct idalloc_call for one call's error detail in a test's failure
  * message: tc_detail() makes the calling thread's one NEW again and
  * returns it (pass it as the call's last argument), tc_errmsg() is its
