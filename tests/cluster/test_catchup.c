@@ -214,11 +214,16 @@ static void wait_readmitted(int f)
               "not every node applied the commit index");
 }
 
-/* Stop the nodes (followers of leader @l first: the leader appends
- * nothing alone) and check that each one's state, exported from its
- * directory, is the same, at the same index, and larger than @min. */
+/* Wait until every node applied the commit index, stop the nodes
+ * (followers of leader @l first: the leader appends nothing alone) and
+ * check that each one's state, exported from its directory, is the same,
+ * at the same index, and larger than @min. A write is acknowledged once a
+ * majority has it: without the wait, a follower stopped first may not yet
+ * have the last ones. */
 static void assert_same_state(int l, size_t min)
 {
+    cr_assert(tc_wait_applied(&c, tc_commit_index(&c), 30000),
+              "not every node applied the commit index");
     idalloc_client_free(cl);
     cl = NULL;
     int order[3] = {(l + 1) % 3, (l + 2) % 3, l};
