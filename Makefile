@@ -275,7 +275,7 @@ help:
 	@echo "  sim-long      many more simulator seeds [SIM_LONG_SEEDS=N]"
 	@echo "  chaos-storage many more storage crash rounds [ROUNDS=n] [SEED=s]"
 	@echo "  attack-long   the 20,000 idle connection flood [ATTACK_IDLE=n]"
-	@echo "  bench-scale   large state vs empty cluster [SCALE_ALLOCS=n] [SCALE_SEQ_BLOCKS=n] [SCALE_PREFIXES=n] [SCALE_SECONDS=s] [SCALE_REPEAT=n]"
+	@echo "  bench-scale   large state vs empty cluster [SCALE_ALLOCS=n] [SCALE_SEQ_BLOCKS=n] [SCALE_PREFIXES=n] [SCALE_SECONDS=s] [SCALE_REPEAT=n] [SCALE_SOAK=s]"
 	@echo "  valgrind      the unit tests under valgrind (half an hour) [VALGRIND_DIRS=\"fsm pool ...\"]"
 	@echo "  format        clang-format the sources"
 	@echo "  format-check  fail if a source file is not formatted"

@@ -2,7 +2,7 @@
  * empty cluster (mk/scale.mk; README, "Make targets").
  *
  *   build/prog/scale [--allocs N] [--seq-blocks N] [--prefixes N]
- *                    [--seconds S]
+ *                    [--seconds S] [--repeat N] [--soak S]
  *
  * A 3-node cluster from the harness (tests/lib/harness.h: fsync on, peers
  * speaking mutual TLS), driven through the public client API. Two phases
@@ -24,8 +24,11 @@
  * removed (auto_rejoin re-admits it; the snapshot it installed, its size
  * from the leader's log line for that index, over the time from its start
  * until it applied the leader's commit); the leader's VmRSS per live
- * allocation. The end prints each figure beside the empty one, with the
- * targets of the state-at-scale work, and what the node logs say about the
+ * allocation. With --soak S, the same load then runs S more seconds on
+ * the full cluster, its state growing: leader changes, unknown outcomes
+ * and the leader's VmRSS per live allocation, sampled every 10 s (the
+ * largest is reported). The end prints each figure beside the empty one, with
+ * the targets of the state-at-scale work, and what the node logs say about the
  * snapshots taken meanwhile. Every figure is a measurement of this run on
  * this machine: a busy machine shows in the empty figures as much as in the
  * full ones, which is why each is given beside the other. */
@@ -61,6 +64,10 @@ struct phase
     uint64_t terms_overall; /* term movement over the whole phase */
     double start_to_install_s, learner_to_install_s; /* -1: unknown */
     uint64_t anon_kb, file_kb;                       /* RssAnon, RssFile */
+    /* Sampled every SAMPLE_S during the load window: the largest leader
+     * VmRSS per live allocation, and the VmRSS and live count then. */
+    double rss_per_live_max;
+    uint64_t rss_at_max_kb, live_at_max;
     /* Over the --repeat restarts and catch-ups (the fields above hold the
      * medians): the worst restart, how many were under 2 s; each catch-up's
      * rates (MB/s of the snapshot it installed; 0: none installed). */
@@ -128,6 +135,7 @@ struct worker
     unsigned index;
     const char *run;
     atomic_int *stop;
+    atomic_uint_fast64_t *acked; /* every worker's ok so far, for samples */
     uint64_t ok, errors, unknown;
     uint32_t *lat_us;
     size_t n, cap;
@@ -186,6 +194,7 @@ static void *load_main(void *arg)
         w->lat_us[w->n++] = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
         if (rv == 0) {
             w->ok++;
+            atomic_fetch_add_explicit(w->acked, 1, memory_order_relaxed);
         } else {
             w->errors++;
         }
@@ -208,20 +217,44 @@ static double quantile_ms(const uint32_t *v, size_t n, double q)
     return v[k < n ? k : n - 1] / 1000.0;
 }
 
+#define SAMPLE_S 10 /* between two samples of the leader's VmRSS */
+
+/* The leader's VmRSS per live allocation now, kept in @ph if the largest
+ * so far. @acked: the window's acknowledged allocations so far. */
+static void sample_rss(struct phase *ph, uint64_t acked)
+{
+    int l = tc_wait_leader(&c, 1000);
+    uint64_t live = live_allocs + acked;
+    uint64_t kb = l >= 0 ? vmrss_kb(c.pid[l], NULL, NULL) : 0;
+    double per = live > 0 ? (double)kb * 1024.0 / (double)live : 0;
+    if (per > ph->rss_per_live_max) {
+        ph->rss_per_live_max = per;
+        ph->rss_at_max_kb = kb;
+        ph->live_at_max = live;
+    }
+}
+
 static void load(struct phase *ph, const char *run, unsigned secs)
 {
     struct idalloc_client *cl = tc_client(&c, 10000);
     struct worker w[LOAD_THREADS];
     pthread_t t[LOAD_THREADS];
     atomic_int stop = 0;
+    atomic_uint_fast64_t acked = 0;
     uint64_t term0 = 0, term1 = 0;
     leader_term(&term0);
     uint64_t t0 = now_us();
     for (unsigned i = 0; i < LOAD_THREADS; i++) {
-        w[i] = (struct worker){.cl = cl, .index = i, .run = run, .stop = &stop};
+        w[i] = (struct worker){
+            .cl = cl, .index = i, .run = run, .stop = &stop, .acked = &acked};
         pthread_create(&t[i], NULL, load_main, &w[i]);
     }
-    sleep(secs);
+    for (unsigned left = secs; left > 0;) {
+        unsigned s = left < SAMPLE_S ? left : SAMPLE_S;
+        sleep(s);
+        left -= s;
+        sample_rss(ph, atomic_load(&acked));
+    }
     atomic_store(&stop, 1);
     size_t n = 0;
     for (unsigned i = 0; i < LOAD_THREADS; i++) {
@@ -737,9 +770,11 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf(
                 "usage: scale [--allocs N] [--seq-blocks N] [--prefixes N] "
-                "[--seconds S] [--repeat N]\n(defaults 300000, 30000, "
-                "10000, 20, 3; --repeat: restarts and catch-ups per phase, "
-                "1 to %d; make bench-scale)\n",
+                "[--seconds S] [--repeat N] [--soak S]\n(defaults 300000, "
+                "30000, 10000, 20, 3, 0; --repeat: restarts and catch-ups "
+                "per phase, 1 to %d; --soak: seconds of load on the full "
+                "cluster after its measurements, 0 for none; make "
+                "bench-scale)\n",
                 REPEAT_MAX);
             return 0;
         }
@@ -757,6 +792,7 @@ int main(int argc, char **argv)
         return 2;
     }
     repeats = (unsigned)rep;
+    unsigned soak_s = (unsigned)arg_u64(argc, argv, "--soak", 0);
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf(
         "bench-scale: 3 nodes (fsync on, TLS peers), %llu live allocations, "
@@ -789,6 +825,22 @@ int main(int argc, char **argv)
     printf("  settled %.1f s after the fill began\n",
            (double)(tc_now_ms() - t0) / 1000.0);
     measure(&full, "full", secs);
+    struct phase soak = {0};
+    uint64_t soak_terms = 0;
+    if (soak_s > 0) {
+        uint64_t term0 = 0, term1 = 0;
+        leader_term(&term0);
+        printf("soak\n");
+        load(&soak, "soak", soak_s);
+        leader_term(&term1);
+        soak_terms = term1 - term0;
+        printf(
+            "  soak %u s: leader VmRSS per live allocation at most %.1f B "
+            "(%.1f MiB at %llu live), %llu live at the end\n",
+            soak_s, soak.rss_per_live_max, (double)soak.rss_at_max_kb / 1024.0,
+            (unsigned long long)soak.live_at_max,
+            (unsigned long long)live_allocs);
+    }
 
     printf(
         "\nfigures (same run)                        empty           full\n");
@@ -880,6 +932,19 @@ int main(int argc, char **argv)
            yes(full.unknown == 0 && empty.unknown == 0),
            (unsigned long long)full.unknown);
     printf("  < 64 B per live allocation:   %s (%.1f B)\n", yes(bpa < 64), bpa);
+    if (soak_s == 0) {
+        printf("  soak:                         not run (--soak S)\n");
+    } else {
+        printf(
+            "  soak %u s, state growing:     %s (%llu leader changes, %llu "
+            "unknown, %llu errors, at most %.1f B per live allocation)\n",
+            soak_s,
+            yes(soak_terms == 0 && soak.term_changes == 0 &&
+                soak.unknown == 0 && soak.errors == 0 &&
+                soak.rss_per_live_max < 64),
+            (unsigned long long)soak_terms, (unsigned long long)soak.unknown,
+            (unsigned long long)soak.errors, soak.rss_per_live_max);
+    }
     printf("\nsnapshots\n");
     snapshot_summary();
     if (getenv("IDA_KEEP_TEST_DIRS") != NULL) {
