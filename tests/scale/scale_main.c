@@ -219,14 +219,21 @@ static double quantile_ms(const uint32_t *v, size_t n, double q)
 
 #define SAMPLE_S 10 /* between two samples of the leader's VmRSS */
 
-/* The leader's VmRSS per live allocation now, kept in @ph if the largest
- * so far. @acked: the window's acknowledged allocations so far. */
-static void sample_rss(struct phase *ph, uint64_t acked)
+/* The leader's VmRSS per live allocation now (printed, with its RssAnon
+ * and RssFile: the LMDB map's pages the node read, its snapshots' among
+ * them), kept in @ph if the largest so far. @acked: the window's
+ * acknowledged allocations so far; @at_s: seconds into the window. */
+static void sample_rss(struct phase *ph, uint64_t acked, double at_s)
 {
     int l = tc_wait_leader(&c, 1000);
-    uint64_t live = live_allocs + acked;
-    uint64_t kb = l >= 0 ? vmrss_kb(c.pid[l], NULL, NULL) : 0;
+    uint64_t live = live_allocs + acked, anon = 0, file = 0;
+    uint64_t kb = l >= 0 ? vmrss_kb(c.pid[l], &anon, &file) : 0;
     double per = live > 0 ? (double)kb * 1024.0 / (double)live : 0;
+    printf(
+        "    at %.0f s: %llu live, leader VmRSS %.1f MiB (anon %.1f, file "
+        "%.1f): %.1f B per live allocation\n",
+        at_s, (unsigned long long)live, (double)kb / 1024.0,
+        (double)anon / 1024.0, (double)file / 1024.0, per);
     if (per > ph->rss_per_live_max) {
         ph->rss_per_live_max = per;
         ph->rss_at_max_kb = kb;
@@ -253,7 +260,7 @@ static void load(struct phase *ph, const char *run, unsigned secs)
         unsigned s = left < SAMPLE_S ? left : SAMPLE_S;
         sleep(s);
         left -= s;
-        sample_rss(ph, atomic_load(&acked));
+        sample_rss(ph, atomic_load(&acked), (double)(now_us() - t0) / 1e6);
     }
     atomic_store(&stop, 1);
     size_t n = 0;
