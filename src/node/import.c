@@ -61,6 +61,17 @@ static int absent_or_empty(const char *path)
     return empty;
 }
 
+/* 1 when @path can become a new node directory (absent, or an empty
+ * directory), 0 when it cannot (it holds anything; a symlink or a file),
+ * -1 with errno when it cannot be read. */
+static int new_node_dir(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0 && !S_ISDIR(st.st_mode)
+               ? 0 /* a symlink or a file: not a new directory */
+               : absent_or_empty(path);
+}
+
 static int remove_one(const char *path,
                       const struct stat *sb,
                       int flag,
@@ -291,10 +302,7 @@ int ida_node_import(const struct ida_node_opts *o,
     snprintf(staged, sizeof(staged), "%s/node%u", staging, o->node_id);
     snprintf(lock, sizeof(lock), "%s/.import-node%u.lock", data, o->node_id);
     snprintf(info->dir, sizeof(info->dir), "%s", final);
-    struct stat st;
-    int empty = lstat(final, &st) == 0 && !S_ISDIR(st.st_mode)
-                    ? 0 /* a symlink or a file: not a new directory */
-                    : absent_or_empty(final);
+    int empty = new_node_dir(final);
     if (empty <= 0) {
         return fail(errmsg, empty < 0 ? IDA_EIO : IDA_EEXIST,
                     "%.300s %s: the import writes only a new node directory "
@@ -331,13 +339,14 @@ int ida_node_import(const struct ida_node_opts *o,
         rv = fail(errmsg, IDA_EIO,
                   "%s: cannot lock it (another import of node %u runs?): %s",
                   lock, o->node_id, strerror(errno));
-    } else if (rv == 0 && absent_or_empty(final) == 0) {
+    } else if (rv == 0 && (empty = new_node_dir(final)) <= 0) {
         /* Another import finished while this one read the backup. */
-        rv = fail(errmsg, IDA_EEXIST,
-                  "%.300s exists and is not empty: the import writes only a "
-                  "new node directory (another import of node %u finished "
-                  "meanwhile?)",
-                  final, o->node_id);
+        rv = fail(errmsg, empty < 0 ? IDA_EIO : IDA_EEXIST,
+                  "%.300s %s: the import writes only a new node directory "
+                  "(another import of node %u finished meanwhile?)",
+                  final,
+                  empty < 0 ? "cannot be read" : "exists and is not empty",
+                  o->node_id);
     } else if (rv == 0 && remove_tree(staging) != 0) {
         rv = fail(errmsg, IDA_EIO,
                   "%s: cannot remove an earlier import's staging directory: "
