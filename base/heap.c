@@ -70,6 +70,21 @@ void ida_heap_hint_huge(void *p, size_t size)
 #endif
 }
 
+void ida_heap_release_zeroed(void *p, size_t size)
+{
+#ifdef MADV_DONTNEED
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)p + size) & ~(page - 1);
+    if (p != NULL && hi > lo) {
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+#else
+    (void)p;
+    (void)size;
+#endif
+}
+
 void *ida_malloc_huge(size_t size)
 {
     void *p = ida_malloc(size);

@@ -27,6 +27,14 @@ void ida_heap_fault_set(int delay, int repeat);
  * nothing for small blocks or where unsupported; contents are unchanged. */
 void ida_heap_hint_huge(void *p, size_t size);
 
+/* The whole pages inside the @size bytes at @p, every byte of which the
+ * caller has zeroed and will only read until it frees the block, go back to
+ * the system now; they still read as zero (an anonymous page given back is
+ * mapped afresh, zeroed, when next read). A large table emptied a piece at
+ * a time so gives its memory back a piece at a time, and its free() has
+ * little left to unmap: unmapping 128 MB at once held the caller ~5 ms. */
+void ida_heap_release_zeroed(void *p, size_t size);
+
 /* ida_malloc() and the hint above, for a large block read or written at
  * random (a table of hundreds of MB, a slab of records, a snapshot read
  * back). Not aligned: a version that aligned such blocks to 2 MiB, so all

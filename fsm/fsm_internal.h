@@ -113,11 +113,24 @@ typedef const uint8_t *(*ida__key_of_fn)(const void *ctx,
                                          uint32_t ref,
                                          size_t *len);
 
+/* A table grows by doubling, but not all at once: a table of millions of
+ * keys took 0.4 to 1.1 s to rehash into one twice its size, and the fsm
+ * processor, every client behind it, waited that long. Growing allocates
+ * the new table and keeps the old one (@old) beside it; each reserve and
+ * remove after moves a few of the old table's probe runs into the new one
+ * (tagtab.c says why whole runs), until the old is empty and freed. A key
+ * is in exactly one of the two; finds look in both. */
 struct ida__tagtab
 {
     uint64_t *slots; /* hash high 32 bits << 32 | ref + 1; 0 = empty */
     uint64_t cap;    /* power of two, or 0 */
-    uint64_t used;
+    uint64_t used;   /* keys in both tables */
+    uint64_t *old;   /* the table being emptied into @slots, or NULL */
+    uint64_t old_cap;
+    uint64_t old_used;  /* keys still in @old */
+    uint64_t old_next;  /* @old's next slot to move: empty between steps */
+    uint64_t old_moved; /* slots of @old moved or passed (of @old_cap) */
+    uint64_t old_freed; /* @old's memory up to this slot is given back */
     ida__key_of_fn key_of;
     const void *ctx;
 };
@@ -141,10 +154,19 @@ uint32_t ida__tagtab_find_hashed(const struct ida__tagtab *t,
                                  const uint8_t *key,
                                  size_t len,
                                  uint64_t hash);
-/* Make room for one more ref (0 or IDA_ENOMEM; nothing changes on error). */
+/* Make room for one more ref (0 or IDA_ENOMEM; nothing changes on error).
+ * Also moves a bounded part of a growing table's old keys (no more than
+ * IDA__TAGTAB_STEP slots and the rest of the probe run it ends in). */
 int ida__tagtab_reserve(struct ida__tagtab *t);
-/* Make room for @n more refs at once (restore knows the count). */
+/* Make room for @n more refs at once (restore knows the count). A growth
+ * still moving keys when @n more would not fit finishes at once. */
 int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n);
+/* True while an old table is being emptied into the new (tests). */
+static inline bool ida__tagtab_growing(const struct ida__tagtab *t)
+{
+    return t->old != NULL;
+}
+#define IDA__TAGTAB_STEP 16
 /* Insert @ref (its key must be readable already and absent). Requires a
  * successful ida__tagtab_reserve() since the last insert. */
 void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref);
@@ -236,7 +258,8 @@ bool ida__tagtab_insert_word_shared(struct ida__tagtab *t, uint64_t word);
  * tags of a batch of commands first, so the table's cache misses of the
  * batch overlap instead of following one another (fsm.c). */
 void ida__tagtab_prefetch(const struct ida__tagtab *t, uint64_t hash);
-/* Remove @ref (must be present; its key must still be readable). */
+/* Remove @ref (must be present; its key must still be readable). Moves a
+ * growing table's old keys as ida__tagtab_reserve() does. */
 void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref);
 /* The same, given @hash == ida__hash() of @ref's key. */
 void ida__tagtab_remove_hashed(struct ida__tagtab *t,
@@ -259,6 +282,9 @@ struct ida__slab
     uint8_t *cur;                     /* bump area of the newest block */
     size_t left;
     size_t nblocks;
+    uint8_t *cur_block; /* the block @cur is in, and its size */
+    size_t cur_size;
+    bool bulk; /* a restore's: its blocks are filled at once (tagtab.c) */
 };
 
 void ida__slab_close(struct ida__slab *s);

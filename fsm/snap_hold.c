@@ -373,8 +373,10 @@ int ida__hold_begin(struct ida__hold_load *L,
     L->k.b = b;
     L->holdings = holdings;
     L->shares = 1;
-    L->sh[0] = (struct ida__hold_share){.k = &L->k, .r = r, .hi = max_id};
-    L->sh[1] = (struct ida__hold_share){.k = &L->k, .part = 1};
+    L->sh[0] = (struct ida__hold_share){
+        .k = &L->k, .r = r, .hi = max_id, .slab.bulk = true};
+    L->sh[1] =
+        (struct ida__hold_share){.k = &L->k, .part = 1, .slab.bulk = true};
     int rv = bulk_alloc(L);
     L->sh[0].words = L->k.scratch;
     L->sh[0].n = holdings;
@@ -388,9 +390,13 @@ int ida__hold_begin_streamed(struct ida__hold_load *L,
     memset(L, 0, sizeof(*L));
     L->k.b = b;
     L->shares = 1;
-    L->sh[0] = (struct ida__hold_share){
-        .k = &L->k, .r = r, .hi = UINT64_MAX, .streamed = true};
-    L->sh[1] = (struct ida__hold_share){.k = &L->k, .part = 1};
+    L->sh[0] = (struct ida__hold_share){.k = &L->k,
+                                        .r = r,
+                                        .hi = UINT64_MAX,
+                                        .streamed = true,
+                                        .slab.bulk = true};
+    L->sh[1] =
+        (struct ida__hold_share){.k = &L->k, .part = 1, .slab.bulk = true};
     L->own = true;
     return 0;
 }

@@ -4,7 +4,14 @@
  * A slot is 64 bits: the high 32 bits of the key's hash and ref + 1. The
  * stored hash picks the home slot, so growing and deleting never read keys
  * back (each read is a cache miss or three at 10 million entries), and a
- * probe only reads a key back when the 32 hash bits match. */
+ * probe only reads a key back when the 32 hash bits match.
+ *
+ * Growing doubles the table a step at a time ("growing" below): at 5.9 and
+ * 11.7 million keys a doubling done at once held the fsm processor 0.4 to
+ * 1.1 s. Its cost now is at most IDA__TAGTAB_STEP slots and a probe run
+ * per reserve or remove, and a find that misses the new table probes the
+ * old one too while it lasts (one sixteenth of the inserts between two
+ * doublings). */
 #include "fsm/fsm_internal.h"
 
 #include <string.h>
@@ -71,18 +78,23 @@ void ida__tagtab_init(struct ida__tagtab *t,
 void ida__tagtab_close(struct ida__tagtab *t)
 {
     ida_free(t->slots);
+    ida_free(t->old);
     t->slots = NULL;
+    t->old = NULL;
     t->cap = 0;
+    t->old_cap = 0;
     t->used = 0;
+    t->old_used = 0;
 }
 
 #define SLOT_REF(s)         ((uint32_t)(s)-1)
 #define SLOT_H32(s)         ((uint32_t)((s) >> 32))
 #define MAKE_SLOT(h32, ref) (((uint64_t)(h32) << 32) | ((uint64_t)(ref) + 1))
 
-static uint64_t home(const struct ida__tagtab *t, uint32_t h32)
+/* Home slot of @h32 in a table of @cap slots (a power of two). */
+static uint64_t home_in(uint64_t cap, uint32_t h32)
 {
-    return ida__tagtab_home(t, h32);
+    return ida__tagtab_spread(h32) >> (64 - __builtin_ctzll(cap));
 }
 
 static uint32_t h32_of(const struct ida__tagtab *t, uint32_t ref)
@@ -92,18 +104,18 @@ static uint32_t h32_of(const struct ida__tagtab *t, uint32_t ref)
     return (uint32_t)(ida__hash(k, len) >> 32);
 }
 
-/* Probe for @key, whose hash has high bits @h32 (cap > 0): its ref, or
- * IDA__REF_NONE with @*end the empty slot that ended the probe. */
+/* Probe @slots (@cap of them, cap > 0) for @key, whose hash has high bits
+ * @h32: its ref, or IDA__REF_NONE. */
 static uint32_t probe(const struct ida__tagtab *t,
+                      const uint64_t *slots,
+                      uint64_t cap,
                       const uint8_t *key,
                       size_t len,
-                      uint32_t h32,
-                      uint64_t *end)
+                      uint32_t h32)
 {
-    uint64_t mask = t->cap - 1;
-    uint64_t i = home(t, h32);
-    for (; t->slots[i] != 0; i = (i + 1) & mask) {
-        uint64_t s = t->slots[i];
+    uint64_t mask = cap - 1;
+    for (uint64_t i = home_in(cap, h32); slots[i] != 0; i = (i + 1) & mask) {
+        uint64_t s = slots[i];
         if (SLOT_H32(s) != h32) {
             continue;
         }
@@ -113,7 +125,6 @@ static uint32_t probe(const struct ida__tagtab *t,
             return SLOT_REF(s);
         }
     }
-    *end = i;
     return IDA__REF_NONE;
 }
 
@@ -132,18 +143,83 @@ uint32_t ida__tagtab_find_hashed(const struct ida__tagtab *t,
     if (t->cap == 0) {
         return IDA__REF_NONE;
     }
-    uint64_t end;
-    return probe(t, key, len, (uint32_t)(hash >> 32), &end);
+    uint32_t h32 = (uint32_t)(hash >> 32);
+    uint32_t ref = probe(t, t->slots, t->cap, key, len, h32);
+    if (ref == IDA__REF_NONE && t->old != NULL) {
+        ref = probe(t, t->old, t->old_cap, key, len, h32);
+    }
+    return ref;
 }
 
-static void place(struct ida__tagtab *t, uint64_t slot)
+static void place(uint64_t *slots, uint64_t cap, uint64_t slot)
 {
-    uint64_t mask = t->cap - 1;
-    uint64_t i = home(t, SLOT_H32(slot));
-    while (t->slots[i] != 0) {
+    uint64_t mask = cap - 1;
+    uint64_t i = home_in(cap, SLOT_H32(slot));
+    while (slots[i] != 0) {
         i = (i + 1) & mask;
     }
-    t->slots[i] = slot;
+    slots[i] = slot;
+}
+
+/* --- growing -------------------------------------------------------------
+ *
+ * The old table is emptied in the order of its slots from an empty one, a
+ * step at a time: at least @budget slots, and on to the next empty slot.
+ * Between steps every probe run (the keys between two empty slots) is
+ * whole in one table. A key sits between its home and the next empty slot,
+ * so a run moved whole leaves no key of the old table behind an emptied
+ * slot its probe would stop at, and the runs not moved yet are found in
+ * the old table as before. Removes in the old table shift keys back within
+ * their run; nothing is inserted there. The new table is twice the old
+ * one's size and the growth began at a load of 0.7, so it takes 0.7 of the
+ * old size more inserts to need growing again: the old, at IDA__TAGTAB_STEP
+ * slots a reserve, is empty after a sixteenth of that. */
+
+/* The old table's memory goes back to the system RELEASE_SLOTS slots (64
+ * KiB) at a time once they are all moved or passed, so all zero: a probe
+ * there reads zero, as it did before. Up to its end; the slots before the
+ * slot it started from (usually a handful) go with its free(). */
+#define RELEASE_SLOTS 8192
+
+static void release_moved(struct ida__tagtab *t)
+{
+    uint64_t from = (t->old_next - t->old_moved) & (t->old_cap - 1);
+    uint64_t done = from + t->old_moved;
+    if (done > t->old_cap) {
+        done = t->old_cap;
+    }
+    while (t->old_freed + RELEASE_SLOTS <= done) {
+        ida_heap_release_zeroed(t->old + t->old_freed,
+                                RELEASE_SLOTS * sizeof(uint64_t));
+        t->old_freed += RELEASE_SLOTS;
+    }
+}
+
+static void move_old(struct ida__tagtab *t, uint64_t budget)
+{
+    uint64_t mask = t->old_cap - 1;
+    while (t->old_used > 0 && t->old_moved < t->old_cap) {
+        uint64_t s = t->old[t->old_next];
+        if (s == 0 && budget == 0) {
+            release_moved(t);
+            return;
+        }
+        if (s != 0) {
+            place(t->slots, t->cap, s);
+            t->old[t->old_next] = 0;
+            t->old_used--;
+        }
+        budget -= budget > 0;
+        t->old_next = (t->old_next + 1) & mask;
+        t->old_moved++;
+    }
+    IDA_ASSERT(t->old_used == 0);
+    ida_free(t->old);
+    t->old = NULL;
+    t->old_cap = 0;
+    /* Every page of the new table is in now: the system may put it on
+     * huge pages in the background (see ida__tagtab_reserve_n()). */
+    ida_heap_hint_huge(t->slots, t->cap * sizeof(uint64_t));
 }
 
 /* Slots for @keys keys at a load of at most 0.7 (so probes stay short):
@@ -168,39 +244,57 @@ int ida__tagtab_reserve(struct ida__tagtab *t)
 
 int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n)
 {
+    if (t->old != NULL) {
+        move_old(t, IDA__TAGTAB_STEP);
+    }
     if ((t->used + n) * 10 <= t->cap * 7) {
         return 0;
     }
-    /* Zeroed by writing, not by calloc's fresh pages: probes read a slot
-     * before an insert writes it, and a page first read is mapped to the
-     * zero page and faulted again when written, which in a process with
-     * other threads running costs a TLB shootdown (an IPI to every CPU).
-     * That was a tenth of a restart's rebuild at ten million tags. */
-    uint64_t ncap;
-    uint64_t *ns = new_slots(t->used + n, t->cap == 0 ? 16 : t->cap * 2, &ncap);
+    if (t->old != NULL) {
+        move_old(t, UINT64_MAX); /* a third table is not worth having */
+    }
+    uint64_t ncap = t->cap == 0 ? 16 : t->cap * 2;
+    while ((t->used + n) * 10 > ncap * 7) {
+        ncap *= 2;
+    }
+    /* Zeroed by the system: pages of a large allocation come zeroed and
+     * are faulted in as the moves and inserts reach them. A memset of the
+     * whole new table was itself a stall of tens of milliseconds at tens
+     * of millions of slots. Not on huge pages while it fills: a fault of a
+     * 4 KiB page costs microseconds, one of a huge page (2 MiB zeroed, and
+     * memory compacted to find it) up to 11 ms on a virtual machine, and
+     * the first moves reach hundreds of them one after another. */
+    uint64_t *ns = ncap <= SIZE_MAX / sizeof(uint64_t)
+                       ? ida_calloc(ncap, sizeof(uint64_t))
+                       : NULL;
     if (ns == NULL) {
         return IDA_ENOMEM;
     }
-    memset(ns, 0, ncap * sizeof(*ns));
-    uint64_t *old = t->slots;
-    uint64_t ocap = t->cap;
+    if (t->used == 0) {
+        ida_free(t->slots);
+        t->slots = ns;
+        t->cap = ncap;
+        return 0;
+    }
+    uint64_t e = 0; /* an empty slot to start from: at a load of 0.7, near */
+    while (t->slots[e] != 0) {
+        e++;
+    }
+    t->old = t->slots;
+    t->old_cap = t->cap;
+    t->old_used = t->used;
+    t->old_next = e;
+    t->old_moved = 0;
+    t->old_freed = (e + RELEASE_SLOTS - 1) / RELEASE_SLOTS * RELEASE_SLOTS;
     t->slots = ns;
     t->cap = ncap;
-    for (uint64_t i = 0; i < ocap; i++) {
-        if (old[i] != 0) {
-            place(t, old[i]);
-        }
-    }
-    ida_free(old);
     return 0;
 }
 
 void ida__tagtab_insert(struct ida__tagtab *t, uint32_t ref)
 {
     IDA_ASSERT(ref != IDA__REF_NONE);
-    IDA_ASSERT((t->used + 1) * 10 <= t->cap * 7);
-    place(t, MAKE_SLOT(h32_of(t, ref), ref));
-    t->used++;
+    ida__tagtab_insert_hashed(t, ref, (uint64_t)h32_of(t, ref) << 32);
 }
 
 void ida__tagtab_insert_hashed(struct ida__tagtab *t,
@@ -209,14 +303,19 @@ void ida__tagtab_insert_hashed(struct ida__tagtab *t,
 {
     IDA_ASSERT(ref != IDA__REF_NONE);
     IDA_ASSERT((t->used + 1) * 10 <= t->cap * 7);
-    place(t, MAKE_SLOT((uint32_t)(hash >> 32), ref));
+    place(t->slots, t->cap, MAKE_SLOT((uint32_t)(hash >> 32), ref));
     t->used++;
 }
 
 void ida__tagtab_prefetch(const struct ida__tagtab *t, uint64_t hash)
 {
     if (t->cap > 0) {
-        __builtin_prefetch(&t->slots[home(t, (uint32_t)(hash >> 32))], 1);
+        __builtin_prefetch(&t->slots[home_in(t->cap, (uint32_t)(hash >> 32))],
+                           1);
+    }
+    if (t->old != NULL) {
+        __builtin_prefetch(&t->old[home_in(t->old_cap, (uint32_t)(hash >> 32))],
+                           0);
     }
 }
 
@@ -264,7 +363,7 @@ bool ida__tagtab_insert_word_shared(struct ida__tagtab *t, uint64_t word)
     uint64_t mask = t->cap - 1;
     /* Ends: ida__tagtab_bulk_begin() sized the table for every insert of
      * every thread. */
-    for (uint64_t i = home(t, h32);; i = (i + 1) & mask) {
+    for (uint64_t i = home_in(t->cap, h32);; i = (i + 1) & mask) {
         uint64_t s = __atomic_load_n(&t->slots[i], __ATOMIC_RELAXED);
         if (s == 0 &&
             __atomic_compare_exchange_n(&t->slots[i], &s, word, false,
@@ -288,35 +387,54 @@ void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref)
     ida__tagtab_remove_hashed(t, ref, (uint64_t)h32_of(t, ref) << 32);
 }
 
+/* Remove @want from @slots (@cap of them): false when it is not there. */
+static bool remove_in(uint64_t *slots, uint64_t cap, uint64_t want)
+{
+    uint64_t mask = cap - 1;
+    uint64_t i = home_in(cap, SLOT_H32(want));
+    for (; slots[i] != want; i = (i + 1) & mask) {
+        if (slots[i] == 0) {
+            return false;
+        }
+    }
+    /* Backward shift: pull later members of the probe run into the hole
+     * when the hole lies between their home and their slot. */
+    uint64_t hole = i;
+    for (uint64_t j = (i + 1) & mask; slots[j] != 0; j = (j + 1) & mask) {
+        uint64_t h = home_in(cap, SLOT_H32(slots[j]));
+        if (((j - h) & mask) >= ((j - hole) & mask)) {
+            slots[hole] = slots[j];
+            hole = j;
+        }
+    }
+    slots[hole] = 0;
+    return true;
+}
+
 void ida__tagtab_remove_hashed(struct ida__tagtab *t,
                                uint32_t ref,
                                uint64_t hash)
 {
     IDA_ASSERT(t->used > 0);
-    uint64_t mask = t->cap - 1;
     uint64_t want = MAKE_SLOT((uint32_t)(hash >> 32), ref);
-    uint64_t i = home(t, SLOT_H32(want));
-    while (t->slots[i] != want) {
-        IDA_ASSERT(t->slots[i] != 0); /* @ref must be present */
-        i = (i + 1) & mask;
+    if (!remove_in(t->slots, t->cap, want)) {
+        bool found = t->old != NULL && remove_in(t->old, t->old_cap, want);
+        IDA_ASSERT(found); /* @ref must be present */
+        t->old_used--;
     }
-    /* Backward shift: pull later members of the probe run into the hole
-     * when the hole lies between their home and their slot. */
-    uint64_t hole = i;
-    for (uint64_t j = (i + 1) & mask; t->slots[j] != 0; j = (j + 1) & mask) {
-        uint64_t h = home(t, SLOT_H32(t->slots[j]));
-        if (((j - h) & mask) >= ((j - hole) & mask)) {
-            t->slots[hole] = t->slots[j];
-            hole = j;
-        }
-    }
-    t->slots[hole] = 0;
     t->used--;
+    if (t->old != NULL) {
+        move_old(t, IDA__TAGTAB_STEP);
+    }
 }
 
 /* Blocks of 256 KiB while a pool is small; past 16 of them (a few hundred
- * thousand tags), blocks of 4 MiB backed by huge pages: a restore of
- * millions of tags faults memory in 2 MiB at a time instead of 4 KiB. */
+ * thousand tags), blocks of 4 MiB backed by huge pages. A restore's slab
+ * (bulk) asks for huge pages as it takes a block: it faults memory in 2 MiB
+ * at a time instead of 4 KiB. Any other slab asks once the block is full:
+ * the fault of a huge page (2 MiB zeroed, memory compacted to find it) took
+ * 5 to 11 ms each here, and a command would wait for it; the system puts a
+ * full block on huge pages in the background (khugepaged). */
 #define SLAB_BLOCK_BYTES     (256u * 1024)
 #define SLAB_BIG_BLOCK_BYTES (4u * 1024 * 1024)
 #define SLAB_SMALL_BLOCKS    16
@@ -339,14 +457,19 @@ uint8_t *ida__tagrec_new(struct ida__slab *s, const char *tag, size_t len)
         if (s->left < bytes) {
             size_t size = s->nblocks < SLAB_SMALL_BLOCKS ? SLAB_BLOCK_BYTES
                                                          : SLAB_BIG_BLOCK_BYTES;
-            uint8_t *blk = ida_malloc_huge(size);
+            uint8_t *blk = s->bulk ? ida_malloc_huge(size) : ida_malloc(size);
             if (blk == NULL) {
                 return NULL;
+            }
+            if (!s->bulk && s->cur_block != NULL) {
+                ida_heap_hint_huge(s->cur_block, s->cur_size);
             }
             memcpy(blk, &s->blocks, sizeof(uint8_t *));
             s->blocks = blk;
             s->cur = blk + 8;
             s->left = size - 8;
+            s->cur_block = blk;
+            s->cur_size = size;
             s->nblocks++;
         }
         rec = s->cur;
@@ -388,6 +511,8 @@ void ida__slab_merge(struct ida__slab *dst, struct ida__slab *src)
     if (src->left > dst->left) {
         dst->cur = src->cur;
         dst->left = src->left;
+        dst->cur_block = src->cur_block;
+        dst->cur_size = src->cur_size;
     }
     dst->nblocks += src->nblocks;
     memset(src, 0, sizeof(*src));

@@ -1,7 +1,9 @@
 /* fsm/tagtab.c: the tag table's bulk loading (restore's path), against
  * the one-by-one insert it replaces: every key found where it is, a key
  * held twice refused, probe runs that cross regions and wrap around the
- * end of the table. */
+ * end of the table. And its growth a step at a time: every key found, and
+ * none found that is not there, at every step of inserts and removes while
+ * an old table is emptied into a new one. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +11,7 @@
 
 #include "base/heap.h"
 #include "fsm/fsm_internal.h"
+#include "idalloc_errors.h"
 
 enum { KEYS_MAX = 60000 };
 
@@ -238,4 +241,194 @@ Test(tagtab, region_full_is_every_large_tables_region)
                          "cap 2^%u, word %llx", bits, (unsigned long long)w);
         }
     }
+}
+
+/* --- growth a step at a time ----------------------------------------- */
+
+static uint64_t next_rand(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+static void expect(const struct ida__tagtab *t, uint32_t ref, bool present)
+{
+    uint32_t got =
+        ida__tagtab_find(t, (const uint8_t *)keys[ref], strlen(keys[ref]));
+    cr_assert_eq(got, present ? ref : IDA__REF_NONE, "key %u %s: got %u", ref,
+                 present ? "held" : "not held", got);
+}
+
+/* Random inserts (new keys and keys removed before) and removes, as a pool
+ * sees them, against a model of which keys are held: after every step the
+ * key it touched, and every 64th step a sample of all keys, are found
+ * exactly when held. The table grows from 16 slots to 128 Ki, each time
+ * through an old table emptied a step at a time; removes land in both. */
+Test(tagtab, a_growing_table_finds_every_key_at_every_step)
+{
+    for (uint32_t i = 0; i < KEYS_MAX; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "g-%u", i * 2654435761u);
+    }
+    bool *held = calloc(KEYS_MAX, sizeof(*held));
+    cr_assert(held != NULL);
+    struct ida__tagtab t;
+    ida__tagtab_init(&t, key_of, NULL);
+    uint64_t x = 0x2545f4914f6cdd1dull, steps = 0, count = 0;
+    uint32_t fresh = 0;
+    unsigned growths = 0, removes_growing = 0, finds_in_old = 0;
+    while (fresh < KEYS_MAX) {
+        bool was_growing = ida__tagtab_growing(&t);
+        uint32_t ref = (uint32_t)(next_rand(&x) % KEYS_MAX);
+        if (next_rand(&x) % 10 < 7 || count == 0) {
+            /* Insert: a fresh key, or one held before and removed. */
+            if (held[ref] || ref >= fresh) {
+                ref = fresh++;
+            }
+            cr_assert_eq(ida__tagtab_reserve(&t), 0);
+            ida__tagtab_insert(&t, ref);
+            held[ref] = true;
+            count++;
+        } else {
+            while (!held[ref]) {
+                ref = (ref + 1) % KEYS_MAX;
+            }
+            removes_growing += ida__tagtab_growing(&t);
+            ida__tagtab_remove(&t, ref);
+            held[ref] = false;
+            count--;
+        }
+        growths += !was_growing && ida__tagtab_growing(&t);
+        expect(&t, ref, held[ref]);
+        /* The keys the next step moves: a step that stopped inside a
+         * probe run would leave some of them behind an emptied slot. */
+        for (uint64_t i = 0; t.old != NULL && i < 64; i++) {
+            uint64_t w = t.old[(t.old_next + i) & (t.old_cap - 1)];
+            if (w != 0) {
+                expect(&t, (uint32_t)w - 1, true);
+            }
+        }
+        cr_assert_eq(t.used, count);
+        if (++steps % 64 == 0) {
+            for (int k = 0; k < 32; k++) {
+                uint32_t r = (uint32_t)(next_rand(&x) % KEYS_MAX);
+                expect(&t, r, held[r]);
+                /* A held key the new table does not have: the old does. */
+                if (held[r] && t.old != NULL) {
+                    struct ida__tagtab only_new = t;
+                    only_new.old = NULL;
+                    finds_in_old +=
+                        ida__tagtab_find(&only_new, (const uint8_t *)keys[r],
+                                         strlen(keys[r])) == IDA__REF_NONE;
+                }
+            }
+        }
+    }
+    cr_assert_geq(growths, 10, "grew %u times a step at a time", growths);
+    cr_assert_gt(removes_growing, 100, "%u removes while growing",
+                 removes_growing);
+    cr_assert_gt(finds_in_old, 100, "%u keys found in the old table",
+                 finds_in_old);
+    for (uint32_t i = 0; i < KEYS_MAX; i++) {
+        expect(&t, i, held[i]);
+    }
+    /* Removing every key leaves an empty table, whatever its state. */
+    for (uint32_t i = 0; i < KEYS_MAX; i++) {
+        if (held[i]) {
+            ida__tagtab_remove(&t, i);
+        }
+    }
+    cr_assert_eq(t.used, 0);
+    cr_assert(!ida__tagtab_growing(&t), "the old table went with its keys");
+    for (uint32_t i = 0; i < KEYS_MAX; i += 7) {
+        expect(&t, i, false);
+    }
+    ida__tagtab_close(&t);
+    free(held);
+}
+
+/* Fill @t with refs from *@next until it starts growing from 1024 slots
+ * or more (a smaller one is emptied in a few steps); returns a few steps
+ * after. */
+static void fill_until_growing(struct ida__tagtab *t, uint32_t *next)
+{
+    while (!ida__tagtab_growing(t) || t->old_cap < 1024) {
+        cr_assert_eq(ida__tagtab_reserve(t), 0);
+        ida__tagtab_insert(t, (*next)++);
+    }
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(ida__tagtab_reserve(t), 0);
+        ida__tagtab_insert(t, (*next)++);
+    }
+    cr_assert(ida__tagtab_growing(t), "still moving: a test of the middle");
+}
+
+/* A reserve for more keys than the new table has room for, while the old
+ * is still being emptied, first finishes that (no third table), then
+ * grows again; no key is lost, and the room it promised is there. */
+Test(tagtab, a_bulk_reserve_while_growing_finishes_the_growth_first)
+{
+    for (uint32_t i = 0; i < KEYS_MAX; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "b-%u", i);
+    }
+    struct ida__tagtab t;
+    ida__tagtab_init(&t, key_of, NULL);
+    uint32_t next = 0;
+    fill_until_growing(&t, &next);
+    uint64_t cap = t.cap;
+    uint32_t more = KEYS_MAX - next;
+    cr_assert_gt((t.used + more) * 10, cap * 7, "needs more than this table");
+    cr_assert_eq(ida__tagtab_reserve_n(&t, more), 0);
+    cr_assert_gt(t.cap, cap);
+    for (uint32_t i = 0; i < next; i++) {
+        expect(&t, i, true);
+    }
+    while (next < KEYS_MAX) {
+        ida__tagtab_insert(&t, next++); /* asserts the room is there */
+    }
+    for (uint32_t i = 0; i < KEYS_MAX; i++) {
+        expect(&t, i, true);
+    }
+    ida__tagtab_close(&t);
+}
+
+/* No memory for the new table: IDA_ENOMEM, and the table is as it was
+ * (its keys found, no growth begun); the next reserve has the memory.
+ * Closing a table in the middle of a growth frees both tables (valgrind
+ * and AddressSanitizer see any leak). */
+Test(tagtab, a_growth_without_memory_changes_nothing)
+{
+    for (uint32_t i = 0; i < KEYS_MAX; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "m-%u", i);
+    }
+    struct ida__tagtab t;
+    ida__tagtab_init(&t, key_of, NULL);
+    uint32_t next = 0;
+    /* Up to the last insert before the table must grow. */
+    while ((t.used + 1) * 10 <= t.cap * 7 || t.cap == 0 || t.cap < 4096) {
+        cr_assert_eq(ida__tagtab_reserve(&t), 0);
+        ida__tagtab_insert(&t, next++);
+        while (ida__tagtab_growing(&t)) { /* finish any growth before */
+            cr_assert_eq(ida__tagtab_reserve(&t), 0);
+            ida__tagtab_insert(&t, next++);
+        }
+    }
+    uint64_t cap = t.cap;
+    ida_heap_fault_set(0, 1);
+    int rv = ida__tagtab_reserve(&t);
+    ida_heap_fault_set(0, 0);
+    cr_assert_eq(rv, IDA_ENOMEM);
+    cr_assert_eq(t.cap, cap);
+    cr_assert(!ida__tagtab_growing(&t));
+    for (uint32_t i = 0; i < next; i++) {
+        expect(&t, i, true);
+    }
+    cr_assert_eq(ida__tagtab_reserve(&t), 0, "then it has the memory");
+    cr_assert(ida__tagtab_growing(&t));
+    ida__tagtab_insert(&t, next++);
+    for (uint32_t i = 0; i < next; i++) {
+        expect(&t, i, true);
+    }
+    ida__tagtab_close(&t);
 }
