@@ -141,7 +141,9 @@ int ida_bgsnap_start(struct ida_bgsnap *b,
     if (pipe(p) != 0) {
         return IDA_EIO;
     }
+    uint64_t t0 = mono_us();
     pid_t pid = spawn(f, p[1], 0);
+    uint64_t t1 = mono_us();
     close(p[1]);
     if (pid < 0) {
         close(p[0]);
@@ -160,7 +162,8 @@ int ida_bgsnap_start(struct ida_bgsnap *b,
                              .fd = p[0],
                              .index = index,
                              .term = term,
-                             .started_us = mono_us()};
+                             .started_us = t0,
+                             .fork_us = t1 - t0};
     return 0;
 }
 
@@ -340,7 +343,9 @@ int ida_bgsnap_start_mem(struct ida_bgsnap *b,
     if (fd < 0) {
         return IDA_EIO;
     }
+    uint64_t t0 = mono_us();
     pid_t pid = spawn(f, fd, 1);
+    uint64_t t1 = mono_us();
     if (pid < 0) {
         close(fd);
         return IDA_EIO;
@@ -350,7 +355,8 @@ int ida_bgsnap_start_mem(struct ida_bgsnap *b,
                              .mem = 1,
                              .index = index,
                              .term = term,
-                             .started_us = mono_us()};
+                             .started_us = t0,
+                             .fork_us = t1 - t0};
     return 0;
 }
 

@@ -58,6 +58,7 @@ struct ida_bgsnap
     ida_index index;
     ida_term term;
     uint64_t started_us;
+    uint64_t fork_us; /* how long fork() held the caller */
     uint8_t hdr[IDA_BGSNAP_HDR_BYTES];
     size_t hdr_got;  /* all 16 in: len is the snapshot's size */
     uint8_t *buf;    /* ida_bgsnap_poll(): ida_malloc'd once the header is in */

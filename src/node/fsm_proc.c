@@ -359,6 +359,7 @@ static void poll_bgsnap(struct fsm_proc *fp, struct ida_sender *s)
     ida_index index = fp->bg.index;
     ida_term term = fp->bg.term;
     uint64_t t0 = fp->bg.started_us;
+    uint64_t fork_us = fp->bg.fork_us;
     struct ida_bgsnap_slice sl;
     int rv = ida_bgsnap_read(&fp->bg, fp->enc_buf + fp->enc_len,
                              BGSNAP_STEP_BYTES - fp->enc_len, &sl);
@@ -381,8 +382,12 @@ static void poll_bgsnap(struct fsm_proc *fp, struct ida_sender *s)
     enc_send(fp, s, index, term, sl.total, rv == 1);
     if (rv == 1) {
         enc_reset(fp);
-        snapshot_noted(fp, index, sl.total, ida__node_mono_us() - t0,
-                       "encoded by a child process");
+        char how[80];
+        snprintf(how, sizeof(how),
+                 "encoded by a child process, whose fork() held this "
+                 "processor %.1f ms",
+                 (double)fork_us / 1000.0);
+        snapshot_noted(fp, index, sl.total, ida__node_mono_us() - t0, how);
     }
 }
 

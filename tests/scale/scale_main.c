@@ -721,7 +721,7 @@ static void snapshot_summary(void)
         FILE *fp = fopen(path, "r");
         unsigned n = 0, inl = 0;
         unsigned long long maxb = 0;
-        double maxms = 0;
+        double maxms = 0, maxfork = 0;
         while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
             const char *p = strstr(line, "fsm: snapshot at index ");
             unsigned long long idx, b;
@@ -735,6 +735,11 @@ static void snapshot_summary(void)
             if (q != NULL) {
                 ms = atof(q + 1);
             }
+            const char *f = strstr(p, "fork() held this processor ");
+            if (f != NULL) {
+                double fms = atof(f + strlen("fork() held this processor "));
+                maxfork = fms > maxfork ? fms : maxfork;
+            }
             n++;
             inl += strstr(p, "in line") != NULL;
             maxb = b > maxb ? b : maxb;
@@ -745,8 +750,9 @@ static void snapshot_summary(void)
         }
         printf(
             "  node %d (current log): %u snapshots (%u in line), largest %llu "
-            "bytes, longest encode %.1f ms\n",
-            i + 1, n, inl, maxb, maxms);
+            "bytes, longest encode %.1f ms, longest fork %.1f ms (the fsm "
+            "processor waits for it)\n",
+            i + 1, n, inl, maxb, maxms, maxfork);
     }
 }
 
