@@ -348,6 +348,14 @@ Test(tagtab, a_growing_table_finds_every_key_at_every_step)
     free(held);
 }
 
+/* Keys "@prefix-0", "@prefix-1", ... */
+static void name_keys(const char *prefix)
+{
+    for (uint32_t i = 0; i < KEYS_MAX; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "%s-%u", prefix, i);
+    }
+}
+
 /* Fill @t with refs from *@next until it starts growing from 1024 slots
  * or more (a smaller one is emptied in a few steps); returns a few steps
  * after. */
@@ -369,9 +377,7 @@ static void fill_until_growing(struct ida__tagtab *t, uint32_t *next)
  * grows again; no key is lost, and the room it promised is there. */
 Test(tagtab, a_bulk_reserve_while_growing_finishes_the_growth_first)
 {
-    for (uint32_t i = 0; i < KEYS_MAX; i++) {
-        snprintf(keys[i], sizeof(keys[i]), "b-%u", i);
-    }
+    name_keys("b");
     struct ida__tagtab t;
     ida__tagtab_init(&t, key_of, NULL);
     uint32_t next = 0;
@@ -399,9 +405,7 @@ Test(tagtab, a_bulk_reserve_while_growing_finishes_the_growth_first)
  * and AddressSanitizer see any leak). */
 Test(tagtab, a_growth_without_memory_changes_nothing)
 {
-    for (uint32_t i = 0; i < KEYS_MAX; i++) {
-        snprintf(keys[i], sizeof(keys[i]), "m-%u", i);
-    }
+    name_keys("m");
     struct ida__tagtab t;
     ida__tagtab_init(&t, key_of, NULL);
     uint32_t next = 0;
