@@ -55,15 +55,21 @@ void ida_free(void *ptr)
     free(ptr);
 }
 
+/* madvise(@advice) on the whole @unit-aligned blocks inside the @size
+ * bytes at @p (@unit a power of two); nothing when there are none. */
+static void advise_inside(void *p, size_t size, uintptr_t unit, int advice)
+{
+    uintptr_t lo = ((uintptr_t)p + unit - 1) & ~(unit - 1);
+    uintptr_t hi = ((uintptr_t)p + size) & ~(unit - 1);
+    if (p != NULL && hi > lo) {
+        (void)madvise((void *)lo, hi - lo, advice);
+    }
+}
+
 void ida_heap_hint_huge(void *p, size_t size)
 {
 #ifdef MADV_HUGEPAGE
-    const uintptr_t huge = (uintptr_t)2 << 20;
-    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1);
-    uintptr_t hi = ((uintptr_t)p + size) & ~(huge - 1);
-    if (p != NULL && hi > lo) {
-        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-    }
+    advise_inside(p, size, (uintptr_t)2 << 20, MADV_HUGEPAGE);
 #else
     (void)p;
     (void)size;
@@ -72,17 +78,7 @@ void ida_heap_hint_huge(void *p, size_t size)
 
 void ida_heap_release_zeroed(void *p, size_t size)
 {
-#ifdef MADV_DONTNEED
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1);
-    uintptr_t hi = ((uintptr_t)p + size) & ~(page - 1);
-    if (p != NULL && hi > lo) {
-        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
-    }
-#else
-    (void)p;
-    (void)size;
-#endif
+    advise_inside(p, size, (uintptr_t)sysconf(_SC_PAGESIZE), MADV_DONTNEED);
 }
 
 void *ida_malloc_huge(size_t size)

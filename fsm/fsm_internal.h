@@ -128,8 +128,9 @@ struct ida__tagtab
     uint64_t *old;   /* the table being emptied into @slots, or NULL */
     uint64_t old_cap;
     uint64_t old_used;  /* keys still in @old */
-    uint64_t old_next;  /* @old's next slot to move: empty between steps */
-    uint64_t old_moved; /* slots of @old moved or passed (of @old_cap) */
+    uint64_t old_from;  /* the empty slot of @old its moving began at */
+    uint64_t old_moved; /* slots from there moved or passed (of @old_cap);
+                           the next is empty between steps */
     uint64_t old_freed; /* @old's memory up to this slot is given back */
     ida__key_of_fn key_of;
     const void *ctx;
@@ -197,11 +198,17 @@ static inline uint64_t ida__tagtab_spread(uint32_t h32)
 {
     return (uint64_t)h32 * UINT64_C(0x9e3779b97f4a7c15);
 }
-/* Home slot of a stored 32-bit hash (cap > 0). */
+/* Home slot of a stored 32-bit hash in a table of @cap slots (a power of
+ * two). */
+static inline uint64_t ida__tagtab_home_in(uint64_t cap, uint32_t h32)
+{
+    return ida__tagtab_spread(h32) >> (64 - __builtin_ctzll(cap));
+}
+/* Home slot of a stored 32-bit hash in @t's table (cap > 0). */
 static inline uint64_t ida__tagtab_home(const struct ida__tagtab *t,
                                         uint32_t h32)
 {
-    return ida__tagtab_spread(h32) >> (64 - __builtin_ctzll(t->cap));
+    return ida__tagtab_home_in(t->cap, h32);
 }
 /* Log2 of how many regions the table has: IDA__TAGTAB_REGIONS, or one
  * per slot in a smaller table (cap > 0). */

@@ -91,12 +91,6 @@ void ida__tagtab_close(struct ida__tagtab *t)
 #define SLOT_H32(s)         ((uint32_t)((s) >> 32))
 #define MAKE_SLOT(h32, ref) (((uint64_t)(h32) << 32) | ((uint64_t)(ref) + 1))
 
-/* Home slot of @h32 in a table of @cap slots (a power of two). */
-static uint64_t home_in(uint64_t cap, uint32_t h32)
-{
-    return ida__tagtab_spread(h32) >> (64 - __builtin_ctzll(cap));
-}
-
 static uint32_t h32_of(const struct ida__tagtab *t, uint32_t ref)
 {
     size_t len;
@@ -114,7 +108,8 @@ static uint32_t probe(const struct ida__tagtab *t,
                       uint32_t h32)
 {
     uint64_t mask = cap - 1;
-    for (uint64_t i = home_in(cap, h32); slots[i] != 0; i = (i + 1) & mask) {
+    for (uint64_t i = ida__tagtab_home_in(cap, h32); slots[i] != 0;
+         i = (i + 1) & mask) {
         uint64_t s = slots[i];
         if (SLOT_H32(s) != h32) {
             continue;
@@ -154,7 +149,7 @@ uint32_t ida__tagtab_find_hashed(const struct ida__tagtab *t,
 static void place(uint64_t *slots, uint64_t cap, uint64_t slot)
 {
     uint64_t mask = cap - 1;
-    uint64_t i = home_in(cap, SLOT_H32(slot));
+    uint64_t i = ida__tagtab_home_in(cap, SLOT_H32(slot));
     while (slots[i] != 0) {
         i = (i + 1) & mask;
     }
@@ -183,8 +178,7 @@ static void place(uint64_t *slots, uint64_t cap, uint64_t slot)
 
 static void release_moved(struct ida__tagtab *t)
 {
-    uint64_t from = (t->old_next - t->old_moved) & (t->old_cap - 1);
-    uint64_t done = from + t->old_moved;
+    uint64_t done = t->old_from + t->old_moved;
     if (done > t->old_cap) {
         done = t->old_cap;
     }
@@ -199,18 +193,18 @@ static void move_old(struct ida__tagtab *t, uint64_t budget)
 {
     uint64_t mask = t->old_cap - 1;
     while (t->old_used > 0 && t->old_moved < t->old_cap) {
-        uint64_t s = t->old[t->old_next];
+        uint64_t at = (t->old_from + t->old_moved) & mask;
+        uint64_t s = t->old[at];
         if (s == 0 && budget == 0) {
             release_moved(t);
             return;
         }
         if (s != 0) {
             place(t->slots, t->cap, s);
-            t->old[t->old_next] = 0;
+            t->old[at] = 0;
             t->old_used--;
         }
         budget -= budget > 0;
-        t->old_next = (t->old_next + 1) & mask;
         t->old_moved++;
     }
     IDA_ASSERT(t->old_used == 0);
@@ -223,14 +217,21 @@ static void move_old(struct ida__tagtab *t, uint64_t budget)
 }
 
 /* Slots for @keys keys at a load of at most 0.7 (so probes stay short):
- * the least power of two from @cap0 up, in *@cap; NULL when out of memory.
- * Not zeroed. */
-static uint64_t *new_slots(uint64_t keys, uint64_t cap0, uint64_t *cap)
+ * the least power of two from @cap0 up. */
+static uint64_t cap_for(uint64_t keys, uint64_t cap0)
 {
     uint64_t c = cap0;
     while (keys * 10 > c * 7) {
         c *= 2;
     }
+    return c;
+}
+
+/* A table of cap_for(@keys, @cap0) slots, its size in *@cap; NULL when out
+ * of memory. Not zeroed. */
+static uint64_t *new_slots(uint64_t keys, uint64_t cap0, uint64_t *cap)
+{
+    uint64_t c = cap_for(keys, cap0);
     *cap = c;
     return c <= SIZE_MAX / sizeof(uint64_t)
                ? ida_malloc_huge(c * sizeof(uint64_t))
@@ -253,10 +254,7 @@ int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n)
     if (t->old != NULL) {
         move_old(t, UINT64_MAX); /* a third table is not worth having */
     }
-    uint64_t ncap = t->cap == 0 ? 16 : t->cap * 2;
-    while ((t->used + n) * 10 > ncap * 7) {
-        ncap *= 2;
-    }
+    uint64_t ncap = cap_for(t->used + n, t->cap == 0 ? 16 : t->cap * 2);
     /* Zeroed by the system: pages of a large allocation come zeroed and
      * are faulted in as the moves and inserts reach them. A memset of the
      * whole new table was itself a stall of tens of milliseconds at tens
@@ -283,7 +281,7 @@ int ida__tagtab_reserve_n(struct ida__tagtab *t, uint64_t n)
     t->old = t->slots;
     t->old_cap = t->cap;
     t->old_used = t->used;
-    t->old_next = e;
+    t->old_from = e;
     t->old_moved = 0;
     t->old_freed = (e + RELEASE_SLOTS - 1) / RELEASE_SLOTS * RELEASE_SLOTS;
     t->slots = ns;
@@ -310,12 +308,13 @@ void ida__tagtab_insert_hashed(struct ida__tagtab *t,
 void ida__tagtab_prefetch(const struct ida__tagtab *t, uint64_t hash)
 {
     if (t->cap > 0) {
-        __builtin_prefetch(&t->slots[home_in(t->cap, (uint32_t)(hash >> 32))],
-                           1);
+        __builtin_prefetch(
+            &t->slots[ida__tagtab_home_in(t->cap, (uint32_t)(hash >> 32))], 1);
     }
     if (t->old != NULL) {
-        __builtin_prefetch(&t->old[home_in(t->old_cap, (uint32_t)(hash >> 32))],
-                           0);
+        __builtin_prefetch(
+            &t->old[ida__tagtab_home_in(t->old_cap, (uint32_t)(hash >> 32))],
+            0);
     }
 }
 
@@ -363,7 +362,7 @@ bool ida__tagtab_insert_word_shared(struct ida__tagtab *t, uint64_t word)
     uint64_t mask = t->cap - 1;
     /* Ends: ida__tagtab_bulk_begin() sized the table for every insert of
      * every thread. */
-    for (uint64_t i = home_in(t->cap, h32);; i = (i + 1) & mask) {
+    for (uint64_t i = ida__tagtab_home_in(t->cap, h32);; i = (i + 1) & mask) {
         uint64_t s = __atomic_load_n(&t->slots[i], __ATOMIC_RELAXED);
         if (s == 0 &&
             __atomic_compare_exchange_n(&t->slots[i], &s, word, false,
@@ -391,7 +390,7 @@ void ida__tagtab_remove(struct ida__tagtab *t, uint32_t ref)
 static bool remove_in(uint64_t *slots, uint64_t cap, uint64_t want)
 {
     uint64_t mask = cap - 1;
-    uint64_t i = home_in(cap, SLOT_H32(want));
+    uint64_t i = ida__tagtab_home_in(cap, SLOT_H32(want));
     for (; slots[i] != want; i = (i + 1) & mask) {
         if (slots[i] == 0) {
             return false;
@@ -401,7 +400,7 @@ static bool remove_in(uint64_t *slots, uint64_t cap, uint64_t want)
      * when the hole lies between their home and their slot. */
     uint64_t hole = i;
     for (uint64_t j = (i + 1) & mask; slots[j] != 0; j = (j + 1) & mask) {
-        uint64_t h = home_in(cap, SLOT_H32(slots[j]));
+        uint64_t h = ida__tagtab_home_in(cap, SLOT_H32(slots[j]));
         if (((j - h) & mask) >= ((j - hole) & mask)) {
             slots[hole] = slots[j];
             hole = j;

@@ -735,9 +735,10 @@ static void snapshot_summary(void)
             if (q != NULL) {
                 ms = atof(q + 1);
             }
-            const char *f = strstr(p, "fork() held this processor ");
+            static const char FORK[] = "fork() held this processor ";
+            const char *f = strstr(p, FORK);
             if (f != NULL) {
-                double fms = atof(f + strlen("fork() held this processor "));
+                double fms = atof(f + strlen(FORK));
                 maxfork = fms > maxfork ? fms : maxfork;
             }
             n++;
