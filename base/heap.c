@@ -45,6 +45,12 @@ void *ida_calloc(size_t count, size_t size)
     return should_fail() ? NULL : calloc(count, size);
 }
 
+void *ida_malloc_aligned(size_t align, size_t size)
+{
+    void *p = NULL;
+    return should_fail() || posix_memalign(&p, align, size) != 0 ? NULL : p;
+}
+
 void *ida_realloc(void *ptr, size_t size)
 {
     return should_fail() ? NULL : realloc(ptr, size);

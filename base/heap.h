@@ -45,6 +45,10 @@ void ida_heap_release_zeroed(void *p, size_t size);
  * ida_free(). */
 void *ida_malloc_huge(size_t size);
 
+/* ida_malloc() of @size bytes at an address that is a multiple of @align
+ * (a power of two, at least sizeof(void *)); NULL when out of memory or
+ * @align is not one. Freed with ida_free(). */
+void *ida_malloc_aligned(size_t align, size_t size);
 /* The out-of-memory policy.
  *
  * Code that can report ENOMEM does: the cores and storage return it and

@@ -1,0 +1,327 @@
+/* The huge-page collapser (collapse.h). */
+#define _DEFAULT_SOURCE /* madvise, mincore */
+#include "base/collapse.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/heap.h"
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1 */
+#endif
+
+#define HUGE ((uintptr_t)2 << 20)
+
+unsigned ida_collapse_sweep_ms = IDA_COLLAPSE_SWEEP_MS;
+
+struct range
+{
+    uintptr_t lo, hi; /* 2 MiB-aligned */
+};
+
+static struct
+{
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    atomic_bool running; /* started, not stopped */
+    bool stopping;       /* the thread is to leave */
+    bool sweeping;       /* sweeps when idle (ida_collapse_start()) */
+    _Atomic pid_t owner; /* the process the thread runs in */
+    atomic_bool busy;    /* a collapse is under way, or about to be */
+    atomic_bool paused;  /* ida_collapse_pause() holds it */
+    struct range q[IDA_COLLAPSE_QUEUE];
+    unsigned head, count;
+    struct ida_collapse_stats stats;
+} C = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Whether the 2 MiB at @lo is in memory but for IDA_COLLAPSE_HOLES_MAX
+ * pages at most. */
+static bool resident(uintptr_t lo)
+{
+    static _Thread_local unsigned char vec[HUGE / 4096];
+    long page = sysconf(_SC_PAGESIZE);
+    size_t n = page > 0 ? HUGE / (size_t)page : 0;
+    if (n == 0 || n > sizeof(vec) || mincore((void *)lo, HUGE, vec) != 0) {
+        return false; /* unmapped (ENOMEM), or pages of another size */
+    }
+    size_t holes = 0;
+    for (size_t i = 0; i < n && holes <= IDA_COLLAPSE_HOLES_MAX; i++) {
+        holes += !(vec[i] & 1);
+    }
+    return holes <= IDA_COLLAPSE_HOLES_MAX;
+}
+
+/* One 2 MiB piece: 1 when huge after it, 0 when left alone. */
+static int collapse_piece(uintptr_t lo)
+{
+    return resident(lo) && madvise((void *)lo, HUGE, MADV_COLLAPSE) == 0;
+}
+
+size_t ida_collapse_range(void *p, size_t size, size_t *skipped)
+{
+    uintptr_t lo = ((uintptr_t)p + HUGE - 1) & ~(HUGE - 1);
+    uintptr_t hi = ((uintptr_t)p + size) & ~(HUGE - 1);
+    size_t done = 0, left = 0;
+    for (uintptr_t a = lo; p != NULL && a < hi; a += HUGE) {
+        if (collapse_piece(a)) {
+            done++;
+        } else {
+            left++;
+        }
+    }
+    if (skipped != NULL) {
+        *skipped = left;
+    }
+    return done;
+}
+
+/* Queue [@lo, @hi) (2 MiB-aligned, non-empty) with C.mu held; false when
+ * the queue is full. */
+static bool push_locked(uintptr_t lo, uintptr_t hi)
+{
+    if (C.count == IDA_COLLAPSE_QUEUE) {
+        return false;
+    }
+    unsigned at = (C.head + C.count) % IDA_COLLAPSE_QUEUE;
+    C.q[at] = (struct range){lo, hi};
+    C.count++;
+    return true;
+}
+
+/* The sweep: every private anonymous writable mapping of this process
+ * (/proc/self/maps: malloc's heaps, large blocks, stacks) queued whole;
+ * the residency check then leaves alone what is not all in memory. */
+static void sweep(void)
+{
+    FILE *fp = fopen("/proc/self/maps", "r");
+    char line[512];
+    unsigned n = 0;
+    while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
+        unsigned long a, b, ino;
+        char perms[8];
+        int path = 0;
+        if (sscanf(line, "%lx-%lx %7s %*s %*s %lu %n", &a, &b, perms, &ino,
+                   &path) < 4 ||
+            strcmp(perms, "rw-p") != 0 || ino != 0 ||
+            (line[path] != '\0' && strncmp(line + path, "[heap]", 6) != 0)) {
+            continue; /* a file, shared, or [stack], [vdso] ... */
+        }
+        uintptr_t lo = ((uintptr_t)a + HUGE - 1) & ~(HUGE - 1);
+        uintptr_t hi = (uintptr_t)b & ~(HUGE - 1);
+        if (hi > lo) {
+            pthread_mutex_lock(&C.mu);
+            n += push_locked(lo, hi);
+            pthread_mutex_unlock(&C.mu);
+        }
+    }
+    if (fp != NULL) {
+        fclose(fp);
+    }
+    pthread_mutex_lock(&C.mu);
+    C.stats.sweeps++;
+    C.stats.swept += n;
+    pthread_mutex_unlock(&C.mu);
+}
+
+/* Pop the next piece to collapse into *@lo; false when told to stop. With
+ * nothing queued for ida_collapse_sweep_ms, the sweep queues more. */
+static bool next_piece(uintptr_t *lo)
+{
+    pthread_mutex_lock(&C.mu);
+    while (!C.stopping && C.count == 0) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        uint64_t ns = (uint64_t)until.tv_nsec +
+                      (uint64_t)ida_collapse_sweep_ms * 1000000u;
+        until.tv_sec += (time_t)(ns / 1000000000u);
+        until.tv_nsec = (long)(ns % 1000000000u);
+        if (pthread_cond_timedwait(&C.cv, &C.mu, &until) == ETIMEDOUT &&
+            !C.stopping && C.count == 0 && C.sweeping) {
+            pthread_mutex_unlock(&C.mu);
+            sweep();
+            pthread_mutex_lock(&C.mu);
+        }
+    }
+    bool go = !C.stopping;
+    if (go) {
+        struct range *r = &C.q[C.head];
+        *lo = r->lo;
+        r->lo += HUGE;
+        if (r->lo >= r->hi) {
+            C.head = (C.head + 1) % IDA_COLLAPSE_QUEUE;
+            C.count--;
+        }
+    }
+    pthread_mutex_unlock(&C.mu);
+    return go;
+}
+
+/* Mark the collapser busy for a collapse it is about to start, once no
+ * pause holds it (ida_collapse_pause()); false when told to stop meanwhile.
+ * The two sides store their own flag, then read the other's (sequentially
+ * consistent): at least one of them sees the other and backs off. */
+static bool enter_busy(void)
+{
+    for (;;) {
+        atomic_store(&C.busy, true);
+        if (!atomic_load(&C.paused)) {
+            return true;
+        }
+        atomic_store(&C.busy, false);
+        pthread_mutex_lock(&C.mu);
+        bool stopping = C.stopping;
+        pthread_mutex_unlock(&C.mu);
+        if (stopping) {
+            return false;
+        }
+        sleep_ns(1000000u);
+    }
+}
+
+static void *collapser_main(void *arg)
+{
+    (void)arg;
+    uintptr_t lo;
+    while (next_piece(&lo) && enter_busy()) {
+        uint64_t t0 = mono_ns();
+        int ok = collapse_piece(lo);
+        uint64_t took = mono_ns() - t0;
+        atomic_store(&C.busy, false);
+        pthread_mutex_lock(&C.mu);
+        C.stats.collapsed += (uint64_t)ok;
+        C.stats.skipped += (uint64_t)!ok;
+        pthread_mutex_unlock(&C.mu);
+        /* At least a little: a sweep meets many pieces that are huge
+         * already, or refused, each a few microseconds. */
+        uint64_t rest = IDA_COLLAPSE_REST * took;
+        sleep_ns(rest > 20000u ? rest : 20000u);
+    }
+    return NULL;
+}
+
+/* Whether this system collapses: tried on a 2 MiB piece of a mapping of
+ * its own, written first. */
+static bool can_collapse(void)
+{
+    size_t len = 2 * HUGE;
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        return false;
+    }
+    uintptr_t lo = ((uintptr_t)m + HUGE - 1) & ~(HUGE - 1);
+    memset((void *)lo, 1, HUGE);
+    int rc = madvise((void *)lo, HUGE, MADV_COLLAPSE);
+    /* EAGAIN or ENOMEM: no huge page free right now, which passes. */
+    bool ok = rc == 0 || errno == EAGAIN || errno == ENOMEM;
+    munmap(m, len);
+    return ok;
+}
+
+int ida_collapse_start(bool sweeps)
+{
+    pthread_mutex_lock(&C.mu);
+    bool running = C.running && C.owner == getpid();
+    pthread_mutex_unlock(&C.mu);
+    if (running) {
+        return 0;
+    }
+    if (!can_collapse()) {
+        return ENOSYS;
+    }
+    pthread_mutex_lock(&C.mu);
+    C.stopping = false;
+    C.sweeping = sweeps;
+    C.head = C.count = 0;
+    C.owner = getpid();
+    int rc = pthread_create(&C.thread, NULL, collapser_main, NULL);
+    C.running = rc == 0;
+    pthread_mutex_unlock(&C.mu);
+    return rc;
+}
+
+void ida_collapse_stop(void)
+{
+    pthread_mutex_lock(&C.mu);
+    bool join = C.running && C.owner == getpid();
+    C.stopping = true;
+    C.running = false;
+    C.count = 0;
+    pthread_cond_signal(&C.cv);
+    pthread_mutex_unlock(&C.mu);
+    if (join) {
+        pthread_join(C.thread, NULL);
+    }
+}
+
+void ida_heap_settle_huge(void *p, size_t size)
+{
+    ida_heap_hint_huge(p, size);
+    uintptr_t lo = ((uintptr_t)p + HUGE - 1) & ~(HUGE - 1);
+    uintptr_t hi = ((uintptr_t)p + size) & ~(HUGE - 1);
+    /* C.running and C.owner are read before the mutex is taken: in a
+     * forked child the mutex may be held by a thread that no longer
+     * exists. */
+    if (p == NULL || hi <= lo || !C.running || C.owner != getpid()) {
+        return;
+    }
+    pthread_mutex_lock(&C.mu);
+    if (!push_locked(lo, hi)) {
+        C.stats.dropped++;
+    } else {
+        C.stats.queued++;
+        pthread_cond_signal(&C.cv);
+    }
+    pthread_mutex_unlock(&C.mu);
+}
+
+bool ida_collapse_pause(void)
+{
+    atomic_store(&C.paused, true);
+    if (atomic_load(&C.busy)) {
+        atomic_store(&C.paused, false);
+        return false;
+    }
+    return true;
+}
+
+void ida_collapse_resume(void)
+{
+    atomic_store(&C.paused, false);
+}
+
+struct ida_collapse_stats ida_collapse_stats(void)
+{
+    pthread_mutex_lock(&C.mu);
+    struct ida_collapse_stats s = C.stats;
+    s.waiting = 0;
+    for (unsigned i = 0; i < C.count; i++) {
+        const struct range *r = &C.q[(C.head + i) % IDA_COLLAPSE_QUEUE];
+        s.waiting += (r->hi - r->lo) / HUGE;
+    }
+    pthread_mutex_unlock(&C.mu);
+    return s;
+}

@@ -1,0 +1,264 @@
+/* The huge-page collapser (base/collapse.h), against the real kernel: a
+ * block written in 4 KiB pages ends on huge pages with its bytes intact,
+ * pages given back stay given back, and a forked child only hints.
+ * Skipped where the system cannot collapse (ida_collapse_start()). */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, mincore */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/collapse.h"
+#include "base/heap.h"
+
+#define MIB   ((size_t)1 << 20)
+#define PIECE (2 * MIB)
+
+/* A mapping of 4 pieces and a bit, not on huge pages; *@lo its first
+ * 2 MiB boundary, with 3 whole pieces after it, written with a pattern. */
+static void *written_block(uint8_t **lo)
+{
+    size_t len = 4 * PIECE + 4096;
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(m, MAP_FAILED);
+    cr_assert_eq(madvise(m, len, MADV_NOHUGEPAGE), 0);
+    *lo = (uint8_t *)(((uintptr_t)m + PIECE - 1) & ~(uintptr_t)(PIECE - 1));
+    for (size_t i = 0; i < 3 * PIECE; i++) {
+        (*lo)[i] = (uint8_t)(i * 7 + i / 4096);
+    }
+    /* ida_heap_hint_huge()'s caller would have allowed huge pages: the
+     * collapse must not be refused for the advice above. */
+    cr_assert_eq(madvise(m, len, MADV_HUGEPAGE), 0);
+    return m;
+}
+
+static void pattern_intact(const uint8_t *lo, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++) {
+        if (lo[i] != (uint8_t)(i * 7 + i / 4096)) {
+            cr_assert_fail("byte %zu changed", i);
+        }
+    }
+}
+
+/* kB of huge pages in the mapping that holds @p (/proc/self/smaps). */
+static unsigned long huge_kb(const void *p)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    cr_assert_not_null(fp);
+    char line[512];
+    bool in = false;
+    unsigned long kb = 0;
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        unsigned long lo, hi, v;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
+            strchr(line, ':') != NULL && strstr(line, "kB") == NULL) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (in && sscanf(line, "AnonHugePages: %lu kB", &v) == 1) {
+            kb = v;
+        }
+    }
+    fclose(fp);
+    return kb;
+}
+
+static bool resident(const void *p)
+{
+    unsigned char v = 0;
+    cr_assert_eq(mincore((void *)((uintptr_t)p & ~(uintptr_t)4095), 4096, &v),
+                 0);
+    return v & 1;
+}
+
+static void need_collapser(void)
+{
+    int rv = ida_collapse_start(false);
+    if (rv == ENOSYS) {
+        cr_skip_test("this system cannot collapse (MADV_COLLAPSE)");
+    }
+    cr_assert_eq(rv, 0);
+}
+
+Test(collapse, settle_without_the_collapser_queues_nothing)
+{
+    uint8_t *lo;
+    void *m = written_block(&lo);
+    struct ida_collapse_stats a = ida_collapse_stats();
+    ida_heap_settle_huge(lo, 3 * PIECE);
+    struct ida_collapse_stats b = ida_collapse_stats();
+    cr_assert_eq(b.queued, a.queued);
+    cr_assert_eq(b.waiting, 0);
+    pattern_intact(lo, 0, 3 * PIECE);
+    munmap(m, 4 * PIECE + 4096);
+}
+
+Test(collapse, a_written_block_ends_on_huge_pages_unchanged)
+{
+    need_collapser();
+    ida_collapse_stop(); /* the step alone, on this thread */
+    uint8_t *lo;
+    void *m = written_block(&lo);
+    cr_assert_eq(huge_kb(lo), 0);
+    size_t skipped = 99;
+    /* From a byte after the boundary: only whole pieces inside count. */
+    size_t done = ida_collapse_range(lo - 1, 3 * PIECE + 2, &skipped);
+    cr_assert_eq(done, 3);
+    cr_assert_eq(skipped, 0);
+    cr_assert_eq(huge_kb(lo), 3 * PIECE / 1024);
+    pattern_intact(lo, 0, 3 * PIECE);
+    munmap(m, 4 * PIECE + 4096);
+}
+
+Test(collapse, pages_given_back_are_not_taken_again)
+{
+    need_collapser();
+    ida_collapse_stop();
+    uint8_t *lo;
+    void *m = written_block(&lo);
+    /* Half of the middle piece zeroed and given back, as a table being
+     * emptied gives its memory back a piece at a time (tagtab.c). A
+     * collapse would map all 2 MiB of it again. */
+    size_t half = PIECE / 2;
+    memset(lo + PIECE, 0, half);
+    ida_heap_release_zeroed(lo + PIECE, half);
+    cr_assert(!resident(lo + PIECE));
+    size_t skipped = 0;
+    size_t done = ida_collapse_range(lo, 3 * PIECE, &skipped);
+    cr_assert_eq(done, 2);
+    cr_assert_eq(skipped, 1);
+    cr_assert_eq(huge_kb(lo), 2 * PIECE / 1024);
+    for (size_t i = 0; i < half; i += 4096) {
+        cr_assert(!resident(lo + PIECE + i), "page %zu taken again", i);
+    }
+    pattern_intact(lo, 0, PIECE);
+    pattern_intact(lo, PIECE + half, 3 * PIECE);
+    cr_assert_eq(lo[PIECE + 12345], 0);
+    munmap(m, 4 * PIECE + 4096);
+}
+
+Test(collapse, the_collapser_takes_what_is_settled)
+{
+    need_collapser();
+    struct ida_collapse_stats a = ida_collapse_stats();
+    uint8_t *lo;
+    void *m = written_block(&lo);
+    ida_heap_settle_huge(lo, 3 * PIECE);
+    struct ida_collapse_stats b = ida_collapse_stats();
+    cr_assert_eq(b.queued, a.queued + 1);
+    /* Paced, but 3 pieces take well under a second here. */
+    for (int i = 0;
+         i < 1000 && (b.waiting > 0 ||
+                      b.collapsed + b.skipped < a.collapsed + a.skipped + 3);
+         i++) {
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+        b = ida_collapse_stats();
+    }
+    ida_collapse_stop();
+    cr_assert_eq(b.waiting, 0);
+    cr_assert_eq(b.collapsed, a.collapsed + 3);
+    cr_assert_eq(huge_kb(lo), 3 * PIECE / 1024);
+    pattern_intact(lo, 0, 3 * PIECE);
+    munmap(m, 4 * PIECE + 4096);
+}
+
+Test(collapse, a_forked_child_only_hints)
+{
+    need_collapser();
+    uint8_t *lo;
+    void *m = written_block(&lo);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        /* Nothing was queued, so the collapser waited with the mutex
+         * free at the fork and the child may read the counts; a settle
+         * that queued would count, and nothing would ever take it. */
+        alarm(10);
+        struct ida_collapse_stats a = ida_collapse_stats();
+        ida_heap_settle_huge(lo, 3 * PIECE);
+        struct ida_collapse_stats b = ida_collapse_stats();
+        _exit(b.queued == a.queued && huge_kb(lo) == 0 ? 0 : 3);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    ida_collapse_stop();
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d",
+              status);
+    pattern_intact(lo, 0, 3 * PIECE);
+    munmap(m, 4 * PIECE + 4096);
+}
+
+Test(collapse, a_full_queue_drops_to_a_hint)
+{
+    /* Flooded faster than it takes ranges (each costs it a collapse and a
+     * rest of at least 1 ms a piece). */
+    need_collapser();
+    uint8_t *lo;
+    void *m = written_block(&lo);
+    struct ida_collapse_stats a = ida_collapse_stats();
+    for (int i = 0; i < IDA_COLLAPSE_QUEUE + 64; i++) {
+        ida_heap_settle_huge(lo, 3 * PIECE);
+    }
+    struct ida_collapse_stats b = ida_collapse_stats();
+    ida_collapse_stop();
+    cr_assert_geq(b.dropped, a.dropped + 1);
+    cr_assert_eq(b.queued + b.dropped,
+                 a.queued + a.dropped + IDA_COLLAPSE_QUEUE + 64);
+    pattern_intact(lo, 0, 3 * PIECE);
+    munmap(m, 4 * PIECE + 4096);
+}
+
+Test(collapse, a_sweep_takes_memory_nobody_settled)
+{
+    ida_collapse_sweep_ms = 50;
+    int rv = ida_collapse_start(true);
+    if (rv == ENOSYS) {
+        cr_skip_test("this system cannot collapse (MADV_COLLAPSE)");
+    }
+    cr_assert_eq(rv, 0);
+    uint8_t *lo;
+    void *m = written_block(&lo); /* malloc's heaps are never settled */
+    /* Half of its last piece given back: the sweep must leave it so. */
+    memset(lo + 2 * PIECE, 0, PIECE / 2);
+    ida_heap_release_zeroed(lo + 2 * PIECE, PIECE / 2);
+    for (int i = 0; i < 500 && huge_kb(lo) < 2 * PIECE / 1024; i++) {
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    struct ida_collapse_stats st = ida_collapse_stats();
+    ida_collapse_stop();
+    cr_assert_geq(st.sweeps, 1);
+    cr_assert_eq(huge_kb(lo), 2 * PIECE / 1024);
+    cr_assert(!resident(lo + 2 * PIECE));
+    pattern_intact(lo, 0, 2 * PIECE);
+    pattern_intact(lo, 2 * PIECE + PIECE / 2, 3 * PIECE);
+    munmap(m, 4 * PIECE + 4096);
+}
+
+Test(collapse, a_pause_holds_collapses_until_resumed)
+{
+    need_collapser();
+    uint8_t *lo;
+    void *m = written_block(&lo);
+    /* Idle, so nothing is under way: the pause holds. */
+    cr_assert(ida_collapse_pause());
+    struct ida_collapse_stats a = ida_collapse_stats();
+    ida_heap_settle_huge(lo, 3 * PIECE);
+    nanosleep(&(struct timespec){0, 200000000}, NULL);
+    struct ida_collapse_stats b = ida_collapse_stats();
+    cr_assert_eq(b.collapsed + b.skipped, a.collapsed + a.skipped,
+                 "collapsed while paused");
+    cr_assert_eq(huge_kb(lo), 0);
+    ida_collapse_resume();
+    for (int i = 0; i < 500 && huge_kb(lo) < 3 * PIECE / 1024; i++) {
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    ida_collapse_stop();
+    cr_assert_eq(huge_kb(lo), 3 * PIECE / 1024);
+    pattern_intact(lo, 0, 3 * PIECE);
+    munmap(m, 4 * PIECE + 4096);
+}
