@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/assert.h"
+#include "base/collapse.h"
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc.h"
@@ -391,12 +392,11 @@ static void poll_bgsnap(struct fsm_proc *fp, struct ida_sender *s)
     }
 }
 
-static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
+/* The snapshot due now, unless a peer's or a backup's goes first. */
+static void take_snapshot(struct fsm_proc *fp,
+                          struct ida_sender *s,
+                          ida_index applied)
 {
-    ida_index applied = ida_fsm_applied_index(fp->fsm);
-    if (ida_bgsnap_running(&fp->bg) || !ida_snap_policy_due(&fp->snap)) {
-        return;
-    }
     /* A peer's child encodes, or a backup's here: theirs first (two
      * children here double the memory their encodings take), after a
      * random pause, but not past the cap (snap_policy.h, TURNS): a stream
@@ -435,6 +435,21 @@ static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
     }
     snapshot_taken(fp, s, applied, fp->applied_term, data, len,
                    ida__node_mono_us() - t0);
+}
+
+static void maybe_snapshot(struct fsm_proc *fp, struct ida_sender *s)
+{
+    ida_index applied = ida_fsm_applied_index(fp->fsm);
+    if (ida_bgsnap_running(&fp->bg) || !ida_snap_policy_due(&fp->snap)) {
+        return;
+    }
+    /* A fork() would wait for a collapse under way: the next batch forks
+     * instead (base/collapse.h, FORK). */
+    if (!ida_collapse_pause()) {
+        return;
+    }
+    take_snapshot(fp, s, applied);
+    ida_collapse_resume();
 }
 
 static void answer(struct fsm_proc *fp,

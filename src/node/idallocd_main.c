@@ -11,11 +11,13 @@
 #define _GNU_SOURCE /* sigtimedwait() */
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "base/collapse.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
 #include "idalloc_version.h"
@@ -147,15 +149,26 @@ int main(int argc, char **argv)
             }
         }
     }
+    /* Tables and slabs once written, and the rest of the memory once it
+     * settles, go onto huge pages soon rather than when khugepaged gets to
+     * them (base/collapse.h). */
+    if (ida_collapse_start(true) != 0) {
+        IDA_INFO(
+            "memory: this system cannot collapse written memory into huge "
+            "pages (madvise MADV_COLLAPSE, Linux 6.1); large tables wait "
+            "for khugepaged");
+    }
     rv = ida_node_start(&node, err);
     if (rv != 0) {
         fprintf(stderr, "idallocd: %s\n", err);
+        ida_collapse_stop();
         return 1;
     }
     int sig = 0;
     sigwait(&set, &sig);
     IDA_INFO("node: signal %d: stopping", sig);
     ida_node_close(&node);
+    ida_collapse_stop();
     IDA_INFO("node: stopped");
     return node.exit_status;
 }
