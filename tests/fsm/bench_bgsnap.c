@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/collapse.h"
 #include "base/heap.h"
 #include "fsm/fsm.h"
 #include "src/node/bgsnap.h"
@@ -37,9 +38,42 @@ static void apply(struct ida_fsm *f)
     free(buf);
 }
 
+/* The process's anonymous memory and the part of it on huge pages, in
+ * MiB (/proc/self/smaps_rollup): a fork copies a page table entry for
+ * each 4 KiB page of the rest. */
+static void anon_mib(double *anon, double *huge)
+{
+    FILE *fp = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    unsigned long long kb;
+    *anon = *huge = 0;
+    while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
+        if (sscanf(line, "Anonymous: %llu kB", &kb) == 1) {
+            *anon = (double)kb / 1024;
+        } else if (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) {
+            *huge = (double)kb / 1024;
+        }
+    }
+    if (fp != NULL) {
+        fclose(fp);
+    }
+}
+
 int main(int argc, char **argv)
 {
     long n = argc > 1 ? atol(argv[1]) : 2000000;
+    /* IDA_BENCH_COLLAPSE=1: the collapser runs (collapse.h), and the fork
+     * waits until it took all the fsm gave it; =2: it also sweeps, as in a
+     * node, and the fork waits for a sweep done after the fill. */
+    const char *col = getenv("IDA_BENCH_COLLAPSE");
+    int collapse = col != NULL ? atoi(col) : 0;
+    if (collapse == 2) {
+        ida_collapse_sweep_ms = 200;
+    }
+    if (collapse > 0 && ida_collapse_start(collapse == 2) != 0) {
+        fprintf(stderr, "bench_bgsnap: this system cannot collapse\n");
+        return 1;
+    }
     struct ida_fsm *f;
     if (n <= 0 || ida_fsm_new(&f) != 0) {
         return 1;
@@ -69,6 +103,25 @@ int main(int argc, char **argv)
         return 1;
     }
     double t0 = now_s();
+    uint64_t sweeps0 = ida_collapse_stats().sweeps;
+    while (collapse > 0 &&
+           (ida_collapse_stats().waiting > 0 ||
+            (collapse == 2 && ida_collapse_stats().sweeps < sweeps0 + 2))) {
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    if (collapse > 0) {
+        struct ida_collapse_stats cs = ida_collapse_stats();
+        printf(
+            "collapser: %llu ranges given, %llu sweeps, %llu MiB "
+            "collapsed or huge already, %llu MiB left alone, in %.1f s "
+            "after the fill\n",
+            (unsigned long long)cs.queued, (unsigned long long)cs.sweeps,
+            (unsigned long long)cs.collapsed * 2,
+            (unsigned long long)cs.skipped * 2, now_s() - t0);
+    }
+    double anon, huge;
+    anon_mib(&anon, &huge);
+    t0 = now_s();
     uint8_t *data;
     size_t len;
     if (ida_fsm_snapshot(f, &data, &len) != 0) {
@@ -102,10 +155,12 @@ int main(int argc, char **argv)
         "snapshot of %ld live allocations (%.1f MB): in line %.0f ms "
         "(all a pause of the fsm processor); child: fork pause %.1f ms, "
         "longest 1 MiB read step %.1f ms, done after %.0f ms; pause "
-        "ratio child/in-line %.3f\n",
+        "ratio child/in-line %.3f; anonymous memory %.0f MiB, %.0f MiB of "
+        "it on huge pages\n",
         n, (double)len / 1e6, inline_s * 1e3, pause_s * 1e3, worst_poll * 1e3,
-        total_s * 1e3, pause_s / inline_s);
+        total_s * 1e3, pause_s / inline_s, anon, huge);
     ida_free(data);
     ida_fsm_free(f);
+    ida_collapse_stop();
     return 0;
 }

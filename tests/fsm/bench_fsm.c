@@ -5,6 +5,8 @@
  * allocations (default 10,000,000). Restores are timed on one thread, then
  * with a second thread lent (ida_fsm_restore_with(), as a node restores);
  * IDA_BENCH_RESTORES=K times each (default 2; more to profile).
+ * IDA_BENCH_COLLAPSE=1 runs the huge-page collapser a node runs
+ * (base/collapse.h) while it fills.
  *
  * `bench_fsm --restore FILE` times restores of the state in a backup file
  * (`idalloc snapshot save`, or `idallocd --export-backup` of a node's data
@@ -39,6 +41,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/collapse.h"
 #include "base/heap.h"
 #include "fsm/fsm.h"
 #include "idalloc_errors.h"
@@ -471,6 +474,15 @@ int main(int argc, char **argv)
         return restore_file(argv[2]);
     }
     uint64_t live = argc > 1 ? strtoull(argv[1], NULL, 10) : 10000000;
+    /* IDA_BENCH_COLLAPSE=1: written tables and slabs are collapsed into
+     * huge pages by a thread that also sweeps, as in a node
+     * (base/collapse.h); its pauses of this thread then show in the
+     * slowest batches. */
+    const char *col = getenv("IDA_BENCH_COLLAPSE");
+    if (col != NULL && strcmp(col, "1") == 0 && ida_collapse_start(true) != 0) {
+        fprintf(stderr, "bench_fsm: this system cannot collapse\n");
+        return 1;
+    }
     struct ida_fsm *f;
     int rv = ida_fsm_new(&f);
     if (rv != 0) {
@@ -513,6 +525,17 @@ int main(int argc, char **argv)
     /* Free and re-take 1M ids in the full pool. */
     print_rate("bounded free", run(f, K_FREE, 1000000, live / 2));
     print_rate("bounded alloc (refill)", run(f, K_ALLOC, 1000000, live / 2));
+    if (col != NULL && strcmp(col, "1") == 0) {
+        struct ida_collapse_stats cs = ida_collapse_stats();
+        printf(
+            "collapser: %llu blocks given, %llu sweeps, %llu MiB "
+            "collapsed or huge already, %llu MiB left alone, %llu MiB "
+            "waiting\n",
+            (unsigned long long)cs.queued, (unsigned long long)cs.sweeps,
+            (unsigned long long)cs.collapsed * 2,
+            (unsigned long long)cs.skipped * 2,
+            (unsigned long long)cs.waiting * 2);
+    }
 
     double t0 = now_s();
     uint8_t *snap;
