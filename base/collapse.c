@@ -279,23 +279,24 @@ void ida_collapse_stop(void)
 
 void ida_heap_settle_huge(void *p, size_t size)
 {
-    ida_heap_hint_huge(p, size);
     uintptr_t lo = ((uintptr_t)p + HUGE - 1) & ~(HUGE - 1);
     uintptr_t hi = ((uintptr_t)p + size) & ~(HUGE - 1);
+    bool queued = false;
     /* C.running and C.owner are read before the mutex is taken: in a
      * forked child the mutex may be held by a thread that no longer
      * exists. */
-    if (p == NULL || hi <= lo || !C.running || C.owner != getpid()) {
-        return;
-    }
-    pthread_mutex_lock(&C.mu);
-    if (!push_locked(lo, hi)) {
-        C.stats.dropped++;
-    } else {
-        C.stats.queued++;
+    if (p != NULL && hi > lo && atomic_load(&C.running) &&
+        atomic_load(&C.owner) == getpid()) {
+        pthread_mutex_lock(&C.mu);
+        queued = push_locked(lo, hi);
+        C.stats.queued += queued;
+        C.stats.dropped += !queued;
         pthread_cond_signal(&C.cv);
+        pthread_mutex_unlock(&C.mu);
     }
-    pthread_mutex_unlock(&C.mu);
+    if (!queued) {
+        ida_heap_hint_huge(p, size);
+    }
 }
 
 bool ida_collapse_pause(void)
