@@ -34,19 +34,21 @@
  * khugepaged's collapses take the same locks for the same work; this
  * thread does that work sooner, and paced: after each collapse it sleeps
  * IDA_COLLAPSE_REST times as long as the collapse took (at least 20 us),
- * so it holds the locks at most a seventeenth of the time, and whoever
- * waits, waits for one collapse at most. The fsm processor does wait now
- * and then, at an mmap, munmap or madvise of its own (a new slab block, a
- * table growing and giving its old table back): bench_fsm filling 10 M
- * with the collapser (IDA_BENCH_COLLAPSE=1) had 45 and 58 batches over
- * 10 ms (the slowest 17 and 28 ms) at a rest of 4 times the collapse, 9
- * (the slowest 12.4 ms) at 16 times, and 1 without the collapser. That
- * fill takes 6 s; a node fills at some 25 k allocations a second, so its
- * collapses are some seventy times rarer. Against it: a snapshot child's
- * fork held the processor 20 to 37 ms at 10 M before, at most 9.1 ms with
- * the collapser (make bench-scale), and probes of a grown table miss the
- * TLB no more. On a host that backs memory up front, a collapse takes
- * well under a millisecond.
+ * so it holds the locks at most a fifth of the time, and whoever waits,
+ * waits for one collapse at most. The fsm processor does wait now and
+ * then, at an mmap, munmap or madvise of its own (a new slab block, a
+ * table growing and giving its old table back, malloc growing its heap):
+ * bench_fsm filling 10 M with the collapser (IDA_BENCH_COLLAPSE=1) had 45
+ * and 58 batches over 10 ms (the slowest 17 and 28 ms), against 1 without
+ * it. That fill takes 6 s; a node fills at some 25 k allocations a second,
+ * so its collapses are some seventy times rarer. Against it: a snapshot
+ * child's fork held the processor 20 to 37 ms at 10 M before, at most
+ * 9.1 ms with this pace (make bench-scale), and probes of a grown table
+ * miss the TLB no more. Paced four times slower, with a sweep after 30 s
+ * idle instead of 5 s, bench_fsm had 9 batches over 10 ms but forks went
+ * back up to 19.4 ms: what the collapser has not reached by a fork, the
+ * fork copies. On a host that backs memory up front, a collapse takes well
+ * under a millisecond.
  *
  * SAFETY. A collapse never changes what memory reads: a range freed, or
  * handed to someone else, between the queueing and the collapse is still
@@ -87,14 +89,14 @@
 #include <stdint.h>
 
 /* The collapser sleeps this many times as long as each collapse took. */
-#define IDA_COLLAPSE_REST 16
+#define IDA_COLLAPSE_REST 4
 /* Pages of a 2 MiB piece that may be missing from memory (SAFETY). */
 #define IDA_COLLAPSE_HOLES_MAX 8
 /* Ranges waiting at most; a range more is only hinted (khugepaged's). */
 #define IDA_COLLAPSE_QUEUE 1024
 /* Idle this long, the collapser sweeps (ida_collapse_start()): the
  * default of ida_collapse_sweep_ms, which tests lower. */
-#define IDA_COLLAPSE_SWEEP_MS 30000
+#define IDA_COLLAPSE_SWEEP_MS 5000
 extern unsigned ida_collapse_sweep_ms;
 
 /* Start the thread; with @sweeps, it also sweeps the process whenever
