@@ -110,14 +110,9 @@ int main(int argc, char **argv)
         nanosleep(&(struct timespec){0, 10000000}, NULL);
     }
     if (collapse > 0) {
-        struct ida_collapse_stats cs = ida_collapse_stats();
-        printf(
-            "collapser: %llu ranges given, %llu sweeps, %llu MiB "
-            "collapsed or huge already, %llu MiB left alone, in %.1f s "
-            "after the fill\n",
-            (unsigned long long)cs.queued, (unsigned long long)cs.sweeps,
-            (unsigned long long)cs.collapsed * 2,
-            (unsigned long long)cs.skipped * 2, now_s() - t0);
+        char tail[64];
+        snprintf(tail, sizeof(tail), ", %.1f s after the fill", now_s() - t0);
+        fx_print_collapser(tail);
     }
     double anon, huge;
     anon_mib(&anon, &huge);

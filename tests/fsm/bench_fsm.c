@@ -526,15 +526,7 @@ int main(int argc, char **argv)
     print_rate("bounded free", run(f, K_FREE, 1000000, live / 2));
     print_rate("bounded alloc (refill)", run(f, K_ALLOC, 1000000, live / 2));
     if (col != NULL && strcmp(col, "1") == 0) {
-        struct ida_collapse_stats cs = ida_collapse_stats();
-        printf(
-            "collapser: %llu blocks given, %llu sweeps, %llu MiB "
-            "collapsed or huge already, %llu MiB left alone, %llu MiB "
-            "waiting\n",
-            (unsigned long long)cs.queued, (unsigned long long)cs.sweeps,
-            (unsigned long long)cs.collapsed * 2,
-            (unsigned long long)cs.skipped * 2,
-            (unsigned long long)cs.waiting * 2);
+        fx_print_collapser("");
     }
 
     double t0 = now_s();

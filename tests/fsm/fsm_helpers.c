@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/collapse.h"
 #include "base/heap.h"
 #include "fsm/fsm_internal.h"
 
@@ -236,4 +237,16 @@ bool fx_result_eq(const struct ida_fsm_result *a,
            a->prefix_len == b->prefix_len &&
            memcmp(a->prefix, b->prefix, a->prefix_len) == 0 && a->id == b->id &&
            a->count == b->count;
+}
+
+void fx_print_collapser(const char *tail)
+{
+    struct ida_collapse_stats cs = ida_collapse_stats();
+    printf(
+        "collapser: %llu blocks given, %llu sweeps, %llu MiB collapsed or "
+        "huge already, %llu MiB left alone, %llu MiB waiting%s\n",
+        (unsigned long long)cs.queued, (unsigned long long)cs.sweeps,
+        (unsigned long long)cs.collapsed * 2,
+        (unsigned long long)cs.skipped * 2, (unsigned long long)cs.waiting * 2,
+        tail);
 }

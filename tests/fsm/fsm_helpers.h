@@ -100,4 +100,8 @@ bool fx_result_eq(const struct ida_fsm_result *a,
  * way a foreign but correct writer would. malloc'd; free with free(). */
 uint8_t *fx_forge(const Idalloc__FsmState *m, size_t *len);
 
+/* The benches' line on what the huge-page collapser did (base/collapse.h),
+ * @tail (may be "") before its newline. */
+void fx_print_collapser(const char *tail);
+
 #endif
