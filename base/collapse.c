@@ -74,10 +74,14 @@ static bool resident(uintptr_t lo)
     return holes <= IDA_COLLAPSE_HOLES_MAX;
 }
 
-/* One 2 MiB piece: 1 when huge after it, 0 when left alone. */
+/* One 2 MiB piece: 1 when huge after it; 0 when the kernel refused it;
+ * -1 when left alone without asking (not in memory). */
 static int collapse_piece(uintptr_t lo)
 {
-    return resident(lo) && madvise((void *)lo, HUGE, MADV_COLLAPSE) == 0;
+    if (!resident(lo)) {
+        return -1;
+    }
+    return madvise((void *)lo, HUGE, MADV_COLLAPSE) == 0;
 }
 
 size_t ida_collapse_range(void *p, size_t size, size_t *skipped)
@@ -86,7 +90,7 @@ size_t ida_collapse_range(void *p, size_t size, size_t *skipped)
     uintptr_t hi = ((uintptr_t)p + size) & ~(HUGE - 1);
     size_t done = 0, left = 0;
     for (uintptr_t a = lo; p != NULL && a < hi; a += HUGE) {
-        if (collapse_piece(a)) {
+        if (collapse_piece(a) == 1) {
             done++;
         } else {
             left++;
@@ -111,32 +115,61 @@ static bool push_locked(uintptr_t lo, uintptr_t hi)
     return true;
 }
 
+/* A mapping of /proc/self/smaps as the sweep reads it. */
+struct mapping
+{
+    uintptr_t lo, hi;
+    bool ours;             /* private, anonymous, writable */
+    unsigned long anon_kb; /* in memory */
+    unsigned long huge_kb; /* of which on huge pages */
+};
+
+/* Queue @m if it is ours and holds a 2 MiB piece's worth of memory not on
+ * huge pages; 1 when queued. */
+static unsigned sweep_one(const struct mapping *m)
+{
+    uintptr_t lo = (m->lo + HUGE - 1) & ~(HUGE - 1);
+    uintptr_t hi = m->hi & ~(HUGE - 1);
+    if (!m->ours || hi <= lo || m->anon_kb < m->huge_kb + HUGE / 1024) {
+        return 0;
+    }
+    pthread_mutex_lock(&C.mu);
+    unsigned n = push_locked(lo, hi);
+    pthread_mutex_unlock(&C.mu);
+    return n;
+}
+
 /* The sweep: every private anonymous writable mapping of this process
- * (/proc/self/maps: malloc's heaps, large blocks, stacks) queued whole;
- * the residency check then leaves alone what is not all in memory. */
+ * (/proc/self/smaps: malloc's heaps, large blocks, stacks) with a piece's
+ * worth of memory not on huge pages, queued whole; the residency check then
+ * leaves alone the pieces not in memory. Mappings reserved and barely
+ * touched (a sanitizer's shadow: terabytes) are not walked. */
 static void sweep(void)
 {
-    FILE *fp = fopen("/proc/self/maps", "r");
+    FILE *fp = fopen("/proc/self/smaps", "r");
     char line[512];
     unsigned n = 0;
+    struct mapping m = {0};
     while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
-        unsigned long a, b, ino;
+        unsigned long a, b, ino, kb;
         char perms[8];
         int path = 0;
         if (sscanf(line, "%lx-%lx %7s %*s %*s %lu %n", &a, &b, perms, &ino,
-                   &path) < 4 ||
-            strcmp(perms, "rw-p") != 0 || ino != 0 ||
-            (line[path] != '\0' && strncmp(line + path, "[heap]", 6) != 0)) {
-            continue; /* a file, shared, or [stack], [vdso] ... */
-        }
-        uintptr_t lo = ((uintptr_t)a + HUGE - 1) & ~(HUGE - 1);
-        uintptr_t hi = (uintptr_t)b & ~(HUGE - 1);
-        if (hi > lo) {
-            pthread_mutex_lock(&C.mu);
-            n += push_locked(lo, hi);
-            pthread_mutex_unlock(&C.mu);
+                   &path) >= 4) {
+            n += sweep_one(&m);
+            m = (struct mapping){
+                .lo = a,
+                .hi = b,
+                .ours = strcmp(perms, "rw-p") == 0 && ino == 0 &&
+                        (line[path] == '\0' ||
+                         strncmp(line + path, "[heap]", 6) == 0)};
+        } else if (sscanf(line, "Anonymous: %lu kB", &kb) == 1) {
+            m.anon_kb = kb;
+        } else if (sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) {
+            m.huge_kb = kb;
         }
     }
+    n += sweep_one(&m);
     if (fp != NULL) {
         fclose(fp);
     }
@@ -207,17 +240,20 @@ static void *collapser_main(void *arg)
     uintptr_t lo;
     while (next_piece(&lo) && enter_busy()) {
         uint64_t t0 = mono_ns();
-        int ok = collapse_piece(lo);
+        int rv = collapse_piece(lo);
         uint64_t took = mono_ns() - t0;
         atomic_store(&C.busy, false);
         pthread_mutex_lock(&C.mu);
-        C.stats.collapsed += (uint64_t)ok;
-        C.stats.skipped += (uint64_t)!ok;
+        C.stats.collapsed += rv == 1;
+        C.stats.skipped += rv != 1;
         pthread_mutex_unlock(&C.mu);
-        /* At least a little: a sweep meets many pieces that are huge
-         * already, or refused, each a few microseconds. */
+        /* A piece not in memory cost a mincore(), no lock for long: on at
+         * once. After a madvise, a rest, at least a little (a sweep meets
+         * many pieces that are huge already, each a few microseconds). */
         uint64_t rest = IDA_COLLAPSE_REST * took;
-        sleep_ns(rest > 20000u ? rest : 20000u);
+        if (rv >= 0) {
+            sleep_ns(rest > 20000u ? rest : 20000u);
+        }
     }
     return NULL;
 }
