@@ -124,13 +124,15 @@ struct mapping
     unsigned long huge_kb; /* of which on huge pages */
 };
 
-/* Queue @m if it is ours and holds a 2 MiB piece's worth of memory not on
- * huge pages; 1 when queued. */
+/* Queue @m if it is ours, holds a 2 MiB piece's worth of memory not on
+ * huge pages, and is not sparse (at most IDA_COLLAPSE_SPARSE times the
+ * memory it holds); 1 when queued. */
 static unsigned sweep_one(const struct mapping *m)
 {
     uintptr_t lo = (m->lo + HUGE - 1) & ~(HUGE - 1);
     uintptr_t hi = m->hi & ~(HUGE - 1);
-    if (!m->ours || hi <= lo || m->anon_kb < m->huge_kb + HUGE / 1024) {
+    if (!m->ours || hi <= lo || m->anon_kb < m->huge_kb + HUGE / 1024 ||
+        (hi - lo) / 1024 / IDA_COLLAPSE_SPARSE > m->anon_kb) {
         return 0;
     }
     pthread_mutex_lock(&C.mu);
@@ -142,8 +144,9 @@ static unsigned sweep_one(const struct mapping *m)
 /* The sweep: every private anonymous writable mapping of this process
  * (/proc/self/smaps: malloc's heaps, large blocks, stacks) with a piece's
  * worth of memory not on huge pages, queued whole; the residency check then
- * leaves alone the pieces not in memory. Mappings reserved and barely
- * touched (a sanitizer's shadow: terabytes) are not walked. */
+ * leaves alone the pieces not in memory. Mappings reserved and sparsely
+ * touched (a sanitizer's shadow: terabytes with megabytes in memory) are
+ * not walked: a piece costs a mincore() even when not in memory. */
 static void sweep(void)
 {
     FILE *fp = fopen("/proc/self/smaps", "r");

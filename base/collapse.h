@@ -19,8 +19,11 @@
  * heaps (the fsm's chunks of ids, the Raft log's entries, buffers) were a
  * third to a half of a node's memory, in 4 KiB pages. So once nothing was
  * queued for a while, the thread sweeps: it queues every private anonymous
- * writable mapping of the process (/proc/self/maps), and collapses each
- * 2 MiB piece of them that is in memory (SAFETY). A piece already huge costs a
+ * writable mapping of the process (/proc/self/smaps) that holds a 2 MiB
+ * piece's worth of small pages and is not sparse (IDA_COLLAPSE_SPARSE: a
+ * sanitizer's shadow is terabytes with megabytes in memory, and walking it
+ * a piece at a time took minutes), and collapses each 2 MiB piece of them
+ * that is in memory (SAFETY). A piece already huge costs a
  * madvise that returns at once; a piece with a page not in memory (free
  * heap given back, a stack's unused part) is left alone, as below.
  *
@@ -94,6 +97,9 @@
 #define IDA_COLLAPSE_HOLES_MAX 8
 /* Ranges waiting at most; a range more is only hinted (khugepaged's). */
 #define IDA_COLLAPSE_QUEUE 1024
+/* A sweep leaves alone a mapping larger than this many times the memory
+ * it holds (SWEEPS). */
+#define IDA_COLLAPSE_SPARSE 16
 /* Idle this long, the collapser sweeps (ida_collapse_start()): the
  * default of ida_collapse_sweep_ms, which tests lower. */
 #define IDA_COLLAPSE_SWEEP_MS 5000
