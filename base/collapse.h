@@ -23,9 +23,10 @@
  * piece's worth of small pages and is not sparse (IDA_COLLAPSE_SPARSE: a
  * sanitizer's shadow is terabytes with megabytes in memory, and walking it
  * a piece at a time took minutes), and collapses each 2 MiB piece of them
- * that is in memory (SAFETY). A piece already huge costs a
- * madvise that returns at once; a piece with a page not in memory (free
- * heap given back, a stack's unused part) is left alone, as below.
+ * that is in memory (SAFETY). A piece already huge costs a madvise that
+ * returns at once; a piece with more pages not in memory than SAFETY
+ * allows (free heap given back, a stack's unused part) costs a mincore()
+ * and is left alone.
  *
  * COST AND PACE. A collapse allocates a huge page and copies the 512 small
  * ones into it holding the process's memory map lock, and the mapping's,
