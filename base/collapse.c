@@ -18,7 +18,7 @@
 #define MADV_COLLAPSE 25 /* Linux 6.1 */
 #endif
 
-#define HUGE ((uintptr_t)2 << 20)
+#define HUGE ((uintptr_t)IDA_HUGE_PAGE)
 
 unsigned ida_collapse_sweep_ms = IDA_COLLAPSE_SWEEP_MS;
 
@@ -57,6 +57,26 @@ static void sleep_ns(uint64_t ns)
     }
 }
 
+/* The whole 2 MiB pieces inside [@p, @p + @size): [*@lo, *@hi); false
+ * when there are none. */
+static bool pieces_inside(uintptr_t p,
+                          size_t size,
+                          uintptr_t *lo,
+                          uintptr_t *hi)
+{
+    *lo = (p + HUGE - 1) & ~(HUGE - 1);
+    *hi = (p + size) & ~(HUGE - 1);
+    return p != 0 && *hi > *lo;
+}
+
+/* Whether the collapser runs in this process (a forked child has none). Read
+ * without the mutex: in a forked child it may be held by a thread that no
+ * longer exists. */
+static bool runs_here(void)
+{
+    return atomic_load(&C.running) && atomic_load(&C.owner) == getpid();
+}
+
 /* Whether the 2 MiB at @lo is in memory but for IDA_COLLAPSE_HOLES_MAX
  * pages at most. */
 static bool resident(uintptr_t lo)
@@ -86,10 +106,10 @@ static int collapse_piece(uintptr_t lo)
 
 size_t ida_collapse_range(void *p, size_t size, size_t *skipped)
 {
-    uintptr_t lo = ((uintptr_t)p + HUGE - 1) & ~(HUGE - 1);
-    uintptr_t hi = ((uintptr_t)p + size) & ~(HUGE - 1);
+    uintptr_t lo, hi;
     size_t done = 0, left = 0;
-    for (uintptr_t a = lo; p != NULL && a < hi; a += HUGE) {
+    bool any = pieces_inside((uintptr_t)p, size, &lo, &hi);
+    for (uintptr_t a = lo; any && a < hi; a += HUGE) {
         if (collapse_piece(a) == 1) {
             done++;
         } else {
@@ -126,19 +146,18 @@ struct mapping
 
 /* Queue @m if it is ours, holds a 2 MiB piece's worth of memory not on
  * huge pages, and is not sparse (at most IDA_COLLAPSE_SPARSE times the
- * memory it holds); 1 when queued. */
-static unsigned sweep_one(const struct mapping *m)
+ * memory it holds). */
+static void sweep_one(const struct mapping *m)
 {
-    uintptr_t lo = (m->lo + HUGE - 1) & ~(HUGE - 1);
-    uintptr_t hi = m->hi & ~(HUGE - 1);
-    if (!m->ours || hi <= lo || m->anon_kb < m->huge_kb + HUGE / 1024 ||
+    uintptr_t lo, hi;
+    if (!m->ours || !pieces_inside(m->lo, m->hi - m->lo, &lo, &hi) ||
+        m->anon_kb < m->huge_kb + HUGE / 1024 ||
         (hi - lo) / 1024 / IDA_COLLAPSE_SPARSE > m->anon_kb) {
-        return 0;
+        return;
     }
     pthread_mutex_lock(&C.mu);
-    unsigned n = push_locked(lo, hi);
+    (void)push_locked(lo, hi); /* full: the next sweep */
     pthread_mutex_unlock(&C.mu);
-    return n;
 }
 
 /* The sweep: every private anonymous writable mapping of this process
@@ -151,7 +170,6 @@ static void sweep(void)
 {
     FILE *fp = fopen("/proc/self/smaps", "r");
     char line[512];
-    unsigned n = 0;
     struct mapping m = {0};
     while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
         unsigned long a, b, ino, kb;
@@ -159,7 +177,7 @@ static void sweep(void)
         int path = 0;
         if (sscanf(line, "%lx-%lx %7s %*s %*s %lu %n", &a, &b, perms, &ino,
                    &path) >= 4) {
-            n += sweep_one(&m);
+            sweep_one(&m);
             m = (struct mapping){
                 .lo = a,
                 .hi = b,
@@ -172,13 +190,12 @@ static void sweep(void)
             m.huge_kb = kb;
         }
     }
-    n += sweep_one(&m);
+    sweep_one(&m);
     if (fp != NULL) {
         fclose(fp);
     }
     pthread_mutex_lock(&C.mu);
     C.stats.sweeps++;
-    C.stats.swept += n;
     pthread_mutex_unlock(&C.mu);
 }
 
@@ -271,7 +288,8 @@ static bool can_collapse(void)
     if (m == MAP_FAILED) {
         return false;
     }
-    uintptr_t lo = ((uintptr_t)m + HUGE - 1) & ~(HUGE - 1);
+    uintptr_t lo, hi;
+    (void)pieces_inside((uintptr_t)m, len, &lo, &hi); /* one at least */
     memset((void *)lo, 1, HUGE);
     int rc = madvise((void *)lo, HUGE, MADV_COLLAPSE);
     /* EAGAIN or ENOMEM: no huge page free right now, which passes. */
@@ -282,10 +300,7 @@ static bool can_collapse(void)
 
 int ida_collapse_start(bool sweeps)
 {
-    pthread_mutex_lock(&C.mu);
-    bool running = C.running && C.owner == getpid();
-    pthread_mutex_unlock(&C.mu);
-    if (running) {
+    if (runs_here()) {
         return 0;
     }
     if (!can_collapse()) {
@@ -304,8 +319,8 @@ int ida_collapse_start(bool sweeps)
 
 void ida_collapse_stop(void)
 {
+    bool join = runs_here();
     pthread_mutex_lock(&C.mu);
-    bool join = C.running && C.owner == getpid();
     C.stopping = true;
     C.running = false;
     C.count = 0;
@@ -318,14 +333,9 @@ void ida_collapse_stop(void)
 
 void ida_heap_settle_huge(void *p, size_t size)
 {
-    uintptr_t lo = ((uintptr_t)p + HUGE - 1) & ~(HUGE - 1);
-    uintptr_t hi = ((uintptr_t)p + size) & ~(HUGE - 1);
+    uintptr_t lo, hi;
     bool queued = false;
-    /* C.running and C.owner are read before the mutex is taken: in a
-     * forked child the mutex may be held by a thread that no longer
-     * exists. */
-    if (p != NULL && hi > lo && atomic_load(&C.running) &&
-        atomic_load(&C.owner) == getpid()) {
+    if (pieces_inside((uintptr_t)p, size, &lo, &hi) && runs_here()) {
         pthread_mutex_lock(&C.mu);
         queued = push_locked(lo, hi);
         C.stats.queued += queued;

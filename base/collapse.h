@@ -147,7 +147,6 @@ struct ida_collapse_stats
                            the kernel refused) */
     uint64_t waiting;   /* pieces queued, not yet taken */
     uint64_t sweeps;    /* sweeps of the process's mappings */
-    uint64_t swept;     /* mappings they queued */
 };
 
 /* What the collapser of this process did so far. */

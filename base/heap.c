@@ -75,7 +75,7 @@ static void advise_inside(void *p, size_t size, uintptr_t unit, int advice)
 void ida_heap_hint_huge(void *p, size_t size)
 {
 #ifdef MADV_HUGEPAGE
-    advise_inside(p, size, (uintptr_t)2 << 20, MADV_HUGEPAGE);
+    advise_inside(p, size, IDA_HUGE_PAGE, MADV_HUGEPAGE);
 #else
     (void)p;
     (void)size;

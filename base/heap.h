@@ -19,6 +19,10 @@ char *ida_strndup(const char *src, size_t len);
 
 void ida_heap_fault_set(int delay, int repeat);
 
+/* The size of a huge page (Linux transparent huge pages on x86-64 and
+ * arm64 with 4 KiB pages): the unit of the hints here and of
+ * base/collapse.h. */
+#define IDA_HUGE_PAGE ((size_t)2 << 20)
 /* A hint, no more: the @size bytes at @p (fresh from ida_calloc or
  * ida_malloc) are a large table read at random, so back them with huge
  * pages where the system allows (Linux transparent huge pages in

@@ -442,7 +442,6 @@ void ida__tagtab_remove_hashed(struct ida__tagtab *t,
 #define SLAB_BLOCK_BYTES     (256u * 1024)
 #define SLAB_BIG_BLOCK_BYTES (4u * 1024 * 1024)
 #define SLAB_SMALL_BLOCKS    16
-#define HUGE_PAGE            ((size_t)2 << 20)
 
 static size_t class_of(size_t len)
 {
@@ -466,7 +465,7 @@ uint8_t *ida__tagrec_new(struct ida__slab *s, const char *tag, size_t len)
             if (s->bulk) {
                 blk = ida_malloc_huge(size);
             } else if (size == SLAB_BIG_BLOCK_BYTES) {
-                blk = ida_malloc_aligned(HUGE_PAGE, size);
+                blk = ida_malloc_aligned(IDA_HUGE_PAGE, size);
             } else {
                 blk = ida_malloc(size);
             }

@@ -479,7 +479,8 @@ int main(int argc, char **argv)
      * (base/collapse.h); its pauses of this thread then show in the
      * slowest batches. */
     const char *col = getenv("IDA_BENCH_COLLAPSE");
-    if (col != NULL && strcmp(col, "1") == 0 && ida_collapse_start(true) != 0) {
+    bool collapse = col != NULL && strcmp(col, "1") == 0;
+    if (collapse && ida_collapse_start(true) != 0) {
         fprintf(stderr, "bench_fsm: this system cannot collapse\n");
         return 1;
     }
@@ -525,7 +526,7 @@ int main(int argc, char **argv)
     /* Free and re-take 1M ids in the full pool. */
     print_rate("bounded free", run(f, K_FREE, 1000000, live / 2));
     print_rate("bounded alloc (refill)", run(f, K_ALLOC, 1000000, live / 2));
-    if (col != NULL && strcmp(col, "1") == 0) {
+    if (collapse) {
         fx_print_collapser("");
     }
 
