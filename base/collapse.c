@@ -3,11 +3,13 @@
 #include "base/collapse.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +21,20 @@
 #endif
 
 #define HUGE ((uintptr_t)IDA_HUGE_PAGE)
+
+/* The PAGEMAP_SCAN ioctl of /proc/self/pagemap (Linux 6.7; not in older
+ * headers): which pages of a range are on a huge page (WARMING). */
+struct pm_region
+{
+    uint64_t start, end, categories;
+};
+struct pm_scan
+{
+    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages,
+        category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+#define PM_SCAN      _IOWR('f', 16, struct pm_scan)
+#define PM_PAGE_HUGE (1u << 6)
 
 unsigned ida_collapse_sweep_ms = IDA_COLLAPSE_SWEEP_MS;
 
@@ -94,28 +110,120 @@ static bool resident(uintptr_t lo)
     return holes <= IDA_COLLAPSE_HOLES_MAX;
 }
 
-/* One 2 MiB piece: 1 when huge after it; 0 when the kernel refused it;
- * -1 when left alone without asking (not in memory). */
-static int collapse_piece(uintptr_t lo)
+/* What a collapser step needs of its own (WARMING): a 2 MiB-aligned piece
+ * of a mapping hinted for huge pages, faulted and given back before each
+ * collapse; /proc/self/pagemap, open, to ask whether a piece is huge
+ * already (-1: not asked, every piece is warmed for). */
+struct stepper
+{
+    void *map;     /* 2 pieces, or MAP_FAILED */
+    uint8_t *warm; /* the aligned piece inside it */
+    int pagemap;
+};
+
+static void stepper_open(struct stepper *st)
+{
+    st->map = mmap(NULL, 2 * HUGE, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    st->warm = NULL;
+    uintptr_t lo, hi;
+    if (st->map != MAP_FAILED &&
+        pieces_inside((uintptr_t)st->map, 2 * HUGE, &lo, &hi)) {
+        st->warm = (uint8_t *)lo;
+        ida_heap_hint_huge(st->warm, HUGE);
+    }
+    st->pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+}
+
+static void stepper_close(struct stepper *st)
+{
+    if (st->map != MAP_FAILED) {
+        munmap(st->map, 2 * HUGE);
+    }
+    if (st->pagemap >= 0) {
+        close(st->pagemap);
+    }
+}
+
+/* Whether the 2 MiB at @lo are one huge page already: false when unknown
+ * (no PAGEMAP_SCAN: a kernel before 6.7; asked no more). */
+static bool already_huge(struct stepper *st, uintptr_t lo)
+{
+    if (st->pagemap < 0) {
+        return false;
+    }
+    struct pm_region r = {0};
+    struct pm_scan a = {.size = sizeof(a),
+                        .start = lo,
+                        .end = lo + HUGE,
+                        .vec = (uintptr_t)&r,
+                        .vec_len = 1,
+                        .category_mask = PM_PAGE_HUGE,
+                        .return_mask = PM_PAGE_HUGE};
+    int n = ioctl(st->pagemap, PM_SCAN, &a);
+    if (n < 0 && (errno == ENOTTY || errno == EINVAL)) {
+        close(st->pagemap);
+        st->pagemap = -1;
+    }
+    return n == 1 && r.start == lo && r.end == lo + HUGE;
+}
+
+/* Fault a huge page in and give it back (WARMING). */
+static void warm_up(struct stepper *st)
+{
+    if (st->warm != NULL) {
+        *(volatile uint8_t *)st->warm = 1;
+        (void)madvise(st->warm, HUGE, MADV_DONTNEED);
+    }
+}
+
+/* What became of a piece. */
+enum piece {
+    PIECE_AWAY = -1,   /* left alone without asking: not in memory */
+    PIECE_REFUSED = 0, /* the kernel refused it */
+    PIECE_DONE = 1,    /* collapsed now */
+    PIECE_ALREADY = 2, /* huge already: nothing asked of the kernel */
+};
+
+static enum piece collapse_piece(struct stepper *st, uintptr_t lo)
 {
     if (!resident(lo)) {
-        return -1;
+        return PIECE_AWAY;
     }
-    return madvise((void *)lo, HUGE, MADV_COLLAPSE) == 0;
+    if (already_huge(st, lo)) {
+        return PIECE_ALREADY;
+    }
+    warm_up(st);
+    return madvise((void *)lo, HUGE, MADV_COLLAPSE) == 0 ? PIECE_DONE
+                                                         : PIECE_REFUSED;
+}
+
+static void count_piece(enum piece rv)
+{
+    pthread_mutex_lock(&C.mu);
+    C.stats.collapsed += rv == PIECE_DONE;
+    C.stats.already += rv == PIECE_ALREADY;
+    C.stats.skipped += rv == PIECE_AWAY || rv == PIECE_REFUSED;
+    pthread_mutex_unlock(&C.mu);
 }
 
 size_t ida_collapse_range(void *p, size_t size, size_t *skipped)
 {
     uintptr_t lo, hi;
     size_t done = 0, left = 0;
+    struct stepper st;
+    stepper_open(&st);
     bool any = pieces_inside((uintptr_t)p, size, &lo, &hi);
     for (uintptr_t a = lo; any && a < hi; a += HUGE) {
-        if (collapse_piece(a) == 1) {
+        enum piece rv = collapse_piece(&st, a);
+        count_piece(rv);
+        if (rv == PIECE_DONE || rv == PIECE_ALREADY) {
             done++;
         } else {
             left++;
         }
     }
+    stepper_close(&st);
     if (skipped != NULL) {
         *skipped = left;
     }
@@ -258,23 +366,24 @@ static void *collapser_main(void *arg)
 {
     (void)arg;
     uintptr_t lo;
+    struct stepper st;
+    stepper_open(&st);
     while (next_piece(&lo) && enter_busy()) {
         uint64_t t0 = mono_ns();
-        int rv = collapse_piece(lo);
+        enum piece rv = collapse_piece(&st, lo);
         uint64_t took = mono_ns() - t0;
         atomic_store(&C.busy, false);
-        pthread_mutex_lock(&C.mu);
-        C.stats.collapsed += rv == 1;
-        C.stats.skipped += rv != 1;
-        pthread_mutex_unlock(&C.mu);
-        /* A piece not in memory cost a mincore(), no lock for long: on at
-         * once. After a madvise, a rest, at least a little (a sweep meets
-         * many pieces that are huge already, each a few microseconds). */
+        count_piece(rv);
+        /* A piece not in memory, or huge already, cost a mincore() and an
+         * ioctl, no lock for long: on at once. After a collapse, a rest,
+         * at least a little. (The warming is in @took: it is short once
+         * the host backs the page, and the collapse then is too.) */
         uint64_t rest = IDA_COLLAPSE_REST * took;
-        if (rv >= 0) {
+        if (rv == PIECE_DONE || rv == PIECE_REFUSED) {
             sleep_ns(rest > 20000u ? rest : 20000u);
         }
     }
+    stepper_close(&st);
     return NULL;
 }
 

@@ -243,10 +243,10 @@ void fx_print_collapser(const char *tail)
 {
     struct ida_collapse_stats cs = ida_collapse_stats();
     printf(
-        "collapser: %llu blocks given, %llu sweeps, %llu MiB collapsed or "
-        "huge already, %llu MiB left alone, %llu MiB waiting%s\n",
+        "collapser: %llu blocks given, %llu sweeps, %llu MiB collapsed, "
+        "%llu MiB huge already, %llu MiB left alone, %llu MiB waiting%s\n",
         (unsigned long long)cs.queued, (unsigned long long)cs.sweeps,
         (unsigned long long)cs.collapsed * 2,
-        (unsigned long long)cs.skipped * 2, (unsigned long long)cs.waiting * 2,
-        tail);
+        (unsigned long long)cs.already * 2, (unsigned long long)cs.skipped * 2,
+        (unsigned long long)cs.waiting * 2, tail);
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -121,6 +122,37 @@ Test(collapse, a_written_block_ends_on_huge_pages_unchanged)
     size_t done = ida_collapse_range(lo - 1, 3 * PIECE + 2, &skipped);
     cr_assert_eq(done, 3);
     cr_assert_eq(skipped, 0);
+    cr_assert_eq(huge_kb(lo), 3 * PIECE / 1024);
+    pattern_intact(lo, 0, 3 * PIECE);
+    munmap(m, BLOCK_BYTES);
+}
+
+/* Linux 6.7 or later: the PAGEMAP_SCAN ioctl that tells a huge piece. */
+static bool kernel_tells_huge(void)
+{
+    struct utsname u;
+    int major = 0, minor = 0;
+    return uname(&u) == 0 && sscanf(u.release, "%d.%d", &major, &minor) == 2 &&
+           (major > 6 || (major == 6 && minor >= 7));
+}
+
+Test(collapse, a_huge_piece_is_not_collapsed_again)
+{
+    need_collapser();
+    ida_collapse_stop();
+    if (!kernel_tells_huge()) {
+        cr_skip_test("no PAGEMAP_SCAN before Linux 6.7");
+    }
+    uint8_t *lo;
+    void *m = written_block(&lo);
+    cr_assert_eq(ida_collapse_range(lo, 3 * PIECE, NULL), 3);
+    struct ida_collapse_stats a = ida_collapse_stats();
+    size_t skipped = 99;
+    cr_assert_eq(ida_collapse_range(lo, 3 * PIECE, &skipped), 3);
+    struct ida_collapse_stats b = ida_collapse_stats();
+    cr_assert_eq(skipped, 0);
+    cr_assert_eq(b.already, a.already + 3);
+    cr_assert_eq(b.collapsed, a.collapsed, "a huge piece collapsed again");
     cr_assert_eq(huge_kb(lo), 3 * PIECE / 1024);
     pattern_intact(lo, 0, 3 * PIECE);
     munmap(m, BLOCK_BYTES);
