@@ -401,18 +401,21 @@ static void take_snapshot(struct fsm_proc *fp,
      * children here double the memory their encodings take), after a
      * random pause, but not past the cap (snap_policy.h, TURNS): a stream
      * of backups cannot put a snapshot off for good, at the price of two
-     * children at once after the cap. */
+     * children at once after the cap. A leader waits the same way for a
+     * follower catching up (CATCH-UP): the snapshot would drop log it
+     * needs. */
     uint64_t waited_ms;
     if (ida_snap_policy_wait(&fp->snap,
                              atomic_load(&fp->node->peers_snap_any) ||
-                                 ida__backups_busy(&fp->backups),
+                                 ida__backups_busy(&fp->backups) ||
+                                 atomic_load(&fp->node->follower_behind),
                              ida__node_mono_ms(), &waited_ms)) {
         return;
     }
     if (waited_ms > 0) {
         IDA_INFO(
             "fsm: the snapshot due at index %llu waited %.1f s for a "
-            "peer's or a backup's (at most %.1f s)",
+            "peer's, a backup's or a follower catching up (at most %.1f s)",
             (unsigned long long)applied, (double)waited_ms / 1000.0,
             (double)ida_snap_policy_wait_cap_ms(&fp->snap) / 1000.0);
     }

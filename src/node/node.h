@@ -138,6 +138,9 @@ struct ida_node
      * Every peer message carries them (ida__node_send_raft()). */
     atomic_bool snap_child, peers_snap_any;
     _Atomic uint64_t peers_snap_relay;
+    /* This node leads and a follower is catching up: a snapshot now would
+     * drop log it needs (snap_policy.h, CATCH-UP). Raft processor's. */
+    atomic_bool follower_behind;
     struct ida_metrics *metrics; /* src/node/metrics.h; from start to close */
 };
 

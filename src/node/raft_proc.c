@@ -413,6 +413,28 @@ static void handle_batch(struct raft_proc *rp,
     }
 }
 
+/* Publish whether this node leads a follower that is catching up
+ * (snap_policy.h, CATCH-UP). */
+static void catchup_publish(struct raft_proc *rp)
+{
+    int behind = 0;
+    if (ida_raft_role(&rp->raft) == IDA_RAFT_LEADER) {
+        const struct ida_raft_conf *c = ida_raft_voters(&rp->raft);
+        ida_index commit = ida_raft_commit(&rp->raft);
+        uint64_t now = ida__node_mono_ms();
+        for (size_t i = 0; i < c->n + c->n_learners && !behind; i++) {
+            ida_node_id id = i < c->n ? c->voters[i] : c->learners[i - c->n];
+            const struct ida_raft_progress *p =
+                ida_raft_progress_of(&rp->raft, id);
+            behind = id != rp->node->self->id && p != NULL &&
+                     ida_snap_follower_behind(&rp->snap_peers, id,
+                                              p->state == IDA_RAFT_SNAPSHOT,
+                                              p->match, commit, now);
+        }
+    }
+    atomic_store(&rp->node->follower_behind, behind);
+}
+
 static void drive(struct raft_proc *rp, struct ida_sender *s)
 {
     struct ida_raft_batch b;
@@ -421,6 +443,7 @@ static void drive(struct raft_proc *rp, struct ida_sender *s)
     }
     note_soft_state(rp, s, ida_raft_role(&rp->raft), ida_raft_leader(&rp->raft),
                     ida_raft_term(&rp->raft));
+    catchup_publish(rp);
     ida_metrics_raft(rp->node->metrics, rp->term, ida__rp_role_name(rp),
                      rp->leader, ida_raft_commit(&rp->raft),
                      rp->raft.snap_index + 1, ida_raft_last_index(&rp->raft));

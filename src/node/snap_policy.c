@@ -156,6 +156,22 @@ int ida_snap_peers_busy(const struct ida_snap_peers *s,
     return 0;
 }
 
+int ida_snap_follower_behind(const struct ida_snap_peers *s,
+                             uint32_t id,
+                             int sending,
+                             uint64_t match,
+                             uint64_t commit,
+                             uint64_t now_ms)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->p[i].id == id) {
+            return heard_lately(s, i, now_ms) &&
+                   (sending || match + IDA_SNAP_CATCHUP_LAG < commit);
+        }
+    }
+    return 0; /* never heard from: not catching up from this leader */
+}
+
 uint64_t ida_snap_peers_relay_word(const struct ida_snap_peers *s,
                                    uint64_t now_ms)
 {

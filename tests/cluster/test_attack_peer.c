@@ -554,7 +554,8 @@ Test(attack_peer,
         }
         cr_assert_eq(
             sscanf(p,
-                   " waited %lf s for a peer's or a backup's (at most %lf s)",
+                   " waited %lf s for a peer's, a backup's or a follower "
+                   "catching up (at most %lf s)",
                    &w, &cap),
             2, "%s", line);
         /* Three times the node's own encode of a tiny state, so 1 s

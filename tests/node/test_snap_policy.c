@@ -230,6 +230,34 @@ Test(snap_policy, peers_reports_first_hand_relayed_and_expired)
     cr_assert_eq(ida_snap_peers_busy(&s, 2000 + IDA_SNAP_HEARD_MS, 1), 0);
 }
 
+/* CATCH-UP: a leader waits for a live follower being sent a snapshot or
+ * far behind, not for one keeping up, nor for one not heard from. */
+Test(snap_policy, a_follower_catching_up_holds_the_leaders_snapshot)
+{
+    struct ida_snap_peers s = {0};
+    uint64_t commit = 50000;
+    cr_assert_eq(ida_snap_follower_behind(&s, 2, 1, 0, commit, 1000), 0,
+                 "a follower never heard from counts");
+    ida_snap_peers_heard(&s, 2, 0, 0, 1000);
+    ida_snap_peers_heard(&s, 3, 0, 0, 1000);
+    /* Being sent a snapshot, whatever its match. */
+    cr_assert_eq(ida_snap_follower_behind(&s, 2, 1, commit, commit, 1000), 1);
+    /* Replaying after a snapshot or a restart: behind by more than the
+     * lag. */
+    uint64_t edge = commit - IDA_SNAP_CATCHUP_LAG;
+    cr_assert_eq(ida_snap_follower_behind(&s, 2, 0, edge - 1, commit, 1000), 1);
+    cr_assert_eq(ida_snap_follower_behind(&s, 2, 0, edge, commit, 1000), 0,
+                 "a follower keeping up holds snapshots");
+    cr_assert_eq(ida_snap_follower_behind(&s, 3, 0, commit, commit, 1000), 0);
+    /* Silent for IDA_SNAP_HEARD_MS (dead, cut off): no longer waited for. */
+    cr_assert_eq(ida_snap_follower_behind(&s, 2, 1, 0, commit,
+                                          1000 + IDA_SNAP_HEARD_MS - 1),
+                 1);
+    cr_assert_eq(
+        ida_snap_follower_behind(&s, 2, 1, 0, commit, 1000 + IDA_SNAP_HEARD_MS),
+        0);
+}
+
 Test(snap_policy, a_full_table_drops_the_oldest_report)
 {
     struct ida_snap_peers s = {0};
