@@ -81,9 +81,10 @@
  *
  * FORK. A fork() takes the memory map lock for writing too, so it would
  * wait for a collapse under way (up to 20 ms here). The fsm processor
- * pauses the collapser around each snapshot child's fork
- * (ida_collapse_pause()), and when a collapse is under way it forks a
- * batch later instead (src/node/fsm_proc.c). (In a 10 M fill without the
+ * pauses the collapser around each fork of a child (ida_collapse_pause():
+ * a snapshot's, src/node/fsm_proc.c; a backup's copy,
+ * src/node/backup_copy.c), and when a collapse is under way it forks a
+ * batch later instead. (In a 10 M fill without the
  * pause, one fork of 23 held the processor 24.8 ms, the others 1.2 to
  * 7 ms.)
  *

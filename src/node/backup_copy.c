@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/collapse.h"
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
@@ -175,14 +176,19 @@ static void copy_in_line(struct ida__backups *b,
 }
 
 /* Make a copy for the calls waiting: a child if one can run (the applied
- * index covers every waiting call's ReadIndex), else in line. */
+ * index covers every waiting call's ReadIndex), else in line. A fork()
+ * would wait for a collapse under way (base/collapse.h, FORK): then the
+ * next poll forks instead. */
 static void start_copy(struct ida__backups *b,
                        const struct ida_fsm *f,
                        ida_term term)
 {
-    if (!ida_bgsnap_running(&b->child) &&
-        ida_bgsnap_start_mem(&b->child, f, ida_fsm_applied_index(f), term) !=
-            0) {
+    if (ida_bgsnap_running(&b->child) || !ida_collapse_pause()) {
+        return;
+    }
+    int rv = ida_bgsnap_start_mem(&b->child, f, ida_fsm_applied_index(f), term);
+    ida_collapse_resume();
+    if (rv != 0) {
         copy_in_line(b, f, term);
     }
 }
@@ -262,6 +268,9 @@ void ida__backups_poll(struct ida__backups *b,
         }
     }
     if (!ida_bgsnap_running(&b->child)) {
+        if (b->n_waiting > 0) {
+            start_copy(b, f, term); /* put off for a collapse */
+        }
         return;
     }
     ida_index index = b->child.index;
