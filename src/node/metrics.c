@@ -62,6 +62,9 @@ struct ida_metrics
     atomic_uint_fast64_t raft_batches; /* made durable */
     /* snapshots */
     struct histo snap_duration, snap_store, snap_install;
+    /* processors' calls */
+    struct histo steps[IDA_MPROC_COUNT_];
+    atomic_uint_fast64_t longest_step_us[IDA_MPROC_COUNT_];
     atomic_uint_fast64_t snapshots, snapshot_bytes;
     struct ida_net *net;
 };
@@ -282,6 +285,20 @@ void ida_metrics_snapshot_installed(struct ida_metrics *m, uint64_t micros)
     }
 }
 
+void ida_metrics_step(struct ida_metrics *m,
+                      enum ida_metrics_proc proc,
+                      uint64_t micros)
+{
+    if (m == NULL || (unsigned)proc >= IDA_MPROC_COUNT_) {
+        return;
+    }
+    observe(&m->steps[proc], micros);
+    uint64_t was = atomic_load(&m->longest_step_us[proc]);
+    while (micros > was && !atomic_compare_exchange_weak(
+                               &m->longest_step_us[proc], &was, micros)) {
+    }
+}
+
 void ida_metrics_set_net(struct ida_metrics *m, struct ida_net *net)
 {
     m->net = net;
@@ -483,6 +500,25 @@ char *ida_metrics_render(struct ida_metrics *m, size_t *len)
          "Time to restore a snapshot received from the leader.");
     histo(&o, "idalloc_snapshot_install_duration_seconds", "",
           &m->snap_install);
+    static const char *const proc_names[IDA_MPROC_COUNT_] = {"raft", "storage",
+                                                             "fsm"};
+    head(&o, "idalloc_processor_step_duration_seconds", "histogram",
+         "Duration of one call of a processor (a message received, or its "
+         "periodic ping): the time it held that processor.");
+    for (int i = 0; i < IDA_MPROC_COUNT_; i++) {
+        char labels[32];
+        snprintf(labels, sizeof(labels), "processor=\"%s\"", proc_names[i]);
+        histo(&o, "idalloc_processor_step_duration_seconds", labels,
+              &m->steps[i]);
+    }
+    head(&o, "idalloc_processor_longest_step_seconds", "gauge",
+         "The longest call of a processor since the node started.");
+    for (int i = 0; i < IDA_MPROC_COUNT_; i++) {
+        put(&o,
+            "idalloc_processor_longest_step_seconds{processor=\"%s\"} "
+            "%.6f\n",
+            proc_names[i], (double)atomic_load(&m->longest_step_us[i]) / 1e6);
+    }
     if (m->net != NULL) {
         struct ida_net_stats st;
         ida_net_get_stats(m->net, &st);

@@ -52,6 +52,14 @@ enum ida_metrics_op {
     IDA_MOP_COUNT_
 };
 
+/* The node's processors, whose calls are timed (ida_metrics_step()). */
+enum ida_metrics_proc {
+    IDA_MPROC_RAFT = 0,
+    IDA_MPROC_STORAGE,
+    IDA_MPROC_FSM,
+    IDA_MPROC_COUNT_
+};
+
 /* The metrics op of a ClientRequest's op_case. */
 enum ida_metrics_op ida_metrics_op_of(int op_case);
 
@@ -108,6 +116,11 @@ void ida_metrics_snapshot(struct ida_metrics *m,
 void ida_metrics_snapshot_stored(struct ida_metrics *m, uint64_t micros);
 /* A snapshot received from the leader, restored into the fsm. */
 void ida_metrics_snapshot_installed(struct ida_metrics *m, uint64_t micros);
+/* One call of processor @proc (a message received, or its periodic ping)
+ * took @micros: what held the processor, and everything queued behind. */
+void ida_metrics_step(struct ida_metrics *m,
+                      enum ida_metrics_proc proc,
+                      uint64_t micros);
 /* Where connection and message counts come from (ida_net_get_stats()),
  * read at each scrape; NULL: none. Set before ida_metrics_start(), and
  * stop serving (ida_metrics_stop()) before @net goes away. */

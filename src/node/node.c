@@ -627,22 +627,78 @@ static void net_peer_message(void *arg, Idalloc__PeerMessage *pm)
 /* --- start and stop ----------------------------------------------------------
  */
 
+/* A call that holds a processor longer than this is logged (at most a line
+ * per processor every SLOW_LOG_MS) besides its metric: issue 19 allows
+ * housekeeping 10 ms. */
+#define SLOW_STEP_US 10000
+#define SLOW_LOG_MS  10000
+
+static void timed_done(struct ida__timed_proc *t, uint64_t t0_us)
+{
+    static const char *const names[IDA_MPROC_COUNT_] = {"raft", "storage",
+                                                        "fsm"};
+    uint64_t us = ida__node_mono_us() - t0_us;
+    ida_metrics_step(t->node->metrics, t->which, us);
+    if (us <= SLOW_STEP_US) {
+        return;
+    }
+    t->slow_since++;
+    uint64_t now = ida__node_mono_ms();
+    if (now - t->slow_logged_ms >= SLOW_LOG_MS || t->slow_logged_ms == 0) {
+        IDA_INFO(
+            "node: one call held the %s processor %.1f ms (%llu calls "
+            "over %u ms since the last such line; "
+            "idalloc_processor_step_duration_seconds)",
+            names[t->which], (double)us / 1000.0,
+            (unsigned long long)t->slow_since, SLOW_STEP_US / 1000);
+        t->slow_logged_ms = now;
+        t->slow_since = 0;
+    }
+}
+
+static void timed_receive(void *state,
+                          struct ida_msg *msg,
+                          struct ida_sender *s)
+{
+    struct ida__timed_proc *t = state;
+    uint64_t t0 = ida__node_mono_us();
+    t->ops->receive(t->state, msg, s);
+    timed_done(t, t0);
+}
+
+static void timed_ping(void *state, struct ida_sender *s)
+{
+    struct ida__timed_proc *t = state;
+    uint64_t t0 = ida__node_mono_us();
+    t->ops->ping(t->state, s);
+    timed_done(t, t0);
+}
+
+/* The processors' calls, timed (struct ida__timed_proc). */
+static const struct ida_proc_ops timed_ops = {timed_receive, timed_ping};
+
 static int add_procs(struct ida_node *n)
 {
+    n->timed[IDA_MPROC_RAFT] = (struct ida__timed_proc){
+        n, &ida__raft_proc_ops, n->raft, IDA_MPROC_RAFT, 0, 0};
+    n->timed[IDA_MPROC_STORAGE] = (struct ida__timed_proc){
+        n, &ida__storage_proc_ops, n->sp, IDA_MPROC_STORAGE, 0, 0};
+    n->timed[IDA_MPROC_FSM] = (struct ida__timed_proc){
+        n, &ida__fsm_proc_ops, n->fp, IDA_MPROC_FSM, 0, 0};
     struct ida_proc_config pc[3] = {
         {.name = "raft",
-         .ops = &ida__raft_proc_ops,
-         .state = n->raft,
+         .ops = &timed_ops,
+         .state = &n->timed[IDA_MPROC_RAFT],
          .inbox_capacity = 65536,
          .ping_interval_us = ida__raft_proc_tick_ms(n) * 1000},
         {.name = "storage",
-         .ops = &ida__storage_proc_ops,
-         .state = n->sp,
+         .ops = &timed_ops,
+         .state = &n->timed[IDA_MPROC_STORAGE],
          .inbox_capacity = 65536,
          .ping_interval_us = 10000},
         {.name = "fsm",
-         .ops = &ida__fsm_proc_ops,
-         .state = n->fp,
+         .ops = &timed_ops,
+         .state = &n->timed[IDA_MPROC_FSM],
          .inbox_capacity = 65536,
          .ping_interval_us = 10000},
     };

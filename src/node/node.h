@@ -101,6 +101,17 @@ struct ida_node
     int storage_open;
     struct ida_pool *pool;
     uint32_t p_raft, p_storage, p_fsm;
+    /* Each processor as the pool runs it: its calls timed (node.c,
+     * add_procs()). Only that processor's thread touches its entry. */
+    struct ida__timed_proc
+    {
+        struct ida_node *node;
+        const struct ida_proc_ops *ops;
+        void *state;
+        enum ida_metrics_proc which;
+        uint64_t slow_logged_ms; /* the last "held ... ms" line */
+        uint64_t slow_since;     /* calls over the mark since that line */
+    } timed[IDA_MPROC_COUNT_];
     struct ida_net *net;
     struct raft_proc *raft;
     struct storage_proc *sp;

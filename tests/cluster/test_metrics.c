@@ -262,6 +262,9 @@ static const char *const required[] = {
     "idalloc_pool_held_ids",
     "idalloc_pool_size_ids",
     "idalloc_sequence_next",
+    "idalloc_processor_step_duration_seconds_bucket{processor=\"raft\"",
+    "idalloc_processor_step_duration_seconds_count{processor=\"storage\"}",
+    "idalloc_processor_longest_step_seconds{processor=\"fsm\"}",
 };
 
 Test(metrics,
@@ -294,6 +297,8 @@ Test(metrics,
     double applied0 = value_of("idalloc_raft_applied_index");
     double fsyncs0 = value_of("idalloc_storage_fsync_duration_seconds_count");
     double written0 = value_of("idalloc_storage_written_bytes_total");
+    double fsm_steps0 = value_of(
+        "idalloc_processor_step_duration_seconds_count{processor=\"fsm\"}");
     cr_assert_geq(allocs0, 0);
 
     for (int i = 0; i < 25; i++) {
@@ -340,6 +345,17 @@ Test(metrics,
     cr_assert_geq(value_of("idalloc_storage_raft_batches_total"),
                   value_of("idalloc_storage_fsync_duration_seconds_count"));
     cr_assert_geq(value_of("idalloc_raft_leader_changes_total"), 1);
+    /* Every alloc was applied by a call of the fsm processor of its own
+     * (one at a time), and each call took some time. */
+    cr_assert_geq(value_of("idalloc_processor_step_duration_seconds_count{"
+                           "processor=\"fsm\"}"),
+                  fsm_steps0 + 25);
+    cr_assert_gt(value_of("idalloc_processor_step_duration_seconds_sum{"
+                          "processor=\"fsm\"}"),
+                 0);
+    cr_assert_gt(
+        value_of("idalloc_processor_longest_step_seconds{processor=\"raft\"}"),
+        0);
     cr_assert_geq(value_of("idalloc_sessions"), 1);
     /* snapshot_interval_entries 5 is only the floor: after the first, a
      * snapshot waits for as many log bytes as the last one had
