@@ -633,7 +633,54 @@ static void net_peer_message(void *arg, Idalloc__PeerMessage *pm)
 #define SLOW_STEP_US 10000
 #define SLOW_LOG_MS  10000
 
-static void timed_done(struct ida__timed_proc *t, uint64_t t0_us)
+/* What a call of a processor was, for the log line of a slow one. */
+static const char *call_name(int type)
+{
+    switch ((enum node_msg_type)type) {
+        case IDA_NM_CLIENT:
+            return "a client request";
+        case IDA_NM_PEER:
+            return "a peer message";
+        case IDA_NM_PERSIST:
+            return "a batch to make durable";
+        case IDA_NM_PERSISTED:
+            return "a batch made durable";
+        case IDA_NM_APPLY:
+            return "entries to apply";
+        case IDA_NM_READ:
+            return "a read";
+        case IDA_NM_REGISTER:
+            return "a request to answer";
+        case IDA_NM_LEADERSHIP_LOST:
+            return "leadership lost";
+        case IDA_NM_APPLIED:
+            return "entries applied";
+        case IDA_NM_SNAPSHOT_TAKEN:
+            return "a snapshot taken";
+        case IDA_NM_SNAPSHOT_STORE:
+            return "a snapshot to store";
+        case IDA_NM_STORAGE_FAILED:
+            return "storage failed";
+        case IDA_NM_MEMBERSHIP0:
+            return "the first membership";
+        case IDA_NM_MEMBERSHIP0_DONE:
+            return "the first membership written";
+        case IDA_NM_UNTRUSTED:
+            return "the directory untrusted";
+        case IDA_NM_SNAPSHOT_STORED:
+            return "a snapshot stored";
+        case IDA_NM_SNAPSHOT_CHUNK:
+            return "a snapshot chunk to send";
+        case IDA_NM_SNAPSHOT_RCV:
+            return "a snapshot chunk received";
+        case IDA_NM_SNAPSHOT_ENC:
+            return "encoded snapshot bytes";
+    }
+    return type < 0 ? "its periodic work" : "a message";
+}
+
+/* @type: the message's, or -1 for a ping. */
+static void timed_done(struct ida__timed_proc *t, uint64_t t0_us, int type)
 {
     static const char *const names[IDA_MPROC_COUNT_] = {"raft", "storage",
                                                         "fsm"};
@@ -646,10 +693,10 @@ static void timed_done(struct ida__timed_proc *t, uint64_t t0_us)
     uint64_t now = ida__node_mono_ms();
     if (now - t->slow_logged_ms >= SLOW_LOG_MS || t->slow_logged_ms == 0) {
         IDA_INFO(
-            "node: one call held the %s processor %.1f ms (%llu calls "
+            "node: one call (%s) held the %s processor %.1f ms (%llu calls "
             "over %u ms since the last such line; "
             "idalloc_processor_step_duration_seconds)",
-            names[t->which], (double)us / 1000.0,
+            call_name(type), names[t->which], (double)us / 1000.0,
             (unsigned long long)t->slow_since, SLOW_STEP_US / 1000);
         t->slow_logged_ms = now;
         t->slow_since = 0;
@@ -662,8 +709,9 @@ static void timed_receive(void *state,
 {
     struct ida__timed_proc *t = state;
     uint64_t t0 = ida__node_mono_us();
+    int type = (int)msg->type; /* (@msg is gone after the call) */
     t->ops->receive(t->state, msg, s);
-    timed_done(t, t0);
+    timed_done(t, t0, type);
 }
 
 static void timed_ping(void *state, struct ida_sender *s)
@@ -671,7 +719,7 @@ static void timed_ping(void *state, struct ida_sender *s)
     struct ida__timed_proc *t = state;
     uint64_t t0 = ida__node_mono_us();
     t->ops->ping(t->state, s);
-    timed_done(t, t0);
+    timed_done(t, t0, -1);
 }
 
 /* The processors' calls, timed (struct ida__timed_proc). */

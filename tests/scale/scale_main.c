@@ -31,7 +31,14 @@
  * the targets of the state-at-scale work, and what the node logs say about the
  * snapshots taken meanwhile. Every figure is a measurement of this run on
  * this machine: a busy machine shows in the empty figures as much as in the
- * full ones, which is why each is given beside the other. */
+ * full ones, which is why each is given beside the other.
+ *
+ * Every node serves /metrics (metrics= on its line): over each load window
+ * the calls of each processor (raft, storage, fsm) that held it longer
+ * than 10 ms are counted on all three nodes
+ * (idalloc_processor_step_duration_seconds): issue 19 allows housekeeping
+ * 10 ms. This virtual machine itself pauses a thread 15 to 45 ms now and
+ * then, which the empty phase's count shows. */
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -49,6 +56,10 @@
 #define RESERVE_COUNT 64
 
 #define REPEAT_MAX 16 /* restarts and catch-ups per phase, at most */
+
+/* The node's processors, as /metrics labels them. */
+#define PROCS 3
+static const char *const proc_name[PROCS] = {"raft", "storage", "fsm"};
 
 struct phase
 {
@@ -68,6 +79,9 @@ struct phase
      * VmRSS per live allocation, and the VmRSS and live count then. */
     double rss_per_live_max;
     uint64_t rss_at_max_kb, live_at_max;
+    /* Calls that held a processor longer than 10 ms, and 25 ms, on all
+     * nodes over the load window (/metrics); -1: a node did not answer. */
+    double over10[PROCS], over25[PROCS];
     /* Over the --repeat restarts and catch-ups (the fields above hold the
      * medians): the worst restart, how many were under 2 s; each catch-up's
      * rates (MB/s of the snapshot it installed; 0: none installed). */
@@ -78,6 +92,7 @@ struct phase
 };
 
 static struct tc c;
+static unsigned mport[3];    /* each node's metrics port */
 static uint64_t live_allocs; /* tags the cluster acknowledged */
 
 /* --- status --------------------------------------------------------------- */
@@ -241,8 +256,64 @@ static void sample_rss(struct phase *ph, uint64_t acked, double at_s)
     }
 }
 
+/* Put metrics=127.0.0.1:PORT on every node's line (tc_start_edited()). */
+static void add_metrics(struct tc *t, void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < t->n; i++) {
+        mport[i] = tc_add_metrics(t, i);
+    }
+}
+
+/* Node @i's calls of each processor so far: all of them, and those over
+ * 10 ms and 25 ms (the histogram's buckets). 0, or -1 when it did not
+ * answer. */
+static int proc_calls(int i, double over10[PROCS], double over25[PROCS])
+{
+    static char body[1 << 18];
+    if (tc_http(mport[i], "GET", "/metrics", body, sizeof(body)) != 200) {
+        return -1;
+    }
+    for (int p = 0; p < PROCS; p++) {
+        char name[160];
+        snprintf(name, sizeof(name),
+                 "idalloc_processor_step_duration_seconds_count{processor="
+                 "\"%s\"}",
+                 proc_name[p]);
+        double all = tc_metric(body, name);
+        snprintf(name, sizeof(name),
+                 "idalloc_processor_step_duration_seconds_bucket{processor="
+                 "\"%s\",le=\"0.01\"}",
+                 proc_name[p]);
+        double le10 = tc_metric(body, name);
+        snprintf(name, sizeof(name),
+                 "idalloc_processor_step_duration_seconds_bucket{processor="
+                 "\"%s\",le=\"0.025\"}",
+                 proc_name[p]);
+        double le25 = tc_metric(body, name);
+        if (all < 0 || le10 < 0 || le25 < 0) {
+            return -1;
+        }
+        over10[p] = all - le10;
+        over25[p] = all - le25;
+    }
+    return 0;
+}
+
+/* Every node's counts (proc_calls()) into @o10 and @o25. */
+static int all_calls(double o10[3][PROCS], double o25[3][PROCS])
+{
+    int rv = 0;
+    for (int i = 0; i < c.n; i++) {
+        rv |= proc_calls(i, o10[i], o25[i]);
+    }
+    return rv;
+}
+
 static void load(struct phase *ph, const char *run, unsigned secs)
 {
+    double b10[3][PROCS], b25[3][PROCS], e10[3][PROCS], e25[3][PROCS];
+    int calls_ok = all_calls(b10, b25) == 0;
     struct idalloc_client *cl = tc_client(&c, 10000);
     struct worker w[LOAD_THREADS];
     pthread_t t[LOAD_THREADS];
@@ -267,6 +338,14 @@ static void load(struct phase *ph, const char *run, unsigned secs)
     for (unsigned i = 0; i < LOAD_THREADS; i++) {
         pthread_join(t[i], NULL);
         n += w[i].n;
+    }
+    calls_ok = calls_ok && all_calls(e10, e25) == 0;
+    for (int p = 0; p < PROCS; p++) {
+        ph->over10[p] = ph->over25[p] = calls_ok ? 0 : -1;
+        for (int i = 0; calls_ok && i < c.n; i++) {
+            ph->over10[p] += e10[i][p] - b10[i][p];
+            ph->over25[p] += e25[i][p] - b25[i][p];
+        }
     }
     double s = (double)(now_us() - t0) / 1e6;
     uint32_t *all = malloc((n + 1) * sizeof(*all));
@@ -300,6 +379,12 @@ static void load(struct phase *ph, const char *run, unsigned secs)
         (unsigned long long)ph->errors, (unsigned long long)ph->unknown,
         ph->allocs_per_s, ph->p50_ms, ph->p99_ms, ph->p999_ms, ph->max_ms,
         (unsigned long long)term0, (unsigned long long)term1);
+    printf(
+        "  calls over 10 ms (over 25 ms), all nodes: raft %.0f (%.0f), "
+        "storage %.0f (%.0f), fsm %.0f (%.0f)%s\n",
+        ph->over10[0], ph->over25[0], ph->over10[1], ph->over25[1],
+        ph->over10[2], ph->over25[2],
+        calls_ok ? "" : " (a node's /metrics did not answer)");
     fflush(stdout);
 }
 
@@ -816,7 +901,7 @@ int main(int argc, char **argv)
         "%llu sequence blocks, %llu prefixes; load %u s at %d threads\n",
         (unsigned long long)allocs, (unsigned long long)seqs,
         (unsigned long long)prefixes, secs, LOAD_THREADS);
-    tc_start(&c, 3, NULL);
+    tc_start_edited(&c, 3, NULL, add_metrics, NULL);
     if (tc_wait_leader(&c, 15000) < 0) {
         fprintf(stderr, "scale: no leader\n");
         tc_destroy(&c);
@@ -868,6 +953,12 @@ int main(int argc, char **argv)
     row("unknown outcomes under load", (double)empty.unknown,
         (double)full.unknown, "");
     row("errors under load", (double)empty.errors, (double)full.errors, "");
+    for (int p = 0; p < PROCS; p++) {
+        char what[64];
+        snprintf(what, sizeof(what), "%s calls over 10 ms (all nodes)",
+                 proc_name[p]);
+        row(what, empty.over10[p], full.over10[p], "");
+    }
     printf("  (restarts and catch-ups: the median of %u runs each)\n", repeats);
     row("follower restart -> serving", empty.restart_ms, full.restart_ms, "ms");
     row("  the worst restart", empty.restart_worst_ms, full.restart_worst_ms,
@@ -945,6 +1036,21 @@ int main(int argc, char **argv)
            yes(full.unknown == 0 && empty.unknown == 0),
            (unsigned long long)full.unknown);
     printf("  < 64 B per live allocation:   %s (%.1f B)\n", yes(bpa < 64), bpa);
+    /* Storage's calls wait for the fsync of each LMDB commit: the disk's
+     * latency shows there, in the empty phase as much (the log line of a
+     * slow call says what it was). */
+    printf(
+        "  no raft/fsm call > 10 ms:     %s (full phase, all nodes: raft %.0f, "
+        "fsm %.0f; over 25 ms: %.0f and %.0f; the empty phase: %.0f and "
+        "%.0f)\n",
+        full.over10[0] < 0 ? "not measured"
+                           : yes(full.over10[0] + full.over10[2] == 0),
+        full.over10[0], full.over10[2], full.over25[0], full.over25[2],
+        empty.over10[0], empty.over10[2]);
+    printf(
+        "  (storage calls over 10 ms, fsyncs included: full %.0f, empty "
+        "%.0f)\n",
+        full.over10[1], empty.over10[1]);
     if (soak_s == 0) {
         printf("  soak:                         not run (--soak S)\n");
     } else {
