@@ -25,6 +25,9 @@ void ida__raft_log_push(struct ida_raft *r,
                         size_t len);
 void ida__raft_log_truncate(struct ida_raft *r, ida_index from);
 void ida__raft_log_compact(struct ida_raft *r, ida_index upto, ida_term term);
+/* Drop every entry of the log (a snapshot replaces it), their data to the
+ * garbage ida_raft_release() frees. */
+void ida__raft_log_drop_all(struct ida_raft *r);
 
 /* raft/ready.c */
 void ida__raft_send_now(struct ida_raft *r, struct ida_raft_msg *m);

@@ -112,20 +112,62 @@ void ida__raft_log_truncate(struct ida_raft *r, ida_index from)
 }
 
 /* Drop entries <= @upto (they are inside the snapshot). */
+/* The data of @n entries from @e, dropped: to the garbage that
+ * ida_raft_release() frees, or freed now when it cannot grow. */
+static void drop_data(struct ida_raft *r, const struct ida_entry *e, size_t n)
+{
+    if (r->n_garbage + n > r->cap_garbage) {
+        size_t cap = r->cap_garbage > 0 ? r->cap_garbage : 1024;
+        while (cap < r->n_garbage + n) {
+            cap *= 2;
+        }
+        void **g = ida_realloc(r->garbage, cap * sizeof(*g));
+        if (g == NULL) {
+            for (size_t i = 0; i < n; i++) {
+                ida_free(e[i].data);
+            }
+            return;
+        }
+        r->garbage = g;
+        r->cap_garbage = cap;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (e[i].data != NULL) {
+            r->garbage[r->n_garbage++] = e[i].data;
+        }
+    }
+}
+
+size_t ida_raft_release(struct ida_raft *r, size_t max)
+{
+    IDA_ASSERT(r != NULL);
+    while (max > 0 && r->n_garbage > 0) {
+        ida_free(r->garbage[--r->n_garbage]);
+        max--;
+    }
+    if (r->n_garbage == 0 && r->cap_garbage > 4096) {
+        ida_free(r->garbage); /* a large array only while it is needed */
+        r->garbage = NULL;
+        r->cap_garbage = 0;
+    }
+    return r->n_garbage;
+}
+
+void ida__raft_log_drop_all(struct ida_raft *r)
+{
+    drop_data(r, r->log, r->n_log);
+    r->n_log = 0;
+}
+
 void ida__raft_log_compact(struct ida_raft *r, ida_index upto, ida_term term)
 {
     IDA_ASSERT(upto > r->snap_index);
     ida_index keep_from = upto + 1;
     if (upto > ida__raft_last_index(r)) {
-        for (size_t i = 0; i < r->n_log; i++) {
-            ida_free(r->log[i].data);
-        }
-        r->n_log = 0;
+        ida__raft_log_drop_all(r);
     } else {
         size_t drop = (size_t)(upto - r->snap_index);
-        for (size_t i = 0; i < drop; i++) {
-            ida_free(r->log[i].data);
-        }
+        drop_data(r, r->log, drop);
         if (drop < r->n_log) {
             memmove(r->log, r->log + drop, (r->n_log - drop) * sizeof(*r->log));
         }

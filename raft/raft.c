@@ -243,6 +243,8 @@ void ida_raft_close(struct ida_raft *r)
         ida_free(r->log[i].data);
     }
     ida_free(r->log);
+    (void)ida_raft_release(r, SIZE_MAX);
+    ida_free(r->garbage);
     ida_free(r->snap_data);
     ida_free(r->rcv_data);
     ida_free(r->snap_conf);

@@ -208,11 +208,9 @@ static void install_snapshot(struct ida_raft *r)
          * last included entry, retain log entries following it". */
         ida__raft_log_compact(r, s, t);
     } else {
-        /* The whole log is older or conflicting: drop it. */
-        for (size_t i = 0; i < r->n_log; i++) {
-            ida_free(r->log[i].data);
-        }
-        r->n_log = 0;
+        /* The whole log is older or conflicting: drop it (its data as a
+         * compaction's, freed a piece at a time: MEMORY). */
+        ida__raft_log_drop_all(r);
         ida__raft_log_compact(r, s, t);
     }
     /* The snapshot batch rewrites the whole stored log (raft.h rule 1), so

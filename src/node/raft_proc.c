@@ -413,6 +413,9 @@ static void handle_batch(struct raft_proc *rp,
     }
 }
 
+/* Compacted entries freed per step of this processor (drive()). */
+#define RELEASE_PER_STEP 256
+
 /* Publish whether this node leads a follower that is catching up
  * (snap_policy.h, CATCH-UP). */
 static void catchup_publish(struct raft_proc *rp)
@@ -444,6 +447,9 @@ static void drive(struct raft_proc *rp, struct ida_sender *s)
     note_soft_state(rp, s, ida_raft_role(&rp->raft), ida_raft_leader(&rp->raft),
                     ida_raft_term(&rp->raft));
     catchup_publish(rp);
+    /* What a snapshot compacted, a piece at a time (raft.h, MEMORY): some
+     * 50 us a call at most. */
+    (void)ida_raft_release(&rp->raft, RELEASE_PER_STEP);
     ida_metrics_raft(rp->node->metrics, rp->term, ida__rp_role_name(rp),
                      rp->leader, ida_raft_commit(&rp->raft),
                      rp->raft.snap_index + 1, ida_raft_last_index(&rp->raft));

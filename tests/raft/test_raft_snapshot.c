@@ -25,8 +25,14 @@ Test(raft, lagging_follower_gets_a_chunked_snapshot)
     h_deliver_all();
     cr_assert_eq(ida_raft_commit(&H.r[1]), 31);
     const uint8_t snap[] = "state machine at index 20 (27 bytes)";
+    size_t waiting = ida_raft_release(&H.r[1], 0);
     cr_assert_eq(ida_raft_compact(&H.r[1], 20, snap, sizeof(snap)), 0);
     cr_assert_null(ida_raft_entry(&H.r[1], 20));
+    /* The data of the 20 entries compacted (the first, the leader's empty
+     * entry, has none) waits to be freed a piece at a time (MEMORY). */
+    cr_assert_eq(ida_raft_release(&H.r[1], 0), waiting + 19);
+    cr_assert_eq(ida_raft_release(&H.r[1], 5), waiting + 14);
+    cr_assert_eq(ida_raft_release(&H.r[1], SIZE_MAX), 0);
     cr_assert_eq(ida_raft_term_at(&H.r[1], 20), 1);
     cr_assert_eq(ida_raft_compact(&H.r[1], 40, snap, 1), IDA_EINVAL,
                  "not applied yet");
