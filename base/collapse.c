@@ -51,6 +51,7 @@ static struct
     atomic_bool running; /* started, not stopped */
     bool stopping;       /* the thread is to leave */
     bool sweeping;       /* sweeps when idle (ida_collapse_start()) */
+    bool sweep_soon;     /* ida_collapse_sweep_soon() asked */
     _Atomic pid_t owner; /* the process the thread runs in */
     atomic_bool busy;    /* a collapse is under way, or about to be */
     atomic_bool paused;  /* ida_collapse_pause() holds it */
@@ -313,6 +314,13 @@ static bool next_piece(uintptr_t *lo)
 {
     pthread_mutex_lock(&C.mu);
     while (!C.stopping && C.count == 0) {
+        if (C.sweep_soon && C.sweeping) {
+            C.sweep_soon = false;
+            pthread_mutex_unlock(&C.mu);
+            sweep();
+            pthread_mutex_lock(&C.mu);
+            continue;
+        }
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         uint64_t ns = (uint64_t)until.tv_nsec +
@@ -418,12 +426,24 @@ int ida_collapse_start(bool sweeps)
     pthread_mutex_lock(&C.mu);
     C.stopping = false;
     C.sweeping = sweeps;
+    C.sweep_soon = false;
     C.head = C.count = 0;
     C.owner = getpid();
     int rc = pthread_create(&C.thread, NULL, collapser_main, NULL);
     C.running = rc == 0;
     pthread_mutex_unlock(&C.mu);
     return rc;
+}
+
+void ida_collapse_sweep_soon(void)
+{
+    if (!runs_here()) {
+        return;
+    }
+    pthread_mutex_lock(&C.mu);
+    C.sweep_soon = true;
+    pthread_cond_signal(&C.cv);
+    pthread_mutex_unlock(&C.mu);
 }
 
 void ida_collapse_stop(void)

@@ -519,6 +519,7 @@ static void install_snapshot(struct fsm_proc *fp, struct ida_nm_apply *a)
     fp->applied_term = a->snap_term;
     fp->snapshot_index = a->snap_index;
     ida_snap_policy_taken(&fp->snap, a->snap_len);
+    ida_collapse_sweep_soon(); /* before the next fork (base/collapse.h) */
     IDA_INFO("fsm: installed snapshot at index %llu (%zu bytes, %s, %.1f ms)",
              (unsigned long long)a->snap_index, a->snap_len, how,
              (double)took_us / 1000.0);
@@ -547,6 +548,7 @@ static void finish_restore(struct fsm_proc *fp)
         exit(1); /* nothing was answered from it */
     }
     ida_fsm_replace(fp->fsm, f);
+    ida_collapse_sweep_soon(); /* before the next fork (base/collapse.h) */
     IDA_INFO(
         "fsm: state rebuilt from the snapshot at index %llu (%zu bytes) "
         "in %llu ms (the processor waited %llu ms for it)",
