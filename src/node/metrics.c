@@ -285,6 +285,13 @@ void ida_metrics_snapshot_installed(struct ida_metrics *m, uint64_t micros)
     }
 }
 
+const char *ida_metrics_proc_name(enum ida_metrics_proc proc)
+{
+    static const char *const names[IDA_MPROC_COUNT_] = {"raft", "storage",
+                                                        "fsm"};
+    return (unsigned)proc < IDA_MPROC_COUNT_ ? names[proc] : "?";
+}
+
 void ida_metrics_step(struct ida_metrics *m,
                       enum ida_metrics_proc proc,
                       uint64_t micros)
@@ -500,14 +507,13 @@ char *ida_metrics_render(struct ida_metrics *m, size_t *len)
          "Time to restore a snapshot received from the leader.");
     histo(&o, "idalloc_snapshot_install_duration_seconds", "",
           &m->snap_install);
-    static const char *const proc_names[IDA_MPROC_COUNT_] = {"raft", "storage",
-                                                             "fsm"};
     head(&o, "idalloc_processor_step_duration_seconds", "histogram",
          "Duration of one call of a processor (a message received, or its "
          "periodic ping): the time it held that processor.");
     for (int i = 0; i < IDA_MPROC_COUNT_; i++) {
         char labels[32];
-        snprintf(labels, sizeof(labels), "processor=\"%s\"", proc_names[i]);
+        snprintf(labels, sizeof(labels), "processor=\"%s\"",
+                 ida_metrics_proc_name((enum ida_metrics_proc)i));
         histo(&o, "idalloc_processor_step_duration_seconds", labels,
               &m->steps[i]);
     }
@@ -517,7 +523,8 @@ char *ida_metrics_render(struct ida_metrics *m, size_t *len)
         put(&o,
             "idalloc_processor_longest_step_seconds{processor=\"%s\"} "
             "%.6f\n",
-            proc_names[i], (double)atomic_load(&m->longest_step_us[i]) / 1e6);
+            ida_metrics_proc_name((enum ida_metrics_proc)i),
+            (double)atomic_load(&m->longest_step_us[i]) / 1e6);
     }
     if (m->net != NULL) {
         struct ida_net_stats st;

@@ -60,6 +60,9 @@ enum ida_metrics_proc {
     IDA_MPROC_COUNT_
 };
 
+/* A processor's name, as its metrics label it: "raft", "storage", "fsm". */
+const char *ida_metrics_proc_name(enum ida_metrics_proc proc);
+
 /* The metrics op of a ClientRequest's op_case. */
 enum ida_metrics_op ida_metrics_op_of(int op_case);
 

@@ -682,8 +682,6 @@ static const char *call_name(int type)
 /* @type: the message's, or -1 for a ping. */
 static void timed_done(struct ida__timed_proc *t, uint64_t t0_us, int type)
 {
-    static const char *const names[IDA_MPROC_COUNT_] = {"raft", "storage",
-                                                        "fsm"};
     uint64_t us = ida__node_mono_us() - t0_us;
     ida_metrics_step(t->node->metrics, t->which, us);
     if (us <= SLOW_STEP_US) {
@@ -696,8 +694,9 @@ static void timed_done(struct ida__timed_proc *t, uint64_t t0_us, int type)
             "node: one call (%s) held the %s processor %.1f ms (%llu calls "
             "over %u ms since the last such line; "
             "idalloc_processor_step_duration_seconds)",
-            call_name(type), names[t->which], (double)us / 1000.0,
-            (unsigned long long)t->slow_since, SLOW_STEP_US / 1000);
+            call_name(type), ida_metrics_proc_name(t->which),
+            (double)us / 1000.0, (unsigned long long)t->slow_since,
+            SLOW_STEP_US / 1000);
         t->slow_logged_ms = now;
         t->slow_since = 0;
     }
