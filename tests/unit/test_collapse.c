@@ -98,6 +98,32 @@ static void need_collapser(void)
     cr_assert_eq(rv, 0);
 }
 
+/* The collapser with sweeps after @idle_ms without work, or the test
+ * skipped. */
+static void need_sweeper(unsigned idle_ms)
+{
+    ida_collapse_sweep_ms = idle_ms;
+    int rv = ida_collapse_start(true);
+    if (rv == ENOSYS) {
+        cr_skip_test("this system cannot collapse (MADV_COLLAPSE)");
+    }
+    cr_assert_eq(rv, 0);
+}
+
+/* Wait up to @secs until @lo's mapping holds @kb of huge pages, then stop
+ * the collapser: its counts. */
+static struct ida_collapse_stats stop_once_huge(const void *lo,
+                                                unsigned long kb,
+                                                int secs)
+{
+    for (int i = 0; i < secs * 100 && huge_kb(lo) < kb; i++) {
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    struct ida_collapse_stats st = ida_collapse_stats();
+    ida_collapse_stop();
+    return st;
+}
+
 Test(collapse, settle_without_the_collapser_queues_nothing)
 {
     uint8_t *lo;
@@ -259,22 +285,13 @@ Test(collapse, a_full_queue_drops_to_a_hint)
 
 Test(collapse, a_sweep_takes_memory_nobody_settled)
 {
-    ida_collapse_sweep_ms = 50;
-    int rv = ida_collapse_start(true);
-    if (rv == ENOSYS) {
-        cr_skip_test("this system cannot collapse (MADV_COLLAPSE)");
-    }
-    cr_assert_eq(rv, 0);
+    need_sweeper(50);
     uint8_t *lo;
     void *m = written_block(&lo); /* malloc's heaps are never settled */
     /* Half of its last piece given back: the sweep must leave it so. */
     memset(lo + 2 * PIECE, 0, PIECE / 2);
     ida_heap_release_zeroed(lo + 2 * PIECE, PIECE / 2);
-    for (int i = 0; i < 500 && huge_kb(lo) < 2 * PIECE / 1024; i++) {
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
-    struct ida_collapse_stats st = ida_collapse_stats();
-    ida_collapse_stop();
+    struct ida_collapse_stats st = stop_once_huge(lo, 2 * PIECE / 1024, 5);
     cr_assert_geq(st.sweeps, 1);
     cr_assert_eq(huge_kb(lo), 2 * PIECE / 1024);
     cr_assert(!resident(lo + 2 * PIECE));
@@ -284,23 +301,14 @@ Test(collapse, a_sweep_takes_memory_nobody_settled)
 }
 
 /* A sweep asked for comes at once, not after the idle wait (a minute
- * here: the test would time out waiting for it). */
+ * here: the 10 s wait gives up long before). */
 Test(collapse, a_sweep_asked_for_comes_at_once, .timeout = 30)
 {
-    ida_collapse_sweep_ms = 60000;
-    int rv = ida_collapse_start(true);
-    if (rv == ENOSYS) {
-        cr_skip_test("this system cannot collapse (MADV_COLLAPSE)");
-    }
-    cr_assert_eq(rv, 0);
+    need_sweeper(60000);
     uint8_t *lo;
     void *m = written_block(&lo);
     ida_collapse_sweep_soon();
-    for (int i = 0; i < 1000 && huge_kb(lo) < 3 * PIECE / 1024; i++) {
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
-    struct ida_collapse_stats st = ida_collapse_stats();
-    ida_collapse_stop();
+    struct ida_collapse_stats st = stop_once_huge(lo, 3 * PIECE / 1024, 10);
     cr_assert_eq(st.sweeps, 1);
     cr_assert_eq(huge_kb(lo), 3 * PIECE / 1024);
     pattern_intact(lo, 0, 3 * PIECE);
