@@ -23,8 +23,8 @@
  * piece's worth of small pages and is not sparse (IDA_COLLAPSE_SPARSE: a
  * sanitizer's shadow is terabytes with megabytes in memory, and walking it
  * a piece at a time took minutes), and collapses each 2 MiB piece of them
- * that is in memory (SAFETY). A piece already huge costs a madvise that
- * returns at once; a piece with more pages not in memory than SAFETY
+ * that is in memory (SAFETY). A piece already huge costs an ioctl
+ * (WARMING); a piece with more pages not in memory than SAFETY
  * allows (free heap given back, a stack's unused part) costs a mincore()
  * and is left alone.
  *

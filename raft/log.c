@@ -37,15 +37,23 @@ struct ida_entry *ida__raft_entry_at(const struct ida_raft *r, ida_index i)
     return &r->log[i - r->snap_index - 1];
 }
 
+/* An array's capacity for @need elements: @cap doubled as often as needed,
+ * from @first when it is 0. */
+static size_t doubled(size_t cap, size_t first, size_t need)
+{
+    cap = cap > 0 ? cap : first;
+    while (cap < need) {
+        cap *= 2;
+    }
+    return cap;
+}
+
 int ida__raft_log_reserve(struct ida_raft *r, size_t extra)
 {
     if (r->n_log + extra <= r->cap_log) {
         return 0;
     }
-    size_t cap = r->cap_log ? r->cap_log : 64;
-    while (cap < r->n_log + extra) {
-        cap *= 2;
-    }
+    size_t cap = doubled(r->cap_log, 64, r->n_log + extra);
     struct ida_entry *log = ida_realloc(r->log, cap * sizeof(*log));
     if (log == NULL) {
         return IDA_ENOMEM;
@@ -111,16 +119,12 @@ void ida__raft_log_truncate(struct ida_raft *r, ida_index from)
     }
 }
 
-/* Drop entries <= @upto (they are inside the snapshot). */
 /* The data of @n entries from @e, dropped: to the garbage that
  * ida_raft_release() frees, or freed now when it cannot grow. */
 static void drop_data(struct ida_raft *r, const struct ida_entry *e, size_t n)
 {
     if (r->n_garbage + n > r->cap_garbage) {
-        size_t cap = r->cap_garbage > 0 ? r->cap_garbage : 1024;
-        while (cap < r->n_garbage + n) {
-            cap *= 2;
-        }
+        size_t cap = doubled(r->cap_garbage, 1024, r->n_garbage + n);
         void **g = ida_realloc(r->garbage, cap * sizeof(*g));
         if (g == NULL) {
             for (size_t i = 0; i < n; i++) {
@@ -159,6 +163,7 @@ void ida__raft_log_drop_all(struct ida_raft *r)
     r->n_log = 0;
 }
 
+/* Drop entries <= @upto (they are inside the snapshot). */
 void ida__raft_log_compact(struct ida_raft *r, ida_index upto, ida_term term)
 {
     IDA_ASSERT(upto > r->snap_index);

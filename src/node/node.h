@@ -150,7 +150,8 @@ struct ida_node
     atomic_bool snap_child, peers_snap_any;
     _Atomic uint64_t peers_snap_relay;
     /* This node leads and a follower is catching up: a snapshot now would
-     * drop log it needs (snap_policy.h, CATCH-UP). Raft processor's. */
+     * drop log it needs (snap_policy.h, CATCH-UP). The raft processor
+     * refreshes it every tick. */
     atomic_bool follower_behind;
     struct ida_metrics *metrics; /* src/node/metrics.h; from start to close */
 };

@@ -446,7 +446,6 @@ static void drive(struct raft_proc *rp, struct ida_sender *s)
     }
     note_soft_state(rp, s, ida_raft_role(&rp->raft), ida_raft_leader(&rp->raft),
                     ida_raft_term(&rp->raft));
-    catchup_publish(rp);
     /* What a snapshot compacted, a piece at a time (raft.h, MEMORY): some
      * 50 us a call at most. */
     (void)ida_raft_release(&rp->raft, RELEASE_PER_STEP);
@@ -1272,6 +1271,7 @@ static void raft_ping(void *state, struct ida_sender *s)
         flush_open(rp, s);
     }
     drive(rp, s);
+    catchup_publish(rp); /* a tick's news is soon enough for a snapshot */
 }
 
 const struct ida_proc_ops ida__raft_proc_ops = {raft_receive, raft_ping};

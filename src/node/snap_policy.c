@@ -107,16 +107,23 @@ int ida_snap_policy_wait(struct ida_snap_policy *p,
     return 0;
 }
 
+/* The slot of peer @id's report in @s, s->n when none. */
+static size_t peer_slot(const struct ida_snap_peers *s, uint32_t id)
+{
+    size_t i = 0;
+    while (i < s->n && s->p[i].id != id) {
+        i++;
+    }
+    return i;
+}
+
 void ida_snap_peers_heard(struct ida_snap_peers *s,
                           uint32_t id,
                           int own,
                           int relayed,
                           uint64_t now_ms)
 {
-    size_t i = 0;
-    while (i < s->n && s->p[i].id != id) {
-        i++;
-    }
+    size_t i = peer_slot(s, id);
     if (i == s->n) {
         if (s->n < IDA_SNAP_PEERS_MAX) {
             s->n++;
@@ -163,13 +170,10 @@ int ida_snap_follower_behind(const struct ida_snap_peers *s,
                              uint64_t commit,
                              uint64_t now_ms)
 {
-    for (size_t i = 0; i < s->n; i++) {
-        if (s->p[i].id == id) {
-            return heard_lately(s, i, now_ms) &&
-                   (sending || match + IDA_SNAP_CATCHUP_LAG < commit);
-        }
-    }
-    return 0; /* never heard from: not catching up from this leader */
+    size_t i = peer_slot(s, id);
+    /* Never heard from: not catching up from this leader. */
+    return i < s->n && heard_lately(s, i, now_ms) &&
+           (sending || match + IDA_SNAP_CATCHUP_LAG < commit);
 }
 
 uint64_t ida_snap_peers_relay_word(const struct ida_snap_peers *s,
