@@ -416,9 +416,9 @@ static void handle_batch(struct raft_proc *rp,
 /* Compacted entries freed per step of this processor (drive()). */
 #define RELEASE_PER_STEP 256
 
-/* Publish whether this node leads a follower that is catching up
- * (snap_policy.h, CATCH-UP). */
-static void catchup_publish(struct raft_proc *rp)
+/* Whether this node leads a follower that is catching up (snap_policy.h,
+ * CATCH-UP). */
+static int follower_catching_up(struct raft_proc *rp)
 {
     int behind = 0;
     if (ida_raft_role(&rp->raft) == IDA_RAFT_LEADER) {
@@ -435,7 +435,13 @@ static void catchup_publish(struct raft_proc *rp)
                                               p->match, commit, now);
         }
     }
-    atomic_store(&rp->node->follower_behind, behind);
+    return behind;
+}
+
+/* Publish it for the fsm's wait before a snapshot's fork. */
+static void catchup_publish(struct raft_proc *rp)
+{
+    atomic_store(&rp->node->follower_behind, follower_catching_up(rp));
 }
 
 static void drive(struct raft_proc *rp, struct ida_sender *s)
@@ -1092,6 +1098,86 @@ static void check_poll(struct raft_proc *rp, struct ida_sender *s)
     drive(rp, s);
 }
 
+/* Storage keeps the membership in effect at the snapshot's index with it
+ * (raft.h persistence contract 5): send @msg (a SNAPSHOT_TAKEN: from the
+ * fsm with the bytes, encoded in line, or from storage without them,
+ * stored as the child encoded it) back as the SNAPSHOT_STORE that makes
+ * it current. Not after the core's own snapshot: nothing to do. Takes
+ * @msg. */
+static void snapshot_store(struct raft_proc *rp,
+                           struct ida_sender *s,
+                           struct ida_msg *msg)
+{
+    struct ida_nm_snapshot *sn = node_msg_payload(msg);
+    const uint8_t *conf;
+    size_t clen;
+    int rv = ida_raft_config_at(&rp->raft, sn->index, &conf, &clen);
+    if (rv == 0 && clen > 0) {
+        sn->conf = bytes_copy(conf, clen);
+        rv = sn->conf == NULL ? IDA_ENOMEM : 0;
+        if (rv == 0) {
+            sn->conf_len = clen;
+        }
+    }
+    if (rv != 0) {
+        node_msg_free(msg); /* the log stays until the next one */
+        return;
+    }
+    msg->type = IDA_NM_SNAPSHOT_STORE;
+    node_send(&rp->q, s, rp->node->p_storage, msg);
+}
+
+/* This node's snapshot is encoded (and, from a child, stored but not yet
+ * current): make it current, or hold it while a follower catches up
+ * (snap_policy.h, HOLD). A newer one replaces one held (storage dropped
+ * the older one's writer for it). Takes @msg. */
+static void snapshot_taken(struct raft_proc *rp,
+                           struct ida_sender *s,
+                           struct ida_msg *msg)
+{
+    uint64_t now = ida__node_mono_ms();
+    if (!ida_snap_hold(ida_raft_role(&rp->raft) == IDA_RAFT_LEADER,
+                       follower_catching_up(rp), now, now)) {
+        snapshot_store(rp, s, msg);
+        return;
+    }
+    const struct ida_nm_snapshot *sn = node_msg_payload(msg);
+    IDA_INFO(
+        "raft: the snapshot at index %llu waits to replace the one "
+        "stored while a follower catches up (at most %.0f s)",
+        (unsigned long long)sn->index, IDA_SNAP_HOLD_MS / 1000.0);
+    node_msg_free(rp->held);
+    rp->held = msg;
+    rp->held_since_ms = now;
+}
+
+/* On a ping: the snapshot held goes once nobody catches up, this node no
+ * longer leads, or the hold reached its cap. */
+static void held_step(struct raft_proc *rp, struct ida_sender *s)
+{
+    if (rp->held == NULL) {
+        return;
+    }
+    uint64_t now = ida__node_mono_ms();
+    int leader = ida_raft_role(&rp->raft) == IDA_RAFT_LEADER;
+    int behind = leader && follower_catching_up(rp);
+    if (ida_snap_hold(leader, behind, rp->held_since_ms, now)) {
+        return;
+    }
+    const struct ida_nm_snapshot *sn = node_msg_payload(rp->held);
+    IDA_INFO(
+        "raft: the snapshot at index %llu waited %.1f s for a follower "
+        "catching up (%s); it replaces the one stored",
+        (unsigned long long)sn->index,
+        (double)(now - rp->held_since_ms) / 1000.0,
+        !leader  ? "no longer leader"
+        : behind ? "at the cap"
+                 : "no follower catching up");
+    struct ida_msg *msg = rp->held;
+    rp->held = NULL;
+    snapshot_store(rp, s, msg);
+}
+
 static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
 {
     struct raft_proc *rp = state;
@@ -1115,34 +1201,10 @@ static void raft_receive(void *state, struct ida_msg *msg, struct ida_sender *s)
             ida_free(p);
             break;
         }
-        case IDA_NM_SNAPSHOT_TAKEN: {
-            /* Storage keeps the membership in effect at the snapshot's
-             * index with it (raft.h persistence contract 5). From the fsm
-             * with the bytes (encoded in line), or from storage without
-             * them (stored as the child encoded it: the answer finishes
-             * it there). Not after the core's own snapshot: nothing to
-             * do. */
-            struct ida_nm_snapshot *sn = p;
-            const uint8_t *conf;
-            size_t clen;
-            int rv = ida_raft_config_at(&rp->raft, sn->index, &conf, &clen);
-            if (rv == 0 && clen > 0) {
-                sn->conf = bytes_copy(conf, clen);
-                rv = sn->conf == NULL ? IDA_ENOMEM : 0;
-                if (rv == 0) {
-                    sn->conf_len = clen;
-                }
-            }
-            if (rv != 0) {
-                node_msg_free(msg); /* the log stays until the next one */
-                drive(rp, s);
-                return;
-            }
-            msg->type = IDA_NM_SNAPSHOT_STORE;
-            node_send(&rp->q, s, rp->node->p_storage, msg);
+        case IDA_NM_SNAPSHOT_TAKEN:
+            snapshot_taken(rp, s, msg);
             drive(rp, s);
             return;
-        }
         case IDA_NM_SNAPSHOT_STORED: {
             /* Durable: the log it covers goes from memory, and its bytes
              * stay in storage only (raft.h contract 7). IDA_EINVAL: the
@@ -1270,6 +1332,7 @@ static void raft_ping(void *state, struct ida_sender *s)
     if (rp->persist_inflight == 0) {
         flush_open(rp, s);
     }
+    held_step(rp, s);
     drive(rp, s);
     catchup_publish(rp); /* a tick's news is soon enough for a snapshot */
 }
@@ -1354,6 +1417,7 @@ void ida__raft_proc_free(struct raft_proc *rp)
     ida_free(rp->reads);
     int rv;
     ida__snap_stream_stop(rp->stream);
+    node_msg_free(rp->held);         /* the log it covers stays */
     (void)check_take(rp, true, &rv); /* before the core frees its bytes */
     ida_fsm_free(rp->checked);       /* accepted, never installed */
     node_outq_close(&rp->q);

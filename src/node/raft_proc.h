@@ -71,6 +71,11 @@ struct raft_proc
     /* What peers said of their snapshots (snap_policy.h, TURNS); published
      * in node->peers_snap_* on every message and ping. */
     struct ida_snap_peers snap_peers;
+    /* This node's snapshot done encoding, held back from replacing the
+     * stored one while a follower catches up (snap_policy.h, HOLD): its
+     * SNAPSHOT_TAKEN message, owned, and since when; NULL: none. */
+    struct ida_msg *held;
+    uint64_t held_since_ms;
     struct node_outq q;
 };
 

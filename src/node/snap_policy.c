@@ -176,6 +176,11 @@ int ida_snap_follower_behind(const struct ida_snap_peers *s,
            (sending || match + IDA_SNAP_CATCHUP_LAG < commit);
 }
 
+int ida_snap_hold(int leader, int behind, uint64_t since_ms, uint64_t now_ms)
+{
+    return leader && behind && now_ms - since_ms < IDA_SNAP_HOLD_MS;
+}
+
 uint64_t ida_snap_peers_relay_word(const struct ida_snap_peers *s,
                                    uint64_t now_ms)
 {

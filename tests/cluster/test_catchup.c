@@ -344,6 +344,95 @@ Test(catchup,
     assert_same_state(tc_wait_leader(&c, 10000), 8u << 19);
 }
 
+/* The N of the first "at index N" on @line. */
+static uint64_t at_index(const char *line, const char *hit)
+{
+    (void)hit;
+    const char *b = strstr(line, "at index ");
+    return b != NULL ? strtoull(b + 9, NULL, 10) : 0;
+}
+
+/* Node DUTY_NODE runs DUTY_RUN_MS of every DUTY_PERIOD_MS while duty_on:
+ * a follower slow to take a snapshot, yet heard from by its leader (a
+ * follower silent for 3 s is no longer waited for: snap_policy.h). */
+#define DUTY_RUN_MS    20
+#define DUTY_PERIOD_MS 1000
+static atomic_int duty_on;
+static int duty_node;
+
+static void *duty(void *arg)
+{
+    (void)arg;
+    while (atomic_load(&duty_on)) {
+        tc_signal(&c, duty_node, SIGSTOP);
+        tc_sleep_ms(DUTY_PERIOD_MS - DUTY_RUN_MS);
+        tc_signal(&c, duty_node, SIGCONT);
+        tc_sleep_ms(DUTY_RUN_MS);
+    }
+    tc_signal(&c, duty_node, SIGCONT);
+    return NULL;
+}
+
+/* The leader's next snapshot is encoded while a wiped follower still
+ * receives the one stored (snap_policy.h, HOLD): the new one waits to
+ * replace it until the follower caught up, so the transfer under way is
+ * not started over with the new one (nor a second one sent for the log
+ * the new one would have compacted), and the follower installs exactly
+ * one snapshot, an older one than the one held. The follower is slowed by
+ * stopping it for most of every second, and writes go on until the
+ * leader's next snapshot is encoded. */
+Test(catchup,
+     a_snapshot_taken_during_a_transfer_waits_for_the_follower,
+     .fini = teardown,
+     .timeout = 300)
+{
+    int l = start_with_big_snapshot();
+    int f = (l + 1) % 3;
+    off_t empty = 0;
+    wipe_and_start(f);
+    for (uint64_t end = tc_now_ms() + 5000;
+         tc_now_ms() < end && (empty = data_bytes(f)) == 0;) {
+        tc_sleep_ms(1);
+    }
+    /* Slowed once it stored a chunk of the snapshot (512 KiB). */
+    for (uint64_t end = tc_now_ms() + 60000;
+         tc_now_ms() < end && data_bytes(f) < empty + (512 << 10);) {
+        tc_sleep_ms(1);
+    }
+    duty_node = f;
+    atomic_store(&duty_on, 1);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, duty, NULL), 0);
+    cr_assert_eq(tc_log_count(&c, f, "installed snapshot at index"), 0,
+                 "node %d installed its snapshot before it was slowed down",
+                 f + 1);
+    const char *held = "waits to replace the one stored";
+    for (int round = 200; tc_log_count(&c, l, held) == 0 && round < 206;
+         round++) {
+        write_state(round);
+        for (uint64_t end = tc_now_ms() + 5000;
+             tc_log_count(&c, l, held) == 0 && tc_now_ms() < end;) {
+            tc_sleep_ms(100);
+        }
+    }
+    uint64_t h = log_max(l, held, at_index); /* the first one held */
+    atomic_store(&duty_on, 0);
+    pthread_join(th, NULL);
+    cr_assert_geq(tc_log_count(&c, l, held), 1,
+                  "the leader's snapshot did not wait for node %d", f + 1);
+    wait_readmitted(f);
+    cr_assert_eq(tc_log_count(&c, f, "installed snapshot at index"), 1,
+                 "node %d installed more than one snapshot", f + 1);
+    uint64_t got = log_max(f, "installed snapshot at index", at_index);
+    cr_assert(got > 0 && got < h,
+              "node %d installed the snapshot at %llu, the leader held %llu",
+              f + 1, (unsigned long long)got, (unsigned long long)h);
+    cr_assert_geq(tc_log_count(&c, l, "catching up (no follower catching up)"),
+                  1, "the snapshot held did not go once node %d caught up",
+                  f + 1);
+    assert_same_state(l, 8u << 19);
+}
+
 /* --- big entries ---------------------------------------------------------- */
 
 #define BIG_IN_FLIGHT 1000

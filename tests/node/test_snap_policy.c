@@ -258,6 +258,18 @@ Test(snap_policy, a_follower_catching_up_holds_the_leaders_snapshot)
         0);
 }
 
+Test(snap_policy, an_encoded_snapshot_is_held_while_a_follower_catches_up)
+{
+    uint64_t t0 = 5000;
+    cr_assert_eq(ida_snap_hold(1, 1, t0, t0), 1);
+    cr_assert_eq(ida_snap_hold(1, 1, t0, t0 + IDA_SNAP_HOLD_MS - 1), 1);
+    cr_assert_eq(ida_snap_hold(1, 1, t0, t0 + IDA_SNAP_HOLD_MS), 0,
+                 "a follower slow for good costs the cap, no more");
+    cr_assert_eq(ida_snap_hold(1, 0, t0, t0 + 1), 0, "caught up: it goes");
+    cr_assert_eq(ida_snap_hold(0, 1, t0, t0 + 1), 0,
+                 "no longer leader: nobody is sent this node's snapshot");
+}
+
 Test(snap_policy, a_full_table_drops_the_oldest_report)
 {
     struct ida_snap_peers s = {0};
