@@ -435,6 +435,11 @@ int ida_collapse_start(bool sweeps)
     return rc;
 }
 
+bool ida_collapse_running(void)
+{
+    return runs_here();
+}
+
 void ida_collapse_sweep_soon(void)
 {
     if (!runs_here()) {

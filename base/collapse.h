@@ -94,7 +94,10 @@
  * collapser: its calls only hint, never touch the mutex the fork copied.
  *
  * Without ida_collapse_start() (tests, tools, a kernel without
- * MADV_COLLAPSE) ida_heap_settle_huge() is ida_heap_hint_huge(). */
+ * MADV_COLLAPSE, a cluster file with "huge_page_collapse off")
+ * ida_heap_settle_huge() is ida_heap_hint_huge(). The node's metrics
+ * show what the collapser did (idalloc_huge_page_*, from
+ * ida_collapse_stats()). */
 #ifndef IDA_BASE_COLLAPSE_H
 #define IDA_BASE_COLLAPSE_H
 
@@ -130,6 +133,9 @@ int ida_collapse_start(bool sweeps);
  * three seconds after a 171 MB install at 10 M). No-op without a
  * collapser in this process. */
 void ida_collapse_sweep_soon(void);
+
+/* Whether the collapser runs in this process. */
+bool ida_collapse_running(void);
 
 /* Stop the thread and forget what waits (nothing is collapsed after it
  * returns). Idempotent. */

@@ -23,7 +23,7 @@ struct parser
     char *errmsg;
     /* Line where each single-valued key was first seen, 0 if not yet. */
     unsigned seen_cluster, seen_data_dir, seen_election, seen_heartbeat;
-    unsigned seen_snapshot, seen_log_level, seen_rejoin;
+    unsigned seen_snapshot, seen_log_level, seen_rejoin, seen_collapse;
     unsigned seen_tls_dir, seen_peer_tls, seen_client_tls;
     unsigned seen_limit[8]; /* limit_keys[], by position */
 };
@@ -278,6 +278,27 @@ static int parse_node(struct parser *p, struct ida_config *c, char **f, int nf)
     return 0;
 }
 
+/* "KEY on|off", once: *@out 1 or 0. */
+static int parse_switch_key(struct parser *p,
+                            char **f,
+                            int nf,
+                            unsigned *seen,
+                            int *out)
+{
+    char usage[64];
+    snprintf(usage, sizeof(usage), "%s on|off", f[0]);
+    int rv;
+    if ((rv = once(p, seen, f[0])) != 0 ||
+        (rv = want_fields(p, nf, 2, usage)) != 0) {
+        return rv;
+    }
+    if (strcmp(f[1], "on") != 0 && strcmp(f[1], "off") != 0) {
+        return perr(p, "bad %s \"%s\": expected on or off", f[0], f[1]);
+    }
+    *out = strcmp(f[1], "on") == 0;
+    return 0;
+}
+
 static int parse_number_key(struct parser *p,
                             char **f,
                             int nf,
@@ -405,15 +426,11 @@ static int parse_line(struct parser *p, struct ida_config *c, char **f, int nf)
         return 0;
     }
     if (strcmp(k, "auto_rejoin") == 0) {
-        if ((rv = once(p, &p->seen_rejoin, k)) != 0 ||
-            (rv = want_fields(p, nf, 2, "auto_rejoin on|off")) != 0) {
-            return rv;
-        }
-        if (strcmp(f[1], "on") != 0 && strcmp(f[1], "off") != 0) {
-            return perr(p, "bad auto_rejoin \"%s\": expected on or off", f[1]);
-        }
-        c->auto_rejoin = strcmp(f[1], "on") == 0;
-        return 0;
+        return parse_switch_key(p, f, nf, &p->seen_rejoin, &c->auto_rejoin);
+    }
+    if (strcmp(k, "huge_page_collapse") == 0) {
+        return parse_switch_key(p, f, nf, &p->seen_collapse,
+                                &c->huge_page_collapse);
     }
     if (strcmp(k, "tls_dir") == 0 || strcmp(k, "peer_tls") == 0 ||
         strcmp(k, "client_tls") == 0) {
@@ -477,6 +494,7 @@ static void set_defaults(struct ida_config *c)
     c->snapshot_interval_entries = 10000;
     c->log_level = IDA_LOG_INFO;
     c->auto_rejoin = 1;
+    c->huge_page_collapse = 1;
     c->client_connections_max = 4096;
     c->client_connections_reserve = 16;
     c->client_idle_timeout_ms = 300000;

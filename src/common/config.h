@@ -25,6 +25,11 @@
  *                                     src/node/snap_policy.h)
  *   log_level LEVEL                   optional; debug|info|warn|error;
  *                                     default info
+ *   huge_page_collapse on|off         optional; default on: a thread
+ *                                     collapses large written memory into
+ *                                     huge pages (base/collapse.h); off:
+ *                                     khugepaged does it, when it gets to
+ *                                     it
  *   auto_rejoin on|off                optional; default on: a leader
  *                                     re-admits a member that came back
  *                                     with a new, empty data directory
@@ -119,6 +124,7 @@ struct ida_config
     uint64_t snapshot_interval_entries;
     enum ida_log_level log_level;
     int auto_rejoin; /* re-admit a member's new incarnation (default 1) */
+    int huge_page_collapse; /* run the collapser (default 1) */
     /* Client port limits (above). */
     uint64_t client_connections_max;
     uint64_t client_connections_reserve;

@@ -151,8 +151,13 @@ int main(int argc, char **argv)
     }
     /* Tables and slabs once written, and the rest of the memory once it
      * settles, go onto huge pages soon rather than when khugepaged gets to
-     * them (base/collapse.h). */
-    if (ida_collapse_start(true) != 0) {
+     * them (base/collapse.h), unless the cluster file says not to. */
+    if (!node.cfg.huge_page_collapse) {
+        IDA_INFO(
+            "memory: huge_page_collapse off: large tables wait for "
+            "khugepaged (a snapshot child's fork() copies more page tables "
+            "meanwhile)");
+    } else if (ida_collapse_start(true) != 0) {
         IDA_INFO(
             "memory: this system cannot collapse written memory into huge "
             "pages (madvise MADV_COLLAPSE, Linux 6.1); large tables wait "

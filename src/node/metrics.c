@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "base/collapse.h"
 #include "base/heap.h"
 #include "idalloc_errors.h"
 #include "proto/idalloc.pb-c.h"
@@ -426,6 +427,35 @@ static void counter(struct out *o,
     put(o, "%s %llu\n", name, (unsigned long long)v);
 }
 
+/* The huge-page collapser's work (base/collapse.h): one per process. */
+static void huge_pages(struct out *o)
+{
+    struct ida_collapse_stats cs = ida_collapse_stats();
+    gauge(o, "idalloc_huge_page_collapser_running",
+          "1 while the thread that collapses written memory into huge pages "
+          "runs (huge_page_collapse on, and the kernel can), else 0.",
+          ida_collapse_running() ? 1 : 0);
+    head(o, "idalloc_huge_page_pieces_total", "counter",
+         "2 MiB pieces the collapser took, by what it found: collapsed, "
+         "huge already, or left alone (pages not in memory, or the kernel "
+         "refused).");
+    static const char *const res[] = {"collapsed", "already", "skipped"};
+    const uint64_t v[] = {cs.collapsed, cs.already, cs.skipped};
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        put(o, "idalloc_huge_page_pieces_total{result=\"%s\"} %llu\n", res[i],
+            (unsigned long long)v[i]);
+    }
+    gauge(o, "idalloc_huge_page_pieces_waiting",
+          "2 MiB pieces queued for the collapser and not taken yet.",
+          (double)cs.waiting);
+    counter(o, "idalloc_huge_page_ranges_dropped_total",
+            "Written ranges only hinted to khugepaged: the collapser's queue "
+            "was full.",
+            cs.dropped);
+    counter(o, "idalloc_huge_page_sweeps_total",
+            "Sweeps of the process's memory by the collapser.", cs.sweeps);
+}
+
 char *ida_metrics_render(struct ida_metrics *m, size_t *len)
 {
     struct out o = {0};
@@ -526,6 +556,7 @@ char *ida_metrics_render(struct ida_metrics *m, size_t *len)
             ida_metrics_proc_name((enum ida_metrics_proc)i),
             (double)atomic_load(&m->longest_step_us[i]) / 1e6);
     }
+    huge_pages(&o);
     if (m->net != NULL) {
         struct ida_net_stats st;
         ida_net_get_stats(m->net, &st);

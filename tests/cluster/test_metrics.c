@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/collapse.h"
 #include "tests/lib/harness.h"
 
 static struct tc c;
@@ -53,6 +54,15 @@ static void setup(void)
 {
     /* Snapshots every 5 entries, so the snapshot series move too. */
     tc_start_edited(&c, 3, "snapshot_interval_entries 5\n", add_metrics, NULL);
+    cr_assert_geq(tc_wait_leader(&c, 20000), 0, "no leader elected");
+}
+
+/* The same, with no huge-page collapser (huge_page_collapse off). */
+static void setup_no_collapser(void)
+{
+    tc_start_edited(&c, 3,
+                    "snapshot_interval_entries 5\nhuge_page_collapse off\n",
+                    add_metrics, NULL);
     cr_assert_geq(tc_wait_leader(&c, 20000), 0, "no leader elected");
 }
 
@@ -265,6 +275,13 @@ static const char *const required[] = {
     "idalloc_processor_step_duration_seconds_bucket{processor=\"raft\"",
     "idalloc_processor_step_duration_seconds_count{processor=\"storage\"}",
     "idalloc_processor_longest_step_seconds{processor=\"fsm\"}",
+    "idalloc_huge_page_collapser_running",
+    "idalloc_huge_page_pieces_total{result=\"collapsed\"}",
+    "idalloc_huge_page_pieces_total{result=\"already\"}",
+    "idalloc_huge_page_pieces_total{result=\"skipped\"}",
+    "idalloc_huge_page_pieces_waiting",
+    "idalloc_huge_page_ranges_dropped_total",
+    "idalloc_huge_page_sweeps_total",
 };
 
 Test(metrics,
@@ -357,6 +374,12 @@ Test(metrics,
         value_of("idalloc_processor_longest_step_seconds{processor=\"raft\"}"),
         0);
     cr_assert_geq(value_of("idalloc_sessions"), 1);
+    /* The node runs the collapser (huge_page_collapse on by default)
+     * wherever this system can collapse: tried here the same way. */
+    int can = ida_collapse_start(false) == 0;
+    ida_collapse_stop();
+    cr_assert_eq(value_of("idalloc_huge_page_collapser_running"), can,
+                 "this system %s collapse", can ? "can" : "cannot");
     /* snapshot_interval_entries 5 is only the floor: after the first, a
      * snapshot waits for as many log bytes as the last one had
      * (src/node/snap_policy.h), so ~30 small entries give one or two. */
@@ -378,7 +401,7 @@ Test(metrics,
 
 Test(metrics,
      healthz_follows_the_leader,
-     .init = setup,
+     .init = setup_no_collapser,
      .fini = teardown,
      .timeout = 120)
 {
@@ -402,4 +425,10 @@ Test(metrics,
     cr_assert_eq(status, 503, "%s", body);
     cr_assert_eq(get(lone, "GET", "/metrics"), 200);
     cr_assert_eq(value_of("idalloc_raft_leader_id"), 0);
+    cr_assert_eq(value_of("idalloc_huge_page_collapser_running"), 0,
+                 "huge_page_collapse off, yet the collapser runs");
+    cr_assert_eq(value_of("idalloc_huge_page_pieces_total{result="
+                          "\"collapsed\"}"),
+                 0);
+    cr_assert_geq(tc_log_count(&c, lone, "huge_page_collapse off"), 1);
 }

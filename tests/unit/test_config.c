@@ -89,6 +89,27 @@ Test(config, defaults_and_optional_keys)
     cr_assert_str_eq(cfg.data_dir, "/tmp/x");
 }
 
+Test(config, on_off_switches)
+{
+    cr_assert_eq(parse(GOOD), 0, "%s", err);
+    cr_assert_eq(cfg.auto_rejoin, 1);
+    cr_assert_eq(cfg.huge_page_collapse, 1);
+    cr_assert_eq(parse(GOOD "huge_page_collapse off\nauto_rejoin off\n"), 0,
+                 "%s", err);
+    cr_assert_eq(cfg.huge_page_collapse, 0);
+    cr_assert_eq(cfg.auto_rejoin, 0);
+    cr_assert_eq(parse(GOOD "huge_page_collapse on\n"), 0, "%s", err);
+    cr_assert_eq(cfg.huge_page_collapse, 1);
+    expect_error(GOOD "huge_page_collapse yes\n", "t.conf:5: ",
+                 "bad huge_page_collapse \"yes\": expected on or off");
+    expect_error(GOOD "auto_rejoin 1\n",
+                 "t.conf:5: ", "bad auto_rejoin \"1\": expected on or off");
+    expect_error(GOOD "huge_page_collapse\n", "t.conf:5: ",
+                 "missing field: expected \"huge_page_collapse on|off\"");
+    expect_error(GOOD "huge_page_collapse off\nhuge_page_collapse off\n",
+                 "t.conf:6: ", "duplicate \"huge_page_collapse\" line");
+}
+
 Test(config, ipv6_and_no_trailing_newline)
 {
     cr_assert_eq(parse("cluster c\nnode 7 [::1]:9000 [::1]:9001"), 0, "%s",
