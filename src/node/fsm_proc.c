@@ -532,6 +532,8 @@ static void finish_restore(struct fsm_proc *fp)
         return;
     }
     uint64_t t0 = ida__node_mono_us(), took_us;
+    /* Start-up, not housekeeping: the node serves nothing before. */
+    fp->node->timed[IDA_MPROC_FSM].what = "the restart's rebuild of the state";
     struct ida_fsm *f;
     int rv = ida__rebuild_finish(fp->rebuild, &f, &took_us);
     fp->rebuild = NULL;

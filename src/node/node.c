@@ -683,6 +683,8 @@ static const char *call_name(int type)
 static void timed_done(struct ida__timed_proc *t, uint64_t t0_us, int type)
 {
     uint64_t us = ida__node_mono_us() - t0_us;
+    const char *what = t->what != NULL ? t->what : call_name(type);
+    t->what = NULL;
     ida_metrics_step(t->node->metrics, t->which, us);
     if (us <= SLOW_STEP_US) {
         return;
@@ -694,9 +696,8 @@ static void timed_done(struct ida__timed_proc *t, uint64_t t0_us, int type)
             "node: one call (%s) held the %s processor %.1f ms (%llu calls "
             "over %u ms since the last such line; "
             "idalloc_processor_step_duration_seconds)",
-            call_name(type), ida_metrics_proc_name(t->which),
-            (double)us / 1000.0, (unsigned long long)t->slow_since,
-            SLOW_STEP_US / 1000);
+            what, ida_metrics_proc_name(t->which), (double)us / 1000.0,
+            (unsigned long long)t->slow_since, SLOW_STEP_US / 1000);
         t->slow_logged_ms = now;
         t->slow_since = 0;
     }
@@ -727,11 +728,11 @@ static const struct ida_proc_ops timed_ops = {timed_receive, timed_ping};
 static int add_procs(struct ida_node *n)
 {
     n->timed[IDA_MPROC_RAFT] = (struct ida__timed_proc){
-        n, &ida__raft_proc_ops, n->raft, IDA_MPROC_RAFT, 0, 0};
+        n, &ida__raft_proc_ops, n->raft, IDA_MPROC_RAFT, 0, 0, NULL};
     n->timed[IDA_MPROC_STORAGE] = (struct ida__timed_proc){
-        n, &ida__storage_proc_ops, n->sp, IDA_MPROC_STORAGE, 0, 0};
+        n, &ida__storage_proc_ops, n->sp, IDA_MPROC_STORAGE, 0, 0, NULL};
     n->timed[IDA_MPROC_FSM] = (struct ida__timed_proc){
-        n, &ida__fsm_proc_ops, n->fp, IDA_MPROC_FSM, 0, 0};
+        n, &ida__fsm_proc_ops, n->fp, IDA_MPROC_FSM, 0, 0, NULL};
     struct ida_proc_config pc[3] = {
         {.name = "raft",
          .ops = &timed_ops,

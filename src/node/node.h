@@ -111,6 +111,11 @@ struct ida_node
         enum ida_metrics_proc which;
         uint64_t slow_logged_ms; /* the last "held ... ms" line */
         uint64_t slow_since;     /* calls over the mark since that line */
+        /* Set by the processor during a call that is not what its
+         * message or ping says (a restart's rebuild, waited for in the
+         * fsm's first call): the line names this instead; cleared after
+         * each call. */
+        const char *what;
     } timed[IDA_MPROC_COUNT_];
     struct ida_net *net;
     struct raft_proc *raft;
