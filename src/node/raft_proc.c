@@ -1130,25 +1130,30 @@ static void snapshot_store(struct raft_proc *rp,
 /* This node's snapshot is encoded (and, from a child, stored but not yet
  * current): make it current, or hold it while a follower catches up
  * (snap_policy.h, HOLD). A newer one replaces one held (storage dropped
- * the older one's writer for it). Takes @msg. */
+ * the older one's writer for it) and inherits its start: the cap counts
+ * from the first, so snapshots falling due faster than the cap cannot
+ * keep the log from being compacted for good. Takes @msg. */
 static void snapshot_taken(struct raft_proc *rp,
                            struct ida_sender *s,
                            struct ida_msg *msg)
 {
     uint64_t now = ida__node_mono_ms();
+    uint64_t since = rp->held != NULL ? rp->held_since_ms : now;
+    node_msg_free(rp->held);
+    rp->held = NULL;
     if (!ida_snap_hold(ida_raft_role(&rp->raft) == IDA_RAFT_LEADER,
-                       follower_catching_up(rp), now, now)) {
+                       follower_catching_up(rp), since, now)) {
         snapshot_store(rp, s, msg);
         return;
     }
     const struct ida_nm_snapshot *sn = node_msg_payload(msg);
     IDA_INFO(
         "raft: the snapshot at index %llu waits to replace the one "
-        "stored while a follower catches up (at most %.0f s)",
-        (unsigned long long)sn->index, IDA_SNAP_HOLD_MS / 1000.0);
-    node_msg_free(rp->held);
+        "stored while a follower catches up (at most %.0f s more)",
+        (unsigned long long)sn->index,
+        (double)(IDA_SNAP_HOLD_MS - (now - since)) / 1000.0);
     rp->held = msg;
-    rp->held_since_ms = now;
+    rp->held_since_ms = since;
 }
 
 /* On a ping: the snapshot held goes once nobody catches up, this node no

@@ -115,7 +115,8 @@
  * 160 MB/s. So once encoded and stored (still invisible: storage's writer
  * is done but not finished), a leader's snapshot is held back from
  * replacing the one stored, and the log it covers stays, while a follower
- * catches up as above, for at most IDA_SNAP_HOLD_MS (ida_snap_hold()). The
+ * catches up as above, for at most IDA_SNAP_HOLD_MS (ida_snap_hold();
+ * a newer snapshot replacing one held keeps the first one's start). The
  * transfer under way goes on with the snapshot it started, and the entries
  * after it that the follower then needs are still in the log. Holding costs
  * the log since the older snapshot for that long more (memory, and a
