@@ -298,9 +298,67 @@ static off_t data_bytes(int i)
     return stat(path, &st) == 0 ? st.st_size : 0;
 }
 
+/* While slowed, node duty_node runs DUTY_RUN_MS of every DUTY_PERIOD_MS: a
+ * follower slow to take a snapshot, yet heard from by its leader (a
+ * follower silent for 3 s is no longer waited for: snap_policy.h). */
+#define DUTY_RUN_MS    20
+#define DUTY_PERIOD_MS 1000
+static atomic_int duty_on;
+static int duty_node;
+static pthread_t duty_thread;
+
+static void *duty(void *arg)
+{
+    (void)arg;
+    while (atomic_load(&duty_on)) {
+        tc_signal(&c, duty_node, SIGSTOP);
+        tc_sleep_ms(DUTY_PERIOD_MS - DUTY_RUN_MS);
+        tc_signal(&c, duty_node, SIGCONT);
+        tc_sleep_ms(DUTY_RUN_MS);
+    }
+    tc_signal(&c, duty_node, SIGCONT);
+    return NULL;
+}
+
+static void slow_down(int f)
+{
+    duty_node = f;
+    atomic_store(&duty_on, 1);
+    cr_assert_eq(pthread_create(&duty_thread, NULL, duty, NULL), 0);
+}
+
+/* It runs freely again. */
+static void slow_down_end(void)
+{
+    atomic_store(&duty_on, 0);
+    pthread_join(duty_thread, NULL);
+}
+
+/* Node @f, wiped and started, slowed down once it stored a first chunk
+ * (512 KiB) of the snapshot it receives; returns the size of its data.mdb
+ * before. */
+static off_t slow_down_in_transfer(int f)
+{
+    off_t empty = 0;
+    for (uint64_t end = tc_now_ms() + 5000;
+         tc_now_ms() < end && (empty = data_bytes(f)) == 0;) {
+        tc_sleep_ms(1);
+    }
+    for (uint64_t end = tc_now_ms() + 60000;
+         tc_now_ms() < end && data_bytes(f) < empty + (512 << 10);) {
+        tc_sleep_ms(1);
+    }
+    slow_down(f);
+    cr_assert_eq(tc_log_count(&c, f, "installed snapshot at index"), 0,
+                 "node %d installed its snapshot before it was slowed down",
+                 f + 1);
+    return empty;
+}
+
 /* The leader dies while a wiped follower receives its snapshot. The
- * follower is paused once it stored part of the snapshot (its chunks are
- * stored as they arrive), the leader is killed and restarted, and the
+ * follower is slowed down once it stored a first chunk and paused once it
+ * stored 1 MiB of the snapshot (its chunks are stored as they arrive),
+ * so it is paused mid-transfer; the leader is killed and restarted, and the
  * follower resumes holding part of a snapshot of a leader that is gone:
  * the next leader's snapshot must replace it, and the cluster ends with
  * one state on all three nodes. */
@@ -311,26 +369,20 @@ Test(catchup,
 {
     int l = start_with_big_snapshot();
     int f = (l + 1) % 3;
-    off_t empty = 0;
     wipe_and_start(f);
-    for (uint64_t end = tc_now_ms() + 5000;
-         tc_now_ms() < end && (empty = data_bytes(f)) == 0;) {
-        tc_sleep_ms(1);
-    }
+    off_t empty = slow_down_in_transfer(f);
     for (uint64_t end = tc_now_ms() + 60000;
          tc_now_ms() < end && data_bytes(f) < empty + (1 << 20);) {
-        tc_sleep_ms(1);
+        tc_sleep_ms(10);
     }
+    slow_down_end();
     tc_signal(&c, f, SIGSTOP);
     cr_assert_geq(data_bytes(f), empty + (1 << 20),
                   "node %d stored nothing of a snapshot", f + 1);
-    int mid = tc_log_count(&c, f, "stored as it arrived") == 0;
-    if (!mid) {
-        cr_log_warn(
-            "node %d had its whole snapshot before it was paused: "
-            "the leader died after the transfer, not during it",
-            f + 1);
-    }
+    cr_assert_eq(tc_log_count(&c, f, "stored as it arrived"), 0,
+                 "node %d had its whole snapshot before it was paused: the "
+                 "leader would die after the transfer, not during it",
+                 f + 1);
     tc_signal(&c, l, SIGKILL);
     tc_spawn(&c, l);
     tc_signal(&c, f, SIGCONT);
@@ -352,27 +404,6 @@ static uint64_t at_index(const char *line, const char *hit)
     return b != NULL ? strtoull(b + 9, NULL, 10) : 0;
 }
 
-/* Node DUTY_NODE runs DUTY_RUN_MS of every DUTY_PERIOD_MS while duty_on:
- * a follower slow to take a snapshot, yet heard from by its leader (a
- * follower silent for 3 s is no longer waited for: snap_policy.h). */
-#define DUTY_RUN_MS    20
-#define DUTY_PERIOD_MS 1000
-static atomic_int duty_on;
-static int duty_node;
-
-static void *duty(void *arg)
-{
-    (void)arg;
-    while (atomic_load(&duty_on)) {
-        tc_signal(&c, duty_node, SIGSTOP);
-        tc_sleep_ms(DUTY_PERIOD_MS - DUTY_RUN_MS);
-        tc_signal(&c, duty_node, SIGCONT);
-        tc_sleep_ms(DUTY_RUN_MS);
-    }
-    tc_signal(&c, duty_node, SIGCONT);
-    return NULL;
-}
-
 /* The leader's next snapshot is encoded while a wiped follower still
  * receives the one stored (snap_policy.h, HOLD): the new one waits to
  * replace it until the follower caught up, so the transfer under way is
@@ -388,24 +419,8 @@ Test(catchup,
 {
     int l = start_with_big_snapshot();
     int f = (l + 1) % 3;
-    off_t empty = 0;
     wipe_and_start(f);
-    for (uint64_t end = tc_now_ms() + 5000;
-         tc_now_ms() < end && (empty = data_bytes(f)) == 0;) {
-        tc_sleep_ms(1);
-    }
-    /* Slowed once it stored a chunk of the snapshot (512 KiB). */
-    for (uint64_t end = tc_now_ms() + 60000;
-         tc_now_ms() < end && data_bytes(f) < empty + (512 << 10);) {
-        tc_sleep_ms(1);
-    }
-    duty_node = f;
-    atomic_store(&duty_on, 1);
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, duty, NULL), 0);
-    cr_assert_eq(tc_log_count(&c, f, "installed snapshot at index"), 0,
-                 "node %d installed its snapshot before it was slowed down",
-                 f + 1);
+    (void)slow_down_in_transfer(f);
     const char *held = "waits to replace the one stored";
     for (int round = 200; tc_log_count(&c, l, held) == 0 && round < 206;
          round++) {
@@ -416,8 +431,7 @@ Test(catchup,
         }
     }
     uint64_t h = log_max(l, held, at_index); /* the first one held */
-    atomic_store(&duty_on, 0);
-    pthread_join(th, NULL);
+    slow_down_end();
     cr_assert_geq(tc_log_count(&c, l, held), 1,
                   "the leader's snapshot did not wait for node %d", f + 1);
     wait_readmitted(f);
