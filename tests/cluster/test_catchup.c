@@ -301,8 +301,8 @@ static off_t data_bytes(int i)
 /* While slowed, node duty_node runs DUTY_RUN_MS of every DUTY_PERIOD_MS: a
  * follower slow to take a snapshot, yet heard from by its leader (a
  * follower silent for 3 s is no longer waited for: snap_policy.h). */
-#define DUTY_RUN_MS    20
-#define DUTY_PERIOD_MS 1000
+#define DUTY_RUN_MS    10
+#define DUTY_PERIOD_MS 500
 static atomic_int duty_on;
 static int duty_node;
 static pthread_t duty_thread;
