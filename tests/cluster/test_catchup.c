@@ -409,9 +409,9 @@ static uint64_t at_index(const char *line, const char *hit)
  * replace it until the follower caught up, so the transfer under way is
  * not started over with the new one (nor a second one sent for the log
  * the new one would have compacted), and the follower installs exactly
- * one snapshot, an older one than the one held. The follower is slowed by
- * stopping it for most of every second, and writes go on until the
- * leader's next snapshot is encoded. */
+ * one snapshot, an older one than the one held. The follower is slowed
+ * down (slow_down()), and writes go on until the leader's next snapshot
+ * is encoded. */
 Test(catchup,
      a_snapshot_taken_during_a_transfer_waits_for_the_follower,
      .fini = teardown,
