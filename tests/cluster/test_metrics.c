@@ -328,9 +328,11 @@ Test(metrics,
     idalloc_client_free(cl);
 
     /* The pool table is published at most once a second, and a snapshot
-     * that falls due pauses up to a second before it starts
-     * (src/node/snap_policy.h, TURNS): wait for both. */
-    uint64_t end = tc_now_ms() + 10000;
+     * that falls due pauses up to a second before it starts, and waits
+     * while another node encodes one, up to 10 s for a node's first
+     * (src/node/snap_policy.h, TURNS): wait for both. (10 s was too short
+     * once, in a `make asan` run.) */
+    uint64_t end = tc_now_ms() + 30000;
     do {
         tc_sleep_ms(200);
         cr_assert_eq(get(leader, "GET", "/metrics"), 200);
