@@ -542,9 +542,9 @@ static void catch_snapshot_child(int l)
         }
         kill(p, SIGSTOP);
         char st = 0;
-        for (uint64_t until = tc_now_ms() + 1000;
-             (st = proc_state(p)) != 'T' && st != 'Z' && st != 0 &&
-             tc_now_ms() < until;) {
+        for (uint64_t until = tc_now_ms() + 1000; (st = proc_state(p)) != 'T' &&
+                                                  st != 'Z' && st != 0 &&
+                                                  tc_now_ms() < until;) {
             tc_sleep_ms(1);
         }
         if (st != 'T') {
