@@ -281,12 +281,20 @@ static int check_meta(struct ida_storage *s,
             "%u" DAMAGE_TAIL,
             i, le32(m + M_PSIZE), psize);
     }
+    /* The last page LMDB allocated may lie past the end of the file: a
+     * page allocated and freed by the same transaction (P_LOOSE) is never
+     * written (mdb.c, mdb_page_flush(): "Don't flush this page yet"), and
+     * one at the end of the allocated range leaves the file short of it.
+     * A cleanly committed file showed so in 18 of 3,000 random
+     * transactions, and a node stopped cleanly was refused as "truncated"
+     * (test_catchup). Such a page is free, never read. So only the roots,
+     * which are read, must be in the file. */
     uint64_t last = le64(m + M_LAST_PG);
-    if (last < 1 || last >= pages) {
+    if (last < 1) {
         return DAMAGED(
-            "data.mdb meta page %d says the file has %llu pages "
-            "but it has %llu (truncated?)" DAMAGE_TAIL,
-            i, (unsigned long long)last + 1, (unsigned long long)pages);
+            "data.mdb meta page %d names no page past the "
+            "meta pages" DAMAGE_TAIL,
+            i);
     }
     const int offs[2] = {M_FREE_ROOT, M_MAIN_ROOT};
     for (int k = 0; k < 2; k++) {
@@ -296,6 +304,12 @@ static int check_meta(struct ida_storage *s,
                 "data.mdb meta page %d names root page %llu, "
                 "outside pages 2..%llu" DAMAGE_TAIL,
                 i, (unsigned long long)root, (unsigned long long)last);
+        }
+        if (root != P_INVALID_PG && root >= pages) {
+            return DAMAGED(
+                "data.mdb meta page %d names root page %llu but the file "
+                "has %llu pages (truncated?)" DAMAGE_TAIL,
+                i, (unsigned long long)root, (unsigned long long)pages);
         }
     }
     return 0;

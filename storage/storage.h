@@ -79,15 +79,20 @@
  *
  * Before LMDB maps data.mdb, open reads its two meta pages with read(2):
  * the file must be whole pages, at least two, both meta pages must carry
- * LMDB's magic, data version, page header and page size, name a last page
- * and root pages inside the file, and hold consecutive transaction ids
- * (LMDB writes transaction N to meta page N % 2 and opens the one with the
- * higher id, so a damaged older page could silently roll back the last
- * commit). Anything else is IDA_ECORRUPT with one line, never a SIGBUS from
- * touching pages past the end of a truncated file. A known limit: LMDB's own
- * comment on mm_last_pg allows a file shorter than its last page when the
- * final pages are free (never written); such a file is refused as
- * truncated.
+ * LMDB's magic, data version, page header and page size, name root pages
+ * inside the file, and hold consecutive transaction ids (LMDB writes
+ * transaction N to meta page N % 2 and opens the one with the higher id, so
+ * a damaged older page could silently roll back the last commit). Anything
+ * else is IDA_ECORRUPT with one line. The last page a meta page names may
+ * lie past the end of the file: LMDB never writes a page that the
+ * transaction which allocated it also freed, and a healthy file, committed
+ * and closed cleanly, ends short of such a page now and then (this check
+ * once refused it as truncated: tests/storage/test_storage_identity.c). So
+ * a file truncated below a root is refused, but one truncated above both
+ * roots is not seen here: LMDB then stops the process with SIGBUS when it
+ * reads a missing page (it never reads it as data). Telling the two apart
+ * would take walking LMDB's free list, whose pages are the only ones that
+ * may be missing.
  *
  * Not detectable here: a copy of the whole directory taken earlier and put
  * back (a rollback) is self-consistent, IDENTITY included. Storage counts

@@ -510,6 +510,66 @@ Test(identity, a_truncated_data_mdb_is_corrupt_not_a_signal)
     expect_corrupt_in_child(100, "shorter than one LMDB meta page");
 }
 
+/* LMDB does not write a page allocated and freed by one transaction
+ * (P_LOOSE), so the last page a meta page names may lie past the end of a
+ * file committed cleanly: random puts and deletes, in a sub-database of
+ * their own, until LMDB leaves a file so (a node stopped cleanly was
+ * refused as truncated once, in test_catchup). Such a file opens, with
+ * what it held. */
+Test(identity, a_last_page_past_the_end_of_the_file_is_not_truncation)
+{
+    open_ok();
+    append(1, 50, 2);
+    close_st();
+    MDB_env *env;
+    cr_assert_eq(mdb_env_create(&env), 0);
+    cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
+    cr_assert_eq(mdb_env_set_mapsize(env, 1u << 30), 0);
+    cr_assert_eq(mdb_env_open(env, dir, MDB_NOTLS, 0644), 0);
+    char p[600];
+    data_path(p, sizeof(p));
+    unsigned seed = 1;
+    int found = 0;
+    for (int round = 0; round < 20000 && !found; round++) {
+        MDB_txn *t;
+        MDB_dbi d;
+        cr_assert_eq(mdb_txn_begin(env, NULL, 0, &t), 0);
+        cr_assert_eq(mdb_dbi_open(t, "scratch", MDB_CREATE, &d), 0);
+        char k[16], v[300];
+        memset(v, 'x', sizeof(v));
+        int n = rand_r(&seed) % 300, base = rand_r(&seed) % 100000;
+        for (int i = 0; i < n; i++) {
+            snprintf(k, sizeof(k), "%08d", base + i);
+            MDB_val kk = {8, k}, vv = {(size_t)(rand_r(&seed) % 300), v};
+            cr_assert_eq(mdb_put(t, d, &kk, &vv, 0), 0);
+        }
+        int m = rand_r(&seed) % 300, gone = rand_r(&seed) % 100000;
+        for (int i = 0; i < m; i++) {
+            snprintf(k, sizeof(k), "%08d", gone + i);
+            MDB_val kk = {8, k};
+            (void)mdb_del(t, d, &kk, NULL);
+        }
+        if (rand_r(&seed) % 2) {
+            for (int i = 0; i < n; i++) {
+                snprintf(k, sizeof(k), "%08d", base + i);
+                MDB_val kk = {8, k};
+                (void)mdb_del(t, d, &kk, NULL);
+            }
+        }
+        cr_assert_eq(mdb_txn_commit(t), 0);
+        MDB_envinfo in;
+        MDB_stat ms;
+        cr_assert_eq(mdb_env_info(env, &in), 0);
+        cr_assert_eq(mdb_env_stat(env, &ms), 0);
+        found =
+            (off_t)(in.me_last_pgno + 1) * (off_t)ms.ms_psize > file_size(p);
+    }
+    mdb_env_close(env);
+    cr_assert(found, "LMDB never left its last page past the end of the file");
+    open_ok();
+    expect_entries(1, 50, 2);
+}
+
 /* Offset of the txnid of the meta page with the lower one (the older). */
 static off_t older_txnid_offset(const char *p, uint32_t psize)
 {
