@@ -248,9 +248,6 @@ static int read_at(int fd, uint8_t *buf, size_t len, off_t off)
 }
 
 #define DAMAGED(...) ida__storage_fail(s, dir, IDA_ECORRUPT, __VA_ARGS__)
-#define DAMAGE_TAIL                                                     \
-    "; refusing to open it (the node must be restored from its peers: " \
-    "remove the directory, see README, Runbook)"
 
 /* Check one meta page (@i: 0 or 1) of a file of @pages pages. */
 static int check_meta(struct ida_storage *s,
@@ -425,6 +422,14 @@ int ida__storage_check_data(struct ida_storage *s,
             "not consecutive: one meta page is damaged and LMDB "
             "could silently roll back the last commit" DAMAGE_TAIL,
             (unsigned long long)t0, (unsigned long long)t1);
+    }
+    /* The newer meta page, which LMDB opens, may name pages past the end
+     * of the file: free pages never written, or a cut (pages.c). */
+    const uint8_t *m = t1 > t0 ? m1 : m0;
+    if (rv == 0 && le64(m + M_LAST_PG) >= pages) {
+        rv = ida__storage_check_pages(s, dir, fd, psize, pages,
+                                      le64(m + M_FREE_ROOT),
+                                      le64(m + M_MAIN_ROOT));
     }
 out:
     close(fd);

@@ -163,12 +163,35 @@ enum ida__data_state {
 };
 
 /* Check @dir/data.mdb with plain reads before LMDB maps it: whole pages,
- * at least two, both meta pages sound and consistent, their last page and
- * roots inside the file, consecutive txnids. 0 (with *state) or
+ * at least two, both meta pages sound and consistent, their roots inside
+ * the file, consecutive txnids; when the newer meta page names pages past
+ * the end of the file, ida__storage_check_pages(). 0 (with *state) or
  * IDA_ECORRUPT, IDA_EFOREIGN (not LMDB at all), IDA_EIO, with s->errmsg. */
 int ida__storage_check_data(struct ida_storage *s,
                             const char *dir,
                             enum ida__data_state *state);
+
+/* The end of every message that refuses a damaged data.mdb. */
+#define DAMAGE_TAIL                                                     \
+    "; refusing to open it (the node must be restored from its peers: " \
+    "remove the directory, see README, Runbook)"
+
+/* --- data.mdb's trees (storage/pages.c) --- */
+
+/* Walk, with pread(2) on @fd, every B-tree of data.mdb reached from the
+ * free list's root @free_root and the main database's @main_root
+ * (P_INVALID: none), named databases included, and check that every
+ * branch, leaf and overflow page they use lies within the file's @pages
+ * pages of @psize bytes. Free pages are not read and may be missing. 0, or
+ * IDA_ECORRUPT (a page in use is missing: "(truncated?)"; or a page is not
+ * what its parent says), IDA_EIO, IDA_ENOMEM, with s->errmsg. */
+int ida__storage_check_pages(struct ida_storage *s,
+                             const char *dir,
+                             int fd,
+                             uint32_t psize,
+                             uint64_t pages,
+                             uint64_t free_root,
+                             uint64_t main_root);
 
 /* --- boots (storage/boot.c) --- */
 

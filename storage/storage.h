@@ -87,12 +87,11 @@
  * lie past the end of the file: LMDB never writes a page that the
  * transaction which allocated it also freed, and a healthy file, committed
  * and closed cleanly, ends short of such a page now and then (this check
- * once refused it as truncated: tests/storage/test_storage_identity.c). So
- * a file truncated below a root is refused, but one truncated above both
- * roots is not seen here: LMDB then stops the process with SIGBUS when it
- * reads a missing page (it never reads it as data). Telling the two apart
- * would take walking LMDB's free list, whose pages are the only ones that
- * may be missing.
+ * once refused it as truncated: tests/storage/test_storage_identity.c).
+ * For such a file, open walks with plain reads every B-tree the newer meta
+ * page reaches (storage/pages.c) and refuses it only when a page in use
+ * lies past the end (LMDB would stop the process with SIGBUS reading it)
+ * or a page is not what its parent says.
  *
  * Not detectable here: a copy of the whole directory taken earlier and put
  * back (a rollback) is self-consistent, IDENTITY included. Storage counts

@@ -1,6 +1,7 @@
 /* storage/: the incarnation id, the IDENTITY file, lost state (an emptied,
- * deleted or replaced data.mdb), the upgrade from format 1, and the check of
- * data.mdb's meta pages before LMDB maps it (truncated or damaged files). */
+ * deleted or replaced data.mdb), the upgrade from format 1, and the checks
+ * of data.mdb before LMDB maps it (truncated or damaged files): its meta
+ * pages, and the walk of its trees when it ends short of its last page. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -476,6 +477,26 @@ static uint32_t page_size(const char *p)
            (uint32_t)b[3] << 24;
 }
 
+static uint64_t get_le64(int fd, off_t off)
+{
+    uint8_t b[8];
+    cr_assert_eq(pread(fd, b, 8, off), 8);
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = v << 8 | b[i];
+    }
+    return v;
+}
+
+static void put_le64(int fd, off_t off, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) {
+        b[i] = (uint8_t)(v >> (8 * i));
+    }
+    cr_assert_eq(pwrite(fd, b, 8, off), 8);
+}
+
 static void expect_corrupt_in_child(off_t size, const char *what)
 {
     char p[600], msg[IDA_STORAGE_ERRMSG_MAX + 1];
@@ -510,64 +531,397 @@ Test(identity, a_truncated_data_mdb_is_corrupt_not_a_signal)
     expect_corrupt_in_child(100, "shorter than one LMDB meta page");
 }
 
-/* LMDB does not write a page allocated and freed by one transaction
- * (P_LOOSE), so the last page a meta page names may lie past the end of a
- * file committed cleanly: random puts and deletes, in a sub-database of
- * their own, until LMDB leaves a file so (a node stopped cleanly was
- * refused as truncated once, in test_catchup). Such a file opens, with
- * what it held. */
-Test(identity, a_last_page_past_the_end_of_the_file_is_not_truncation)
+/* One random transaction of puts and deletes in database "scratch" of
+ * @env: values up to 300 bytes, and one in @big_every of 9,000 (an overflow
+ * run of three pages). */
+static void scratch_txn(MDB_env *env, unsigned *seed, int big_every)
 {
-    open_ok();
-    append(1, 50, 2);
-    close_st();
+    MDB_txn *t;
+    MDB_dbi d;
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &t), 0);
+    cr_assert_eq(mdb_dbi_open(t, "scratch", MDB_CREATE, &d), 0);
+    char k[16];
+    static char v[9000];
+    memset(v, 'x', sizeof(v));
+    int n = rand_r(seed) % 300, base = rand_r(seed) % 100000;
+    for (int i = 0; i < n; i++) {
+        snprintf(k, sizeof(k), "%08d", base + i);
+        size_t len = rand_r(seed) % big_every == 0
+                         ? sizeof(v)
+                         : (size_t)(rand_r(seed) % 300);
+        MDB_val kk = {8, k}, vv = {len, v};
+        cr_assert_eq(mdb_put(t, d, &kk, &vv, 0), 0);
+    }
+    int m = rand_r(seed) % 300, gone = rand_r(seed) % 100000;
+    for (int i = 0; i < m; i++) {
+        snprintf(k, sizeof(k), "%08d", gone + i);
+        MDB_val kk = {8, k};
+        (void)mdb_del(t, d, &kk, NULL);
+    }
+    if (rand_r(seed) % 2) {
+        for (int i = 0; i < n; i++) {
+            snprintf(k, sizeof(k), "%08d", base + i);
+            MDB_val kk = {8, k};
+            (void)mdb_del(t, d, &kk, NULL);
+        }
+    }
+    cr_assert_eq(mdb_txn_commit(t), 0);
+}
+
+static MDB_env *plain_env(void)
+{
     MDB_env *env;
     cr_assert_eq(mdb_env_create(&env), 0);
     cr_assert_eq(mdb_env_set_maxdbs(env, 16), 0);
     cr_assert_eq(mdb_env_set_mapsize(env, 1u << 30), 0);
     cr_assert_eq(mdb_env_open(env, dir, MDB_NOTLS, 0644), 0);
+    return env;
+}
+
+/* Does @env's last page lie past the end of data.mdb? */
+static int ends_short(MDB_env *env)
+{
     char p[600];
     data_path(p, sizeof(p));
+    MDB_envinfo in;
+    MDB_stat ms;
+    cr_assert_eq(mdb_env_info(env, &in), 0);
+    cr_assert_eq(mdb_env_stat(env, &ms), 0);
+    return (off_t)(in.me_last_pgno + 1) * (off_t)ms.ms_psize > file_size(p);
+}
+
+/* LMDB does not write a page allocated and freed by one transaction
+ * (P_LOOSE), so the last page a meta page names may lie past the end of a
+ * file committed cleanly: random puts and deletes, in a sub-database of
+ * their own, until LMDB leaves a file so (a node stopped cleanly was
+ * refused as truncated once, in test_catchup). Such a file opens, with
+ * what it held, each of 8 times: open then walks the file's trees
+ * (storage/pages.c) and must find every page they use. */
+Test(identity, a_last_page_past_the_end_of_the_file_is_not_truncation)
+{
+    open_ok();
+    append(1, 50, 2);
+    close_st();
+    MDB_env *env = plain_env();
     unsigned seed = 1;
     int found = 0;
-    for (int round = 0; round < 20000 && !found; round++) {
-        MDB_txn *t;
-        MDB_dbi d;
-        cr_assert_eq(mdb_txn_begin(env, NULL, 0, &t), 0);
-        cr_assert_eq(mdb_dbi_open(t, "scratch", MDB_CREATE, &d), 0);
-        char k[16], v[300];
-        memset(v, 'x', sizeof(v));
-        int n = rand_r(&seed) % 300, base = rand_r(&seed) % 100000;
-        for (int i = 0; i < n; i++) {
-            snprintf(k, sizeof(k), "%08d", base + i);
-            MDB_val kk = {8, k}, vv = {(size_t)(rand_r(&seed) % 300), v};
-            cr_assert_eq(mdb_put(t, d, &kk, &vv, 0), 0);
+    for (int round = 0; round < 40000 && found < 8; round++) {
+        scratch_txn(env, &seed, 50);
+        if (ends_short(env)) {
+            found++;
+            mdb_env_close(env);
+            char msg[IDA_STORAGE_ERRMSG_MAX + 1];
+            int rv = open_in_child(dir, &opts, msg, sizeof(msg));
+            cr_assert_eq(rv, 0, "short file %d, round %d: %s (%s)", found,
+                         round, rv < 0 ? "no answer" : idalloc_errname(rv),
+                         msg);
+            env = plain_env();
         }
-        int m = rand_r(&seed) % 300, gone = rand_r(&seed) % 100000;
-        for (int i = 0; i < m; i++) {
-            snprintf(k, sizeof(k), "%08d", gone + i);
-            MDB_val kk = {8, k};
-            (void)mdb_del(t, d, &kk, NULL);
-        }
-        if (rand_r(&seed) % 2) {
-            for (int i = 0; i < n; i++) {
-                snprintf(k, sizeof(k), "%08d", base + i);
-                MDB_val kk = {8, k};
-                (void)mdb_del(t, d, &kk, NULL);
-            }
-        }
-        cr_assert_eq(mdb_txn_commit(t), 0);
-        MDB_envinfo in;
-        MDB_stat ms;
-        cr_assert_eq(mdb_env_info(env, &in), 0);
-        cr_assert_eq(mdb_env_stat(env, &ms), 0);
-        found =
-            (off_t)(in.me_last_pgno + 1) * (off_t)ms.ms_psize > file_size(p);
     }
     mdb_env_close(env);
-    cr_assert(found, "LMDB never left its last page past the end of the file");
+    cr_assert_eq(found, 8,
+                 "LMDB left its last page past the end of the "
+                 "file only %d times",
+                 found);
     open_ok();
     expect_entries(1, 50, 2);
+}
+
+/* A data.mdb that ends short of its last page (so that open walks its
+ * trees), with a scratch database; returns the main database's root. */
+static uint64_t short_file_with_scratch(uint32_t *psize)
+{
+    open_ok();
+    append(1, 50, 2);
+    close_st();
+    MDB_env *env = plain_env();
+    unsigned seed = 3;
+    int rounds = 0;
+    do {
+        scratch_txn(env, &seed, 50);
+    } while (!ends_short(env) && ++rounds < 40000);
+    cr_assert(ends_short(env), "LMDB never left its last page past the end");
+    mdb_env_close(env);
+    char p[600];
+    data_path(p, sizeof(p));
+    *psize = page_size(p);
+    int fd = open(p, O_RDONLY);
+    uint64_t t0 = get_le64(fd, 144), t1 = get_le64(fd, (off_t)*psize + 144);
+    uint64_t root = get_le64(fd, (t0 < t1 ? (off_t)*psize : 0) + 128);
+    close(fd);
+    return root;
+}
+
+/* Offset in data.mdb of the record of database "scratch" in the main
+ * database's root page @root (a leaf: four records). */
+static off_t scratch_record(int fd, uint64_t root, uint32_t psize)
+{
+    uint8_t page[65536];
+    cr_assert_eq(pread(fd, page, psize, (off_t)(root * psize)), psize);
+    cr_assert_eq(page[10] & 0x02, 0x02, "the main root is a leaf");
+    for (uint32_t at = 16; at + 7 + 48 <= psize; at++) {
+        if (memcmp(page + at, "scratch", 7) == 0) {
+            return (off_t)(root * psize) + at + 7;
+        }
+    }
+    cr_assert_fail("no record of database \"scratch\" in page %llu",
+                   (unsigned long long)root);
+    return 0;
+}
+
+/* The walk reads what the file says: a tree that loops back on itself or a
+ * page with another page's number is refused with one line, and open does
+ * not hang or crash. */
+Test(identity, a_loop_or_a_misnumbered_page_in_the_trees_is_corrupt)
+{
+    uint32_t psize;
+    uint64_t root = short_file_with_scratch(&psize);
+    char p[600], keep[600];
+    data_path(p, sizeof(p));
+    snprintf(keep, sizeof(keep), "%s/whole.mdb", tmp);
+    copy_file(p, keep);
+
+    /* The scratch database's root is the main root itself. */
+    int fd = open(p, O_RDWR);
+    put_le64(fd, scratch_record(fd, root, psize) + 40, root);
+    close(fd);
+    uint64_t before = hash_dir(dir);
+    char msg[IDA_STORAGE_ERRMSG_MAX + 1];
+    int rv = open_in_child(dir, &opts, msg, sizeof(msg));
+    cr_assert_eq(rv, IDA_ECORRUPT, "%s (%s)",
+                 rv < 0 ? "no answer" : idalloc_errname(rv), msg);
+    cr_assert(strstr(msg, "(a loop?)") != NULL, "%s", msg);
+    cr_assert_null(strchr(msg, '\n'));
+    cr_assert_eq(hash_dir(dir), before, "nothing written");
+
+    /* The main root page carries another number. */
+    copy_file(keep, p);
+    fd = open(p, O_RDWR);
+    put_le64(fd, (off_t)(root * psize), root + 1);
+    close(fd);
+    rv = open_in_child(dir, &opts, msg, sizeof(msg));
+    cr_assert_eq(rv, IDA_ECORRUPT, "%s (%s)",
+                 rv < 0 ? "no answer" : idalloc_errname(rv), msg);
+    cr_assert(strstr(msg, "carries another page's number") != NULL, "%s", msg);
+    cr_assert(strstr(msg, "in the main database") != NULL, "%s", msg);
+
+    copy_file(keep, p);
+    open_ok();
+    expect_entries(1, 50, 2);
+}
+
+/* In a child, read through LMDB itself every page data.mdb's trees use:
+ * every record of the free list, the main database and each named
+ * database, every byte of every value. 1 when it read them all, 0 when
+ * LMDB died of SIGBUS reading a page past the end of the file. */
+static int lmdb_reads_all(void)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        close(fds[0]);
+        MDB_env *env;
+        MDB_txn *t;
+        MDB_dbi main_dbi;
+        if (mdb_env_create(&env) != 0 || mdb_env_set_maxdbs(env, 16) != 0 ||
+            mdb_env_open(env, dir, MDB_RDONLY | MDB_NOTLS, 0644) != 0 ||
+            mdb_txn_begin(env, NULL, MDB_RDONLY, &t) != 0 ||
+            mdb_dbi_open(t, NULL, 0, &main_dbi) != 0) {
+            _exit(2);
+        }
+        MDB_dbi dbis[18] = {0 /* LMDB's free list */, main_dbi};
+        int ndbi = 2;
+        volatile uint8_t sum = 0;
+        for (int i = 0; i < ndbi; i++) {
+            MDB_cursor *c;
+            MDB_val k, v;
+            if (mdb_cursor_open(t, dbis[i], &c) != 0) {
+                _exit(3);
+            }
+            while (mdb_cursor_get(c, &k, &v, MDB_NEXT) == 0) {
+                for (size_t b = 0; b < v.mv_size; b++) {
+                    sum += ((const uint8_t *)v.mv_data)[b];
+                }
+                char name[64];
+                if (i == 1 && ndbi < 18 && k.mv_size < sizeof(name)) {
+                    memcpy(name, k.mv_data, k.mv_size);
+                    name[k.mv_size] = '\0';
+                    if (mdb_dbi_open(t, name, 0, &dbis[ndbi]) == 0) {
+                        ndbi++;
+                    }
+                }
+            }
+            mdb_cursor_close(c);
+        }
+        if (ndbi != 6) { /* free list, main, meta, log, snap, scratch */
+            _exit(4);
+        }
+        unsigned char c = 1;
+        if (write(fds[1], &c, 1) != 1) {
+            _exit(1);
+        }
+        raise(SIGKILL); /* see child_finish() in fixture.h */
+        _exit(1);
+    }
+    close(fds[1]);
+    unsigned char c;
+    ssize_t n = read(fds[0], &c, 1);
+    close(fds[0]);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    if (n == 1) {
+        return 1;
+    }
+    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS,
+              "LMDB's reader ended by %s %d, not SIGBUS",
+              WIFSIGNALED(status) ? "signal" : "exit code",
+              WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    return 0;
+}
+
+/* What cutting data.mdb at pages [lo, hi] gave. */
+struct cuts
+{
+    int opened, refused, above_roots, by_value, in_free_list;
+};
+
+/* The higher of the newer meta page's two roots in data.mdb at @p. */
+static uint64_t roots_top(const char *p, uint32_t psize)
+{
+    int fd = open(p, O_RDONLY);
+    uint64_t t0 = get_le64(fd, 144), t1 = get_le64(fd, (off_t)psize + 144);
+    off_t newer = t0 < t1 ? (off_t)psize : 0;
+    uint64_t r_free = get_le64(fd, newer + 80);
+    uint64_t r_main = get_le64(fd, newer + 128);
+    close(fd);
+    return r_free == UINT64_MAX || r_main > r_free ? r_main : r_free;
+}
+
+/* Cut a copy of @keep (a data.mdb of @psize-byte pages) at each page in
+ * [@lo, @hi] in turn: open must refuse it, as "(truncated?)", exactly when
+ * LMDB itself reads past its end, and open it otherwise. */
+static void cut_at_each(const char *keep,
+                        uint32_t psize,
+                        uint64_t lo,
+                        uint64_t hi,
+                        struct cuts *c)
+{
+    char p[600];
+    data_path(p, sizeof(p));
+    uint64_t top = roots_top(keep, psize);
+    for (uint64_t cut = hi; cut >= lo; cut--) {
+        copy_file(keep, p);
+        cr_assert_eq(truncate(p, (off_t)(cut * psize)), 0);
+        int whole = lmdb_reads_all();
+        char msg[IDA_STORAGE_ERRMSG_MAX + 1];
+        int rv = open_in_child(dir, &opts, msg, sizeof(msg));
+        if (whole) {
+            cr_assert_eq(rv, 0,
+                         "cut at page %llu: LMDB reads it all, but open says "
+                         "%s (%s)",
+                         (unsigned long long)cut,
+                         rv < 0 ? "no answer" : idalloc_errname(rv), msg);
+            c->opened++;
+            continue;
+        }
+        cr_assert_eq(rv, IDA_ECORRUPT,
+                     "cut at page %llu: LMDB reads past the end, but open "
+                     "says %s (%s)",
+                     (unsigned long long)cut,
+                     rv < 0 ? "no answer (a signal?)" : idalloc_errname(rv),
+                     msg);
+        cr_assert(strstr(msg, "(truncated?)") != NULL, "%s", msg);
+        cr_assert_null(strchr(msg, '\n'));
+        c->refused++;
+        c->above_roots += cut > top;
+        c->by_value += strstr(msg, "uses value pages") != NULL;
+        c->in_free_list += cut > top && strstr(msg, "free list") != NULL;
+    }
+    copy_file(keep, p);
+}
+
+/* A file cut at a page is refused exactly when LMDB itself would read past
+ * its end (and die of SIGBUS), and opens otherwise: cuts above both roots
+ * included, which only the walk of the trees sees. The file holds a node's
+ * databases (entries, a snapshot) and a scratch database of random
+ * transactions, with values of overflow pages, and ends short of its last
+ * page; each kind of page the walk checks comes to lie above both roots:
+ *   1. tree pages and a value's overflow pages, after a last value of ten
+ *      pages (no free run is that long, so it goes to the end);
+ *   2. the free list's own pages, after a transaction frees two thirds of
+ *      the scratch database (its list of freed pages takes overflow pages,
+ *      written last). */
+Test(identity,
+     a_file_cut_at_a_page_is_refused_exactly_when_a_page_in_use_is_lost)
+{
+    open_ok();
+    for (int i = 0; i < 8; i++) {
+        append(1 + (ida_index)i * 100, 100, 1);
+    }
+    save_snapshot(300, 1, 300000);
+    close_st();
+    MDB_env *env = plain_env();
+    unsigned seed = 7;
+    int rounds = 0;
+    do {
+        scratch_txn(env, &seed, 20);
+        rounds++;
+    } while ((rounds < 100 || !ends_short(env)) && rounds < 40000);
+    cr_assert(ends_short(env), "LMDB never left its last page past the end");
+    MDB_txn *t;
+    MDB_dbi d;
+    static char big[40000];
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &t), 0);
+    cr_assert_eq(mdb_dbi_open(t, "scratch", 0, &d), 0);
+    MDB_val kk = {8, "big-one!"}, vv = {sizeof(big), big};
+    cr_assert_eq(mdb_put(t, d, &kk, &vv, 0), 0);
+    cr_assert_eq(mdb_txn_commit(t), 0);
+    mdb_env_close(env);
+
+    char p[600], keep[600];
+    data_path(p, sizeof(p));
+    snprintf(keep, sizeof(keep), "%s/whole.mdb", tmp);
+    copy_file(p, keep);
+    uint32_t psize = page_size(p);
+    uint64_t pages = (uint64_t)file_size(p) / psize;
+    uint64_t top = roots_top(keep, psize);
+    cr_assert_gt(pages, top + 60, "the roots lie low in the file");
+    struct cuts one = {0};
+    cut_at_each(keep, psize, pages - 60, pages, &one);
+    cut_at_each(keep, psize, top - 10, top + 10, &one);
+    cr_assert_gt(one.opened, 0);
+    cr_assert_gt(one.above_roots, 0,
+                 "no cut above both roots (%llu) lost a "
+                 "page in use",
+                 (unsigned long long)top);
+    cr_assert_gt(one.refused, one.above_roots, "and some below them");
+    cr_assert_gt(one.by_value, 0, "no cut lost only a value's pages");
+
+    env = plain_env();
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &t), 0);
+    cr_assert_eq(mdb_dbi_open(t, "scratch", 0, &d), 0);
+    MDB_cursor *c;
+    cr_assert_eq(mdb_cursor_open(t, d, &c), 0);
+    for (int i = 0; mdb_cursor_get(c, &kk, &vv, MDB_NEXT) == 0; i++) {
+        if (i % 3 != 0 && memcmp(kk.mv_data, "big-one!", 8) != 0) {
+            cr_assert_eq(mdb_cursor_del(c, 0), 0);
+        }
+    }
+    mdb_cursor_close(c);
+    cr_assert_eq(mdb_txn_commit(t), 0);
+    mdb_env_close(env);
+    copy_file(p, keep);
+    pages = (uint64_t)file_size(p) / psize;
+    struct cuts two = {0};
+    cut_at_each(keep, psize, pages - 20, pages, &two);
+    cr_assert_gt(two.in_free_list, 0,
+                 "no cut above both roots lost only "
+                 "pages of the free list");
+
+    open_ok();
+    expect_entries(1, 800, 1);
 }
 
 /* Offset of the txnid of the meta page with the lower one (the older). */
@@ -636,26 +990,6 @@ Test(identity, a_damaged_meta_page_magic_is_corrupt)
     }
     open_ok();
     expect_entries(1, 50, 1);
-}
-
-static uint64_t get_le64(int fd, off_t off)
-{
-    uint8_t b[8];
-    cr_assert_eq(pread(fd, b, 8, off), 8);
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = v << 8 | b[i];
-    }
-    return v;
-}
-
-static void put_le64(int fd, off_t off, uint64_t v)
-{
-    uint8_t b[8];
-    for (int i = 0; i < 8; i++) {
-        b[i] = (uint8_t)(v >> (8 * i));
-    }
-    cr_assert_eq(pwrite(fd, b, 8, off), 8);
 }
 
 Test(identity, an_older_meta_page_passed_off_as_the_newest_is_corrupt)
