@@ -207,24 +207,10 @@ int ida__storage_idfile_write(struct ida_storage *s,
 #define PSIZE_MAX    65536u
 #define PSIZE_PROBE  4096u /* where meta 1 sits when meta 0 is unreadable */
 
-static uint64_t le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
 static uint32_t le32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
            (uint32_t)p[3] << 24;
-}
-
-static uint16_t le16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
 }
 
 /* pread exactly @len bytes at @off. 1 read, 0 short (end of file), or -errno */
@@ -267,8 +253,8 @@ static int check_meta(struct ida_storage *s,
             "%u" DAMAGE_TAIL,
             i, le32(m + M_VERSION), MDB_DATA_V);
     }
-    if (le64(m + PG_PGNO) != (uint64_t)i ||
-        (le16(m + PG_FLAGS) & P_META) == 0) {
+    if (ida__le64(m + PG_PGNO) != (uint64_t)i ||
+        (ida__le16(m + PG_FLAGS) & P_META) == 0) {
         return DAMAGED(
             "data.mdb meta page %d has a bad page header" DAMAGE_TAIL, i);
     }
@@ -286,7 +272,7 @@ static int check_meta(struct ida_storage *s,
      * transactions, and a node stopped cleanly was refused as "truncated"
      * (test_catchup). Such a page is free, never read. So only the roots,
      * which are read, must be in the file. */
-    uint64_t last = le64(m + M_LAST_PG);
+    uint64_t last = ida__le64(m + M_LAST_PG);
     if (last < 1) {
         return DAMAGED(
             "data.mdb meta page %d names no page past the "
@@ -295,7 +281,7 @@ static int check_meta(struct ida_storage *s,
     }
     const int offs[2] = {M_FREE_ROOT, M_MAIN_ROOT};
     for (int k = 0; k < 2; k++) {
-        uint64_t root = le64(m + offs[k]);
+        uint64_t root = ida__le64(m + offs[k]);
         if (root != P_INVALID_PG && (root < 2 || root > last)) {
             return DAMAGED(
                 "data.mdb meta page %d names root page %llu, "
@@ -403,12 +389,12 @@ int ida__storage_check_data(struct ida_storage *s,
      * txnids (both 0 before the first commit). LMDB opens the meta with the
      * higher txnid: a damaged txnid in the older page would make LMDB pick
      * it and silently roll back the last commit. */
-    uint64_t t0 = le64(m0 + M_TXNID), t1 = le64(m1 + M_TXNID);
+    uint64_t t0 = ida__le64(m0 + M_TXNID), t1 = ida__le64(m1 + M_TXNID);
     int ok = (t0 == 0 && t1 == 0) ||
              (t0 % 2 == 0 && t1 % 2 == 1 && (t1 == t0 + 1 || t0 == t1 + 1));
     /* LMDB 0.9 never lowers its last page, so the newer meta page names
      * at least as many pages as the older one. */
-    uint64_t l0 = le64(m0 + M_LAST_PG), l1 = le64(m1 + M_LAST_PG);
+    uint64_t l0 = ida__le64(m0 + M_LAST_PG), l1 = ida__le64(m1 + M_LAST_PG);
     if (ok && (t1 > t0 ? l1 < l0 : l0 < l1)) {
         rv = DAMAGED(
             "data.mdb meta page %d (transaction %llu) names fewer "
@@ -426,10 +412,10 @@ int ida__storage_check_data(struct ida_storage *s,
     /* The newer meta page, which LMDB opens, may name pages past the end
      * of the file: free pages never written, or a cut (pages.c). */
     const uint8_t *m = t1 > t0 ? m1 : m0;
-    if (rv == 0 && le64(m + M_LAST_PG) >= pages) {
+    if (rv == 0 && ida__le64(m + M_LAST_PG) >= pages) {
         rv = ida__storage_check_pages(s, dir, fd, psize, pages,
-                                      le64(m + M_FREE_ROOT),
-                                      le64(m + M_MAIN_ROOT));
+                                      ida__le64(m + M_FREE_ROOT),
+                                      ida__le64(m + M_MAIN_ROOT));
     }
 out:
     close(fd);

@@ -171,6 +171,21 @@ int ida__storage_check_data(struct ida_storage *s,
                             const char *dir,
                             enum ida__data_state *state);
 
+/* Little-endian integers of LMDB's pages, read from bytes. */
+static inline uint64_t ida__le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+static inline uint16_t ida__le16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
 /* The end of every message that refuses a damaged data.mdb. */
 #define DAMAGE_TAIL                                                     \
     "; refusing to open it (the node must be restored from its peers: " \

@@ -44,7 +44,6 @@
 #define NODESIZE     8    /* then the key, then the data */
 #define F_BIGDATA    0x01 /* data: u64 pgno of its first overflow page */
 #define F_SUBDATA    0x02 /* data: an MDB_db, a database of its own */
-#define DB_DEPTH     6    /* u16 md_depth in MDB_db */
 #define DB_ROOT      40   /* u64 md_root in MDB_db */
 #define DB_BYTES     48
 #define DEPTH_MAX    32 /* LMDB's CURSOR_STACK */
@@ -61,20 +60,6 @@ struct walk
     uint64_t visited; /* branch and leaf pages read: at most @pages */
     char tree[NAME_MAX_ + 32];
 };
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
 
 static int missing(struct walk *w, const char *what, uint64_t pgno)
 {
@@ -110,26 +95,27 @@ static int walk_tree(struct walk *w, uint64_t pgno, int level);
  * database record's tree is walked. */
 static int walk_leaf(struct walk *w, const uint8_t *p, uint64_t pgno, int level)
 {
-    uint16_t lower = get16(p + PG_LOWER);
+    uint16_t lower = ida__le16(p + PG_LOWER);
     for (uint32_t i = 0; PAGEHDRSZ + 2 * i < lower; i++) {
-        uint32_t off = get16(p + PAGEHDRSZ + 2 * i);
+        uint32_t off = ida__le16(p + PAGEHDRSZ + 2 * i);
         if (off < lower || off + NODESIZE > w->psize) {
             return damaged(w, pgno, "has a node outside the page");
         }
         const uint8_t *n = p + off;
-        uint32_t ksize = get16(n + N_KSIZE);
-        uint32_t flags = get16(n + N_FLAGS);
-        uint64_t dsize = (uint64_t)get16(n + N_LO) | (uint64_t)get16(n + N_HI)
-                                                         << 16;
+        uint32_t ksize = ida__le16(n + N_KSIZE);
+        uint32_t flags = ida__le16(n + N_FLAGS);
+        uint64_t dsize =
+            (uint64_t)ida__le16(n + N_LO) | (uint64_t)ida__le16(n + N_HI) << 16;
         uint64_t data_at = (uint64_t)off + NODESIZE + ksize;
         if (flags & F_BIGDATA) {
             if (data_at + 8 > w->psize) {
                 return damaged(w, pgno, "has a node outside the page");
             }
-            uint64_t first = get64(p + data_at);
+            uint64_t first = ida__le64(p + data_at);
             uint64_t count = (PAGEHDRSZ - 1 + dsize) / w->psize + 1;
             if (first < 2) {
-                return damaged(w, pgno, "names a meta page as a value's");
+                return damaged(w, pgno,
+                               "names a meta page as a value's first page");
             }
             if (first >= w->pages || count > w->pages - first) {
                 return missing(
@@ -147,7 +133,7 @@ static int walk_leaf(struct walk *w, const uint8_t *p, uint64_t pgno, int level)
                                "has a database record of the "
                                "wrong size");
             }
-            uint64_t root = get64(p + data_at + DB_ROOT);
+            uint64_t root = ida__le64(p + data_at + DB_ROOT);
             if (root == P_INVALID_PG) {
                 continue; /* an empty database */
             }
@@ -203,9 +189,9 @@ static int walk_tree(struct walk *w, uint64_t pgno, int level)
         }
         got += (size_t)n;
     }
-    uint16_t flags = get16(p + PG_FLAGS);
-    uint16_t lower = get16(p + PG_LOWER), upper = get16(p + PG_UPPER);
-    if (get64(p + PG_PGNO) != pgno) {
+    uint16_t flags = ida__le16(p + PG_FLAGS);
+    uint16_t lower = ida__le16(p + PG_LOWER), upper = ida__le16(p + PG_UPPER);
+    if (ida__le64(p + PG_PGNO) != pgno) {
         rv = damaged(w, pgno, "carries another page's number");
     } else if ((flags & (P_BRANCH | P_LEAF)) == 0 ||
                (flags & (P_BRANCH | P_LEAF)) == (P_BRANCH | P_LEAF)) {
@@ -219,15 +205,15 @@ static int walk_tree(struct walk *w, uint64_t pgno, int level)
         rv = walk_leaf(w, p, pgno, level);
     } else {
         for (uint32_t i = 0; rv == 0 && PAGEHDRSZ + 2 * i < lower; i++) {
-            uint32_t off = get16(p + PAGEHDRSZ + 2 * i);
+            uint32_t off = ida__le16(p + PAGEHDRSZ + 2 * i);
             if (off < lower || off + NODESIZE > w->psize) {
                 rv = damaged(w, pgno, "has a node outside the page");
                 break;
             }
             const uint8_t *n = p + off;
-            uint64_t child = (uint64_t)get16(n + N_LO) |
-                             (uint64_t)get16(n + N_HI) << 16 |
-                             (uint64_t)get16(n + N_FLAGS) << 32;
+            uint64_t child = (uint64_t)ida__le16(n + N_LO) |
+                             (uint64_t)ida__le16(n + N_HI) << 16 |
+                             (uint64_t)ida__le16(n + N_FLAGS) << 32;
             rv = walk_tree(w, child, level + 1);
         }
     }

@@ -590,6 +590,21 @@ static int ends_short(MDB_env *env)
     return (off_t)(in.me_last_pgno + 1) * (off_t)ms.ms_psize > file_size(p);
 }
 
+/* scratch_txn() at least @min_rounds times, until @env's file ends short
+ * of its last page. */
+static void scratch_until_short(MDB_env *env,
+                                unsigned *seed,
+                                int big_every,
+                                int min_rounds)
+{
+    int rounds = 0;
+    do {
+        scratch_txn(env, seed, big_every);
+        rounds++;
+    } while ((rounds < min_rounds || !ends_short(env)) && rounds < 40000);
+    cr_assert(ends_short(env), "LMDB never left its last page past the end");
+}
+
 /* LMDB does not write a page allocated and freed by one transaction
  * (P_LOOSE), so the last page a meta page names may lie past the end of a
  * file committed cleanly: random puts and deletes, in a sub-database of
@@ -636,11 +651,7 @@ static uint64_t short_file_with_scratch(uint32_t *psize)
     close_st();
     MDB_env *env = plain_env();
     unsigned seed = 3;
-    int rounds = 0;
-    do {
-        scratch_txn(env, &seed, 50);
-    } while (!ends_short(env) && ++rounds < 40000);
-    cr_assert(ends_short(env), "LMDB never left its last page past the end");
+    scratch_until_short(env, &seed, 50, 1);
     mdb_env_close(env);
     char p[600];
     data_path(p, sizeof(p));
@@ -881,12 +892,7 @@ Test(identity,
     close_st();
     MDB_env *env = plain_env();
     unsigned seed = 7;
-    int rounds = 0;
-    do {
-        scratch_txn(env, &seed, 20);
-        rounds++;
-    } while ((rounds < 100 || !ends_short(env)) && rounds < 40000);
-    cr_assert(ends_short(env), "LMDB never left its last page past the end");
+    scratch_until_short(env, &seed, 20, 100);
     MDB_txn *t;
     MDB_dbi d;
     static char big[40000];
