@@ -4,9 +4,10 @@
  *
  * Input: byte 0 picks the page size (512 << (b & 3)), bytes 1-8 and 9-16
  * are the free list's and the main database's roots (little-endian; all
- * ones: none), the rest is the file, whole pages of it (the seeds hold a
- * small tree: a main database naming database "log", a branch, leaves, a
- * value's overflow pages, a free list). Checked: the walk answers 0 or
+ * ones: none), the rest is the file, whole pages of it (the seeds, written
+ * by tests/fuzz/pages_seeds.py, hold a small tree: a main database naming
+ * database "log", a branch, leaves, a value's overflow pages, a free list).
+ * Checked: the walk answers 0 or
  * IDA_ECORRUPT with one line naming the directory; it answers the same
  * again; and a file it accepts stays accepted with a page appended (pages
  * past the end are only ever a reason to refuse). */
