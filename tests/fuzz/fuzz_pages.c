@@ -7,10 +7,10 @@
  * ones: none), the rest is the file, whole pages of it (the seeds, written
  * by tests/fuzz/pages_seeds.py, hold a small tree: a main database naming
  * database "log", a branch, leaves, a value's overflow pages, a free list).
- * Checked: the walk answers 0 or
- * IDA_ECORRUPT with one line naming the directory; it answers the same
- * again; and a file it accepts stays accepted with a page appended (pages
- * past the end are only ever a reason to refuse). */
+ * Checked: the walk answers 0 or IDA_ECORRUPT with one line naming the
+ * directory; it answers the same again; and a file it accepts stays
+ * accepted with a page appended (pages past the end are only ever a reason
+ * to refuse). */
 #define _GNU_SOURCE /* memfd_create() */
 #include <string.h>
 #include <sys/mman.h>
