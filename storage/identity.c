@@ -235,11 +235,16 @@ static int read_at(int fd, uint8_t *buf, size_t len, off_t off)
 
 #define DAMAGED(...) ida__storage_fail(s, dir, IDA_ECORRUPT, __VA_ARGS__)
 
-/* Check one meta page (@i: 0 or 1) of a file of @pages pages. */
+/* Check one meta page (@i: 0 or 1) of a file of @pages pages; its roots
+ * only when it is the @newer one, which LMDB opens. The older one's roots
+ * may lie past its last page on a healthy file: when LMDB fails to write a
+ * meta page it writes the page back with the old last page and txnid but
+ * the new roots (mdb.c, mdb_env_write_meta()), and LMDB never reads them. */
 static int check_meta(struct ida_storage *s,
                       const char *dir,
                       const uint8_t *m,
                       int i,
+                      int newer,
                       uint32_t psize,
                       uint64_t pages)
 {
@@ -280,7 +285,7 @@ static int check_meta(struct ida_storage *s,
             i);
     }
     const int offs[2] = {M_FREE_ROOT, M_MAIN_ROOT};
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; newer && k < 2; k++) {
         uint64_t root = ida__le64(m + offs[k]);
         if (root != P_INVALID_PG && (root < 2 || root > last)) {
             return DAMAGED(
@@ -378,9 +383,10 @@ int ida__storage_check_data(struct ida_storage *s,
         goto out;
     }
     uint64_t pages = size / psize;
-    rv = check_meta(s, dir, m0, 0, psize, pages);
+    int m1_newer = ida__le64(m1 + M_TXNID) > ida__le64(m0 + M_TXNID);
+    rv = check_meta(s, dir, m0, 0, !m1_newer, psize, pages);
     if (rv == 0) {
-        rv = check_meta(s, dir, m1, 1, psize, pages);
+        rv = check_meta(s, dir, m1, 1, m1_newer, psize, pages);
     }
     if (rv != 0) {
         goto out;

@@ -161,8 +161,9 @@ static int walk_tree(struct walk *w, uint64_t pgno, int level)
     if (pgno >= w->pages) {
         return missing(w, "page", pgno);
     }
-    /* A tree within a tree (a named database) doubles the depth at most. */
-    if (level >= 2 * DEPTH_MAX) {
+    /* Trees within trees: the main database, a named database, a
+     * database of duplicates; @visited bounds the work anyway. */
+    if (level >= 3 * DEPTH_MAX) {
         return damaged(w, pgno, "lies deeper than LMDB's trees go (a loop?)");
     }
     if (++w->visited > w->pages) {
@@ -199,6 +200,8 @@ static int walk_tree(struct walk *w, uint64_t pgno, int level)
     } else if (lower < PAGEHDRSZ || lower > upper || upper > w->psize ||
                (lower - PAGEHDRSZ) % 2 != 0) {
         rv = damaged(w, pgno, "has a bad page header");
+    } else if ((flags & P_LEAF2) && !(flags & P_LEAF)) {
+        rv = damaged(w, pgno, "is a branch marked as a leaf of keys only");
     } else if (flags & P_LEAF2) {
         rv = 0; /* keys only, nothing points out of it */
     } else if (flags & P_LEAF) {
@@ -211,6 +214,10 @@ static int walk_tree(struct walk *w, uint64_t pgno, int level)
                 break;
             }
             const uint8_t *n = p + off;
+            if (off + NODESIZE + ida__le16(n + N_KSIZE) > w->psize) {
+                rv = damaged(w, pgno, "has a node outside the page");
+                break;
+            }
             uint64_t child = (uint64_t)ida__le16(n + N_LO) |
                              (uint64_t)ida__le16(n + N_HI) << 16 |
                              (uint64_t)ida__le16(n + N_FLAGS) << 32;
