@@ -163,9 +163,11 @@ enum ida__data_state {
 };
 
 /* Check @dir/data.mdb with plain reads before LMDB maps it: whole pages,
- * at least two, both meta pages sound and consistent, their roots inside
- * the file, consecutive txnids; when the newer meta page names pages past
- * the end of the file, ida__storage_check_pages(). 0 (with *state) or
+ * at least two, both meta pages sound and consistent, the newer one's
+ * roots inside the file, consecutive txnids; when the newer meta page
+ * names pages past the end of the file, ida__storage_check_pages(). The
+ * caller must own the directory (node.c's lock): the walk is not an LMDB
+ * reader, and a writer could reuse pages under it. 0 (with *state) or
  * IDA_ECORRUPT, IDA_EFOREIGN (not LMDB at all), IDA_EIO, with s->errmsg. */
 int ida__storage_check_data(struct ida_storage *s,
                             const char *dir,

@@ -79,15 +79,15 @@
  *
  * Before LMDB maps data.mdb, open reads its two meta pages with read(2):
  * the file must be whole pages, at least two, both meta pages must carry
- * LMDB's magic, data version, page header and page size, name root pages
- * inside the file, and hold consecutive transaction ids (LMDB writes
- * transaction N to meta page N % 2 and opens the one with the higher id, so
- * a damaged older page could silently roll back the last commit). Anything
- * else is IDA_ECORRUPT with one line. The last page a meta page names may
- * lie past the end of the file: LMDB never writes a page that the
- * transaction which allocated it also freed, and a healthy file, committed
- * and closed cleanly, ends short of such a page now and then (this check
- * once refused it as truncated: tests/storage/test_storage_identity.c).
+ * LMDB's magic, data version, page header and page size, the newer one
+ * (which LMDB opens) must name root pages inside the file, and both hold
+ * consecutive transaction ids (LMDB writes transaction N to meta page N % 2 and
+ * opens the one with the higher id, so a damaged older page could silently roll
+ * back the last commit). Anything else is IDA_ECORRUPT with one line. The last
+ * page a meta page names may lie past the end of the file: LMDB never writes a
+ * page that the transaction which allocated it also freed, and a healthy file,
+ * committed and closed cleanly, ends short of such a page now and then (this
+ * check once refused it as truncated: tests/storage/test_storage_identity.c).
  * For such a file, open walks with plain reads every B-tree the newer meta
  * page reaches (storage/pages.c) and refuses it only when a page in use
  * lies past the end (LMDB would stop the process with SIGBUS reading it)
