@@ -202,7 +202,6 @@ int ida__storage_idfile_write(struct ida_storage *s,
 #define P_META       0x08
 #define MDB_MAGIC_LE 0xBEEFC0DEu
 #define MDB_DATA_V   1u
-#define P_INVALID_PG UINT64_MAX
 #define PSIZE_MIN    512u
 #define PSIZE_MAX    65536u
 #define PSIZE_PROBE  4096u /* where meta 1 sits when meta 0 is unreadable */
@@ -213,8 +212,7 @@ static uint32_t le32(const uint8_t *p)
            (uint32_t)p[3] << 24;
 }
 
-/* pread exactly @len bytes at @off. 1 read, 0 short (end of file), or -errno */
-static int read_at(int fd, uint8_t *buf, size_t len, off_t off)
+int ida__storage_read_at(int fd, uint8_t *buf, size_t len, off_t off)
 {
     size_t got = 0;
     while (got < len) {
@@ -334,7 +332,7 @@ int ida__storage_check_data(struct ida_storage *s,
     uint64_t size = (uint64_t)st.st_size;
     uint8_t m0[META_BYTES], m1[META_BYTES];
     int rv = 0;
-    int r = read_at(fd, m0, META_BYTES, 0);
+    int r = ida__storage_read_at(fd, m0, META_BYTES, 0);
     if (r < 0) {
         rv = ida__storage_fail(s, dir, IDA_EIO, "cannot read data.mdb: %s",
                                strerror(-r));
@@ -350,7 +348,7 @@ int ida__storage_check_data(struct ida_storage *s,
     if (le32(m0 + M_MAGIC) != MDB_MAGIC_LE) {
         /* LMDB itself would call this "not an LMDB file": tell a damaged
          * first meta page (the second one is intact) from a foreign file. */
-        r = read_at(fd, m1, META_BYTES, PSIZE_PROBE);
+        r = ida__storage_read_at(fd, m1, META_BYTES, PSIZE_PROBE);
         if (r == 1 && le32(m1 + M_MAGIC) == MDB_MAGIC_LE) {
             rv = DAMAGED(
                 "data.mdb meta page 0 has a bad magic number" DAMAGE_TAIL);
@@ -376,17 +374,17 @@ int ida__storage_check_data(struct ida_storage *s,
             (unsigned long long)size, psize);
         goto out;
     }
-    r = read_at(fd, m1, META_BYTES, (off_t)psize);
+    r = ida__storage_read_at(fd, m1, META_BYTES, (off_t)psize);
     if (r != 1) {
         rv = ida__storage_fail(s, dir, IDA_EIO, "cannot read data.mdb: %s",
                                r < 0 ? strerror(-r) : "short read");
         goto out;
     }
     uint64_t pages = size / psize;
-    int m1_newer = ida__le64(m1 + M_TXNID) > ida__le64(m0 + M_TXNID);
-    rv = check_meta(s, dir, m0, 0, !m1_newer, psize, pages);
+    uint64_t t0 = ida__le64(m0 + M_TXNID), t1 = ida__le64(m1 + M_TXNID);
+    rv = check_meta(s, dir, m0, 0, t0 >= t1, psize, pages);
     if (rv == 0) {
-        rv = check_meta(s, dir, m1, 1, m1_newer, psize, pages);
+        rv = check_meta(s, dir, m1, 1, t1 > t0, psize, pages);
     }
     if (rv != 0) {
         goto out;
@@ -395,7 +393,6 @@ int ida__storage_check_data(struct ida_storage *s,
      * txnids (both 0 before the first commit). LMDB opens the meta with the
      * higher txnid: a damaged txnid in the older page would make LMDB pick
      * it and silently roll back the last commit. */
-    uint64_t t0 = ida__le64(m0 + M_TXNID), t1 = ida__le64(m1 + M_TXNID);
     int ok = (t0 == 0 && t1 == 0) ||
              (t0 % 2 == 0 && t1 % 2 == 1 && (t1 == t0 + 1 || t0 == t1 + 1));
     /* LMDB 0.9 never lowers its last page, so the newer meta page names

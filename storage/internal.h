@@ -188,6 +188,13 @@ static inline uint16_t ida__le16(const uint8_t *p)
     return (uint16_t)(p[0] | p[1] << 8);
 }
 
+/* LMDB's "no page" (P_INVALID): the root of an empty tree. */
+#define P_INVALID_PG UINT64_MAX
+
+/* pread exactly @len bytes at @off. 1 read, 0 short (end of file), or
+ * -errno (storage/identity.c). */
+int ida__storage_read_at(int fd, uint8_t *buf, size_t len, off_t off);
+
 /* The end of every message that refuses a damaged data.mdb. */
 #define DAMAGE_TAIL                                                     \
     "; refusing to open it (the node must be restored from its peers: " \

@@ -22,33 +22,31 @@
  * from the start of a page or node: */
 #include "storage/internal.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "idalloc_errors.h"
 
-#define PG_PGNO      0  /* u64 mp_pgno */
-#define PG_FLAGS     10 /* u16 mp_flags */
-#define PG_LOWER     12 /* u16 mp_lower: end of the node offsets */
-#define PG_UPPER     14 /* u16 mp_upper: start of the nodes */
-#define PAGEHDRSZ    16 /* then u16 mp_ptrs[]: each node's offset */
-#define P_BRANCH     0x01
-#define P_LEAF       0x02
-#define P_LEAF2      0x20 /* MDB_DUPFIXED: keys only, no nodes */
-#define N_LO         0    /* u16 mn_lo: low bits of data size or child */
-#define N_HI         2    /* u16 mn_hi */
-#define N_FLAGS      4    /* u16 mn_flags; a branch's child's bits 32..47 */
-#define N_KSIZE      6    /* u16 mn_ksize */
-#define NODESIZE     8    /* then the key, then the data */
-#define F_BIGDATA    0x01 /* data: u64 pgno of its first overflow page */
-#define F_SUBDATA    0x02 /* data: an MDB_db, a database of its own */
-#define DB_ROOT      40   /* u64 md_root in MDB_db */
-#define DB_BYTES     48
-#define DEPTH_MAX    32 /* LMDB's CURSOR_STACK */
-#define P_INVALID_PG UINT64_MAX
-#define NAME_MAX_    40 /* bytes of a database's name shown in a message */
+#define PG_PGNO   0  /* u64 mp_pgno */
+#define PG_FLAGS  10 /* u16 mp_flags */
+#define PG_LOWER  12 /* u16 mp_lower: end of the node offsets */
+#define PG_UPPER  14 /* u16 mp_upper: start of the nodes */
+#define PAGEHDRSZ 16 /* then u16 mp_ptrs[]: each node's offset */
+#define P_BRANCH  0x01
+#define P_LEAF    0x02
+#define P_LEAF2   0x20 /* MDB_DUPFIXED: keys only, no nodes */
+#define N_LO      0    /* u16 mn_lo: low bits of data size or child */
+#define N_HI      2    /* u16 mn_hi */
+#define N_FLAGS   4    /* u16 mn_flags; a branch's child's bits 32..47 */
+#define N_KSIZE   6    /* u16 mn_ksize */
+#define NODESIZE  8    /* then the key, then the data */
+#define F_BIGDATA 0x01 /* data: u64 pgno of its first overflow page */
+#define F_SUBDATA 0x02 /* data: an MDB_db, a database of its own */
+#define DB_ROOT   40   /* u64 md_root in MDB_db */
+#define DB_BYTES  48
+#define DEPTH_MAX 32 /* LMDB's CURSOR_STACK */
+#define NAME_MAX_ 40 /* bytes of a database's name shown in a message */
 
 struct walk
 {
@@ -91,22 +89,41 @@ static void name_tree(struct walk *w, const uint8_t *k, size_t n)
 
 static int walk_tree(struct walk *w, uint64_t pgno, int level);
 
+/* Node @i of page @p (@pgno; its mp_lower @lower): NULL, with the damage
+ * recorded (*@rv), when its header or key lies outside the page. */
+static const uint8_t *node_at(struct walk *w,
+                              const uint8_t *p,
+                              uint64_t pgno,
+                              uint32_t i,
+                              uint16_t lower,
+                              int *rv)
+{
+    uint32_t off = ida__le16(p + PAGEHDRSZ + 2 * i);
+    if (off < lower || off + NODESIZE > w->psize ||
+        off + NODESIZE + ida__le16(p + off + N_KSIZE) > w->psize) {
+        *rv = damaged(w, pgno, "has a node outside the page");
+        return NULL;
+    }
+    return p + off;
+}
+
 /* The leaf page @p (@pgno): a value's overflow run must be in the file, a
  * database record's tree is walked. */
 static int walk_leaf(struct walk *w, const uint8_t *p, uint64_t pgno, int level)
 {
     uint16_t lower = ida__le16(p + PG_LOWER);
     for (uint32_t i = 0; PAGEHDRSZ + 2 * i < lower; i++) {
-        uint32_t off = ida__le16(p + PAGEHDRSZ + 2 * i);
-        if (off < lower || off + NODESIZE > w->psize) {
-            return damaged(w, pgno, "has a node outside the page");
+        int rv = 0;
+        const uint8_t *n = node_at(w, p, pgno, i, lower, &rv);
+        if (n == NULL) {
+            return rv;
         }
-        const uint8_t *n = p + off;
+        uint64_t off = (uint64_t)(n - p);
         uint32_t ksize = ida__le16(n + N_KSIZE);
         uint32_t flags = ida__le16(n + N_FLAGS);
         uint64_t dsize =
             (uint64_t)ida__le16(n + N_LO) | (uint64_t)ida__le16(n + N_HI) << 16;
-        uint64_t data_at = (uint64_t)off + NODESIZE + ksize;
+        uint64_t data_at = off + NODESIZE + ksize;
         if (flags & F_BIGDATA) {
             if (data_at + 8 > w->psize) {
                 return damaged(w, pgno, "has a node outside the page");
@@ -139,8 +156,8 @@ static int walk_leaf(struct walk *w, const uint8_t *p, uint64_t pgno, int level)
             }
             char outer[sizeof(w->tree)];
             memcpy(outer, w->tree, sizeof(outer));
-            name_tree(w, p + off + NODESIZE, ksize);
-            int rv = walk_tree(w, root, level + 1);
+            name_tree(w, n + NODESIZE, ksize);
+            rv = walk_tree(w, root, level + 1);
             if (rv != 0) {
                 return rv;
             }
@@ -175,20 +192,12 @@ static int walk_tree(struct walk *w, uint64_t pgno, int level)
                                  "out of memory checking data.mdb's pages");
     }
     int rv = 0;
-    off_t at = (off_t)(pgno * w->psize);
-    size_t got = 0;
-    while (got < w->psize) {
-        ssize_t n = pread(w->fd, p + got, w->psize - got, at + (off_t)got);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            rv = ida__storage_fail(w->s, w->dir, IDA_EIO,
-                                   "cannot read data.mdb: %s",
-                                   n < 0 ? strerror(errno) : "short read");
-            goto out;
-        }
-        got += (size_t)n;
+    int r = ida__storage_read_at(w->fd, p, w->psize, (off_t)(pgno * w->psize));
+    if (r != 1) {
+        rv =
+            ida__storage_fail(w->s, w->dir, IDA_EIO, "cannot read data.mdb: %s",
+                              r < 0 ? strerror(-r) : "short read");
+        goto out;
     }
     uint16_t flags = ida__le16(p + PG_FLAGS);
     uint16_t lower = ida__le16(p + PG_LOWER), upper = ida__le16(p + PG_UPPER);
@@ -208,14 +217,8 @@ static int walk_tree(struct walk *w, uint64_t pgno, int level)
         rv = walk_leaf(w, p, pgno, level);
     } else {
         for (uint32_t i = 0; rv == 0 && PAGEHDRSZ + 2 * i < lower; i++) {
-            uint32_t off = ida__le16(p + PAGEHDRSZ + 2 * i);
-            if (off < lower || off + NODESIZE > w->psize) {
-                rv = damaged(w, pgno, "has a node outside the page");
-                break;
-            }
-            const uint8_t *n = p + off;
-            if (off + NODESIZE + ida__le16(n + N_KSIZE) > w->psize) {
-                rv = damaged(w, pgno, "has a node outside the page");
+            const uint8_t *n = node_at(w, p, pgno, i, lower, &rv);
+            if (n == NULL) {
                 break;
             }
             uint64_t child = (uint64_t)ida__le16(n + N_LO) |

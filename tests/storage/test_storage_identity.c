@@ -497,6 +497,14 @@ static void put_le64(int fd, off_t off, uint64_t v)
     cr_assert_eq(pwrite(fd, b, 8, off), 8);
 }
 
+/* Offset in data.mdb (open as @fd, pages of @psize bytes) of the newer
+ * meta page (@newer) or the older one: LMDB opens the higher txnid. */
+static off_t meta_offset(int fd, uint32_t psize, int newer)
+{
+    uint64_t t0 = get_le64(fd, 144), t1 = get_le64(fd, (off_t)psize + 144);
+    return (t0 < t1) == (newer != 0) ? (off_t)psize : 0;
+}
+
 static void expect_corrupt_in_child(off_t size, const char *what)
 {
     char p[600], msg[IDA_STORAGE_ERRMSG_MAX + 1];
@@ -657,8 +665,7 @@ static uint64_t short_file_with_scratch(uint32_t *psize)
     data_path(p, sizeof(p));
     *psize = page_size(p);
     int fd = open(p, O_RDONLY);
-    uint64_t t0 = get_le64(fd, 144), t1 = get_le64(fd, (off_t)*psize + 144);
-    uint64_t root = get_le64(fd, (t0 < t1 ? (off_t)*psize : 0) + 128);
+    uint64_t root = get_le64(fd, meta_offset(fd, *psize, 1) + 128);
     close(fd);
     return root;
 }
@@ -819,8 +826,7 @@ struct cuts
 static uint64_t roots_top(const char *p, uint32_t psize)
 {
     int fd = open(p, O_RDONLY);
-    uint64_t t0 = get_le64(fd, 144), t1 = get_le64(fd, (off_t)psize + 144);
-    off_t newer = t0 < t1 ? (off_t)psize : 0;
+    off_t newer = meta_offset(fd, psize, 1);
     uint64_t r_free = get_le64(fd, newer + 80);
     uint64_t r_main = get_le64(fd, newer + 128);
     close(fd);
@@ -1054,8 +1060,7 @@ Test(identity, the_older_meta_pages_roots_are_not_checked)
     data_path(p, sizeof(p));
     uint32_t psize = page_size(p);
     int fd = open(p, O_RDWR);
-    uint64_t t0 = get_le64(fd, 144), t1 = get_le64(fd, (off_t)psize + 144);
-    off_t older = t0 < t1 ? 0 : (off_t)psize;
+    off_t older = meta_offset(fd, psize, 0);
     uint64_t last = get_le64(fd, older + 136);
     put_le64(fd, older + 128, last + 7);
     close(fd);
