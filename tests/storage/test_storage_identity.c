@@ -953,6 +953,106 @@ Test(identity,
     expect_entries(1, 800, 1);
 }
 
+/* A value of ten pages' worth less 16 bytes (@extra 0) or less 15 (@extra
+ * 1) put last into data.mdb, where it lies at the end of the file; the
+ * newer meta page then names one page more, as LMDB itself leaves a file
+ * now and then (P_LOOSE), so open walks the trees. LMDB counts a value's
+ * pages as its page header and bytes rounded up (OVPAGES in mdb.c): 10
+ * pages, then 11. Open must count the same: the file whole opens, and cut
+ * by its last page it is refused naming the value's last page, as LMDB
+ * then reads past the end. A count of bytes / page size + 1 misses the
+ * cut at 11 pages; one that adds a byte refuses the whole file at 10. */
+static void value_at_the_end(size_t extra)
+{
+    open_ok();
+    append(1, 50, 2);
+    close_st();
+    MDB_env *env = plain_env();
+    MDB_stat ms;
+    cr_assert_eq(mdb_env_stat(env, &ms), 0);
+    uint32_t psize = ms.ms_psize;
+    size_t len = 10 * (size_t)psize - 16 + extra;
+    uint64_t want = 10 + extra;
+    char *big = ida_malloc(len);
+    cr_assert_not_null(big);
+    memset(big, 'v', len);
+    MDB_txn *t;
+    MDB_dbi d;
+    MDB_val kk = {4, "edge"}, vv = {len, big};
+    /* Small commits first, so that the pages the value's own commit
+     * touches (the scratch and main leaves, the free list) can be taken
+     * from pages freed before it, and only its run of pages goes at the
+     * end of the file (3 were enough when this test was written). */
+    for (int i = 0; i < 8; i++) {
+        char pk[16];
+        snprintf(pk, sizeof(pk), "pad%04d", i);
+        MDB_val pkk = {7, pk}, pvv = {4, "tiny"};
+        cr_assert_eq(mdb_txn_begin(env, NULL, 0, &t), 0);
+        cr_assert_eq(mdb_dbi_open(t, "scratch", MDB_CREATE, &d), 0);
+        cr_assert_eq(mdb_put(t, d, &pkk, &pvv, 0), 0);
+        cr_assert_eq(mdb_txn_commit(t), 0);
+    }
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &t), 0);
+    cr_assert_eq(mdb_dbi_open(t, "scratch", MDB_CREATE, &d), 0);
+    cr_assert_eq(mdb_put(t, d, &kk, &vv, 0), 0);
+    cr_assert_eq(mdb_txn_commit(t), 0);
+    ida_free(big);
+    mdb_env_close(env);
+
+    /* The value's first page: an overflow page (flags at byte 10, 0x04)
+     * holding its bytes, whose header counts the run (mp_pages, byte 12). */
+    char p[600], keep[600];
+    data_path(p, sizeof(p));
+    uint64_t pages = (uint64_t)file_size(p) / psize;
+    int fd = open(p, O_RDWR);
+    uint8_t *page = ida_malloc(psize);
+    uint64_t first = 0;
+    for (uint64_t i = 2; i < pages && first == 0; i++) {
+        cr_assert_eq(pread(fd, page, psize, (off_t)(i * psize)), psize);
+        if ((page[10] & 0x04) != 0 && page[16] == 'v' && page[17] == 'v') {
+            first = i;
+        }
+    }
+    uint32_t run = (uint32_t)page[12] | (uint32_t)page[13] << 8 |
+                   (uint32_t)page[14] << 16 | (uint32_t)page[15] << 24;
+    ida_free(page);
+    cr_assert_gt(first, 0, "the value's overflow pages");
+    cr_assert_eq(run, want, "LMDB counts %u pages", run);
+    cr_assert_eq(first + want, pages,
+                 "the value (pages %llu..%llu) ends the file (%llu pages)",
+                 (unsigned long long)first,
+                 (unsigned long long)(first + want - 1),
+                 (unsigned long long)pages);
+    off_t newer = meta_offset(fd, psize, 1);
+    cr_assert_eq(get_le64(fd, newer + 136), pages - 1, "its last page");
+    put_le64(fd, newer + 136, pages);
+    close(fd);
+    snprintf(keep, sizeof(keep), "%s/whole.mdb", tmp);
+    copy_file(p, keep);
+
+    struct cuts c = {0};
+    cut_at_each(keep, psize, pages - 1, pages, &c);
+    cr_assert_eq(c.opened, 1, "the whole file opens");
+    cr_assert_eq(c.refused, 1, "the file without the value's last page");
+    cr_assert_eq(c.by_value, 1);
+    cr_assert_eq(truncate(p, (off_t)((pages - 1) * psize)), 0);
+    char msg[IDA_STORAGE_ERRMSG_MAX + 1], up_to[64];
+    cr_assert_eq(open_in_child(dir, &opts, msg, sizeof(msg)), IDA_ECORRUPT);
+    snprintf(up_to, sizeof(up_to), "uses value pages up to %llu ",
+             (unsigned long long)(pages - 1));
+    cr_assert(strstr(msg, up_to) != NULL, "%s", msg);
+}
+
+Test(identity, a_value_of_ten_pages_less_16_bytes_takes_ten_pages)
+{
+    value_at_the_end(0);
+}
+
+Test(identity, a_value_of_ten_pages_less_15_bytes_takes_eleven_pages)
+{
+    value_at_the_end(1);
+}
+
 /* Offset of the txnid of the meta page with the lower one (the older). */
 static off_t older_txnid_offset(const char *p, uint32_t psize)
 {
