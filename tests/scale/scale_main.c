@@ -74,7 +74,12 @@ struct phase
     uint64_t live;          /* live allocations at the measurement */
     uint64_t terms_overall; /* term movement over the whole phase */
     double start_to_install_s, learner_to_install_s; /* -1: unknown */
-    uint64_t anon_kb, file_kb;                       /* RssAnon, RssFile */
+    /* Of a catch-up, from the logs: the check of the snapshot after its
+     * last chunk came, and the replay of the log after it (installed to
+     * caught up), with the entries it applied; -1: unknown. */
+    double check_s, replay_s;
+    uint64_t replayed;
+    uint64_t anon_kb, file_kb; /* RssAnon, RssFile */
     /* Sampled every SAMPLE_S during the load window: the largest leader
      * VmRSS per live allocation, and the VmRSS and live count then. */
     double rss_per_live_max;
@@ -611,6 +616,27 @@ static double log_time_ms(const char *path, const char *needle, int last)
     return t;
 }
 
+/* The last "checked in N ms after its last chunk" of @path (raft_proc.c,
+ * check_finish()): the check of a snapshot received; -1000 if none. */
+static double log_checked_ms(const char *path)
+{
+    FILE *fp = fopen(path, "r");
+    char line[1024];
+    double ms = -1000;
+    while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
+        const char *p = strstr(line, " checked in ");
+        double v;
+        if (p != NULL && strstr(p, "after its last chunk") != NULL &&
+            sscanf(p, " checked in %lf", &v) == 1) {
+            ms = v;
+        }
+    }
+    if (fp != NULL) {
+        fclose(fp);
+    }
+    return ms;
+}
+
 /* Whether all three nodes are voters again with no one waiting. */
 static int membership_whole(void)
 {
@@ -689,6 +715,11 @@ static void catch_up(struct phase *ph, int *which)
         ph->start_to_install_s = inst >= start ? (inst - start) / 1000 : -1;
         ph->learner_to_install_s =
             learner >= 0 && inst >= learner ? (inst - learner) / 1000 : -1;
+        ph->check_s = log_checked_ms(flog) / 1000;
+        ph->replay_s = ph->catchup_s >= 0 && ph->start_to_install_s >= 0
+                           ? ph->catchup_s - ph->start_to_install_s
+                           : -1;
+        ph->replayed = commit > ph->snap_index ? commit - ph->snap_index : 0;
     }
     /* Re-admitted as a voter before anything else is measured. */
     for (uint64_t end = tc_now_ms() + 60000;
@@ -732,7 +763,8 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
     int which = 0;
     int n = (int)repeats;
     double restarts[REPEAT_MAX], catchups[REPEAT_MAX], starts[REPEAT_MAX],
-        learners[REPEAT_MAX];
+        learners[REPEAT_MAX], checks[REPEAT_MAX], replays[REPEAT_MAX];
+    int nsnap = 0;
     ph->runs = n;
     ph->restart_worst_ms = 0;
     for (int r = 0; r < n; r++) {
@@ -758,7 +790,9 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
     ph->restart_ms = median(restarts, n);
     for (int r = 0; r < n; r++) {
         struct phase one = {.start_to_install_s = -1,
-                            .learner_to_install_s = -1};
+                            .learner_to_install_s = -1,
+                            .check_s = -1,
+                            .replay_s = -1};
         catch_up(&one, &which);
         catchups[r] = one.catchup_s;
         starts[r] = one.start_to_install_s;
@@ -780,6 +814,14 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
                 r + 1, which, one.catchup_s, (unsigned long long)one.snap_index,
                 (unsigned long long)one.snap_bytes, ph->rate[r],
                 ph->learner_rate[r]);
+            printf(
+                "    start to installed %.2f s, of which the check after the "
+                "last chunk %.2f s; then %llu entries replayed in %.2f s\n",
+                one.start_to_install_s, one.check_s,
+                (unsigned long long)one.replayed, one.replay_s);
+            checks[r] = one.check_s;
+            replays[r] = one.replay_s;
+            nsnap++;
         } else {
             printf(
                 "  catch-up %d: wiped node %d applied the leader's commit "
@@ -792,6 +834,8 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
     ph->catchup_s = median(catchups, n);
     ph->start_to_install_s = median(starts, n);
     ph->learner_to_install_s = median(learners, n);
+    ph->check_s = median(checks, nsnap);
+    ph->replay_s = median(replays, nsnap);
     leader_term(&term1);
     ph->terms_overall = term1 - term0;
     fflush(stdout);
@@ -985,6 +1029,10 @@ int main(int argc, char **argv)
     row("  learner added -> installed (logs)", empty.learner_to_install_s,
         full.learner_to_install_s, "s");
     row("  rate learner added -> installed", 0, lf, "MB/s");
+    row("  check after the last chunk (logs)", empty.check_s, full.check_s,
+        "s");
+    row("  installed -> caught up (replay)", empty.replay_s, full.replay_s,
+        "s");
     row("leader VmRSS", (double)empty.rss_kb / 1024.0,
         (double)full.rss_kb / 1024.0, "MiB");
     row("  of which RssAnon", (double)empty.anon_kb / 1024.0,
