@@ -72,7 +72,7 @@
  *     otherwise the registration is refused with IDA_ELIMIT. A client with
  *     calls in flight uses its session every few seconds (every attempt
  *     touches it, replays included), far below that idle time. The node
- *     also bounds registrations per connection (src/node/net.c).
+ *     also bounds registrations per connection (src/node/net_conn.c).
  * Session memory grows with use: results are a sorted array that doubles.
  *
  * Entries: ENTRY_NORMAL data is an encoded idalloc.CommandBatch; NOOP and

@@ -156,7 +156,7 @@ int node_first_membership(const struct node_members *m,
 uint64_t node_seed_quiet_ms(const struct ida_node *n)
 {
     /* A leader that names this node dials it again within the net's
-     * reconnect backoff (at most 2 s, src/node/net.c) and then sends a
+     * reconnect backoff (at most 2 s, src/node/net_peer.c) and then sends a
      * heartbeat every heartbeat_ms; a candidate asks within an election
      * timeout or two. */
     uint64_t q = NODE_SEED_QUIET_MS;

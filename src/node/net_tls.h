@@ -1,6 +1,7 @@
 /* The node's TLS: its contexts, the glue between a TLS session
  * (src/common/tls.h) and a libuv stream, and the rate-limited log of
- * refused links. Used by src/node/net.c on its loop thread only.
+ * refused links. Used by net on its loop thread only (src/node/net_conn.c,
+ * net_peer.c).
  *
  * DESIGN: the cluster file's `tls_dir DIR` names the files (README, "TLS"):
  * DIR/ca.crt is the only CA trusted, DIR/nodeI.crt and DIR/nodeI.key are
@@ -8,7 +9,7 @@
  * every peer link is mutual TLS 1.3: an inbound link must present a node
  * certificate of the CA (a client certificate is refused), an outbound link
  * must reach the node it dialled (its certificate names that node id), and
- * net.c checks that every message's `from` is the node id of the
+ * net_conn.c checks that every message's `from` is the node id of the
  * certificate of its link. `client_tls on` lets the client port take TLS
  * and plain connections (told apart by their first byte: a frame starts
  * with IDA_FRAME_MAGIC 0xA1, a TLS ClientHello with 0x16); `required`

@@ -2,7 +2,7 @@
  * evicted, who timed out, and one log line a second saying what was closed.
  *
  * DESIGN: pure bookkeeping on a clock the caller passes in milliseconds (no
- * libuv, no sockets), so tests drive it with exact times; src/node/net.c
+ * libuv, no sockets), so tests drive it with exact times; src/node/net_conn.c
  * owns the sockets, embeds a struct ida_netlim_entry in each accepted
  * connection and closes what this module names.
  *

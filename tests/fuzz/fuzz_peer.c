@@ -184,7 +184,7 @@ static void step(struct ida_raft *r, const uint8_t *p, size_t len, int force)
         pb->to = SELF;
         pb->from = 2 + (pb->from & 1);
     }
-    /* net's envelope checks (src/node/net.c, on_peer_frame). */
+    /* net's envelope checks (src/node/net_conn.c, on_peer_frame). */
     if (pb->version == IDA_WIRE_VERSION && pb->to == SELF &&
         (pb->from == 2 || pb->from == 3) &&
         pb->msg_case != IDALLOC__PEER_MESSAGE__MSG_HELLO) {
