@@ -267,7 +267,7 @@ struct ida_raft_config
      * the check built from them may be kept for that batch. NULL: no check.
      * The node's restores the bytes into a scratch state machine, on a
      * thread of its own (IDA_RAFT_CHECK_PENDING, below), and hands that to
-     * its fsm processor with the install (src/node/raft_proc.c).
+     * its fsm processor with the install (src/node/raft_snap.c).
      *
      * IDA_RAFT_CHECK_PENDING instead: the check goes on outside this call (a
      * thread of the application's), the bytes staying valid and unchanged until

@@ -501,7 +501,8 @@ static void install_snapshot(struct fsm_proc *fp, struct ida_nm_apply *a)
     int rv = 0;
     const char *how = "the state checked when it arrived";
     if (a->fsm != NULL) {
-        /* snapshot_check() refuses a state of another index. */
+        /* ida__rp_snapshot_check() (raft_snap.c) refuses a state of another
+         * index. */
         IDA_ASSERT(ida_fsm_applied_index(a->fsm) == a->snap_index);
         ida_fsm_replace(fp->fsm, a->fsm);
         a->fsm = NULL;

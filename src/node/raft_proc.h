@@ -1,6 +1,8 @@
 /* The raft processor's state and the functions its files share; internal
  * to src/node (the processor's entry points are in src/node/node.h).
  * raft_proc.c: batches, client requests, peer messages, ticks;
+ * raft_snap.c: snapshots received from a leader (decoded as they come,
+ * then checked) and this node's own taken (made current, or held);
  * raft_member.c: joining and re-admission (src/node/member.h);
  * raft_status.c: status answers. */
 #ifndef IDA_NODE_RAFT_PROC_H
@@ -54,19 +56,19 @@ struct raft_proc
     struct node_members mem;     /* joining, re-admission (src/node/member.h) */
     bool book_pushed;            /* net has mem.book (ida__rp_book_refresh()) */
     struct ida_raft_config base; /* what the core was started with */
-    /* The state machine snapshot_check() restored from the last snapshot
-     * it accepted, with that snapshot's index and term; owned. The batch
-     * that installs the snapshot hands it to the fsm processor, which swaps
-     * it in: the bytes are decoded once. NULL: none waiting. */
+    /* The state machine ida__rp_snapshot_check() restored from the last
+     * snapshot it accepted, with that snapshot's index and term; owned. The
+     * batch that installs the snapshot hands it to the fsm processor, which
+     * swaps it in: the bytes are decoded once. NULL: none waiting. */
     struct ida_fsm *checked;
     ida_index checked_index;
     ida_term checked_term;
-    /* The check running on a thread of its own (snapshot_check()); NULL:
-     * none. Its verdict goes to the core on the processor's next ping. */
+    /* The check running on a thread of its own (ida__rp_snapshot_check());
+     * NULL: none. Its verdict goes to the core on the processor's next ping. */
     struct snap_checker *checking;
     /* The leader's snapshot arriving, decoded as its chunks come
-     * (snap_stream.h); NULL: none. snapshot_check() hands it to the check
-     * of that snapshot. */
+     * (snap_stream.h); NULL: none. ida__rp_snapshot_check() hands it to the
+     * check of that snapshot. */
     struct ida__snap_stream *stream;
     /* What peers said of their snapshots (snap_policy.h, TURNS); published
      * in node->peers_snap_* on every message and ping. */
@@ -78,6 +80,54 @@ struct raft_proc
     uint64_t held_since_ms;
     struct node_outq q;
 };
+
+/* raft_proc.c */
+/* A heap copy of @len bytes at @d (at least one byte allocated), NULL
+ * when out of memory. */
+uint8_t *ida__rp_bytes_copy(const uint8_t *d, size_t len);
+/* Whether this node leads a follower that is catching up (snap_policy.h,
+ * CATCH-UP). */
+int ida__rp_follower_catching_up(struct raft_proc *rp);
+/* Hand every batch the core has ready to net, storage and fsm. */
+void ida__rp_drive(struct raft_proc *rp, struct ida_sender *s);
+
+/* raft_snap.c */
+/* Where the core's receipt of a leader's snapshot stood. */
+struct rcv_mark
+{
+    ida_index index;
+    ida_term term;
+    uint64_t len;
+    ida_index snap; /* the core's snapshot index */
+};
+/* After the core took a message @is (an InstallSnapshot chunk), @before
+ * being where its receipt stood: feed the stream that decodes it, and
+ * storage, which stores it as it arrives. */
+void ida__rp_stream_chunk(struct raft_proc *rp,
+                          struct ida_sender *s,
+                          const struct ida_raft_install_snapshot *is,
+                          const struct rcv_mark *before);
+/* The core's snapshot_check (raft.h): restore the bytes into a scratch
+ * state machine, on a thread of its own (IDA_RAFT_CHECK_PENDING). */
+int ida__rp_snapshot_check(void *arg,
+                           ida_index index,
+                           ida_term term,
+                           const uint8_t *data,
+                           size_t len);
+/* Join the checking thread, if any, and take its verdict (@wait: even if
+ * it is not done yet). Returns whether there was one to take. */
+bool ida__rp_check_take(struct raft_proc *rp, bool wait, int *rv);
+/* On a ping: the stream's progress, and a finished check's verdict to the
+ * core. */
+void ida__rp_check_poll(struct raft_proc *rp, struct ida_sender *s);
+/* This node's snapshot is encoded: make it current, or hold it while a
+ * follower catches up. Takes @msg. */
+void ida__rp_snapshot_taken(struct raft_proc *rp,
+                            struct ida_sender *s,
+                            struct ida_msg *msg);
+/* On a ping: the snapshot held goes once nobody catches up, this node no
+ * longer leads, or the hold reached its cap. */
+void ida__rp_held_step(struct raft_proc *rp, struct ida_sender *s);
 
 /* raft_status.c */
 /* The role a node says it has (status, metrics): the core's, or "seeded"

@@ -1,9 +1,9 @@
 /* A leader's snapshot decoded while its chunks arrive (fsm.h, struct
  * ida_fsm_ahead), on a thread of its own: the raft processor feeds it each
  * chunk the core took, in order, and the check of the whole snapshot
- * (raft_proc.c, snapshot_check) then restores it with what was decoded
- * ahead. At ten million allocations, the check was a full restore of about
- * 1.3 s that began only once the last of ~175 MB came.
+ * (raft_snap.c, ida__rp_snapshot_check()) then restores it with what was
+ * decoded ahead. At ten million allocations, the check was a full restore of
+ * about 1.3 s that began only once the last of ~175 MB came.
  *
  * The stream keeps a copy of the bytes (the core's buffer grows, and moves,
  * as chunks come): at the check it holds exactly the bytes the core

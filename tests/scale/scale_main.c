@@ -616,7 +616,7 @@ static double log_time_ms(const char *path, const char *needle, int last)
     return t;
 }
 
-/* The last "checked in N ms after its last chunk" of @path (raft_proc.c,
+/* The last "checked in N ms after its last chunk" of @path (raft_snap.c,
  * check_finish()): the check of a snapshot received; -1000 if none. */
 static double log_checked_ms(const char *path)
 {

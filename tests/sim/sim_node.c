@@ -312,7 +312,8 @@ static int snapshot_check(void *arg,
         sim__violation(s, "a snapshot of %zu bytes from a leader: %s", len,
                        idalloc_errname(rv));
     } else if (held != index) {
-        /* The node refuses it (src/node/raft_proc.c, snapshot_check). */
+        /* The node refuses it (src/node/raft_snap.c, ida__rp_snapshot_check).
+         */
         sim__violation(s,
                        "a snapshot at index %" PRIu64
                        " from a leader holds the state of %" PRIu64,
