@@ -64,37 +64,8 @@ static const char *fs_name(const char *path)
     }
 }
 
-/* Appends of 128 bytes, each followed by fdatasync, for @secs. */
-static double raw_fdatasync_rate(const char *dir, double secs)
-{
-    char path[400];
-    snprintf(path, sizeof(path), "%s/raw", dir);
-    int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
-    if (fd < 0) {
-        perror("open");
-        exit(1);
-    }
-    char buf[128];
-    memset(buf, 'x', sizeof(buf));
-    long n = 0;
-    double t0 = now_s(), t;
-    do {
-        if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf) ||
-            fdatasync(fd) != 0) {
-            perror("write/fdatasync");
-            exit(1);
-        }
-        n++;
-        t = now_s();
-    } while (t - t0 < secs);
-    close(fd);
-    unlink(path);
-    return (double)n / (t - t0);
-}
-
-/* Overwrites of 128 bytes in the blocks of @path (WAL_FILE_BYTES, written
- * and flushed once beforehand by wal_file_make()), a block further each
- * time, each followed by fdatasync, for @secs. */
+/* A file of WAL_FILE_BYTES, written and flushed once, for the overwrites
+ * of raw_rate(). */
 #define WAL_FILE_BYTES (1 << 20)
 static void wal_file_make(const char *path)
 {
@@ -107,9 +78,15 @@ static void wal_file_make(const char *path)
     }
 }
 
-static double raw_overwrite_rate(const char *path, double secs)
+/* Writes of 128 bytes, each followed by fdatasync, for @secs, per second:
+ * appends to a new file in @dir (@wal NULL), or overwrites in the blocks
+ * of @wal (wal_file_make()), a block further each time. */
+static double raw_rate(const char *dir, const char *wal, double secs)
 {
-    int fd = open(path, O_WRONLY);
+    char path[400];
+    snprintf(path, sizeof(path), "%s/raw", dir);
+    int fd = wal != NULL ? open(wal, O_WRONLY)
+                         : open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
     if (fd < 0) {
         perror("open");
         exit(1);
@@ -119,16 +96,20 @@ static double raw_overwrite_rate(const char *path, double secs)
     long n = 0;
     double t0 = now_s(), t;
     do {
-        off_t at = (off_t)(n * 4096 % WAL_FILE_BYTES);
-        if (pwrite(fd, buf, sizeof(buf), at) != (ssize_t)sizeof(buf) ||
-            fdatasync(fd) != 0) {
-            perror("pwrite/fdatasync");
+        ssize_t w = wal != NULL ? pwrite(fd, buf, sizeof(buf),
+                                         (off_t)(n * 4096 % WAL_FILE_BYTES))
+                                : write(fd, buf, sizeof(buf));
+        if (w != (ssize_t)sizeof(buf) || fdatasync(fd) != 0) {
+            perror("write/fdatasync");
             exit(1);
         }
         n++;
         t = now_s();
     } while (t - t0 < secs);
     close(fd);
+    if (wal == NULL) {
+        unlink(path);
+    }
     return (double)n / (t - t0);
 }
 
@@ -288,11 +269,11 @@ int main(void)
     double one_over[64];
     int raw_count = 0;
     for (int k = 0; k < slices; k++) {
-        double over = raw_overwrite_rate(wal, 0.25);
+        double over = raw_rate(base, wal, 0.25);
         over_sum += over;
         over_rates[k] = over;
         for (size_t i = 0; i < 3; i++) {
-            double raw = raw_fdatasync_rate(base, 0.25);
+            double raw = raw_rate(base, NULL, 0.25);
             raw_sum += raw;
             raw_rates[raw_count++] = raw;
             double rate = run_slice(&runs[i], 0.5);
