@@ -45,8 +45,8 @@ void ida__net_conn_close(struct conn *k)
     ida_netlim_remove(&n->lim, &k->lim);
     n->client_out_bytes -= k->out_bytes; /* write_cb skips closing ones */
     k->out_bytes = 0;
-    ida__net_batch_drop(
-        &k->out); /* counted in out_bytes, released just above */
+    /* Its frames were counted in out_bytes, released just above. */
+    ida__net_batch_drop(&k->out);
     if (k->is_client) {
         struct conn **pp = &n->buckets[k->id % BUCKETS];
         while (*pp != k) {

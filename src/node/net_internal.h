@@ -200,7 +200,9 @@ void ida__net_send_to_peer(struct ida_net *n, struct outmsg *m);
 
 /* --- net_conn.c ----------------------------------------------------------- */
 
-/* Close @k (once); its counted output is released. */
+/* Close @k (a second call does nothing): out of the limits, the client
+ * hash and the list of connections, its queued output's count released,
+ * its handle closed (its memory goes in the close callback). */
 void ida__net_conn_close(struct conn *k);
 /* write_cb of a counted reply; @k is still allocated. */
 void ida__net_client_written(struct conn *k, size_t len);
@@ -209,8 +211,8 @@ void ida__net_client_written(struct conn *k, size_t len);
  * sweep (on the loop). */
 void ida__net_limits_init(struct ida_net *n);
 void ida__net_limits_start(struct ida_net *n);
-/* A frame of @payload_len bytes of type @t, its header written; NULL when
- * out of memory. */
+/* A frame of @payload_len bytes of type @t, its header written and its
+ * routing fields zero (the caller sets them); NULL when out of memory. */
 struct outmsg *ida__net_new_outmsg(size_t payload_len, enum ida_frame_type t);
 /* The listeners' connection callbacks. */
 void ida__net_on_client_accept(uv_stream_t *l, int status);
