@@ -12,7 +12,9 @@ follower is killed with SIGKILL and started again: as it was (restart) or
 with its data directory removed (catchup: auto_rejoin re-admits it and the
 leader sends its snapshot). Prints the milliseconds until the node's status
 shows the leader's commit of before the kill, and that node's own log lines
-for the restore, the rebuild, the snapshot check and the install. WRAP="perf
+for the restore, the rebuild, the snapshot check and the install; for a
+catch-up also the time from the learner's admission to the install and from
+the install to caught up (the replay of the log after the snapshot). WRAP="perf
 record -g --" runs the restarted node under a wrapper; LEADER=N has node N
 lead first (each node snapshots at its own indexes, so which node leads
 decides the snapshot sent and the log after it). Every node is stopped
@@ -128,8 +130,9 @@ try:
         if time.time() - t0 > 300:
             sys.exit(f"node {f} did not reach commit {commit} in 300 s")
         time.sleep(0.01)
+    t_done = time.time()
     print(f"{mode}: node {f} applied the leader's commit {commit} after "
-          f"{(time.time() - t0) * 1000:.0f} ms")
+          f"{(t_done - t0) * 1000:.0f} ms")
     print("  CPU meanwhile: " + ", ".join(
         f"node {i}{' (leader)' if i == leader['node'] else ''} "
         f"{cpu_s(i) - cpu0.get(i, 0.0):.2f} s" for i in sorted(procs)))
@@ -145,6 +148,14 @@ try:
         if added and inst:
             print(f"  learner added -> installed: "
                   f"{(inst[-1] - added[-1]) * 1000:.0f} ms")
+        snaps = [int(m.group(1)) for l in log
+                 for m in [re.search(r"installed snapshot at index (\d+)", l)]
+                 if m]
+        if inst and snaps:
+            # The logs' clocks are UTC time of day, as time.time() is.
+            print(f"  installed -> caught up (replay of "
+                  f"{max(commit - snaps[-1], 0)} entries): "
+                  f"{((t_done % 86400) - inst[-1]) * 1000:.0f} ms")
     first = max(i for i, l in enumerate(log)
                 if re.search(r"storage .*: node \d+ incarnation", l))
     for l in log[first:]:
