@@ -40,11 +40,10 @@ static void peer_timer_closed(uv_handle_t *h)
     peer_release(h->data);
 }
 
-/* Drop the connection (if any) and schedule the next attempt. */
-void ida__net_peer_down(struct peer *p)
+/* Close @p's connection (if any): its socket, its TLS session, the frames
+ * of this wake-up not handed to libuv yet. */
+static void close_link(struct peer *p)
 {
-    struct ida_net *n = p->net;
-    int was_up = p->state == PEER_UP;
     if (p->tcp != NULL) {
         uv_close((uv_handle_t *)p->tcp, peer_tcp_closed);
         p->tcp = NULL;
@@ -52,6 +51,14 @@ void ida__net_peer_down(struct peer *p)
     ida_tls_free(p->tls);
     p->tls = NULL;
     ida__net_batch_drop(&p->out);
+}
+
+/* Drop the connection (if any) and schedule the next attempt. */
+void ida__net_peer_down(struct peer *p)
+{
+    struct ida_net *n = p->net;
+    int was_up = p->state == PEER_UP;
+    close_link(p);
     p->state = PEER_DOWN;
     atomic_store(&n->peer_up[p->slot], 0);
     if (was_up &&
@@ -255,13 +262,7 @@ void ida__net_peer_remove(struct peer *p, int notify)
     atomic_store(&n->peer_up[p->slot], 0);
     p->removed = 1;
     p->state = PEER_DOWN;
-    if (p->tcp != NULL) {
-        uv_close((uv_handle_t *)p->tcp, peer_tcp_closed);
-        p->tcp = NULL;
-    }
-    ida_tls_free(p->tls);
-    p->tls = NULL;
-    ida__net_batch_drop(&p->out);
+    close_link(p);
     uv_timer_stop(&p->timer);
     uv_close((uv_handle_t *)&p->timer, peer_timer_closed);
     if (was_up && notify && n->h.peer_state != NULL) {
