@@ -17,6 +17,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/heap.h"
@@ -224,19 +225,31 @@ void ida__snap_stream_stop(struct ida__snap_stream *st)
     stream_free(st);
 }
 
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 int ida__snap_stream_restore(struct ida__snap_stream *st,
                              struct ida_fsm *f,
                              const uint8_t *data,
                              size_t len,
-                             uint64_t *ahead)
+                             uint64_t *ahead,
+                             struct ida__snap_stream_times *t)
 {
     *ahead = 0;
-    if (st == NULL) {
-        return ida__restore_lent(f, data, len);
-    }
-    if (len != st->total || st->fed > len) {
-        ida__snap_stream_drop(st); /* not these bytes (callers check) */
-        return ida__restore_lent(f, data, len);
+    *t = (struct ida__snap_stream_times){0, 0, 0};
+    uint64_t t0 = mono_us();
+    int rv;
+    /* No stream, or one not of these bytes (callers check): the plain
+     * restore. */
+    if (st == NULL || len != st->total || st->fed > len) {
+        ida__snap_stream_drop(st);
+        rv = ida__restore_lent(f, data, len);
+        t->restore_us = mono_us() - t0;
+        return rv;
     }
     /* The last chunks are in the core's bytes (the check comes as the last
      * one is taken): the thread decodes them too, then ends. */
@@ -245,11 +258,15 @@ int ida__snap_stream_restore(struct ida__snap_stream *st,
         (void)tell_stop(st, false);
     }
     pthread_join(st->thread, NULL);
-    int rv;
+    uint64_t t1 = mono_us();
+    t->lag_us = t1 - t0;
     /* Not redundant: what was decoded ahead, and the checksum summed as
      * the bytes came, are of this copy; this makes them the checked
      * bytes' (ida_fsm_restore_ahead()'s contract). */
-    if (!st->broken && memcmp(st->buf, data, len) == 0) {
+    bool same = !st->broken && memcmp(st->buf, data, len) == 0;
+    uint64_t t2 = mono_us();
+    t->cmp_us = t2 - t1;
+    if (same) {
         munmap(st->buf, st->total); /* before the restore allocates */
         st->buf = NULL;
         rv = ida__restore_lent_ahead(f, data, len, st->ahead);
@@ -261,6 +278,7 @@ int ida__snap_stream_restore(struct ida__snap_stream *st,
             "bytes whole");
         rv = ida__restore_lent(f, data, len);
     }
+    t->restore_us = mono_us() - t2;
     stream_free(st);
     return rv;
 }

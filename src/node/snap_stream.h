@@ -61,16 +61,28 @@ void ida__snap_stream_drop(struct ida__snap_stream *st);
  * (a node stopping: nothing is left running). */
 void ida__snap_stream_stop(struct ida__snap_stream *st);
 
+/* Where a check's time went (microseconds), for its log line: the wait
+ * for the thread to decode the bytes it had not yet (the last chunks, and
+ * any it fell behind by), the comparison of its copy with the bytes
+ * checked, and the restore itself. */
+struct ida__snap_stream_times
+{
+    uint64_t lag_us;
+    uint64_t cmp_us;
+    uint64_t restore_us;
+};
+
 /* On any thread: restore @f from the snapshot's whole bytes @data (@len),
  * which ida__snap_stream_of() matched to @st (may be NULL), with a thread
  * lent (src/node/lend.h): with what was decoded ahead when @st holds these
  * very bytes, else the plain restore. Frees @st. Returns the restore's
  * verdict; *@ahead the holdings of the pools the restore took as decoded
- * ahead (0 without). */
+ * ahead (0 without); *@t where the time went (0 for a part not run). */
 int ida__snap_stream_restore(struct ida__snap_stream *st,
                              struct ida_fsm *f,
                              const uint8_t *data,
                              size_t len,
-                             uint64_t *ahead);
+                             uint64_t *ahead,
+                             struct ida__snap_stream_times *t);
 
 #endif /* IDA_NODE_SNAP_STREAM_H */

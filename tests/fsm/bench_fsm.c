@@ -359,7 +359,8 @@ static bool streamed(const uint8_t *snap, size_t len)
     struct ida_fsm *g;
     int rv = ida_fsm_new(&g);
     uint64_t ahead = 0;
-    rv = rv != 0 ? rv : ida__snap_stream_restore(st, g, snap, len, &ahead);
+    struct ida__snap_stream_times tm;
+    rv = rv != 0 ? rv : ida__snap_stream_restore(st, g, snap, len, &ahead, &tm);
     double t2 = now_s();
     uint8_t *again = NULL;
     size_t l = 0;
@@ -373,8 +374,10 @@ static bool streamed(const uint8_t *snap, size_t len)
     printf(
         "decoded as it arrives (512 KiB chunks fed at once, a node's "
         "check): %llu holdings ahead, %.2f s feeding, %.2f s after the last "
-        "chunk%s\n",
-        (unsigned long long)ahead, t1 - t0, t2 - t1,
+        "chunk (%.2f s decoding the bytes not yet decoded, %.2f s "
+        "comparing, %.2f s restoring)%s\n",
+        (unsigned long long)ahead, t1 - t0, t2 - t1, (double)tm.lag_us / 1e6,
+        (double)tm.cmp_us / 1e6, (double)tm.restore_us / 1e6,
         same ? "" : " (re-snapshot DIFFERS)");
     ida_free(again);
     ida_fsm_free(g);

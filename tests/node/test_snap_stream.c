@@ -106,8 +106,9 @@ Test(snap_stream, chunks_in_order_are_decoded_as_they_come)
     struct ida_fsm *f;
     cr_assert_eq(ida_fsm_new(&f), 0);
     uint64_t ahead = 0;
+    struct ida__snap_stream_times tm;
     /* The last chunk comes with the check, from the core's bytes. */
-    cr_assert_eq(ida__snap_stream_restore(st, f, data, len, &ahead), 0);
+    cr_assert_eq(ida__snap_stream_restore(st, f, data, len, &ahead, &tm), 0);
     cr_assert_eq(ahead, HOLDINGS, "every holding decoded as it came");
     cr_assert_eq(ida_fsm_applied_index(f), 77);
     assert_holds(f, data, len);
@@ -127,7 +128,8 @@ Test(snap_stream, other_bytes_are_restored_whole)
     struct ida_fsm *f;
     cr_assert_eq(ida_fsm_new(&f), 0);
     uint64_t ahead = 1;
-    cr_assert_eq(ida__snap_stream_restore(st, f, other, len, &ahead), 0);
+    struct ida__snap_stream_times tm;
+    cr_assert_eq(ida__snap_stream_restore(st, f, other, len, &ahead, &tm), 0);
     cr_assert_eq(ahead, 0);
     assert_holds(f, other, len);
     uint64_t id;
@@ -140,7 +142,7 @@ Test(snap_stream, other_bytes_are_restored_whole)
     data[len / 2] ^= 0x40;
     st = fed(data, len, len - 1);
     cr_assert_eq(ida_fsm_new(&f), 0);
-    cr_assert_eq(ida__snap_stream_restore(st, f, data, len, &ahead),
+    cr_assert_eq(ida__snap_stream_restore(st, f, data, len, &ahead, &tm),
                  IDA_ECORRUPT);
     ida_fsm_free(f);
     free(other);
@@ -164,8 +166,10 @@ Test(snap_stream, stops_anywhere)
     struct ida_fsm *f;
     cr_assert_eq(ida_fsm_new(&f), 0);
     uint64_t ahead = 1;
-    cr_assert_eq(ida__snap_stream_restore(NULL, f, data, len, &ahead), 0);
+    struct ida__snap_stream_times tm = {1, 1, 0};
+    cr_assert_eq(ida__snap_stream_restore(NULL, f, data, len, &ahead, &tm), 0);
     cr_assert_eq(ahead, 0);
+    cr_assert(tm.lag_us == 0 && tm.cmp_us == 0, "no stream waited for");
     assert_holds(f, data, len);
     ida_fsm_free(f);
     free(data);

@@ -77,7 +77,7 @@ struct phase
     /* Of a catch-up, from the logs: the check of the snapshot after its
      * last chunk came, and the replay of the log after it (installed to
      * caught up), with the entries it applied; -1: unknown. */
-    double check_s, replay_s;
+    double check_s, lag_s, replay_s;
     uint64_t replayed;
     uint64_t anon_kb, file_kb; /* RssAnon, RssFile */
     /* Sampled every SAMPLE_S during the load window: the largest leader
@@ -617,18 +617,29 @@ static double log_time_ms(const char *path, const char *needle, int last)
 }
 
 /* The last "checked in N ms after its last chunk" of @path (raft_snap.c,
- * check_finish()): the check of a snapshot received; -1000 if none. */
-static double log_checked_ms(const char *path)
+ * check_finish()): the check of a snapshot received, in ms (-1000 if none);
+ * *@lag_ms the part of it spent decoding the bytes the stream had not yet
+ * ("N ms decoding its last bytes"; -1000 if the line does not say). */
+static double log_checked_ms(const char *path, double *lag_ms)
 {
     FILE *fp = fopen(path, "r");
     char line[1024];
     double ms = -1000;
+    *lag_ms = -1000;
     while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
         const char *p = strstr(line, " checked in ");
         double v;
         if (p != NULL && strstr(p, "after its last chunk") != NULL &&
             sscanf(p, " checked in %lf", &v) == 1) {
             ms = v;
+            const char *q = strstr(p, " ms decoding its last bytes");
+            *lag_ms = -1000;
+            while (q != NULL && q > p && q[-1] != ' ') {
+                q--;
+            }
+            if (q != NULL && sscanf(q, "%lf", &v) == 1) {
+                *lag_ms = v;
+            }
         }
     }
     if (fp != NULL) {
@@ -715,7 +726,9 @@ static void catch_up(struct phase *ph, int *which)
         ph->start_to_install_s = inst >= start ? (inst - start) / 1000 : -1;
         ph->learner_to_install_s =
             learner >= 0 && inst >= learner ? (inst - learner) / 1000 : -1;
-        ph->check_s = log_checked_ms(flog) / 1000;
+        double lag_ms;
+        ph->check_s = log_checked_ms(flog, &lag_ms) / 1000;
+        ph->lag_s = lag_ms / 1000;
         ph->replay_s = ph->catchup_s >= 0 && ph->start_to_install_s >= 0
                            ? ph->catchup_s - ph->start_to_install_s
                            : -1;
@@ -763,7 +776,8 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
     int which = 0;
     int n = (int)repeats;
     double restarts[REPEAT_MAX], catchups[REPEAT_MAX], starts[REPEAT_MAX],
-        learners[REPEAT_MAX], checks[REPEAT_MAX], replays[REPEAT_MAX];
+        learners[REPEAT_MAX], checks[REPEAT_MAX], lags[REPEAT_MAX],
+        replays[REPEAT_MAX];
     int nsnap = 0;
     ph->runs = n;
     ph->restart_worst_ms = 0;
@@ -792,6 +806,7 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
         struct phase one = {.start_to_install_s = -1,
                             .learner_to_install_s = -1,
                             .check_s = -1,
+                            .lag_s = -1,
                             .replay_s = -1};
         catch_up(&one, &which);
         catchups[r] = one.catchup_s;
@@ -816,10 +831,12 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
                 ph->learner_rate[r]);
             printf(
                 "    start to installed %.2f s, of which the check after the "
-                "last chunk %.2f s; then %llu entries replayed in %.2f s\n",
-                one.start_to_install_s, one.check_s,
+                "last chunk %.2f s (%.2f s of it decoding the bytes the "
+                "stream had not yet); then %llu entries replayed in %.2f s\n",
+                one.start_to_install_s, one.check_s, one.lag_s,
                 (unsigned long long)one.replayed, one.replay_s);
             checks[r] = one.check_s;
+            lags[r] = one.lag_s;
             replays[r] = one.replay_s;
             nsnap++;
         } else {
@@ -835,6 +852,7 @@ static void measure(struct phase *ph, const char *name, unsigned secs)
     ph->start_to_install_s = median(starts, n);
     ph->learner_to_install_s = median(learners, n);
     ph->check_s = median(checks, nsnap);
+    ph->lag_s = median(lags, nsnap);
     ph->replay_s = median(replays, nsnap);
     leader_term(&term1);
     ph->terms_overall = term1 - term0;
@@ -1030,6 +1048,8 @@ int main(int argc, char **argv)
         full.learner_to_install_s, "s");
     row("  rate learner added -> installed", 0, lf, "MB/s");
     row("  check after the last chunk (logs)", empty.check_s, full.check_s,
+        "s");
+    row("    of it, decoding bytes not yet decoded", empty.lag_s, full.lag_s,
         "s");
     row("  installed -> caught up (replay)", empty.replay_s, full.replay_s,
         "s");
