@@ -1,0 +1,553 @@
+#define _DEFAULT_SOURCE /* usleep */
+/* storage/seglog.h: a log of records in segment files, against real files:
+ * records replayed in order across segments, a torn tail dropped and
+ * written past, durable records that were damaged or removed refused,
+ * foreign and other-version segments refused, release, the spare made in
+ * steps, bad input changing nothing, and processes killed while they
+ * append and flush. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/heap.h"
+#include "idalloc_errors.h"
+#include "storage/record.h"
+#include "storage/seglog.h"
+#include "tests/storage/helpers.h"
+
+#define SEG    (64u * 1024u)
+#define MAXREC 3000
+
+static char tmp[256];
+static char dir[300];
+
+static void setup(void)
+{
+    cr_assert_eq(ida_test_tmpdir(tmp, sizeof(tmp), "seglog"), 0);
+    snprintf(dir, sizeof(dir), "%s/log", tmp);
+}
+
+static void teardown(void)
+{
+    ida_test_rmrf(tmp);
+}
+
+TestSuite(seglog, .init = setup, .fini = teardown);
+
+static struct ida_seglog_options opts(char who)
+{
+    struct ida_seglog_options o = {.segment_bytes = SEG};
+    memset(o.ident, who, sizeof(o.ident));
+    return o;
+}
+
+/* The deterministic content of record @lsn (of generation @gen). */
+static size_t rec_len(uint64_t lsn)
+{
+    return 1 + (size_t)((lsn * 7919u) % MAXREC);
+}
+
+static void rec_fill(uint8_t *buf, uint64_t lsn, int gen)
+{
+    size_t n = rec_len(lsn);
+    for (size_t i = 0; i < n; i++) {
+        buf[i] = (uint8_t)(lsn * 31u + i + (size_t)gen * 101u);
+    }
+}
+
+/* What open replayed. */
+struct seen
+{
+    uint64_t first, last, count;
+    int bad;       /* records whose bytes were not their LSN's */
+    int gen[4096]; /* the generation each LSN's bytes matched */
+    struct ida_seglog_pos pos[4096];
+};
+
+static int on_record(void *ctx,
+                     uint64_t lsn,
+                     const uint8_t *data,
+                     size_t len,
+                     struct ida_seglog_pos pos)
+{
+    struct seen *s = ctx;
+    if (s->count == 0) {
+        s->first = lsn;
+    } else if (lsn != s->last + 1) {
+        s->bad++;
+    }
+    s->last = lsn;
+    s->count++;
+    uint8_t want[MAXREC];
+    int gen = -1;
+    for (int g = 0; g < 2 && gen < 0; g++) {
+        rec_fill(want, lsn, g);
+        if (len == rec_len(lsn) && memcmp(want, data, len) == 0) {
+            gen = g;
+        }
+    }
+    if (gen < 0) {
+        s->bad++;
+    }
+    if (lsn < 4096) {
+        s->gen[lsn] = gen;
+        s->pos[lsn] = pos;
+    }
+    return 0;
+}
+
+static struct ida_seglog *open_ok(char who, struct seen *s)
+{
+    struct ida_seglog_options o = opts(who);
+    struct ida_seglog *l = NULL;
+    char err[512];
+    if (s != NULL) {
+        memset(s, 0, sizeof(*s));
+    }
+    int rv = ida_seglog_open(dir, &o, s != NULL ? on_record : NULL, s, &l, err,
+                             sizeof(err));
+    cr_assert_eq(rv, 0, "open: %s (%s)", idalloc_strerror(rv), err);
+    return l;
+}
+
+static int open_rv(char who, uint64_t min_lsn, char *err, size_t errlen)
+{
+    struct ida_seglog_options o = opts(who);
+    o.min_lsn = min_lsn;
+    struct ida_seglog *l = NULL;
+    int rv = ida_seglog_open(dir, &o, NULL, NULL, &l, err, errlen);
+    if (rv == 0) {
+        ida_seglog_close(l);
+    }
+    return rv;
+}
+
+static void append_gen(struct ida_seglog *l,
+                       uint64_t lsn,
+                       int gen,
+                       struct ida_seglog_pos *pos)
+{
+    uint8_t buf[MAXREC];
+    rec_fill(buf, lsn, gen);
+    size_t n = rec_len(lsn);
+    /* In two pieces, as a caller gathers a header and a body. */
+    struct iovec v[2] = {{buf, n / 2}, {buf + n / 2, n - n / 2}};
+    uint64_t got = 0;
+    int k = v[0].iov_len == 0 ? 1 : 2;
+    int rv = ida_seglog_append(l, k == 2 ? v : v + 1, k, &got, pos);
+    cr_assert_eq(rv, 0, "append %llu: %s", (unsigned long long)lsn,
+                 idalloc_strerror(rv));
+    cr_assert_eq(got, lsn);
+}
+
+static void append_n(struct ida_seglog *l, uint64_t from, uint64_t to)
+{
+    for (uint64_t lsn = from; lsn <= to; lsn++) {
+        append_gen(l, lsn, 0, NULL);
+    }
+}
+
+/* The segment file holding @pos, and the file offset of byte @k of the
+ * record's data. */
+static void flip(struct ida_seglog_pos pos, size_t k)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/seg-%016llx", dir,
+             (unsigned long long)pos.seq);
+    int fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0, "%s", path);
+    off_t at = (off_t)(pos.off + IDA_SEGLOG_RECORD_HDR_BYTES + k);
+    uint8_t b;
+    cr_assert_eq(pread(fd, &b, 1, at), 1);
+    b ^= 0x40;
+    cr_assert_eq(pwrite(fd, &b, 1, at), 1);
+    close(fd);
+}
+
+static int count_files(const char *prefix)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "ls %s | grep -c '^%s-' > %s/count", dir, prefix,
+             tmp);
+    (void)system(cmd);
+    char path[400];
+    snprintf(path, sizeof(path), "%s/count", tmp);
+    FILE *f = fopen(path, "r");
+    int n = -1;
+    if (f != NULL) {
+        cr_assert_eq(fscanf(f, "%d", &n), 1);
+        fclose(f);
+    }
+    return n;
+}
+
+Test(seglog, records_come_back_in_order_across_segments_and_read_again)
+{
+    struct seen s;
+    struct ida_seglog *l = open_ok('a', &s);
+    cr_assert_eq(s.count, 0);
+    cr_assert_eq(ida_seglog_next_lsn(l), 1);
+    struct ida_seglog_pos pos[1001];
+    for (uint64_t lsn = 1; lsn <= 1000; lsn++) {
+        append_gen(l, lsn, 0, &pos[lsn]);
+        if (lsn % 37 == 0) {
+            cr_assert_eq(ida_seglog_sync(l), 0);
+            cr_assert_eq(ida_seglog_synced_lsn(l), lsn);
+        }
+    }
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    cr_assert_gt(ida_seglog_segments(l), 10,
+                 "1000 records of ~1.5 KB "
+                 "fill many 64 KiB segments");
+    /* Read again from where append said, this process and the next. */
+    for (uint64_t lsn = 1; lsn <= 1000; lsn += 97) {
+        uint8_t *d;
+        size_t n;
+        uint8_t want[MAXREC];
+        cr_assert_eq(ida_seglog_read(l, pos[lsn], lsn, &d, &n), 0);
+        rec_fill(want, lsn, 0);
+        cr_assert(n == rec_len(lsn) && memcmp(d, want, n) == 0);
+        ida_free(d);
+    }
+    uint8_t *d;
+    size_t n;
+    cr_assert_eq(ida_seglog_read(l, pos[5], 6, &d, &n), IDA_ENOTFOUND,
+                 "another LSN's place");
+    ida_seglog_close(l);
+    l = open_ok('a', &s);
+    cr_assert_eq(s.count, 1000);
+    cr_assert_eq(s.first, 1);
+    cr_assert_eq(s.last, 1000);
+    cr_assert_eq(s.bad, 0);
+    cr_assert_eq(ida_seglog_next_lsn(l), 1001);
+    cr_assert_eq(ida_seglog_synced_lsn(l), 1000);
+    cr_assert_eq(s.pos[500].seq, pos[500].seq);
+    cr_assert_eq(s.pos[500].off, pos[500].off);
+    /* The next records follow, in a segment of their own. */
+    append_n(l, 1001, 1010);
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    ida_seglog_close(l);
+    l = open_ok('a', &s);
+    cr_assert_eq(s.count, 1010);
+    cr_assert_eq(s.bad, 0);
+    ida_seglog_close(l);
+}
+
+/* Records written after the last flush may be lost or torn: the first bad
+ * one ends the log, later ones that are whole are dropped with it (they
+ * were never acknowledged), and the appends after it never meet them. */
+Test(seglog, a_torn_tail_is_dropped_and_written_past)
+{
+    struct ida_seglog *l = open_ok('a', NULL);
+    struct ida_seglog_pos pos[11];
+    for (uint64_t lsn = 1; lsn <= 10; lsn++) {
+        append_gen(l, lsn, 0, &pos[lsn]);
+        if (lsn == 7) {
+            cr_assert_eq(ida_seglog_sync(l), 0);
+        }
+    }
+    ida_seglog_close(l); /* 8..10 were never flushed */
+    cr_assert_eq(pos[9].seq, pos[10].seq);
+    flip(pos[9], 0);
+    struct seen s;
+    l = open_ok('a', &s);
+    cr_assert_eq(s.count, 8, "8 is whole, 9 torn, 10 dropped with it");
+    cr_assert_eq(s.bad, 0);
+    cr_assert_eq(ida_seglog_next_lsn(l), 9);
+    append_gen(l, 9, 1, NULL);
+    append_gen(l, 10, 1, NULL);
+    append_gen(l, 11, 1, NULL);
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    ida_seglog_close(l);
+    l = open_ok('a', &s);
+    cr_assert_eq(s.count, 11);
+    cr_assert_eq(s.bad, 0);
+    cr_assert_eq(s.gen[8], 0);
+    cr_assert_eq(s.gen[9], 1, "the new 9, not the torn one");
+    cr_assert_eq(s.gen[10], 1, "the new 10, not the stale whole one");
+    ida_seglog_close(l);
+}
+
+/* A record later records say was durable, damaged: refused, in any
+ * segment, and the files are left as they were. */
+Test(seglog, a_damaged_durable_record_is_refused)
+{
+    struct ida_seglog *l = open_ok('a', NULL);
+    struct ida_seglog_pos pos[301];
+    for (uint64_t lsn = 1; lsn <= 300; lsn++) {
+        append_gen(l, lsn, 0, &pos[lsn]);
+        if (lsn % 10 == 0) {
+            cr_assert_eq(ida_seglog_sync(l), 0);
+        }
+    }
+    ida_seglog_close(l);
+    uint64_t victims[] = {5, 10, 150, 290};
+    for (size_t i = 0; i < sizeof(victims) / sizeof(victims[0]); i++) {
+        uint64_t v = victims[i];
+        flip(pos[v], rec_len(v) - 1);
+        char err[512];
+        cr_assert_eq(open_rv('a', 0, err, sizeof(err)), IDA_ECORRUPT,
+                     "LSN %llu damaged", (unsigned long long)v);
+        char want[64];
+        snprintf(want, sizeof(want), "ends at LSN %llu,",
+                 (unsigned long long)(v - 1));
+        cr_assert(strstr(err, want) != NULL, "%s", err);
+        flip(pos[v], rec_len(v) - 1); /* mended: opens whole again */
+        struct seen s;
+        l = open_ok('a', &s);
+        cr_assert_eq(s.count, 300);
+        ida_seglog_close(l);
+    }
+}
+
+/* The last record flushed, damaged, with nothing after it: only the
+ * caller's floor can tell it from a torn tail. */
+Test(seglog, the_floor_tells_a_damaged_last_record_from_a_torn_one)
+{
+    struct ida_seglog *l = open_ok('a', NULL);
+    struct ida_seglog_pos pos[6];
+    for (uint64_t lsn = 1; lsn <= 5; lsn++) {
+        append_gen(l, lsn, 0, &pos[lsn]);
+    }
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    ida_seglog_close(l);
+    flip(pos[5], 0);
+    char err[512];
+    cr_assert_eq(open_rv('a', 5, err, sizeof(err)), IDA_ECORRUPT);
+    cr_assert(strstr(err, "LSN 5 was durable") != NULL, "%s", err);
+    struct seen s;
+    l = open_ok('a', &s); /* no floor: a torn tail */
+    cr_assert_eq(s.count, 4);
+    ida_seglog_close(l);
+}
+
+/* A segment removed from the middle (or rolled back): refused. */
+Test(seglog, a_missing_segment_is_refused)
+{
+    struct ida_seglog *l = open_ok('a', NULL);
+    struct ida_seglog_pos pos[201];
+    for (uint64_t lsn = 1; lsn <= 200; lsn++) {
+        append_gen(l, lsn, 0, &pos[lsn]);
+        cr_assert_eq(ida_seglog_sync(l), 0);
+    }
+    ida_seglog_close(l);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/seg-%016llx", dir,
+             (unsigned long long)pos[100].seq);
+    cr_assert_eq(unlink(path), 0);
+    char err[512];
+    cr_assert_eq(open_rv('a', 0, err, sizeof(err)), IDA_ECORRUPT);
+    cr_assert(strstr(err, "durable") != NULL, "%s", err);
+}
+
+Test(seglog, another_nodes_or_versions_segments_are_refused)
+{
+    struct ida_seglog *l = open_ok('a', NULL);
+    struct ida_seglog_pos pos;
+    append_gen(l, 1, 0, &pos);
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    ida_seglog_close(l);
+    char err[512];
+    cr_assert_eq(open_rv('b', 0, err, sizeof(err)), IDA_EFOREIGN);
+    cr_assert(strstr(err, "another node") != NULL, "%s", err);
+    /* Its version changed (and its checksum made right). */
+    char path[512];
+    snprintf(path, sizeof(path), "%s/seg-%016llx", dir,
+             (unsigned long long)pos.seq);
+    int fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    uint8_t h[68];
+    cr_assert_eq(pread(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+    h[8] = 2;
+    uint32_t crc = ida__crc32c(0, h, 64);
+    for (int i = 0; i < 4; i++) {
+        h[64 + i] = (uint8_t)(crc >> (8 * i));
+    }
+    cr_assert_eq(pwrite(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+    close(fd);
+    cr_assert_eq(open_rv('a', 0, err, sizeof(err)), IDA_EVERSION);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0, "a refused segment stays");
+}
+
+Test(seglog, release_removes_whole_segments_below_an_lsn)
+{
+    struct ida_seglog *l = open_ok('a', NULL);
+    struct ida_seglog_pos pos[401];
+    for (uint64_t lsn = 1; lsn <= 400; lsn++) {
+        append_gen(l, lsn, 0, &pos[lsn]);
+    }
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    size_t before = ida_seglog_segments(l);
+    cr_assert_eq(ida_seglog_release(l, 200), 0);
+    size_t after = ida_seglog_segments(l);
+    cr_assert_lt(after, before);
+    uint8_t *d;
+    size_t n;
+    cr_assert_eq(ida_seglog_read(l, pos[1], 1, &d, &n), IDA_ENOTFOUND);
+    cr_assert_eq(ida_seglog_read(l, pos[200], 200, &d, &n), 0,
+                 "200 is kept: its segment is not all below 200");
+    ida_free(d);
+    ida_seglog_close(l);
+    struct seen s;
+    l = open_ok('a', &s);
+    cr_assert_gt(s.first, 1);
+    cr_assert_leq(s.first, 200);
+    cr_assert_eq(s.last, 400);
+    cr_assert_eq(s.bad, 0);
+    /* Everything: only the segment appends go to stays. */
+    cr_assert_eq(ida_seglog_release(l, 401), 0);
+    ida_seglog_close(l);
+    l = open_ok('a', &s);
+    cr_assert_eq(s.count, 0);
+    cr_assert_eq(ida_seglog_next_lsn(l), 401, "LSNs go on");
+    ida_seglog_close(l);
+}
+
+/* The next segment is made a piece at a time, and an append that needs it
+ * takes it; what a process that died left half made is removed. */
+Test(seglog, the_spare_is_made_in_steps_and_leftovers_are_removed)
+{
+    struct ida_seglog *l = open_ok('a', NULL);
+    int busy = 0, rv;
+    while ((rv = ida_seglog_prepare(l, SEG / 8)) == IDA_EBUSY) {
+        busy++;
+    }
+    cr_assert_eq(rv, 0);
+    cr_assert_geq(busy, 7, "a segment of 64 KiB in steps of 8 KiB");
+    cr_assert_eq(ida_seglog_segments(l), 2);
+    cr_assert_eq(ida_seglog_prepare(l, SEG / 8), 0, "ready: nothing to do");
+    append_n(l, 1, 100); /* fills the first and takes the spare */
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    cr_assert_eq(ida_seglog_prepare(l, SEG / 8), IDA_EBUSY);
+    ida_seglog_close(l); /* a half-made spare is removed */
+    cr_assert_eq(count_files("tmp"), 0);
+    /* What a process that died leaves: a half-made spare, and a segment
+     * it was switching to whose header never reached the disk. */
+    char path[512];
+    snprintf(path, sizeof(path), "%s/tmp-%016llx", dir, 99ull);
+    int fd = open(path, O_CREAT | O_WRONLY, 0600);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    snprintf(path, sizeof(path), "%s/seg-%016llx", dir, 98ull);
+    fd = open(path, O_CREAT | O_WRONLY, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, SEG), 0);
+    close(fd);
+    struct seen s;
+    l = open_ok('a', &s);
+    cr_assert_eq(s.count, 100);
+    cr_assert_eq(count_files("tmp"), 0);
+    snprintf(path, sizeof(path), "%s/seg-%016llx", dir, 98ull);
+    cr_assert_neq(access(path, F_OK), 0, "the empty segment is removed");
+    ida_seglog_close(l);
+}
+
+Test(seglog, bad_input_changes_nothing)
+{
+    struct ida_seglog_options o = opts('a');
+    struct ida_seglog *l = NULL;
+    char err[256];
+    o.segment_bytes = SEG + 100;
+    cr_assert_eq(ida_seglog_open(dir, &o, NULL, NULL, &l, err, sizeof(err)),
+                 IDA_EINVAL);
+    cr_assert(strstr(err, "multiple of 4096") != NULL);
+    o.segment_bytes = 4096;
+    cr_assert_eq(ida_seglog_open(dir, &o, NULL, NULL, &l, err, sizeof(err)),
+                 IDA_EINVAL);
+    l = open_ok('a', NULL);
+    append_n(l, 1, 3);
+    static uint8_t big[SEG];
+    struct iovec v = {big, IDA_SEGLOG_RECORD_MAX(SEG) + 1};
+    cr_assert_eq(ida_seglog_append(l, &v, 1, NULL, NULL), IDA_ETOOBIG);
+    v.iov_len = 0;
+    cr_assert_eq(ida_seglog_append(l, &v, 1, NULL, NULL), IDA_EINVAL);
+    cr_assert_eq(ida_seglog_append(l, NULL, 0, NULL, NULL), IDA_EINVAL);
+    cr_assert_eq(ida_seglog_next_lsn(l), 4);
+    /* The largest record fits in a segment of its own. */
+    v.iov_len = IDA_SEGLOG_RECORD_MAX(SEG);
+    uint64_t lsn;
+    cr_assert_eq(ida_seglog_append(l, &v, 1, &lsn, NULL), 0);
+    cr_assert_eq(lsn, 4);
+    append_n(l, 5, 6);
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    ida_seglog_close(l);
+    struct seen s;
+    l = open_ok('a', &s);
+    cr_assert_eq(s.count, 6);
+    cr_assert_eq(s.bad, 1, "the big record is not of the generated kind");
+    ida_seglog_close(l);
+}
+
+/* Processes killed (SIGKILL) at random while they append and flush: every
+ * record whose flush returned is there, whole, after each. */
+Test(seglog, kill_9_while_appending_loses_no_flushed_record, .timeout = 60)
+{
+    uint64_t seed = 12345, total = 0;
+    for (int round = 0; round < 12; round++) {
+        int fds[2];
+        cr_assert_eq(pipe(fds), 0);
+        struct seen s;
+        struct ida_seglog *l = open_ok('a', &s);
+        uint64_t from = ida_seglog_next_lsn(l);
+        ida_seglog_close(l);
+        fflush(NULL);
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+            close(fds[0]);
+            struct ida_seglog_options o = opts('a');
+            struct ida_seglog *c = NULL;
+            if (ida_seglog_open(dir, &o, NULL, NULL, &c, NULL, 0) != 0) {
+                _exit(3);
+            }
+            uint64_t r = seed + (uint64_t)round;
+            for (uint64_t lsn = from;; lsn++) {
+                uint8_t buf[MAXREC];
+                rec_fill(buf, lsn, 0);
+                struct iovec v = {buf, rec_len(lsn)};
+                if (ida_seglog_append(c, &v, 1, NULL, NULL) != 0) {
+                    _exit(4);
+                }
+                if (ida_test_rand(&r) % 4 == 0) {
+                    if (ida_seglog_sync(c) != 0) {
+                        _exit(5);
+                    }
+                    if (write(fds[1], &lsn, sizeof(lsn)) != sizeof(lsn)) {
+                        _exit(6);
+                    }
+                }
+                if (ida_test_rand(&r) % 16 == 0) {
+                    (void)ida_seglog_prepare(c, SEG / 4);
+                }
+            }
+        }
+        close(fds[1]);
+        usleep((useconds_t)(20000 + ida_test_rand(&seed) % 60000));
+        kill(pid, SIGKILL);
+        int status;
+        waitpid(pid, &status, 0);
+        cr_assert(WIFSIGNALED(status), "the writer died on its own: %d",
+                  WEXITSTATUS(status));
+        uint64_t synced = from - 1, v;
+        while (read(fds[0], &v, sizeof(v)) == (ssize_t)sizeof(v)) {
+            synced = v;
+        }
+        close(fds[0]);
+        l = open_ok('a', &s);
+        cr_assert_eq(s.bad, 0);
+        cr_assert_geq(s.last, synced,
+                      "round %d: flushed up to %llu, found %llu", round,
+                      (unsigned long long)synced, (unsigned long long)s.last);
+        cr_assert_eq(s.first, 1);
+        total += s.last - (from - 1);
+        ida_seglog_close(l);
+    }
+    cr_assert_gt(total, 100, "the writers wrote");
+}
