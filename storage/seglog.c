@@ -740,8 +740,10 @@ static int recover(struct ida_seglog *l,
                 int rv = fn(ctx, lsn, x->buf + at + IDA_SEGLOG_RECORD_HDR_BYTES,
                             len, (struct ida_seglog_pos){x->seq, at});
                 if (rv != 0) {
-                    say(err, errlen, "replaying LSN %llu: %s",
-                        (unsigned long long)lsn, idalloc_strerror(rv));
+                    if (err != NULL && errlen > 0 && err[0] == '\0') {
+                        say(err, errlen, "replaying LSN %llu: %s",
+                            (unsigned long long)lsn, idalloc_strerror(rv));
+                    }
                     return rv;
                 }
             }
@@ -779,6 +781,13 @@ static int recover(struct ida_seglog *l,
             "or segments removed)",
             (unsigned long long)(expect - 1), (unsigned long long)l->o.min_lsn);
         return IDA_ECORRUPT;
+    }
+    /* The caller's last word, before anything is changed. */
+    if (fn != NULL) {
+        int rv = fn(ctx, 0, NULL, 0, (struct ida_seglog_pos){0, 0});
+        if (rv != 0) {
+            return rv;
+        }
     }
     *end_lsn = expect;
     return 0;

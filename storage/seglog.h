@@ -115,8 +115,9 @@ struct ida_seglog_pos
 };
 
 /* Called by open for each record recovered, in LSN order: @data (@len
- * bytes) is valid during the call. A nonzero return stops the open, which
- * returns it. */
+ * bytes) is valid during the call; then once more with @lsn 0 (and no
+ * data) when the last was. A nonzero return stops the open, which
+ * returns it having changed nothing. */
 typedef int (*ida_seglog_record_fn)(void *ctx,
                                     uint64_t lsn,
                                     const uint8_t *data,

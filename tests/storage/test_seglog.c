@@ -66,6 +66,7 @@ struct seen
 {
     uint64_t first, last, count;
     int bad;       /* records whose bytes were not their LSN's */
+    int ended;     /* the end of the replay was told */
     int gen[4096]; /* the generation each LSN's bytes matched */
     struct ida_seglog_pos pos[4096];
 };
@@ -77,6 +78,10 @@ static int on_record(void *ctx,
                      struct ida_seglog_pos pos)
 {
     struct seen *s = ctx;
+    if (lsn == 0) {
+        s->ended = 1; /* the replay's end */
+        return 0;
+    }
     if (s->count == 0) {
         s->first = lsn;
     } else if (lsn != s->last + 1) {
@@ -113,6 +118,7 @@ static struct ida_seglog *open_ok(char who, struct seen *s)
     int rv = ida_seglog_open(dir, &o, s != NULL ? on_record : NULL, s, &l, err,
                              sizeof(err));
     cr_assert_eq(rv, 0, "open: %s (%s)", idalloc_strerror(rv), err);
+    cr_assert(s == NULL || s->ended, "the end of the replay is told");
     return l;
 }
 
