@@ -8,6 +8,7 @@
 
 #include "base/heap.h"
 #include "idalloc_errors.h"
+#include "storage/record.h"
 #include "storage/storage.h"
 
 #define HDR_BYTES  40
@@ -50,38 +51,6 @@ struct ida_entlog
     char *err;
     size_t errlen;
 };
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
 
 static void say(struct ida_entlog *l, const char *fmt, ...)
 {
@@ -218,9 +187,10 @@ static int take_record(void *ctx,
             (unsigned long long)lsn);
         return IDA_ECORRUPT;
     }
-    ida_index trunc = get64(data + 8), commit = get64(data + 16);
-    ida_index first = get64(data + 24);
-    uint32_t count = get32(data + 32);
+    ida_index trunc = ida__get_le64(data + 8),
+              commit = ida__get_le64(data + 16);
+    ida_index first = ida__get_le64(data + 24);
+    uint32_t count = ida__get_le32(data + 32);
     int rv = 0;
     if (data[1] == FLAG_RESET) {
         rv = count == 0 ? take_reset(l, lsn, trunc, first) : IDA_ECORRUPT;
@@ -266,9 +236,9 @@ static int take_record(void *ctx,
                 (unsigned long long)lsn, i + 1, count);
             return IDA_ECORRUPT;
         }
-        ida_term term = get64(data + at);
+        ida_term term = ida__get_le64(data + at);
         unsigned type = data[at + 8];
-        uint32_t n = get32(data + at + 12);
+        uint32_t n = ida__get_le32(data + at + 12);
         if (term == 0 || !type_ok(type) || n > IDA_STORAGE_ENTRY_BYTES_MAX ||
             n > len - at - ENTRY_HDR || term < last_term) {
             say(l,
@@ -392,17 +362,17 @@ int ida_entlog_append(struct ida_entlog *l,
     }
     memset(buf, 0, HDR_BYTES);
     buf[0] = VERSION;
-    put64(buf + 8, truncate_from);
-    put64(buf + 16, commit);
-    put64(buf + 24, count > 0 ? end + 1 : 0);
-    put32(buf + 32, (uint32_t)count);
+    ida__put_le64(buf + 8, truncate_from);
+    ida__put_le64(buf + 16, commit);
+    ida__put_le64(buf + 24, count > 0 ? end + 1 : 0);
+    ida__put_le32(buf + 32, (uint32_t)count);
     size_t at = HDR_BYTES;
     for (size_t i = 0; i < count; i++) {
         const struct ida_entry *x = &entries[i];
         memset(buf + at, 0, ENTRY_HDR);
-        put64(buf + at, x->term);
+        ida__put_le64(buf + at, x->term);
         buf[at + 8] = (uint8_t)x->type;
-        put32(buf + at + 12, (uint32_t)x->len);
+        ida__put_le32(buf + at + 12, (uint32_t)x->len);
         if (x->len > 0) {
             memcpy(buf + at + ENTRY_HDR, x->data, x->len);
         }
@@ -487,9 +457,9 @@ int ida_entlog_compact(struct ida_entlog *l, ida_index upto, ida_term upto_term)
          * kept: a reset is recorded, durable before this returns, so that
          * a restart never replays them after the snapshot. */
         uint8_t buf[HDR_BYTES] = {VERSION, FLAG_RESET};
-        put64(buf + 8, upto);
-        put64(buf + 16, l->commit > upto ? l->commit : upto);
-        put64(buf + 24, upto_term);
+        ida__put_le64(buf + 8, upto);
+        ida__put_le64(buf + 16, l->commit > upto ? l->commit : upto);
+        ida__put_le64(buf + 24, upto_term);
         struct iovec v = {buf, sizeof(buf)};
         uint64_t lsn;
         struct ida_seglog_pos pos;

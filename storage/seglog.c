@@ -56,38 +56,6 @@ struct ida_seglog
 /* --- little-endian fields --------------------------------------------------
  */
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
 /* --- files ------------------------------------------------------------------
  */
 
@@ -161,12 +129,12 @@ static void header_encode(uint8_t *h,
 {
     memset(h, 0, IDA_SEGLOG_HEADER_BYTES);
     memcpy(h, MAGIC, 8);
-    put32(h + 8, VERSION);
-    put32(h + 12, HDR_USED);
-    put64(h + 16, seq);
-    put64(h + 24, first_lsn);
+    ida__put_le32(h + 8, VERSION);
+    ida__put_le32(h + 12, HDR_USED);
+    ida__put_le64(h + 16, seq);
+    ida__put_le64(h + 24, first_lsn);
     memcpy(h + 32, l->o.ident, IDA_SEGLOG_IDENT_BYTES);
-    put32(h + HDR_CRC_AT, ida__crc32c(0, h, HDR_CRC_AT));
+    ida__put_le32(h + HDR_CRC_AT, ida__crc32c(0, h, HDR_CRC_AT));
 }
 
 /* The header @h of the segment named with @seq: 0 with *@first_lsn, 1 for
@@ -178,19 +146,19 @@ static int header_decode(const struct ida_seglog *l,
                          uint64_t *first_lsn)
 {
     if (memcmp(h, MAGIC, 8) != 0 ||
-        get32(h + HDR_CRC_AT) != ida__crc32c(0, h, HDR_CRC_AT)) {
+        ida__get_le32(h + HDR_CRC_AT) != ida__crc32c(0, h, HDR_CRC_AT)) {
         return 1;
     }
-    if (get32(h + 8) != VERSION || get32(h + 12) != HDR_USED) {
+    if (ida__get_le32(h + 8) != VERSION || ida__get_le32(h + 12) != HDR_USED) {
         return IDA_EVERSION;
     }
     if (memcmp(h + 32, l->o.ident, IDA_SEGLOG_IDENT_BYTES) != 0) {
         return IDA_EFOREIGN;
     }
-    if (get64(h + 16) != seq) {
+    if (ida__get_le64(h + 16) != seq) {
         return IDA_ECORRUPT;
     }
-    *first_lsn = get64(h + 24);
+    *first_lsn = ida__get_le64(h + 24);
     return 0;
 }
 
@@ -213,16 +181,16 @@ static bool record_check(const uint8_t *p,
     if (avail < IDA_SEGLOG_RECORD_HDR_BYTES) {
         return false;
     }
-    uint32_t n = get32(p + 4);
+    uint32_t n = ida__get_le32(p + 4);
     if (n == 0 || n > avail - IDA_SEGLOG_RECORD_HDR_BYTES) {
         return false;
     }
     uint32_t crc = ida__crc32c(0, p + 4, IDA_SEGLOG_RECORD_HDR_BYTES - 4 + n);
-    if (crc != get32(p)) {
+    if (crc != ida__get_le32(p)) {
         return false;
     }
-    *lsn = get64(p + 8);
-    *synced = get64(p + 16);
+    *lsn = ida__get_le64(p + 8);
+    *synced = ida__get_le64(p + 16);
     *len = n;
     return true;
 }
@@ -401,14 +369,14 @@ int ida_seglog_append(struct ida_seglog *l,
         cur = &l->segs[l->n - 1];
     }
     uint8_t h[IDA_SEGLOG_RECORD_HDR_BYTES];
-    put32(h + 4, (uint32_t)len);
-    put64(h + 8, l->next_lsn);
-    put64(h + 16, l->synced_lsn);
+    ida__put_le32(h + 4, (uint32_t)len);
+    ida__put_le64(h + 8, l->next_lsn);
+    ida__put_le64(h + 16, l->synced_lsn);
     uint32_t crc = ida__crc32c(0, h + 4, sizeof(h) - 4);
     for (int i = 0; i < n; i++) {
         crc = ida__crc32c(crc, iov[i].iov_base, iov[i].iov_len);
     }
-    put32(h, crc);
+    ida__put_le32(h, crc);
     static const uint8_t pad[8];
     struct iovec v[64];
     v[0] = (struct iovec){h, sizeof(h)};
@@ -506,9 +474,9 @@ int ida_seglog_read(struct ida_seglog *l,
     if (pread_some(s->fd, h, sizeof(h), (off_t)pos.off) != (ssize_t)sizeof(h)) {
         return IDA_EIO;
     }
-    size_t n = get32(h + 4);
+    size_t n = ida__get_le32(h + 4);
     size_t avail = s->bytes - pos.off;
-    if (get64(h + 8) != lsn) {
+    if (ida__get_le64(h + 8) != lsn) {
         return IDA_ENOTFOUND;
     }
     if (n == 0 || n > avail - IDA_SEGLOG_RECORD_HDR_BYTES) {
@@ -684,7 +652,8 @@ static bool durable_after(const struct found *x, size_t from, uint64_t b)
          at + IDA_SEGLOG_RECORD_HDR_BYTES <= x->bytes; at += 8) {
         uint64_t lsn, synced;
         size_t len;
-        if (get64(x->buf + at + 16) >= b && get64(x->buf + at + 8) >= b &&
+        if (ida__get_le64(x->buf + at + 16) >= b &&
+            ida__get_le64(x->buf + at + 8) >= b &&
             record_check(x->buf + at, x->bytes - at, &lsn, &synced, &len)) {
             return true;
         }
