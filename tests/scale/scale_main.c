@@ -1049,8 +1049,7 @@ int main(int argc, char **argv)
     row("  rate learner added -> installed", 0, lf, "MB/s");
     row("  check after the last chunk (logs)", empty.check_s, full.check_s,
         "s");
-    row("    of it, decoding bytes not yet decoded", empty.lag_s, full.lag_s,
-        "s");
+    row("    of it, the stream catching up", empty.lag_s, full.lag_s, "s");
     row("  installed -> caught up (replay)", empty.replay_s, full.replay_s,
         "s");
     row("leader VmRSS", (double)empty.rss_kb / 1024.0,
