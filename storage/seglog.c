@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -546,7 +547,7 @@ struct found
     uint64_t seq;
     int fd;
     size_t bytes;
-    uint8_t *buf; /* its whole content */
+    uint8_t *buf; /* its whole content, mapped read-only (NULL: empty) */
     int hdr;      /* header_decode(): 0 ok, 1 none */
     uint64_t first_lsn;
     bool used; /* holds records recovered */
@@ -564,7 +565,9 @@ static void found_free(struct found *f, size_t n)
         if (f[i].fd >= 0) {
             close(f[i].fd);
         }
-        ida_free(f[i].buf);
+        if (f[i].buf != NULL) {
+            munmap(f[i].buf, f[i].bytes);
+        }
     }
     ida_free(f);
 }
@@ -620,15 +623,18 @@ static int list_segments(struct ida_seglog *l,
             rv = IDA_EIO;
             break;
         }
+        /* Mapped, not read into memory: a log of many segments is read
+         * one page at a time, its memory the page cache's. */
         x->bytes = (size_t)st.st_size;
-        x->buf = ida_malloc(x->bytes > 0 ? x->bytes : 1);
-        if (x->buf == NULL) {
-            rv = IDA_ENOMEM;
-        } else if (pread_some(x->fd, x->buf, x->bytes, 0) !=
-                   (ssize_t)x->bytes) {
-            say(err, errlen, "cannot read the log segment %s: %s", path,
+        void *m = x->bytes > 0
+                      ? mmap(NULL, x->bytes, PROT_READ, MAP_SHARED, x->fd, 0)
+                      : NULL;
+        if (m == MAP_FAILED) {
+            say(err, errlen, "cannot map the log segment %s: %s", path,
                 strerror(errno));
             rv = IDA_EIO;
+        } else {
+            x->buf = m;
         }
     }
     closedir(d);

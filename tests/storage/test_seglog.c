@@ -446,12 +446,18 @@ Test(seglog, the_spare_is_made_in_steps_and_leftovers_are_removed)
     cr_assert_geq(fd, 0);
     cr_assert_eq(ftruncate(fd, SEG), 0);
     close(fd);
+    snprintf(path, sizeof(path), "%s/seg-%016llx", dir, 97ull);
+    fd = open(path, O_CREAT | O_WRONLY, 0600); /* made, nothing written */
+    cr_assert_geq(fd, 0);
+    close(fd);
     struct seen s;
     l = open_ok('a', &s);
     cr_assert_eq(s.count, 100);
     cr_assert_eq(count_files("tmp"), 0);
     snprintf(path, sizeof(path), "%s/seg-%016llx", dir, 98ull);
     cr_assert_neq(access(path, F_OK), 0, "the empty segment is removed");
+    snprintf(path, sizeof(path), "%s/seg-%016llx", dir, 97ull);
+    cr_assert_neq(access(path, F_OK), 0, "and the one of 0 bytes");
     ida_seglog_close(l);
 }
 
