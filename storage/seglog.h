@@ -50,7 +50,7 @@
  *
  * RECOVERY (ida_seglog_open())
  *
- * Segments are read whole, in sequence order, each record checked (its
+ * Segments are read (mapped), in sequence order, each record checked (its
  * CRC, its length within the segment, its LSN the next one). A record
  * that does not check ends its segment; the log goes on in the next
  * segment if that one's header checks and names the next LSN as its
