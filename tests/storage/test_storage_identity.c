@@ -953,6 +953,89 @@ Test(identity,
     expect_entries(1, 800, 1);
 }
 
+/* A database of duplicates (MDB_DUPSORT | MDB_DUPFIXED), as a hostile or
+ * foreign file may hold: keys with thousands of 8-byte values, each a
+ * tree of its own whose leaves hold keys only (P_LEAF2), and keys with a
+ * few, kept in a sub-page of their node. With the newer meta page naming
+ * one page more than the file has (as LMDB itself leaves a file now and
+ * then), open walks every tree: the file opens (nothing is followed out
+ * of a P_LEAF2 page or a sub-page), and a P_LEAF2 page that carries
+ * another page's number is found in the tree of duplicates it belongs to
+ * (the walk follows each one, F_SUBDATA in a database's leaf). */
+Test(identity, a_database_of_duplicates_is_walked_as_lmdb_reads_it)
+{
+    open_ok();
+    append(1, 50, 2);
+    close_st();
+    MDB_env *env = plain_env();
+    MDB_txn *t;
+    MDB_dbi d;
+    cr_assert_eq(mdb_txn_begin(env, NULL, 0, &t), 0);
+    cr_assert_eq(
+        mdb_dbi_open(t, "dups", MDB_CREATE | MDB_DUPSORT | MDB_DUPFIXED, &d),
+        0);
+    for (int k = 0; k < 12; k++) {
+        char key[16];
+        snprintf(key, sizeof(key), "key-%02d", k);
+        int many = k % 3 == 0 ? 3 : 3000; /* a sub-page, or a tree */
+        for (int v = 0; v < many; v++) {
+            uint64_t val = (uint64_t)k << 32 | (uint64_t)v;
+            MDB_val kk = {strlen(key), key}, vv = {8, &val};
+            cr_assert_eq(mdb_put(t, d, &kk, &vv, 0), 0);
+        }
+    }
+    cr_assert_eq(mdb_txn_commit(t), 0);
+    MDB_stat ds;
+    cr_assert_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &t), 0);
+    cr_assert_eq(mdb_stat(t, d, &ds), 0);
+    mdb_txn_abort(t);
+    mdb_env_close(env);
+    cr_assert_eq(ds.ms_entries, 8 * 3000 + 4 * 3, "every duplicate is in");
+
+    char p[600], keep[600];
+    data_path(p, sizeof(p));
+    uint32_t psize = page_size(p);
+    uint64_t pages = (uint64_t)file_size(p) / psize;
+    int fd = open(p, O_RDWR);
+    off_t newer = meta_offset(fd, psize, 1);
+    cr_assert_eq(get_le64(fd, newer + 136), pages - 1, "its last page");
+    put_le64(fd, newer + 136, pages);
+    /* The P_LEAF2 pages: leaves of the trees of duplicates. */
+    uint8_t *page = ida_malloc(psize);
+    uint64_t leaf2 = 0;
+    int n_leaf2 = 0;
+    for (uint64_t i = 2; i < pages; i++) {
+        cr_assert_eq(pread(fd, page, psize, (off_t)(i * psize)), psize);
+        if ((page[10] & 0x22) == 0x22 &&
+            get_le64(fd, (off_t)(i * psize)) == i) {
+            leaf2 = leaf2 == 0 ? i : leaf2;
+            n_leaf2++;
+        }
+    }
+    ida_free(page);
+    close(fd);
+    cr_assert_gt(n_leaf2, 8 * 4, "the trees of duplicates' leaves (%d)",
+                 n_leaf2);
+    snprintf(keep, sizeof(keep), "%s/whole.mdb", tmp);
+    copy_file(p, keep);
+    char msg[IDA_STORAGE_ERRMSG_MAX + 1];
+    int rv = open_in_child(dir, &opts, msg, sizeof(msg));
+    cr_assert_eq(rv, 0, "the whole file, walked: %s (%s)",
+                 rv < 0 ? "no answer" : idalloc_errname(rv), msg);
+    copy_file(keep, p); /* open committed: its file ends short no more */
+    fd = open(p, O_RDWR);
+    put_le64(fd, (off_t)(leaf2 * psize), leaf2 + 1);
+    close(fd);
+    rv = open_in_child(dir, &opts, msg, sizeof(msg));
+    cr_assert_eq(rv, IDA_ECORRUPT);
+    cr_assert(strstr(msg, "carries another page's number") != NULL &&
+                  strstr(msg, "\"key-") != NULL,
+              "%s", msg);
+    copy_file(keep, p);
+    open_ok();
+    expect_entries(1, 50, 2);
+}
+
 /* A value of ten pages' worth less 16 bytes (@extra 0) or less 15 (@extra
  * 1) put last into data.mdb, where it lies at the end of the file; the
  * newer meta page then names one page more, as LMDB itself leaves a file
