@@ -20,7 +20,7 @@
 struct ent
 {
     ida_term term;
-    uint64_t rec; /* its record's number (see recs) */
+    uint64_t rec; /* its record's number (struct ida_entlog, r) */
     uint32_t off; /* its data's offset in the record's bytes */
     uint32_t len;
     uint8_t type;
@@ -81,40 +81,47 @@ static void cut_from(struct ida_entlog *l, ida_index from)
     }
 }
 
-static int ent_push(struct ida_entlog *l, const struct ent *x)
+/* Room for @more entries after the last: the array's front moved down
+ * if that makes it, else the array grown. 0 or IDA_ENOMEM (unchanged). */
+static int ent_room(struct ida_entlog *l, size_t more)
 {
-    if (l->start + l->n == l->cap) {
-        if (l->start > 0 && l->start >= l->n) {
-            memmove(l->e, l->e + l->start, l->n * sizeof(*l->e));
-            l->start = 0;
-        } else {
-            size_t cap = l->cap > 0 ? 2 * l->cap : 1024;
-            struct ent *v = ida_realloc(l->e, cap * sizeof(*v));
-            if (v == NULL) {
-                return IDA_ENOMEM;
-            }
-            l->e = v;
-            l->cap = cap;
+    size_t want = l->n + more;
+    if (l->start + want <= l->cap) {
+        return 0;
+    }
+    if (l->start > 0) {
+        memmove(l->e, l->e + l->start, l->n * sizeof(*l->e));
+        l->start = 0;
+        if (want <= l->cap) {
+            return 0;
         }
     }
-    l->e[l->start + l->n++] = *x;
+    size_t cap = l->cap > 0 ? 2 * l->cap : 1024;
+    while (cap < want) {
+        cap *= 2;
+    }
+    struct ent *v = ida_realloc(l->e, cap * sizeof(*v));
+    if (v == NULL) {
+        return IDA_ENOMEM;
+    }
+    l->e = v;
+    l->cap = cap;
     return 0;
 }
 
-static int rec_push(struct ida_entlog *l,
-                    struct ida_seglog_pos pos,
-                    uint64_t lsn)
+/* Room for one more record. 0 or IDA_ENOMEM (unchanged). */
+static int rec_room(struct ida_entlog *l)
 {
-    if (l->rn == l->rcap) {
-        size_t cap = l->rcap > 0 ? 2 * l->rcap : 256;
-        struct rec *v = ida_realloc(l->r, cap * sizeof(*v));
-        if (v == NULL) {
-            return IDA_ENOMEM;
-        }
-        l->r = v;
-        l->rcap = cap;
+    if (l->rn < l->rcap) {
+        return 0;
     }
-    l->r[l->rn++] = (struct rec){pos, lsn};
+    size_t cap = l->rcap > 0 ? 2 * l->rcap : 256;
+    struct rec *v = ida_realloc(l->r, cap * sizeof(*v));
+    if (v == NULL) {
+        return IDA_ENOMEM;
+    }
+    l->r = v;
+    l->rcap = cap;
     return 0;
 }
 
@@ -124,8 +131,7 @@ static bool type_ok(unsigned t)
            t == IDA_ENTRY_CONFIG;
 }
 
-/* --- replay -----------------------------------------------------------------
- */
+/* --- replay --- */
 
 /* The end of the replay: the log must follow the snapshot. */
 static int replay_end(struct ida_entlog *l)
@@ -193,7 +199,12 @@ static int take_record(void *ctx,
     uint32_t count = ida__get_le32(data + 32);
     int rv = 0;
     if (data[1] == FLAG_RESET) {
-        rv = count == 0 ? take_reset(l, lsn, trunc, first) : IDA_ECORRUPT;
+        if (count != 0) {
+            say(l, "log record %llu: a reset that carries entries",
+                (unsigned long long)lsn);
+            return IDA_ECORRUPT;
+        }
+        rv = take_reset(l, lsn, trunc, first);
     } else if (trunc != 0 && l->known && trunc > l->rlast + 1) {
         say(l, "log record %llu: truncates at %llu, the log ending at %llu",
             (unsigned long long)lsn, (unsigned long long)trunc,
@@ -260,10 +271,11 @@ static int take_record(void *ctx,
                             .off = (uint32_t)(at + ENTRY_HDR),
                             .len = n,
                             .type = (uint8_t)type};
-            rv = ent_push(l, &x);
+            rv = ent_room(l, 1);
             if (rv != 0) {
                 return rv;
             }
+            l->e[l->start + l->n++] = x;
         }
         at += ENTRY_HDR + n;
     }
@@ -276,7 +288,11 @@ static int take_record(void *ctx,
     }
     /* Every record gets a number (entries name theirs); the list drops
      * its older end as compaction releases them. */
-    return rec_push(l, pos, lsn);
+    rv = rec_room(l);
+    if (rv == 0) {
+        l->r[l->rn++] = (struct rec){pos, lsn};
+    }
+    return rv;
 }
 
 int ida_entlog_open(const char *dir,
@@ -320,8 +336,7 @@ void ida_entlog_close(struct ida_entlog *l)
     ida_free(l);
 }
 
-/* --- writes -----------------------------------------------------------------
- */
+/* --- writes --- */
 
 int ida_entlog_append(struct ida_entlog *l,
                       ida_index truncate_from,
@@ -380,30 +395,9 @@ int ida_entlog_append(struct ida_entlog *l,
     }
     /* The index gets room first: once the record is written, it must
      * take it. */
-    size_t want =
-        l->n - (truncate_from != 0 ? (size_t)(last - end) : 0) + count;
-    if (want > l->cap - l->start && l->start > 0) {
-        memmove(l->e, l->e + l->start, l->n * sizeof(*l->e));
-        l->start = 0;
-    }
-    if (want > l->cap) {
-        struct ent *v = ida_realloc(l->e, want * 2 * sizeof(*v));
-        if (v == NULL) {
-            ida_free(buf);
-            return IDA_ENOMEM;
-        }
-        l->e = v;
-        l->cap = want * 2;
-    }
-    if (l->rn == l->rcap) {
-        size_t cap = l->rcap > 0 ? 2 * l->rcap : 256;
-        struct rec *v = ida_realloc(l->r, cap * sizeof(*v));
-        if (v == NULL) {
-            ida_free(buf);
-            return IDA_ENOMEM;
-        }
-        l->r = v;
-        l->rcap = cap;
+    if (ent_room(l, count) != 0 || rec_room(l) != 0) {
+        ida_free(buf);
+        return IDA_ENOMEM;
     }
     struct iovec v = {buf, bytes};
     uint64_t lsn;
@@ -463,8 +457,13 @@ int ida_entlog_compact(struct ida_entlog *l, ida_index upto, ida_term upto_term)
         struct iovec v = {buf, sizeof(buf)};
         uint64_t lsn;
         struct ida_seglog_pos pos;
-        int rv = ida_seglog_append(l->sl, &v, 1, &lsn, &pos);
+        int rv = rec_room(l);
         if (rv == 0) {
+            rv = ida_seglog_append(l->sl, &v, 1, &lsn, &pos);
+        }
+        if (rv == 0) {
+            /* Numbered as a replay numbers it (no entry points into it). */
+            l->r[l->rn++] = (struct rec){pos, lsn};
             rv = ida_seglog_sync(l->sl);
         }
         if (rv != 0) {
@@ -472,8 +471,7 @@ int ida_entlog_compact(struct ida_entlog *l, ida_index upto, ida_term upto_term)
         }
         l->start += l->n;
         l->n = 0;
-    }
-    if (keep) {
+    } else {
         size_t drop = (size_t)(upto - l->prev_index);
         l->start += drop;
         l->n -= drop;
@@ -494,8 +492,7 @@ int ida_entlog_compact(struct ida_entlog *l, ida_index upto, ida_term upto_term)
     return ida_seglog_release(l->sl, lsn);
 }
 
-/* --- reads ------------------------------------------------------------------
- */
+/* --- reads --- */
 
 void ida_entlog_bounds(const struct ida_entlog *l,
                        ida_index *prev_index,

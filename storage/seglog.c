@@ -23,7 +23,7 @@
 #define HDR_CRC_AT 64
 #define ZERO_STEP  (1u << 20)
 
-/* --- files ---------------------------------------------------------------- */
+/* --- files --- */
 
 void ida__seglog_name(char *buf, const char *prefix, uint64_t seq)
 {
@@ -129,8 +129,7 @@ int ida__seglog_header_decode(const struct ida_seglog *l,
     return 0;
 }
 
-/* --- records ----------------------------------------------------------------
- */
+/* --- records --- */
 
 size_t ida__seglog_record_bytes(size_t len)
 {
@@ -162,8 +161,7 @@ bool ida__seglog_record_check(const uint8_t *p,
     return true;
 }
 
-/* --- segments ---------------------------------------------------------------
- */
+/* --- segments --- */
 
 int ida__seglog_push(struct ida_seglog *l, const struct seg *s)
 {

@@ -17,8 +17,7 @@
 #include "storage/seglog.h"
 #include "storage/seglog_internal.h"
 
-/* --- open and recovery ------------------------------------------------------
- */
+/* --- open and recovery --- */
 
 /* A file of the directory at open. */
 struct found
