@@ -8,7 +8,7 @@
 
 #include "base/heap.h"
 #include "idalloc_errors.h"
-#include "storage/record.h"
+#include "storage/internal.h"
 #include "storage/storage.h"
 
 #define HDR_BYTES  40
@@ -193,10 +193,9 @@ static int take_record(void *ctx,
             (unsigned long long)lsn);
         return IDA_ECORRUPT;
     }
-    ida_index trunc = ida__get_le64(data + 8),
-              commit = ida__get_le64(data + 16);
-    ida_index first = ida__get_le64(data + 24);
-    uint32_t count = ida__get_le32(data + 32);
+    ida_index trunc = ida__le64(data + 8), commit = ida__le64(data + 16);
+    ida_index first = ida__le64(data + 24);
+    uint32_t count = ida__le32(data + 32);
     int rv = 0;
     if (data[1] == FLAG_RESET) {
         if (count != 0) {
@@ -247,9 +246,9 @@ static int take_record(void *ctx,
                 (unsigned long long)lsn, i + 1, count);
             return IDA_ECORRUPT;
         }
-        ida_term term = ida__get_le64(data + at);
+        ida_term term = ida__le64(data + at);
         unsigned type = data[at + 8];
-        uint32_t n = ida__get_le32(data + at + 12);
+        uint32_t n = ida__le32(data + at + 12);
         if (term == 0 || !type_ok(type) || n > IDA_STORAGE_ENTRY_BYTES_MAX ||
             n > len - at - ENTRY_HDR || term < last_term) {
             say(l,

@@ -206,12 +206,6 @@ int ida__storage_idfile_write(struct ida_storage *s,
 #define PSIZE_MAX    65536u
 #define PSIZE_PROBE  4096u /* where meta 1 sits when meta 0 is unreadable */
 
-static uint32_t le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-           (uint32_t)p[3] << 24;
-}
-
 int ida__storage_read_at(int fd, uint8_t *buf, size_t len, off_t off)
 {
     size_t got = 0;
@@ -246,26 +240,26 @@ static int check_meta(struct ida_storage *s,
                       uint32_t psize,
                       uint64_t pages)
 {
-    if (le32(m + M_MAGIC) != MDB_MAGIC_LE) {
+    if (ida__le32(m + M_MAGIC) != MDB_MAGIC_LE) {
         return DAMAGED(
             "data.mdb meta page %d has a bad magic number" DAMAGE_TAIL, i);
     }
-    if (le32(m + M_VERSION) != MDB_DATA_V) {
+    if (ida__le32(m + M_VERSION) != MDB_DATA_V) {
         return DAMAGED(
             "data.mdb meta page %d has LMDB data version %u, not "
             "%u" DAMAGE_TAIL,
-            i, le32(m + M_VERSION), MDB_DATA_V);
+            i, ida__le32(m + M_VERSION), MDB_DATA_V);
     }
     if (ida__le64(m + PG_PGNO) != (uint64_t)i ||
         (ida__le16(m + PG_FLAGS) & P_META) == 0) {
         return DAMAGED(
             "data.mdb meta page %d has a bad page header" DAMAGE_TAIL, i);
     }
-    if (le32(m + M_PSIZE) != psize) {
+    if (ida__le32(m + M_PSIZE) != psize) {
         return DAMAGED(
             "data.mdb meta page %d has page size %u, meta page 0 "
             "%u" DAMAGE_TAIL,
-            i, le32(m + M_PSIZE), psize);
+            i, ida__le32(m + M_PSIZE), psize);
     }
     /* The last page LMDB allocated may lie past the end of the file: a
      * page allocated and freed by the same transaction (P_LOOSE) is never
@@ -345,11 +339,11 @@ int ida__storage_check_data(struct ida_storage *s,
             (unsigned long long)size);
         goto out;
     }
-    if (le32(m0 + M_MAGIC) != MDB_MAGIC_LE) {
+    if (ida__le32(m0 + M_MAGIC) != MDB_MAGIC_LE) {
         /* LMDB itself would call this "not an LMDB file": tell a damaged
          * first meta page (the second one is intact) from a foreign file. */
         r = ida__storage_read_at(fd, m1, META_BYTES, PSIZE_PROBE);
-        if (r == 1 && le32(m1 + M_MAGIC) == MDB_MAGIC_LE) {
+        if (r == 1 && ida__le32(m1 + M_MAGIC) == MDB_MAGIC_LE) {
             rv = DAMAGED(
                 "data.mdb meta page 0 has a bad magic number" DAMAGE_TAIL);
         } else {
@@ -359,7 +353,7 @@ int ida__storage_check_data(struct ida_storage *s,
         }
         goto out;
     }
-    uint32_t psize = le32(m0 + M_PSIZE);
+    uint32_t psize = ida__le32(m0 + M_PSIZE);
     if (psize < PSIZE_MIN || psize > PSIZE_MAX || (psize & (psize - 1)) != 0) {
         rv = DAMAGED(
             "data.mdb meta page 0 has an impossible page size "

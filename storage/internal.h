@@ -173,7 +173,8 @@ int ida__storage_check_data(struct ida_storage *s,
                             const char *dir,
                             enum ida__data_state *state);
 
-/* Little-endian integers of LMDB's pages, read from bytes. */
+/* Little-endian integers, read from bytes and written to them: LMDB's
+ * pages, and the segment log's records (seglog.h, entlog.h). */
 static inline uint64_t ida__le64(const uint8_t *p)
 {
     uint64_t v = 0;
@@ -183,9 +184,29 @@ static inline uint64_t ida__le64(const uint8_t *p)
     return v;
 }
 
+static inline uint32_t ida__le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+           (uint32_t)p[3] << 24;
+}
+
 static inline uint16_t ida__le16(const uint8_t *p)
 {
     return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static inline void ida__put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static inline void ida__put_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
 }
 
 /* LMDB's "no page" (P_INVALID): the root of an empty tree. */

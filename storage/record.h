@@ -85,12 +85,6 @@ void ida__put_be64(uint8_t *p, uint64_t v);
 void ida__put_be32(uint8_t *p, uint32_t v);
 uint64_t ida__get_be64(const uint8_t *p);
 uint32_t ida__get_be32(const uint8_t *p);
-/* Little-endian, for the segment log's records (storage/seglog.h,
- * storage/entlog.h). */
-void ida__put_le64(uint8_t *p, uint64_t v);
-void ida__put_le32(uint8_t *p, uint32_t v);
-uint64_t ida__get_le64(const uint8_t *p);
-uint32_t ida__get_le32(const uint8_t *p);
 
 /* Encoders write exactly the sizes above; decoders return 0 or
  * IDA_ECORRUPT (wrong length, magic or checksum). */

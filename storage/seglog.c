@@ -15,6 +15,7 @@
 #include "base/fdio.h"
 #include "base/heap.h"
 #include "idalloc_errors.h"
+#include "storage/internal.h"
 #include "storage/record.h"
 
 #define MAGIC      "IDASEGL1"
@@ -67,28 +68,6 @@ static int pwrite_all(int fd, const void *buf, size_t len, off_t at)
     return 0;
 }
 
-/* Read up to @len bytes at @at; the count read (short at the end of the
- * file), or -1. */
-static ssize_t pread_some(int fd, void *buf, size_t len, off_t at)
-{
-    uint8_t *p = buf;
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = pread(fd, p + got, len - got, at + (off_t)got);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0) {
-            return -1;
-        }
-        if (r == 0) {
-            break;
-        }
-        got += (size_t)r;
-    }
-    return (ssize_t)got;
-}
-
 static void header_encode(uint8_t *h,
                           const struct ida_seglog *l,
                           uint64_t seq,
@@ -113,19 +92,19 @@ int ida__seglog_header_decode(const struct ida_seglog *l,
                               uint64_t *first_lsn)
 {
     if (memcmp(h, MAGIC, 8) != 0 ||
-        ida__get_le32(h + HDR_CRC_AT) != ida__crc32c(0, h, HDR_CRC_AT)) {
+        ida__le32(h + HDR_CRC_AT) != ida__crc32c(0, h, HDR_CRC_AT)) {
         return 1;
     }
-    if (ida__get_le32(h + 8) != VERSION || ida__get_le32(h + 12) != HDR_USED) {
+    if (ida__le32(h + 8) != VERSION || ida__le32(h + 12) != HDR_USED) {
         return IDA_EVERSION;
     }
     if (memcmp(h + 32, l->o.ident, IDA_SEGLOG_IDENT_BYTES) != 0) {
         return IDA_EFOREIGN;
     }
-    if (ida__get_le64(h + 16) != seq) {
+    if (ida__le64(h + 16) != seq) {
         return IDA_ECORRUPT;
     }
-    *first_lsn = ida__get_le64(h + 24);
+    *first_lsn = ida__le64(h + 24);
     return 0;
 }
 
@@ -147,16 +126,16 @@ bool ida__seglog_record_check(const uint8_t *p,
     if (avail < IDA_SEGLOG_RECORD_HDR_BYTES) {
         return false;
     }
-    uint32_t n = ida__get_le32(p + 4);
+    uint32_t n = ida__le32(p + 4);
     if (n == 0 || n > avail - IDA_SEGLOG_RECORD_HDR_BYTES) {
         return false;
     }
     uint32_t crc = ida__crc32c(0, p + 4, IDA_SEGLOG_RECORD_HDR_BYTES - 4 + n);
-    if (crc != ida__get_le32(p)) {
+    if (crc != ida__le32(p)) {
         return false;
     }
-    *lsn = ida__get_le64(p + 8);
-    *synced = ida__get_le64(p + 16);
+    *lsn = ida__le64(p + 8);
+    *synced = ida__le64(p + 16);
     *len = n;
     return true;
 }
@@ -437,12 +416,12 @@ int ida_seglog_read(struct ida_seglog *l,
         return IDA_ENOTFOUND;
     }
     uint8_t h[IDA_SEGLOG_RECORD_HDR_BYTES];
-    if (pread_some(s->fd, h, sizeof(h), (off_t)pos.off) != (ssize_t)sizeof(h)) {
+    if (ida__storage_read_at(s->fd, h, sizeof(h), (off_t)pos.off) != 1) {
         return IDA_EIO;
     }
-    size_t n = ida__get_le32(h + 4);
+    size_t n = ida__le32(h + 4);
     size_t avail = s->bytes - pos.off;
-    if (ida__get_le64(h + 8) != lsn) {
+    if (ida__le64(h + 8) != lsn) {
         return IDA_ENOTFOUND;
     }
     if (n == 0 || n > avail - IDA_SEGLOG_RECORD_HDR_BYTES) {
@@ -453,7 +432,7 @@ int ida_seglog_read(struct ida_seglog *l,
         return IDA_ENOMEM;
     }
     size_t want = IDA_SEGLOG_RECORD_HDR_BYTES + n;
-    if (pread_some(s->fd, buf, want, (off_t)pos.off) != (ssize_t)want) {
+    if (ida__storage_read_at(s->fd, buf, want, (off_t)pos.off) != 1) {
         ida_free(buf);
         return IDA_EIO;
     }

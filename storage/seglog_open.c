@@ -13,6 +13,7 @@
 #include "base/fdio.h"
 #include "base/heap.h"
 #include "idalloc_errors.h"
+#include "storage/internal.h"
 #include "storage/record.h"
 #include "storage/seglog.h"
 #include "storage/seglog_internal.h"
@@ -136,8 +137,8 @@ static bool durable_after(const struct found *x, size_t from, uint64_t b)
          at + IDA_SEGLOG_RECORD_HDR_BYTES <= x->bytes; at += 8) {
         uint64_t lsn, synced;
         size_t len;
-        if (ida__get_le64(x->buf + at + 16) >= b &&
-            ida__get_le64(x->buf + at + 8) >= b &&
+        if (ida__le64(x->buf + at + 16) >= b &&
+            ida__le64(x->buf + at + 8) >= b &&
             ida__seglog_record_check(x->buf + at, x->bytes - at, &lsn, &synced,
                                      &len)) {
             return true;
