@@ -38,6 +38,8 @@ struct ida_entlog
     struct ida_seglog *sl;
     ida_index prev_index;
     ida_term prev_term;
+    ida_index snap_index; /* replay: how far a reset may reach */
+    ida_term snap_term;
     struct ent *e; /* e[start + i] is entry prev_index + 1 + i */
     size_t start, n, cap;
     struct rec *r; /* r[i] is record number rbase + i */
@@ -161,13 +163,23 @@ static int take_reset(struct ida_entlog *l,
                       ida_index upto,
                       ida_term term)
 {
-    if (upto > l->prev_index || term == 0) {
+    if (term == 0 || upto > l->snap_index ||
+        (upto > l->prev_index && upto == l->snap_index &&
+         term != l->snap_term)) {
         say(l,
-            "log record %llu: the log was reset to a snapshot at %llu, but "
-            "the snapshot kept is at %llu (a snapshot lost or rolled back)",
+            "log record %llu: the log was reset to a snapshot at %llu (term "
+            "%llu), but the snapshot kept is at %llu (term %llu): a snapshot "
+            "lost or rolled back",
             (unsigned long long)lsn, (unsigned long long)upto,
-            (unsigned long long)l->prev_index);
+            (unsigned long long)term, (unsigned long long)l->snap_index,
+            (unsigned long long)l->snap_term);
         return IDA_ECORRUPT;
+    }
+    if (upto > l->prev_index) {
+        /* The compaction that wrote it ended before its caller recorded
+         * the new prev: the log begins there. */
+        l->prev_index = upto;
+        l->prev_term = term;
     }
     l->n = 0; /* older than the reset: covered or discarded */
     l->known = true;
@@ -298,6 +310,8 @@ int ida_entlog_open(const char *dir,
                     const struct ida_seglog_options *o,
                     ida_index prev_index,
                     ida_term prev_term,
+                    ida_index snap_index,
+                    ida_term snap_term,
                     struct ida_entlog **out,
                     char *err,
                     size_t errlen)
@@ -308,6 +322,8 @@ int ida_entlog_open(const char *dir,
     }
     l->prev_index = prev_index;
     l->prev_term = prev_term;
+    l->snap_index = snap_index > prev_index ? snap_index : prev_index;
+    l->snap_term = snap_index > prev_index ? snap_term : prev_term;
     l->err = err;
     l->errlen = errlen;
     int rv = ida_seglog_open(dir, o, take_record, l, &l->sl, err, errlen);
@@ -315,7 +331,7 @@ int ida_entlog_open(const char *dir,
         ida_entlog_close(l);
         return rv;
     }
-    if (l->commit > last_index(l) && l->commit > prev_index) {
+    if (l->commit > last_index(l) && l->commit > l->prev_index) {
         l->commit = last_index(l); /* never beyond what the log holds */
     }
     l->err = NULL;
@@ -506,6 +522,11 @@ void ida_entlog_bounds(const struct ida_entlog *l,
 ida_index ida_entlog_commit(const struct ida_entlog *l)
 {
     return l->commit;
+}
+
+uint64_t ida_entlog_synced_lsn(const struct ida_entlog *l)
+{
+    return ida_seglog_synced_lsn(l->sl);
 }
 
 int ida_entlog_term_at(const struct ida_entlog *l,

@@ -1,7 +1,6 @@
 /* The Raft log's entries over a segment log (storage/seglog.h): the layer
- * that would let storage keep its log out of LMDB, one device flush per
- * batch. Not used by the node yet (docs/DESIGN.md, "Group commit and
- * flushes").
+ * that keeps storage's log out of LMDB, one device flush per batch
+ * (storage/storage.h; docs/DESIGN.md, "Group commit and flushes").
  *
  * RECORDS
  *
@@ -47,13 +46,19 @@
 struct ida_entlog;
 
 /* Open the log in @dir (storage/seglog.h, with @o) whose entries continue
- * a snapshot at (@prev_index, @prev_term) (0, 0: none). Returns 0 with
+ * a snapshot at (@prev_index, @prev_term) (0, 0: none). A reset recorded
+ * beyond @prev_index (a compaction whose reset is durable but whose new
+ * prev the caller had not yet recorded) is taken if it names the durable
+ * snapshot at (@snap_index, @snap_term) or an older index: prev then moves
+ * to it (ida_entlog_bounds() says where the log begins). Returns 0 with
  * *@out, or an open error of seglog, IDA_ECORRUPT (records that do not
  * make a log after the snapshot: @err says which), IDA_ENOMEM. */
 int ida_entlog_open(const char *dir,
                     const struct ida_seglog_options *o,
                     ida_index prev_index,
                     ida_term prev_term,
+                    ida_index snap_index,
+                    ida_term snap_term,
                     struct ida_entlog **out,
                     char *err,
                     size_t errlen);
@@ -87,6 +92,9 @@ void ida_entlog_bounds(const struct ida_entlog *l,
                        ida_term *prev_term,
                        ida_index *last);
 ida_index ida_entlog_commit(const struct ida_entlog *l);
+
+/* The highest LSN of the segment log that is durable (0: none). */
+uint64_t ida_entlog_synced_lsn(const struct ida_entlog *l);
 
 /* The term of entry @index; prev_term for prev_index. Returns 0 or
  * IDA_ENOTFOUND (compacted or beyond the last). */

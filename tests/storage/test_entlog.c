@@ -46,21 +46,38 @@ static struct ida_entlog *open_at(ida_index prev, ida_term term)
     struct ida_seglog_options o = opts();
     struct ida_entlog *l = NULL;
     char err[512] = "";
-    int rv = ida_entlog_open(dir, &o, prev, term, &l, err, sizeof(err));
+    int rv = ida_entlog_open(dir, &o, prev, term, prev, term, &l, err, sizeof(err));
     cr_assert_eq(rv, 0, "open after (%llu, %llu): %s (%s)",
                  (unsigned long long)prev, (unsigned long long)term,
                  idalloc_strerror(rv), err);
     return l;
 }
 
-static int open_rv(ida_index prev, ida_term term, char *err, size_t errlen)
+/* Open after (@prev, @term) with the durable snapshot at (@si, @st); keep
+ * the log in *@out (NULL: close it). */
+static int open_snap(ida_index prev,
+                     ida_term term,
+                     ida_index si,
+                     ida_term st,
+                     struct ida_entlog **out,
+                     char *err,
+                     size_t errlen)
 {
     struct ida_seglog_options o = opts();
     struct ida_entlog *l = NULL;
     err[0] = '\0';
-    int rv = ida_entlog_open(dir, &o, prev, term, &l, err, errlen);
-    ida_entlog_close(l);
+    int rv = ida_entlog_open(dir, &o, prev, term, si, st, &l, err, errlen);
+    if (out != NULL) {
+        *out = l;
+    } else {
+        ida_entlog_close(l);
+    }
     return rv;
+}
+
+static int open_rv(ida_index prev, ida_term term, char *err, size_t errlen)
+{
+    return open_snap(prev, term, prev, term, NULL, err, errlen);
 }
 
 /* Append entries [@from, @to] of term @term (after truncating at @trunc,
@@ -208,6 +225,20 @@ Test(entlog, compaction_keeps_what_follows_and_a_snapshot_installed_resets)
     cr_assert_eq(open_rv(300, 1, err, sizeof(err)), IDA_ECORRUPT,
                  "the snapshot at 350 was lost");
     cr_assert(strstr(err, "reset to a snapshot at 350") != NULL, "%s", err);
+    /* The reset is durable but the caller kept the old prev (it records
+     * the new one after the reset): with the snapshot at 350 it holds,
+     * the log begins there; with another term at 350, refused. */
+    cr_assert_eq(open_snap(300, 1, 350, 2, NULL, err, sizeof(err)),
+                 IDA_ECORRUPT, "not the snapshot that was installed");
+    cr_assert(strstr(err, "(term 3)") != NULL, "%s", err);
+    cr_assert_eq(open_snap(300, 1, 350, 3, &l, err, sizeof(err)), 0, "%s",
+                 err);
+    ida_entlog_bounds(l, &prev, &pt, &last);
+    cr_assert(prev == 350 && pt == 3 && last == 360, "%llu %llu %llu",
+              (unsigned long long)prev, (unsigned long long)pt,
+              (unsigned long long)last);
+    check_entries(l, 351, 361, terms);
+    ida_entlog_close(l);
     l = open_at(350, 3);
     ida_entlog_bounds(l, &prev, &pt, &last);
     cr_assert_eq(last, 360);
