@@ -559,11 +559,12 @@ int ida_entlog_entries(struct ida_entlog *l,
     }
     size_t n = 0, data = 0;
     for (ida_index i = lo; i < hi; i++) {
-        n++;
-        data += ent_at(l, i)->len;
-        if (max_bytes > 0 && data > max_bytes) {
-            break;
+        size_t len = ent_at(l, i)->len;
+        if (n > 0 && max_bytes > 0 && data + len > max_bytes) {
+            break; /* the first always goes; no more past the limit */
         }
+        n++;
+        data += len;
     }
     struct ida_entry *es = ida_malloc(n * sizeof(*es) + data + 1);
     if (es == NULL) {

@@ -102,8 +102,9 @@ int ida_entlog_term_at(const struct ida_entlog *l,
                        ida_index index,
                        ida_term *out);
 
-/* Entries [@lo, @hi), as ida_storage_entries(): at least one, stopping
- * once their data adds up to more than @max_bytes (0: no limit); *@out one
+/* Entries [@lo, @hi), as ida_storage_entries(): at least one, and no
+ * more once their data would add up to more than @max_bytes (0: no
+ * limit); *@out one
  * ida_malloc'd block of the array and the data. Returns 0, IDA_EINVAL,
  * IDA_ENOTFOUND, IDA_ECORRUPT, IDA_ENOMEM or IDA_EIO. */
 int ida_entlog_entries(struct ida_entlog *l,

@@ -25,6 +25,7 @@
 #define KEY_SNAPSHOT   "snapshot"
 #define KEY_BOOT       "boot"
 #define KEY_UNTRUSTED  "untrusted"
+#define KEY_LOG_LSN    "log_lsn"
 
 /* Every call must come from the process that opened the environment: an
  * LMDB environment must never be used across fork(). */
@@ -57,6 +58,16 @@ __attribute__((format(printf, 4, 5))) int ida__storage_fail(
 
 /* The project code for an LMDB (or errno) return value. */
 int ida__storage_from_lmdb(int rc);
+
+/* The injected commit failure (ida__storage_fault_set()) when this
+ * commit (an LMDB commit, or a flush of the log) is the one: its code,
+ * else 0. */
+int ida__storage_fault_commit(struct ida_storage *s);
+
+/* A write failed as a commit fails (@rc: an LMDB rc or an errno): make the
+ * storage sticky-failed and say so ("@what failed: ...; storage
+ * stopped"). Returns the sticky code. */
+int ida__storage_stop(struct ida_storage *s, const char *what, int rc);
 
 /* --- small LMDB helpers (storage/lmdb_util.c) --- */
 
@@ -246,11 +257,43 @@ int ida__storage_check_pages(struct ida_storage *s,
  * RC_REFUSED. */
 int ida__storage_boot_step(struct ida_storage *s, MDB_txn *txn);
 
-/* --- log (storage/log.c) --- */
+/* --- the log of format 3 and before, in LMDB (storage/lmdb_log.c) --- */
 
-/* The log's bounds as seen by @txn. MDB rc or RC_CORRUPT. */
+/* The log's bounds as seen by @txn: log_prev, and the last entry of the
+ * "log" database while the directory has one (s->lmdb_log). MDB rc or
+ * RC_CORRUPT. */
 int ida__storage_read_log_state(struct ida_storage *s,
                                 MDB_txn *txn,
                                 struct ida_storage_log_state *out);
+
+/* Entries [@lo, @hi) of the "log" database, as ida_storage_entries()
+ * answers them. Only to move them to the entry log (storage/logdir.c). */
+int ida__storage_lmdb_entries(struct ida_storage *s,
+                              ida_index lo,
+                              ida_index hi,
+                              size_t max_bytes,
+                              struct ida_entry **out,
+                              size_t *count);
+
+/* --- the entry log (storage/logdir.c) --- */
+
+/* After open's transaction: open the entry log in @dir/log (creating it
+ * in a new directory, or moving the "log" database of a directory of
+ * format @format < 4 into it), and set s->log and the hard state's commit
+ * from it; one more LMDB commit records the log's durable LSN (and the
+ * move). 0, or a code with s->errmsg: IDA_ELOSTSTATE (the log is missing
+ * where the directory says it had one), IDA_ECORRUPT, IDA_EFOREIGN,
+ * IDA_EVERSION, IDA_EIO, IDA_ENOSPC, IDA_ENOMEM. */
+int ida__storage_log_open(struct ida_storage *s,
+                          const char *dir,
+                          uint32_t format,
+                          int have_idfile);
+
+/* Close the entry log, recording in LMDB how far it is durable first
+ * (unless the storage failed). */
+void ida__storage_log_close(struct ida_storage *s);
+
+/* The LSN record: put @lsn (inside a write transaction). */
+int ida__storage_put_log_lsn(struct ida_storage *s, MDB_txn *txn, uint64_t lsn);
 
 #endif /* IDA_STORAGE_INTERNAL_H */

@@ -287,6 +287,44 @@ void ida_storage_release_pages(struct ida_storage *s, size_t bytes)
 
 /* Codes a failed transaction leaves the storage healthy with: nothing was
  * written and retrying later may succeed. */
+int ida__storage_fault_commit(struct ida_storage *s)
+{
+    if (s->fault_commit_after == 0) {
+        s->fault_commit_after = -1;
+        return s->fault_code;
+    }
+    if (s->fault_commit_after > 0) {
+        s->fault_commit_after--;
+    }
+    return 0;
+}
+
+int ida__storage_stop(struct ida_storage *s, const char *what, int rc)
+{
+    /* After a failed write or fsync the file's state is unknown: refuse
+     * every later write rather than acknowledge what may be lost. */
+    s->failed = ida__storage_from_lmdb(rc);
+    if (s->failed == IDA_ENOTFOUND || s->failed == IDA_EFOREIGN ||
+        s->failed == 0) {
+        s->failed = IDA_EIO;
+    }
+    /* LMDB reports a short write - what a full disk usually gives - as
+     * EIO: say so when the file system is (nearly) out of space. */
+    struct statvfs vfs;
+    if ((rc == EIO || rc == ENOSPC) && statvfs(s->dir, &vfs) == 0 &&
+        (uint64_t)vfs.f_bavail * vfs.f_frsize < DISK_FULL_BYTES) {
+        s->failed = IDA_ENOSPC;
+        return ida__storage_fail(
+            s, s->dir, s->failed,
+            "%s failed: %s (the file system is full: %llu bytes "
+            "free); storage stopped",
+            what, rc_text(rc), (unsigned long long)vfs.f_bavail * vfs.f_frsize);
+    }
+    return ida__storage_fail(s, s->dir, s->failed,
+                             "%s failed: %s; storage stopped", what,
+                             rc_text(rc));
+}
+
 static int is_transient(int rc)
 {
     return rc == MDB_TXN_FULL || rc == MDB_BAD_VALSIZE || rc == ENOMEM;
@@ -324,16 +362,11 @@ int ida__storage_run_write(struct ida_storage *s,
         }
         if (rc != 0) {
             mdb_txn_abort(txn);
-        } else if (s->fault_commit_after == 0) {
+        } else if ((rc = ida__storage_fault_commit(s)) != 0) {
             /* Injected: behave as a commit whose write or fsync failed. */
-            s->fault_commit_after = -1;
             mdb_txn_abort(txn);
-            rc = s->fault_code;
             committing = 1;
         } else {
-            if (s->fault_commit_after > 0) {
-                s->fault_commit_after--;
-            }
             rc = mdb_txn_commit(txn);
             committing = 1;
         }
@@ -362,27 +395,6 @@ int ida__storage_run_write(struct ida_storage *s,
                                      "%s: %s; nothing written", what,
                                      mdb_strerror(rc));
         }
-        /* After a failed write or fsync the file's state is unknown: refuse
-         * every later write rather than acknowledge what may be lost. */
-        s->failed = ida__storage_from_lmdb(rc);
-        if (s->failed == IDA_ENOTFOUND || s->failed == IDA_EFOREIGN) {
-            s->failed = IDA_EIO;
-        }
-        /* LMDB reports a short write - what a full disk usually gives - as
-         * EIO: say so when the file system is (nearly) out of space. */
-        struct statvfs vfs;
-        if (rc == EIO && statvfs(s->dir, &vfs) == 0 &&
-            (uint64_t)vfs.f_bavail * vfs.f_frsize < DISK_FULL_BYTES) {
-            s->failed = IDA_ENOSPC;
-            return ida__storage_fail(
-                s, s->dir, s->failed,
-                "%s failed: %s (the file system is full: %llu bytes "
-                "free); storage stopped",
-                what, rc_text(rc),
-                (unsigned long long)vfs.f_bavail * vfs.f_frsize);
-        }
-        return ida__storage_fail(s, s->dir, s->failed,
-                                 "%s failed: %s; storage stopped", what,
-                                 rc_text(rc));
+        return ida__storage_stop(s, what, rc);
     }
 }

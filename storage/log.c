@@ -1,6 +1,7 @@
 /* storage/: the log and the hard state: bounds, group commit (truncate,
- * append, hard state in one durable commit), compaction, entry and term
- * reads. */
+ * append, hard state: the entries in the entry log, one flush; the term and
+ * vote in LMDB when they change), compaction, entry and term reads. See
+ * storage.h, "THE LOG". */
 #include "storage/storage.h"
 
 #include <errno.h>
@@ -11,95 +12,16 @@
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
+#include "storage/entlog.h"
 #include "storage/internal.h"
 #include "storage/record.h"
 
-static void index_key(uint8_t out[8], ida_index index)
-{
-    ida__put_be64(out, index);
-}
-
-/* Read the log_prev record. MDB rc or RC_CORRUPT. */
-static int read_log_prev(struct ida_storage *s,
-                         MDB_txn *txn,
-                         ida_index *index,
-                         ida_term *term)
-{
-    MDB_val v;
-    int rc = ida__storage_get_meta(s, txn, KEY_LOG_PREV, &v);
-    if (rc != 0) {
-        return rc == MDB_NOTFOUND ? RC_CORRUPT : rc;
-    }
-    if (ida__rec_log_prev_decode(v.mv_data, v.mv_size, index, term) != 0) {
-        return RC_CORRUPT;
-    }
-    return 0;
-}
-
-/* Term of entry @index from the log database. MDB rc or RC_CORRUPT. */
-static int read_entry_term(struct ida_storage *s,
-                           MDB_txn *txn,
-                           ida_index index,
-                           ida_term *term)
-{
-    uint8_t kb[8];
-    index_key(kb, index);
-    MDB_val k = ida__storage_mkval(kb, 8);
-    MDB_val v;
-    int rc = mdb_get(txn, s->dbi_log, &k, &v);
-    if (rc != 0) {
-        return rc;
-    }
-    struct ida_entry e;
-    if (ida__rec_entry_decode(v.mv_data, v.mv_size, index, &e) != 0) {
-        IDA_ERROR("storage %s: log entry %llu fails its checksum", s->dir,
-                  (unsigned long long)index);
-        return RC_CORRUPT;
-    }
-    *term = e.term;
-    return 0;
-}
-
-/* The log's bounds as seen by @txn. MDB rc or RC_CORRUPT. */
-int ida__storage_read_log_state(struct ida_storage *s,
-                                MDB_txn *txn,
-                                struct ida_storage_log_state *out)
-{
-    int rc = read_log_prev(s, txn, &out->prev_index, &out->prev_term);
-    if (rc != 0) {
-        return rc;
-    }
-    out->first = out->prev_index + 1;
-    out->last = out->prev_index;
-    out->last_term = out->prev_term;
-    MDB_cursor *cur;
-    rc = mdb_cursor_open(txn, s->dbi_log, &cur);
-    if (rc != 0) {
-        return rc;
-    }
-    MDB_val k, v;
-    rc = mdb_cursor_get(cur, &k, &v, MDB_LAST);
-    if (rc == MDB_NOTFOUND) {
-        mdb_cursor_close(cur);
-        return 0;
-    }
-    if (rc == 0 && k.mv_size != 8) {
-        rc = RC_CORRUPT;
-    }
-    if (rc == 0) {
-        struct ida_entry e;
-        ida_index last = ida__get_be64(k.mv_data);
-        if (ida__rec_entry_decode(v.mv_data, v.mv_size, last, &e) != 0 ||
-            last <= out->prev_index) {
-            rc = RC_CORRUPT;
-        } else {
-            out->last = last;
-            out->last_term = e.term;
-        }
-    }
-    mdb_cursor_close(cur);
-    return rc;
-}
+/* A batch's entries go in records of about this size (one larger entry
+ * alone): a record is read whole to read one of its entries back. */
+#define RECORD_TARGET_BYTES (1u << 20)
+/* An entry record's bytes beyond its data (entlog.h: the record header
+ * and the entry's). */
+#define RECORD_OVERHEAD (40u + 16u)
 
 /* --- group commit --- */
 
@@ -111,14 +33,11 @@ void ida_storage_batch_init(struct ida_storage *s, struct ida_storage_batch *b)
     b->last_term = s->log.last_term;
 }
 
-/* Owner-side term lookup outside any write transaction. */
-static int owner_term_at(struct ida_storage *s, ida_index index, ida_term *out)
+/* The largest entry data a record of this storage's segments holds. */
+static size_t entry_bytes_max(const struct ida_storage *s)
 {
-    if (index == s->log.prev_index) {
-        *out = s->log.prev_term;
-        return 0;
-    }
-    return ida_storage_term_at(s, index, out);
+    size_t m = IDA_SEGLOG_RECORD_MAX(s->log_segment_bytes) - RECORD_OVERHEAD;
+    return m < IDA_STORAGE_ENTRY_BYTES_MAX ? m : IDA_STORAGE_ENTRY_BYTES_MAX;
 }
 
 int ida_storage_batch_truncate(struct ida_storage *s,
@@ -145,7 +64,7 @@ int ida_storage_batch_truncate(struct ida_storage *s,
             (unsigned long long)from, (unsigned long long)s->hard_state.commit);
     }
     ida_term term;
-    int rv = owner_term_at(s, from - 1, &term);
+    int rv = ida_storage_term_at(s, from - 1, &term);
     if (rv != 0) {
         return ida__storage_fail(s, s->dir, rv,
                                  "truncate: cannot read the term of %llu",
@@ -197,11 +116,17 @@ int ida_storage_batch_append(struct ida_storage *s,
                 s, s->dir, IDA_EINVAL, "append: entry %llu type %d",
                 (unsigned long long)e->index, (int)e->type);
         }
-        if (e->len > IDA_STORAGE_ENTRY_BYTES_MAX ||
-            (e->len > 0 && e->data == NULL)) {
+        if (e->len > 0 && e->data == NULL) {
             return ida__storage_fail(s, s->dir, IDA_EINVAL,
                                      "append: entry %llu has %zu bytes of data",
                                      (unsigned long long)e->index, e->len);
+        }
+        if (e->len > entry_bytes_max(s)) {
+            return ida__storage_fail(
+                s, s->dir, IDA_ETOOBIG,
+                "append: entry %llu has %zu bytes of data, more than a "
+                "log segment holds (%zu)",
+                (unsigned long long)e->index, e->len, entry_bytes_max(s));
         }
         last = e->index;
         last_term = e->term;
@@ -242,55 +167,6 @@ int ida_storage_batch_set_hard_state(struct ida_storage *s,
     return 0;
 }
 
-/* Delete log entries with index >= @from (walking back from the end). */
-static int delete_suffix(struct ida_storage *s, MDB_txn *txn, ida_index from)
-{
-    MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, s->dbi_log, &cur);
-    if (rc != 0) {
-        return rc;
-    }
-    MDB_val k, v;
-    while ((rc = mdb_cursor_get(cur, &k, &v, MDB_LAST)) == 0) {
-        if (k.mv_size != 8) {
-            rc = RC_CORRUPT;
-            break;
-        }
-        if (ida__get_be64(k.mv_data) < from) {
-            break;
-        }
-        rc = mdb_cursor_del(cur, 0);
-        if (rc != 0) {
-            break;
-        }
-    }
-    mdb_cursor_close(cur);
-    return rc == MDB_NOTFOUND ? 0 : rc;
-}
-
-/* Store one entry: header and data written straight into LMDB's page. */
-static int put_entry(struct ida_storage *s,
-                     MDB_txn *txn,
-                     const struct ida_entry *e)
-{
-    uint8_t kb[8];
-    index_key(kb, e->index);
-    MDB_val k = ida__storage_mkval(kb, 8);
-    MDB_val v = ida__storage_mkval(NULL, IDA__REC_ENTRY_HDR_BYTES + e->len);
-    /* Keys only grow within a batch (after its truncation): MDB_APPEND. */
-    int rc =
-        ida__storage_put(s, txn, s->dbi_log, &k, &v, MDB_RESERVE | MDB_APPEND);
-    if (rc != 0) {
-        return rc;
-    }
-    uint8_t *p = v.mv_data;
-    ida__rec_entry_header(p, e);
-    if (e->len > 0) {
-        memcpy(p + IDA__REC_ENTRY_HDR_BYTES, e->data, e->len);
-    }
-    return 0;
-}
-
 int ida_storage_batch_snapshot(struct ida_storage *s,
                                struct ida_storage_batch *b,
                                struct ida_snapshot_writer *w,
@@ -314,30 +190,104 @@ struct batch_args
 {
     struct ida_storage_batch *b;
     struct ida__snapshot_step snap;
+    int put_hs; /* the term or the vote changes */
 };
 
+/* The batch's part in LMDB: the term and vote (with the commit already
+ * durable: the entries it covers are), the log's durable LSN, and the
+ * snapshot bytes the batch carries. */
 static int batch_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
 {
     struct batch_args *a = arg;
     struct ida_storage_batch *b = a->b;
     int rc = 0;
-    if (b->has_truncate) {
-        rc = delete_suffix(s, txn, b->truncate_from);
-    }
-    for (size_t i = 0; rc == 0 && i < b->span_count; i++) {
-        for (size_t j = 0; rc == 0 && j < b->spans[i].count; j++) {
-            rc = put_entry(s, txn, &b->spans[i].entries[j]);
+    if (a->put_hs) {
+        struct ida_hard_state hs = b->hard_state;
+        hs.commit = s->hard_state.commit;
+        uint8_t rec[IDA__REC_HARD_STATE_BYTES];
+        ida__rec_hard_state_encode(rec, &hs);
+        rc = ida__storage_put_meta(s, txn, KEY_HARD_STATE, rec, sizeof(rec));
+        if (rc == 0) {
+            rc = ida__storage_put_log_lsn(s, txn,
+                                          ida_entlog_synced_lsn(s->elog));
         }
-    }
-    if (rc == 0 && b->has_hard_state) {
-        uint8_t hs[IDA__REC_HARD_STATE_BYTES];
-        ida__rec_hard_state_encode(hs, &b->hard_state);
-        rc = ida__storage_put_meta(s, txn, KEY_HARD_STATE, hs, sizeof(hs));
     }
     if (rc == 0 && b->snap_w != NULL) {
         rc = ida__snapshot_step_txn(s, txn, &a->snap);
     }
     return rc;
+}
+
+/* An error of the entry log as ida__storage_stop() takes it. */
+static int errno_of(int code)
+{
+    switch (code) {
+        case IDA_ENOSPC:
+            return ENOSPC;
+        case IDA_ENOMEM:
+            return ENOMEM;
+        case IDA_ECORRUPT:
+            return RC_CORRUPT;
+        default:
+            return EIO;
+    }
+}
+
+/* The commit a record ending at @last carries: @commit, but not beyond
+ * the record's entries, and never below what the log recorded (a
+ * compaction records its index there). */
+static ida_index record_commit(const struct ida_storage *s,
+                               ida_index commit,
+                               ida_index last)
+{
+    ida_index c = commit < last ? commit : last;
+    ida_index logged = ida_entlog_commit(s->elog);
+    return c > logged ? c : logged;
+}
+
+/* The batch's part in the entry log: its truncation, entries and commit
+ * in records of about RECORD_TARGET_BYTES, then one flush. Any failure
+ * stops the storage (the records before it may be on disk). */
+static int log_write(struct ida_storage *s,
+                     const struct ida_storage_batch *b,
+                     ida_index commit)
+{
+    int fault = ida__storage_fault_commit(s);
+    if (fault != 0) {
+        /* Injected: as a write that failed before any of it was made. */
+        return ida__storage_stop(s, "batch commit", fault);
+    }
+    ida_index trunc = b->has_truncate ? b->truncate_from : 0;
+    int rv = 0, wrote = 0;
+    for (size_t i = 0; rv == 0 && i < b->span_count; i++) {
+        const struct ida_entry *e = b->spans[i].entries;
+        size_t left = b->spans[i].count;
+        while (rv == 0 && left > 0) {
+            size_t n = 0, bytes = 0;
+            do {
+                bytes += e[n].len + 16;
+                n++;
+            } while (n < left && bytes + e[n].len + 16 <= RECORD_TARGET_BYTES);
+            rv = ida_entlog_append(
+                s->elog, trunc, record_commit(s, commit, e[n - 1].index), e, n);
+            trunc = 0;
+            wrote = 1;
+            e += n;
+            left -= n;
+        }
+    }
+    if (rv == 0 && (!wrote || commit > ida_entlog_commit(s->elog))) {
+        /* A truncation or a commit alone. */
+        rv = ida_entlog_append(s->elog, trunc,
+                               record_commit(s, commit, b->last), NULL, 0);
+    }
+    if (rv == 0) {
+        rv = ida_entlog_sync(s->elog);
+    }
+    if (rv != 0) {
+        return ida__storage_stop(s, "batch commit (the log)", errno_of(rv));
+    }
+    return 0;
 }
 
 int ida_storage_batch_commit(struct ida_storage *s, struct ida_storage_batch *b)
@@ -348,38 +298,53 @@ int ida_storage_batch_commit(struct ida_storage *s, struct ida_storage_batch *b)
         return s->failed;
     }
     const struct ida_hard_state *hs = &b->hard_state;
-    int same_hs = !b->has_hard_state || (hs->term == s->hard_state.term &&
-                                         hs->vote == s->hard_state.vote &&
-                                         hs->commit == s->hard_state.commit);
+    ida_index commit = b->has_hard_state ? hs->commit : s->hard_state.commit;
     struct batch_args a = {.b = b};
+    a.put_hs = b->has_hard_state && (hs->term != s->hard_state.term ||
+                                     hs->vote != s->hard_state.vote);
     if (b->snap_w != NULL) {
         ida__snapshot_step_plan(b->snap_w, b->snap_data, b->snap_len, &a.snap);
     }
-    if (!b->has_truncate && b->span_count == 0 && same_hs && !a.snap.fills) {
+    int to_log =
+        b->has_truncate || b->span_count > 0 || commit != s->hard_state.commit;
+    if (!to_log && !a.put_hs && !a.snap.fills) {
         if (b->snap_w != NULL) {
             ida__snapshot_step_done(&a.snap); /* into the writer's buffer */
         }
-        return 0; /* nothing would change: no transaction, no fsync */
+        return 0; /* nothing would change: no transaction, no flush */
     }
-    if (b->has_hard_state && b->hard_state.commit > b->last) {
-        return ida__storage_fail(
-            s, s->dir, IDA_EINVAL,
-            "hard state: commit %llu beyond the last entry %llu",
-            (unsigned long long)b->hard_state.commit,
-            (unsigned long long)b->last);
+    if (commit > b->last) {
+        return ida__storage_fail(s, s->dir, IDA_EINVAL,
+                                 "hard state: commit %llu beyond the last "
+                                 "entry %llu",
+                                 (unsigned long long)commit,
+                                 (unsigned long long)b->last);
     }
-    int rv = ida__storage_run_write(s, "batch commit", batch_txn, &a);
-    if (rv != 0) {
-        return rv;
+    /* LMDB first: a term must be durable before entries of that term are
+     * (a restart never finds the log ahead of the term). */
+    if (a.put_hs || a.snap.fills) {
+        int rv = ida__storage_run_write(s, "batch commit", batch_txn, &a);
+        if (rv != 0) {
+            return rv;
+        }
+        if (a.put_hs) {
+            s->hard_state.term = hs->term;
+            s->hard_state.vote = hs->vote;
+            s->log_lsn = ida_entlog_synced_lsn(s->elog);
+        }
     }
     if (b->snap_w != NULL) {
         ida__snapshot_step_done(&a.snap);
     }
+    if (to_log) {
+        int rv = log_write(s, b, commit);
+        if (rv != 0) {
+            return rv;
+        }
+    }
     s->log.last = b->last;
     s->log.last_term = b->last_term;
-    if (b->has_hard_state) {
-        s->hard_state = b->hard_state;
-    }
+    s->hard_state.commit = commit;
     IDA_ASSERT(s->log.last >= s->log.prev_index);
     IDA_ASSERT(s->hard_state.commit <= s->log.last ||
                s->hard_state.commit <= s->snapshot_index);
@@ -388,45 +353,12 @@ int ida_storage_batch_commit(struct ida_storage *s, struct ida_storage_batch *b)
 
 /* --- compaction --- */
 
-struct compact_args
-{
-    ida_index upto;       /* delete entries <= upto */
-    ida_index prev_index; /* the new log_prev */
-    ida_term prev_term;
-    int discard_all; /* drop the whole log */
-};
-
 static int compact_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
 {
-    struct compact_args *a = arg;
-    int rc;
-    if (a->discard_all) {
-        rc = mdb_drop(txn, s->dbi_log, 0);
-    } else {
-        MDB_cursor *cur;
-        rc = mdb_cursor_open(txn, s->dbi_log, &cur);
-        MDB_val k, v;
-        while (rc == 0 && (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) == 0) {
-            if (k.mv_size != 8) {
-                rc = RC_CORRUPT;
-                break;
-            }
-            if (ida__get_be64(k.mv_data) > a->upto) {
-                break;
-            }
-            rc = mdb_cursor_del(cur, 0);
-        }
-        if (rc == MDB_NOTFOUND) {
-            rc = 0;
-        }
-        mdb_cursor_close(cur);
-    }
-    if (rc == 0) {
-        uint8_t prev[IDA__REC_LOG_PREV_BYTES];
-        ida__rec_log_prev_encode(prev, a->prev_index, a->prev_term);
-        rc = ida__storage_put_meta(s, txn, KEY_LOG_PREV, prev, sizeof(prev));
-    }
-    return rc;
+    const struct ida_storage_log_state *to = arg;
+    uint8_t prev[IDA__REC_LOG_PREV_BYTES];
+    ida__rec_log_prev_encode(prev, to->prev_index, to->prev_term);
+    return ida__storage_put_meta(s, txn, KEY_LOG_PREV, prev, sizeof(prev));
 }
 
 int ida_storage_compact(struct ida_storage *s, ida_index upto)
@@ -447,27 +379,24 @@ int ida_storage_compact(struct ida_storage *s, ida_index upto)
     if (upto < s->log.first) {
         return 0;
     }
-    struct compact_args a = {.upto = upto};
+    struct ida_storage_log_state to = {.prev_index = upto};
+    int discard_all = 0;
     if (upto <= s->log.last) {
-        ida_term term;
-        int rv = owner_term_at(s, upto, &term);
+        int rv = ida_storage_term_at(s, upto, &to.prev_term);
         if (rv != 0) {
             return ida__storage_fail(s, s->dir, rv,
                                      "compact: cannot read the term of %llu",
                                      (unsigned long long)upto);
         }
-        a.prev_index = upto;
-        a.prev_term = term;
         /* Figure 13, step 7: keep the suffix only if the log agrees with
          * the snapshot at its last index. */
-        if (upto == s->snapshot_index && term != s->snapshot_term) {
-            a.discard_all = 1;
-            a.prev_term = s->snapshot_term;
+        if (upto == s->snapshot_index && to.prev_term != s->snapshot_term) {
+            discard_all = 1;
+            to.prev_term = s->snapshot_term;
         }
     } else if (upto == s->snapshot_index) {
-        a.discard_all = 1;
-        a.prev_index = s->snapshot_index;
-        a.prev_term = s->snapshot_term;
+        discard_all = 1;
+        to.prev_term = s->snapshot_term;
     } else {
         return ida__storage_fail(
             s, s->dir, IDA_EINVAL,
@@ -475,19 +404,46 @@ int ida_storage_compact(struct ida_storage *s, ida_index upto)
             "the snapshot index",
             (unsigned long long)upto, (unsigned long long)s->log.last);
     }
-    int rv = ida__storage_run_write(s, "compact", compact_txn, &a);
+    /* The new prev is recorded in LMDB before the entry log lets go of
+     * what it names (an open then skips the entries it covers), except
+     * when the log goes whole: its reset is durable first, and an open
+     * that finds it beyond LMDB's prev takes it (entlog.h). */
+    int rv = 0;
+    if (discard_all) {
+        rv = ida_entlog_compact(s->elog, upto, to.prev_term);
+        if (rv != 0) {
+            return ida__storage_stop(s, "compact (the log)", errno_of(rv));
+        }
+    }
+    rv = ida__storage_run_write(s, "compact", compact_txn, &to);
     if (rv != 0) {
         return rv;
     }
-    s->log.prev_index = a.prev_index;
-    s->log.prev_term = a.prev_term;
-    s->log.first = a.prev_index + 1;
-    if (a.discard_all || s->log.last <= a.prev_index) {
-        s->log.last = a.prev_index;
-        s->log.last_term = a.prev_term;
+    if (!discard_all) {
+        rv = ida_entlog_compact(s->elog, upto, to.prev_term);
+        if (rv != 0) {
+            return ida__storage_stop(s, "compact (the log)", errno_of(rv));
+        }
+    }
+    s->log.prev_index = to.prev_index;
+    s->log.prev_term = to.prev_term;
+    s->log.first = to.prev_index + 1;
+    if (discard_all || s->log.last <= to.prev_index) {
+        s->log.last = to.prev_index;
+        s->log.last_term = to.prev_term;
     }
     IDA_ASSERT(s->log.first == s->log.prev_index + 1);
     return 0;
+}
+
+int ida_storage_log_prepare(struct ida_storage *s, size_t max_bytes)
+{
+    IDA_ASSERT(s != NULL);
+    CHECK_PROCESS(s);
+    if (s->failed != 0) {
+        return s->failed;
+    }
+    return ida_entlog_prepare(s->elog, max_bytes);
 }
 
 /* --- reads --- */
@@ -496,115 +452,24 @@ int ida_storage_log_state(struct ida_storage *s,
                           struct ida_storage_log_state *out)
 {
     IDA_ASSERT(s != NULL && out != NULL);
-    MDB_txn *txn;
-    int rc = ida__storage_read_begin(s, &txn);
-    if (rc == 0) {
-        rc = ida__storage_read_log_state(s, txn, out);
-        ida__storage_read_end(s, txn);
-    }
-    return ida__storage_from_lmdb(rc);
+    CHECK_PROCESS(s);
+    *out = s->log;
+    return 0;
 }
 
 int ida_storage_hard_state(struct ida_storage *s, struct ida_hard_state *out)
 {
     IDA_ASSERT(s != NULL && out != NULL);
-    MDB_txn *txn;
-    int rc = ida__storage_read_begin(s, &txn);
-    if (rc != 0) {
-        return ida__storage_from_lmdb(rc);
-    }
-    MDB_val v;
-    rc = ida__storage_get_meta(s, txn, KEY_HARD_STATE, &v);
-    if (rc == 0 && ida__rec_hard_state_decode(v.mv_data, v.mv_size, out) != 0) {
-        IDA_ERROR("storage %s: hard state fails its checksum", s->dir);
-        rc = RC_CORRUPT;
-    }
-    ida__storage_read_end(s, txn);
-    return rc == MDB_NOTFOUND ? IDA_ECORRUPT : ida__storage_from_lmdb(rc);
+    CHECK_PROCESS(s);
+    *out = s->hard_state;
+    return 0;
 }
 
 int ida_storage_term_at(struct ida_storage *s, ida_index index, ida_term *out)
 {
     IDA_ASSERT(s != NULL && out != NULL);
-    MDB_txn *txn;
-    int rc = ida__storage_read_begin(s, &txn);
-    if (rc != 0) {
-        return ida__storage_from_lmdb(rc);
-    }
-    ida_index prev_index;
-    ida_term prev_term;
-    rc = read_log_prev(s, txn, &prev_index, &prev_term);
-    if (rc == 0) {
-        if (index == prev_index) {
-            *out = prev_term;
-        } else if (index < prev_index) {
-            rc = MDB_NOTFOUND;
-        } else {
-            rc = read_entry_term(s, txn, index, out);
-        }
-    }
-    ida__storage_read_end(s, txn);
-    return ida__storage_from_lmdb(rc);
-}
-
-/* Walk entries [lo, hi) from @cur; with @out NULL only count them and sum
- * their data (respecting @max_bytes), else copy them into @out and @data. */
-static int walk_entries(struct ida_storage *s,
-                        MDB_cursor *cur,
-                        ida_index lo,
-                        ida_index hi,
-                        size_t max_bytes,
-                        size_t *count,
-                        size_t *bytes,
-                        struct ida_entry *out,
-                        uint8_t *data)
-{
-    uint8_t kb[8];
-    index_key(kb, lo);
-    MDB_val k = ida__storage_mkval(kb, 8), v;
-    int rc = mdb_cursor_get(cur, &k, &v, MDB_SET_KEY);
-    size_t n = 0, sum = 0;
-    for (ida_index i = lo; i < hi; i++) {
-        if (i > lo) {
-            rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
-        }
-        if (rc != 0) {
-            return rc;
-        }
-        if (k.mv_size != 8 || ida__get_be64(k.mv_data) != i) {
-            return MDB_NOTFOUND; /* a hole: the range is not all there */
-        }
-        /* The sizing pass reads headers; the copying pass checks each
-         * entry's checksum in its copy, just written and in the cache (the
-         * transaction shows both passes the same values). */
-        struct ida_entry e;
-        int bad = ida__rec_entry_peek(v.mv_data, v.mv_size, i, &e);
-        if (bad == 0 && out == NULL && n > 0 && max_bytes > 0 &&
-            sum + e.len > max_bytes) {
-            break;
-        }
-        if (bad == 0 && out != NULL) {
-            if (n == *count) {
-                break;
-            }
-            out[n] = e;
-            out[n].data = data + sum;
-            if (e.len > 0) {
-                memcpy(data + sum, e.data, e.len);
-            }
-            bad = ida__rec_entry_check(v.mv_data, out[n].data, i);
-        }
-        if (bad != 0) {
-            IDA_ERROR("storage %s: log entry %llu fails its checksum", s->dir,
-                      (unsigned long long)i);
-            return RC_CORRUPT;
-        }
-        sum += e.len;
-        n++;
-    }
-    *count = n;
-    *bytes = sum;
-    return 0;
+    CHECK_PROCESS(s);
+    return ida_entlog_term_at(s->elog, index, out);
 }
 
 int ida_storage_entries(struct ida_storage *s,
@@ -615,51 +480,13 @@ int ida_storage_entries(struct ida_storage *s,
                         size_t *count)
 {
     IDA_ASSERT(s != NULL && out != NULL && count != NULL);
+    CHECK_PROCESS(s);
     *out = NULL;
     *count = 0;
-    if (lo == 0 || lo >= hi) {
-        return IDA_EINVAL;
+    int rv = ida_entlog_entries(s->elog, lo, hi, max_bytes, out, count);
+    if (rv == IDA_ECORRUPT || rv == IDA_EIO) {
+        IDA_ERROR("storage %s: log entries from %llu: %s", s->dir,
+                  (unsigned long long)lo, idalloc_strerror(rv));
     }
-    MDB_txn *txn;
-    int rc = ida__storage_read_begin(s, &txn);
-    if (rc != 0) {
-        return ida__storage_from_lmdb(rc);
-    }
-    MDB_cursor *cur = NULL;
-    struct ida_entry *block = NULL;
-    ida_index prev_index;
-    ida_term prev_term;
-    rc = read_log_prev(s, txn, &prev_index, &prev_term);
-    if (rc == 0 && lo <= prev_index) {
-        rc = MDB_NOTFOUND; /* compacted */
-    }
-    if (rc == 0) {
-        rc = mdb_cursor_open(txn, s->dbi_log, &cur);
-    }
-    size_t n = 0, bytes = 0;
-    if (rc == 0) {
-        rc = walk_entries(s, cur, lo, hi, max_bytes, &n, &bytes, NULL, NULL);
-    }
-    if (rc == 0) {
-        IDA_ASSERT(n >= 1);
-        block = ida_malloc(n * sizeof(*block) + bytes);
-        rc = block == NULL ? ENOMEM : 0;
-    }
-    if (rc == 0) {
-        size_t n2 = n, bytes2 = 0;
-        rc = walk_entries(s, cur, lo, hi, 0, &n2, &bytes2, block,
-                          (uint8_t *)(block + n));
-        IDA_ASSERT(rc != 0 || (n2 == n && bytes2 == bytes));
-    }
-    if (cur != NULL) {
-        mdb_cursor_close(cur);
-    }
-    ida__storage_read_end(s, txn);
-    if (rc != 0) {
-        ida_free(block);
-        return ida__storage_from_lmdb(rc);
-    }
-    *out = block;
-    *count = n;
-    return 0;
+    return rv;
 }

@@ -17,6 +17,7 @@
 #include "base/heap.h"
 #include "base/log.h"
 #include "idalloc_errors.h"
+#include "storage/entlog.h"
 #include "storage/internal.h"
 #include "storage/record.h"
 
@@ -130,6 +131,8 @@ struct open_args
     const struct ida_storage_opts *o;
     int have_idfile;             /* IDENTITY was there and matches @o */
     struct ida__rec_identity id; /* its contents */
+    uint32_t format;             /* the format found (IDA_STORAGE_FORMAT_
+                                    VERSION for a new environment) */
     uint64_t minted;             /* a new incarnation, when no IDENTITY */
     uint64_t minted_ms;
     uint8_t idbuf[IDA__REC_IDFILE_FIXED + IDA_STORAGE_CLUSTER_MAX + 1];
@@ -165,21 +168,22 @@ static void set_identity(struct ida_storage *s,
     s->identity.created_at_ms = created_at_ms;
 }
 
-/* Put the format record of IDA_STORAGE_FORMAT_VERSION. */
-static int put_format(struct ida_storage *s, MDB_txn *txn)
+/* Put the format record of @version. */
+static int put_format(struct ida_storage *s, MDB_txn *txn, uint32_t version)
 {
     uint8_t fmt[IDA__REC_FORMAT_BYTES];
-    ida__rec_format_encode(fmt, IDA_STORAGE_FORMAT_VERSION);
+    ida__rec_format_encode(fmt, version);
     return ida__storage_put_meta(s, txn, KEY_FORMAT, fmt, sizeof(fmt));
 }
 
-/* Put the format record and the identity record of format 2 and later
- * (new incarnation @a->minted). */
+/* Put the format record (@version) and the identity record of format 2
+ * and later (new incarnation @a->minted). */
 static int put_identity(struct ida_storage *s,
                         MDB_txn *txn,
-                        const struct open_args *a)
+                        const struct open_args *a,
+                        uint32_t version)
 {
-    int rc = put_format(s, txn);
+    int rc = put_format(s, txn, version);
     struct ida__rec_identity r = {
         .node_id = a->o->node_id,
         .incarnation = a->minted,
@@ -204,14 +208,12 @@ static int init_fresh(struct ida_storage *s, MDB_txn *txn, void *arg)
     struct open_args *a = arg;
     int rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &s->dbi_meta);
     if (rc == 0) {
-        rc = mdb_dbi_open(txn, "log", MDB_CREATE, &s->dbi_log);
-    }
-    if (rc == 0) {
         rc = mdb_dbi_open(txn, "snap", MDB_CREATE, &s->dbi_snap);
     }
     if (rc == 0) {
-        rc = put_identity(s, txn, a);
+        rc = put_identity(s, txn, a, IDA_STORAGE_FORMAT_VERSION);
     }
+    a->format = IDA_STORAGE_FORMAT_VERSION; /* its log: storage/logdir.c */
     uint8_t hs[IDA__REC_HARD_STATE_BYTES];
     struct ida_hard_state zero = {0, 0, 0};
     ida__rec_hard_state_encode(hs, &zero);
@@ -263,7 +265,9 @@ static int check_identity_v1(struct ida_storage *s,
                (unsigned)node, (unsigned)a->o->node_id);
         return RC_REFUSED;
     }
-    int rc = put_identity(s, txn, a);
+    /* Format 3 for now: its log moves out of LMDB after this commit
+     * (storage/logdir.c), which then writes format 4. */
+    int rc = put_identity(s, txn, a, 3);
     if (rc == 0) {
         s->identity.upgraded_from = 1;
     }
@@ -291,7 +295,7 @@ static int check_identity(struct ida_storage *s,
         refuse(s, s->dir, IDA_ECORRUPT, "format record fails its checksum");
         return RC_REFUSED;
     }
-    if (version != IDA_STORAGE_FORMAT_VERSION && version != 1 && version != 2) {
+    if (version > IDA_STORAGE_FORMAT_VERSION || version == 0) {
         refuse(s, s->dir, IDA_EVERSION,
                version > IDA_STORAGE_FORMAT_VERSION
                    ? "format version %u is newer than this program's "
@@ -308,6 +312,7 @@ static int check_identity(struct ida_storage *s,
     if (rc != 0) {
         return rc == MDB_NOTFOUND ? RC_CORRUPT : rc;
     }
+    a->format = version;
     if (version == 1) {
         return check_identity_v1(s, txn, a, &v);
     }
@@ -349,7 +354,7 @@ static int check_identity(struct ida_storage *s,
         /* Snapshots written from now on name their chunk size (format 3):
          * a format-2 program must refuse the directory as newer, not take
          * such a snapshot for damage. */
-        rc = put_format(s, txn);
+        rc = put_format(s, txn, 3);
         if (rc != 0) {
             return rc;
         }
@@ -422,6 +427,15 @@ static int load_state(struct ida_storage *s, MDB_txn *txn)
     }
     if (ida__rec_hard_state_decode(v.mv_data, v.mv_size, &s->hard_state) != 0) {
         return RC_CORRUPT;
+    }
+    s->log_lsn = 0;
+    rc = ida__storage_get_meta(s, txn, KEY_LOG_LSN, &v);
+    if (rc == 0 &&
+        ida__rec_log_lsn_decode(v.mv_data, v.mv_size, &s->log_lsn) != 0) {
+        return RC_CORRUPT;
+    }
+    if (rc != 0 && rc != MDB_NOTFOUND) {
+        return rc;
     }
     rc = ida__storage_read_log_state(s, txn, &s->log);
     if (rc != 0) {
@@ -497,7 +511,11 @@ static int open_txn(struct ida_storage *s, MDB_txn *txn, void *arg)
     if (rc != 0) {
         return rc;
     }
-    rc = mdb_dbi_open(txn, "log", 0, &s->dbi_log);
+    /* Before format 4 the log is in LMDB, until it moves. */
+    s->lmdb_log = a->format < IDA_STORAGE_FORMAT_VERSION;
+    if (s->lmdb_log) {
+        rc = mdb_dbi_open(txn, "log", 0, &s->dbi_log);
+    }
     if (rc == 0) {
         rc = mdb_dbi_open(txn, "snap", 0, &s->dbi_snap);
     }
@@ -583,6 +601,16 @@ static int check_opts(struct ida_storage *s,
     }
     s->map_size_bytes = map;
     s->map_size_max_bytes = max;
+    size_t seg = o->log_segment_bytes ? o->log_segment_bytes
+                                      : IDA_STORAGE_SEGMENT_BYTES_DEFAULT;
+    if (seg % 4096 != 0 || seg < IDA_SEGLOG_SEGMENT_MIN ||
+        seg > IDA_SEGLOG_SEGMENT_MAX) {
+        return ida__storage_fail(s, dir, IDA_EINVAL,
+                                 "log segment size %zu must be a multiple of "
+                                 "4096 from 64 KiB to 1 GiB",
+                                 seg);
+    }
+    s->log_segment_bytes = seg;
     return 0;
 }
 
@@ -714,6 +742,9 @@ int ida_storage_open(struct ida_storage *s,
         goto err_after_dir;
     }
     rv = ida__storage_run_write(s, "open", open_txn, &a);
+    if (rv == 0) {
+        rv = ida__storage_log_open(s, dir, a.format, a.have_idfile);
+    }
     if (rv != 0) {
         goto err_after_env;
     }
@@ -737,6 +768,8 @@ int ida_storage_open(struct ida_storage *s,
     return 0;
 
 err_after_env:
+    ida_entlog_close(s->elog);
+    s->elog = NULL;
     mdb_env_close(ENV(s));
     s->env = NULL;
 err_after_dir:
@@ -753,6 +786,7 @@ void ida_storage_close(struct ida_storage *s)
     IDA_ASSERT(s != NULL && s->env != NULL);
     CHECK_PROCESS(s);
     IDA_ASSERT(!s->writer_active);
+    ida__storage_log_close(s);
     mdb_env_close(ENV(s));
     s->env = NULL;
     registry_release((dev_t)s->dir_dev, (ino_t)s->dir_ino);

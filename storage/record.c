@@ -227,20 +227,46 @@ int ida__rec_log_prev_decode(const uint8_t *p,
     return 0;
 }
 
+/* "MAGC" | u64 | u32 crc: the boot and log_lsn records. */
+static void u64_encode(uint8_t out[IDA__REC_BOOT_BYTES],
+                       const char magic[4],
+                       uint64_t v)
+{
+    memcpy(out, magic, 4);
+    ida__put_be64(out + 4, v);
+    seal(out, IDA__REC_BOOT_BYTES);
+}
+
+static int u64_decode(const uint8_t *p,
+                      size_t len,
+                      const char magic[4],
+                      uint64_t *v)
+{
+    if (len != IDA__REC_BOOT_BYTES || check_sealed(p, len, magic) != 0) {
+        return IDA_ECORRUPT;
+    }
+    *v = ida__get_be64(p + 4);
+    return 0;
+}
+
 void ida__rec_boot_encode(uint8_t out[IDA__REC_BOOT_BYTES], uint64_t count)
 {
-    memcpy(out, "IDAB", 4);
-    ida__put_be64(out + 4, count);
-    seal(out, IDA__REC_BOOT_BYTES);
+    u64_encode(out, "IDAB", count);
 }
 
 int ida__rec_boot_decode(const uint8_t *p, size_t len, uint64_t *count)
 {
-    if (len != IDA__REC_BOOT_BYTES || check_sealed(p, len, "IDAB") != 0) {
-        return IDA_ECORRUPT;
-    }
-    *count = ida__get_be64(p + 4);
-    return 0;
+    return u64_decode(p, len, "IDAB", count);
+}
+
+void ida__rec_log_lsn_encode(uint8_t out[IDA__REC_BOOT_BYTES], uint64_t lsn)
+{
+    u64_encode(out, "IDAL", lsn);
+}
+
+int ida__rec_log_lsn_decode(const uint8_t *p, size_t len, uint64_t *lsn)
+{
+    return u64_decode(p, len, "IDAL", lsn);
 }
 
 size_t ida__rec_untrusted_encode(uint8_t *out, const char *reason, size_t len)

@@ -11,6 +11,7 @@
  *   hard_state "IDAH" | u64 term | u32 vote | u64 commit | u32 crc  28 bytes
  *   log_prev   "IDAP" | u64 index | u64 term | u32 crc              24 bytes
  *   boot       "IDAB" | u64 count | u32 crc                         16 bytes
+ *   log_lsn    "IDAL" | u64 lsn | u32 crc                           16 bytes
  *   untrusted  "IDAU" | u16 len | reason | u32 crc
  *   snapshot   "IDAT" | u64 id | u64 index | u64 term | u64 size
  *              | u32 data_crc | u64 chunks | u32 chunk_bytes | u32 config_len
@@ -143,6 +144,9 @@ int ida__rec_log_prev_decode(const uint8_t *p,
 
 void ida__rec_boot_encode(uint8_t out[IDA__REC_BOOT_BYTES], uint64_t count);
 int ida__rec_boot_decode(const uint8_t *p, size_t len, uint64_t *count);
+/* The highest LSN of the entry log known durable (storage/logdir.c). */
+void ida__rec_log_lsn_encode(uint8_t out[IDA__REC_BOOT_BYTES], uint64_t lsn);
+int ida__rec_log_lsn_decode(const uint8_t *p, size_t len, uint64_t *lsn);
 
 /* @out must hold IDA__REC_UNTRUSTED_FIXED + @len bytes, @len at most
  * IDA__REC_REASON_MAX. *reason points into @p (not NUL-terminated). */

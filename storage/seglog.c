@@ -1,6 +1,6 @@
 /* A log of records in segment files (storage/seglog.h): appends, flushes,
  * the spare, reads; open and recovery are in seglog_open.c. */
-#define _DEFAULT_SOURCE /* pwritev */
+#define _GNU_SOURCE /* pwritev, sync_file_range */
 #include "storage/seglog.h"
 #include "storage/seglog_internal.h"
 
@@ -218,6 +218,13 @@ int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes)
             k = sizeof(h);
         } else {
             rv = pwrite_all(l->spare_fd, zeros, k, (off_t)l->spare_done);
+            /* Start its writeback now (without waiting): the flush that
+             * ends the segment then has little left to write, instead of
+             * the whole of it at once. */
+            if (rv == 0) {
+                (void)sync_file_range(l->spare_fd, (off_t)l->spare_done,
+                                      (off_t)k, SYNC_FILE_RANGE_WRITE);
+            }
         }
         if (rv == 0) {
             l->spare_done += k;

@@ -1,19 +1,22 @@
-/* Storage: everything a node must not forget, in one LMDB environment.
+/* Storage: everything a node must not forget: one LMDB environment and
+ * the Raft log's entries in segment files beside it.
  *
  * DESIGN
  *
- * One environment per node, in its own directory (data_dir/nodeN), holding
- * three named databases:
+ * One directory per node (data_dir/nodeN) holding data.mdb (LMDB), the
+ * file IDENTITY and the directory log/ (the entry log, below). The
+ * environment holds two named databases:
  *
- *   meta  "format"     format version of the directory (3)
+ *   meta  "format"     format version of the directory (4)
  *         "identity"   cluster name, node id, incarnation id and creation
  *                      time (unix ms), written on first start
- *         "hard_state" term, vote, commit (struct ida_hard_state)
+ *         "hard_state" term, vote, and a commit index known durable
+ *                      (struct ida_hard_state; the log holds the latest)
  *         "log_prev"   index and term of the entry just before the first one
  *                      kept (both 0 until the log is first compacted)
+ *         "log_lsn"    an LSN of the entry log known durable (below)
  *         "snapshot"   the latest durable snapshot's meta (absent: none)
- *   log   key: index, 8 bytes big-endian (byte order = numeric order);
- *         value: a 24-byte header (term, type, length, CRC-32C) + the data
+ *         "boot", "untrusted", "membership0" (below)
  *   snap  key: snapshot id and chunk number, 8 + 8 bytes big-endian;
  *         value: CRC-32C + at most the snapshot's chunk size of state bytes
  *                (IDA_STORAGE_CHUNK_BYTES; 64 KiB in snapshots of before
@@ -24,10 +27,44 @@
  * layout is simpler to check than protobuf and a torn or foreign value is
  * caught by its checksum and exact length.
  *
+ * THE LOG
+ *
+ * The entries live in log/, an entry log (storage/entlog.h) over a
+ * segment log (storage/seglog.h): each batch is one record (or a few, of
+ * about 1 MiB each) and one fdatasync of a file already written full, one
+ * device flush, against an LMDB commit's two (docs/DESIGN.md, "Group
+ * commit and flushes"). A record carries the batch's truncation, entries
+ * and commit index; the open log is indexed in memory (32 bytes an entry),
+ * so terms are answered without a read and entries read back with one.
+ * Segments are IDA_STORAGE_SEGMENT_BYTES_DEFAULT (65 MiB) each, written
+ * full of zeros before use (the next ahead: ida_storage_log_prepare());
+ * an open writes a new one.
+ *
+ * The term and vote stay in LMDB: a batch that changes them commits there
+ * first, then writes its entries (a restart never finds entries of a term
+ * it does not hold). So a batch is one flush, or one LMDB commit and one
+ * flush at an election, or when it carries snapshot bytes. Compaction
+ * records the new log_prev in LMDB, then releases the segments it no
+ * longer needs; a compaction that drops the whole log (Raft's Figure 13)
+ * writes its reset into the log first, and an open that finds a reset
+ * beyond LMDB's log_prev, naming the durable snapshot, takes it. Every
+ * LMDB commit of a batch and every open record the log's durable LSN
+ * ("log_lsn"): an open that recovers less of the log (segments removed
+ * or put back older) refuses the directory (IDA_ECORRUPT), and a log/
+ * missing where one was made is IDA_ELOSTSTATE.
+ *
+ * Format 3 and before kept the entries in a third database, "log" (key:
+ * index, 8 bytes big-endian; value: a 24-byte header and the data). Open
+ * moves them into a new log/ once, durably, then drops "log" and writes
+ * format 4 in one commit; a move cut short leaves format 3 and is done
+ * again (a log/ of format 3 is the unfinished move's and is removed).
+ *
  * Group commit: a batch (truncate a suffix, append entries, set the hard
  * state) is recorded in a caller-owned struct ida_storage_batch and then
- * executed by ida_storage_batch_commit() as ONE write transaction with ONE
- * durable commit (LMDB's default: the data pages and the meta page are both
+ * executed by ida_storage_batch_commit(): its entries and commit index as
+ * records of the entry log and one flush, its term and vote (when they
+ * change) and snapshot bytes as ONE LMDB write transaction with ONE durable
+ * commit (LMDB's default: the data pages and the meta page are both
  * fdatasync'ed before mdb_txn_commit() returns). The environment is opened
  * without MDB_NOSYNC, MDB_NOMETASYNC or MDB_WRITEMAP. The only flag used is
  * MDB_NOTLS, which ties a read transaction's reader slot to the transaction
@@ -35,7 +72,7 @@
  * the node's worker threads may come and go, so slots are released at once.
  * It does not touch durability.
  *
- * Because a batch is only executed at commit time, a commit that hits
+ * Because a batch is only executed at commit time, an LMDB commit that hits
  * MDB_MAP_FULL is aborted (nothing written), the map is doubled (up to
  * map_size_max_bytes) and the whole batch is replayed. At the maximum the
  * commit fails with IDA_ENOSPC and nothing of the batch is stored; this is not
@@ -44,6 +81,8 @@
  * every later write answers the same code, because after a failed fsync the
  * state of the file is unknown and must not be acknowledged. The node must
  * stop acknowledging writes and restart.
+ *
+ * A failed write or flush of the entry log is sticky the same way.
  *
  * IDENTITY AND DAMAGE
  *
@@ -122,10 +161,16 @@
 
 #include "base/types.h"
 
-/* The on-disk format this code writes (and reads, with 1 and 2). Format 3
- * is format 2 with snapshot records that name their chunk size
- * (record.h): a program that reads format 2 would take one for damage. */
-#define IDA_STORAGE_FORMAT_VERSION 3
+/* The on-disk format this code writes (and reads, with 1 to 3, moving
+ * their log out of LMDB). Format 3 is format 2 with snapshot records that
+ * name their chunk size (record.h): a program that reads format 2 would
+ * take one for damage. Format 4 keeps the log in log/ (THE LOG). */
+#define IDA_STORAGE_FORMAT_VERSION 4
+/* The entry log's directory, inside the storage directory. */
+#define IDA_STORAGE_LOG_DIR "log"
+/* The entry log's segments: the largest entry (IDA_STORAGE_ENTRY_BYTES_MAX)
+ * and its record's headers fit one. */
+#define IDA_STORAGE_SEGMENT_BYTES_DEFAULT ((64u << 20) + (1u << 20))
 /* The file holding the directory's identity, and its temporary name. */
 #define IDA_STORAGE_IDENTITY_FILE "IDENTITY"
 #define IDA_STORAGE_IDENTITY_TMP  "IDENTITY.tmp"
@@ -156,6 +201,11 @@ struct ida_storage_opts
     ida_node_id node_id;         /* nonzero */
     uint64_t map_size_bytes;     /* initial map; 0: default (64 MiB) */
     uint64_t map_size_max_bytes; /* growth limit; 0: default (64 GiB) */
+    size_t log_segment_bytes;    /* entry log segments: a multiple of 4096
+                                    from 64 KiB to 1 GiB; 0: default
+                                    (IDA_STORAGE_SEGMENT_BYTES_DEFAULT).
+                                    Entries above about this size are
+                                    refused (IDA_ETOOBIG) */
 };
 
 /* Bounds of the log. The log holds entries [first, last]; it is empty when
@@ -238,10 +288,17 @@ struct ida_storage_identity
                                (the caller logs it) */
 };
 
+struct ida_entlog;
+
 struct ida_storage
 {
     struct ida_storage_identity identity;
-    void *env; /* MDB_env */
+    void *env;               /* MDB_env */
+    struct ida_entlog *elog; /* the entries (log/) */
+    int lmdb_log;            /* the "log" database holds them (format < 4,
+                                during open only) */
+    size_t log_segment_bytes;
+    uint64_t log_lsn; /* the entry log's LSN LMDB last recorded */
     unsigned dbi_meta, dbi_log, dbi_snap;
     char *dir;
     uint64_t dir_dev, dir_ino; /* identify the directory for the registry */
@@ -366,10 +423,11 @@ int ida_storage_batch_truncate(struct ida_storage *s,
 
 /* Append @count entries. They must continue the log as the batch leaves it:
  * indexes consecutive from its last + 1, terms nonzero and not below the
- * last term, known types, data <= IDA_STORAGE_ENTRY_BYTES_MAX. @entries and
- * their data are borrowed until the commit returns. Returns 0, IDA_EINVAL
- * (nothing recorded) or IDA_ETOOBIG (more than IDA_STORAGE_BATCH_SPANS_MAX
- * appends). */
+ * last term, known types. @entries and their data are borrowed until the
+ * commit returns. Returns 0, IDA_EINVAL (nothing recorded) or IDA_ETOOBIG
+ * (more than IDA_STORAGE_BATCH_SPANS_MAX appends, or an entry's data
+ * larger than IDA_STORAGE_ENTRY_BYTES_MAX or than a log segment holds:
+ * nothing recorded). */
 int ida_storage_batch_append(struct ida_storage *s,
                              struct ida_storage_batch *b,
                              const struct ida_entry *entries,
@@ -428,27 +486,34 @@ int ida_storage_batch_commit(struct ida_storage *s,
  * error as ida_storage_batch_commit(). */
 int ida_storage_compact(struct ida_storage *s, ida_index upto);
 
+/* Make the entry log's next segment ahead, writing at most @max_bytes of
+ * it (0: all) so that no call holds the owner long: without it the append
+ * that fills a segment writes the next one whole (65 MiB) before its
+ * flush. Returns 0 when it is ready, IDA_EBUSY while more calls are
+ * needed, IDA_EIO/IDA_ENOSPC (not sticky: the append makes it), or the
+ * sticky code. Owner, between batches. */
+int ida_storage_log_prepare(struct ida_storage *s, size_t max_bytes);
+
 /* --- reads (owner) --- */
 
-/* Each read runs in its own read transaction. The node reads the log at
+/* Each LMDB read runs in its own read transaction. The node reads the log at
  * start only (its Raft core keeps the log tail in memory), and the
  * snapshot at start and for each InstallSnapshot chunk it sends (the core
  * keeps only its size); the entry and term reads are kept for reading old
  * entries when the in-memory log is bounded. These never write s->errmsg: a
  * corrupt record is reported with a log line naming it, and the code says what
- * kind. */
+ * kind. The log's bounds, the hard state and terms come from the owner's
+ * memory (the entry log's index); entries are read from log/. */
 
-/* The log's bounds, as of one consistent read. Returns 0 or IDA_EIO. */
+/* The log's bounds. Returns 0. */
 int ida_storage_log_state(struct ida_storage *s,
                           struct ida_storage_log_state *out);
 
-/* The durable hard state ({0, 0, 0} on a new node). Returns 0, IDA_ECORRUPT
- * or IDA_EIO. */
+/* The durable hard state ({0, 0, 0} on a new node). Returns 0. */
 int ida_storage_hard_state(struct ida_storage *s, struct ida_hard_state *out);
 
 /* The term of entry @index; for index == prev_index, prev_term (0 for 0).
- * Returns 0, IDA_ENOTFOUND (compacted or beyond the last entry),
- * IDA_ECORRUPT or IDA_EIO. */
+ * Returns 0 or IDA_ENOTFOUND (compacted or beyond the last entry). */
 int ida_storage_term_at(struct ida_storage *s, ida_index index, ida_term *out);
 
 /* Read entries [@lo, @hi) (@lo < @hi), stopping early once their data adds

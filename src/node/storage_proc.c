@@ -114,6 +114,11 @@
 /* ... and when no batch came for this long, a slice is written in a
  * transaction of its own (nothing waits behind it then). */
 #define ENC_IDLE_US 20000
+/* The entry log's next segment is written ahead this much at a time
+ * (prepare_step()), ... */
+#define PREPARE_STEP_BYTES (512u << 10)
+/* ... and not for this long after a failure. */
+#define PREPARE_REST_US 1000000
 /* Slices taken in and not yet written at most (the fsm sends at most
  * IDA_ENC_SLICES_MAX at a time; past this the oldest is written at once). */
 #define ENC_WAIT_MAX 8u
@@ -142,6 +147,7 @@ struct storage_proc
     size_t job_off;
     uint64_t job_t0;      /* when it began (ida__node_mono_us), for metrics */
     uint64_t released_us; /* the last look at the resident map pages */
+    uint64_t prepare_us;  /* no segment made ahead before this (a failure) */
     ida_index compact_to; /* the log up to here goes in steps (0: none) */
     /* A leader's snapshot stored as it arrives. */
     struct
@@ -990,6 +996,22 @@ static void on_untrusted(struct storage_proc *sp,
     kill(getpid(), SIGTERM);
 }
 
+/* One step of making the entry log's next segment ahead, between batches
+ * (none waits merged): without it the batch that fills a segment writes
+ * the next one whole (65 MiB) and waits for it. After a failure (a full
+ * disk) it rests PREPARE_REST_US: the append that needs it tries again. */
+static void prepare_step(struct storage_proc *sp)
+{
+    uint64_t now = ida__node_mono_us();
+    if (sp->failed || sp->mg.n > 0 || now < sp->prepare_us) {
+        return;
+    }
+    int rv = ida_storage_log_prepare(&sp->node->storage, PREPARE_STEP_BYTES);
+    if (rv != 0 && rv != IDA_EBUSY) {
+        sp->prepare_us = now + PREPARE_REST_US;
+    }
+}
+
 /* One step of releasing map pages from the resident size, when due. */
 static void release_step(struct storage_proc *sp)
 {
@@ -1043,6 +1065,7 @@ static void storage_receive(void *state,
     job_step(sp, s);
     enc_idle_step(sp, s);
     tidy_step(sp, s);
+    prepare_step(sp);
     release_step(sp);
 }
 
@@ -1054,6 +1077,7 @@ static void storage_ping(void *state, struct ida_sender *s)
     job_step(sp, s);
     enc_idle_step(sp, s);
     tidy_step(sp, s);
+    prepare_step(sp);
     release_step(sp);
 }
 

@@ -25,6 +25,7 @@ enum {
     K_ENTRY,
     K_BOOT,
     K_UNTRUSTED,
+    K_LOG_LSN,
     K_COUNT
 };
 
@@ -130,6 +131,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             rv = ida__rec_boot_decode(p, len, &n);
             if (rv == 0) {
                 ida__rec_boot_encode(out, n);
+                same(out, IDA__REC_BOOT_BYTES, p, len);
+            }
+            break;
+        }
+        case K_LOG_LSN: {
+            uint64_t n;
+            rv = ida__rec_log_lsn_decode(p, len, &n);
+            if (rv == 0) {
+                ida__rec_log_lsn_encode(out, n);
                 same(out, IDA__REC_BOOT_BYTES, p, len);
             }
             break;

@@ -140,7 +140,9 @@ static ida_index compact_next(ida_index upto, ida_index to)
 
 /* Apply step @p to @m. A snapshot step has durable stages: 1 the snapshot
  * is finished, 2 the log is compacted too, and between them the log
- * compacted up to @upto (stage 3; one of compact_next()'s). */
+ * compacted up to @upto (stage 3; one of compact_next()'s). A batch has
+ * stage 2 (all of it), and stage 0 when it changes the term or vote: those
+ * are durable (in LMDB) before its entries and commit (in the log). */
 static int model_apply_stage(struct model *m,
                              const struct plan *p,
                              int stage,
@@ -155,6 +157,11 @@ static int model_apply_stage(struct model *m,
             m->prev_index = upto;
             m->prev_term = m->terms[upto];
         }
+        return 0;
+    }
+    if (stage == 0) {
+        m->hs.term = p->hs.term;
+        m->hs.vote = p->hs.vote;
         return 0;
     }
     ida_index new_last = p->first + p->count - 1;
@@ -458,7 +465,8 @@ static int round_run(const char *dir,
         }
     }
     st->batches_reported += reported;
-    /* The step in flight may have reached the disk: as a whole for a batch,
+    /* The step in flight may have reached the disk: as a whole for a batch
+     * (or its term and vote alone, stage 0),
      * or in either of its two durable stages for a snapshot step. */
     plan_next(&rng, m, &p);
     /* Candidates: the batch; or the snapshot finished (1), the log then
@@ -468,7 +476,9 @@ static int round_run(const char *dir,
         u = compact_next(u, p.compact_to);
         steps += u < p.compact_to;
     }
-    int ncand = p.snapshot ? 2 + (int)steps : 1;
+    int votes =
+        !p.snapshot && (p.hs.term != m->hs.term || p.hs.vote != m->hs.vote);
+    int ncand = p.snapshot ? 2 + (int)steps : 1 + votes;
     struct model *cand = ida_calloc((size_t)ncand, sizeof(*cand));
     if (cand == NULL) {
         snprintf(err, errcap, "out of memory");
@@ -476,7 +486,10 @@ static int round_run(const char *dir,
     }
     ida_index upto = m->prev_index;
     for (int c = 0; c < ncand; c++) {
-        int stage = !p.snapshot ? 2 : c == 0 ? 1 : c == ncand - 1 ? 2 : 3;
+        int stage = !p.snapshot      ? (c == 0 ? 2 : 0)
+                    : c == 0         ? 1
+                    : c == ncand - 1 ? 2
+                                     : 3;
         if (stage == 3) {
             upto = compact_next(upto, p.compact_to);
         }
@@ -494,6 +507,10 @@ static int round_run(const char *dir,
         rv = -1;
     } else {
         int found = -2;
+        struct ida_storage_log_state held;
+        struct ida_hard_state held_hs;
+        (void)ida_storage_log_state(&s, &held);
+        (void)ida_storage_hard_state(&s, &held_hs);
         int a = matches(&s, m, from, &st->entries_checked, err, errcap);
         if (a == 1) {
             found = -1;
@@ -515,12 +532,17 @@ static int round_run(const char *dir,
                      "after %lu reported steps the storage is neither the "
                      "state after them nor after the one in flight "
                      "(model last %llu term %llu commit %llu prev %llu "
-                     "snapshot %llu)",
+                     "snapshot %llu; storage last %llu term %llu commit "
+                     "%llu prev %llu)",
                      reported, (unsigned long long)m->last,
                      (unsigned long long)m->hs.term,
                      (unsigned long long)m->hs.commit,
                      (unsigned long long)m->prev_index,
-                     (unsigned long long)m->snap_index);
+                     (unsigned long long)m->snap_index,
+                     (unsigned long long)held.last,
+                     (unsigned long long)held_hs.term,
+                     (unsigned long long)held_hs.commit,
+                     (unsigned long long)held.prev_index);
             rv = -1;
         } else if (found >= 0) {
             st->in_flight_found++;

@@ -46,7 +46,8 @@ static struct ida_entlog *open_at(ida_index prev, ida_term term)
     struct ida_seglog_options o = opts();
     struct ida_entlog *l = NULL;
     char err[512] = "";
-    int rv = ida_entlog_open(dir, &o, prev, term, prev, term, &l, err, sizeof(err));
+    int rv =
+        ida_entlog_open(dir, &o, prev, term, prev, term, &l, err, sizeof(err));
     cr_assert_eq(rv, 0, "open after (%llu, %llu): %s (%s)",
                  (unsigned long long)prev, (unsigned long long)term,
                  idalloc_strerror(rv), err);
@@ -231,8 +232,7 @@ Test(entlog, compaction_keeps_what_follows_and_a_snapshot_installed_resets)
     cr_assert_eq(open_snap(300, 1, 350, 2, NULL, err, sizeof(err)),
                  IDA_ECORRUPT, "not the snapshot that was installed");
     cr_assert(strstr(err, "(term 3)") != NULL, "%s", err);
-    cr_assert_eq(open_snap(300, 1, 350, 3, &l, err, sizeof(err)), 0, "%s",
-                 err);
+    cr_assert_eq(open_snap(300, 1, 350, 3, &l, err, sizeof(err)), 0, "%s", err);
     ida_entlog_bounds(l, &prev, &pt, &last);
     cr_assert(prev == 350 && pt == 3 && last == 360, "%llu %llu %llu",
               (unsigned long long)prev, (unsigned long long)pt,

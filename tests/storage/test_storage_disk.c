@@ -109,6 +109,7 @@ static int disk_full_child(void)
 {
     CHILD_CHECK(mount("tmpfs", tmp, "tmpfs", 0, "size=320k") == 0, "tmpfs: %s",
                 strerror(errno));
+    opts.log_segment_bytes = 64 * 1024; /* the smallest */
     struct ida_storage s;
     CHILD_CHECK(ida_storage_open(&s, dir, &opts) == 0, "open: %s", s.errmsg);
     struct ida_entry es[50];
@@ -133,7 +134,19 @@ static int disk_full_child(void)
                 "message: %s", s.errmsg);
     CHILD_CHECK(ida_storage_failed(&s) == IDA_ENOSPC, "sticky");
     ida_storage_close(&s);
-    /* Everything acknowledged is there after a reopen. */
+    /* An open makes a new log segment: on the full disk it may fail, and
+     * says why. */
+    rv = ida_storage_open(&s, dir, &opts);
+    if (rv == 0) {
+        ida_storage_close(&s);
+    } else {
+        CHILD_CHECK(rv == IDA_ENOSPC && strstr(s.errmsg, "no space") != NULL,
+                    "reopen on the full disk gave %s: %s", idalloc_errname(rv),
+                    s.errmsg);
+    }
+    /* With room again, everything acknowledged is there. */
+    CHILD_CHECK(mount("tmpfs", tmp, "tmpfs", MS_REMOUNT, "size=640k") == 0,
+                "remount: %s", strerror(errno));
     CHILD_CHECK(ida_storage_open(&s, dir, &opts) == 0, "reopen: %s", s.errmsg);
     struct ida_storage_log_state ls;
     CHILD_CHECK(ida_storage_log_state(&s, &ls) == 0 && ls.last == next - 1,

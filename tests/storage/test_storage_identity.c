@@ -523,9 +523,7 @@ static void expect_corrupt_in_child(off_t size, const char *what)
 Test(identity, a_truncated_data_mdb_is_corrupt_not_a_signal)
 {
     open_ok();
-    for (int i = 0; i < 20; i++) {
-        append(1 + (ida_index)i * 100, 100, 1);
-    }
+    save_snapshot(1, 1, 200 * 1024); /* pages of chunks */
     close_st();
     char p[600];
     data_path(p, sizeof(p));
@@ -793,7 +791,7 @@ static int lmdb_reads_all(void)
             }
             mdb_cursor_close(c);
         }
-        if (ndbi != 6) { /* free list, main, meta, log, snap, scratch */
+        if (ndbi != 5) { /* free list, main, meta, snap, scratch */
             _exit(4);
         }
         unsigned char c = 1;

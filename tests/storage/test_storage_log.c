@@ -100,7 +100,8 @@ Test(storage, invalid_appends_are_refused_and_change_nothing)
     es[2].type = IDA_ENTRY_NORMAL;
     size_t len = es[2].len;
     es[2].len = (size_t)IDA_STORAGE_ENTRY_BYTES_MAX + 1;
-    cr_assert_eq(ida_storage_batch_append(&st, &b, es, 3), IDA_EINVAL);
+    cr_assert_eq(ida_storage_batch_append(&st, &b, es, 3), IDA_ETOOBIG);
+    expect_msg("more than a log segment holds");
     es[2].len = len;
     es[2].type = (enum ida_entry_type)(es[2].index % 3);
     cr_assert_eq(b.span_count, 0, "refused appends record nothing");
@@ -198,7 +199,8 @@ Test(storage, a_failing_put_leaves_nothing_of_the_batch)
         cr_assert_eq(ida_storage_batch_append(&st, &b, es, 3), 0);
         cr_assert_eq(ida_storage_batch_append(&st, &b, es + 3, 3), 0);
         cr_assert_eq(ida_storage_batch_set_hard_state(&st, &b, &hs), 0);
-        /* ENOMEM from a put: a transient failure, nothing is written. */
+        /* ENOMEM from a put (of the term and vote, which go first): a
+         * transient failure, nothing is written. */
         ida__storage_fault_set(&st, n, -1, ENOMEM);
         int rv = ida_storage_batch_commit(&st, &b);
         ida__storage_fault_set(&st, -1, -1, 0);
@@ -215,7 +217,9 @@ Test(storage, a_failing_put_leaves_nothing_of_the_batch)
         cr_assert_eq(ida_storage_hard_state(&st, &now), 0);
         cr_assert_eq(now.term, 1);
     }
-    cr_assert_eq(failures, 7, "6 entries and the hard state: 7 puts");
+    cr_assert_eq(failures, 2,
+                 "the hard state and the log's LSN: 2 puts (the entries go "
+                 "to the log)");
     ida_free(block);
     expect_entries(1, 3, 1);
     expect_entries(4, 9, 2);
@@ -251,64 +255,61 @@ Test(storage, failed_commit_is_sticky_and_loses_only_the_failed_batch)
     ida_free(block);
 }
 
-Test(storage, map_grows_when_full)
-{
-    opts.map_size_bytes = 128 * 1024;
-    opts.map_size_max_bytes = 8 << 20;
-    open_ok();
-    cr_assert_eq(ida_storage_map_size(&st), 128 * 1024);
-    for (ida_index i = 1; i <= 4000; i += 200) {
-        append(i, 200, 1);
-    }
-    cr_assert_gt(ida_storage_map_size(&st), 128 * 1024, "the map grew");
-    expect_entries(1, 4000, 1);
-    uint64_t grown = ida_storage_map_size(&st);
-    reopen();
-    cr_assert_geq(ida_storage_map_size(&st), grown,
-                  "reopen keeps the grown map");
-    expect_entries(1, 4000, 1);
-}
-
+/* The LMDB part of a batch (a new term and vote) that fills the map: the
+ * map grows and the transaction runs again; the entries follow. */
 Test(storage, injected_map_full_grows_and_replays_the_batch)
 {
     opts.map_size_bytes = 256 * 1024;
     open_ok();
-    ida__storage_fault_set(&st, 2, -1, MDB_MAP_FULL);
     append(1, 5, 1);
+    ida__storage_fault_set(&st, 1, -1, MDB_MAP_FULL); /* the second put */
+    struct ida_entry es[3];
+    uint8_t *block = ida_test_make_entries(es, 3, 6, 2, DATA_MAX);
+    struct ida_storage_batch b;
+    ida_storage_batch_init(&st, &b);
+    cr_assert_eq(ida_storage_batch_append(&st, &b, es, 3), 0);
+    struct ida_hard_state hs = {2, 1, 7};
+    cr_assert_eq(ida_storage_batch_set_hard_state(&st, &b, &hs), 0);
+    cr_assert_eq(ida_storage_batch_commit(&st, &b), 0, "%s", st.errmsg);
+    ida_free(block);
     cr_assert_eq(ida_storage_map_size(&st), 512 * 1024);
+    reopen();
     expect_entries(1, 5, 1);
+    expect_entries(6, 8, 2);
+    struct ida_hard_state now;
+    cr_assert_eq(ida_storage_hard_state(&st, &now), 0);
+    cr_assert(now.term == 2 && now.vote == 1 && now.commit == 7);
 }
 
+/* LMDB full at its maximum (snapshot bytes riding in a batch): the batch
+ * fails whole, not stickily, and the log takes the next one. */
 Test(storage, full_map_at_its_maximum_fails_cleanly)
 {
     opts.map_size_bytes = 128 * 1024;
     opts.map_size_max_bytes = 512 * 1024;
     open_ok();
-    struct ida_entry es[100];
-    ida_index next = 1;
-    int rv = 0;
-    struct ida_storage_log_state before;
-    while (rv == 0) {
-        before = log_state();
-        uint8_t *block = ida_test_make_entries(es, 100, next, 1, DATA_MAX);
-        struct ida_storage_batch b;
-        ida_storage_batch_init(&st, &b);
-        cr_assert_eq(ida_storage_batch_append(&st, &b, es, 100), 0);
-        rv = ida_storage_batch_commit(&st, &b);
-        ida_free(block);
-        if (rv == 0) {
-            next += 100;
-        }
-        cr_assert_lt(next, 100000, "the map never filled");
-    }
-    cr_assert_eq(rv, IDA_ENOSPC);
+    append(1, 5, 1);
+    set_hs(1, 1, 5);
+    size_t size = 1 << 20;
+    uint8_t *state = make_state(size);
+    struct ida_snapshot_writer w;
+    cr_assert_eq(ida_storage_snapshot_begin(&st, &w, 5, 1, NULL, 0), 0);
+    struct ida_entry es[2];
+    uint8_t *block = ida_test_make_entries(es, 2, 6, 1, DATA_MAX);
+    struct ida_storage_batch b;
+    ida_storage_batch_init(&st, &b);
+    cr_assert_eq(ida_storage_batch_append(&st, &b, es, 2), 0);
+    cr_assert_eq(ida_storage_batch_snapshot(&st, &b, &w, state, size), 0);
+    cr_assert_eq(ida_storage_batch_commit(&st, &b), IDA_ENOSPC);
     expect_msg("map full at its maximum of 524288 bytes");
-    cr_assert_eq(ida_storage_map_size(&st), 512 * 1024);
     cr_assert_eq(ida_storage_failed(&st), 0, "a full map is not sticky");
-    struct ida_storage_log_state after = log_state();
-    cr_assert_eq(after.last, before.last, "nothing half-written");
-    cr_assert_eq(after.last, next - 1);
-    expect_entries(1, next - 1, 1);
+    cr_assert_eq(log_state().last, 5, "nothing of the batch");
+    ida_storage_snapshot_abort(&st, &w);
+    ida_storage_batch_init(&st, &b);
+    cr_assert_eq(ida_storage_batch_append(&st, &b, es, 2), 0);
+    cr_assert_eq(ida_storage_batch_commit(&st, &b), 0, "%s", st.errmsg);
+    ida_free(block);
+    free(state);
     reopen();
-    expect_entries(1, next - 1, 1);
+    expect_entries(1, 7, 1);
 }

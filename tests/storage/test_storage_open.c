@@ -1,6 +1,7 @@
 /* storage/: open, identity and format checks, foreign directories, use
  * after fork, stale readers, corrupt records. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <lmdb.h>
@@ -94,7 +95,7 @@ Test(storage, newer_or_unknown_format_is_refused_and_never_overwritten)
     ida__rec_format_encode(rec, 7);
     poke(dir, "meta", "format", 6, rec, sizeof(rec));
     cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_EVERSION);
-    expect_msg("format version 7 is newer than this program's (3)");
+    expect_msg("format version 7 is newer than this program's (4)");
     uint8_t back[64];
     cr_assert_eq(peek(dir, "meta", "format", 6, back, sizeof(back)),
                  sizeof(rec));
@@ -116,32 +117,105 @@ Test(storage, newer_or_unknown_format_is_refused_and_never_overwritten)
     expect_entries(1, 3, 1);
 }
 
-/* A format-2 directory (the layout of format 3, snapshots in 64 KiB
- * chunks) opens with its state, and is marked format 3 as it opens: from
- * then on it may hold snapshots a format-2 program cannot read. */
-Test(storage, format_2_is_upgraded_to_3_in_place)
+/* Put entries [@first, @first + @count) of @term into the "log" database
+ * of the closed storage, as format 3 and before kept them. */
+static void put_old_entries(ida_index first, size_t count, ida_term term)
+{
+    struct ida_entry es[64];
+    cr_assert_leq(count, 64);
+    uint8_t *block = ida_test_make_entries(es, count, first, term, DATA_MAX);
+    for (size_t i = 0; i < count; i++) {
+        uint8_t key[8], val[IDA__REC_ENTRY_HDR_BYTES + DATA_MAX + 1];
+        ida__put_be64(key, es[i].index);
+        ida__rec_entry_header(val, &es[i]);
+        memcpy(val + IDA__REC_ENTRY_HDR_BYTES, es[i].data, es[i].len);
+        poke(dir, "log", key, 8, val, IDA__REC_ENTRY_HDR_BYTES + es[i].len);
+    }
+    ida_free(block);
+}
+
+static uint32_t format_of(const char *d)
+{
+    uint8_t back[64];
+    cr_assert_eq(peek(d, "meta", "format", 6, back, sizeof(back)),
+                 IDA__REC_FORMAT_BYTES);
+    uint32_t version;
+    cr_assert_eq(ida__rec_format_decode(back, IDA__REC_FORMAT_BYTES, &version),
+                 0);
+    return version;
+}
+
+/* A directory of format 3 or 2 (the log in LMDB's "log" database) opens
+ * with its state: the entries move into log/ once, the database goes, and
+ * the directory is format 4 (a format-3 program then refuses it as
+ * newer). A log/ left by a move that did not finish is made again. */
+Test(storage, old_formats_move_their_log_out_of_lmdb)
+{
+    for (uint32_t old = 2; old <= 3; old++) {
+        teardown();
+        setup();
+        open_ok();
+        set_hs(3, 2, 0);
+        uint64_t incarnation = st.identity.incarnation;
+        close_st();
+        put_old_entries(1, 40, 2);
+        put_old_entries(41, 20, 3);
+        struct ida_hard_state hs = {3, 2, 45};
+        uint8_t rec[IDA__REC_HARD_STATE_BYTES];
+        ida__rec_hard_state_encode(rec, &hs);
+        poke(dir, "meta", "hard_state", 10, rec, sizeof(rec));
+        uint8_t fmt[IDA__REC_FORMAT_BYTES];
+        ida__rec_format_encode(fmt, old);
+        poke(dir, "meta", "format", 6, fmt, sizeof(fmt));
+        /* The log/ of the format-4 start above: to the open, a move that
+         * did not finish. */
+        open_ok();
+        cr_assert_eq(st.identity.upgraded_from, old);
+        cr_assert_eq(st.identity.incarnation, incarnation, "the same one");
+        expect_entries(1, 40, 2);
+        expect_entries(41, 60, 3);
+        struct ida_hard_state now;
+        cr_assert_eq(ida_storage_hard_state(&st, &now), 0);
+        cr_assert(now.term == 3 && now.vote == 2 && now.commit == 45,
+                  "%llu %u %llu", (unsigned long long)now.term, now.vote,
+                  (unsigned long long)now.commit);
+        append(61, 5, 3);
+        close_st();
+        cr_assert_eq(format_of(dir), IDA_STORAGE_FORMAT_VERSION);
+        uint8_t key[8], back[64];
+        ida__put_be64(key, 1);
+        cr_assert_eq(peek(dir, "log", key, 8, back, sizeof(back)), 0,
+                     "the \"log\" database is gone");
+        open_ok();
+        cr_assert_eq(st.identity.upgraded_from, 0, "once");
+        expect_entries(1, 40, 2);
+        expect_entries(41, 65, 3);
+        cr_assert_eq(log_state().last, 65);
+    }
+}
+
+/* What a move would remove must be a log's: anything else in log/ is
+ * refused, and the directory stays as it was. */
+Test(storage, a_move_never_removes_what_is_not_a_log)
 {
     open_ok();
-    append(1, 3, 1);
-    cr_assert_eq(st.identity.upgraded_from, 0);
-    uint64_t incarnation = st.identity.incarnation;
     close_st();
-    uint8_t rec[IDA__REC_FORMAT_BYTES];
-    ida__rec_format_encode(rec, 2);
-    poke(dir, "meta", "format", 6, rec, sizeof(rec));
+    put_old_entries(1, 5, 1);
+    uint8_t fmt[IDA__REC_FORMAT_BYTES];
+    ida__rec_format_encode(fmt, 3);
+    poke(dir, "meta", "format", 6, fmt, sizeof(fmt));
+    char file[600];
+    snprintf(file, sizeof(file), "%s/%s/notes.txt", dir, IDA_STORAGE_LOG_DIR);
+    FILE *f = fopen(file, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_EFOREIGN);
+    expect_msg("holds \"notes.txt\", not a log segment; refusing to remove");
+    cr_assert_eq(access(file, F_OK), 0, "kept");
+    cr_assert_eq(format_of(dir), 3);
+    cr_assert_eq(unlink(file), 0);
     open_ok();
-    cr_assert_eq(st.identity.upgraded_from, 2);
-    cr_assert_eq(st.identity.incarnation, incarnation, "the same directory");
-    expect_entries(1, 3, 1);
-    close_st();
-    uint8_t back[64];
-    cr_assert_eq(peek(dir, "meta", "format", 6, back, sizeof(back)),
-                 sizeof(rec));
-    uint32_t version;
-    cr_assert_eq(ida__rec_format_decode(back, sizeof(rec), &version), 0);
-    cr_assert_eq(version, 3);
-    open_ok();
-    cr_assert_eq(st.identity.upgraded_from, 0, "once");
+    expect_entries(1, 5, 1);
 }
 
 Test(storage, non_empty_foreign_directory_is_never_written)
@@ -313,31 +387,135 @@ Test(storage, stale_reader_of_a_dead_process_is_cleared_at_open)
 
 /* --- corruption --- */
 
+/* The path of the first segment file of log/ (by name: by sequence). */
+static void first_segment(char *out, size_t cap)
+{
+    char logdir[500];
+    snprintf(logdir, sizeof(logdir), "%s/%s", dir, IDA_STORAGE_LOG_DIR);
+    DIR *d = opendir(logdir);
+    cr_assert_not_null(d);
+    char best[256] = "";
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, "seg-", 4) == 0 &&
+            (best[0] == '\0' || strcmp(de->d_name, best) < 0)) {
+            snprintf(best, sizeof(best), "%s", de->d_name);
+        }
+    }
+    closedir(d);
+    cr_assert_neq(best[0], '\0', "a segment");
+    snprintf(out, cap, "%s/%s", logdir, best);
+}
+
+/* Flip a bit in the last byte of record @k (from 0) of segment @path
+ * (records from offset 4096, each a 24-byte header with its length at 4,
+ * the bytes, zeros to a multiple of 8: storage/seglog.h). */
+static void flip_record(const char *path, int k)
+{
+    int fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0, "%s", path);
+    off_t off = 4096;
+    uint8_t h[24];
+    for (int i = 0;; i++) {
+        cr_assert_eq(pread(fd, h, sizeof(h), off), (ssize_t)sizeof(h));
+        uint32_t len = (uint32_t)h[4] | (uint32_t)h[5] << 8 |
+                       (uint32_t)h[6] << 16 | (uint32_t)h[7] << 24;
+        cr_assert_gt(len, 0, "record %d is there", i);
+        if (i == k) {
+            uint8_t b;
+            off_t at = off + 24 + len - 1;
+            cr_assert_eq(pread(fd, &b, 1, at), 1);
+            b ^= 0x40;
+            cr_assert_eq(pwrite(fd, &b, 1, at), 1);
+            break;
+        }
+        off += (off_t)((24 + len + 7) / 8 * 8);
+    }
+    cr_assert_eq(close(fd), 0);
+}
+
+/* A hash of the names and contents of the files in log/. */
+static uint64_t hash_log(void)
+{
+    char logdir[500], p[800];
+    snprintf(logdir, sizeof(logdir), "%s/%s", dir, IDA_STORAGE_LOG_DIR);
+    DIR *d = opendir(logdir);
+    cr_assert_not_null(d);
+    uint64_t sum = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') {
+            continue;
+        }
+        uint64_t h = 14695981039346656037ull;
+        for (const char *c = de->d_name; *c; c++) {
+            h = (h ^ (uint8_t)*c) * 1099511628211ull;
+        }
+        snprintf(p, sizeof(p), "%s/%s", logdir, de->d_name);
+        FILE *f = fopen(p, "rb");
+        cr_assert_not_null(f, "%s", p);
+        int c;
+        while ((c = fgetc(f)) != EOF) {
+            h = (h ^ (uint8_t)c) * 1099511628211ull;
+        }
+        fclose(f);
+        sum += h; /* order independent */
+    }
+    closedir(d);
+    return sum;
+}
+
+/* A record of the log that no longer checks: read back under an open
+ * storage, its entries are refused; at open, with records after it that
+ * were durable, the directory is refused as damaged and its log left as
+ * it is (data.mdb has counted the start: ida_storage_boot()). */
 Test(storage, a_corrupt_entry_is_reported_not_returned)
+{
+    open_ok();
+    for (ida_index i = 1; i <= 10; i += 2) {
+        append(i, 2, 1); /* a record each */
+    }
+    char seg[700];
+    first_segment(seg, sizeof(seg));
+    flip_record(seg, 1); /* entries 3 and 4 */
+    struct ida_entry *es;
+    size_t cnt;
+    cr_assert_eq(ida_storage_entries(&st, 1, 11, 0, &es, &cnt), IDA_ECORRUPT);
+    cr_assert_eq(ida_storage_entries(&st, 1, 3, 0, &es, &cnt), 0);
+    cr_assert_eq(cnt, 2);
+    ida_free(es);
+    cr_assert_eq(ida_storage_entries(&st, 5, 11, 0, &es, &cnt), 0);
+    ida_free(es);
+    close_st();
+    uint64_t before = hash_log();
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ECORRUPT);
+    expect_msg("log: ");
+    expect_msg("refusing to open it");
+    cr_assert_eq(hash_log(), before, "nothing written to the log");
+}
+
+/* A log/ gone, or put back older, where the directory says it had one. */
+Test(storage, a_lost_or_rolled_back_log_is_refused)
 {
     open_ok();
     append(1, 10, 1);
     close_st();
-    uint8_t key[8], val[512];
-    ida__put_be64(key, 4);
-    size_t n = peek(dir, "log", key, 8, val, sizeof(val));
-    cr_assert_gt(n, IDA__REC_ENTRY_HDR_BYTES);
-    val[n - 1] ^= 0x40; /* one flipped bit in the data */
-    poke(dir, "log", key, 8, val, n);
+    char logdir[400], saved[400], cmd[1400];
+    snprintf(logdir, sizeof(logdir), "%s/%s", dir, IDA_STORAGE_LOG_DIR);
+    snprintf(saved, sizeof(saved), "%s/saved-log", tmp);
+    snprintf(cmd, sizeof(cmd), "cp -a '%s' '%s'", logdir, saved);
+    cr_assert_eq(system(cmd), 0);
     open_ok();
-    struct ida_entry *es;
-    size_t cnt;
-    cr_assert_eq(ida_storage_entries(&st, 1, 11, 0, &es, &cnt), IDA_ECORRUPT);
-    cr_assert_eq(ida_storage_entries(&st, 1, 4, 0, &es, &cnt), 0);
-    ida_free(es);
-    ida_term t;
-    cr_assert_eq(ida_storage_term_at(&st, 4, &t), IDA_ECORRUPT);
-    /* A corrupt last entry is found at open. */
+    append(11, 10, 1);
     close_st();
-    ida__put_be64(key, 10);
-    n = peek(dir, "log", key, 8, val, sizeof(val));
-    val[2] ^= 1;
-    poke(dir, "log", key, 8, val, n);
+    /* Put back the copy: it lacks records LMDB recorded durable. */
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -a '%s' '%s'", logdir, saved,
+             logdir);
+    cr_assert_eq(system(cmd), 0);
     cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ECORRUPT);
-    expect_msg("fails its checksum");
+    expect_msg("log: ");
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", logdir);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(ida_storage_open(&st, dir, &opts), IDA_ELOSTSTATE);
+    expect_msg("has lost its log");
 }
