@@ -306,6 +306,38 @@ static int take_record(void *ctx,
     return rv;
 }
 
+/* A log about to replay its records after (@prev_index, @prev_term), with
+ * the snapshot at (@snap_index, @snap_term); NULL: no memory. */
+static struct ida_entlog *entlog_new(ida_index prev_index,
+                                     ida_term prev_term,
+                                     ida_index snap_index,
+                                     ida_term snap_term,
+                                     char *err,
+                                     size_t errlen)
+{
+    struct ida_entlog *l = ida_calloc(1, sizeof(*l));
+    if (l == NULL) {
+        return NULL;
+    }
+    l->prev_index = prev_index;
+    l->prev_term = prev_term;
+    l->snap_index = snap_index > prev_index ? snap_index : prev_index;
+    l->snap_term = snap_index > prev_index ? snap_term : prev_term;
+    l->err = err;
+    l->errlen = errlen;
+    return l;
+}
+
+/* The replay ended well. */
+static void replay_done(struct ida_entlog *l)
+{
+    if (l->commit > last_index(l) && l->commit > l->prev_index) {
+        l->commit = last_index(l); /* never beyond what the log holds */
+    }
+    l->err = NULL;
+    l->errlen = 0;
+}
+
 int ida_entlog_open(const char *dir,
                     const struct ida_seglog_options *o,
                     ida_index prev_index,
@@ -316,26 +348,50 @@ int ida_entlog_open(const char *dir,
                     char *err,
                     size_t errlen)
 {
-    struct ida_entlog *l = ida_calloc(1, sizeof(*l));
+    struct ida_entlog *l =
+        entlog_new(prev_index, prev_term, snap_index, snap_term, err, errlen);
     if (l == NULL) {
         return IDA_ENOMEM;
     }
-    l->prev_index = prev_index;
-    l->prev_term = prev_term;
-    l->snap_index = snap_index > prev_index ? snap_index : prev_index;
-    l->snap_term = snap_index > prev_index ? snap_term : prev_term;
-    l->err = err;
-    l->errlen = errlen;
     int rv = ida_seglog_open(dir, o, take_record, l, &l->sl, err, errlen);
     if (rv != 0) {
         ida_entlog_close(l);
         return rv;
     }
-    if (l->commit > last_index(l) && l->commit > l->prev_index) {
-        l->commit = last_index(l); /* never beyond what the log holds */
+    replay_done(l);
+    *out = l;
+    return 0;
+}
+
+int ida__entlog_replay(ida_index prev_index,
+                       ida_term prev_term,
+                       ida_index snap_index,
+                       ida_term snap_term,
+                       const uint8_t *const *recs,
+                       const size_t *lens,
+                       size_t n,
+                       struct ida_entlog **out,
+                       char *err,
+                       size_t errlen)
+{
+    struct ida_entlog *l =
+        entlog_new(prev_index, prev_term, snap_index, snap_term, err, errlen);
+    if (l == NULL) {
+        return IDA_ENOMEM;
     }
-    l->err = NULL;
-    l->errlen = 0;
+    int rv = 0;
+    for (size_t i = 0; rv == 0 && i < n; i++) {
+        rv = take_record(l, i + 1, recs[i], lens[i],
+                         (struct ida_seglog_pos){0, 0});
+    }
+    if (rv == 0) {
+        rv = take_record(l, 0, NULL, 0, (struct ida_seglog_pos){0, 0});
+    }
+    if (rv != 0) {
+        ida_entlog_close(l);
+        return rv;
+    }
+    replay_done(l);
     *out = l;
     return 0;
 }

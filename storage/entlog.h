@@ -122,4 +122,19 @@ int ida_entlog_compact(struct ida_entlog *l,
                        ida_index upto,
                        ida_term upto_term);
 
+/* Tests and fuzzing: what an open makes of the @n records @recs (@lens
+ * bytes each) after (@prev_index, @prev_term), the snapshot at
+ * (@snap_index, @snap_term), without files: 0 with *@out (bounds, commit
+ * and terms answer; entries cannot be read), or open's error. */
+int ida__entlog_replay(ida_index prev_index,
+                       ida_term prev_term,
+                       ida_index snap_index,
+                       ida_term snap_term,
+                       const uint8_t *const *recs,
+                       const size_t *lens,
+                       size_t n,
+                       struct ida_entlog **out,
+                       char *err,
+                       size_t errlen);
+
 #endif /* IDA_STORAGE_ENTLOG_H */

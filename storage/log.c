@@ -417,6 +417,11 @@ int ida_storage_compact(struct ida_storage *s, ida_index upto)
     }
     rv = ida__storage_run_write(s, "compact", compact_txn, &to);
     if (rv != 0) {
+        if (discard_all && s->failed == 0) {
+            /* The log was reset and the cache no longer says so: nothing
+             * more may be written on it (the next open takes the reset). */
+            s->failed = rv;
+        }
         return rv;
     }
     if (!discard_all) {
