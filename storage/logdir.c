@@ -22,6 +22,8 @@
 #include "storage/internal.h"
 #include "storage/record.h"
 
+/* The segment an open starts appends in (seglog.h, open_segment_bytes). */
+#define OPEN_SEGMENT_BYTES (1u << 20)
 /* Entries moved from LMDB per record. */
 #define MOVE_BYTES (1u << 20)
 
@@ -217,6 +219,10 @@ int ida__storage_log_open(struct ida_storage *s,
     IDA_ASSERT(move == s->lmdb_log);
     struct ida_seglog_options o = {.segment_bytes = s->log_segment_bytes,
                                    .min_lsn = s->log_lsn};
+    /* A start writes 1 MiB, not a whole segment (0.16 s at 65 MiB). */
+    o.open_segment_bytes = s->log_segment_bytes < OPEN_SEGMENT_BYTES
+                               ? s->log_segment_bytes
+                               : OPEN_SEGMENT_BYTES;
     log_ident(s, o.ident);
     int rv = 0;
     if (move && exists) {

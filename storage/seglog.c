@@ -185,7 +185,6 @@ int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes)
     if (l->spare_ready) {
         return 0;
     }
-    size_t bytes = l->o.segment_bytes;
     char tmp[IDA__SEGLOG_NAME_MAX], path[4096];
     ida__seglog_name(tmp, "tmp", l->spare_seq);
     if (!ida__seglog_join(path, sizeof(path), l->dir, tmp)) {
@@ -203,7 +202,11 @@ int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes)
             return IDA_EIO;
         }
         l->spare_done = 0;
+        l->spare_bytes = l->spare_small && l->o.open_segment_bytes > 0
+                             ? l->o.open_segment_bytes
+                             : l->o.segment_bytes;
     }
+    size_t bytes = l->spare_bytes;
     static uint8_t zeros[ZERO_STEP]; /* never written: .bss, not 1 MiB of
                                         .rodata in every binary */
     size_t budget = max_bytes > 0 ? max_bytes : bytes;
@@ -267,7 +270,7 @@ int ida__seglog_switch(struct ida_seglog *l)
     struct seg s = {.seq = l->spare_seq,
                     .first_lsn = l->next_lsn,
                     .last_lsn = l->next_lsn - 1,
-                    .bytes = l->o.segment_bytes,
+                    .bytes = l->spare_bytes,
                     .fd = l->spare_fd,
                     .dirty = true};
     rv = ida__seglog_push(l, &s);

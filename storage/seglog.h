@@ -103,8 +103,14 @@ struct ida_seglog_options
                             to IDA_SEGLOG_SEGMENT_MAX */
     uint8_t ident[IDA_SEGLOG_IDENT_BYTES]; /* written into each header and
                                               required of each read */
-    uint64_t min_lsn; /* records up to this LSN were durable (0: none
-                         known): recovering fewer is IDA_ECORRUPT */
+    uint64_t min_lsn;          /* records up to this LSN were durable (0: none
+                                  known): recovering fewer is IDA_ECORRUPT */
+    size_t open_segment_bytes; /* the segment an open makes for appends (0:
+                                  segment_bytes): a multiple of 4096 from
+                                  IDA_SEGLOG_SEGMENT_MIN to segment_bytes.
+                                  Smaller, an open writes less; a record
+                                  that does not fit goes on in the next,
+                                  made with segment_bytes */
 };
 
 /* Where a record is, for reading it again. */

@@ -34,7 +34,9 @@ struct ida_seglog
     int failed;        /* sticky: a write or a flush failed */
     /* The next segment, being made (spare_fd >= 0) or made (ready). */
     int spare_fd;
+    size_t spare_bytes; /* its size */
     size_t spare_done;
+    bool spare_small; /* make the next one of open_segment_bytes */
     bool spare_ready;
     uint64_t spare_seq;
 };

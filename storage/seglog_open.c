@@ -265,10 +265,15 @@ int ida_seglog_open(const char *dir,
     if (dir == NULL || o == NULL || out == NULL ||
         o->segment_bytes < IDA_SEGLOG_SEGMENT_MIN ||
         o->segment_bytes % 4096 != 0 ||
-        o->segment_bytes > IDA_SEGLOG_SEGMENT_MAX) {
+        o->segment_bytes > IDA_SEGLOG_SEGMENT_MAX ||
+        (o->open_segment_bytes != 0 &&
+         (o->open_segment_bytes < IDA_SEGLOG_SEGMENT_MIN ||
+          o->open_segment_bytes % 4096 != 0 ||
+          o->open_segment_bytes > o->segment_bytes))) {
         ida__seglog_say(err, errlen,
                         "bad log options (segment bytes: a multiple of 4096, "
-                        "from 64 KiB to 1 GiB)");
+                        "from 64 KiB to 1 GiB; open segment bytes too, at "
+                        "most segment bytes)");
         return IDA_EINVAL;
     }
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
@@ -324,7 +329,9 @@ int ida_seglog_open(const char *dir,
     l->next_lsn = end;
     l->synced_lsn = end - 1;
     if (rv == 0) {
+        l->spare_small = true;
         rv = ida__seglog_switch(l);
+        l->spare_small = false;
         if (rv != 0) {
             ida__seglog_say(err, errlen, "cannot make a log segment in %s: %s",
                             l->dir, idalloc_strerror(rv));

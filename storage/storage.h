@@ -38,7 +38,7 @@
  * so terms are answered without a read and entries read back with one.
  * Segments are IDA_STORAGE_SEGMENT_BYTES_DEFAULT (65 MiB) each, written
  * full of zeros before use (the next ahead: ida_storage_log_prepare());
- * an open writes a new one.
+ * an open starts appends in a new one of 1 MiB.
  *
  * The term and vote stay in LMDB: a batch that changes them commits there
  * first, then writes its entries (a restart never finds entries of a term

@@ -243,6 +243,63 @@ Test(seglog, records_come_back_in_order_across_segments_and_read_again)
     ida_seglog_close(l);
 }
 
+/* The sizes of the segment files, in sequence order (up to @cap). */
+static size_t segment_sizes(off_t *out, size_t cap)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d);
+    char names[32][64];
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL && n < 32) {
+        if (strncmp(de->d_name, "seg-", 4) == 0) {
+            snprintf(names[n++], sizeof(names[0]), "%.40s", de->d_name);
+        }
+    }
+    closedir(d);
+    qsort(names, n, sizeof(names[0]),
+          (int (*)(const void *, const void *))strcmp);
+    for (size_t i = 0; i < n && i < cap; i++) {
+        char p[400];
+        snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
+        struct stat st;
+        cr_assert_eq(stat(p, &st), 0);
+        out[i] = st.st_size;
+    }
+    return n;
+}
+
+/* An open that makes a smaller segment (open_segment_bytes) writes less;
+ * a record that does not fit it goes on in a whole one, and every record
+ * comes back. */
+Test(seglog, an_open_may_start_in_a_smaller_segment)
+{
+    struct ida_seglog_options o = opts('a');
+    o.segment_bytes = 4 * SEG;
+    o.open_segment_bytes = SEG;
+    struct ida_seglog *l = NULL;
+    char err[512];
+    cr_assert_eq(ida_seglog_open(dir, &o, NULL, NULL, &l, err, sizeof(err)), 0,
+                 "%s", err);
+    append_n(l, 1, 100); /* ~75 KB: more than the first holds */
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    ida_seglog_close(l);
+    off_t sizes[32];
+    size_t n = segment_sizes(sizes, 32);
+    cr_assert_geq(n, 2);
+    cr_assert_eq(sizes[0], SEG, "the open's segment is small");
+    cr_assert_eq(sizes[1], 4 * SEG, "the next is whole");
+    struct seen s;
+    memset(&s, 0, sizeof(s));
+    cr_assert_eq(ida_seglog_open(dir, &o, on_record, &s, &l, err, sizeof(err)),
+                 0, "%s", err);
+    cr_assert(s.count == 100 && s.first == 1 && s.bad == 0);
+    ida_seglog_close(l);
+    o.open_segment_bytes = 8 * SEG;
+    cr_assert_eq(ida_seglog_open(dir, &o, NULL, NULL, &l, err, sizeof(err)),
+                 IDA_EINVAL, "larger than a segment");
+}
+
 /* Records written after the last flush may be lost or torn: the first bad
  * one ends the log, later ones that are whole are dropped with it (they
  * were never acknowledged), and the appends after it never meet them. */
