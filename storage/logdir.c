@@ -249,14 +249,15 @@ int ida__storage_log_open(struct ida_storage *s,
     if (rv != 0) {
         return rv;
     }
-    char err[IDA_STORAGE_ERRMSG_MAX - 64];
+    char err[IDA_STORAGE_ERRMSG_MAX - 64] = "";
     rv = ida_entlog_open(path, &o, s->log.prev_index, s->log.prev_term,
                          s->has_snapshot ? s->snapshot_index : 0,
                          s->has_snapshot ? s->snapshot_term : 0, &s->elog, err,
                          sizeof(err));
     if (rv != 0) {
         s->elog = NULL;
-        return ida__storage_fail(s, dir, rv, "log: %s%s", err,
+        return ida__storage_fail(s, dir, rv, "log: %s%s",
+                                 err[0] != '\0' ? err : idalloc_strerror(rv),
                                  rv == IDA_ECORRUPT ? DAMAGE_TAIL : "");
     }
     struct finish_args a = {.moved = move};
