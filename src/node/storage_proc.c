@@ -86,8 +86,12 @@
  * chunks of the snapshot it replaced, then the log it covers. At 10 M
  * allocations, doing both in the finishing commit held the storage
  * processor for tens of milliseconds (13 to 33 ms at 60 MB). */
-#define TIDY_BYTES   (4u << 20) /* of a replaced snapshot's chunks */
-#define TIDY_ENTRIES 1000u      /* log entries per step */
+#define TIDY_BYTES (4u << 20) /* of a replaced snapshot's chunks */
+/* Log entries compacted per step. A step is one LMDB commit of log_prev
+ * and the release of the segments it frees, whatever its size (storage.h,
+ * THE LOG): steps of 1,000 entries cost a commit each when the log was in
+ * LMDB and deleting its entries was the work. */
+#define TIDY_ENTRIES (1u << 20)
 /* Map pages unmapped per ping (every 10 ms): a round of a 1.5 GiB file
  * takes about half a second. Under load the node maps pages at up to
  * ~100 MB/s (each read of the map faults in up to 16 cached pages around
