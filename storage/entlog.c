@@ -47,9 +47,11 @@ struct ida_entlog
     uint64_t rbase;
     ida_index commit;
     /* Replay only. */
-    bool known;       /* rlast means something */
-    ida_index rlast;  /* the last index of the log replayed so far */
-    ida_term at_prev; /* the term of entry prev_index replayed (0: none) */
+    bool known;      /* rlast means something */
+    ida_index rlast; /* the last index of the log replayed so far */
+    bool floating;   /* the entries replayed are stale (see take_record()) */
+    ida_index float_first; /* the first of them */
+    ida_term at_prev;      /* the term of entry prev_index replayed (0: none) */
     char *err;
     size_t errlen;
 };
@@ -138,6 +140,15 @@ static bool type_ok(unsigned t)
 /* The end of the replay: the log must follow the snapshot. */
 static int replay_end(struct ida_entlog *l)
 {
+    if (l->floating) {
+        say(l,
+            "the log's first records hold entries from %llu, but entries "
+            "%llu to %llu are missing (a segment removed?)",
+            (unsigned long long)l->float_first,
+            (unsigned long long)(l->prev_index + 1),
+            (unsigned long long)(l->float_first - 1));
+        return IDA_ECORRUPT;
+    }
     if (l->n > 0 && l->at_prev != 0 && l->at_prev != l->prev_term) {
         say(l,
             "the log holds entry %llu of term %llu, but the snapshot there "
@@ -182,6 +193,7 @@ static int take_reset(struct ida_entlog *l,
         l->prev_term = term;
     }
     l->n = 0; /* older than the reset: covered or discarded */
+    l->floating = false;
     l->known = true;
     l->rlast = upto;
     l->at_prev = upto == l->prev_index ? term : 0;
@@ -221,11 +233,24 @@ static int take_record(void *ctx,
             (unsigned long long)lsn, (unsigned long long)trunc,
             (unsigned long long)l->rlast);
         rv = IDA_ECORRUPT;
+    } else if (trunc != 0 && l->floating && trunc > l->prev_index + 1 &&
+               trunc <= l->float_first) {
+        say(l,
+            "log record %llu: truncates at %llu, but the entries from %llu "
+            "to %llu are missing (a segment removed?)",
+            (unsigned long long)lsn, (unsigned long long)trunc,
+            (unsigned long long)(l->prev_index + 1),
+            (unsigned long long)(l->float_first - 1));
+        rv = IDA_ECORRUPT;
     } else if (trunc != 0) {
         /* Of entries the snapshot covers (an old truncation in a segment
          * still kept): everything taken so far is older, so gone. */
         if (trunc <= l->prev_index + 1) {
             l->n = 0;
+            l->floating = false;
+        } else if (!l->known) {
+            l->floating = true; /* nothing replayed reaches it */
+            l->float_first = trunc;
         } else {
             cut_from(l, trunc);
         }
@@ -238,15 +263,23 @@ static int take_record(void *ctx,
     if (rv != 0) {
         return rv;
     }
-    if (count > 0 && ((l->known && first != l->rlast + 1) || first == 0 ||
-                      (!l->known && first > l->prev_index + 1))) {
+    if (count > 0 && !l->known && first > l->prev_index + 1) {
+        /* The segments kept may begin with records whose entries a later
+         * truncation replaced, and whose log began in a segment released:
+         * compaction keeps the record of the first entry it keeps, not
+         * what precedes it in its segment. Such entries are stale: taken
+         * (for the checks of what follows) but not indexed, until a
+         * truncation at or below prev_index + 1 ends them. A log that
+         * never gets one lost its beginning (replay_end()). */
+        l->floating = true;
+        l->float_first = first;
+    } else if (count > 0 &&
+               ((l->known && first != l->rlast + 1) || first == 0)) {
         say(l,
             "log record %llu: entries from %llu do not continue the log "
-            "(%s %llu, snapshot at %llu)",
+            "(ending at %llu, snapshot at %llu)",
             (unsigned long long)lsn, (unsigned long long)first,
-            l->known ? "ending at" : "not begun; first expected by",
-            (unsigned long long)(l->known ? l->rlast : l->prev_index + 1),
-            (unsigned long long)l->prev_index);
+            (unsigned long long)l->rlast, (unsigned long long)l->prev_index);
         return IDA_ECORRUPT;
     }
     uint64_t recno = l->rbase + l->rn;
@@ -276,7 +309,7 @@ static int take_record(void *ctx,
         if (index == l->prev_index) {
             l->at_prev = term;
         }
-        if (index > l->prev_index) {
+        if (index > l->prev_index && !l->floating) {
             struct ent x = {.term = term,
                             .rec = recno,
                             .off = (uint32_t)(at + ENTRY_HDR),
