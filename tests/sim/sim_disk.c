@@ -54,6 +54,37 @@ void sim__write_free(struct write *w)
     memset(w, 0, sizeof(*w));
 }
 
+/* Store the first @n entries of @w (taking their data): they replace the
+ * log from the first one's index on. */
+static void apply_ents(struct sim *s,
+                       struct node *nd,
+                       struct write *w,
+                       size_t n)
+{
+    struct disk *d = &nd->disk;
+    if (n == 0) {
+        return;
+    }
+    ida_index first = w->ents[0].index;
+    if (first > disk_last(d) + 1) {
+        sim__violation(s,
+                       "node %u: batch entries from %" PRIu64
+                       " leave a gap after stored index %" PRIu64,
+                       nd->id, first, disk_last(d));
+    }
+    if (first > d->snap_index) {
+        sim__disk_free_entries_from(d, (size_t)(first - d->snap_index - 1));
+    }
+    d->ents = sim__grow(s, d->ents, &d->cap, d->n + n, sizeof(*d->ents));
+    for (size_t i = 0; i < n && d->ents != NULL; i++) {
+        if (w->ents[i].index <= d->snap_index) {
+            continue; /* inside the stored snapshot */
+        }
+        d->ents[d->n++] = w->ents[i];
+        w->ents[i].data = NULL;
+    }
+}
+
 /* Make @w durable: rule 1 of the persistence contract. Takes ownership of
  * the write's data. */
 void sim__disk_apply(struct sim *s, struct node *nd, struct write *w)
@@ -75,27 +106,28 @@ void sim__disk_apply(struct sim *s, struct node *nd, struct write *w)
         w->snap_conf = NULL;
         sim__disk_free_entries_from(d, 0);
     }
-    if (w->n_ents > 0) {
-        ida_index first = w->ents[0].index;
-        if (first > disk_last(d) + 1) {
-            sim__violation(s,
-                           "node %u: batch entries from %" PRIu64
-                           " leave a gap after stored index %" PRIu64,
-                           nd->id, first, disk_last(d));
-        }
-        if (first > d->snap_index) {
-            sim__disk_free_entries_from(d, (size_t)(first - d->snap_index - 1));
-        }
-        d->ents =
-            sim__grow(s, d->ents, &d->cap, d->n + w->n_ents, sizeof(*d->ents));
-        for (size_t i = 0; i < w->n_ents && d->ents != NULL; i++) {
-            if (w->ents[i].index <= d->snap_index) {
-                continue; /* inside the stored snapshot */
-            }
-            d->ents[d->n++] = w->ents[i];
-            w->ents[i].data = NULL;
-        }
+    apply_ents(s, nd, w, w->n_ents);
+}
+
+/* A crash in the middle of @w, as storage writes a batch (storage.h, THE
+ * LOG): its term and vote are durable first (LMDB), then its entries in
+ * records, so a prefix of @n_ents of them may be; its commit index is
+ * not. A write holding a snapshot is not cut (it goes whole or not at
+ * all here). */
+void sim__disk_apply_part(struct sim *s,
+                          struct node *nd,
+                          struct write *w,
+                          size_t n_ents)
+{
+    struct disk *d = &nd->disk;
+    if (w->has_snap) {
+        return;
     }
+    if (w->has_hs) {
+        d->hs.term = w->hs.term;
+        d->hs.vote = w->hs.vote;
+    }
+    apply_ents(s, nd, w, n_ents < w->n_ents ? n_ents : w->n_ents);
 }
 
 void sim__disk_free(struct disk *d)

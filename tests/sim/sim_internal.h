@@ -308,6 +308,10 @@ void sim__disk_free_entries_from(struct disk *d, size_t k);
 ida_term sim__disk_term_at(const struct disk *d, ida_index i);
 void sim__write_free(struct write *w);
 void sim__disk_apply(struct sim *s, struct node *nd, struct write *w);
+void sim__disk_apply_part(struct sim *s,
+                          struct node *nd,
+                          struct write *w,
+                          size_t n_ents);
 
 /* tests/sim/sim_check.c */
 void sim__lm_check(struct sim *s, struct node *nd, const struct ida_entry *e);

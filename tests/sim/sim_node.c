@@ -705,15 +705,24 @@ void sim__node_crash(struct sim *s, struct node *nd)
     size_t keep = sim__chance(&s->rng, 50)
                       ? 0
                       : (size_t)sim__below(&s->rng, nd->n_writes + 1);
+    /* ... and the next one may have, in part: its term and vote, and a
+     * prefix of its entries (sim__disk_apply_part()). */
+    size_t part = SIZE_MAX;
+    if (keep < nd->n_writes && sim__chance(&s->rng, 25)) {
+        part = (size_t)sim__below(&s->rng, nd->writes[keep].n_ents + 1);
+    }
     for (size_t i = 0; i < nd->n_writes; i++) {
         if (i < keep) {
             sim__disk_apply(s, nd, &nd->writes[i]);
+        } else if (i == keep && part != SIZE_MAX) {
+            sim__disk_apply_part(s, nd, &nd->writes[i], part);
         }
         sim__write_free(&nd->writes[i]);
     }
     nd->n_writes = 0;
     sim__hash_in(s, 8, nd->id, keep, 0);
-    sim__tracef(s, "node %u crash (kept %zu unsynced writes)", nd->id, keep);
+    sim__tracef(s, "node %u crash (kept %zu unsynced writes%s)", nd->id, keep,
+                part != SIZE_MAX ? " and part of the next" : "");
     nd->n_props = 0; /* their clients time out and retry */
     nd->n_reads = 0;
     ida_raft_close(&nd->raft);
