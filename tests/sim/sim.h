@@ -4,7 +4,8 @@
  * milliseconds. 3 or 5 nodes each run the real Raft core (raft/raft.h)
  * behind a simulated network (per-link delay, loss, duplication, reordering,
  * partitions) and a simulated disk (a durable image plus written-but-unsynced
- * batches; a crash drops all or a random suffix of the unsynced ones; a
+ * batches; a crash drops all or a random suffix of the unsynced ones, and
+ * may keep part of the first dropped, as storage can: sim_disk.c; a
  * restart rebuilds the node from the durable image only). Every node runs
  * the real allocator state machine (fsm/): clients send pool creates,
  * tagged allocs and frees, reserves and prefix allocs as CommandBatch
