@@ -69,6 +69,13 @@ int ida__storage_fault_commit(struct ida_storage *s);
  * stopped"). Returns the sticky code. */
 int ida__storage_stop(struct ida_storage *s, const char *what, int rc);
 
+/* --- one open per directory and process (storage/registry.c) --- */
+
+/* Claim directory (@dev, @ino) for this process: 0, IDA_EEXIST (open
+ * already) or IDA_ENOMEM (too many open). */
+int ida__storage_registry_claim(dev_t dev, ino_t ino);
+void ida__storage_registry_release(dev_t dev, ino_t ino);
+
 /* --- small LMDB helpers (storage/lmdb_util.c) --- */
 
 MDB_val ida__storage_mkval(const void *p, size_t len);

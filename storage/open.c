@@ -6,7 +6,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <lmdb.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -20,57 +19,6 @@
 #include "storage/entlog.h"
 #include "storage/internal.h"
 #include "storage/record.h"
-
-/* --- one open per process --- */
-
-#define REGISTRY_MAX 64
-static struct
-{
-    dev_t dev;
-    ino_t ino;
-    int used;
-} registry[REGISTRY_MAX];
-static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* Claim directory (@dev, @ino) for this process. 0 or IDA_EEXIST. */
-static int registry_claim(dev_t dev, ino_t ino)
-{
-    int rv = IDA_EEXIST;
-    int free_slot = -1;
-    pthread_mutex_lock(&registry_lock);
-    for (int i = 0; i < REGISTRY_MAX; i++) {
-        if (registry[i].used && registry[i].dev == dev &&
-            registry[i].ino == ino) {
-            goto out;
-        }
-        if (!registry[i].used && free_slot < 0) {
-            free_slot = i;
-        }
-    }
-    if (free_slot < 0) {
-        rv = IDA_ENOMEM;
-        goto out;
-    }
-    registry[free_slot].dev = dev;
-    registry[free_slot].ino = ino;
-    registry[free_slot].used = 1;
-    rv = 0;
-out:
-    pthread_mutex_unlock(&registry_lock);
-    return rv;
-}
-
-static void registry_release(dev_t dev, ino_t ino)
-{
-    pthread_mutex_lock(&registry_lock);
-    for (int i = 0; i < REGISTRY_MAX; i++) {
-        if (registry[i].used && registry[i].dev == dev &&
-            registry[i].ino == ino) {
-            registry[i].used = 0;
-        }
-    }
-    pthread_mutex_unlock(&registry_lock);
-}
 
 /* --- open --- */
 
@@ -693,7 +641,7 @@ int ida_storage_open(struct ida_storage *s,
                                  "cannot create the directory: %s",
                                  strerror(erc));
     }
-    rv = registry_claim(st.st_dev, st.st_ino);
+    rv = ida__storage_registry_claim(st.st_dev, st.st_ino);
     if (rv != 0) {
         return ida__storage_fail(s, dir, rv,
                                  rv == IDA_EEXIST
@@ -776,7 +724,7 @@ err_after_dir:
     ida_free(s->dir);
     s->dir = NULL;
 err_after_claim:
-    registry_release(st.st_dev, st.st_ino);
+    ida__storage_registry_release(st.st_dev, st.st_ino);
     s->failed = rv;
     return rv;
 }
@@ -789,7 +737,7 @@ void ida_storage_close(struct ida_storage *s)
     ida__storage_log_close(s);
     mdb_env_close(ENV(s));
     s->env = NULL;
-    registry_release((dev_t)s->dir_dev, (ino_t)s->dir_ino);
+    ida__storage_registry_release((dev_t)s->dir_dev, (ino_t)s->dir_ino);
     ida_free(s->dir);
     s->dir = NULL;
 }
