@@ -1,4 +1,6 @@
-/* The storage processor: each raft batch becomes one durable LMDB step;
+/* The storage processor: each raft batch becomes one durable storage step
+ * (records of the entry log and one flush; an LMDB commit first when the
+ * term or vote changes: storage.h, THE LOG);
  * only then do its deferred messages (votes, append acknowledgements) go
  * out and the core hears "persisted". A failed step turns the node
  * read-only for writes (storage errors are sticky). See node.h.
