@@ -4,7 +4,7 @@
  *   net      libuv on its own thread (src/node/net.h): peers and clients.
  *   raft     processor: the Raft core, group commit of client commands into
  *            log entries, ReadIndex, leadership bookkeeping, status.
- *   storage  processor: each Raft batch becomes one durable LMDB step; then
+ *   storage  processor: each Raft batch becomes one durable storage step; then
  *            the messages that had to wait for it go out.
  *   fsm      processor: applies committed entries, answers the clients
  *            whose writes they carry, serves confirmed reads, snapshots
