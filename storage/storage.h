@@ -105,9 +105,14 @@
  *   either    format 2 (the identity checked  writes format 3 (nothing else
  *             as for format 3)                changes; a format-2 program
  *                                             then refuses it as newer)
+ *   either    format 1 to 3                   then moves the log into log/
+ *                                             and writes format 4 (THE LOG)
  *   present   absent, 0 bytes, no identity,   IDA_ELOSTSTATE: the node must
  *             or another incarnation, node    not rejoin as its old self;
  *             or cluster                      nothing is written
+ *   either    format 4 and log/ missing       IDA_ELOSTSTATE, unless nothing
+ *             (absent IDENTITY: with a        was ever logged (a first start
+ *             log_lsn recorded)               killed before log/ was made)
  *   foreign or damaged                        IDA_EFOREIGN / IDA_ECORRUPT
  *
  * IDENTITY is written after the first commit, not before the environment is
