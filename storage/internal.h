@@ -300,6 +300,14 @@ int ida__storage_log_open(struct ida_storage *s,
  * (unless the storage failed). */
 void ida__storage_log_close(struct ida_storage *s);
 
+/* The commit index a record of the entry log ending at entry @last
+ * carries: @commit, but not beyond the record's entries, and never below
+ * what the log recorded (a compaction records its index there)
+ * (storage/log.c). */
+ida_index ida__storage_record_commit(const struct ida_storage *s,
+                                     ida_index commit,
+                                     ida_index last);
+
 /* The LSN record: put @lsn (inside a write transaction). */
 int ida__storage_put_log_lsn(struct ida_storage *s, MDB_txn *txn, uint64_t lsn);
 

@@ -233,12 +233,9 @@ static int errno_of(int code)
     }
 }
 
-/* The commit a record ending at @last carries: @commit, but not beyond
- * the record's entries, and never below what the log recorded (a
- * compaction records its index there). */
-static ida_index record_commit(const struct ida_storage *s,
-                               ida_index commit,
-                               ida_index last)
+ida_index ida__storage_record_commit(const struct ida_storage *s,
+                                     ida_index commit,
+                                     ida_index last)
 {
     ida_index c = commit < last ? commit : last;
     ida_index logged = ida_entlog_commit(s->elog);
@@ -269,7 +266,8 @@ static int log_write(struct ida_storage *s,
                 n++;
             } while (n < left && bytes + e[n].len + 16 <= RECORD_TARGET_BYTES);
             rv = ida_entlog_append(
-                s->elog, trunc, record_commit(s, commit, e[n - 1].index), e, n);
+                s->elog, trunc,
+                ida__storage_record_commit(s, commit, e[n - 1].index), e, n);
             trunc = 0;
             wrote = 1;
             e += n;
@@ -279,7 +277,8 @@ static int log_write(struct ida_storage *s,
     if (rv == 0 && (!wrote || commit > ida_entlog_commit(s->elog))) {
         /* A truncation or a commit alone. */
         rv = ida_entlog_append(s->elog, trunc,
-                               record_commit(s, commit, b->last), NULL, 0);
+                               ida__storage_record_commit(s, commit, b->last),
+                               NULL, 0);
     }
     if (rv == 0) {
         rv = ida_entlog_sync(s->elog);

@@ -124,11 +124,9 @@ static int move_entries(struct ida_storage *s)
                 (unsigned long long)next, idalloc_strerror(rv));
         }
         ida_index last = es[n - 1].index;
-        ida_index c = s->hard_state.commit < last ? s->hard_state.commit : last;
-        if (c < ida_entlog_commit(s->elog)) {
-            c = ida_entlog_commit(s->elog);
-        }
-        rv = ida_entlog_append(s->elog, 0, c, es, n);
+        rv = ida_entlog_append(
+            s->elog, 0,
+            ida__storage_record_commit(s, s->hard_state.commit, last), es, n);
         ida_free(es);
         next = last + 1;
     }
