@@ -125,13 +125,6 @@ bool ida_raft_ready(struct ida_raft *r, struct ida_raft_batch *b)
     }
     bool work = false;
     if (r->pending_count < IDA_RAFT_PENDING_MAX) {
-        struct ida_hard_state hs = {r->term, r->vote, r->commit};
-        if (hs.term != r->hs_out.term || hs.vote != r->hs_out.vote ||
-            hs.commit != r->hs_out.commit) {
-            b->has_hard_state = true;
-            b->hard_state = hs;
-            r->hs_out = hs;
-        }
         ida_index last = 0;
         if (r->snap_unsent) {
             r->snap_unsent = false;
@@ -149,6 +142,19 @@ bool ida_raft_ready(struct ida_raft *r, struct ida_raft_batch *b)
             b->n_entries = (size_t)(ida__raft_last_index(r) - r->unsent + 1);
             last = ida__raft_last_index(r);
             r->unsent = last + 1;
+        }
+        /* The term and vote must be durable before anything depends on
+         * them; the commit index need not be (Figure 2 lists commitIndex
+         * as volatile): it rides with entries or a snapshot that are
+         * written anyway, and a change of it alone is no batch (see
+         * PERSISTENCE CONTRACT 1). */
+        struct ida_hard_state hs = {r->term, r->vote, r->commit};
+        if (hs.term != r->hs_out.term || hs.vote != r->hs_out.vote ||
+            (hs.commit != r->hs_out.commit &&
+             (b->has_snapshot || b->n_entries > 0))) {
+            b->has_hard_state = true;
+            b->hard_state = hs;
+            r->hs_out = hs;
         }
         b->must_persist =
             b->has_hard_state || b->has_snapshot || b->n_entries > 0;

@@ -88,6 +88,46 @@ Test(raft, leader_counts_itself_only_once_persisted)
     cr_assert_eq(ida_raft_commit(&H.r[1]), 2);
 }
 
+/* The commit index is volatile state (Figure 2): a change of it alone is
+ * no batch to persist (one device flush per write on the leader, for
+ * nothing); it rides with the next entries, and a restart learns the rest
+ * from the leader. */
+Test(raft, a_commit_alone_is_not_persisted_but_rides_with_entries)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_propose(1, 1);
+    h_deliver_all();
+    ida_index c = ida_raft_commit(&H.r[1]);
+    cr_assert_eq(c, 2, "the entry is committed");
+    cr_assert_lt(H.disk[1].hs.commit, c, "a commit alone is not written");
+    struct ida_raft_batch b;
+    cr_assert_not(ida_raft_ready(&H.r[1], &b) && b.must_persist,
+                  "nothing to persist");
+    h_propose(1, 1);
+    h_deliver_all();
+    cr_assert_geq(H.disk[1].hs.commit, c, "it rode with the next entry");
+    for (int k = 2; k <= 3; k++) {
+        cr_assert_eq(H.disk[k].hs.term, 1, "node %d: the term is durable", k);
+    }
+    /* A restart with the lagging commit loses nothing: the leader's
+     * appends bring it back. */
+    h_crash(1);
+    h_start(1);
+    for (int i = 0; i < 60; i++) {
+        for (int k = 1; k <= 3; k++) {
+            h_tick(k, 1);
+        }
+        h_deliver_all();
+    }
+    for (int k = 1; k <= 3; k++) {
+        cr_assert_geq(ida_raft_commit(&H.r[k]), 3, "node %d", k);
+        cr_assert_geq(H.applied[k], 3, "node %d applied", k);
+    }
+}
+
 Test(raft, replicate_mode_bounds_inflight_appends)
 {
     H.max_msg_entries = 1;
