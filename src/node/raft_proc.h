@@ -38,6 +38,9 @@ struct raft_proc
     Idalloc__ClientRequest **open;
     size_t n_open, cap_open, open_bytes;
     unsigned persist_inflight;
+    /* The last entry the open batch went into (0: none since the last
+     * loss of writes): the next batch waits for its commit (GATE). */
+    ida_index open_gate;
     /* Reads waiting for their ReadIndex round. */
     struct pending_read *reads;
     size_t n_reads, cap_reads;
