@@ -35,6 +35,11 @@
  *     (truncate, then append). Its hard state replaces the stored one; its
  *     snapshot (if any) replaces the stored snapshot and the whole stored
  *     log: the entries that follow the snapshot are in the same batch.
+ *     A batch carries the hard state when the term or vote changed, or
+ *     with entries or a snapshot; a commit index that moved alone waits
+ *     for the next such batch (it is volatile state, Figure 2). So the
+ *     stored commit may lag the one applied: a restart applies up to it
+ *     and learns the rest from the leader's appends.
  *  2. batch.msgs may be sent at once, before anything of the batch is
  *     durable (this is how the leader persists in parallel with its
  *     followers: it counts itself in the quorum only after step 3).

@@ -12,9 +12,10 @@
  * The three processors run on the message-passing pool (src/pool), one
  * worker thread each, so a storage fsync never stalls raft or fsm.
  *
- * Group commit: while a raft batch is being persisted, client commands
- * accumulate in an open CommandBatch; it is proposed as one log entry as
- * soon as the storage step in flight completes (or the batch is full).
+ * Group commit: while a raft batch is being persisted, or the entry of
+ * the last one is not yet committed, client commands accumulate in an open
+ * CommandBatch; it is proposed as one log entry once both are done (or the
+ * batch is full, or at the next ping): raft_proc.c, GATE.
  * The leader sends AppendEntries before its own fsync (parallel persist).
  *
  * Durability: an answer to a write leaves only after the fsm applied its

@@ -21,7 +21,7 @@
 #include "src/node/snap_stream.h"
 
 /* Close the open batch at this many commands or bytes even while a storage
- * step is in flight. */
+ * step is in flight or the last entry is not committed (GATE). */
 #define OPEN_COMMANDS_MAX 4096
 #define OPEN_BYTES_MAX    (1u << 20)
 /* InstallSnapshot to a follower that fell behind: chunks of this size, this
