@@ -80,6 +80,8 @@ void ida__raft_broadcast_append(struct ida_raft *r, bool allow_empty);
 void ida__raft_tick_heartbeat_peer(struct ida_raft *r,
                                    struct ida_raft_progress *pr);
 bool ida__raft_maybe_commit(struct ida_raft *r);
+/* The commit index moved: what followers get now (replication.c). */
+void ida__raft_committed(struct ida_raft *r);
 int ida__raft_handle_append_response(struct ida_raft *r,
                                      const struct ida_raft_msg *m);
 int ida__raft_handle_append(struct ida_raft *r, const struct ida_raft_msg *m);

@@ -7,7 +7,9 @@
  * term (§6.4), per-follower progress in probe / replicate / snapshot mode
  * with a bound on in-flight appends, fast conflict backtracking with a term
  * hint (§5.3 "optimization"), commit by counting replicas of current-term
- * entries only (§5.4.2, Figure 8), leader-side parallel persist (§10.2.1),
+ * entries only (§5.4.2, Figure 8; a new commit index goes to followers
+ * with the next append or heartbeat, never alone: replication.c,
+ * ida__raft_committed()), leader-side parallel persist (§10.2.1),
  * snapshots with chunked InstallSnapshot (§5; a window of chunks in
  * flight, taken in order, go-back to the first one refused), ReadIndex
  * (§6.4), leadership transfer with TimeoutNow (§3.10) and single-server

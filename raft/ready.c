@@ -209,7 +209,7 @@ void ida_raft_persisted(struct ida_raft *r, uint64_t id)
     }
     IDA_ASSERT(r->stable <= ida__raft_last_index(r));
     if (any && r->role == IDA_RAFT_LEADER && ida__raft_maybe_commit(r)) {
-        ida__raft_broadcast_append(r, true);
+        ida__raft_committed(r);
     }
     ida__raft_step_down_if_removed(r);
     ida__raft_check_invariants(r);

@@ -151,6 +151,18 @@ void ida__raft_broadcast_append(struct ida_raft *r, bool allow_empty)
     }
 }
 
+/* A new commit index travels with the next append, and a heartbeat (each
+ * heartbeat interval) takes it to a follower that has nothing new:
+ * nothing is sent for it alone. An empty append per follower per commit
+ * (and its answer) was a wake-up of every node's network and Raft threads
+ * per write at low load, for news nobody waits for: the leader answers
+ * the client, and followers only apply (reads are served by the leader).
+ * Entries that wait go out now, as on every acknowledgement. */
+void ida__raft_committed(struct ida_raft *r)
+{
+    ida__raft_broadcast_append(r, false);
+}
+
 void ida__raft_tick_heartbeat_peer(struct ida_raft *r,
                                    struct ida_raft_progress *pr)
 {
@@ -268,7 +280,7 @@ int ida__raft_handle_append_response(struct ida_raft *r,
                 become_replicate(pr);
             }
             if (ida__raft_maybe_commit(r)) {
-                ida__raft_broadcast_append(r, true);
+                ida__raft_committed(r);
             }
             if (r->transferee == pr->id &&
                 pr->match == ida__raft_last_index(r)) {

@@ -114,7 +114,7 @@ int ida__raft_handle_snapshot_response(struct ida_raft *r,
         }
         ida__raft_become_probe(pr);
         if (ida__raft_maybe_commit(r)) {
-            ida__raft_broadcast_append(r, true);
+            ida__raft_committed(r);
         }
         ida__raft_send_append(r, pr, true);
         return 0;

@@ -128,6 +128,39 @@ Test(raft, a_commit_alone_is_not_persisted_but_rides_with_entries)
     }
 }
 
+/* A new commit index is not sent on its own: it travels with the next
+ * append, or with the next heartbeat when there is nothing new (an empty
+ * append per follower per commit, and its answer, woke every node once more
+ * per write). */
+Test(raft, a_new_commit_rides_the_next_append_or_heartbeat)
+{
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_propose(1, 1);
+    h_deliver_all();
+    ida_index c = ida_raft_commit(&H.r[1]);
+    cr_assert_eq(c, 2);
+    for (int k = 2; k <= 3; k++) {
+        cr_assert_lt(ida_raft_commit(&H.r[k]), c, "node %d: not sent alone", k);
+    }
+    h_propose(1, 1);
+    h_deliver_all();
+    for (int k = 2; k <= 3; k++) {
+        cr_assert_geq(ida_raft_commit(&H.r[k]), c, "node %d: with the append",
+                      k);
+    }
+    c = ida_raft_commit(&H.r[1]);
+    cr_assert_eq(c, 3);
+    h_tick(1, 1); /* a heartbeat interval */
+    h_deliver_all();
+    for (int k = 2; k <= 3; k++) {
+        cr_assert_eq(ida_raft_commit(&H.r[k]), c, "node %d: the heartbeat", k);
+        cr_assert_eq(H.applied[k], c, "node %d applied", k);
+    }
+}
+
 Test(raft, replicate_mode_bounds_inflight_appends)
 {
     H.max_msg_entries = 1;
