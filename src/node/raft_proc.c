@@ -801,7 +801,7 @@ static void on_peer(struct raft_proc *rp,
     ida_free(entries);
     idalloc__peer_message__free_unpacked(pb, NULL);
     ida__rp_drive(rp, s);
-    if (rp->n_open > 0 && open_may_go(rp)) {
+    if (open_may_go(rp)) {
         flush_open(rp, s); /* an acknowledgement committed the last */
     }
 }
