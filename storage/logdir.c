@@ -215,8 +215,11 @@ int ida__storage_log_open(struct ida_storage *s,
     }
     int move = format < IDA_STORAGE_FORMAT_VERSION;
     IDA_ASSERT(move == s->lmdb_log);
+    /* The next segment is made on a thread of its own (seglog.h, THE
+     * MAKER): its writes and flushes never hold the storage processor. */
     struct ida_seglog_options o = {.segment_bytes = s->log_segment_bytes,
-                                   .min_lsn = s->log_lsn};
+                                   .min_lsn = s->log_lsn,
+                                   .behind = true};
     /* A start writes 1 MiB, not a whole segment (0.16 s at 65 MiB). */
     o.open_segment_bytes = s->log_segment_bytes < OPEN_SEGMENT_BYTES
                                ? s->log_segment_bytes

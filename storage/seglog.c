@@ -6,7 +6,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -180,18 +182,224 @@ static void spare_drop(struct ida_seglog *l)
     l->spare_ready = false;
 }
 
-int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes)
+/* Write the spare @fd (@bytes long, *@done of it written: @h, its header,
+ * first, then zeros) onward, at most @budget bytes (the header is written
+ * whole); @wait: each piece's writeback is waited for before the next. */
+static int spare_fill(int fd,
+                      const uint8_t *h,
+                      size_t bytes,
+                      size_t *done,
+                      size_t budget,
+                      bool wait)
 {
-    if (l->spare_ready) {
-        return 0;
+    static uint8_t zeros[ZERO_STEP]; /* never written: .bss, not 1 MiB of
+                                        .rodata in every binary */
+    unsigned flags =
+        SYNC_FILE_RANGE_WRITE | (wait ? SYNC_FILE_RANGE_WAIT_AFTER : 0);
+    int rv = 0;
+    while (rv == 0 && *done < bytes && budget > 0) {
+        size_t k = bytes - *done;
+        k = k < ZERO_STEP ? k : ZERO_STEP;
+        k = k < budget ? k : budget;
+        if (*done == 0) {
+            rv = pwrite_all(fd, h, IDA_SEGLOG_HEADER_BYTES, 0);
+            k = IDA_SEGLOG_HEADER_BYTES;
+        } else {
+            rv = pwrite_all(fd, zeros, k, (off_t)*done);
+            /* Start its writeback now: the flush that ends the segment
+             * then has little left to write, instead of the whole of it
+             * at once. */
+            if (rv == 0) {
+                (void)sync_file_range(fd, (off_t)*done, (off_t)k, flags);
+            }
+        }
+        if (rv == 0) {
+            *done += k;
+            budget = k < budget ? budget - k : 0;
+        }
     }
-    char tmp[IDA__SEGLOG_NAME_MAX], path[4096];
-    ida__seglog_name(tmp, "tmp", l->spare_seq);
-    if (!ida__seglog_join(path, sizeof(path), l->dir, tmp)) {
+    return rv;
+}
+
+/* The spare @fd (seq @seq) written whole: flushed, named seg-, and the
+ * directory @dir flushed. 0 or IDA_EIO. */
+static int spare_finish(const char *dir, int fd, uint64_t seq)
+{
+    char tmp[IDA__SEGLOG_NAME_MAX], name[IDA__SEGLOG_NAME_MAX];
+    char from[4096], to[4096];
+    ida__seglog_name(tmp, "tmp", seq);
+    ida__seglog_name(name, "seg", seq);
+    if (fdatasync(fd) != 0 || !ida__seglog_join(from, sizeof(from), dir, tmp) ||
+        !ida__seglog_join(to, sizeof(to), dir, name) || rename(from, to) != 0 ||
+        ida_fsync_dir(dir) != 0) {
         return IDA_EIO;
     }
-    int rv = 0;
+    return 0;
+}
+
+/* The spare made (@rv 0: ready) or not (it is removed). Returns @rv. */
+static int spare_made(struct ida_seglog *l, int rv)
+{
+    if (rv != 0) {
+        spare_drop(l);
+        return rv;
+    }
+    l->spare_done = l->spare_bytes;
+    l->spare_ready = true;
+    l->next_seq = l->spare_seq + 1;
+    return 0;
+}
+
+/* Remove the segment files @seqs[0..@n), in order, each removal durable
+ * (the directory flushed) before the next: a crash leaves the segments
+ * kept a run without a hole. 0 or IDA_EIO (the rest are left). */
+static int remove_segments(const char *dir, const uint64_t *seqs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char name[IDA__SEGLOG_NAME_MAX], path[4096];
+        ida__seglog_name(name, "seg", seqs[i]);
+        if (!ida__seglog_join(path, sizeof(path), dir, name) ||
+            (unlink(path) != 0 && errno != ENOENT) || ida_fsync_dir(dir) != 0) {
+            return IDA_EIO;
+        }
+    }
+    return 0;
+}
+
+/* THE MAKER (seglog.h): one job on a thread of its own, either the spare
+ * made whole or released segments removed. */
+struct ida__seglog_maker
+{
+    pthread_t thread;
+    const char *dir; /* the log's: it outlives the maker (close waits) */
+    bool make;       /* the spare; else the segments @seqs */
+    int fd;
+    size_t bytes, done;
+    uint64_t seq;
+    uint64_t *seqs;
+    size_t n;
+    int rv;
+    atomic_bool finished;
+    uint8_t header[IDA_SEGLOG_HEADER_BYTES];
+};
+
+static void *maker_main(void *arg)
+{
+    struct ida__seglog_maker *m = arg;
+    if (m->make) {
+        m->rv =
+            spare_fill(m->fd, m->header, m->bytes, &m->done, SIZE_MAX, true);
+        if (m->rv == 0) {
+            m->rv = spare_finish(m->dir, m->fd, m->seq);
+        }
+    } else {
+        m->rv = remove_segments(m->dir, m->seqs, m->n);
+    }
+    atomic_store_explicit(&m->finished, true, memory_order_release);
+    return NULL;
+}
+
+static int maker_run(struct ida_seglog *l, struct ida__seglog_maker *m)
+{
+    m->dir = l->dir;
+    atomic_init(&m->finished, false);
+    if (pthread_create(&m->thread, NULL, maker_main, m) != 0) {
+        return IDA_EIO;
+    }
+    l->maker = m;
+    return 0;
+}
+
+/* Hand the spare being made to a maker: 0, or nonzero when none could
+ * start (the spare is as it was). */
+static int maker_start_spare(struct ida_seglog *l)
+{
+    struct ida__seglog_maker *m = ida_calloc(1, sizeof(*m));
+    if (m == NULL) {
+        return IDA_ENOMEM;
+    }
+    m->make = true;
+    m->fd = l->spare_fd;
+    m->bytes = l->spare_bytes;
+    m->done = l->spare_done;
+    m->seq = l->spare_seq;
+    header_encode(m->header, l, l->spare_seq, 0); /* 0: not used yet */
+    int rv = maker_run(l, m);
+    if (rv != 0) {
+        ida_free(m);
+    }
+    return rv;
+}
+
+/* Hand the segments released so far (l->gone) to a maker when none is at
+ * work; in line when none can start. */
+static void maker_start_removal(struct ida_seglog *l)
+{
+    if (l->maker != NULL || l->n_gone == 0) {
+        return;
+    }
+    struct ida__seglog_maker *m = ida_calloc(1, sizeof(*m));
+    if (m != NULL) {
+        m->seqs = l->gone;
+        m->n = l->n_gone;
+        if (maker_run(l, m) == 0) {
+            l->gone = NULL;
+            l->n_gone = l->cap_gone = 0;
+            return;
+        }
+        ida_free(m);
+    }
+    int rv = remove_segments(l->dir, l->gone, l->n_gone);
+    l->n_gone = 0;
+    if (rv != 0 && l->gone_rv == 0) {
+        l->gone_rv = rv;
+    }
+}
+
+/* The maker's outcome, the maker gone: for the spare, as spare_made(); for
+ * a removal 0 (a failure is kept for the next release to return).
+ * IDA_EBUSY (the maker kept) while it works, unless @wait. */
+static int maker_end(struct ida_seglog *l, bool wait)
+{
+    struct ida__seglog_maker *m = l->maker;
+    if (!wait && !atomic_load_explicit(&m->finished, memory_order_acquire)) {
+        return IDA_EBUSY;
+    }
+    (void)pthread_join(m->thread, NULL);
+    int rv = m->rv;
+    bool make = m->make;
+    l->maker = NULL;
+    if (make) {
+        l->spare_done = m->done;
+        ida_free(m);
+        return spare_made(l, rv);
+    }
+    ida_free(m->seqs);
+    ida_free(m);
+    if (rv != 0 && l->gone_rv == 0) {
+        l->gone_rv = rv;
+    }
+    return 0;
+}
+
+int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes)
+{
+    if (l->maker != NULL && l->maker->make) {
+        int rv = maker_end(l, max_bytes == 0);
+        if (rv == 0) {
+            maker_start_removal(l);
+        }
+        return rv;
+    }
+    if (l->maker != NULL) {
+        (void)maker_end(l, false); /* a removal: the spare is not its */
+    }
+    if (l->spare_ready) {
+        maker_start_removal(l);
+        return 0;
+    }
     if (l->spare_fd < 0) {
+        char tmp[IDA__SEGLOG_NAME_MAX], path[4096];
         l->spare_seq = l->next_seq;
         ida__seglog_name(tmp, "tmp", l->spare_seq);
         if (!ida__seglog_join(path, sizeof(path), l->dir, tmp)) {
@@ -206,51 +414,24 @@ int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes)
                              ? l->o.open_segment_bytes
                              : l->o.segment_bytes;
     }
-    size_t bytes = l->spare_bytes;
-    static uint8_t zeros[ZERO_STEP]; /* never written: .bss, not 1 MiB of
-                                        .rodata in every binary */
-    size_t budget = max_bytes > 0 ? max_bytes : bytes;
-    while (rv == 0 && l->spare_done < bytes && budget > 0) {
-        size_t k = bytes - l->spare_done;
-        k = k < ZERO_STEP ? k : ZERO_STEP;
-        k = k < budget ? k : budget;
-        if (l->spare_done == 0) {
-            uint8_t h[IDA_SEGLOG_HEADER_BYTES];
-            header_encode(h, l, l->spare_seq, 0); /* 0: not used yet */
-            rv = pwrite_all(l->spare_fd, h, sizeof(h), 0);
-            k = sizeof(h);
-        } else {
-            rv = pwrite_all(l->spare_fd, zeros, k, (off_t)l->spare_done);
-            /* Start its writeback now (without waiting): the flush that
-             * ends the segment then has little left to write, instead of
-             * the whole of it at once. */
-            if (rv == 0) {
-                (void)sync_file_range(l->spare_fd, (off_t)l->spare_done,
-                                      (off_t)k, SYNC_FILE_RANGE_WRITE);
-            }
-        }
-        if (rv == 0) {
-            l->spare_done += k;
-            budget = k < budget ? budget - k : 0;
+    if (l->o.behind && max_bytes > 0) {
+        /* Behind a removal still at work, the spare waits for the maker
+         * (an append that needs it makes it in line meanwhile). */
+        if (l->maker != NULL || maker_start_spare(l) == 0) {
+            return IDA_EBUSY;
         }
     }
-    if (rv == 0 && l->spare_done < bytes) {
+    uint8_t h[IDA_SEGLOG_HEADER_BYTES];
+    header_encode(h, l, l->spare_seq, 0); /* 0: not used yet */
+    int rv = spare_fill(l->spare_fd, h, l->spare_bytes, &l->spare_done,
+                        max_bytes > 0 ? max_bytes : l->spare_bytes, false);
+    if (rv == 0 && l->spare_done < l->spare_bytes) {
         return IDA_EBUSY;
     }
-    char name[IDA__SEGLOG_NAME_MAX], to[4096];
-    ida__seglog_name(name, "seg", l->spare_seq);
-    if (rv == 0 && (fdatasync(l->spare_fd) != 0 ||
-                    !ida__seglog_join(to, sizeof(to), l->dir, name) ||
-                    rename(path, to) != 0 || ida_fsync_dir(l->dir) != 0)) {
-        rv = IDA_EIO;
+    if (rv == 0) {
+        rv = spare_finish(l->dir, l->spare_fd, l->spare_seq);
     }
-    if (rv != 0) {
-        spare_drop(l);
-        return rv;
-    }
-    l->spare_ready = true;
-    l->next_seq = l->spare_seq + 1;
-    return 0;
+    return spare_made(l, rv);
 }
 
 /* Make the spare the segment appends go to, its first record @next_lsn
@@ -391,8 +572,39 @@ int ida_seglog_sync(struct ida_seglog *l)
     return 0;
 }
 
+/* ida_seglog_release() with o.behind: the segments go to l->gone, in
+ * order, and a maker removes them (one job at a time, so in that order). */
+static int release_behind(struct ida_seglog *l, uint64_t lsn)
+{
+    while (l->n > 1 && l->segs[0].last_lsn < lsn) {
+        if (l->n_gone == l->cap_gone) {
+            size_t cap = l->cap_gone > 0 ? 2 * l->cap_gone : 8;
+            uint64_t *v = ida_realloc(l->gone, cap * sizeof(*v));
+            if (v == NULL) {
+                break; /* kept for now: the next release takes it */
+            }
+            l->gone = v;
+            l->cap_gone = cap;
+        }
+        close(l->segs[0].fd);
+        l->gone[l->n_gone++] = l->segs[0].seq;
+        memmove(l->segs, l->segs + 1, (l->n - 1) * sizeof(*l->segs));
+        l->n--;
+    }
+    if (l->maker != NULL && !l->maker->make) {
+        (void)maker_end(l, false); /* a spare's is for prepare to collect */
+    }
+    maker_start_removal(l);
+    int rv = l->gone_rv;
+    l->gone_rv = 0;
+    return rv;
+}
+
 int ida_seglog_release(struct ida_seglog *l, uint64_t lsn)
 {
+    if (l->o.behind) {
+        return release_behind(l, lsn);
+    }
     /* Oldest first, each removal durable before the next: a crash leaves
      * the segments kept a run without a hole. */
     while (l->n > 1 && l->segs[0].last_lsn < lsn) {
@@ -479,6 +691,11 @@ void ida_seglog_close(struct ida_seglog *l)
     if (l == NULL) {
         return;
     }
+    if (l->maker != NULL) {
+        (void)maker_end(l, true); /* it finishes what it began */
+    }
+    (void)remove_segments(l->dir, l->gone, l->n_gone); /* else the next open */
+    ida_free(l->gone);
     for (size_t i = 0; i < l->n; i++) {
         close(l->segs[i].fd);
     }

@@ -39,6 +39,12 @@ struct ida_seglog
     bool spare_small; /* make the next one of open_segment_bytes */
     bool spare_ready;
     uint64_t spare_seq;
+    struct ida__seglog_maker *maker; /* at work (o.behind), or NULL */
+    /* Released segments not yet handed to a maker (o.behind), in order;
+     * the first failure of removing some, for the next release. */
+    uint64_t *gone;
+    size_t n_gone, cap_gone;
+    int gone_rv;
 };
 
 /* @prefix-<16 hex digits of @seq> into @buf (IDA__SEGLOG_NAME_MAX). */

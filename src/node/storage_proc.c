@@ -120,8 +120,9 @@
 /* ... and when no batch came for this long, a slice is written in a
  * transaction of its own (nothing waits behind it then). */
 #define ENC_IDLE_US 20000
-/* The entry log's next segment is written ahead this much at a time
- * (prepare_step()), ... */
+/* The entry log's next segment is made ahead on a thread of its own
+ * (storage/seglog.h, THE MAKER; prepare_step() starts it and looks whether
+ * it is done); where no thread can be started, this much at a time ... */
 #define PREPARE_STEP_BYTES (512u << 10)
 /* ... and not for this long after a failure. */
 #define PREPARE_REST_US 1000000
@@ -1002,10 +1003,12 @@ static void on_untrusted(struct storage_proc *sp,
     kill(getpid(), SIGTERM);
 }
 
-/* One step of making the entry log's next segment ahead, between batches
- * (none waits merged): without it the batch that fills a segment writes
- * the next one whole (65 MiB) and waits for it. After a failure (a full
- * disk) it rests PREPARE_REST_US: the append that needs it tries again. */
+/* Start making the entry log's next segment ahead, or look whether it is
+ * made, between batches (none waits merged): without it the batch that
+ * fills a segment writes the next one whole (65 MiB) and waits for it. In
+ * line, its steps held this processor 10 to 168 ms under load at 10 M
+ * allocations; now a thread makes it. After a failure (a full disk) it
+ * rests PREPARE_REST_US: the append that needs it tries again. */
 static void prepare_step(struct storage_proc *sp)
 {
     uint64_t now = ida__node_mono_us();

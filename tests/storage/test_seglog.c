@@ -3,8 +3,9 @@
  * records replayed in order across segments, a torn tail dropped and
  * written past, durable records that were damaged or removed refused,
  * foreign and other-version segments refused, release, the spare made in
- * steps, bad input changing nothing, and processes killed while they
- * append and flush. */
+ * steps or by the maker's thread (with released segments removed there),
+ * bad input changing nothing, and processes killed while they append and
+ * flush, with and without the maker. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -108,9 +109,8 @@ static int on_record(void *ctx,
     return 0;
 }
 
-static struct ida_seglog *open_ok(char who, struct seen *s)
+static struct ida_seglog *open_opts(struct ida_seglog_options o, struct seen *s)
 {
-    struct ida_seglog_options o = opts(who);
     struct ida_seglog *l = NULL;
     char err[512];
     if (s != NULL) {
@@ -121,6 +121,19 @@ static struct ida_seglog *open_ok(char who, struct seen *s)
     cr_assert_eq(rv, 0, "open: %s (%s)", idalloc_strerror(rv), err);
     cr_assert(s == NULL || s->ended, "the end of the replay is told");
     return l;
+}
+
+static struct ida_seglog *open_ok(char who, struct seen *s)
+{
+    return open_opts(opts(who), s);
+}
+
+/* With the maker (o.behind: THE MAKER in seglog.h). */
+static struct ida_seglog *open_behind(struct seen *s)
+{
+    struct ida_seglog_options o = opts('a');
+    o.behind = true;
+    return open_opts(o, s);
 }
 
 static int open_rv(char who, uint64_t min_lsn, char *err, size_t errlen)
@@ -517,6 +530,84 @@ Test(seglog, the_spare_is_made_in_steps_and_leftovers_are_removed)
     ida_seglog_close(l);
 }
 
+/* Call prepare (and release below @lsn, when nonzero) until @done says
+ * so, for at most 10 s. */
+static bool pump(struct ida_seglog *l, uint64_t lsn, bool (*done)(void))
+{
+    for (int i = 0; i < 10000; i++) {
+        int rv = ida_seglog_prepare(l, SEG / 8);
+        cr_assert(rv == 0 || rv == IDA_EBUSY, "prepare: %s",
+                  idalloc_strerror(rv));
+        if (lsn > 0) {
+            cr_assert_eq(ida_seglog_release(l, lsn), 0);
+        }
+        if (done()) {
+            return true;
+        }
+        usleep(1000);
+    }
+    return false;
+}
+
+static bool one_segment_file(void)
+{
+    return count_files("seg") == 1 && count_files("tmp") == 0;
+}
+
+static bool two_segment_files(void)
+{
+    return count_files("seg") == 2 && count_files("tmp") == 0;
+}
+
+/* With o.behind a thread makes the spare whole and removes what release
+ * let go of, in order; appends never wait for it but to take a spare
+ * still being made, and close waits for whatever it began. */
+Test(seglog, the_maker_makes_the_spare_and_removes_released_segments)
+{
+    struct ida_seglog *l = open_behind(NULL);
+    cr_assert_eq(ida_seglog_prepare(l, SEG / 8), IDA_EBUSY,
+                 "the first call starts the maker and returns");
+    int rv, tries = 0;
+    while ((rv = ida_seglog_prepare(l, SEG / 8)) == IDA_EBUSY &&
+           ++tries < 10000) {
+        usleep(1000);
+    }
+    cr_assert_eq(rv, 0, "the spare is made: %s", idalloc_strerror(rv));
+    cr_assert(two_segment_files());
+    cr_assert_eq(ida_seglog_segments(l), 2);
+    /* Appends across several segments: each switch takes the spare the
+     * maker began (waiting for it), or makes one in line. */
+    for (uint64_t lsn = 1; lsn <= 400; lsn++) {
+        append_gen(l, lsn, 0, NULL);
+        if (lsn % 7 == 0) {
+            (void)ida_seglog_prepare(l, SEG / 8);
+        }
+    }
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    size_t kept = ida_seglog_segments(l);
+    cr_assert_geq(kept, 4, "400 records span segments of 64 KiB");
+    /* Every segment below the last goes; the files follow. */
+    cr_assert_eq(ida_seglog_release(l, 401), 0);
+    cr_assert_leq(ida_seglog_segments(l), 2, "gone from the log at once");
+    cr_assert(pump(l, 401, two_segment_files) || one_segment_file(),
+              "the released files are removed: %d left", count_files("seg"));
+    append_n(l, 401, 450);
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    /* Close with the maker at work: it finishes, nothing half made. */
+    cr_assert_eq(ida_seglog_release(l, 451), 0);
+    (void)ida_seglog_prepare(l, SEG / 8);
+    ida_seglog_close(l);
+    cr_assert_eq(count_files("tmp"), 0, "close waited for the maker");
+    struct seen s;
+    l = open_behind(&s);
+    cr_assert_eq(s.bad, 0);
+    cr_assert_eq(s.last, 450);
+    cr_assert_gt(s.first, 300, "released below 401, then 451");
+    cr_assert_eq(s.count, s.last - s.first + 1, "no hole");
+    cr_assert_eq(ida_seglog_next_lsn(l), 451);
+    ida_seglog_close(l);
+}
+
 Test(seglog, bad_input_changes_nothing)
 {
     struct ida_seglog_options o = opts('a');
@@ -551,6 +642,89 @@ Test(seglog, bad_input_changes_nothing)
     cr_assert_eq(s.count, 6);
     cr_assert_eq(s.bad, 1, "the big record is not of the generated kind");
     ida_seglog_close(l);
+}
+
+/* The same with the maker (o.behind) at work, and segments released
+ * behind a window of 300 records after each flush: every flushed record
+ * above the last release is there, whole, and the log has no hole. */
+Test(seglog,
+     kill_9_while_the_maker_works_loses_no_flushed_record,
+     .timeout = 60)
+{
+    uint64_t seed = 777, total = 0;
+    for (int round = 0; round < 12; round++) {
+        int fds[2];
+        cr_assert_eq(pipe(fds), 0);
+        struct seen s;
+        struct ida_seglog *l = open_behind(&s);
+        uint64_t from = ida_seglog_next_lsn(l);
+        ida_seglog_close(l);
+        fflush(NULL);
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+            close(fds[0]);
+            struct ida_seglog_options o = opts('a');
+            o.behind = true;
+            struct ida_seglog *c = NULL;
+            if (ida_seglog_open(dir, &o, NULL, NULL, &c, NULL, 0) != 0) {
+                _exit(3);
+            }
+            uint64_t r = seed + (uint64_t)round;
+            for (uint64_t lsn = from;; lsn++) {
+                uint8_t buf[MAXREC];
+                rec_fill(buf, lsn, 0);
+                struct iovec v = {buf, rec_len(lsn)};
+                if (ida_seglog_append(c, &v, 1, NULL, NULL) != 0) {
+                    _exit(4);
+                }
+                if (ida_test_rand(&r) % 4 == 0) {
+                    if (ida_seglog_sync(c) != 0) {
+                        _exit(5);
+                    }
+                    if (write(fds[1], &lsn, sizeof(lsn)) != sizeof(lsn)) {
+                        _exit(6);
+                    }
+                    /* Reported before it is released below. */
+                    if (lsn > 300 && ida_seglog_release(c, lsn - 300) != 0) {
+                        _exit(7);
+                    }
+                }
+                if (ida_test_rand(&r) % 8 == 0) {
+                    int rv = ida_seglog_prepare(c, SEG / 4);
+                    if (rv != 0 && rv != IDA_EBUSY) {
+                        _exit(8);
+                    }
+                }
+            }
+        }
+        close(fds[1]);
+        usleep((useconds_t)(20000 + ida_test_rand(&seed) % 60000));
+        kill(pid, SIGKILL);
+        int status;
+        waitpid(pid, &status, 0);
+        cr_assert(WIFSIGNALED(status), "the writer died on its own: %d",
+                  WEXITSTATUS(status));
+        uint64_t synced = from - 1, v;
+        while (read(fds[0], &v, sizeof(v)) == (ssize_t)sizeof(v)) {
+            synced = v;
+        }
+        close(fds[0]);
+        l = open_behind(&s);
+        cr_assert_eq(s.bad, 0);
+        cr_assert_geq(s.last, synced,
+                      "round %d: flushed up to %llu, found %llu", round,
+                      (unsigned long long)synced, (unsigned long long)s.last);
+        uint64_t floor = synced > 300 ? synced - 300 : 1;
+        cr_assert_leq(
+            s.first, floor, "round %d: released below %llu at most, first %llu",
+            round, (unsigned long long)floor, (unsigned long long)s.first);
+        cr_assert_eq(s.count, s.last - s.first + 1, "no hole");
+        total += s.last - (from - 1);
+        ida_seglog_close(l);
+    }
+    cr_assert_gt(total, 1000, "the writers wrote");
+    cr_assert_eq(count_files("tmp"), 0, "open removes a half-made spare");
 }
 
 /* Processes killed (SIGKILL) at random while they append and flush: every
