@@ -95,13 +95,15 @@
  * LMDB and deleting its entries was the work. */
 #define TIDY_ENTRIES (1u << 20)
 /* Map pages unmapped per ping (every 10 ms): a round of a 1.5 GiB file
- * takes about half a second. Under load the node maps pages at up to
- * ~100 MB/s (each read of the map faults in up to 16 cached pages around
- * it); slower rounds let the resident size climb by hundreds of MB toward
- * the whole data file (storage.h, ida_storage_release_pages()). A call
- * costs what unmapping the pages it finds mapped costs, plus a walk of
- * the page tables over 32 MiB (16 entries of 2 MiB). */
-#define RELEASE_STEP_BYTES (32u << 20)
+ * takes about a second. Under load the node maps pages at up to ~100 MB/s
+ * (each read of the map faults in up to 16 cached pages around it); much
+ * slower rounds let the resident size climb by hundreds of MB toward the
+ * whole data file (storage.h, ida_storage_release_pages()). A call costs
+ * what unmapping the pages it finds mapped costs, plus a walk of the page
+ * tables over 16 MiB (8 entries of 2 MiB): steps of 32 MiB held the
+ * storage processor 13 to 14 ms at times under load at 10 M allocations
+ * (twice in 90 s, with every append behind them). */
+#define RELEASE_STEP_BYTES (16u << 20)
 /* ... and only while the process's file-backed resident pages (the map's,
  * plus ~10 MiB of code) exceed this. Unmapping pages the next write maps
  * again cost about 3% of allocs/s on a small cluster (vs-etcd at 64 and
