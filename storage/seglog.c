@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/fdio.h"
@@ -25,6 +26,12 @@
 #define HDR_USED   68 /* of the header block: the fields, then the crc */
 #define HDR_CRC_AT 64
 #define ZERO_STEP  (1u << 20)
+/* The maker writes the spare in pieces of this size, each written back
+ * before the next, and rests this long between them unless an append
+ * waits for it (THE MAKER in seglog.h): at most a piece in the disk's
+ * queue ahead of an append's flush, and about 50 MB/s at most. */
+#define MAKER_PIECE   (256u << 10)
+#define MAKER_REST_NS 4000000
 
 /* --- files --- */
 
@@ -279,6 +286,7 @@ struct ida__seglog_maker
     uint64_t *seqs;
     size_t n;
     int rv;
+    atomic_bool hurry; /* its owner waits for it: no more rests */
     atomic_bool finished;
     uint8_t header[IDA_SEGLOG_HEADER_BYTES];
 };
@@ -287,8 +295,15 @@ static void *maker_main(void *arg)
 {
     struct ida__seglog_maker *m = arg;
     if (m->make) {
-        m->rv =
-            spare_fill(m->fd, m->header, m->bytes, &m->done, SIZE_MAX, true);
+        while (m->rv == 0 && m->done < m->bytes) {
+            m->rv = spare_fill(m->fd, m->header, m->bytes, &m->done,
+                               MAKER_PIECE, true);
+            if (m->done < m->bytes &&
+                !atomic_load_explicit(&m->hurry, memory_order_relaxed)) {
+                struct timespec rest = {0, MAKER_REST_NS};
+                nanosleep(&rest, NULL);
+            }
+        }
         if (m->rv == 0) {
             m->rv = spare_finish(m->dir, m->fd, m->seq);
         }
@@ -302,6 +317,7 @@ static void *maker_main(void *arg)
 static int maker_run(struct ida_seglog *l, struct ida__seglog_maker *m)
 {
     m->dir = l->dir;
+    atomic_init(&m->hurry, false);
     atomic_init(&m->finished, false);
     if (pthread_create(&m->thread, NULL, maker_main, m) != 0) {
         return IDA_EIO;
@@ -365,6 +381,7 @@ static int maker_end(struct ida_seglog *l, bool wait)
     if (!wait && !atomic_load_explicit(&m->finished, memory_order_acquire)) {
         return IDA_EBUSY;
     }
+    atomic_store_explicit(&m->hurry, true, memory_order_relaxed);
     (void)pthread_join(m->thread, NULL);
     int rv = m->rv;
     bool make = m->make;
