@@ -32,6 +32,10 @@
  * queue ahead of an append's flush, and about 50 MB/s at most. */
 #define MAKER_PIECE   (256u << 10)
 #define MAKER_REST_NS 4000000
+/* ... and rests only while the segment appends go to has this much room
+ * left: an open's first segment (1 MiB) or a log filling fast does not
+ * wait for a spare made at leisure. */
+#define MAKER_HURRY_ROOM (16u << 20)
 
 /* --- files --- */
 
@@ -314,16 +318,25 @@ static void *maker_main(void *arg)
     return NULL;
 }
 
-static int maker_run(struct ida_seglog *l, struct ida__seglog_maker *m)
+static int maker_run(struct ida_seglog *l,
+                     struct ida__seglog_maker *m,
+                     bool hurry)
 {
     m->dir = l->dir;
-    atomic_init(&m->hurry, false);
+    atomic_init(&m->hurry, hurry);
     atomic_init(&m->finished, false);
     if (pthread_create(&m->thread, NULL, maker_main, m) != 0) {
         return IDA_EIO;
     }
     l->maker = m;
     return 0;
+}
+
+/* Whether the segment appends go to has little room left (the maker
+ * should not rest). */
+static bool room_short(const struct ida_seglog *l)
+{
+    return l->n == 0 || l->segs[l->n - 1].bytes < l->off + MAKER_HURRY_ROOM;
 }
 
 /* Hand the spare being made to a maker: 0, or nonzero when none could
@@ -340,7 +353,7 @@ static int maker_start_spare(struct ida_seglog *l)
     m->done = l->spare_done;
     m->seq = l->spare_seq;
     header_encode(m->header, l, l->spare_seq, 0); /* 0: not used yet */
-    int rv = maker_run(l, m);
+    int rv = maker_run(l, m, room_short(l));
     if (rv != 0) {
         ida_free(m);
     }
@@ -358,7 +371,7 @@ static void maker_start_removal(struct ida_seglog *l)
     if (m != NULL) {
         m->seqs = l->gone;
         m->n = l->n_gone;
-        if (maker_run(l, m) == 0) {
+        if (maker_run(l, m, false) == 0) {
             l->gone = NULL;
             l->n_gone = l->cap_gone = 0;
             return;
@@ -402,6 +415,9 @@ static int maker_end(struct ida_seglog *l, bool wait)
 int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes)
 {
     if (l->maker != NULL && l->maker->make) {
+        if (room_short(l)) {
+            atomic_store_explicit(&l->maker->hurry, true, memory_order_relaxed);
+        }
         int rv = maker_end(l, max_bytes == 0);
         if (rv == 0) {
             maker_start_removal(l);

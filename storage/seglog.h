@@ -94,13 +94,16 @@
  * at a time: a prepare starts one and later calls only look whether it
  * is done; a release takes the segments out of the log at once and hands
  * their files to the maker, in order, and the next release returns a
- * failure to remove them. The spare is written 1 MiB at a time, each
- * written back before the next, so the maker never puts more than that
- * in the disk's queue ahead of the appends' flushes. The files and the
- * order of the steps are those of the in-line code, so a crash at any
- * point leaves what recovery already handles (a tmp- file, a spare, or
- * released segments still there, oldest first). An append that needs the
- * spare before the maker is done waits for it, as it would have made it
+ * failure to remove them. The spare is written 256 KiB at a time, each
+ * written back before the next and a rest of 4 ms after it (none once an
+ * append waits for the spare, or once the segment appends go to has less
+ * than 16 MiB of room, as the 1 MiB one an open starts has): the maker never
+ * puts more than a piece in the disk's queue ahead of the appends' flushes, nor
+ * runs the disk at full speed beside them (which, unpaced, made their p999
+ * worse). The files and the order of the steps are those of the in-line code,
+ * so a crash at any point leaves what recovery already handles (a tmp- file, a
+ * spare, or released segments still there, oldest first). An append that needs
+ * the spare before the maker is done waits for it, as it would have made it
  * whole in line. When no thread can be started the job runs in line.
  *
  * THREADS: one thread uses a log at a time; nothing here locks. The
