@@ -489,10 +489,19 @@ static int forged_change(const char *addr,
     return err;
 }
 
+/* `member list` without its fields that move on their own (a member's
+ * match index, whether its link is up): the membership alone. */
 static void member_list(char *out, size_t cap)
 {
     cr_assert_eq(ml_cli(out, cap, "--config %s member list", c.conf), 0, "%s",
                  out);
+    static const char *const moving[] = {" match=", " connected="};
+    for (size_t k = 0; k < sizeof(moving) / sizeof(moving[0]); k++) {
+        for (char *p; (p = strstr(out, moving[k])) != NULL;) {
+            size_t n = strcspn(p + 1, " \n") + 1; /* the field, its space */
+            memmove(p, p + n, strlen(p + n) + 1);
+        }
+    }
 }
 
 Test(join,
@@ -577,7 +586,8 @@ Test(join,
         forged_change(at, IDALLOC__MEMBER_CHANGE__OP__ADD, 70000, a, b),
         IDA_EINVAL, "node id past 65535");
     member_list(after, sizeof(after));
-    cr_assert_str_eq(before, after, "the membership changed");
+    cr_assert_str_eq(before, after, "the membership changed: %s then %s",
+                     before, after);
     cr_assert_eq(tc_commit_index(&c), commit, "something was proposed");
 
     /* idallocd: addresses it cannot use stop it before it touches a data
