@@ -170,10 +170,10 @@ int ida__seglog_push(struct ida_seglog *l, const struct seg *s)
     return 0;
 }
 
-int ida__seglog_unlink(const struct ida_seglog *l, const char *name)
+int ida__seglog_unlink(const char *dir, const char *name)
 {
     char path[4096];
-    if (!ida__seglog_join(path, sizeof(path), l->dir, name) ||
+    if (!ida__seglog_join(path, sizeof(path), dir, name) ||
         (unlink(path) != 0 && errno != ENOENT)) {
         return IDA_EIO;
     }
@@ -186,7 +186,7 @@ static void spare_drop(struct ida_seglog *l)
         close(l->spare_fd);
         char name[IDA__SEGLOG_NAME_MAX];
         ida__seglog_name(name, l->spare_ready ? "seg" : "tmp", l->spare_seq);
-        (void)ida__seglog_unlink(l, name);
+        (void)ida__seglog_unlink(l->dir, name);
     }
     l->spare_fd = -1;
     l->spare_done = 0;
@@ -267,10 +267,9 @@ static int spare_made(struct ida_seglog *l, int rv)
 static int remove_segments(const char *dir, const uint64_t *seqs, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        char name[IDA__SEGLOG_NAME_MAX], path[4096];
+        char name[IDA__SEGLOG_NAME_MAX];
         ida__seglog_name(name, "seg", seqs[i]);
-        if (!ida__seglog_join(path, sizeof(path), dir, name) ||
-            (unlink(path) != 0 && errno != ENOENT) || ida_fsync_dir(dir) != 0) {
+        if (ida__seglog_unlink(dir, name) != 0 || ida_fsync_dir(dir) != 0) {
             return IDA_EIO;
         }
     }
@@ -360,6 +359,15 @@ static int maker_start_spare(struct ida_seglog *l)
     return rv;
 }
 
+/* Keep the first failure of removing released segments (@rv nonzero) for
+ * the next release to return. */
+static void gone_failed(struct ida_seglog *l, int rv)
+{
+    if (rv != 0 && l->gone_rv == 0) {
+        l->gone_rv = rv;
+    }
+}
+
 /* Hand the segments released so far (l->gone) to a maker when none is at
  * work; in line when none can start. */
 static void maker_start_removal(struct ida_seglog *l)
@@ -378,11 +386,8 @@ static void maker_start_removal(struct ida_seglog *l)
         }
         ida_free(m);
     }
-    int rv = remove_segments(l->dir, l->gone, l->n_gone);
+    gone_failed(l, remove_segments(l->dir, l->gone, l->n_gone));
     l->n_gone = 0;
-    if (rv != 0 && l->gone_rv == 0) {
-        l->gone_rv = rv;
-    }
 }
 
 /* The maker's outcome, the maker gone: for the spare, as spare_made(); for
@@ -400,15 +405,12 @@ static int maker_end(struct ida_seglog *l, bool wait)
     bool make = m->make;
     l->maker = NULL;
     if (make) {
-        l->spare_done = m->done;
         ida_free(m);
-        return spare_made(l, rv);
+        return spare_made(l, rv); /* which sets (or drops) spare_done */
     }
     ida_free(m->seqs);
     ida_free(m);
-    if (rv != 0 && l->gone_rv == 0) {
-        l->gone_rv = rv;
-    }
+    gone_failed(l, rv);
     return 0;
 }
 
@@ -605,6 +607,16 @@ int ida_seglog_sync(struct ida_seglog *l)
     return 0;
 }
 
+/* Take the oldest segment out of the log (its file stays): its seq. */
+static uint64_t take_oldest(struct ida_seglog *l)
+{
+    uint64_t seq = l->segs[0].seq;
+    close(l->segs[0].fd);
+    memmove(l->segs, l->segs + 1, (l->n - 1) * sizeof(*l->segs));
+    l->n--;
+    return seq;
+}
+
 /* ida_seglog_release() with o.behind: the segments go to l->gone, in
  * order, and a maker removes them (one job at a time, so in that order). */
 static int release_behind(struct ida_seglog *l, uint64_t lsn)
@@ -619,10 +631,7 @@ static int release_behind(struct ida_seglog *l, uint64_t lsn)
             l->gone = v;
             l->cap_gone = cap;
         }
-        close(l->segs[0].fd);
-        l->gone[l->n_gone++] = l->segs[0].seq;
-        memmove(l->segs, l->segs + 1, (l->n - 1) * sizeof(*l->segs));
-        l->n--;
+        l->gone[l->n_gone++] = take_oldest(l);
     }
     if (l->maker != NULL && !l->maker->make) {
         (void)maker_end(l, false); /* a spare's is for prepare to collect */
@@ -638,19 +647,13 @@ int ida_seglog_release(struct ida_seglog *l, uint64_t lsn)
     if (l->o.behind) {
         return release_behind(l, lsn);
     }
-    /* Oldest first, each removal durable before the next: a crash leaves
-     * the segments kept a run without a hole. */
+    /* Oldest first, each removal durable before the next (remove_segments):
+     * a crash leaves the segments kept a run without a hole. */
     while (l->n > 1 && l->segs[0].last_lsn < lsn) {
-        char name[IDA__SEGLOG_NAME_MAX];
-        ida__seglog_name(name, "seg", l->segs[0].seq);
-        close(l->segs[0].fd);
-        if (ida__seglog_unlink(l, name) != 0 || ida_fsync_dir(l->dir) != 0) {
-            memmove(l->segs, l->segs + 1, (l->n - 1) * sizeof(*l->segs));
-            l->n--;
+        uint64_t seq = take_oldest(l);
+        if (remove_segments(l->dir, &seq, 1) != 0) {
             return IDA_EIO;
         }
-        memmove(l->segs, l->segs + 1, (l->n - 1) * sizeof(*l->segs));
-        l->n--;
     }
     return 0;
 }

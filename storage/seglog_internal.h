@@ -57,8 +57,9 @@ bool ida__seglog_join(char *buf,
 /* A one-line message into @err (NULL or @errlen 0: none). */
 void ida__seglog_say(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Remove @name from the log's directory (absent is fine): 0 or IDA_EIO. */
-int ida__seglog_unlink(const struct ida_seglog *l, const char *name);
+/* Remove @name from the log's directory @dir (absent is fine): 0 or
+ * IDA_EIO. */
+int ida__seglog_unlink(const char *dir, const char *name);
 /* The header @h of the segment named with @seq: 0 with *@first_lsn, 1 for
  * bytes that are no header, or IDA_EVERSION, IDA_EFOREIGN, IDA_ECORRUPT. */
 int ida__seglog_header_decode(const struct ida_seglog *l,

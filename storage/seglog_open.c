@@ -78,7 +78,7 @@ static int list_segments(struct ida_seglog *l,
             continue;
         }
         if (tmp) {
-            rv = ida__seglog_unlink(l, nm);
+            rv = ida__seglog_unlink(l->dir, nm);
             continue;
         }
         if (n == cap) {
@@ -343,7 +343,7 @@ int ida_seglog_open(const char *dir,
     for (size_t i = 0; rv == 0 && i < n; i++) {
         char name[IDA__SEGLOG_NAME_MAX];
         ida__seglog_name(name, "seg", f[i].seq);
-        rv = f[i].used ? 0 : ida__seglog_unlink(l, name);
+        rv = f[i].used ? 0 : ida__seglog_unlink(l->dir, name);
     }
     found_free(f, n);
     if (rv == 0 && ida_fsync_dir(l->dir) != 0) {
