@@ -63,6 +63,43 @@ void ida__seglog_say(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Test hook (seglog.h, ida__seglog_fault_set()): [0] removals of segment
+ * files, [1] writes of a spare; off (skip < 0) unless a test arms it. */
+static struct
+{
+    atomic_int skip, fail, code;
+} faults[2] = {{-1, 0, 0}, {-1, 0, 0}};
+
+void ida__seglog_fault_set(int what, int skip, int fail, int code)
+{
+    if (what == 0 || what == 1) {
+        atomic_store(&faults[what].fail, fail);
+        atomic_store(&faults[what].code, code);
+        atomic_store(&faults[what].skip, skip);
+    }
+}
+
+/* The injected failure of this call of kind @what (its code), else 0. */
+static int fault_hit(int what)
+{
+    if (atomic_load_explicit(&faults[what].skip, memory_order_relaxed) < 0) {
+        return 0;
+    }
+    if (atomic_fetch_sub(&faults[what].skip, 1) > 0) {
+        return 0;
+    }
+    atomic_store(&faults[what].skip, 0);
+    int left = atomic_load(&faults[what].fail);
+    if (left == 0) {
+        atomic_store(&faults[what].skip, -1); /* done: off again */
+        return 0;
+    }
+    if (left > 0) {
+        atomic_store(&faults[what].fail, left - 1);
+    }
+    return atomic_load(&faults[what].code);
+}
+
 static int pwrite_all(int fd, const void *buf, size_t len, off_t at)
 {
     const uint8_t *p = buf;
@@ -212,6 +249,9 @@ static int spare_fill(int fd,
         size_t k = bytes - *done;
         k = k < ZERO_STEP ? k : ZERO_STEP;
         k = k < budget ? k : budget;
+        if ((rv = fault_hit(1)) != 0) {
+            break;
+        }
         if (*done == 0) {
             rv = pwrite_all(fd, h, IDA_SEGLOG_HEADER_BYTES, 0);
             k = IDA_SEGLOG_HEADER_BYTES;
@@ -263,14 +303,17 @@ static int spare_made(struct ida_seglog *l, int rv)
 
 /* Remove the segment files @seqs[0..@n), in order, each removal durable
  * (the directory flushed) before the next: a crash leaves the segments
- * kept a run without a hole. 0 or IDA_EIO (the rest are left). */
+ * kept a run without a hole. 0 or IDA_EIO (the rest are left, and the
+ * caller removes no newer one: see gone_failed()). */
 static int remove_segments(const char *dir, const uint64_t *seqs, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         char name[IDA__SEGLOG_NAME_MAX];
         ida__seglog_name(name, "seg", seqs[i]);
-        if (ida__seglog_unlink(dir, name) != 0 || ida_fsync_dir(dir) != 0) {
-            return IDA_EIO;
+        int rv = fault_hit(0);
+        if (rv != 0 || ida__seglog_unlink(dir, name) != 0 ||
+            ida_fsync_dir(dir) != 0) {
+            return rv != 0 ? rv : IDA_EIO;
         }
     }
     return 0;
@@ -360,18 +403,28 @@ static int maker_start_spare(struct ida_seglog *l)
 }
 
 /* Keep the first failure of removing released segments (@rv nonzero) for
- * the next release to return. */
+ * the next release to return, and remove none from then on: the one that
+ * failed, and any after it in its job, are still there, and removing a
+ * newer one would leave a hole in the run of segment files, which the next
+ * open reads as a log that lost records (a damaged disk). They are all
+ * left for the next open, oldest first, as a crash leaves them. */
 static void gone_failed(struct ida_seglog *l, int rv)
 {
-    if (rv != 0 && l->gone_rv == 0) {
-        l->gone_rv = rv;
+    if (rv != 0) {
+        l->gone_stuck = true;
+        if (l->gone_rv == 0) {
+            l->gone_rv = rv;
+        }
     }
 }
 
 /* Hand the segments released so far (l->gone) to a maker when none is at
- * work; in line when none can start. */
+ * work; in line when none can start. None after a failure (gone_failed()). */
 static void maker_start_removal(struct ida_seglog *l)
 {
+    if (l->gone_stuck) {
+        l->n_gone = 0; /* left for the next open */
+    }
     if (l->maker != NULL || l->n_gone == 0) {
         return;
     }
@@ -421,7 +474,9 @@ int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes)
             atomic_store_explicit(&l->maker->hurry, true, memory_order_relaxed);
         }
         int rv = maker_end(l, max_bytes == 0);
-        if (rv == 0) {
+        if (rv != IDA_EBUSY) {
+            /* Made or not: the segments released meanwhile go first (a
+             * spare that failed on a full disk may fit once they are). */
             maker_start_removal(l);
         }
         return rv;
@@ -469,11 +524,32 @@ int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes)
     return spare_made(l, rv);
 }
 
+/* The segments released so far removed now, in line, a removal at work
+ * waited for (none after a failure: gone_failed()). */
+static void remove_now(struct ida_seglog *l)
+{
+    if (l->maker != NULL && !l->maker->make) {
+        (void)maker_end(l, true);
+    }
+    if (!l->gone_stuck && l->n_gone > 0) {
+        gone_failed(l, remove_segments(l->dir, l->gone, l->n_gone));
+    }
+    l->n_gone = 0;
+}
+
 /* Make the spare the segment appends go to, its first record @next_lsn
  * (its header says so, durable with the next sync). */
 int ida__seglog_switch(struct ida_seglog *l)
 {
     int rv = ida_seglog_prepare(l, 0);
+    if (rv != 0) {
+        /* That call may only have collected the maker's failure (the spare
+         * it was making is dropped), and a full disk may have room once
+         * the released segments are gone: those first, then the spare
+         * made whole once more, here. */
+        remove_now(l);
+        rv = ida_seglog_prepare(l, 0);
+    }
     if (rv != 0) {
         return rv;
     }
@@ -621,7 +697,10 @@ static uint64_t take_oldest(struct ida_seglog *l)
  * order, and a maker removes them (one job at a time, so in that order). */
 static int release_behind(struct ida_seglog *l, uint64_t lsn)
 {
-    while (l->n > 1 && l->segs[0].last_lsn < lsn) {
+    if (l->maker != NULL && !l->maker->make) {
+        (void)maker_end(l, false); /* a spare's is for prepare to collect */
+    }
+    while (!l->gone_stuck && l->n > 1 && l->segs[0].last_lsn < lsn) {
         if (l->n_gone == l->cap_gone) {
             size_t cap = l->cap_gone > 0 ? 2 * l->cap_gone : 8;
             uint64_t *v = ida_realloc(l->gone, cap * sizeof(*v));
@@ -633,13 +712,8 @@ static int release_behind(struct ida_seglog *l, uint64_t lsn)
         }
         l->gone[l->n_gone++] = take_oldest(l);
     }
-    if (l->maker != NULL && !l->maker->make) {
-        (void)maker_end(l, false); /* a spare's is for prepare to collect */
-    }
     maker_start_removal(l);
-    int rv = l->gone_rv;
-    l->gone_rv = 0;
-    return rv;
+    return l->gone_rv;
 }
 
 int ida_seglog_release(struct ida_seglog *l, uint64_t lsn)
@@ -649,13 +723,11 @@ int ida_seglog_release(struct ida_seglog *l, uint64_t lsn)
     }
     /* Oldest first, each removal durable before the next (remove_segments):
      * a crash leaves the segments kept a run without a hole. */
-    while (l->n > 1 && l->segs[0].last_lsn < lsn) {
+    while (!l->gone_stuck && l->n > 1 && l->segs[0].last_lsn < lsn) {
         uint64_t seq = take_oldest(l);
-        if (remove_segments(l->dir, &seq, 1) != 0) {
-            return IDA_EIO;
-        }
+        gone_failed(l, remove_segments(l->dir, &seq, 1));
     }
-    return 0;
+    return l->gone_rv;
 }
 
 int ida_seglog_read(struct ida_seglog *l,
@@ -730,7 +802,9 @@ void ida_seglog_close(struct ida_seglog *l)
     if (l->maker != NULL) {
         (void)maker_end(l, true); /* it finishes what it began */
     }
-    (void)remove_segments(l->dir, l->gone, l->n_gone); /* else the next open */
+    if (!l->gone_stuck) {
+        (void)remove_segments(l->dir, l->gone, l->n_gone); /* else the open */
+    }
     ida_free(l->gone);
     for (size_t i = 0; i < l->n; i++) {
         close(l->segs[i].fd);

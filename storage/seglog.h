@@ -93,8 +93,13 @@
  * With o.behind, a thread of the log's own (the maker) does them, one job
  * at a time: a prepare starts one and later calls only look whether it
  * is done; a release takes the segments out of the log at once and hands
- * their files to the maker, in order, and the next release returns a
- * failure to remove them. The spare is written 256 KiB at a time, each
+ * their files to the maker, in order. A failure to remove one is returned
+ * by every release from then on, and no file is removed after it (the
+ * files left stay a run, oldest first, for the next open). Released
+ * segments go before a new spare is begun, whether the last spare was
+ * made or not (on a full disk they are the room), and an append that
+ * needs a segment the maker failed to make makes it whole in line, after
+ * those removals. The spare is written 256 KiB at a time, each
  * written back before the next and a rest of 4 ms after it (none once an
  * append waits for the spare, or once the segment appends go to has less
  * than 16 MiB of room, as the 1 MiB one an open starts has): the maker never
@@ -208,8 +213,11 @@ int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes);
 
 /* Remove the segments whose every record has an LSN below @lsn (never the
  * one appends go to); with o.behind their files go on the maker's thread
- * (THE MAKER). Returns 0 or IDA_EIO (with o.behind: removing files of an
- * earlier release failed; they are left for the next open). */
+ * (THE MAKER). Returns 0, or IDA_EIO when removing a segment file failed,
+ * in this call or (o.behind) for an earlier one: from then on no segment
+ * is removed (a newer one removed while an older one stays would leave a
+ * hole in the run of files, which an open takes for lost records), every
+ * call returns the same, and the files are left for the next open. */
 int ida_seglog_release(struct ida_seglog *l, uint64_t lsn);
 
 /* Read again the record at @pos with LSN @lsn: *@data (ida_malloc'd, the
@@ -221,6 +229,13 @@ int ida_seglog_read(struct ida_seglog *l,
                     uint64_t lsn,
                     uint8_t **data,
                     size_t *len);
+
+/* Test hook: of the calls that remove a segment file (@what 0) or write a
+ * piece of the next segment (@what 1), on any thread, the next @skip
+ * succeed, then @fail fail with @code (an IDA_E* code; @fail < 0: all that
+ * follow), then all succeed again. Off unless a test arms it; @skip < 0
+ * turns it off. */
+void ida__seglog_fault_set(int what, int skip, int fail, int code);
 
 /* The LSN the next record gets; the highest durable one (0: none). */
 uint64_t ida_seglog_next_lsn(const struct ida_seglog *l);

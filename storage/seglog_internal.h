@@ -45,6 +45,7 @@ struct ida_seglog
     uint64_t *gone;
     size_t n_gone, cap_gone;
     int gone_rv;
+    bool gone_stuck; /* a removal failed: none from then on */
 };
 
 /* @prefix-<16 hex digits of @seq> into @buf (IDA__SEGLOG_NAME_MAX). */
