@@ -303,8 +303,8 @@ static int spare_made(struct ida_seglog *l, int rv)
 
 /* Remove the segment files @seqs[0..@n), in order, each removal durable
  * (the directory flushed) before the next: a crash leaves the segments
- * kept a run without a hole. 0 or IDA_EIO (the rest are left, and the
- * caller removes no newer one: see gone_failed()). */
+ * kept a run without a hole. 0, or IDA_EIO (or the code a test injects):
+ * the rest are left, and the caller removes no newer one (gone_failed()). */
 static int remove_segments(const char *dir, const uint64_t *seqs, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -403,7 +403,7 @@ static int maker_start_spare(struct ida_seglog *l)
 }
 
 /* Keep the first failure of removing released segments (@rv nonzero) for
- * the next release to return, and remove none from then on: the one that
+ * every later release to return, and remove none from then on: the one that
  * failed, and any after it in its job, are still there, and removing a
  * newer one would leave a hole in the run of segment files, which the next
  * open reads as a log that lost records (a damaged disk). They are all
@@ -444,7 +444,7 @@ static void maker_start_removal(struct ida_seglog *l)
 }
 
 /* The maker's outcome, the maker gone: for the spare, as spare_made(); for
- * a removal 0 (a failure is kept for the next release to return).
+ * a removal 0 (a failure is kept: gone_failed()).
  * IDA_EBUSY (the maker kept) while it works, unless @wait. */
 static int maker_end(struct ida_seglog *l, bool wait)
 {
@@ -484,8 +484,8 @@ int ida_seglog_prepare(struct ida_seglog *l, size_t max_bytes)
     if (l->maker != NULL) {
         (void)maker_end(l, false); /* a removal: the spare is not its */
     }
+    maker_start_removal(l); /* released segments before a new spare */
     if (l->spare_ready) {
-        maker_start_removal(l);
         return 0;
     }
     if (l->spare_fd < 0) {
@@ -542,11 +542,11 @@ static void remove_now(struct ida_seglog *l)
 int ida__seglog_switch(struct ida_seglog *l)
 {
     int rv = ida_seglog_prepare(l, 0);
-    if (rv != 0) {
+    if (rv != 0 && l->o.behind) {
         /* That call may only have collected the maker's failure (the spare
          * it was making is dropped), and a full disk may have room once
          * the released segments are gone: those first, then the spare
-         * made whole once more, here. */
+         * made whole once more, here. (In line, that call made it.) */
         remove_now(l);
         rv = ida_seglog_prepare(l, 0);
     }
@@ -606,8 +606,9 @@ int ida_seglog_append(struct ida_seglog *l,
     if (l->off + rb > cur->bytes) {
         int rv = ida__seglog_switch(l);
         if (rv != 0) {
-            /* A spare that could not be made (a full disk) fails this
-             * append alone; a write that failed is sticky. */
+            /* A spare that could not be made, even after the released
+             * segments went (a full disk), and a write that failed are
+             * sticky. */
             if (rv == IDA_EIO || rv == IDA_ENOSPC) {
                 l->failed = rv;
             }

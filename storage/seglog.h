@@ -114,7 +114,8 @@
  * THREADS: one thread uses a log at a time; nothing here locks. The
  * maker touches only the files of its job until its owner collects it (a
  * prepare, a release, the append that takes the spare, or close, which
- * waits for it and removes what is left to remove). */
+ * waits for it and removes what is left to remove, unless a removal
+ * failed). */
 #ifndef IDA_STORAGE_SEGLOG_H
 #define IDA_STORAGE_SEGLOG_H
 

@@ -41,7 +41,7 @@ struct ida_seglog
     uint64_t spare_seq;
     struct ida__seglog_maker *maker; /* at work (o.behind), or NULL */
     /* Released segments not yet handed to a maker (o.behind), in order;
-     * the first failure of removing some, for the next release. */
+     * the first failure of removing some, for every later release. */
     uint64_t *gone;
     size_t n_gone, cap_gone;
     int gone_rv;
