@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -844,13 +845,25 @@ static void killed_writers(uint64_t seed, bool behind)
             writer(fds[1], from, seed + (uint64_t)round, behind);
         }
         close(fds[1]);
-        usleep((useconds_t)(20000 + ida_test_rand(&seed) % 60000));
+        /* Killed at a random moment once it flushed 100 to 300 records
+         * (within 3 s): a fixed delay gave a writer on a busy machine's
+         * disk (a CI run beside it) time for only a dozen. */
+        uint64_t synced = from - 1, v;
+        uint64_t want = from - 1 + 100 + ida_test_rand(&seed) % 201;
+        struct pollfd pf = {.fd = fds[0], .events = POLLIN};
+        for (int t = 0; synced < want && t < 300 && poll(&pf, 1, 10) >= 0;
+             t++) {
+            if ((pf.revents & POLLIN) != 0 &&
+                read(fds[0], &v, sizeof(v)) == (ssize_t)sizeof(v)) {
+                synced = v;
+            }
+        }
+        usleep((useconds_t)(ida_test_rand(&seed) % 20000));
         kill(pid, SIGKILL);
         int status;
         waitpid(pid, &status, 0);
         cr_assert(WIFSIGNALED(status), "the writer died on its own: %d",
                   WEXITSTATUS(status));
-        uint64_t synced = from - 1, v;
         while (read(fds[0], &v, sizeof(v)) == (ssize_t)sizeof(v)) {
             synced = v;
         }
@@ -867,7 +880,8 @@ static void killed_writers(uint64_t seed, bool behind)
         total += s.last - (from - 1);
         ida_seglog_close(l);
     }
-    cr_assert_gt(total, behind ? 1000 : 100, "the writers wrote");
+    cr_assert_gt(total, behind ? 1000 : 100, "the writers wrote: %llu records",
+                 (unsigned long long)total);
     cr_assert_eq(count_files("tmp"), 0, "open removes a half-made spare");
 }
 
