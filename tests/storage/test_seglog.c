@@ -691,6 +691,18 @@ Test(seglog, a_failed_removal_in_line_removes_nothing_newer)
     failed_removal(false);
 }
 
+/* Flush and close @l, then open the log again (with the maker) into *@s:
+ * every record whole, the last @last. */
+static void sync_and_reopen(struct ida_seglog *l, struct seen *s, uint64_t last)
+{
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    ida_seglog_close(l);
+    l = open_behind(s);
+    cr_assert_eq(s->bad, 0);
+    cr_assert_eq(s->last, last);
+    ida_seglog_close(l);
+}
+
 /* While no spare can be made (a full disk), the maker removes what was
  * released instead of only trying the spare again: that is what frees
  * the room. Then an append makes the spare in line. */
@@ -717,14 +729,9 @@ Test(seglog, released_segments_go_while_the_spare_cannot_be_made)
     cr_assert_geq(failed, 1, "the spare's failure was told");
     faults_off();
     append_n(l, 401, 500); /* the spare is made when an append needs it */
-    cr_assert_eq(ida_seglog_sync(l), 0);
-    ida_seglog_close(l);
     struct seen s;
-    l = open_behind(&s);
-    cr_assert_eq(s.bad, 0);
-    cr_assert_eq(s.last, 500);
+    sync_and_reopen(l, &s, 500);
     cr_assert_leq(s.first, 400, "the segment 400 was in is kept");
-    ida_seglog_close(l);
 }
 
 /* A spare the maker failed to make (its failure not yet collected) does
@@ -736,14 +743,9 @@ Test(seglog, an_append_makes_the_spare_the_maker_failed_to_make)
     cr_assert_eq(ida_seglog_prepare(l, SEG / 8), IDA_EBUSY);
     usleep(100000);      /* the maker fails at its first write, and stops */
     append_n(l, 1, 300); /* switches segments: the first collects it */
-    cr_assert_eq(ida_seglog_sync(l), 0);
-    ida_seglog_close(l);
     struct seen s;
-    l = open_behind(&s);
-    cr_assert_eq(s.bad, 0);
+    sync_and_reopen(l, &s, 300);
     cr_assert_eq(s.first, 1);
-    cr_assert_eq(s.last, 300);
-    ida_seglog_close(l);
 }
 
 Test(seglog, bad_input_changes_nothing)
