@@ -35,6 +35,21 @@ static int wait_log(int i, const char *needle, unsigned ms)
     return 0;
 }
 
+/* Whether node @i is stopped (SIGSTOP took effect: state T). */
+static int stopped(int i)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)c.pid[i]);
+    FILE *f = fopen(path, "r");
+    size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f != NULL) {
+        fclose(f);
+    }
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* "pid (comm) STATE ..." */
+    return p != NULL && p[1] == ' ' && p[2] == 'T';
+}
+
 /* A listing of node 1's directory: names, sizes, modification times. */
 static void listing(char *buf, size_t cap)
 {
@@ -51,6 +66,14 @@ Test(datalock,
     tc_setup(&c, 3, NULL);
     tc_spawn(&c, 0);
     cr_assert(wait_log(0, "node: started", 20000), "node 1 did not start");
+    /* Node 1 stopped meanwhile (it still holds the lock): its own work,
+     * such as making the next log segment on a thread of its own, changes
+     * its directory at any moment. */
+    cr_assert_eq(tc_signal(&c, 0, SIGSTOP), 0);
+    for (int t = 0; t < 200 && !stopped(0); t++) {
+        tc_sleep_ms(10);
+    }
+    cr_assert(stopped(0), "node 1 did not stop");
     char before[4096], after[4096];
     listing(before, sizeof(before));
 
@@ -67,6 +90,7 @@ Test(datalock,
     cr_assert_null(strstr(out, "restored"), "it read the directory: %s", out);
     listing(after, sizeof(after));
     cr_assert_str_eq(before, after, "the directory changed");
+    cr_assert_eq(tc_signal(&c, 0, SIGCONT), 0);
 
     /* kill -9 leaves no lock: the node starts again at once (its log is
      * appended to: a second "restored" line, and it answers). */
