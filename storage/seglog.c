@@ -410,19 +410,26 @@ static int maker_start_spare(struct ida_seglog *l)
  * left for the next open, oldest first, as a crash leaves them. */
 static void gone_failed(struct ida_seglog *l, int rv)
 {
-    if (rv != 0) {
-        l->gone_stuck = true;
-        if (l->gone_rv == 0) {
-            l->gone_rv = rv;
-        }
+    if (rv != 0 && l->gone_rv == 0) {
+        l->gone_rv = rv;
     }
+}
+
+/* Remove the segments released so far (l->gone) here, in line; none after
+ * a failure (gone_failed()): they are left for the next open. */
+static void remove_gone(struct ida_seglog *l)
+{
+    if (l->gone_rv == 0 && l->n_gone > 0) {
+        gone_failed(l, remove_segments(l->dir, l->gone, l->n_gone));
+    }
+    l->n_gone = 0;
 }
 
 /* Hand the segments released so far (l->gone) to a maker when none is at
  * work; in line when none can start. None after a failure (gone_failed()). */
 static void maker_start_removal(struct ida_seglog *l)
 {
-    if (l->gone_stuck) {
+    if (l->gone_rv != 0) {
         l->n_gone = 0; /* left for the next open */
     }
     if (l->maker != NULL || l->n_gone == 0) {
@@ -439,8 +446,7 @@ static void maker_start_removal(struct ida_seglog *l)
         }
         ida_free(m);
     }
-    gone_failed(l, remove_segments(l->dir, l->gone, l->n_gone));
-    l->n_gone = 0;
+    remove_gone(l);
 }
 
 /* The maker's outcome, the maker gone: for the spare, as spare_made(); for
@@ -531,10 +537,7 @@ static void remove_now(struct ida_seglog *l)
     if (l->maker != NULL && !l->maker->make) {
         (void)maker_end(l, true);
     }
-    if (!l->gone_stuck && l->n_gone > 0) {
-        gone_failed(l, remove_segments(l->dir, l->gone, l->n_gone));
-    }
-    l->n_gone = 0;
+    remove_gone(l);
 }
 
 /* Make the spare the segment appends go to, its first record @next_lsn
@@ -701,7 +704,7 @@ static int release_behind(struct ida_seglog *l, uint64_t lsn)
     if (l->maker != NULL && !l->maker->make) {
         (void)maker_end(l, false); /* a spare's is for prepare to collect */
     }
-    while (!l->gone_stuck && l->n > 1 && l->segs[0].last_lsn < lsn) {
+    while (l->gone_rv == 0 && l->n > 1 && l->segs[0].last_lsn < lsn) {
         if (l->n_gone == l->cap_gone) {
             size_t cap = l->cap_gone > 0 ? 2 * l->cap_gone : 8;
             uint64_t *v = ida_realloc(l->gone, cap * sizeof(*v));
@@ -724,7 +727,7 @@ int ida_seglog_release(struct ida_seglog *l, uint64_t lsn)
     }
     /* Oldest first, each removal durable before the next (remove_segments):
      * a crash leaves the segments kept a run without a hole. */
-    while (!l->gone_stuck && l->n > 1 && l->segs[0].last_lsn < lsn) {
+    while (l->gone_rv == 0 && l->n > 1 && l->segs[0].last_lsn < lsn) {
         uint64_t seq = take_oldest(l);
         gone_failed(l, remove_segments(l->dir, &seq, 1));
     }
@@ -803,9 +806,7 @@ void ida_seglog_close(struct ida_seglog *l)
     if (l->maker != NULL) {
         (void)maker_end(l, true); /* it finishes what it began */
     }
-    if (!l->gone_stuck) {
-        (void)remove_segments(l->dir, l->gone, l->n_gone); /* else the open */
-    }
+    remove_gone(l); /* else the next open */
     ida_free(l->gone);
     for (size_t i = 0; i < l->n; i++) {
         close(l->segs[i].fd);

@@ -41,11 +41,11 @@ struct ida_seglog
     uint64_t spare_seq;
     struct ida__seglog_maker *maker; /* at work (o.behind), or NULL */
     /* Released segments not yet handed to a maker (o.behind), in order;
-     * the first failure of removing some, for every later release. */
+     * the first failure of removing some, for every later release (none
+     * is removed from then on). */
     uint64_t *gone;
     size_t n_gone, cap_gone;
     int gone_rv;
-    bool gone_stuck; /* a removal failed: none from then on */
 };
 
 /* @prefix-<16 hex digits of @seq> into @buf (IDA__SEGLOG_NAME_MAX). */

@@ -474,22 +474,6 @@ static pid_t child_of(int i)
     return (pid_t)pid;
 }
 
-/* The state letter /proc shows for process @pid ('T': stopped, 'Z': it
- * exited), 0 once it is gone. */
-static char proc_state(pid_t pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    if (f != NULL) {
-        fclose(f);
-    }
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')'); /* the name may hold anything */
-    return p != NULL && p[1] == ' ' ? p[2] : 0;
-}
-
 /* Writers that go on until told to stop (catch_snapshot_child()). */
 static atomic_int writes_stop, writes_failed;
 
@@ -532,9 +516,9 @@ static void catch_snapshot_child(int l)
         int before = tc_log_count(&c, l, taken);
         kill(p, SIGSTOP);
         char st = 0;
-        for (uint64_t until = tc_now_ms() + 1000; (st = proc_state(p)) != 'T' &&
-                                                  st != 'Z' && st != 0 &&
-                                                  tc_now_ms() < until;) {
+        for (uint64_t until = tc_now_ms() + 1000;
+             (st = tc_proc_state(p)) != 'T' && st != 'Z' && st != 0 &&
+             tc_now_ms() < until;) {
             tc_sleep_ms(1);
         }
         if (st != 'T') {
@@ -543,7 +527,7 @@ static void catch_snapshot_child(int l)
         }
         /* Stopped: its snapshot must not be done a while later. */
         tc_sleep_ms(300);
-        if (tc_log_count(&c, l, taken) == before && proc_state(p) == 'T') {
+        if (tc_log_count(&c, l, taken) == before && tc_proc_state(p) == 'T') {
             caught_child = p;
         } else {
             kill(p, SIGCONT);

@@ -35,21 +35,6 @@ static int wait_log(int i, const char *needle, unsigned ms)
     return 0;
 }
 
-/* Whether node @i is stopped (SIGSTOP took effect: state T). */
-static int stopped(int i)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)c.pid[i]);
-    FILE *f = fopen(path, "r");
-    size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    if (f != NULL) {
-        fclose(f);
-    }
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')'); /* "pid (comm) STATE ..." */
-    return p != NULL && p[1] == ' ' && p[2] == 'T';
-}
-
 /* A listing of node 1's directory: names, sizes, modification times. */
 static void listing(char *buf, size_t cap)
 {
@@ -70,10 +55,10 @@ Test(datalock,
      * such as making the next log segment on a thread of its own, changes
      * its directory at any moment. */
     cr_assert_eq(tc_signal(&c, 0, SIGSTOP), 0);
-    for (int t = 0; t < 200 && !stopped(0); t++) {
+    for (int t = 0; t < 200 && tc_proc_state(c.pid[0]) != 'T'; t++) {
         tc_sleep_ms(10);
     }
-    cr_assert(stopped(0), "node 1 did not stop");
+    cr_assert_eq(tc_proc_state(c.pid[0]), 'T', "node 1 did not stop");
     char before[4096], after[4096];
     listing(before, sizeof(before));
 

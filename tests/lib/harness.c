@@ -338,6 +338,20 @@ void tc_start(struct tc *c, int n, const char *extra)
     tc_start_edited(c, n, extra, NULL, NULL);
 }
 
+char tc_proc_state(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f != NULL) {
+        fclose(f);
+    }
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the name may hold anything */
+    return p != NULL && p[1] == ' ' ? p[2] : 0;
+}
+
 int tc_signal(struct tc *c, int i, int sig)
 {
     if (c->pid[i] == 0) {

@@ -67,6 +67,9 @@ void tc_spawn(struct tc *c, int i);
 /* Send @sig to node @i; for SIGKILL/SIGTERM wait for it and return its exit
  * status (as from waitpid), else 0. */
 int tc_signal(struct tc *c, int i, int sig);
+/* The state letter /proc shows for process @pid ('T': stopped, 'Z': it
+ * exited), 0 once it is gone. */
+char tc_proc_state(pid_t pid);
 /* Did node @i end on its own (exit, crash)? Reaps it without waiting: 1
  * with c->pid[i] = 0 and its wait status in *@status (may be NULL), else
  * 0 (running, stopped, or not started). */
