@@ -266,6 +266,13 @@ static int parse_node(struct parser *p, struct ida_config *c, char **f, int nf)
                         "metrics=IPv4:PORT or metrics=[IPv6]:PORT",
                         f[4] + 8);
         }
+        if (ida_addr_unspecified(&n->metrics)) {
+            return perr(p,
+                        "metrics address %s means any address: give one of "
+                        "this node's (it serves /metrics without TLS or "
+                        "authentication: one only your monitoring reaches)",
+                        n->metrics.text);
+        }
         if (addr_taken(c, &n->metrics, &by) ||
             strcmp(n->peer.text, n->metrics.text) == 0 ||
             strcmp(n->client.text, n->metrics.text) == 0) {

@@ -250,10 +250,13 @@ Test(config, load_file_and_missing_file)
 
 Test(config, shipped_cluster_files_parse)
 {
+    /* The example `make install` ships too: a newcomer edits only its
+     * names and addresses. */
     const char *files[] = {"cluster-configs/local-3.conf",
-                           "cluster-configs/local-5.conf"};
-    unsigned want[] = {3, 5};
-    for (int i = 0; i < 2; i++) {
+                           "cluster-configs/local-5.conf",
+                           "dist/cluster.conf.example"};
+    unsigned want[] = {3, 5, 3};
+    for (int i = 0; i < 3; i++) {
         cr_assert_eq(ida_config_load(files[i], &cfg, err), 0, "%s", err);
         cr_assert_eq(cfg.node_count, want[i]);
     }
@@ -273,6 +276,11 @@ Test(config, metrics_address_on_a_node_line)
                  "t.conf:2: ", "[metrics=ADDR]");
     expect_error("cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 metrics=x:3\n",
                  "t.conf:2: ", "bad metrics address \"x:3\"");
+    expect_error(
+        "cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 metrics=0.0.0.0:3\n",
+        "t.conf:2: ", "metrics address 0.0.0.0:3 means any address");
+    expect_error("cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 metrics=[::]:3\n",
+                 "t.conf:2: ", "means any address");
     expect_error(
         "cluster c\nnode 1 127.0.0.1:1 127.0.0.1:2 metrics=127.0.0.1:2\n",
         "t.conf:2: ", "metrics address 127.0.0.1:2 is already used");
