@@ -314,16 +314,33 @@ static int find_self(struct ida_node *n,
                  s->peer.text);
         rv = IDA_ECONFIG;
     }
+    if (rv == 0 && s->has_metrics &&
+        (node_addr_same(&s->metrics, &s->peer) ||
+         node_addr_same(&s->metrics, &s->client))) {
+        snprintf(errmsg, IDA_ERRMSG_MAX,
+                 "the metrics address %s is also this node's %s address",
+                 s->metrics.text,
+                 node_addr_same(&s->metrics, &s->peer) ? "peer" : "client");
+        rv = IDA_ECONFIG;
+    }
+    /* No address of this node's (metrics included) is one of another
+     * node's in the file: found here, before the data directory is
+     * opened, not when a listener fails to bind after it. */
+    const struct ida_addr *mine[3] = {&s->peer, &s->client, &s->metrics};
+    int n_mine = s->has_metrics ? 3 : 2;
     for (unsigned i = 0; rv == 0 && i < n->cfg.node_count; i++) {
         const struct ida_config_node *k = &n->cfg.nodes[i];
-        const struct ida_addr *mine[2] = {&s->peer, &s->client};
-        for (int j = 0; rv == 0 && k->id != s->id && j < 2; j++) {
-            if (node_addr_same(mine[j], &k->peer) ||
-                node_addr_same(mine[j], &k->client)) {
-                snprintf(errmsg, IDA_ERRMSG_MAX,
-                         "%s: address %s is node %u's in the cluster file",
-                         o->config_path, mine[j]->text, k->id);
-                rv = IDA_ECONFIG;
+        const struct ida_addr *theirs[3] = {&k->peer, &k->client, &k->metrics};
+        int n_theirs = k->has_metrics ? 3 : 2;
+        for (int j = 0; rv == 0 && k->id != s->id && j < n_mine; j++) {
+            for (int t = 0; rv == 0 && t < n_theirs; t++) {
+                if (node_addr_same(mine[j], theirs[t])) {
+                    snprintf(errmsg, IDA_ERRMSG_MAX,
+                             "%s: address %s is node %u's in the cluster "
+                             "file",
+                             o->config_path, mine[j]->text, k->id);
+                    rv = IDA_ECONFIG;
+                }
             }
         }
     }

@@ -602,6 +602,8 @@ Test(join,
         {"", "is not an address other nodes can dial"},
         {"", "--peer and --client go together"},
         {"", "bad --join address"},
+        {"", "is node 2's in the cluster file"},
+        {"", "is also this node's client address"},
     };
     snprintf(starts[1].args, sizeof(starts[1].args),
              "--node 4 --peer %s --client %s", p2, b);
@@ -610,6 +612,11 @@ Test(join,
     snprintf(starts[3].args, sizeof(starts[3].args), "--node 4 --peer %s", a);
     snprintf(starts[4].args, sizeof(starts[4].args),
              "--node 4 --peer %s --client %s --join %s,nowhere:1", a, b, c1);
+    /* --metrics too: another node's address, or one of its own two. */
+    snprintf(starts[5].args, sizeof(starts[5].args),
+             "--node 4 --peer %s --client %s --metrics %s", a, b, p2);
+    snprintf(starts[6].args, sizeof(starts[6].args),
+             "--node 4 --peer %s --client %s --metrics %s", a, b, b);
     for (size_t i = 0; i < sizeof(starts) / sizeof(starts[0]); i++) {
         int rc = tc_run(out, sizeof(out), "timeout 10 %s --config %s %s 2>&1",
                         tc_bin("idallocd"), c.conf, starts[i].args);
