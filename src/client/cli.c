@@ -51,7 +51,7 @@ static const char usage_all[] =
     "  --config FILE       take the client addresses from a cluster file\n"
     "  --timeout MS        give up a call after MS milliseconds, retries "
     "included\n"
-    "                      (default 5000)\n"
+    "                      (default 5000; 1 to 3600000)\n"
     "  --json, -w json     (after the command) one JSON document on stdout:\n"
     "                      status, member list, list, lookup, alloc, "
     "reserve,\n"
@@ -229,7 +229,8 @@ static const char *const usage_cmd[] = {
         "cluster name and a\nchecksum. Prints \"saved FILE index=I term=T "
         "cluster=NAME bytes=B\".\n",
     [IDA_CLI_SNAPSHOT_RESTORE] =
-        "usage: idalloc snapshot restore FILE [--advance-sequences N]\n"
+        "usage: idalloc snapshot restore FILE [--advance-sequences N] "
+        "[--request-id ID]\n"
         "Load the pools of backup FILE into a NEW cluster: one that has no "
         "pools\nand another name than the cluster the backup was taken "
         "from. Ids handed\nout after the backup was taken can be handed out "
@@ -238,8 +239,11 @@ static const char *const usage_cmd[] = {
         "backup); bounded and prefix pools are as they were at\nthe backup's "
         "index (README, \"Backup and restore\"). A damaged or foreign "
         "file\nis refused with one line, changing nothing.\n"
-        "exit codes: 0 done; 1 refused (the cluster has pools, or is the "
-        "backup's);\n2 bad usage or a bad file; 3 outcome unknown.\n",
+        "--request-id ID repeats a restore whose outcome was unknown (exit "
+        "3 names\nits id).\n"
+        "exit codes: 0 done; 1 refused (the cluster has pools); 2 bad usage, "
+        "a bad\nfile, or a backup of this very cluster; 3 outcome "
+        "unknown.\n",
     [IDA_CLI_LEADER_TRANSFER] =
         "usage: idalloc leader transfer [--to ID]\n"
         "Hand leadership to voter ID (default: a caught-up voter). Prints\n"
@@ -820,9 +824,11 @@ static int parse_command(struct args *a, struct ida_cli *c, char *errmsg)
             const char *name = c->cmd == IDA_CLI_SNAPSHOT_SAVE
                                    ? "snapshot save"
                                    : "snapshot restore";
-            rv = check_flags(a,
-                             c->cmd == IDA_CLI_SNAPSHOT_RESTORE ? F_ADVANCE : 0,
-                             name, errmsg);
+            /* A restore is a write: one whose outcome is unknown is
+             * repeated with its request id, like the others. */
+            rv = check_flags(
+                a, c->cmd == IDA_CLI_SNAPSHOT_RESTORE ? F_ADVANCE | F_REQID : 0,
+                name, errmsg);
             rv = rv != 0 ? rv : want_pos(a, 1, name, errmsg);
             c->file = a->pos[0];
             if (rv == 0 && a->advance != NULL &&
@@ -993,6 +999,14 @@ int ida_cli_parse(int argc, char **argv, struct ida_cli *out, char *errmsg)
             if (strcmp(name, commands[k].name) == 0) {
                 out->cmd = commands[k].cmd;
             }
+        }
+        if (out->cmd == IDA_CLI_HELP && strcmp(name, "certs") == 0) {
+            /* bin/idalloc runs `certs` only as its first word: it reads
+             * no cluster and takes none of the options above. */
+            return fail(errmsg,
+                        "certs takes no global options: run \"idalloc "
+                        "certs ...\" with certs first (see idalloc certs "
+                        "--help)");
         }
         if (out->cmd == IDA_CLI_HELP) {
             return fail(errmsg, "unknown command \"%s\" (see idalloc --help)",

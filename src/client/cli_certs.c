@@ -378,10 +378,27 @@ int ida_certs_main(int argc, char **argv)
     unsigned nodes = 0, clients = 0, node = 0, client = 0;
     int force = 0, have_nodes = 0, have_node = 0, have_client = 0;
     for (int i = 3; i < argc; i++) {
+        /* A value follows its option, or an `=` (--nodes=3), as in the
+         * other commands. */
+        char name[16];
         const char *s = argv[i];
+        const char *eq = strncmp(s, "--", 2) == 0 ? strchr(s, '=') : NULL;
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (eq != NULL && (size_t)(eq - s) < sizeof(name)) {
+            memcpy(name, s, (size_t)(eq - s));
+            name[eq - s] = '\0';
+            s = name;
+            v = eq + 1;
+        }
         int rv = 0;
         if (strcmp(s, "--force") == 0) {
+            if (eq != NULL) {
+                fprintf(stderr,
+                        "idalloc: certs %s: --force takes no value (see "
+                        "idalloc certs --help)\n",
+                        argv[1]);
+                return 2;
+            }
             force = 1;
             continue;
         } else if (create && strcmp(s, "--nodes") == 0) {
@@ -405,7 +422,9 @@ int ida_certs_main(int argc, char **argv)
         if (rv != 0) {
             return 2;
         }
-        i++;
+        if (eq == NULL) {
+            i++; /* the value was the next argument */
+        }
     }
     char err[IDA_ERRMSG_MAX];
     int rv;

@@ -330,9 +330,10 @@ Test(cli, request_id_on_writes_only)
     const char *id = "00112233445566778899aabbccddeeff:4294967301";
     char line[256];
     const char *writes[] = {
-        "alloc p --tag t",     "free p 3 --tag t",
-        "reserve s --count 5", "next s --count 2",
-        "prefix x --tag t",    "pool create p --kind sequence"};
+        "alloc p --tag t",       "free p 3 --tag t",
+        "reserve s --count 5",   "next s --count 2",
+        "prefix x --tag t",      "pool create p --kind sequence",
+        "snapshot restore b.ida"};
     for (size_t i = 0; i < sizeof(writes) / sizeof(writes[0]); i++) {
         snprintf(line, sizeof(line), "%s --request-id %s", writes[i], id);
         cr_assert_eq(parse(line), 0, "%s: %s", line, err);
@@ -343,6 +344,8 @@ Test(cli, request_id_on_writes_only)
     snprintf(line, sizeof(line), "lookup p --tag t --request-id %s", id);
     bad(line, "--request-id does not apply");
     snprintf(line, sizeof(line), "status --request-id %s", id);
+    bad(line, "--request-id does not apply");
+    snprintf(line, sizeof(line), "snapshot save b.ida --request-id %s", id);
     bad(line, "--request-id does not apply");
     bad("alloc p --tag t --request-id 12:3", "bad --request-id");
     bad("alloc p --tag t --request-id "

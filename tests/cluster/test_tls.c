@@ -656,6 +656,49 @@ Test(tls, certs_create_writes_what_openssl_verifies, .fini = teardown)
     cr_assert_str_neq(before, after, "--force made a new CA");
 }
 
+/* certs takes its values after an `=` too, like the other commands, and
+ * runs only as the first word (it reads no cluster): global options before
+ * it get a message saying so, not "unknown command". */
+Test(tls, certs_options_with_an_equals_sign, .fini = teardown)
+{
+    tc_setup(&c, 1, NULL);
+    char d[400], out[2048], p[500];
+    struct stat st;
+    path_in(d, sizeof(d), c.dir, "certs");
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "%s certs create %s --nodes=2 --clients=1 2>&1",
+                        tc_bin("idalloc"), d),
+                 0, "%s", out);
+    snprintf(p, sizeof(p), "%s/client1.crt", d);
+    cr_assert_eq(stat(p, &st), 0, "%s", p);
+    snprintf(p, sizeof(p), "%s/node3.crt", d);
+    cr_assert_neq(stat(p, &st), 0, "--nodes=2 made only two: %s", p);
+    cr_assert_eq(tc_run(out, sizeof(out), "%s certs add %s --node=5 2>&1",
+                        tc_bin("idalloc"), d),
+                 0, "%s", out);
+    cr_assert_eq(
+        tc_run(out, sizeof(out),
+               "openssl verify -CAfile %s/ca.crt %s/node5.crt 2>&1", d, d),
+        0, "%s", out);
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "%s certs create %s --nodes=1 --force=yes 2>&1",
+                        tc_bin("idalloc"), d),
+                 2, "%s", out);
+    cr_assert(strstr(out, "--force takes no value") != NULL, "%s", out);
+    cr_assert_eq(tc_run(out, sizeof(out), "%s certs create %s --nodes= 2>&1",
+                        tc_bin("idalloc"), d),
+                 2, "%s", out);
+    cr_assert(strstr(out, "bad --nodes \"\"") != NULL, "%s", out);
+    char d2[400];
+    path_in(d2, sizeof(d2), c.dir, "certs2");
+    cr_assert_eq(tc_run(out, sizeof(out),
+                        "%s --timeout 100 certs create %s --nodes 1 2>&1",
+                        tc_bin("idalloc"), d2),
+                 2, "%s", out);
+    cr_assert(strstr(out, "certs takes no global options") != NULL, "%s", out);
+    cr_assert_neq(stat(d2, &st), 0, "nothing was written: %s", d2);
+}
+
 /* Start node 1 of c.conf as it is now; its exit status and output. */
 static int start_node1(char *out, size_t cap)
 {
