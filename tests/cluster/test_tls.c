@@ -583,6 +583,20 @@ Test(tls,
 
 /* --- certificates and configuration ------------------------------------ */
 
+/* `idalloc certs add DIR OPT` (OPT names node @id) succeeds, and openssl
+ * verifies nodeID.crt against DIR's CA. */
+static void add_node_cert(const char *d, const char *opt, unsigned id)
+{
+    char out[2048];
+    cr_assert_eq(tc_run(out, sizeof(out), "%s certs add %s %s 2>&1",
+                        tc_bin("idalloc"), d, opt),
+                 0, "%s", out);
+    cr_assert_eq(
+        tc_run(out, sizeof(out),
+               "openssl verify -CAfile %s/ca.crt %s/node%u.crt 2>&1", d, d, id),
+        0, "%s", out);
+}
+
 Test(tls, certs_create_writes_what_openssl_verifies, .fini = teardown)
 {
     tc_setup(&c, 1, NULL);
@@ -638,13 +652,7 @@ Test(tls, certs_create_writes_what_openssl_verifies, .fini = teardown)
     tc_run(after, sizeof(after), "cat %s/ca.crt", d);
     cr_assert_str_eq(before, after);
     /* certs add: one more node of the same CA. */
-    cr_assert_eq(tc_run(out, sizeof(out), "%s certs add %s --node 4 2>&1",
-                        tc_bin("idalloc"), d),
-                 0, "%s", out);
-    cr_assert_eq(
-        tc_run(out, sizeof(out),
-               "openssl verify -CAfile %s/ca.crt %s/node4.crt 2>&1", d, d),
-        0, "%s", out);
+    add_node_cert(d, "--node 4", 4);
     cr_assert_eq(tc_run(out, sizeof(out), "%s certs add %s --node 4 2>&1",
                         tc_bin("idalloc"), d),
                  1, "%s", out);
@@ -673,13 +681,7 @@ Test(tls, certs_options_with_an_equals_sign, .fini = teardown)
     cr_assert_eq(stat(p, &st), 0, "%s", p);
     snprintf(p, sizeof(p), "%s/node3.crt", d);
     cr_assert_neq(stat(p, &st), 0, "--nodes=2 made only two: %s", p);
-    cr_assert_eq(tc_run(out, sizeof(out), "%s certs add %s --node=5 2>&1",
-                        tc_bin("idalloc"), d),
-                 0, "%s", out);
-    cr_assert_eq(
-        tc_run(out, sizeof(out),
-               "openssl verify -CAfile %s/ca.crt %s/node5.crt 2>&1", d, d),
-        0, "%s", out);
+    add_node_cert(d, "--node=5", 5);
     cr_assert_eq(tc_run(out, sizeof(out),
                         "%s certs create %s --nodes=1 --force=yes 2>&1",
                         tc_bin("idalloc"), d),
