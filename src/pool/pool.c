@@ -23,6 +23,11 @@
 #define NONE       UINT32_MAX
 #define CONF_BIT   31u
 #define COUNT_MASK ((1u << CONF_BIT) - 1)
+/* While spinning: looks at the inboxes, a pause between two, before each
+ * sched_yield(). A yield per look made each look cost a system call, and a
+ * round trip between two spinning workers 5 us instead of 0.5
+ * (tests/pool/bench_pool.c, section 2). */
+#define SPIN_POLLS 64
 
 struct target
 {
@@ -34,9 +39,12 @@ struct target
     uint32_t ping_interval_us;
     uint32_t k;              /* index among processors (NONE for external) */
     struct ida_rqueue inbox; /* Vyukov ring: see queue.h */
-    pthread_mutex_t lock;    /* the shard lock: held by the running worker */
-    _Atomic uint32_t owner;  /* worker to wake, per the current assignment */
-    atomic_flag running;     /* exclusivity check (asserted) */
+    /* Read by every sender; written only when the assignment changes.
+     * Kept off the lines the running worker writes on every run (below):
+     * sharing a line with them cost a cache miss per send. */
+    alignas(64) _Atomic uint32_t owner; /* worker to wake, per assignment */
+    alignas(64) pthread_mutex_t lock;   /* shard lock: held by its worker */
+    atomic_flag running;                /* exclusivity check (asserted) */
     /* Owned by the processor: touched only by the worker holding @lock. */
     int64_t ping_due_ns; /* CLOCK_MONOTONIC; 0: set by the first loop */
     struct ida_sftimer ping_sf;
@@ -52,10 +60,13 @@ struct worker
     uint32_t index;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    _Atomic int sleeping;
+    /* Read by every sender to this worker's processors; written only when
+     * the worker parks. On its own line: the fields below change on every
+     * loop, and sharing a line with them cost senders a cache miss. */
+    alignas(64) _Atomic int sleeping;
     /* Thread-local state of the sharder (only this worker's thread
      * touches it while running). */
-    int local; /* the assignment in use: 0, 1 or -1 (none yet) */
+    alignas(64) int local; /* the assignment in use: 0, 1 or -1 (none yet) */
     bool can_be_updated;
     bool idle;
     struct ida_wtimer reshard_timer;
@@ -173,10 +184,12 @@ static int add_target(struct ida_pool *p,
         p->t = ts;
         p->cap = cap;
     }
-    struct target *t = ida_calloc(1, sizeof(*t));
+    /* Aligned as its type says, so its cache-line groups are real lines. */
+    struct target *t = ida_malloc_aligned(alignof(struct target), sizeof(*t));
     if (t == NULL) {
         return IDA_ENOMEM;
     }
+    memset(t, 0, sizeof(*t));
     int rv = ida_rqueue_init(&t->inbox, capacity);
     if (rv != 0) {
         ida_free(t);
@@ -513,6 +526,17 @@ static bool my_inboxes_empty(struct worker *w)
     return true;
 }
 
+/* A pause inside a spin-wait loop: the core (or a hyperthread sibling, or
+ * the hypervisor) learns that this thread only waits. */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
 /* Poll this worker's inboxes for up to spin_us. Returns true when one
  * holds a message (no need to park). */
 static bool spin_for_work(struct worker *w)
@@ -523,8 +547,11 @@ static bool spin_for_work(struct worker *w)
     }
     int64_t end = mono_ns() + (int64_t)p->cfg.spin_us * 1000;
     do {
-        if (!my_inboxes_empty(w) || atomic_load(&p->stopping)) {
-            return true;
+        for (int i = 0; i < SPIN_POLLS; i++) {
+            if (!my_inboxes_empty(w) || atomic_load(&p->stopping)) {
+                return true;
+            }
+            cpu_relax();
         }
         sched_yield();
     } while (mono_ns() < end);
@@ -638,7 +665,11 @@ static int alloc_tables(struct ida_pool *p)
     p->procs = ida_calloc(np, sizeof(*p->procs));
     p->edge_ns = ida_calloc(np * np, sizeof(*p->edge_ns));
     p->scratch_proc = ida_calloc(np, sizeof(*p->scratch_proc));
-    p->w = ida_calloc(p->nthreads, sizeof(*p->w));
+    p->w =
+        ida_malloc_aligned(alignof(struct worker), p->nthreads * sizeof(*p->w));
+    if (p->w != NULL) {
+        memset(p->w, 0, p->nthreads * sizeof(*p->w));
+    }
     bool ok = p->procs && p->edge_ns && p->scratch_proc && p->w;
     for (int c = 0; c < 2; c++) {
         p->assign[c] = ida_calloc(np, sizeof(uint32_t));

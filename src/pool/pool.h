@@ -49,8 +49,9 @@
  * and sees the announcement signals it. The announcement and the emptiness
  * check are sequentially consistent, so a wake-up is not lost; the bounded
  * wait covers the short window while a processor moves between threads.
- * With spin_us, a worker first polls its inboxes (yielding between polls)
- * for that long, so a message that follows soon costs no wake-up at all.
+ * With spin_us, a worker first polls its inboxes for that long (a pause
+ * instruction between looks, sched_yield() every 64 looks), so a message
+ * that follows soon costs no wake-up at all.
  *
  * Blocking processors: a receive() may block (the storage processor waits in
  * fsync for milliseconds). The pool tolerates it: the other workers keep
@@ -183,9 +184,9 @@ struct ida_pool_config
     uint32_t threads;      /* 0: number of cores; capped (see init) */
     uint32_t idle_wait_us; /* 0: 1000 */
     /* Before it parks, an idle worker keeps looking at its inboxes for up
-     * to spin_us, yielding the core between looks (sched_yield: a busy
-     * machine loses nothing, an idle one answers in a few microseconds
-     * instead of a futex wake-up). 0: park at once. */
+     * to spin_us, yielding the core every 64 looks (sched_yield: a busy
+     * machine loses little, an idle one answers in under a microsecond
+     * instead of a futex wake-up's tens). 0: park at once. */
     uint32_t spin_us;
     uint32_t reshard_interval_ms; /* 0: resharding off */
     uint64_t drain_max;           /* for IDA_POOL_STOP_DRAIN; 0: 1000000 */
