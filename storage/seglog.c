@@ -30,7 +30,7 @@
  * before the next, and rests this long between them unless an append
  * waits for it (THE MAKER in seglog.h): at most a piece in the disk's
  * queue ahead of an append's flush, and about 50 MB/s at most. */
-#define MAKER_PIECE   (256u << 10)
+#define MAKER_PIECE   IDA_SEGLOG_MAKER_PIECE
 #define MAKER_REST_NS 4000000
 /* ... and rests only while the segment appends go to has this much room
  * left: an open's first segment (1 MiB) or a log filling fast does not
@@ -77,6 +77,14 @@ void ida__seglog_fault_set(int what, int skip, int fail, int code)
         atomic_store(&faults[what].code, code);
         atomic_store(&faults[what].skip, skip);
     }
+}
+
+/* Test hook (seglog.h, ida__seglog_maker_rests()). */
+static _Atomic uint64_t maker_rests;
+
+uint64_t ida__seglog_maker_rests(void)
+{
+    return atomic_load(&maker_rests);
 }
 
 /* The injected failure of this call of kind @what (its code), else 0. */
@@ -348,6 +356,8 @@ static void *maker_main(void *arg)
                 !atomic_load_explicit(&m->hurry, memory_order_relaxed)) {
                 struct timespec rest = {0, MAKER_REST_NS};
                 nanosleep(&rest, NULL);
+                atomic_fetch_add_explicit(&maker_rests, 1,
+                                          memory_order_relaxed);
             }
         }
         if (m->rv == 0) {

@@ -238,6 +238,13 @@ int ida_seglog_read(struct ida_seglog *l,
  * turns it off. */
 void ida__seglog_fault_set(int what, int skip, int fail, int code);
 
+/* The maker writes a spare in pieces of this many bytes (THE MAKER). */
+#define IDA_SEGLOG_MAKER_PIECE (256u << 10)
+
+/* Test hook: how many rests the makers of this process have taken (THE
+ * MAKER: one after each piece but the last, none while hurried). */
+uint64_t ida__seglog_maker_rests(void);
+
 /* The LSN the next record gets; the highest durable one (0: none). */
 uint64_t ida_seglog_next_lsn(const struct ida_seglog *l);
 uint64_t ida_seglog_synced_lsn(const struct ida_seglog *l);

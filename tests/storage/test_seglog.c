@@ -748,6 +748,78 @@ Test(seglog, an_append_makes_the_spare_the_maker_failed_to_make)
     cr_assert_eq(s.first, 1);
 }
 
+/* THE MAKER's pacing (seglog.h): a spare made at leisure is written a
+ * piece at a time with a rest after each piece but the last; none while
+ * the segment appends go to is short of room (an open's first, 1 MiB
+ * here), and the rests stop once an append waits for the spare. */
+#define PACED_SEG (20u << 20)
+
+/* Call prepare until the spare is made. */
+static void prepared(struct ida_seglog *l)
+{
+    int rv, tries = 0;
+    while ((rv = ida_seglog_prepare(l, 1u << 20)) == IDA_EBUSY &&
+           ++tries < 60000) {
+        usleep(1000);
+    }
+    cr_assert_eq(rv, 0, "the spare is made: %s", idalloc_strerror(rv));
+}
+
+/* One record of @len bytes (of @buf's). */
+static void append_big(struct ida_seglog *l, uint8_t *buf, size_t len)
+{
+    struct iovec v = {buf, len};
+    int rv = ida_seglog_append(l, &v, 1, NULL, NULL);
+    cr_assert_eq(rv, 0, "append of %zu bytes: %s", len, idalloc_strerror(rv));
+}
+
+Test(seglog, the_maker_rests_between_pieces_unless_hurried, .timeout = 120)
+{
+    struct ida_seglog_options o = opts('a');
+    o.behind = true;
+    o.segment_bytes = PACED_SEG;
+    o.open_segment_bytes = 1u << 20;
+    struct ida_seglog *l = open_opts(o, NULL);
+    size_t big = PACED_SEG - (1u << 20) / 2; /* fits no segment with data */
+    uint8_t *buf = ida_malloc(big);
+    cr_assert_not_null(buf);
+    memset(buf, 0x5a, big);
+    uint64_t pieces = PACED_SEG / IDA_SEGLOG_MAKER_PIECE;
+
+    /* Appends go to the open's 1 MiB segment: the spare is made hurried. */
+    uint64_t r0 = ida__seglog_maker_rests();
+    prepared(l);
+    cr_assert_eq(ida__seglog_maker_rests() - r0, 0,
+                 "no rest while appends have less than 16 MiB of room");
+
+    /* A 1 MiB record moves appends to that 20 MiB spare: room enough, so
+     * the next spare is made at leisure, resting after every piece. */
+    append_big(l, buf, 1u << 20);
+    r0 = ida__seglog_maker_rests();
+    prepared(l);
+    cr_assert_eq(ida__seglog_maker_rests() - r0, pieces - 1,
+                 "a rest after each of the %llu pieces but the last",
+                 (unsigned long long)pieces);
+
+    /* Fill that segment, and move on to the spare with room to spare. */
+    append_big(l, buf, PACED_SEG - (2u << 20));
+    append_big(l, buf, 1u << 20);
+    r0 = ida__seglog_maker_rests();
+    cr_assert_eq(ida_seglog_prepare(l, 1u << 20), IDA_EBUSY);
+    for (int i = 0; i < 60000 && ida__seglog_maker_rests() == r0; i++) {
+        usleep(1000); /* until the maker, at leisure, has rested once */
+    }
+    cr_assert_gt(ida__seglog_maker_rests() - r0, 0, "the maker rests");
+    /* This record fits only in the spare: the append waits for it, and
+     * the maker stops resting (79 rests would take 316 ms at least). */
+    append_big(l, buf, big);
+    cr_assert_lt(ida__seglog_maker_rests() - r0, pieces - 1,
+                 "an append waiting for the spare ended the rests");
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    ida_seglog_close(l);
+    ida_free(buf);
+}
+
 Test(seglog, bad_input_changes_nothing)
 {
     struct ida_seglog_options o = opts('a');
