@@ -31,13 +31,13 @@ static void choose(struct plan *pl, uint32_t i, uint32_t th, uint32_t *out)
     }
 }
 
-/* Among processors left that fit under @avg: most edge time to the chosen
+/* Among processors left that fit under @cap: most edge time to the chosen
  * ones, then the longest, then the lowest index. NONE-like n if none. */
-static uint32_t best_fit(const struct plan *pl, uint64_t avg)
+static uint32_t best_fit(const struct plan *pl, uint64_t cap)
 {
     uint32_t best = pl->n;
     for (uint32_t i = 0; i < pl->n; i++) {
-        if (!pl->left[i] || pl->chosen_ns + pl->d[i] > avg) {
+        if (!pl->left[i] || pl->chosen_ns + pl->d[i] > cap) {
             continue;
         }
         if (best == pl->n || pl->passing[i] > pl->passing[best] ||
@@ -77,6 +77,7 @@ void ida_pool_plan(uint32_t nproc,
         pl.left[i] = true;
     }
     uint64_t avg = total / nthreads;
+    uint64_t cap = avg + avg / 8; /* what "fits": see pool.h */
     uint64_t load[IDA_POOL_THREADS_MAX] = {0};
     for (uint32_t th = 0; th < nthreads && th < IDA_POOL_THREADS_MAX; th++) {
         pl.chosen_ns = 0;
@@ -91,7 +92,7 @@ void ida_pool_plan(uint32_t nproc,
             choose(&pl, heaviest, th, new_assign);
         }
         for (;;) {
-            uint32_t i = best_fit(&pl, avg);
+            uint32_t i = best_fit(&pl, cap);
             if (i == nproc) {
                 break;
             }

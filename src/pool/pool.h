@@ -35,7 +35,10 @@
  * low-overhead start-finish timers of timer.h); an edge's weight is the time
  * the receiver spent on messages from that sender. Each thread in turn takes
  * the heaviest processor if it alone exceeds the average load, then keeps
- * adding, among the processors that still fit under the average, the one with
+ * adding, among the processors that still fit under the average (plus an
+ * eighth: measured loads are never exactly equal, and without the slack
+ * two chatty processors whose sum came out a hair over the average were
+ * split up, in the 4-processor ring of bench_pool), the one with
  * the most edge time to the processors it already has. Two rules
  * needed for correctness: processors that fit nowhere go to the
  * least-loaded thread (dropping them would leave processors unrun), and with

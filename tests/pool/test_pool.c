@@ -795,6 +795,24 @@ Test(plan, chatty_pairs_are_put_together)
     cr_assert_neq(out[0], out[1], "load is balanced");
 }
 
+Test(plan, chatty_pairs_with_uneven_loads_are_put_together)
+{
+    /* A ring 0 -> 1 -> 2 -> 3 -> 0 as measured: loads a few percent apart,
+     * each receiving from its predecessor. 0 and 1 together come to 204,
+     * over the average (201); they belong together all the same. */
+    uint64_t proc[4] = {104, 100, 97, 101}, edge[16] = {0};
+    edge[1 * 4 + 0] = 60;
+    edge[2 * 4 + 1] = 60;
+    edge[3 * 4 + 2] = 60;
+    edge[0 * 4 + 3] = 10;
+    uint32_t old[4] = {0, 1, 0, 1}, out[4];
+    ida_pool_plan(4, proc, edge, 2, old, out);
+    cr_assert_eq(out[0], out[1], "0 and 1 apart: %u %u %u %u", out[0], out[1],
+                 out[2], out[3]);
+    cr_assert_eq(out[2], out[3]);
+    cr_assert_neq(out[0], out[2], "load is balanced");
+}
+
 Test(plan, every_processor_gets_a_thread)
 {
     /* 5, 5, 5 on 2 threads: average 7.5, so the third fits nowhere under
