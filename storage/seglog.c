@@ -79,12 +79,13 @@ void ida__seglog_fault_set(int what, int skip, int fail, int code)
     }
 }
 
-/* Test hook (seglog.h, ida__seglog_maker_rests()). */
-static _Atomic uint64_t maker_rests;
+/* Test hook (seglog.h, ida__seglog_maker_counts()). */
+static _Atomic uint64_t maker_rests, maker_pieces;
 
-uint64_t ida__seglog_maker_rests(void)
+void ida__seglog_maker_counts(uint64_t *rests, uint64_t *pieces)
 {
-    return atomic_load(&maker_rests);
+    *rests = atomic_load(&maker_rests);
+    *pieces = atomic_load(&maker_pieces);
 }
 
 /* The injected failure of this call of kind @what (its code), else 0. */
@@ -340,7 +341,8 @@ struct ida__seglog_maker
     uint64_t *seqs;
     size_t n;
     int rv;
-    atomic_bool hurry; /* its owner waits for it: no more rests */
+    atomic_bool hurry;   /* its owner waits for it: no more rests */
+    atomic_bool abandon; /* its owner drops the spare: stop making it */
     atomic_bool finished;
     uint8_t header[IDA_SEGLOG_HEADER_BYTES];
 };
@@ -350,8 +352,13 @@ static void *maker_main(void *arg)
     struct ida__seglog_maker *m = arg;
     if (m->make) {
         while (m->rv == 0 && m->done < m->bytes) {
+            if (atomic_load_explicit(&m->abandon, memory_order_relaxed)) {
+                m->rv = IDA_ESTOPPED; /* half made: dropped by the owner */
+                break;
+            }
             m->rv = spare_fill(m->fd, m->header, m->bytes, &m->done,
                                MAKER_PIECE, true);
+            atomic_fetch_add_explicit(&maker_pieces, 1, memory_order_relaxed);
             if (m->done < m->bytes &&
                 !atomic_load_explicit(&m->hurry, memory_order_relaxed)) {
                 struct timespec rest = {0, MAKER_REST_NS};
@@ -376,6 +383,7 @@ static int maker_run(struct ida_seglog *l,
 {
     m->dir = l->dir;
     atomic_init(&m->hurry, hurry);
+    atomic_init(&m->abandon, false);
     atomic_init(&m->finished, false);
     if (pthread_create(&m->thread, NULL, maker_main, m) != 0) {
         return IDA_EIO;
@@ -814,7 +822,15 @@ void ida_seglog_close(struct ida_seglog *l)
         return;
     }
     if (l->maker != NULL) {
-        (void)maker_end(l, true); /* it finishes what it began */
+        /* A removal finishes what it began; a spare, which the next open
+         * would remove anyway, is left half made and removed below
+         * (waiting for a whole one held a node's stop for up to 65 MiB of
+         * writes). */
+        if (l->maker->make) {
+            atomic_store_explicit(&l->maker->abandon, true,
+                                  memory_order_relaxed);
+        }
+        (void)maker_end(l, true);
     }
     remove_gone(l); /* else the next open */
     ida_free(l->gone);

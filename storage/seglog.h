@@ -115,7 +115,8 @@
  * maker touches only the files of its job until its owner collects it (a
  * prepare, a release, the append that takes the spare, or close, which
  * waits for it and removes what is left to remove, unless a removal
- * failed). */
+ * failed; a spare being made it stops after the piece in hand and removes,
+ * as the next open would remove a spare anyway). */
 #ifndef IDA_STORAGE_SEGLOG_H
 #define IDA_STORAGE_SEGLOG_H
 
@@ -242,8 +243,9 @@ void ida__seglog_fault_set(int what, int skip, int fail, int code);
 #define IDA_SEGLOG_MAKER_PIECE (256u << 10)
 
 /* Test hook: how many rests the makers of this process have taken (THE
- * MAKER: one after each piece but the last, none while hurried). */
-uint64_t ida__seglog_maker_rests(void);
+ * MAKER: one after each piece but the last, none while hurried), and how
+ * many pieces they wrote. */
+void ida__seglog_maker_counts(uint64_t *rests, uint64_t *pieces);
 
 /* The LSN the next record gets; the highest durable one (0: none). */
 uint64_t ida_seglog_next_lsn(const struct ida_seglog *l);

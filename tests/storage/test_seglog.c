@@ -765,6 +765,29 @@ static void prepared(struct ida_seglog *l)
     cr_assert_eq(rv, 0, "the spare is made: %s", idalloc_strerror(rv));
 }
 
+static uint64_t rests(void)
+{
+    uint64_t r, p;
+    ida__seglog_maker_counts(&r, &p);
+    return r;
+}
+
+static uint64_t pieces_written(void)
+{
+    uint64_t r, p;
+    ida__seglog_maker_counts(&r, &p);
+    return p;
+}
+
+/* Until the maker, at leisure, has rested once since @r0. */
+static void wait_rest(uint64_t r0)
+{
+    for (int i = 0; i < 60000 && rests() == r0; i++) {
+        usleep(1000);
+    }
+    cr_assert_gt(rests() - r0, 0, "the maker rests");
+}
+
 /* One record of @len bytes (of @buf's). */
 static void append_big(struct ida_seglog *l, uint8_t *buf, size_t len)
 {
@@ -787,35 +810,63 @@ Test(seglog, the_maker_rests_between_pieces_unless_hurried, .timeout = 120)
     uint64_t pieces = PACED_SEG / IDA_SEGLOG_MAKER_PIECE;
 
     /* Appends go to the open's 1 MiB segment: the spare is made hurried. */
-    uint64_t r0 = ida__seglog_maker_rests();
+    uint64_t r0 = rests();
     prepared(l);
-    cr_assert_eq(ida__seglog_maker_rests() - r0, 0,
+    cr_assert_eq(rests() - r0, 0,
                  "no rest while appends have less than 16 MiB of room");
 
     /* A 1 MiB record moves appends to that 20 MiB spare: room enough, so
      * the next spare is made at leisure, resting after every piece. */
     append_big(l, buf, 1u << 20);
-    r0 = ida__seglog_maker_rests();
+    r0 = rests();
     prepared(l);
-    cr_assert_eq(ida__seglog_maker_rests() - r0, pieces - 1,
+    cr_assert_eq(rests() - r0, pieces - 1,
                  "a rest after each of the %llu pieces but the last",
                  (unsigned long long)pieces);
 
     /* Fill that segment, and move on to the spare with room to spare. */
     append_big(l, buf, PACED_SEG - (2u << 20));
     append_big(l, buf, 1u << 20);
-    r0 = ida__seglog_maker_rests();
+    r0 = rests();
     cr_assert_eq(ida_seglog_prepare(l, 1u << 20), IDA_EBUSY);
-    for (int i = 0; i < 60000 && ida__seglog_maker_rests() == r0; i++) {
-        usleep(1000); /* until the maker, at leisure, has rested once */
-    }
-    cr_assert_gt(ida__seglog_maker_rests() - r0, 0, "the maker rests");
+    wait_rest(r0);
     /* This record fits only in the spare: the append waits for it, and
      * the maker stops resting (79 rests would take 316 ms at least). */
     append_big(l, buf, big);
-    cr_assert_lt(ida__seglog_maker_rests() - r0, pieces - 1,
+    cr_assert_lt(rests() - r0, pieces - 1,
                  "an append waiting for the spare ended the rests");
     cr_assert_eq(ida_seglog_sync(l), 0);
+    ida_seglog_close(l);
+    ida_free(buf);
+}
+
+/* Close stops a spare being made after the piece in hand and removes it
+ * (the next open would remove a spare anyway), instead of writing all of
+ * it first; the log opens again with every record. */
+Test(seglog, close_drops_a_half_made_spare, .timeout = 120)
+{
+    struct ida_seglog_options o = opts('a');
+    o.behind = true;
+    o.segment_bytes = PACED_SEG;
+    o.open_segment_bytes = 1u << 20;
+    struct ida_seglog *l = open_opts(o, NULL);
+    uint8_t *buf = ida_malloc(1u << 20);
+    cr_assert_not_null(buf);
+    memset(buf, 0x5a, 1u << 20);
+    prepared(l);
+    append_big(l, buf, 1u << 20); /* appends move to a 20 MiB segment */
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    uint64_t r0 = rests(), p0 = pieces_written();
+    cr_assert_eq(ida_seglog_prepare(l, 1u << 20), IDA_EBUSY);
+    wait_rest(r0);
+    ida_seglog_close(l);
+    uint64_t wrote = pieces_written() - p0;
+    cr_assert_lt(wrote, PACED_SEG / IDA_SEGLOG_MAKER_PIECE,
+                 "close did not wait for the whole spare (%llu pieces)",
+                 (unsigned long long)wrote);
+    cr_assert_eq(count_files("tmp"), 0, "the half-made spare is removed");
+    l = open_opts(o, NULL);
+    cr_assert_eq(ida_seglog_next_lsn(l), 2, "the record is still there");
     ida_seglog_close(l);
     ida_free(buf);
 }
