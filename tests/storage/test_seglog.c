@@ -788,6 +788,26 @@ static void wait_rest(uint64_t r0)
     cr_assert_gt(rests() - r0, 0, "the maker rests");
 }
 
+/* A log with the maker, of 20 MiB segments, whose opens start a 1 MiB
+ * one. */
+static struct ida_seglog_options paced_opts(void)
+{
+    struct ida_seglog_options o = opts('a');
+    o.behind = true;
+    o.segment_bytes = PACED_SEG;
+    o.open_segment_bytes = 1u << 20;
+    return o;
+}
+
+/* @len bytes of record data (the caller frees). */
+static uint8_t *filled(size_t len)
+{
+    uint8_t *buf = ida_malloc(len);
+    cr_assert_not_null(buf);
+    memset(buf, 0x5a, len);
+    return buf;
+}
+
 /* One record of @len bytes (of @buf's). */
 static void append_big(struct ida_seglog *l, uint8_t *buf, size_t len)
 {
@@ -798,15 +818,10 @@ static void append_big(struct ida_seglog *l, uint8_t *buf, size_t len)
 
 Test(seglog, the_maker_rests_between_pieces_unless_hurried, .timeout = 120)
 {
-    struct ida_seglog_options o = opts('a');
-    o.behind = true;
-    o.segment_bytes = PACED_SEG;
-    o.open_segment_bytes = 1u << 20;
+    struct ida_seglog_options o = paced_opts();
     struct ida_seglog *l = open_opts(o, NULL);
     size_t big = PACED_SEG - (1u << 20) / 2; /* fits no segment with data */
-    uint8_t *buf = ida_malloc(big);
-    cr_assert_not_null(buf);
-    memset(buf, 0x5a, big);
+    uint8_t *buf = filled(big);
     uint64_t pieces = PACED_SEG / IDA_SEGLOG_MAKER_PIECE;
 
     /* Appends go to the open's 1 MiB segment: the spare is made hurried. */
@@ -845,14 +860,9 @@ Test(seglog, the_maker_rests_between_pieces_unless_hurried, .timeout = 120)
  * it first; the log opens again with every record. */
 Test(seglog, close_drops_a_half_made_spare, .timeout = 120)
 {
-    struct ida_seglog_options o = opts('a');
-    o.behind = true;
-    o.segment_bytes = PACED_SEG;
-    o.open_segment_bytes = 1u << 20;
+    struct ida_seglog_options o = paced_opts();
     struct ida_seglog *l = open_opts(o, NULL);
-    uint8_t *buf = ida_malloc(1u << 20);
-    cr_assert_not_null(buf);
-    memset(buf, 0x5a, 1u << 20);
+    uint8_t *buf = filled(1u << 20);
     prepared(l);
     append_big(l, buf, 1u << 20); /* appends move to a 20 MiB segment */
     cr_assert_eq(ida_seglog_sync(l), 0);
