@@ -780,6 +780,23 @@ Test(plan, heavy_processor_gets_a_thread_of_its_own)
     }
 }
 
+/* Plan four processors @proc with edges @edge on two threads (from the
+ * assignment 0 1 0 1): @a with @b, @c with @d, and the two pairs apart. */
+static void check_pairs(const uint64_t *proc,
+                        const uint64_t *edge,
+                        uint32_t a,
+                        uint32_t b,
+                        uint32_t c,
+                        uint32_t d)
+{
+    uint32_t old[4] = {0, 1, 0, 1}, out[4];
+    ida_pool_plan(4, proc, edge, 2, old, out);
+    cr_assert_eq(out[a], out[b], "%u and %u apart: %u %u %u %u", a, b, out[0],
+                 out[1], out[2], out[3]);
+    cr_assert_eq(out[c], out[d]);
+    cr_assert_neq(out[a], out[c], "load is balanced");
+}
+
 Test(plan, chatty_pairs_are_put_together)
 {
     /* Four equal processors; 0<->2 and 1<->3 exchange a lot. */
@@ -788,11 +805,7 @@ Test(plan, chatty_pairs_are_put_together)
     edge[2 * 4 + 0] = 50;
     edge[1 * 4 + 3] = 50;
     edge[3 * 4 + 1] = 50;
-    uint32_t old[4] = {0, 1, 0, 1}, out[4];
-    ida_pool_plan(4, proc, edge, 2, old, out);
-    cr_assert_eq(out[0], out[2]);
-    cr_assert_eq(out[1], out[3]);
-    cr_assert_neq(out[0], out[1], "load is balanced");
+    check_pairs(proc, edge, 0, 2, 1, 3);
 }
 
 Test(plan, chatty_pairs_with_uneven_loads_are_put_together)
@@ -805,12 +818,7 @@ Test(plan, chatty_pairs_with_uneven_loads_are_put_together)
     edge[2 * 4 + 1] = 60;
     edge[3 * 4 + 2] = 60;
     edge[0 * 4 + 3] = 10;
-    uint32_t old[4] = {0, 1, 0, 1}, out[4];
-    ida_pool_plan(4, proc, edge, 2, old, out);
-    cr_assert_eq(out[0], out[1], "0 and 1 apart: %u %u %u %u", out[0], out[1],
-                 out[2], out[3]);
-    cr_assert_eq(out[2], out[3]);
-    cr_assert_neq(out[0], out[2], "load is balanced");
+    check_pairs(proc, edge, 0, 1, 2, 3);
 }
 
 Test(plan, every_processor_gets_a_thread)
