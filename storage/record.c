@@ -5,38 +5,40 @@
 #include "base/assert.h"
 #include "idalloc_errors.h"
 
+/* Spelled out, not loops: the compiler makes one load or store of each
+ * (and a byte swap), where it kept the loops byte by byte
+ * (storage/internal.h, ida__le64()). */
 void ida__put_be64(uint8_t *p, uint64_t v)
 {
-    for (int i = 7; i >= 0; i--) {
-        p[i] = (uint8_t)v;
-        v >>= 8;
-    }
+    p[0] = (uint8_t)(v >> 56);
+    p[1] = (uint8_t)(v >> 48);
+    p[2] = (uint8_t)(v >> 40);
+    p[3] = (uint8_t)(v >> 32);
+    p[4] = (uint8_t)(v >> 24);
+    p[5] = (uint8_t)(v >> 16);
+    p[6] = (uint8_t)(v >> 8);
+    p[7] = (uint8_t)v;
 }
 
 void ida__put_be32(uint8_t *p, uint32_t v)
 {
-    for (int i = 3; i >= 0; i--) {
-        p[i] = (uint8_t)v;
-        v >>= 8;
-    }
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
 }
 
 uint64_t ida__get_be64(const uint8_t *p)
 {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) {
-        v = (v << 8) | p[i];
-    }
-    return v;
+    return (uint64_t)p[0] << 56 | (uint64_t)p[1] << 48 | (uint64_t)p[2] << 40 |
+           (uint64_t)p[3] << 32 | (uint64_t)p[4] << 24 | (uint64_t)p[5] << 16 |
+           (uint64_t)p[6] << 8 | (uint64_t)p[7];
 }
 
 uint32_t ida__get_be32(const uint8_t *p)
 {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) {
-        v = (v << 8) | p[i];
-    }
-    return v;
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
+           (uint32_t)p[3];
 }
 
 /* Seal a record: the last 4 bytes get the CRC of everything before them. */
