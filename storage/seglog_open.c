@@ -30,6 +30,7 @@ struct found
     int hdr;      /* ida__seglog_header_decode(): 0 ok, 1 none */
     uint64_t first_lsn;
     bool used; /* holds records recovered */
+    bool zero; /* nothing but zeros after its header (recover() found) */
 };
 
 static int cmp_found(const void *a, const void *b)
@@ -129,6 +130,24 @@ static int list_segments(struct ida_seglog *l,
     return 0;
 }
 
+/* Whether @n bytes at @p (a multiple of 8) are all zero. */
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t page = 0; page < n; page += 4096) {
+        size_t end = n - page < 4096 ? n : page + 4096;
+        uint64_t acc = 0;
+        for (size_t i = page; i < end; i += 8) {
+            uint64_t w;
+            memcpy(&w, p + i, sizeof(w));
+            acc |= w;
+        }
+        if (acc != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Whether bytes from @from of @x hold a record (at any multiple of 8) of
  * LSN >= @b saying that @b was durable. */
 static bool durable_after(const struct found *x, size_t from, uint64_t b)
@@ -220,8 +239,17 @@ static int recover(struct ida_seglog *l,
     size_t last = i > 0 ? i - 1 : 0;
     for (size_t j = last; j < n; j++) {
         size_t from = j == last && i > 0 ? at : IDA_SEGLOG_HEADER_BYTES;
-        if (f[j].bytes > IDA_SEGLOG_HEADER_BYTES &&
-            durable_after(&f[j], from, expect)) {
+        from = (from + 7) & ~(size_t)7;
+        if (f[j].bytes <= from) {
+            continue;
+        }
+        /* Zeros hold no record (and are one read of the bytes, where a
+         * record is looked for at every multiple of 8). */
+        if (all_zero(f[j].buf + from, f[j].bytes - from)) {
+            f[j].zero = from == IDA_SEGLOG_HEADER_BYTES;
+            continue;
+        }
+        if (durable_after(&f[j], from, expect)) {
             ida__seglog_say(
                 err, errlen,
                 "the log ends at LSN %llu, but log segment seg-%016llx holds "
@@ -251,6 +279,17 @@ static int recover(struct ida_seglog *l,
     }
     *end_lsn = expect;
     return 0;
+}
+
+/* Whether @x, the directory's last file, is a spare the maker finished (a
+ * header of this log naming no first LSN, zeros after it, segment_bytes
+ * long): the segment appends go on in, as it is (seglog.h, RECOVERY). */
+static bool spare_whole(const struct ida_seglog *l, const struct found *x)
+{
+    uint64_t first = 1;
+    return !x->used && x->buf != NULL && x->bytes == l->o.segment_bytes &&
+           ida__seglog_header_decode(l, x->buf, x->seq, &first) == 0 &&
+           first == 0 && x->zero;
 }
 
 int ida_seglog_open(const char *dir,
@@ -328,6 +367,16 @@ int ida_seglog_open(const char *dir,
      * forgets where its LSNs were. */
     l->next_lsn = end;
     l->synced_lsn = end - 1;
+    size_t kept = n; /* a spare taken as the new segment; n: none */
+    if (rv == 0 && n > 0 && spare_whole(l, &f[n - 1])) {
+        kept = n - 1;
+        l->spare_fd = f[kept].fd;
+        f[kept].fd = -1;
+        l->spare_seq = f[kept].seq;
+        l->spare_bytes = l->spare_done = f[kept].bytes;
+        l->spare_ready = true;
+        l->next_seq = f[kept].seq + 1;
+    }
     if (rv == 0) {
         l->spare_small = true;
         rv = ida__seglog_switch(l);
@@ -343,7 +392,7 @@ int ida_seglog_open(const char *dir,
     for (size_t i = 0; rv == 0 && i < n; i++) {
         char name[IDA__SEGLOG_NAME_MAX];
         ida__seglog_name(name, "seg", f[i].seq);
-        rv = f[i].used ? 0 : ida__seglog_unlink(l->dir, name);
+        rv = f[i].used || i == kept ? 0 : ida__seglog_unlink(l->dir, name);
     }
     found_free(f, n);
     if (rv == 0 && ida_fsync_dir(l->dir) != 0) {
