@@ -86,7 +86,7 @@
  * can hold that is not a record; a spare with any other byte (records
  * written back before their segment's header was, when the machine
  * stopped) is removed as before. Removing it freed a 64 MiB file's pages
- * in line, ~50 ms of every restart, and the maker then wrote another.
+ * in line, ~50 ms of every restart.
  * Zeros are also what most of a scan for durable records reads (the rest
  * of the last segment, the spare): a run of them is read once, not at
  * every multiple of 8.

@@ -22,10 +22,12 @@
  * file system (default /tmp). statfs() and its magic numbers are Linux
  * specific, hence _GNU_SOURCE. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -218,6 +220,97 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* REOPEN: a log of REOPEN_RECORDS records of REOPEN_RECORD_BYTES in
+ * segments of REOPEN_SEGMENT_BYTES, flushed, a whole spare made after them
+ * (as the maker leaves one), then opened again REOPEN_ROUNDS times (the
+ * spare made again before each, after a record appended): a restart's
+ * open. The baseline is reading the same files once with pread() in the
+ * same run, the least an open that checks every record could do. */
+#define REOPEN_RECORDS       20000
+#define REOPEN_RECORD_BYTES  2048
+#define REOPEN_SEGMENT_BYTES (64u << 20)
+#define REOPEN_ROUNDS        3
+
+/* Seconds to read every file of @dir once (pread, 1 MiB at a time). */
+static double read_files(const char *dir)
+{
+    static uint8_t buf[1 << 20];
+    DIR *d = opendir(dir);
+    double t0 = now_s();
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.') {
+            continue;
+        }
+        char path[900];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        int fd = open(path, O_RDONLY);
+        off_t at = 0;
+        ssize_t k;
+        while (fd >= 0 && (k = pread(fd, buf, sizeof(buf), at)) > 0) {
+            at += k;
+        }
+        if (fd >= 0) {
+            close(fd);
+        }
+    }
+    double t = now_s() - t0;
+    if (d != NULL) {
+        closedir(d);
+    }
+    return t;
+}
+
+/* Prints the reopen figure; 0, or 1 with a message. */
+static int reopen_figure(const char *base)
+{
+    char dir[400], err[256];
+    snprintf(dir, sizeof(dir), "%s/reopen", base);
+    struct ida_seglog_options o = {.segment_bytes = REOPEN_SEGMENT_BYTES,
+                                   .open_segment_bytes = 1u << 20};
+    static uint8_t rec[REOPEN_RECORD_BYTES];
+    struct ida_seglog *l = NULL;
+    int rv = ida_seglog_open(dir, &o, NULL, NULL, &l, err, sizeof(err));
+    struct iovec v = {rec, sizeof(rec)};
+    uint64_t lsn;
+    for (uint64_t i = 0; rv == 0 && i < REOPEN_RECORDS; i++) {
+        memset(rec, (int)i, sizeof(rec));
+        rv = ida_seglog_append(l, &v, 1, &lsn, NULL);
+    }
+    double open_s[REOPEN_ROUNDS], read_s[REOPEN_ROUNDS];
+    for (int r = 0; rv == 0 && r < REOPEN_ROUNDS; r++) {
+        if (r > 0) {
+            /* As a restarted node appends: what the open went on in. */
+            rv = ida_seglog_append(l, &v, 1, &lsn, NULL);
+        }
+        rv = rv == 0 ? ida_seglog_sync(l) : rv;
+        rv = rv == 0 ? ida_seglog_prepare(l, 0) : rv;
+        ida_seglog_close(l);
+        l = NULL;
+        read_s[r] = read_files(dir);
+        double t0 = now_s();
+        rv = rv == 0
+                 ? ida_seglog_open(dir, &o, NULL, NULL, &l, err, sizeof(err))
+                 : rv;
+        open_s[r] = now_s() - t0;
+    }
+    ida_seglog_close(l);
+    if (rv != 0) {
+        fprintf(stderr, "bench: reopen: %s %s\n", idalloc_strerror(rv), err);
+        return 1;
+    }
+    qsort(open_s, REOPEN_ROUNDS, sizeof(double), cmp_double);
+    qsort(read_s, REOPEN_ROUNDS, sizeof(double), cmp_double);
+    printf(
+        "seglog reopen (%d records of %d bytes, %u MiB segments, a whole "
+        "spare after them): median %.1f ms [min %.1f, max %.1f]; reading "
+        "its files once: median %.1f ms; ratio %.2f\n",
+        REOPEN_RECORDS, REOPEN_RECORD_BYTES, REOPEN_SEGMENT_BYTES >> 20,
+        open_s[REOPEN_ROUNDS / 2] * 1000, open_s[0] * 1000,
+        open_s[REOPEN_ROUNDS - 1] * 1000, read_s[REOPEN_ROUNDS / 2] * 1000,
+        open_s[REOPEN_ROUNDS / 2] / read_s[REOPEN_ROUNDS / 2]);
+    return 0;
+}
+
 static double now_sec(void)
 {
     struct timespec ts;
@@ -360,6 +453,7 @@ int main(void)
         run_close(r);
     }
     ida_free(runs);
+    int failed = reopen_figure(base);
     ida_test_rmrf(base);
-    return 0;
+    return failed;
 }
