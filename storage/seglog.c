@@ -822,10 +822,10 @@ void ida_seglog_close(struct ida_seglog *l)
         return;
     }
     if (l->maker != NULL) {
-        /* A removal finishes what it began; a spare, which the next open
-         * would remove anyway, is left half made and removed below
-         * (waiting for a whole one held a node's stop for up to 65 MiB of
-         * writes). */
+        /* A removal finishes what it began; a spare being made (a tmp-
+         * file, which the next open would remove anyway) is left half made
+         * and removed below (waiting for a whole one held a node's stop
+         * for up to 65 MiB of writes). */
         if (l->maker->make) {
             atomic_store_explicit(&l->maker->abandon, true,
                                   memory_order_relaxed);
@@ -840,7 +840,7 @@ void ida_seglog_close(struct ida_seglog *l)
     if (l->spare_fd >= 0 && !l->spare_ready) {
         spare_drop(l); /* half made: removed */
     } else if (l->spare_fd >= 0) {
-        close(l->spare_fd); /* made: the next open removes it */
+        close(l->spare_fd); /* made: the next open goes on in it */
     }
     ida_free(l->segs);
     ida_free(l->dir);

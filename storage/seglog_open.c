@@ -130,11 +130,13 @@ static int list_segments(struct ida_seglog *l,
     return 0;
 }
 
-/* Whether @n bytes at @p (a multiple of 8) are all zero. */
+/* Whether @n bytes at @p are all zero (read 4 KiB at a time, 8 bytes at
+ * a step, the last few one by one). */
 static bool all_zero(const uint8_t *p, size_t n)
 {
-    for (size_t page = 0; page < n; page += 4096) {
-        size_t end = n - page < 4096 ? n : page + 4096;
+    size_t words = n & ~(size_t)7;
+    for (size_t page = 0; page < words; page += 4096) {
+        size_t end = words - page < 4096 ? words : page + 4096;
         uint64_t acc = 0;
         for (size_t i = page; i < end; i += 8) {
             uint64_t w;
@@ -142,6 +144,11 @@ static bool all_zero(const uint8_t *p, size_t n)
             acc |= w;
         }
         if (acc != 0) {
+            return false;
+        }
+    }
+    for (size_t i = words; i < n; i++) {
+        if (p[i] != 0) {
             return false;
         }
     }
@@ -364,7 +371,9 @@ int ida_seglog_open(const char *dir,
      * may hold records of a tail that was not durable, never to be read as
      * records again. It is durable (its header says the next LSN) before
      * the segments that hold nothing recovered go, so that the log never
-     * forgets where its LSNs were. */
+     * forgets where its LSNs were. The new segment is a whole spare the
+     * last process left, when the last file is one (spare_whole()), else
+     * one made here. */
     l->next_lsn = end;
     l->synced_lsn = end - 1;
     size_t kept = n; /* a spare taken as the new segment; n: none */
@@ -388,6 +397,13 @@ int ida_seglog_open(const char *dir,
     }
     if (rv == 0) {
         rv = ida_seglog_sync(l);
+    }
+    /* A spare taken over was named by the last process, which may have
+     * died before it flushed the directory: its name is made durable
+     * before any removal is (a file system may write those out of
+     * order), as a segment made here is before the removals. */
+    if (rv == 0 && kept < n && ida_fsync_dir(l->dir) != 0) {
+        rv = IDA_EIO;
     }
     for (size_t i = 0; rv == 0 && i < n; i++) {
         char name[IDA__SEGLOG_NAME_MAX];

@@ -586,6 +586,54 @@ Test(seglog, an_open_goes_on_in_a_whole_spare)
     ida_seglog_close(l);
 }
 
+/* The bytes of record @lsn as a log of its own writes it (records before
+ * it flushed up to @synced); *@len their count. */
+static uint8_t *record_bytes(uint64_t lsn, uint64_t synced, size_t *len)
+{
+    char other[sizeof(dir)], kept[sizeof(dir)];
+    snprintf(other, sizeof(other), "%s/other", tmp);
+    ida_test_rmrf(other);
+    memcpy(kept, dir, sizeof(dir));
+    memcpy(dir, other, sizeof(dir));
+    struct ida_seglog *l = open_ok('a', NULL);
+    append_n(l, 1, synced);
+    cr_assert_eq(ida_seglog_sync(l), 0);
+    append_n(l, synced + 1, lsn - 1);
+    struct ida_seglog_pos pos;
+    append_gen(l, lsn, 0, &pos);
+    ida_seglog_close(l);
+    char seg[600];
+    snprintf(seg, sizeof(seg), "%s/seg-%016llx", other,
+             (unsigned long long)pos.seq);
+    *len = (IDA_SEGLOG_RECORD_HDR_BYTES + rec_len(lsn) + 7) & ~(size_t)7;
+    uint8_t *rec = ida_calloc(1, *len);
+    int fd = open(seg, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pread(fd, rec, *len, (off_t)pos.off), (ssize_t)*len);
+    close(fd);
+    memcpy(dir, kept, sizeof(dir));
+    return rec;
+}
+
+/* Write @len bytes of @buf at @off into segment file @seq. */
+static void poke(uint64_t seq, const void *buf, size_t len, off_t off)
+{
+    char seg[600];
+    snprintf(seg, sizeof(seg), "%s/seg-%016llx", dir, (unsigned long long)seq);
+    int fd = open(seg, O_WRONLY);
+    cr_assert_geq(fd, 0, "%s", seg);
+    cr_assert_eq(pwrite(fd, buf, len, off), (ssize_t)len);
+    close(fd);
+}
+
+/* Whether segment file @seq is there. */
+static bool seg_exists(uint64_t seq)
+{
+    char seg[600];
+    snprintf(seg, sizeof(seg), "%s/seg-%016llx", dir, (unsigned long long)seq);
+    return access(seg, F_OK) == 0;
+}
+
 /* A spare whose header names no LSN but whose bytes are not all zeros
  * (records of a segment switched to, written back to the disk before its
  * header was, when the machine stopped) is removed as before, never
@@ -593,47 +641,57 @@ Test(seglog, an_open_goes_on_in_a_whole_spare)
  * next, which a log going on in it would read back as its own. */
 Test(seglog, a_spare_holding_anything_but_zeros_is_not_gone_on_in)
 {
-    /* Record 51 as a log writes it: from a log of its own (flushed at 50,
-     * so the record does not say that it was durable). */
-    char other[sizeof(dir)], kept[sizeof(dir)];
-    snprintf(other, sizeof(other), "%s/other", tmp);
-    memcpy(kept, dir, sizeof(dir));
-    memcpy(dir, other, sizeof(dir));
-    struct ida_seglog *l = open_ok('a', NULL);
-    append_n(l, 1, 50);
-    cr_assert_eq(ida_seglog_sync(l), 0);
-    struct ida_seglog_pos pos;
-    append_gen(l, 51, 0, &pos);
-    ida_seglog_close(l);
-    char seg[600];
-    snprintf(seg, sizeof(seg), "%s/seg-%016llx", other,
-             (unsigned long long)pos.seq);
-    static uint8_t rec[4096];
-    int fd = open(seg, O_RDONLY);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(pread(fd, rec, sizeof(rec), (off_t)pos.off),
-                 (ssize_t)sizeof(rec));
-    close(fd);
-    memcpy(dir, kept, sizeof(dir));
-
+    size_t len;
+    uint8_t *rec = record_bytes(51, 50, &len); /* says 50 was durable */
     uint64_t spare = fifty_and_a_spare();
-    snprintf(seg, sizeof(seg), "%s/seg-%016llx", dir,
-             (unsigned long long)spare);
-    fd = open(seg, O_WRONLY);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(pwrite(fd, rec, sizeof(rec), IDA_SEGLOG_HEADER_BYTES),
-                 (ssize_t)sizeof(rec));
-    close(fd);
+    poke(spare, rec, len, IDA_SEGLOG_HEADER_BYTES);
+    ida_free(rec);
     struct seen s;
-    l = open_ok('a', &s);
+    struct ida_seglog *l = open_ok('a', &s);
     cr_assert_eq(s.count, 50);
-    cr_assert_neq(access(seg, F_OK), 0, "that spare is removed");
+    cr_assert(!seg_exists(spare), "that spare is removed");
     cr_assert_gt(last_seg(), spare, "appends go on in a new segment");
     ida_seglog_close(l);
     l = open_ok('a', &s);
     cr_assert_eq(s.count, 50, "the stray record 51 never comes back");
     cr_assert_eq(ida_seglog_next_lsn(l), 51);
     ida_seglog_close(l);
+}
+
+/* Every byte of a spare counts, to its last one; and a spare of another
+ * size than the log's segments is not gone on in either. */
+Test(seglog, a_spare_is_gone_on_in_only_if_it_is_all_zeros_and_whole)
+{
+    uint64_t spare = fifty_and_a_spare();
+    uint8_t one = 1;
+    poke(spare, &one, 1, SEG - 1);
+    struct ida_seglog *l = open_ok('a', NULL);
+    cr_assert(!seg_exists(spare), "a byte at its end: removed");
+    ida_seglog_close(l);
+    ida_test_rmrf(dir);
+    spare = fifty_and_a_spare();
+    struct ida_seglog_options o = opts('a');
+    o.segment_bytes = 2 * SEG;
+    struct seen s;
+    l = open_opts(o, &s);
+    cr_assert_eq(s.count, 50);
+    cr_assert(!seg_exists(spare), "of another segment size: removed");
+    ida_seglog_close(l);
+}
+
+/* A record deep in a spare (past its first pages) that says an LSN after
+ * the log's end was durable makes the open refuse, as anywhere after the
+ * end: zeros are skipped, nothing else is. */
+Test(seglog, a_durable_claim_deep_in_a_spare_is_refused)
+{
+    size_t len;
+    uint8_t *rec = record_bytes(52, 51, &len); /* says 51 was durable */
+    uint64_t spare = fifty_and_a_spare();
+    poke(spare, rec, len, (off_t)(SEG - 2 * 4096));
+    ida_free(rec);
+    char err[512];
+    cr_assert_eq(open_rv('a', 0, err, sizeof(err)), IDA_ECORRUPT, "%s", err);
+    cr_assert(seg_exists(spare), "nothing is changed");
 }
 
 /* Whether the segment files' sequence numbers form one run; *@n their
