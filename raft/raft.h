@@ -239,7 +239,12 @@ struct ida_raft_config
     bool pre_vote;            /* run a pre-vote round */
     bool check_quorum;        /* step down without quorum */
     unsigned max_inflight;    /* 1..IDA_RAFT_INFLIGHT_MAX */
-    size_t max_msg_entries;   /* entries per append, >= 1 */
+    /* Appends with entries sent to one follower in one call (a step, a
+     * tick, a proposal) in replicate mode; more go with the next call, an
+     * acknowledgement's, up to max_inflight in flight. Bounds the work of
+     * one call when a follower is far behind. 0: no bound. */
+    unsigned max_append_burst;
+    size_t max_msg_entries; /* entries per append, >= 1 */
     /* Entry bytes per append: entries are added while their data stays
      * within it (at least one entry goes, whatever its size), so an append
      * fits the transport's largest message. 0: no limit. */

@@ -44,6 +44,11 @@ _Static_assert(SNAPSHOT_CHUNK_BYTES + 64 * 1024 <=
 _Static_assert(APPEND_BYTES_MAX + APPEND_ENTRIES_MAX * 64 <=
                    IDA_FRAME_PAYLOAD_BYTES_DEFAULT,
                "an append of many entries must fit a peer frame");
+/* Appends sent to one follower per call of the core (raft.h,
+ * max_append_burst): a follower far behind (a new node after its
+ * snapshot) is sent at most this many MiB per step, each encoded by this
+ * processor; the rest go as it acknowledges them. */
+#define APPEND_BURST 2
 
 /* A heap copy of @len bytes at @d (at least one byte allocated), NULL
  * when out of memory. */
@@ -1042,6 +1047,7 @@ int ida__raft_proc_new(struct ida_node *n,
          * and max_inflight of them within net's queue to a peer (64 MiB). */
         .max_msg_entries = APPEND_ENTRIES_MAX,
         .max_msg_bytes = APPEND_BYTES_MAX,
+        .max_append_burst = APPEND_BURST,
         .snapshot_chunk_bytes = SNAPSHOT_CHUNK_BYTES,
         .snapshot_max_inflight = SNAPSHOT_CHUNKS_INFLIGHT,
         .conf_decode = node_conf_decode,

@@ -127,6 +127,9 @@ static void enqueue(const struct ida_raft_msg *m)
     if (m->type == IDA_RAFT_MSG_APPEND_ENTRIES &&
         m->u.append_entries.n_entries > 0) {
         H.appends_sent++;
+        if (m->to <= H_NODES_MAX) {
+            H.appends_to[m->to]++;
+        }
         if (m->u.append_entries.n_entries > H.max_entries_in_msg) {
             H.max_entries_in_msg = m->u.append_entries.n_entries;
         }
@@ -243,6 +246,7 @@ void h_start(ida_node_id id)
         .max_inflight = 4,
         .max_msg_entries = H.max_msg_entries,
         .max_msg_bytes = H.max_msg_bytes,
+        .max_append_burst = H.max_append_burst,
         .snapshot_chunk_bytes = 8,
         .snapshot_max_inflight = H.snapshot_max_inflight,
         .conf_decode = node_conf_decode,

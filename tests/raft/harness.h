@@ -40,6 +40,7 @@ struct h_cluster
     int bootstrap_n; /* bootstrap voters are 1..bootstrap_n (default n) */
     size_t max_msg_entries;
     size_t max_msg_bytes;           /* 0: no limit */
+    unsigned max_append_burst;      /* 0: no limit */
     unsigned snapshot_max_inflight; /* InstallSnapshot chunks (8 bytes) */
     uint32_t bugs;
     /* Snapshot bytes kept by the "application" (raft.h contract 7): a
@@ -61,7 +62,8 @@ struct h_cluster
      * tests that put a disk back; anywhere else it fails the test. */
     bool allow_lost_state;
     /* Counters for assertions. */
-    size_t appends_sent;       /* AppendEntries carrying entries */
+    size_t appends_sent;                /* AppendEntries carrying entries */
+    size_t appends_to[H_NODES_MAX + 1]; /* the same, per destination */
     size_t foreign;            /* messages dropped as another incarnation's */
     size_t lost_state;         /* steps answered IDA_ELOSTSTATE (rule A4) */
     size_t rejects;            /* AppendResponse with success=false */

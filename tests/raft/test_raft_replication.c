@@ -186,6 +186,50 @@ Test(raft, replicate_mode_bounds_inflight_appends)
     cr_assert_eq(ida_raft_commit(&H.r[2]), 21, "recovered after heal");
 }
 
+/* Node 3 cut off while node 1 commits 20 entries with node 2 (one entry
+ * an append), then healed: the most appends to node 3 that one call of
+ * the leader's core sent while node 3 caught up. */
+static size_t most_appends_in_one_call(unsigned burst)
+{
+    H.max_msg_entries = 1;
+    H.max_append_burst = burst;
+    h_start_all();
+    h_elect(1);
+    h_tick(1, 1);
+    h_deliver_all();
+    h_isolate(3);
+    h_propose(1, 20);
+    h_deliver_all();
+    cr_assert_eq(ida_raft_commit(&H.r[1]), 21);
+    h_heal();
+    size_t most = 0;
+    for (int i = 0; i < 60 && ida_raft_last_index(&H.r[3]) < 21; i++) {
+        h_tick(1, 1);
+        size_t before = H.appends_to[3];
+        while (h_deliver_one()) {
+            size_t sent = H.appends_to[3] - before;
+            most = sent > most ? sent : most;
+            before = H.appends_to[3];
+        }
+    }
+    cr_assert_eq(ida_raft_last_index(&H.r[3]), 21, "node 3 caught up");
+    return most;
+}
+
+/* The acknowledgement that puts a follower far behind in replicate mode
+ * sends at most max_append_burst appends (each later one sends more, and
+ * it catches up); unbounded, the same scenario fills the window (4) in
+ * one call. */
+Test(raft, a_follower_far_behind_gets_a_burst_of_appends_per_call)
+{
+    cr_assert_eq(most_appends_in_one_call(2), 2);
+}
+
+Test(raft, without_a_burst_bound_one_call_fills_the_window)
+{
+    cr_assert_eq(most_appends_in_one_call(0), 4);
+}
+
 /* Figure 7 of the Raft paper: the leader of term 8 and six followers (a)-(f)
  * with missing, extra and conflicting entries. A new leader with the
  * figure's log brings each into agreement. */

@@ -650,6 +650,8 @@ int sim__node_start(struct sim *s, struct node *nd)
         /* Every other start caps an append at 100 bytes of entries (a few
          * commands): varied without drawing from the rng. */
         .max_msg_bytes = nd->disk.boots % 2 == 0 ? 0 : 100,
+        /* And no bound on the appends one call sends, or 1 or 2. */
+        .max_append_burst = (unsigned)(nd->disk.boots / 2 % 3),
         .snapshot_chunk_bytes = 64,
         .snapshot_max_inflight = 4,
         .conf_decode = node_conf_decode,
