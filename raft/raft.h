@@ -239,10 +239,15 @@ struct ida_raft_config
     bool pre_vote;            /* run a pre-vote round */
     bool check_quorum;        /* step down without quorum */
     unsigned max_inflight;    /* 1..IDA_RAFT_INFLIGHT_MAX */
-    /* Appends with entries sent to one follower in one call (a step, a
-     * tick, a proposal) in replicate mode; more go with the next call, an
-     * acknowledgement's, up to max_inflight in flight. Bounds the work of
-     * one call when a follower is far behind. 0: no bound. */
+    /* Appends with entries sent to one follower per call of the send
+     * path in replicate mode; more go with the next call, up to
+     * max_inflight in flight. A step may call it more than once (an
+     * acknowledgement that also commits: twice). Each acknowledgement
+     * frees what it acknowledges and calls again, so with 2 or more the
+     * window fills from acknowledgements alone; with 1 an acknowledgement
+     * of one append sends one, and the window grows only by other calls
+     * (heartbeat answers, commits). Bounds the work of one call when a
+     * follower is far behind. 0: no bound. */
     unsigned max_append_burst;
     size_t max_msg_entries; /* entries per append, >= 1 */
     /* Entry bytes per append: entries are added while their data stays

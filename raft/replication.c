@@ -117,11 +117,11 @@ static bool send_one_append(struct ida_raft *r,
 
 /* Replicate mode pipelines: appends go until the in-flight bound or the
  * end of the log, at most cfg.max_append_burst of them in one call (each
- * acknowledgement, proposal or tick that calls again sends more, so the
- * window still fills). Every append is encoded by the thread that runs
- * the core: unbounded, the acknowledgement of a snapshot installed by a
- * follower 40 k entries behind sent 32 appends of 1 MiB in one step,
- * which held a node's raft processor 60 to 75 ms. */
+ * acknowledgement, proposal or tick that calls again sends more; raft.h
+ * says when the window fills). Every append is encoded by the thread
+ * that runs the core: unbounded, the acknowledgement of a snapshot
+ * installed by a follower 40 k entries behind sent 32 appends of 1 MiB in
+ * one step, which held a node's raft processor 40 to 75 ms. */
 void ida__raft_send_append(struct ida_raft *r,
                            struct ida_raft_progress *pr,
                            bool allow_empty)

@@ -44,10 +44,12 @@ _Static_assert(SNAPSHOT_CHUNK_BYTES + 64 * 1024 <=
 _Static_assert(APPEND_BYTES_MAX + APPEND_ENTRIES_MAX * 64 <=
                    IDA_FRAME_PAYLOAD_BYTES_DEFAULT,
                "an append of many entries must fit a peer frame");
-/* Appends sent to one follower per call of the core (raft.h,
+/* Appends sent to one follower per call of the core's send path (raft.h,
  * max_append_burst): a follower far behind (a new node after its
- * snapshot) is sent at most this many MiB per step, each encoded by this
- * processor; the rest go as it acknowledges them. */
+ * snapshot) is sent this many MiB per acknowledgement (twice that when
+ * the acknowledgement also commits), each encoded by this processor; the
+ * window of 32 fills as it acknowledges them (a bound of 1 would not
+ * grow it). */
 #define APPEND_BURST 2
 
 /* A heap copy of @len bytes at @d (at least one byte allocated), NULL
