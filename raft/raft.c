@@ -17,14 +17,19 @@
 /* Messages with a term lower than ours. */
 static void step_stale(struct ida_raft *r, const struct ida_raft_msg *m)
 {
-    if ((m->type == IDA_RAFT_MSG_APPEND_ENTRIES ||
-         m->type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) &&
-        (r->cfg.check_quorum || r->cfg.pre_vote)) {
+    if (m->type == IDA_RAFT_MSG_APPEND_ENTRIES ||
+        m->type == IDA_RAFT_MSG_INSTALL_SNAPSHOT) {
         /* A leader cut off from us kept its old term while we moved on;
          * with pre-vote it may never hear our higher term otherwise. A
          * follower that fell behind gets only InstallSnapshot chunks, no
          * appends, so those must be answered too, or a stale leader sending
-         * a snapshot is never told to step down. */
+         * a snapshot is never told to step down. Without pre-vote and
+         * check-quorum too (Figure 2: the reply carries our term): our own
+         * campaigns were to tell it, but they go only to the members our
+         * log names, and a log behind a membership change may not name it
+         * (simulator liveness seed 7722996: a voter whose log ended before
+         * the leader's new incarnation was added campaigned to a removed
+         * node for 5 s while the leader, never told, kept term 4). */
         struct ida_raft_msg resp;
         ida__raft_msg_init(&resp, IDA_RAFT_MSG_APPEND_RESPONSE, m->from,
                            r->term);

@@ -87,17 +87,14 @@ Test(raft_config, step_rejects_misaddressed_messages)
     ida_raft_close(&r);
 }
 
-/* A node that moved to a higher term must tell a stale leader, or with
- * pre-vote and check-quorum neither side ever moves: the node's pre-votes
- * are refused (the leader is alive) and it ignores the leader's lower-term
- * messages. A node that fell behind gets only InstallSnapshot chunks, so
- * those must be answered like appends (simulator liveness seed 103056). */
-Test(raft, stale_install_snapshot_is_answered_with_the_higher_term)
+/* A node at term 5 steps an InstallSnapshot and an AppendEntries of term
+ * 2 from node 2: both must be answered with term 5. */
+static void stale_messages_are_answered(bool pre_vote, bool check_quorum)
 {
     struct ida_raft r;
     struct ida_raft_config c = base_config();
-    c.pre_vote = true;
-    c.check_quorum = true;
+    c.pre_vote = pre_vote;
+    c.check_quorum = check_quorum;
     struct ida_raft_restore rs = {.hard_state = {.term = 5}};
     cr_assert_eq(ida_raft_init(&r, &c, &rs), 0);
     static const uint8_t data[4] = {1, 2, 3, 4};
@@ -133,6 +130,26 @@ Test(raft, stale_install_snapshot_is_answered_with_the_higher_term)
         }
     }
     ida_raft_close(&r);
+}
+
+/* A node that moved to a higher term must tell a stale leader, or with
+ * pre-vote and check-quorum neither side ever moves: the node's pre-votes
+ * are refused (the leader is alive) and it ignores the leader's lower-term
+ * messages. A node that fell behind gets only InstallSnapshot chunks, so
+ * those must be answered like appends (simulator liveness seed 103056). */
+Test(raft, stale_install_snapshot_is_answered_with_the_higher_term)
+{
+    stale_messages_are_answered(true, true);
+}
+
+/* Without either option too: the node's own campaigns reach only the
+ * members its log names, which may leave the stale leader out (simulator
+ * liveness seed 7722996). */
+Test(raft, stale_messages_are_answered_without_pre_vote_or_check_quorum)
+{
+    stale_messages_are_answered(false, false);
+    stale_messages_are_answered(true, false);
+    stale_messages_are_answered(false, true);
 }
 
 Test(raft_config, propose_fails_fast_when_not_leader)
