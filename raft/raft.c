@@ -25,11 +25,12 @@ static void step_stale(struct ida_raft *r, const struct ida_raft_msg *m)
          * appends, so those must be answered too, or a stale leader sending
          * a snapshot is never told to step down. Without pre-vote and
          * check-quorum too (Figure 2: the reply carries our term): our own
-         * campaigns were to tell it, but they go only to the members our
-         * log names, and a log behind a membership change may not name it
-         * (simulator liveness seed 7722996: a voter whose log ended before
-         * the leader's new incarnation was added campaigned to a removed
-         * node for 5 s while the leader, never told, kept term 4). */
+         * campaigns were to tell it, but they go only to the voters our
+         * log names, and a log behind a membership change may not count
+         * the leader among them (simulator liveness seed 7722996: a voter
+         * whose log ended while the leader's new incarnation was still a
+         * learner campaigned to a removed node for 5 s while the leader,
+         * never told, kept term 4). */
         struct ida_raft_msg resp;
         ida__raft_msg_init(&resp, IDA_RAFT_MSG_APPEND_RESPONSE, m->from,
                            r->term);
