@@ -127,7 +127,8 @@
  * prepare, a release, the append that takes the spare, or close, which
  * waits for it and removes what is left to remove, unless a removal
  * failed; a spare being made it stops after the piece in hand and removes,
- * as the next open would remove a spare anyway). */
+ * as the next open would remove a half-made one anyway; a whole one is
+ * kept for the next open to go on in). */
 #ifndef IDA_STORAGE_SEGLOG_H
 #define IDA_STORAGE_SEGLOG_H
 

@@ -176,13 +176,18 @@ static void append_n(struct ida_seglog *l, uint64_t from, uint64_t to)
     }
 }
 
+/* The path of segment file @seq of the log in @d. */
+static void seg_path(char path[600], const char *d, uint64_t seq)
+{
+    snprintf(path, 600, "%s/seg-%016llx", d, (unsigned long long)seq);
+}
+
 /* The segment file holding @pos, and the file offset of byte @k of the
  * record's data. */
 static void flip(struct ida_seglog_pos pos, size_t k)
 {
-    char path[512];
-    snprintf(path, sizeof(path), "%s/seg-%016llx", dir,
-             (unsigned long long)pos.seq);
+    char path[600];
+    seg_path(path, dir, pos.seq);
     int fd = open(path, O_RDWR);
     cr_assert_geq(fd, 0, "%s", path);
     off_t at = (off_t)(pos.off + IDA_SEGLOG_RECORD_HDR_BYTES + k);
@@ -533,19 +538,32 @@ Test(seglog, the_spare_is_made_in_steps_and_leftovers_are_removed)
     ida_seglog_close(l);
 }
 
-/* The highest sequence number of the segment files (0: none). */
-static uint64_t last_seg(void)
+/* The segment files: how many, and their lowest and highest sequence
+ * numbers (UINT64_MAX and 0 when none). */
+static int seg_seqs(uint64_t *lo, uint64_t *hi)
 {
     DIR *d = opendir(dir);
     cr_assert_not_null(d, "%s", dir);
-    uint64_t hi = 0;
+    int n = 0;
+    *lo = UINT64_MAX;
+    *hi = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
         unsigned long long seq;
-        if (sscanf(e->d_name, "seg-%16llx", &seq) == 1 && seq > hi) {
-            hi = seq;
+        if (sscanf(e->d_name, "seg-%16llx", &seq) == 1) {
+            *lo = seq < *lo ? seq : *lo;
+            *hi = seq > *hi ? seq : *hi;
+            n++;
         }
     }
     closedir(d);
+    return n;
+}
+
+/* The highest sequence number of the segment files (0: none). */
+static uint64_t last_seg(void)
+{
+    uint64_t lo, hi;
+    seg_seqs(&lo, &hi);
     return hi;
 }
 
@@ -590,12 +608,13 @@ Test(seglog, an_open_goes_on_in_a_whole_spare)
  * it flushed up to @synced); *@len their count. */
 static uint8_t *record_bytes(uint64_t lsn, uint64_t synced, size_t *len)
 {
-    char other[sizeof(dir)], kept[sizeof(dir)];
+    char other[sizeof(dir)], err[512];
     snprintf(other, sizeof(other), "%s/other", tmp);
     ida_test_rmrf(other);
-    memcpy(kept, dir, sizeof(dir));
-    memcpy(dir, other, sizeof(dir));
-    struct ida_seglog *l = open_ok('a', NULL);
+    struct ida_seglog_options o = opts('a');
+    struct ida_seglog *l = NULL;
+    cr_assert_eq(ida_seglog_open(other, &o, NULL, NULL, &l, err, sizeof(err)),
+                 0, "%s", err);
     append_n(l, 1, synced);
     cr_assert_eq(ida_seglog_sync(l), 0);
     append_n(l, synced + 1, lsn - 1);
@@ -603,15 +622,13 @@ static uint8_t *record_bytes(uint64_t lsn, uint64_t synced, size_t *len)
     append_gen(l, lsn, 0, &pos);
     ida_seglog_close(l);
     char seg[600];
-    snprintf(seg, sizeof(seg), "%s/seg-%016llx", other,
-             (unsigned long long)pos.seq);
+    seg_path(seg, other, pos.seq);
     *len = (IDA_SEGLOG_RECORD_HDR_BYTES + rec_len(lsn) + 7) & ~(size_t)7;
     uint8_t *rec = ida_calloc(1, *len);
     int fd = open(seg, O_RDONLY);
     cr_assert_geq(fd, 0);
     cr_assert_eq(pread(fd, rec, *len, (off_t)pos.off), (ssize_t)*len);
     close(fd);
-    memcpy(dir, kept, sizeof(dir));
     return rec;
 }
 
@@ -619,7 +636,7 @@ static uint8_t *record_bytes(uint64_t lsn, uint64_t synced, size_t *len)
 static void poke(uint64_t seq, const void *buf, size_t len, off_t off)
 {
     char seg[600];
-    snprintf(seg, sizeof(seg), "%s/seg-%016llx", dir, (unsigned long long)seq);
+    seg_path(seg, dir, seq);
     int fd = open(seg, O_WRONLY);
     cr_assert_geq(fd, 0, "%s", seg);
     cr_assert_eq(pwrite(fd, buf, len, off), (ssize_t)len);
@@ -630,7 +647,7 @@ static void poke(uint64_t seq, const void *buf, size_t len, off_t off)
 static bool seg_exists(uint64_t seq)
 {
     char seg[600];
-    snprintf(seg, sizeof(seg), "%s/seg-%016llx", dir, (unsigned long long)seq);
+    seg_path(seg, dir, seq);
     return access(seg, F_OK) == 0;
 }
 
@@ -700,19 +717,8 @@ Test(seglog, a_durable_claim_deep_in_a_spare_is_refused)
  * is a segment removed while an older one stays.) */
 static bool seg_files_one_run(int *n)
 {
-    DIR *d = opendir(dir);
-    cr_assert_not_null(d, "%s", dir);
-    uint64_t lo = UINT64_MAX, hi = 0;
-    *n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        unsigned long long seq;
-        if (sscanf(e->d_name, "seg-%16llx", &seq) == 1) {
-            lo = seq < lo ? seq : lo;
-            hi = seq > hi ? seq : hi;
-            (*n)++;
-        }
-    }
-    closedir(d);
+    uint64_t lo, hi;
+    *n = seg_seqs(&lo, &hi);
     return *n > 0 && hi - lo + 1 == (uint64_t)*n;
 }
 
@@ -1019,8 +1025,8 @@ Test(seglog, the_maker_rests_between_pieces_unless_hurried, .timeout = 120)
 }
 
 /* Close stops a spare being made after the piece in hand and removes it
- * (the next open would remove a spare anyway), instead of writing all of
- * it first; the log opens again with every record. */
+ * (the next open would remove a half-made one anyway), instead of writing all
+ * of it first; the log opens again with every record. */
 Test(seglog, close_drops_a_half_made_spare, .timeout = 120)
 {
     struct ida_seglog_options o = paced_opts();
